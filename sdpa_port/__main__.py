@@ -1,0 +1,3 @@
+from sdpa_port.cli import main
+
+main()

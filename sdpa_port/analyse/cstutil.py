@@ -1,0 +1,156 @@
+"""Small CST helpers shared by analysis and rewriting (pure functions, no I/O)."""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Sequence
+
+import libcst as cst
+
+_EMPTY_MODULE = cst.Module(body=[])
+
+
+def code(node: cst.CSTNode) -> str:
+    """Source text of a node (as it would be rendered inside a module with default formatting)."""
+    return _EMPTY_MODULE.code_for_node(node)
+
+
+def expr(text: str) -> cst.BaseExpression:
+    return cst.parse_expression(text)
+
+
+def stmt(text: str) -> cst.BaseStatement:
+    return cst.parse_statement(text)
+
+
+def stmts(text: str) -> list[cst.BaseStatement]:
+    return list(cst.parse_module(text).body)
+
+
+class ReplaceNames(cst.CSTTransformer):
+    """Replace reads of names (not attribute names, not keywords) by expressions."""
+
+    def __init__(self, mapping: dict[str, cst.BaseExpression]) -> None:
+        self.mapping = mapping
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        # restore the attribute name, which the generic Name rule may have touched
+        return updated.with_changes(attr=original.attr)
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        return updated.with_changes(keyword=original.keyword)
+
+    def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
+        return original
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        replacement = self.mapping.get(original.value)
+        if replacement is None:
+            return updated
+        return _parenthesize(replacement)
+
+
+def _parenthesize(node: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(node, (cst.BinaryOperation, cst.UnaryOperation, cst.BooleanOperation, cst.IfExp, cst.Comparison)):
+        if not node.lpar:
+            return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return node
+
+
+def replace_names(node: cst.CSTNode, mapping: dict[str, cst.BaseExpression]):  # type: ignore[no-untyped-def]
+    if not mapping:
+        return node
+    return node.visit(ReplaceNames(mapping))
+
+
+class ReplaceNodes(cst.CSTTransformer):
+    """Replace specific node objects (by identity) with new nodes."""
+
+    def __init__(self, mapping: dict[int, cst.CSTNode]) -> None:
+        self.mapping = mapping
+
+    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):  # type: ignore[override,no-untyped-def]
+        replacement = self.mapping.get(id(original))
+        if replacement is not None:
+            return replacement
+        return updated
+
+
+def replace_nodes(node: cst.CSTNode, mapping: dict[int, cst.CSTNode]):  # type: ignore[no-untyped-def]
+    if not mapping:
+        return node
+    return node.visit(ReplaceNodes(mapping))
+
+
+def assigned_names(target: cst.BaseExpression) -> list[str]:
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        out: list[str] = []
+        for element in target.elements:
+            out.extend(assigned_names(element.value))
+        return out
+    if isinstance(target, cst.StarredElement):
+        return assigned_names(target.value)
+    return []
+
+
+def small_statements(block: Sequence[cst.BaseStatement]) -> Iterator[cst.BaseSmallStatement]:
+    for statement in block:
+        if isinstance(statement, cst.SimpleStatementLine):
+            yield from statement.body
+
+
+def block_body(node: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
+    if isinstance(node, cst.IndentedBlock):
+        return node.body
+    assert isinstance(node, cst.SimpleStatementSuite)
+    return [cst.SimpleStatementLine(body=node.body)]
+
+
+def if_branches(node: cst.If) -> list[tuple[cst.BaseExpression | None, Sequence[cst.BaseStatement]]]:
+    """The (test, body) pairs of an if/elif/else chain; the else has test None."""
+    out: list[tuple[cst.BaseExpression | None, Sequence[cst.BaseStatement]]] = []
+    current: cst.If | cst.Else | None = node
+    while current is not None:
+        if isinstance(current, cst.If):
+            out.append((current.test, block_body(current.body)))
+            current = current.orelse
+        else:
+            out.append((None, block_body(current.body)))
+            current = None
+    return out
+
+
+def all_assigned_names(statements: Iterable[cst.CSTNode]) -> set[str]:
+    collector = _Assigned()
+    for statement in statements:
+        statement.visit(collector)
+    return collector.names
+
+
+class _Assigned(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self.names.update(assigned_names(node.target))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.names.update(assigned_names(node.target))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.names.update(assigned_names(node.target))
+
+    def visit_For(self, node: cst.For) -> None:
+        self.names.update(assigned_names(node.target))
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self.names.update(assigned_names(node.asname.name))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self.names.add(node.name.value)
+        return False
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.names.update(assigned_names(node.target))

@@ -1,0 +1,230 @@
+"""Read-only facts about a modeling file: its classes, their attributes and buffers, dicts and imports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+
+from sdpa_port.analyse.names import ImportMap
+
+
+@dataclass(frozen=True)
+class ClassInfo:
+    """One top-level class: its bases, methods and the `self.x = ...` assignments of its methods."""
+
+    name: str
+    node: cst.ClassDef
+    bases: tuple[str, ...]
+    methods: dict[str, cst.FunctionDef]
+    # attribute -> every expression assigned to `self.<attribute>` in any method, in source order
+    attributes: dict[str, tuple[cst.BaseExpression, ...]]
+    # buffer name -> expression registered with register_buffer / nn.Buffer
+    buffers: dict[str, cst.BaseExpression]
+    # class-level simple assignments (`_supports_sdpa = True`)
+    class_vars: dict[str, cst.BaseExpression]
+
+    @classmethod
+    def of(cls, node: cst.ClassDef) -> "ClassInfo":
+        bases = tuple(get_full_name_for_node(arg.value) or "" for arg in node.bases)
+        methods: dict[str, cst.FunctionDef] = {}
+        class_vars: dict[str, cst.BaseExpression] = {}
+        for stmt in node.body.body:
+            if isinstance(stmt, cst.FunctionDef):
+                methods[stmt.name.value] = stmt
+            elif isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                        target = small.targets[0].target
+                        if isinstance(target, cst.Name):
+                            class_vars[target.value] = small.value
+                    elif isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value:
+                        class_vars[small.target.value] = small.value
+        collector = _SelfAssignments()
+        for method in methods.values():
+            method.visit(collector)
+        return cls(
+            name=node.name.value,
+            node=node,
+            bases=bases,
+            methods=methods,
+            attributes={k: tuple(v) for k, v in collector.attributes.items()},
+            buffers=dict(collector.buffers),
+            class_vars=class_vars,
+        )
+
+    def attribute(self, name: str) -> cst.BaseExpression | None:
+        """The single expression assigned to `self.<name>`, or None when absent or assigned several ways."""
+        values = self.attributes.get(name, ())
+        if len(values) == 1:
+            return values[0]
+        if values and all(v.deep_equals(values[0]) for v in values):
+            return values[0]
+        return None
+
+
+class _SelfAssignments(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.attributes: dict[str, list[cst.BaseExpression]] = {}
+        self.buffers: dict[str, cst.BaseExpression] = {}
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            name = _self_attribute(target.target)
+            if name is not None:
+                self.attributes.setdefault(name, []).append(node.value)
+                if isinstance(node.value, cst.Call) and (get_full_name_for_node(node.value.func) or "").endswith(
+                    "Buffer"
+                ):
+                    if node.value.args:
+                        self.buffers[name] = node.value.args[0].value
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        name = _self_attribute(node.target)
+        if name is not None and node.value is not None:
+            self.attributes.setdefault(name, []).append(node.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "register_buffer"
+            and isinstance(func.value, cst.Name)
+            and func.value.value == "self"
+            and len(node.args) >= 2
+            and isinstance(node.args[0].value, cst.SimpleString)
+        ):
+            self.buffers[node.args[0].value.evaluated_value] = node.args[1].value  # type: ignore[index]
+
+
+def _self_attribute(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+        return node.attr.value
+    return None
+
+
+@dataclass(frozen=True)
+class ModuleFacts:
+    """Everything the analysis needs to know about one modeling file, computed once."""
+
+    module: cst.Module
+    imports: ImportMap
+    classes: dict[str, ClassInfo]
+    functions: dict[str, cst.FunctionDef]
+    # top-level `NAME = {...}` dict literals
+    dicts: dict[str, cst.Dict]
+    top_level_names: frozenset[str]
+    order: tuple[str, ...] = field(default=())  # top-level class/function/assignment names in source order
+
+    @classmethod
+    def of(cls, module: cst.Module) -> "ModuleFacts":
+        classes: dict[str, ClassInfo] = {}
+        functions: dict[str, cst.FunctionDef] = {}
+        dicts: dict[str, cst.Dict] = {}
+        names: set[str] = set()
+        order: list[str] = []
+        for stmt in module.body:
+            if isinstance(stmt, cst.ClassDef):
+                classes[stmt.name.value] = ClassInfo.of(stmt)
+                names.add(stmt.name.value)
+                order.append(stmt.name.value)
+            elif isinstance(stmt, cst.FunctionDef):
+                functions[stmt.name.value] = stmt
+                names.add(stmt.name.value)
+                order.append(stmt.name.value)
+            elif isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    if isinstance(small, (cst.Assign, cst.AnnAssign)):
+                        targets = (
+                            [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+                        )
+                        for target in targets:
+                            if isinstance(target, cst.Name):
+                                names.add(target.value)
+                                order.append(target.value)
+                                if isinstance(small.value, cst.Dict):
+                                    dicts[target.value] = small.value
+                    elif isinstance(small, (cst.Import, cst.ImportFrom)):
+                        if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
+                            continue
+                        for alias in small.names:  # type: ignore[union-attr]
+                            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                                names.add(alias.asname.name.value)
+                            else:
+                                names.add((get_full_name_for_node(alias.name) or "").split(".")[0])
+        return cls(
+            module=module,
+            imports=ImportMap.of(module),
+            classes=classes,
+            functions=functions,
+            dicts=dicts,
+            top_level_names=frozenset(names),
+            order=tuple(order),
+        )
+
+    def mro(self, name: str) -> list[ClassInfo]:
+        """The in-file part of a class's method resolution order (single inheritance chain first)."""
+        out: list[ClassInfo] = []
+        seen: set[str] = set()
+        stack = [name]
+        while stack:
+            current = stack.pop(0)
+            info = self.classes.get(current)
+            if info is None or current in seen:
+                continue
+            seen.add(current)
+            out.append(info)
+            stack.extend(b for b in info.bases if b in self.classes)
+        return out
+
+    def find_method(self, class_name: str, method: str) -> tuple[ClassInfo, cst.FunctionDef] | None:
+        for info in self.mro(class_name):
+            if method in info.methods:
+                return info, info.methods[method]
+        return None
+
+    def find_attribute(self, class_name: str, attribute: str) -> cst.BaseExpression | None:
+        for info in self.mro(class_name):
+            if attribute in info.attributes:
+                return info.attribute(attribute)
+        return None
+
+    def find_attribute_values(self, class_name: str, attribute: str) -> tuple[cst.BaseExpression, ...]:
+        for info in self.mro(class_name):
+            if attribute in info.attributes:
+                return info.attributes[attribute]
+        return ()
+
+    def find_buffer(self, class_name: str, buffer: str) -> cst.BaseExpression | None:
+        for info in self.mro(class_name):
+            if buffer in info.buffers:
+                return info.buffers[buffer]
+        return None
+
+    def is_subclass(self, class_name: str, base_suffix: str) -> bool:
+        """True when the class derives (in-file or directly) from a class whose name ends with base_suffix."""
+        for info in self.mro(class_name):
+            for base in info.bases:
+                if base.split(".")[-1] == base_suffix or base.endswith(base_suffix):
+                    return True
+        return False
+
+    @cached_property
+    def pretrained_roots(self) -> tuple[str, ...]:
+        """Classes deriving directly from transformers' PreTrainedModel."""
+        return tuple(
+            name
+            for name, info in self.classes.items()
+            if any(base.split(".")[-1] == "PreTrainedModel" for base in info.bases)
+        )
+
+    def has_module_logger(self) -> bool:
+        return "logger" in self.top_level_names
+
+    def position(self, name: str) -> int:
+        try:
+            return self.order.index(name)
+        except ValueError:
+            return -1

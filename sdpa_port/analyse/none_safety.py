@@ -1,0 +1,131 @@
+"""Whether an attention module copes with `attention_mask=None` (so SDPA mask helpers may return None)."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.recognise import ClassAnalysis, bind_arguments
+
+
+def mask_parameters(function: cst.FunctionDef) -> list[str]:
+    params = [*function.params.posonly_params, *function.params.params, *function.params.kwonly_params]
+    return [p.name.value for p in params if "mask" in p.name.value and not p.name.value.endswith("head_mask")]
+
+
+def none_safe(facts: ModuleFacts, analysis: ClassAnalysis) -> bool:
+    """Every read of a mask parameter sits under an `is not None` guard, in forward and in its helpers."""
+    found = facts.find_method(analysis.class_name, "forward")
+    if found is None:
+        return False
+    forward = found[1]
+    names = set(mask_parameters(forward))
+    if not _safe(forward, names):
+        return False
+    for helper in analysis.helpers:
+        method = facts.find_method(analysis.class_name, helper.method)
+        if method is None:
+            return False
+        bound = bind_arguments(method[1], helper.call) or {}
+        helper_names = {p for p, value in bound.items() if isinstance(value, cst.Name) and value.value in names}
+        if not _safe(method[1], helper_names):
+            return False
+    return True
+
+
+def _safe(function: cst.FunctionDef, names: set[str]) -> bool:
+    checker = _Reads(names)
+    checker.guards.append(set())
+    function.body.visit(checker)
+    return not checker.unsafe
+
+
+class _Reads(cst.CSTVisitor):
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+        self.guards: list[set[str]] = []
+        self.unsafe: list[str] = []
+
+    def guarded(self) -> set[str]:
+        out: set[str] = set()
+        for guard in self.guards:
+            out |= guard
+        return out
+
+    def visit_If(self, node: cst.If) -> bool:
+        node.test.visit(self)
+        self.guards.append(_not_none_names(node.test))
+        node.body.visit(self)
+        self.guards.pop()
+        if node.orelse is not None:
+            self.guards.append(_is_none_names(node.test))
+            node.orelse.visit(self)
+            self.guards.pop()
+        return False
+
+    def visit_IfExp(self, node: cst.IfExp) -> bool:
+        node.test.visit(self)
+        self.guards.append(_not_none_names(node.test))
+        node.body.visit(self)
+        self.guards.pop()
+        self.guards.append(_is_none_names(node.test))
+        node.orelse.visit(self)
+        self.guards.pop()
+        return False
+
+    def visit_Comparison(self, node: cst.Comparison) -> bool:
+        if (
+            isinstance(node.left, cst.Name)
+            and len(node.comparisons) == 1
+            and isinstance(node.comparisons[0].operator, (cst.Is, cst.IsNot))
+        ):
+            return False
+        return True
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+        return False
+
+    def visit_Assign(self, node: cst.Assign) -> bool:
+        # `attention_mask = encoder_attention_mask` only moves a possibly-None value
+        if isinstance(node.value, cst.Name):
+            return False
+        node.value.visit(self)
+        # `mask = torch.ones(...)` rebinds the name to a tensor: later reads in this block are safe
+        for target in node.targets:
+            if isinstance(target.target, cst.Name) and target.target.value in self.names and self.guards:
+                self.guards[-1] = self.guards[-1] | {target.target.value}
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        # passing the mask on (to a sub-module or a call) is the callee's business
+        if isinstance(node.value, cst.Name) and node.value.value in self.names:
+            return False
+        return True
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value in self.names and node.value not in self.guarded():
+            self.unsafe.append(node.value)
+
+
+def _not_none_names(test: cst.BaseExpression) -> set[str]:
+    out: set[str] = set()
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _not_none_names(test.left) | _not_none_names(test.right)
+    if m.matches(
+        test, m.Comparison(left=m.Name(), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))])
+    ):
+        out.add(test.left.value)  # type: ignore[attr-defined]
+    return out
+
+
+def _is_none_names(test: cst.BaseExpression) -> set[str]:
+    if m.matches(
+        test, m.Comparison(left=m.Name(), comparisons=[m.ComparisonTarget(operator=m.Is(), comparator=m.Name("None"))])
+    ):
+        return {test.left.value}  # type: ignore[attr-defined]
+    return set()

@@ -1,0 +1,486 @@
+"""Named structural patterns: the call forms eager attention is written with.
+
+Every recogniser takes CST nodes and a `Scope` (what names and `self.` attributes mean) and returns a small
+typed description or None. Nothing here looks at source text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.helpers import get_full_name_for_node
+
+SOFTMAX_FUNCTIONS = frozenset({"torch.nn.functional.softmax", "torch.softmax", "torch.Tensor.softmax"})
+SOFTMAX_MODULES = frozenset({"torch.nn.Softmax"})
+DROPOUT_FUNCTIONS = frozenset({"torch.nn.functional.dropout", "torch.dropout"})
+DROPOUT_MODULES = frozenset({"torch.nn.Dropout"})
+MATMUL_FUNCTIONS = frozenset({"torch.matmul", "torch.bmm"})
+BADDBMM_FUNCTIONS = frozenset({"torch.baddbmm"})
+EINSUM_FUNCTIONS = frozenset({"torch.einsum"})
+WHERE_FUNCTIONS = frozenset({"torch.where"})
+MAXIMUM_FUNCTIONS = frozenset({"torch.max", "torch.maximum", "torch.clamp", "torch.clamp_min"})
+ZEROS_FUNCTIONS = frozenset({"torch.zeros", "torch.empty", "torch.zeros_like", "torch.empty_like"})
+SCALAR_TENSOR_FUNCTIONS = frozenset({"torch.full", "torch.tensor", "torch.as_tensor", "torch.scalar_tensor"})
+SCALAR_FUNCTIONS = frozenset(
+    {"math.sqrt", "math.pow", "math.log", "math.exp", "float", "int", "abs", "min", "max", "numpy.sqrt", "np.sqrt"}
+)
+CAST_METHODS = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double", "contiguous"})
+RESHAPE_METHODS = frozenset({"view", "reshape"})
+VERY_NEGATIVE_LIMIT = -1e4
+
+is_self = m.Name("self")
+
+
+class Scope(Protocol):
+    """What the recognisers need to know about names in the function being read."""
+
+    def qualify(self, node: cst.CSTNode) -> str | None: ...
+
+    def self_attribute(self, name: str) -> cst.BaseExpression | None: ...
+
+    def local_value(self, name: str) -> cst.BaseExpression | None: ...
+
+    def local_is_scalar(self, name: str) -> bool: ...
+
+    def self_attribute_values(self, name: str) -> tuple[cst.BaseExpression, ...]: ...
+
+
+def arg(call: cst.Call, index: int, keyword: str | None = None) -> cst.BaseExpression | None:
+    """The positional argument `index` or the keyword argument `keyword` of a call."""
+    positional = [a for a in call.args if a.keyword is None and a.star == ""]
+    if keyword is not None:
+        for a in call.args:
+            if a.keyword is not None and a.keyword.value == keyword:
+                return a.value
+    if 0 <= index < len(positional):
+        return positional[index].value
+    return None
+
+
+def has_star_args(call: cst.Call) -> bool:
+    return any(a.star != "" for a in call.args)
+
+
+def method_call(node: cst.BaseExpression, names: frozenset[str] | set[str] | None = None) -> tuple[cst.BaseExpression, str] | None:
+    """`x.name(...)` -> (x, name) when name is in `names` (or any when None)."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        name = node.func.attr.value
+        if names is None or name in names:
+            return node.func.value, name
+    return None
+
+
+def self_attribute_name(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Attribute) and m.matches(node.value, is_self):
+        return node.attr.value
+    return None
+
+
+# ---------------------------------------------------------------- numbers
+
+
+def number(node: cst.BaseExpression) -> float | None:
+    """The value of a numeric literal, `-x`, `+x`, or `float("-inf")`."""
+    if isinstance(node, cst.Integer):
+        return float(node.evaluated_value)
+    if isinstance(node, cst.Float):
+        return float(node.evaluated_value)
+    if isinstance(node, cst.UnaryOperation):
+        inner = number(node.expression)
+        if inner is None:
+            return None
+        if isinstance(node.operator, cst.Minus):
+            return -inner
+        if isinstance(node.operator, cst.Plus):
+            return inner
+        return None
+    if isinstance(node, cst.Call) and m.matches(node.func, m.Name("float")) and len(node.args) == 1:
+        value = node.args[0].value
+        if isinstance(value, cst.SimpleString):
+            try:
+                return float(value.evaluated_value)  # type: ignore[arg-type]
+            except ValueError:
+                return None
+    return None
+
+
+def is_very_negative(node: cst.BaseExpression, scope: Scope, depth: int = 0) -> bool:
+    """A fill value that masks a score out: finfo(...).min, -inf, -finfo(...).max, or a literal <= -1e4."""
+    if depth > 6:
+        return False
+    value = number(node)
+    if value is not None:
+        return value <= VERY_NEGATIVE_LIMIT
+    qualified = scope.qualify(node)
+    if qualified in {"math.inf", "torch.inf", "numpy.inf", "np.inf"}:
+        return False
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        inner = node.expression
+        if scope.qualify(inner) in {"math.inf", "torch.inf", "numpy.inf", "np.inf"}:
+            return True
+        if isinstance(inner, cst.Attribute) and inner.attr.value == "max" and _is_finfo(inner.value, scope):
+            return True
+        return False
+    if isinstance(node, cst.Attribute) and node.attr.value == "min" and _is_finfo(node.value, scope):
+        return True
+    if isinstance(node, cst.Call):
+        qualified = scope.qualify(node.func)
+        if qualified in SCALAR_TENSOR_FUNCTIONS:
+            inner = arg(node, 1 if qualified == "torch.full" else 0, "fill_value" if qualified == "torch.full" else "data")
+            return inner is not None and is_very_negative(inner, scope, depth + 1)
+        receiver = method_call(node, {"to", "type", "type_as"})
+        if receiver is not None:
+            return is_very_negative(receiver[0], scope, depth + 1)
+    if isinstance(node, cst.Name):
+        local = scope.local_value(node.value)
+        return local is not None and is_very_negative(local, scope, depth + 1)
+    attribute = self_attribute_name(node)
+    if attribute is not None:
+        value_node = scope.self_attribute(attribute)
+        return value_node is not None and is_very_negative(value_node, scope, depth + 1)
+    return False
+
+
+def _is_finfo(node: cst.BaseExpression, scope: Scope) -> bool:
+    return isinstance(node, cst.Call) and scope.qualify(node.func) in {"torch.finfo", "numpy.finfo", "np.finfo"}
+
+
+# ---------------------------------------------------------------- scalars
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """An expression known to be a Python number at run time, with the node to use for SDPA's `scale=`."""
+
+    node: cst.BaseExpression
+
+
+def scalar(
+    node: cst.BaseExpression, scope: Scope, depth: int = 0, attributes: frozenset[str] = frozenset()
+) -> Scalar | None:
+    """Prove that an expression is a plain number (or a 0-d tensor wrapping one) and give the number's expression."""
+    if depth > 8:
+        return None
+    if number(node) is not None:
+        return Scalar(node)
+    if isinstance(node, cst.BinaryOperation):
+        left = scalar(node.left, scope, depth + 1, attributes)
+        right = scalar(node.right, scope, depth + 1, attributes)
+        if left is None or right is None:
+            return None
+        if left.node is node.left and right.node is node.right:
+            return Scalar(node)
+        return Scalar(node.with_changes(left=_paren(left.node), right=_paren(right.node)))
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+        inner = scalar(node.expression, scope, depth + 1, attributes)
+        return None if inner is None else Scalar(node.with_changes(expression=_paren(inner.node)))
+    if isinstance(node, cst.Call):
+        qualified = scope.qualify(node.func)
+        if qualified in SCALAR_FUNCTIONS and not has_star_args(node):
+            if all(scalar(a.value, scope, depth + 1, attributes) is not None for a in node.args):
+                return Scalar(node)
+            return None
+        if qualified in SCALAR_TENSOR_FUNCTIONS:
+            if qualified == "torch.full":
+                size = arg(node, 0, "size")
+                if not (isinstance(size, (cst.List, cst.Tuple)) and not size.elements):
+                    return None
+                inner = arg(node, 1, "fill_value")
+            else:
+                inner = arg(node, 0, "data")
+            return None if inner is None else scalar(inner, scope, depth + 1, attributes)
+        # tensor.size(i) / x.dim() / len(...)
+        receiver = method_call(node, {"size", "dim", "numel", "item"})
+        if receiver is not None:
+            _, name = receiver
+            if name == "size" and not node.args:
+                return None
+            return Scalar(node)
+        if m.matches(node.func, m.Name("len")):
+            return Scalar(node)
+        return None
+    if isinstance(node, cst.Subscript):
+        # x.shape[-1], x.size()[2]
+        value = node.value
+        if isinstance(value, cst.Attribute) and value.attr.value == "shape":
+            return Scalar(node)
+        if isinstance(value, cst.Call) and method_call(value, {"size"}) is not None:
+            return Scalar(node)
+        return None
+    if isinstance(node, cst.Name):
+        if scope.local_is_scalar(node.value):
+            return Scalar(node)
+        return None
+    if isinstance(node, cst.Attribute):
+        attribute = self_attribute_name(node)
+        if attribute is not None:
+            if attribute in attributes:
+                # `self.n = self.n - len(pruned)`: a number if its other assignments are numbers
+                return Scalar(node)
+            values = scope.self_attribute_values(attribute)
+            inner = attributes | {attribute}
+            if values and all(_scalar_attribute_value(v, scope, depth, inner) for v in values):
+                return Scalar(node)
+            return None
+        # config.x / self.config.x: configuration values are numbers
+        full = get_full_name_for_node(node) or ""
+        if full.startswith("config.") or full.startswith("self.config."):
+            return Scalar(node)
+        return None
+    return None
+
+
+def _scalar_attribute_value(
+    node: cst.BaseExpression, scope: Scope, depth: int, attributes: frozenset[str]
+) -> bool:
+    """Values assigned to `self.x` in __init__: numbers, config fields, and __init__'s own names."""
+    return scalar(node, _InitScope(scope), depth + 1, attributes) is not None
+
+
+class _InitScope:
+    """Names inside `self.x = ...` belong to __init__ (embed_dim, num_heads, config): they carry numbers."""
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+
+    def qualify(self, node: cst.CSTNode) -> str | None:
+        return self.scope.qualify(node)
+
+    def self_attribute(self, name: str) -> cst.BaseExpression | None:
+        return self.scope.self_attribute(name)
+
+    def self_attribute_values(self, name: str) -> tuple[cst.BaseExpression, ...]:
+        return self.scope.self_attribute_values(name)
+
+    def local_value(self, name: str) -> cst.BaseExpression | None:
+        return None
+
+    def local_is_scalar(self, name: str) -> bool:
+        return True
+
+
+def _paren(node: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(node, (cst.BinaryOperation, cst.UnaryOperation)) and not node.lpar:
+        return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return node
+
+
+# ---------------------------------------------------------------- forms
+
+
+@dataclass(frozen=True)
+class SoftmaxCall:
+    operand: cst.BaseExpression
+    form: str  # "functional", "method", "module", "module_attribute"
+    dim: cst.BaseExpression | None
+    upcast: bool
+
+
+def softmax_call(node: cst.BaseExpression, scope: Scope) -> SoftmaxCall | None:
+    if not isinstance(node, cst.Call):
+        return None
+    qualified = scope.qualify(node.func)
+    if qualified in SOFTMAX_FUNCTIONS:
+        operand = arg(node, 0, "input")
+        if operand is None:
+            return None
+        return SoftmaxCall(operand, "functional", arg(node, 1, "dim"), arg(node, 2, "dtype") is not None)
+    receiver = method_call(node, {"softmax"})
+    if receiver is not None:
+        return SoftmaxCall(receiver[0], "method", arg(node, 0, "dim"), arg(node, 1, "dtype") is not None)
+    func = node.func
+    if isinstance(func, cst.Call) and scope.qualify(func.func) in SOFTMAX_MODULES and len(node.args) == 1:
+        return SoftmaxCall(node.args[0].value, "module", arg(func, 0, "dim"), False)
+    attribute = self_attribute_name(func)
+    if attribute is not None and len(node.args) == 1:
+        value = scope.self_attribute(attribute)
+        if isinstance(value, cst.Call) and scope.qualify(value.func) in SOFTMAX_MODULES:
+            return SoftmaxCall(node.args[0].value, "module_attribute", arg(value, 0, "dim"), False)
+    return None
+
+
+@dataclass(frozen=True)
+class DropoutCall:
+    operand: cst.BaseExpression
+    # expression for SDPA's dropout_p when training, and the expression that says whether it is active
+    probability: cst.BaseExpression
+    training: cst.BaseExpression
+    form: str
+
+
+def dropout_call(node: cst.BaseExpression, scope: Scope) -> DropoutCall | None:
+    if not isinstance(node, cst.Call):
+        return None
+    qualified = scope.qualify(node.func)
+    if qualified in DROPOUT_FUNCTIONS:
+        operand = arg(node, 0, "input")
+        probability = arg(node, 1, "p")
+        training = arg(node, 2, "training" if qualified.endswith("functional.dropout") else "train")
+        if operand is None:
+            return None
+        if probability is None:
+            probability = cst.Float("0.5")
+        if training is None:
+            training = cst.Name("True")
+        return DropoutCall(operand, probability, training, "functional")
+    attribute = self_attribute_name(node.func)
+    if attribute is not None and len(node.args) == 1:
+        value = scope.self_attribute(attribute)
+        if isinstance(value, cst.Call) and scope.qualify(value.func) in DROPOUT_MODULES:
+            probability = cst.parse_expression(f"self.{attribute}.p")
+            return DropoutCall(node.args[0].value, probability, cst.parse_expression("self.training"), "module")
+    return None
+
+
+@dataclass(frozen=True)
+class Product:
+    """A batched product of two tensors: scores (left=query, right=key^T) or output (left=probs, right=value)."""
+
+    form: str  # matmul, bmm, operator, einsum, baddbmm
+    left: cst.BaseExpression
+    right: cst.BaseExpression
+    rank: int | None  # 3 for bmm/baddbmm, from the einsum spec, None for matmul
+    right_transposed: bool | None  # for einsum: whether the right operand enters untransposed (bhkd)
+    alpha: cst.BaseExpression | None = None
+    beta: cst.BaseExpression | None = None
+    initial: cst.BaseExpression | None = None  # baddbmm's input
+    spec: str | None = None
+
+
+def product(node: cst.BaseExpression, scope: Scope) -> Product | None:
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
+        return Product("operator", node.left, node.right, None, None)
+    if not isinstance(node, cst.Call) or has_star_args(node):
+        return None
+    qualified = scope.qualify(node.func)
+    if qualified in MATMUL_FUNCTIONS:
+        left, right = arg(node, 0, "input"), arg(node, 1, "mat2" if qualified == "torch.bmm" else "other")
+        if left is None or right is None:
+            return None
+        return Product("bmm" if qualified == "torch.bmm" else "matmul", left, right, 3 if qualified == "torch.bmm" else None, None)
+    receiver = method_call(node, {"matmul", "bmm"})
+    if receiver is not None and len(node.args) == 1:
+        rank = 3 if receiver[1] == "bmm" else None
+        return Product(receiver[1], receiver[0], node.args[0].value, rank, None)
+    if qualified in EINSUM_FUNCTIONS:
+        spec_node = arg(node, 0, "equation")
+        if not isinstance(spec_node, cst.SimpleString) or len(node.args) != 3:
+            return None
+        spec = str(spec_node.evaluated_value).replace(" ", "")
+        return Product("einsum", node.args[1].value, node.args[2].value, None, None, spec=spec)
+    if qualified in BADDBMM_FUNCTIONS or method_call(node, {"baddbmm"}) is not None:
+        if qualified in BADDBMM_FUNCTIONS:
+            initial = arg(node, 0, "input")
+            left, right = arg(node, 1, "batch1"), arg(node, 2, "batch2")
+        else:
+            initial = node.func.value  # type: ignore[attr-defined]
+            left, right = arg(node, 0, "batch1"), arg(node, 1, "batch2")
+        if left is None or right is None or initial is None:
+            return None
+        beta = _keyword(node, "beta")
+        alpha = _keyword(node, "alpha")
+        return Product("baddbmm", left, right, 3, None, alpha=alpha, beta=beta, initial=initial)
+    return None
+
+
+def _keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == name:
+            return a.value
+    return None
+
+
+@dataclass(frozen=True)
+class EinsumRoles:
+    """How an einsum spec maps to attention: scores (`...qd,...kd->...qk`) or output (`...qk,...kd->...qd`)."""
+
+    kind: str  # "scores" or "output"
+    rank: int
+
+
+def einsum_roles(spec: str) -> EinsumRoles | None:
+    if "->" not in spec or "." in spec:
+        return None
+    inputs, out = spec.split("->")
+    parts = inputs.split(",")
+    if len(parts) != 2:
+        return None
+    a, b = parts
+    if not (len(a) == len(b) == len(out)) or len(a) not in (3, 4):
+        return None
+    batch = a[:-2]
+    if b[:-2] != batch or out[:-2] != batch:
+        return None
+    q, d = a[-2], a[-1]
+    k, d2 = b[-2], b[-1]
+    if d == d2 and out[-2:] == q + k and len({q, k, d}) == 3:
+        return EinsumRoles("scores", len(a))
+    # probs (q k) x value (k d) -> (q d)
+    if a[-1] == b[-2] and out[-2:] == a[-2] + b[-1] and len({a[-2], a[-1], b[-1]}) == 3:
+        return EinsumRoles("output", len(a))
+    return None
+
+
+def transposed_last_two(node: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:
+    """`k.transpose(-1, -2)` / `k.transpose(2, 3)` / `k.permute(0, 1, 3, 2)` / `k.mT` -> k."""
+    found = method_call(node, {"transpose", "permute"})
+    if found is not None:
+        receiver, name = found
+        assert isinstance(node, cst.Call)
+        values = [number(a.value) for a in node.args]
+        if any(v is None for v in values) or any(a.keyword is not None for a in node.args):
+            return None
+        dims = [int(v) for v in values]  # type: ignore[arg-type]
+        if name == "transpose" and len(dims) == 2:
+            pair = set(dims)
+            if pair == {-1, -2}:
+                return receiver
+            if rank in (None, 4) and pair == {2, 3}:
+                return receiver
+            if rank == 3 and pair == {1, 2}:
+                return receiver
+        if name == "permute":
+            if dims == [0, 1, 3, 2] or dims == [0, 2, 1]:
+                return receiver
+        return None
+    if isinstance(node, cst.Attribute) and node.attr.value == "mT":
+        return node.value
+    return None
+
+
+def reshape_args(node: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst.Arg]] | None:
+    found = method_call(node, RESHAPE_METHODS)
+    if found is None:
+        return None
+    assert isinstance(node, cst.Call)
+    return found[0], list(node.args)
+
+
+def walk_names(node: cst.CSTNode) -> set[str]:
+    """Every `Name` read in an expression (attribute names excluded)."""
+    collector = _NameCollector()
+    node.visit(collector)
+    return collector.names
+
+
+class _NameCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Param(self, node: cst.Param) -> bool:
+        return False
+

@@ -1,0 +1,330 @@
+"""Find the attention modules of a modeling file and describe each eager computation as an AttentionSite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import libcst as cst
+
+from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.cstutil import code
+from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.site import AttentionSite, Refusal, Scaling, Term
+
+LineOf = Callable[[cst.CSTNode], int]
+
+
+@dataclass(frozen=True)
+class HelperCall:
+    """`self.<method>(...)` inside forward, where the method computes the attention."""
+
+    method: str
+    owner: str
+    call: cst.Call
+    # helper parameter -> forward-level head-mask parameter name it receives
+    head_mask_params: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClassAnalysis:
+    class_name: str
+    forward_owner: str
+    sites: tuple[AttentionSite, ...]
+    helpers: tuple[HelperCall, ...]
+    refusal: Refusal | None
+    head_mask_params: tuple[str, ...]  # forward parameters that carry a head mask
+    output_attentions: str | None  # the forward parameter asking for the weights
+
+    @property
+    def ported(self) -> bool:
+        return self.refusal is None and bool(self.sites)
+
+
+def line_function(module: cst.Module) -> LineOf:
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    positions = wrapper.resolve(PositionProvider)
+
+    def line_of(node: cst.CSTNode) -> int:
+        position = positions.get(node)
+        return position.start.line if position is not None else 0
+
+    return line_of
+
+
+def contains_softmax(facts: ModuleFacts) -> bool:
+    """Cheap structural pre-check: any softmax call at all in the file."""
+    finder = _AnySoftmax(facts)
+    facts.module.visit(finder)
+    return finder.found
+
+
+class _AnySoftmax(cst.CSTVisitor):
+    def __init__(self, facts: ModuleFacts) -> None:
+        self.facts = facts
+        self.found = False
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        if self.found:
+            return False
+        qualified = self.facts.imports.qualify(node.func) or ""
+        if qualified.endswith("softmax") or qualified.endswith("Softmax"):
+            self.found = True
+        elif isinstance(node.func, cst.Attribute) and node.func.attr.value in ("softmax",):
+            self.found = True
+        return True
+
+
+def attention_classes(facts: ModuleFacts, line_of: LineOf) -> list[ClassAnalysis]:
+    """Every class whose forward computes eager attention (itself or through a helper method)."""
+    out: list[ClassAnalysis] = []
+    for name in facts.classes:
+        analysis = analyse_class(facts, name, line_of)
+        if analysis is not None:
+            out.append(analysis)
+    return out
+
+
+def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> ClassAnalysis | None:
+    found = facts.find_method(class_name, "forward")
+    if found is None:
+        return None
+    owner, forward = found
+    result = t.Tracer(facts, class_name, forward, line_of).run()
+    inline = result.attention()
+    helpers = _helper_calls(facts, class_name, forward, line_of)
+    params = result.params
+    output_attentions = "output_attentions" if "output_attentions" in params else None
+    if not inline and not helpers:
+        return None
+    refusal: Refusal | None = None
+    sites: list[AttentionSite] = []
+    head_masks: list[str] = []
+    helper_calls: list[HelperCall] = []
+    if inline and helpers:
+        refusal = Refusal(class_name, line_of(forward), "attention is computed both in forward and in a helper method")
+    elif len(inline) > 1:
+        refusal = Refusal(class_name, inline[1].start_line, "forward computes several attentions")
+    elif inline:
+        candidate = inline[0]
+        if candidate.poison is not None:
+            refusal = Refusal(class_name, candidate.poison_line or candidate.start_line, candidate.poison)
+        else:
+            site = describe(facts, class_name, "forward", owner.name, candidate, result)
+            sites.append(site)
+            if site.head_mask:
+                head_masks.append(site.head_mask)
+    else:
+        for method, helper_owner, call, helper_result, candidate in helpers:
+            if candidate.poison is not None:
+                refusal = Refusal(class_name, candidate.poison_line or candidate.start_line, candidate.poison)
+                break
+            site = describe(facts, class_name, method, helper_owner, candidate, helper_result)
+            sites.append(site)
+            forward_heads: list[str] = []
+            if site.head_mask:
+                bound = _argument_for(facts, class_name, method, call, site.head_mask)
+                roots = [n for n in p.walk_names(bound) if n in params] if bound is not None else []
+                if len(roots) != 1:
+                    refusal = Refusal(
+                        class_name, site.line, f"the head mask reaches `{method}` from an expression it cannot trace"
+                    )
+                    break
+                forward_heads.append(roots[0])
+                head_masks.append(roots[0])
+            helper_calls.append(HelperCall(method, helper_owner, call, tuple(forward_heads)))
+    if refusal is None:
+        for site in sites:
+            if site.dropout == "conditional":
+                refusal = Refusal(class_name, site.line, "dropout is applied only under a condition")
+    return ClassAnalysis(
+        class_name=class_name,
+        forward_owner=owner.name,
+        sites=tuple(sites),
+        helpers=tuple(helper_calls),
+        refusal=refusal,
+        head_mask_params=tuple(dict.fromkeys(head_masks)),
+        output_attentions=output_attentions,
+    )
+
+
+def _helper_calls(
+    facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf
+) -> list[tuple[str, str, cst.Call, t.TraceResult, t.Candidate]]:
+    finder = _SelfCalls()
+    forward.body.visit(finder)
+    out = []
+    cache: dict[str, tuple[str, t.TraceResult, list[t.Candidate]]] = {}
+    for call in finder.calls:
+        method = call.func.attr.value  # type: ignore[attr-defined]
+        if method == "forward":
+            continue
+        if method not in cache:
+            found = facts.find_method(class_name, method)
+            if found is None:
+                continue
+            helper_owner, helper = found
+            helper_result = t.Tracer(facts, class_name, helper, line_of).run()
+            cache[method] = (helper_owner.name, helper_result, helper_result.attention())
+        helper_owner_name, helper_result, attention = cache[method]
+        if len(attention) == 1:
+            out.append((method, helper_owner_name, call, helper_result, attention[0]))
+        elif len(attention) > 1:
+            bad = attention[1]
+            bad.poisoned("the helper computes several attentions", bad.start_line)
+            out.append((method, helper_owner_name, call, helper_result, bad))
+    return out
+
+
+class _SelfCalls(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.calls: list[cst.Call] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+            self.calls.append(node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+
+def _argument_for(
+    facts: ModuleFacts, class_name: str, method: str, call: cst.Call, parameter: str
+) -> cst.BaseExpression | None:
+    found = facts.find_method(class_name, method)
+    if found is None:
+        return None
+    _, helper = found
+    bound = bind_arguments(helper, call)
+    return None if bound is None else bound.get(parameter)
+
+
+def bind_arguments(helper: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression] | None:
+    """Map a method's parameters (without self) to the call's argument expressions, defaults filled in."""
+    params = [*helper.params.posonly_params, *helper.params.params]
+    if params and params[0].name.value == "self":
+        params = params[1:]
+    kwonly = list(helper.params.kwonly_params)
+    bound: dict[str, cst.BaseExpression] = {}
+    positional = [a for a in call.args if a.keyword is None]
+    if any(a.star for a in call.args):
+        return None
+    if len(positional) > len(params):
+        return None
+    for param, argument in zip(params, positional):
+        bound[param.name.value] = argument.value
+    names = {param.name.value for param in params + kwonly}
+    for argument in call.args:
+        if argument.keyword is not None:
+            if argument.keyword.value not in names:
+                return None
+            bound[argument.keyword.value] = argument.value
+    for param in params + kwonly:
+        name = param.name.value
+        if name not in bound:
+            if param.default is None:
+                return None
+            bound[name] = param.default
+    return bound
+
+
+def describe(
+    facts: ModuleFacts,
+    class_name: str,
+    method: str,
+    owner: str,
+    candidate: t.Candidate,
+    result: t.TraceResult,
+) -> AttentionSite:
+    """Summarise a traced chain as the frozen facts reviewers read."""
+    start = candidate.start
+    assert start is not None
+    scaling: list[Scaling] = []
+    terms: list[Term] = []
+    seen_term = False
+    guards = 0
+    softmax = ""
+    upcast = start.upcast
+    dropout: str | None = None
+    head_mask: str | None = None
+    causal = "none"
+    output_line = candidate.start_line
+    value = ""
+    layout = "heads" if start.rank in (4, None) else "flat"
+    query_scale = start.query_scale
+    if query_scale is not None:
+        scaling.append(Scaling("query", code(query_scale[0]), query_scale[1], False))
+    for op, depth, line in candidate.ops:
+        conditional = depth > 0
+        if isinstance(op, t.Scale):
+            where = "product" if not scaling and not seen_term and start.product.form == "baddbmm" else (
+                "after_terms" if seen_term else "scores"
+            )
+            scaling.append(Scaling(where, code(op.factor), op.divide, conditional))
+        elif isinstance(op, t.AddTerm):
+            seen_term = True
+            terms.append(Term(_term_kind(op.term, result.params), code(op.term), conditional, line))
+        elif isinstance(op, t.Fill):
+            seen_term = True
+            kind = "causal_buffer" if op.causal else "masked_fill"
+            if op.causal:
+                causal = "buffer"
+            terms.append(Term(kind, code(op.condition), conditional, line))
+        elif isinstance(op, t.Guard):
+            guards += 1
+        elif isinstance(op, t.Softmax):
+            call = op.call
+            dim = code(call.dim) if call.dim is not None else "-1"
+            softmax = f"{call.form}(dim={dim})"
+            if call.upcast:
+                upcast = True
+        elif isinstance(op, t.Cast) and op.upcast:
+            upcast = True
+        elif isinstance(op, t.Dropout):
+            dropout = "conditional" if conditional else code(op.call.probability)
+        elif isinstance(op, t.HeadMask):
+            head_mask = op.root
+        elif isinstance(op, t.View) and op.heads is not None:
+            layout = "flat->heads"
+        elif isinstance(op, t.Output):
+            output_line = line
+            value = code(op.value)
+    if causal == "none" and any(term.kind == "mask" for term in terms):
+        causal = "mask"
+    return AttentionSite(
+        class_name=class_name,
+        method=method,
+        owner=owner,
+        line=candidate.start_line,
+        output_line=output_line,
+        query=code(start.query),
+        key=code(start.key),
+        value=value,
+        product=start.product.form,
+        layout=layout,
+        scaling=tuple(scaling),
+        terms=tuple(terms),
+        softmax=softmax + ("+upcast" if upcast else ""),
+        upcast=upcast,
+        dropout=dropout,
+        head_mask=head_mask,
+        guards=guards,
+        causal=causal,
+        returns_weights=bool(result.probs_names_after_output),
+    )
+
+
+def _term_kind(term: cst.BaseExpression, params: tuple[str, ...]) -> str:
+    names = p.walk_names(term)
+    roots = [n for n in names if n in params]
+    if isinstance(term, cst.Name) and term.value in params:
+        return "mask" if "mask" in term.value else "parameter"
+    if any("bias" in n for n in names):
+        return "position_bias"
+    if roots and all("mask" in n for n in roots):
+        return "mask"
+    return "other"

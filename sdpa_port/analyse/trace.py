@@ -1,0 +1,1301 @@
+"""Follow the attention score chain through one function body (read-only).
+
+The tracer walks the statements of a function in order, keeping an environment of what each local name holds.
+A product of a query with a transposed key starts a *chain*; every later statement that feeds the chain is
+classified as one of a closed set of operations (scale, additive term, masking fill, NaN guard, view, cast,
+softmax, dropout, head mask, product with V). Anything else that touches the chain poisons it, with a reason.
+
+The result says, statement by statement, what the chain does; `recognise.py` turns it into an AttentionSite
+and the rewriting passes turn it into SDPA code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence, Union
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.cstutil import assigned_names, block_body, code, if_branches, replace_names
+from sdpa_port.analyse.module_facts import ModuleFacts
+
+SCORES, PROBS, OUT = "scores", "probs", "out"
+
+
+# ------------------------------------------------------------------ values and operations
+
+
+@dataclass(frozen=True)
+class ChainVal:
+    cid: int
+    stage: str
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class ExprVal:
+    node: cst.BaseExpression
+
+
+@dataclass(frozen=True)
+class ScalarVal:
+    """A local that holds a number on every path (e.g. a scale factor built up under conditions)."""
+
+
+Value = Union[ChainVal, ExprVal, ScalarVal]
+
+
+@dataclass(frozen=True)
+class Start:
+    product: p.Product
+    query: cst.BaseExpression
+    key: cst.BaseExpression
+    rank: int | None
+    upcast: bool
+    # the query was scaled before the product (`q = q / sqrt(d)`, `q_proj(x) * self.scaling`): (factor, divide)
+    query_scale: tuple[cst.BaseExpression, bool] | None = None
+    # the query or key names hold float32 copies made before the product (`query = query.to(torch.float32)`)
+    operands_upcast: bool = False
+
+
+@dataclass(frozen=True)
+class View:
+    rank_before: int | None
+    rank_after: int | None
+    heads: tuple[cst.BaseExpression, cst.BaseExpression] | None
+
+
+@dataclass(frozen=True)
+class Cast:
+    upcast: bool
+
+
+@dataclass(frozen=True)
+class Scale:
+    factor: cst.BaseExpression
+    divide: bool
+
+
+@dataclass(frozen=True)
+class AddTerm:
+    term: cst.BaseExpression
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class Fill:
+    condition: cst.BaseExpression
+    keep_where_true: bool  # torch.where(cond, scores, fill) keeps where cond is true
+    fill: cst.BaseExpression
+    causal: bool  # the condition is a bottom-right aligned lower-triangular slice of a causal buffer
+
+
+@dataclass(frozen=True)
+class Guard:
+    pass
+
+
+@dataclass(frozen=True)
+class Softmax:
+    call: p.SoftmaxCall
+
+
+@dataclass(frozen=True)
+class Dropout:
+    call: p.DropoutCall
+
+
+@dataclass(frozen=True)
+class HeadMask:
+    operand: cst.BaseExpression
+    root: str | None
+
+
+@dataclass(frozen=True)
+class Output:
+    product: p.Product
+    node: cst.BaseExpression  # the product expression inside the statement
+    value: cst.BaseExpression
+    rank: int | None
+
+
+Op = Union[Start, View, Cast, Scale, AddTerm, Fill, Guard, Softmax, Dropout, HeadMask, Output]
+
+
+@dataclass
+class ChainStmt:
+    """A statement that only advances the chain; it disappears from SDPA code (its ops are re-targeted)."""
+
+    ops: list[Op]
+    targets: list[str]
+    depth: int
+    line: int
+
+
+@dataclass
+class OutputStmt:
+    """The statement holding the product with V; the product node is replaced by the SDPA result."""
+
+    ops: list[Op]  # ops on the probabilities inside the statement, then the Output
+    output: Output
+    depth: int
+    line: int
+
+
+@dataclass
+class KeepStmt:
+    """A statement kept as written, with chain `.dtype`/`.device` reads and `.expand_as(chain)` replaced."""
+
+    replacements: dict[int, str]  # id(node) -> "dtype" | "device" | "strip_expand"
+
+
+StmtPlan = Union[ChainStmt, OutputStmt, KeepStmt]
+
+
+@dataclass
+class Candidate:
+    cid: int
+    start: Start | None
+    start_line: int
+    origin: str | None = None  # set when the probabilities do not come from a recognised product
+    poison: str | None = None
+    poison_line: int = 0
+    stage: str = SCORES
+    ops: list[tuple[Op, int, int]] = field(default_factory=list)  # (op, depth, line)
+    absorbed: bool = False
+    start_node_id: int = 0
+    names_assigned_after_start: set[str] = field(default_factory=set)
+
+    def poisoned(self, reason: str, line: int) -> None:
+        if self.poison is None:
+            self.poison = reason
+            self.poison_line = line
+
+
+@dataclass
+class TraceResult:
+    candidates: list[Candidate]
+    plans: dict[int, StmtPlan]
+    dropped_ifs: set[int]
+    returns: list[cst.Return]
+    probs_names_after_output: set[str]
+    names_read_after_output: set[str]
+    params: tuple[str, ...]
+
+    def attention(self) -> list[Candidate]:
+        """Candidates that reach a product with V: the attention computations of the function."""
+        return [c for c in self.candidates if c.stage == OUT and not c.absorbed]
+
+
+class _Poison(Exception):
+    def __init__(self, reason: str, cids: set[int]) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.cids = cids
+
+
+class _NotChain(Exception):
+    pass
+
+
+# ------------------------------------------------------------------ scope
+
+
+class FunctionScope:
+    """Names as the tracer currently knows them, plus `self.` attributes from the class's methods."""
+
+    def __init__(self, facts: ModuleFacts, class_name: str | None, env: dict[str, Value]) -> None:
+        self.facts = facts
+        self.class_name = class_name
+        self.env = env
+        self._evaluating: set[str] = set()
+
+    def qualify(self, node: cst.CSTNode) -> str | None:
+        return self.facts.imports.qualify(node)
+
+    def self_attribute(self, name: str) -> cst.BaseExpression | None:
+        if self.class_name is None:
+            return None
+        return self.facts.find_attribute(self.class_name, name)
+
+    def self_attribute_values(self, name: str) -> tuple[cst.BaseExpression, ...]:
+        if self.class_name is None:
+            return ()
+        return self.facts.find_attribute_values(self.class_name, name)
+
+    def local_value(self, name: str) -> cst.BaseExpression | None:
+        value = self.env.get(name)
+        return value.node if isinstance(value, ExprVal) else None
+
+    def local_is_scalar(self, name: str) -> bool:
+        value = self.env.get(name)
+        if isinstance(value, ScalarVal):
+            return True
+        if not isinstance(value, ExprVal) or name in self._evaluating:
+            return False
+        self._evaluating.add(name)
+        try:
+            return p.scalar(value.node, self) is not None
+        finally:
+            self._evaluating.discard(name)
+
+
+# ------------------------------------------------------------------ the tracer
+
+
+LineOf = Callable[[cst.CSTNode], int]
+
+
+class Tracer:
+    def __init__(
+        self,
+        facts: ModuleFacts,
+        class_name: str | None,
+        function: cst.FunctionDef,
+        line_of: LineOf | None = None,
+        selected_start: int | None = None,
+    ) -> None:
+        self.facts = facts
+        self.class_name = class_name
+        self.function = function
+        self.line_of = line_of or (lambda node: 0)
+        self.selected_start = selected_start
+        self.env: dict[str, Value] = {}
+        self.scope = FunctionScope(facts, class_name, self.env)
+        self.candidates: list[Candidate] = []
+        self.plans: dict[int, StmtPlan] = {}
+        self.dropped_ifs: set[int] = set()
+        self.returns: list[cst.Return] = []
+        self.tests: list[cst.BaseExpression] = []
+        self.output_seen = False
+        self.probs_after_output: set[str] = set()
+        self.read_after_output: set[str] = set()
+        self.params = tuple(param.name.value for param in _all_params(function.params))
+
+    # -------------------------------------------------------------- entry
+
+    def run(self) -> TraceResult:
+        self.block(block_body(self.function.body), 0)
+        return TraceResult(
+            candidates=self.candidates,
+            plans=self.plans,
+            dropped_ifs=self.dropped_ifs,
+            returns=self.returns,
+            probs_names_after_output=self.probs_after_output,
+            names_read_after_output=self.read_after_output,
+            params=self.params,
+        )
+
+    # -------------------------------------------------------------- statements
+
+    def block(self, statements: Sequence[cst.BaseStatement], depth: int) -> None:
+        for statement in statements:
+            self.statement(statement, depth)
+
+    def statement(self, statement: cst.BaseStatement, depth: int) -> None:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                self.small(small, depth, self.line_of(statement))
+        elif isinstance(statement, cst.If):
+            self.if_statement(statement, depth)
+        elif isinstance(statement, cst.With):
+            for item in statement.items:
+                self.poison_reads(item.item, self.line_of(statement), "a `with` item reads the scores")
+            self.block(block_body(statement.body), depth)
+        elif isinstance(statement, (cst.For, cst.While)):
+            self.loop(statement, depth)
+        elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            self.env.pop(statement.name.value, None)
+        elif isinstance(statement, cst.Try):
+            before = set(self.live_cids())
+            self.block(block_body(statement.body), depth + 1)
+            for handler in statement.handlers:
+                self.block(block_body(handler.body), depth + 1)
+            self.poison_new(before, "computed inside a try block", self.line_of(statement))
+        else:
+            self.poison_reads(statement, self.line_of(statement), "read by an unsupported statement")
+
+    def loop(self, statement: cst.For | cst.While, depth: int) -> None:
+        line = self.line_of(statement)
+        chain_names = {name for name, value in self.env.items() if isinstance(value, ChainVal)}
+        before = set(self.live_cids())
+        self.block(block_body(statement.body), depth + 1)
+        touched = self.live_cids() - before
+        for name in chain_names:
+            value = self.env.get(name)
+            if isinstance(value, ChainVal):
+                touched.add(value.cid)
+        for cid in touched:
+            body_names = _names_in(statement.body)
+            if cid in before and not (body_names & chain_names):
+                continue
+            self.candidates[cid].poisoned("the attention is computed inside a loop (chunked or iterative attention)", line)
+        if isinstance(statement, cst.For):
+            for name in assigned_names(statement.target):
+                self.env.pop(name, None)
+
+    def if_statement(self, node: cst.If, depth: int) -> None:
+        line = self.line_of(node)
+        branches = if_branches(node)
+        # raise-guards on the scores' shape or dtype disappear with the scores
+        if len(branches) == 1 and self.chain_refs(branches[0][0]) and _only_raises(branches[0][1]):  # type: ignore[arg-type]
+            self.dropped_ifs.add(id(node))
+            return
+        for test, _ in branches:
+            if test is not None:
+                self.keep_expression(test, line, id(test))
+        start_env = dict(self.env)
+        results: list[dict[str, Value]] = []
+        has_else = branches[-1][0] is None
+        for test, body in branches:
+            self.env.clear()
+            self.env.update(start_env)
+            if test is not None:
+                self.tests.append(test)
+            self.block(body, depth + 1)
+            if test is not None:
+                self.tests.pop()
+            results.append(dict(self.env))
+        if not has_else:
+            results.append(start_env)
+        merged: dict[str, Value] = {}
+        names = set().union(*(r.keys() for r in results))
+        for name in names:
+            values = [r.get(name) for r in results]
+            first = values[0]
+            if all(v is not None and _same_value(v, first) for v in values):
+                merged[name] = first  # type: ignore[assignment]
+                continue
+            chains = [v for v in values if isinstance(v, ChainVal)]
+            if not chains:
+                if all(v is not None and self.value_is_scalar(v) for v in values):
+                    merged[name] = ScalarVal()
+                continue
+            cids = {c.cid for c in chains}
+            stages = {c.stage for c in chains}
+            ranks = {c.rank for c in chains}
+            if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1 and len(ranks) == 1:
+                merged[name] = chains[0]
+                continue
+            cid = chains[0].cid
+            if len(cids) == 1 and len(stages) == 1 and chains[0].stage == PROBS:
+                # an alias of the weights made only in some branches (e.g. for output_attentions)
+                merged[name] = chains[0]
+                continue
+            if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1:
+                self.candidates[cid].poisoned("the scores change layout under a condition", line)
+            elif len(cids) == 1 and len(stages) > 1:
+                self.candidates[cid].poisoned("the softmax or the product with V happens only under a condition", line)
+            else:
+                for c in cids:
+                    self.candidates[c].poisoned("the scores are replaced under a condition", line)
+            merged[name] = chains[0]
+        self.env.clear()
+        self.env.update(merged)
+
+    # -------------------------------------------------------------- small statements
+
+    def small(self, small: cst.BaseSmallStatement, depth: int, line: int) -> None:
+        if isinstance(small, cst.Assign):
+            self.assign([t.target for t in small.targets], small.value, small, depth, line)
+        elif isinstance(small, cst.AnnAssign):
+            if small.value is not None:
+                self.assign([small.target], small.value, small, depth, line)
+        elif isinstance(small, cst.AugAssign):
+            self.aug_assign(small, depth, line)
+        elif isinstance(small, cst.Expr):
+            self.expression_statement(small, depth, line)
+        elif isinstance(small, cst.Return):
+            self.returns.append(small)
+            if small.value is not None:
+                self.keep_expression(small.value, line, id(small), allow_probs=True)
+        else:
+            self.keep_expression(small, line, id(small))
+
+    def assign(
+        self, targets: list[cst.BaseExpression], value: cst.BaseExpression, small: cst.CSTNode, depth: int, line: int
+    ) -> None:
+        names = [n for t in targets for n in assigned_names(t)]
+        simple = len(targets) == 1 and isinstance(targets[0], cst.Name)
+        output = self.find_output(value)
+        if output is not None:
+            self.output_statement(small, value, output, names, depth, line)
+            return
+        if self.reads_only_weights(value):
+            self.keep_expression(value, line, id(small), allow_probs=True)
+            self.bind_plain(targets, value)
+            return
+        try:
+            base, ops = self.decompose(value, line)
+        except _NotChain:
+            self.keep_expression(value, line, id(small), allow_probs=self.output_seen)
+            self.bind_plain(targets, value)
+            return
+        except _Poison as poison:
+            self.poison_statement(poison, value, names, line)
+            return
+        if not simple:
+            self.candidates[base.cid].poisoned("the scores are unpacked into several names", line)
+            for name in names:
+                self.env[name] = base
+            return
+        self.record(base, ops, depth, line)
+        self.plans[id(small)] = ChainStmt(ops, names, depth, line)
+        self.env[names[0]] = self.advance(base, ops)
+        self.note_assignment(names)
+
+    def aug_assign(self, small: cst.AugAssign, depth: int, line: int) -> None:
+        target = small.target
+        if not isinstance(target, cst.Name):
+            self.keep_expression(small, line, id(small))
+            return
+        current = self.env.get(target.value)
+        if not isinstance(current, ChainVal):
+            if self.chain_value_refs(small.value):
+                self.poison_reads(small.value, line, f"the scores are folded into `{target.value}`")
+            self.keep_expression(small.value, line, id(small))
+            scalar = (
+                current is not None
+                and self.value_is_scalar(current)
+                and p.scalar(small.value, self.scope) is not None
+                and isinstance(small.operator, (cst.AddAssign, cst.SubtractAssign, cst.MultiplyAssign, cst.DivideAssign))
+            )
+            if scalar:
+                self.env[target.value] = ScalarVal()
+            else:
+                self.env.pop(target.value, None)
+            self.note_assignment([target.value])
+            return
+        operator = small.operator
+        try:
+            if isinstance(operator, cst.AddAssign):
+                ops: list[Op] = [self.add_term(current, small.value, line)]
+            elif isinstance(operator, (cst.MultiplyAssign, cst.DivideAssign)):
+                ops = [self.scale_or_head_mask(current, small.value, isinstance(operator, cst.DivideAssign), line)]
+            else:
+                raise _Poison(f"the scores are updated with `{code(operator).strip()}`", {current.cid})
+        except _Poison as poison:
+            self.poison_statement(poison, small.value, [target.value], line)
+            return
+        self.record(current, ops, depth, line)
+        self.plans[id(small)] = ChainStmt(ops, [target.value], depth, line)
+        self.env[target.value] = self.advance(current, ops)
+
+    def expression_statement(self, small: cst.Expr, depth: int, line: int) -> None:
+        value = small.value
+        found = p.method_call(value)
+        if found is not None and isinstance(found[0], cst.Name):
+            receiver = self.env.get(found[0].value)
+            if isinstance(receiver, ChainVal):
+                name = found[1]
+                assert isinstance(value, cst.Call)
+                try:
+                    if name == "masked_fill_":
+                        ops: list[Op] = [
+                            self.fill(p.arg(value, 0, "mask"), p.arg(value, 1, "value"), False, line, receiver.cid)
+                        ]
+                    elif name == "add_":
+                        ops = [self.add_term(receiver, value.args[0].value, line)]
+                    elif name in ("div_", "mul_"):
+                        ops = [self.scale_or_head_mask(receiver, value.args[0].value, name == "div_", line)]
+                    else:
+                        raise _Poison(f"`.{name}()` is applied to the scores in place", {receiver.cid})
+                except _Poison as poison:
+                    self.poison_statement(poison, value, [], line)
+                    return
+                self.record(receiver, ops, depth, line)
+                self.plans[id(small)] = ChainStmt(ops, [found[0].value], depth, line)
+                self.env[found[0].value] = self.advance(receiver, ops)
+                return
+        self.keep_expression(value, line, id(small))
+
+    def output_statement(
+        self,
+        small: cst.CSTNode,
+        value: cst.BaseExpression,
+        found: tuple[cst.BaseExpression, p.Product],
+        names: list[str],
+        depth: int,
+        line: int,
+    ) -> None:
+        node, product = found
+        try:
+            base, ops = self.decompose(product.left, line)
+        except (_NotChain, _Poison) as error:  # pragma: no cover - find_output checked the operand
+            raise AssertionError(str(error))
+        if base.stage != PROBS:
+            self.candidates[base.cid].poisoned("the scores reach the product with V without a softmax", line)
+        if self.chain_refs(product.right):
+            self.candidates[base.cid].poisoned("the value operand depends on the scores", line)
+        rank = product.rank if product.rank is not None else base.rank
+        if product.form == "einsum":
+            roles = p.einsum_roles(product.spec or "")
+            rank = roles.rank if roles else rank
+        output = Output(product, node, product.right, rank)
+        self.record(base, [*ops, output], depth, line)
+        self.plans[id(small)] = OutputStmt(list(ops), output, depth, line)
+        candidate = self.candidates[base.cid]
+        candidate.stage = OUT
+        self.output_seen = True
+        # the rest of the statement must not read the chain
+        for name, read in self.chain_names_in(value, exclude=node):
+            candidate.poisoned(f"the statement with the product with V also reads `{name}`", line)
+        for name in names:
+            self.env.pop(name, None)
+        self.note_assignment(names)
+
+    # -------------------------------------------------------------- chain expressions
+
+    def decompose(self, node: cst.BaseExpression, line: int) -> tuple[ChainVal, list[Op]]:
+        """Split an expression into the chain value it starts from and the operations applied to it."""
+        if isinstance(node, cst.Name):
+            value = self.env.get(node.value)
+            if isinstance(value, ChainVal):
+                return value, []
+            raise _NotChain()
+        start = self.start(node, line)
+        if start is not None:
+            return start
+        softmax = p.softmax_call(node, self.scope)
+        if softmax is not None:
+            try:
+                base, ops = self.decompose(softmax.operand, line)
+            except _NotChain:
+                return self.unknown_origin(node, softmax, line)
+            self.require(base, ops, SCORES, "softmax", line)
+            if softmax.dim is not None:
+                dim = p.number(softmax.dim)
+                rank = self.advance(base, ops).rank
+                if dim is None or not (dim == -1 or (rank is not None and dim == rank - 1)):
+                    raise _Poison(f"the softmax runs over dim={code(softmax.dim)}, not the key dimension", {base.cid})
+            return base, [*ops, Softmax(softmax)]
+        dropout = p.dropout_call(node, self.scope)
+        if dropout is not None and self.chain_refs(dropout.operand):
+            base, ops = self.decompose(dropout.operand, line)
+            self.require(base, ops, PROBS, "dropout", line)
+            return base, [*ops, Dropout(dropout)]
+        if isinstance(node, cst.Call):
+            return self.decompose_call(node, line)
+        if isinstance(node, cst.BinaryOperation):
+            return self.decompose_binary(node, line)
+        refs = self.chain_value_refs(node)
+        if refs:
+            raise _Poison(f"the scores are used in `{_short(node)}`", refs)
+        raise _NotChain()
+
+    def decompose_call(self, node: cst.Call, line: int) -> tuple[ChainVal, list[Op]]:
+        qualified = self.scope.qualify(node.func)
+        found = p.method_call(node)
+        if found is not None and self.chain_value_refs(found[0]):
+            receiver, name = found
+            base, ops = self.decompose(receiver, line)
+            current = self.advance(base, ops)
+            if name in p.RESHAPE_METHODS:
+                after = self.view_rank(node.args)
+                heads = None
+                if current.rank == 3 and after == 4:
+                    heads = (node.args[0].value, node.args[1].value) if len(node.args) == 4 else self.tuple_heads(node.args)
+                if current.rank is None and after is not None and after != 4:
+                    raise _Poison("the scores are reshaped and their layout cannot be told", {base.cid})
+                return base, [*ops, View(current.rank, after if after is not None else current.rank, heads)]
+            if name in p.CAST_METHODS:
+                return base, [*ops, Cast(name in ("float", "double") or _casts_to_float32(node, self.scope))]
+            if name == "masked_fill":
+                return base, [*ops, self.fill(p.arg(node, 0, "mask"), p.arg(node, 1, "value"), False, line, base.cid)]
+            if name in ("clamp", "clamp_min"):
+                bound = p.arg(node, 0, "min")
+                upper = p.arg(node, 1, "max")
+                if bound is not None and upper is None and p.is_very_negative(bound, self.scope):
+                    return base, [*ops, Guard()]
+            raise _Poison(f"`.{name}()` is applied to the scores", {base.cid})
+        if qualified in p.WHERE_FUNCTIONS and len(node.args) == 3:
+            condition, when_true, when_false = (a.value for a in node.args)
+            if self.chain_value_refs(condition):
+                raise _Poison("the scores decide their own mask", self.chain_value_refs(condition))
+            if self.chain_value_refs(when_true) and not self.chain_value_refs(when_false):
+                base, ops = self.decompose(when_true, line)
+                return base, [*ops, self.fill(condition, when_false, True, line, base.cid)]
+            if self.chain_value_refs(when_false) and not self.chain_value_refs(when_true):
+                base, ops = self.decompose(when_false, line)
+                return base, [*ops, self.fill(condition, when_true, False, line, base.cid)]
+        if qualified == "torch.masked_fill" and len(node.args) == 3:
+            base, ops = self.decompose(node.args[0].value, line)
+            return base, [*ops, self.fill(node.args[1].value, node.args[2].value, False, line, base.cid)]
+        if qualified in p.MAXIMUM_FUNCTIONS:
+            operand = p.arg(node, 0, "input")
+            bound = p.arg(node, 1, "min" if "clamp" in (qualified or "") else "other")
+            if operand is not None and bound is not None and self.chain_value_refs(operand) and not self.chain_value_refs(bound):
+                if p.is_very_negative(bound, self.scope) and p.arg(node, 2, "max") is None:
+                    base, ops = self.decompose(operand, line)
+                    return base, [*ops, Guard()]
+        refs = self.chain_value_refs(node)
+        if refs:
+            raise _Poison(f"the scores are passed to `{_short(node.func)}`", refs)
+        raise _NotChain()
+
+    def decompose_binary(self, node: cst.BinaryOperation, line: int) -> tuple[ChainVal, list[Op]]:
+        left_refs, right_refs = self.chain_value_refs(node.left), self.chain_value_refs(node.right)
+        operator = node.operator
+        if not left_refs and not right_refs:
+            raise _NotChain()
+        if isinstance(operator, cst.Add):
+            if left_refs and right_refs:
+                return self.add_two_chains(node, line)
+            chain_side, other = (node.left, node.right) if left_refs else (node.right, node.left)
+            base, ops = self.decompose(chain_side, line)
+            current = self.advance(base, ops)
+            return base, [*ops, self.add_term(current, other, line)]
+        if isinstance(operator, (cst.Multiply, cst.Divide)):
+            if left_refs and right_refs:
+                raise _Poison("the scores are multiplied by themselves", left_refs | right_refs)
+            if right_refs and isinstance(operator, cst.Divide):
+                raise _Poison("the scores are a divisor", right_refs)
+            chain_side, other = (node.left, node.right) if left_refs else (node.right, node.left)
+            base, ops = self.decompose(chain_side, line)
+            current = self.advance(base, ops)
+            return base, [*ops, self.scale_or_head_mask(current, other, isinstance(operator, cst.Divide), line)]
+        raise _Poison(f"the scores are combined with `{code(operator).strip()}`", left_refs | right_refs)
+
+    def add_two_chains(self, node: cst.BinaryOperation, line: int) -> tuple[ChainVal, list[Op]]:
+        """`scores + relative_scores`: the chain that continues is the older one; the other is an additive term."""
+        left_cids, right_cids = self.chain_value_refs(node.left), self.chain_value_refs(node.right)
+        if len(left_cids | right_cids) != 2 or left_cids & right_cids:
+            raise _Poison("the scores are added to themselves", left_cids | right_cids)
+        main_left = min(left_cids) < min(right_cids)
+        chain_side, other = (node.left, node.right) if main_left else (node.right, node.left)
+        absorbed = max(left_cids | right_cids)
+        self.candidates[absorbed].absorbed = True
+        base, ops = self.decompose(chain_side, line)
+        current = self.advance(base, ops)
+        return base, [*ops, AddTerm(other, current.rank)]
+
+    # -------------------------------------------------------------- single operations
+
+    def start(self, node: cst.BaseExpression, line: int) -> tuple[ChainVal, list[Op]] | None:
+        product = p.product(node, self.scope)
+        if product is None:
+            return None
+        if self.chain_refs(product.left) or self.chain_refs(product.right):
+            return None
+        if product.initial is not None and self.chain_refs(product.initial):
+            return None
+        if self.selected_start is not None and id(node) != self.selected_start:
+            return None
+        key: cst.BaseExpression | None
+        rank = product.rank
+        if product.form == "einsum":
+            roles = p.einsum_roles(product.spec or "")
+            if roles is None or roles.kind != "scores":
+                return None
+            key, rank = product.right, roles.rank
+        else:
+            key = self.untranspose(product.right, rank)
+            if key is None:
+                return None
+        query, query_upcast = _strip_casts(product.left, self.scope)
+        key, key_upcast = _strip_casts(key, self.scope)
+        if rank is None:
+            rank = self.rank_of(query)
+        start = Start(
+            product,
+            query,
+            key,
+            rank,
+            query_upcast or key_upcast,
+            self.query_scale(query),
+            self.bound_to_float32(query) or self.bound_to_float32(key),
+        )
+        cid = len(self.candidates)
+        candidate = Candidate(cid, start, line, start_node_id=id(node))
+        self.candidates.append(candidate)
+        ops: list[Op] = [start]
+        base = ChainVal(cid, SCORES, rank)
+        if product.form == "baddbmm":
+            ops.extend(self.baddbmm_terms(product, base, line))
+        return base, ops
+
+    def bound_to_float32(self, node: cst.BaseExpression) -> bool:
+        if not isinstance(node, cst.Name):
+            return False
+        local = self.scope.local_value(node.value)
+        if local is None:
+            return False
+        _, upcast = _strip_casts(local, self.scope)
+        return upcast
+
+    def query_scale(self, query: cst.BaseExpression) -> tuple[cst.BaseExpression, bool] | None:
+        """Follow the query back through reshapes to a multiplication by a number, for the report."""
+        node: cst.BaseExpression | None = query
+        for _ in range(6):
+            if node is None:
+                return None
+            if isinstance(node, cst.Name):
+                node = self.scope.local_value(node.value)
+                continue
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Multiply, cst.Divide)):
+                for factor in (node.right, node.left):
+                    if p.scalar(factor, self.scope) is not None:
+                        return factor, isinstance(node.operator, cst.Divide)
+                return None
+            found = p.method_call(node, p.RESHAPE_METHODS | p.CAST_METHODS | {"transpose", "permute"})
+            if found is not None:
+                node = found[0]
+                continue
+            if isinstance(node, cst.Call) and len(node.args) >= 1:
+                # a reshaping helper such as `self._shape(q, ...)` or `shape(q)`
+                node = node.args[0].value
+                continue
+            return None
+        return None
+
+    def baddbmm_terms(self, product: p.Product, base: ChainVal, line: int) -> list[Op]:
+        ops: list[Op] = []
+        beta = product.beta
+        beta_value = p.number(beta) if beta is not None else 1.0
+        initial = product.initial
+        assert initial is not None
+        if beta_value != 0.0 and not self.is_zeros(initial):
+            term = initial
+            if beta is not None and beta_value != 1.0:
+                if p.scalar(beta, self.scope) is None:
+                    raise _Poison(f"baddbmm's beta `{code(beta)}` is not a number", {base.cid})
+                term = cst.BinaryOperation(left=beta, operator=cst.Multiply(), right=initial)
+            ops.append(AddTerm(term, 3))
+        if product.alpha is not None:
+            factor = p.scalar(product.alpha, self.scope)
+            if factor is None:
+                raise _Poison(f"baddbmm's alpha `{code(product.alpha)}` is not a number", {base.cid})
+            ops.append(Scale(factor.node, False))
+        return ops
+
+    def is_zeros(self, node: cst.BaseExpression) -> bool:
+        if isinstance(node, cst.Name):
+            local = self.scope.local_value(node.value)
+            return local is not None and self.is_zeros(local)
+        return isinstance(node, cst.Call) and self.scope.qualify(node.func) in p.ZEROS_FUNCTIONS
+
+    def untranspose(self, node: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:
+        """The key operand of `q @ k^T`: undo a transpose of the last two dims, seen directly or through a name."""
+        inner, _ = _strip_casts(node, self.scope)
+        key = p.transposed_last_two(inner, rank)
+        if key is not None:
+            return key
+        if isinstance(inner, cst.Name):
+            local = self.scope.local_value(inner.value)
+            if local is not None:
+                reshaped = p.reshape_args(local)
+                source = reshaped[0] if reshaped is not None else local
+                source, _ = _strip_casts(source, self.scope)
+                if p.transposed_last_two(source, None) is not None and (
+                    reshaped is None or _flattens_leading(reshaped[1])
+                ):
+                    return cst.parse_expression(f"{inner.value}.transpose(-1, -2)")
+        return None
+
+    def add_term(self, current: ChainVal, term: cst.BaseExpression, line: int) -> AddTerm:
+        if current.stage != SCORES:
+            raise _Poison("a term is added to the probabilities after the softmax", {current.cid})
+        if self.chain_value_refs(term):
+            raise _Poison(f"the additive term `{_short(term)}` depends on the scores", {current.cid})
+        return AddTerm(self.detach(term, current.cid), current.rank)
+
+    def scale_or_head_mask(self, current: ChainVal, factor: cst.BaseExpression, divide: bool, line: int) -> Op:
+        if current.stage == SCORES:
+            scalar = p.scalar(factor, self.scope)
+            if scalar is None:
+                raise _Poison(f"the scores are scaled by `{_short(factor)}`, which is not provably a number", {current.cid})
+            return Scale(self.detach(scalar.node, current.cid), divide)
+        if current.stage == PROBS and not divide:
+            root = _root_param(factor, self.params)
+            guarded = root is not None and any(_tests_not_none(test, root) for test in self.tests)
+            if not guarded:
+                raise _Poison(
+                    f"the probabilities are multiplied by `{_short(factor)}` outside a `... is not None` head-mask guard",
+                    {current.cid},
+                )
+            return HeadMask(factor, root)
+        raise _Poison("the probabilities are rescaled after the softmax", {current.cid})
+
+    def fill(
+        self,
+        condition: cst.BaseExpression | None,
+        fill: cst.BaseExpression | None,
+        keep_where_true: bool,
+        line: int,
+        cid: int,
+    ) -> Fill:
+        if condition is None or fill is None:
+            raise _Poison("a masking fill without a mask or a value", {cid})
+        if not p.is_very_negative(fill, self.scope):
+            raise _Poison(f"masked scores are set to `{_short(fill)}`, not to a large negative value", {cid})
+        causal = keep_where_true and self.is_causal_slice(condition)
+        return Fill(self.detach(condition, cid), keep_where_true, self.detach(fill, cid), causal)
+
+    def is_causal_slice(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """`self.bias[:, :, k - q : k, :k]` where `bias` is registered as tril(ones(n, n)): bottom-right causal."""
+        if depth > 4:
+            return False
+        if isinstance(node, cst.Name):
+            local = self.scope.local_value(node.value)
+            return local is not None and self.is_causal_slice(local, depth + 1)
+        found = p.method_call(node, {"bool", "to"})
+        if found is not None:
+            return self.is_causal_slice(found[0], depth + 1)
+        if not isinstance(node, cst.Subscript):
+            return False
+        buffer = p.self_attribute_name(node.value)
+        if buffer is None or self.class_name is None:
+            return False
+        registered = self.facts.find_buffer(self.class_name, buffer)
+        if registered is None or not _is_tril_of_ones(registered, self.scope):
+            return False
+        elements = node.slice
+        if len(elements) != 4:
+            return False
+        slices = [e.slice for e in elements]
+        if not all(isinstance(s, cst.Slice) for s in slices):
+            return False
+        first, second, rows, cols = slices  # type: ignore[misc]
+        if any(part is not None for part in (first.lower, first.upper, second.lower, second.upper)):  # type: ignore[union-attr]
+            return False
+        if rows.step is not None or cols.step is not None or cols.lower is not None:  # type: ignore[union-attr]
+            return False
+        upper = rows.upper  # type: ignore[union-attr]
+        lower = rows.lower  # type: ignore[union-attr]
+        if upper is None or cols.upper is None or lower is None:  # type: ignore[union-attr]
+            return False
+        if not upper.deep_equals(cols.upper):  # type: ignore[union-attr]
+            return False
+        return (
+            isinstance(lower, cst.BinaryOperation)
+            and isinstance(lower.operator, cst.Subtract)
+            and lower.left.deep_equals(upper)
+        )
+
+    def unknown_origin(self, node: cst.BaseExpression, softmax: p.SoftmaxCall, line: int) -> tuple[ChainVal, list[Op]]:
+        if self.selected_start is not None:
+            raise _NotChain()
+        cid = len(self.candidates)
+        candidate = Candidate(cid, None, line, origin=_short(softmax.operand), start_node_id=id(node))
+        candidate.poisoned(
+            f"the attention scores come from `{_short(softmax.operand)}`, not from a recognised query-key product", line
+        )
+        candidate.stage = PROBS
+        self.candidates.append(candidate)
+        return ChainVal(cid, PROBS, None), [Softmax(softmax)]
+
+    def require(self, base: ChainVal, ops: list[Op], stage: str, what: str, line: int) -> None:
+        current = self.advance(base, ops)
+        if current.stage != stage:
+            raise _Poison(f"{what} is applied to the {current.stage}, expected the {stage}", {base.cid})
+
+    # -------------------------------------------------------------- bookkeeping
+
+    def advance(self, base: ChainVal, ops: Sequence[Op]) -> ChainVal:
+        value = base
+        for op in ops:
+            if isinstance(op, Softmax):
+                value = replace(value, stage=PROBS)
+            elif isinstance(op, Output):
+                value = replace(value, stage=OUT)
+            elif isinstance(op, View):
+                value = replace(value, rank=op.rank_after)
+        return value
+
+    def record(self, base: ChainVal, ops: Sequence[Op], depth: int, line: int) -> None:
+        candidate = self.candidates[base.cid]
+        for op in ops:
+            candidate.ops.append((op, depth, line))
+            if isinstance(op, Softmax):
+                candidate.stage = PROBS
+
+    def note_assignment(self, names: Sequence[str]) -> None:
+        for candidate in self.candidates:
+            if candidate.stage != OUT:
+                candidate.names_assigned_after_start.update(names)
+        if self.output_seen:
+            pass
+
+    def bind_plain(self, targets: list[cst.BaseExpression], value: cst.BaseExpression) -> None:
+        names = [n for t in targets for n in assigned_names(t)]
+        if len(targets) == 1 and isinstance(targets[0], cst.Name):
+            name = targets[0].value
+            previous = self.env.get(name)
+            node = value
+            if name in _names_in(value):
+                node = replace_names(value, {name: previous.node}) if isinstance(previous, ExprVal) else None  # type: ignore[assignment]
+            if node is not None:
+                self.env[name] = ExprVal(node)
+            else:
+                self.env.pop(name, None)
+        elif (
+            len(targets) == 1
+            and isinstance(targets[0], cst.Tuple)
+            and isinstance(value, cst.Tuple)
+            and len(targets[0].elements) == len(value.elements)
+        ):
+            for target_element, value_element in zip(targets[0].elements, value.elements):
+                if isinstance(target_element.value, cst.Name) and not isinstance(value_element, cst.StarredElement):
+                    self.env[target_element.value.value] = ExprVal(value_element.value)
+                else:
+                    for name in assigned_names(target_element.value):
+                        self.env.pop(name, None)
+        else:
+            for name in names:
+                self.env.pop(name, None)
+        self.note_assignment(names)
+
+    def poison_statement(self, poison: _Poison, value: cst.BaseExpression, names: list[str], line: int) -> None:
+        for cid in poison.cids:
+            self.candidates[cid].poisoned(poison.reason, line)
+        stage = SCORES
+        if _contains_softmax(value, self.scope):
+            stage = PROBS
+        cid = min(poison.cids) if poison.cids else None
+        for name in names:
+            if cid is not None:
+                self.env[name] = ChainVal(cid, stage, None)
+                if stage == PROBS:
+                    self.candidates[cid].stage = PROBS
+            else:
+                self.env.pop(name, None)
+
+    def poison_reads(self, node: cst.CSTNode, line: int, reason: str) -> None:
+        for cid in self.chain_refs(node):
+            self.candidates[cid].poisoned(reason, line)
+
+    def poison_new(self, before: set[int], reason: str, line: int) -> None:
+        for cid in self.live_cids() - before:
+            self.candidates[cid].poisoned(reason, line)
+
+    def value_is_scalar(self, value: Value) -> bool:
+        if isinstance(value, ScalarVal):
+            return True
+        return isinstance(value, ExprVal) and p.scalar(value.node, self.scope) is not None
+
+    def live_cids(self) -> set[int]:
+        return {value.cid for value in self.env.values() if isinstance(value, ChainVal)}
+
+    def chain_refs(self, node: cst.CSTNode | None) -> set[int]:
+        if node is None:
+            return set()
+        out: set[int] = set()
+        for name in _names_in(node):
+            value = self.env.get(name)
+            if isinstance(value, ChainVal):
+                out.add(value.cid)
+        return out
+
+    def reads_only_weights(self, node: cst.CSTNode) -> bool:
+        """After the product with V, a statement that reads the probabilities only passes the weights along."""
+        if not self.output_seen:
+            return False
+        finder = _ChainReads(self.env, None)
+        node.visit(finder)
+        values = [self.env[n.value] for n in finder.plain]
+        return bool(values) and all(isinstance(v, ChainVal) and v.stage in (PROBS, OUT) for v in values)
+
+    def chain_value_refs(self, node: cst.CSTNode | None) -> set[int]:
+        """Chains whose values an expression reads (`.dtype`, `.device`, shapes and `expand_as` excluded)."""
+        if node is None:
+            return set()
+        finder = _ChainReads(self.env, None)
+        node.visit(finder)
+        return {self.env[n.value].cid for n in finder.plain}  # type: ignore[union-attr]
+
+    def detach(self, node: cst.BaseExpression, cid: int) -> cst.BaseExpression:
+        """An operand of a chain op with its `.dtype`/`.device` reads of the scores pointed at the query."""
+        finder = _ChainReads(self.env, None)
+        node.visit(finder)
+        if finder.plain or finder.shapes:
+            raise _Poison(f"`{_short(node)}` reads the scores", {cid})
+        start = self.candidates[cid].start
+        if start is None:
+            return node
+        mapping: dict[int, cst.CSTNode] = {}
+        query = start.query
+        if isinstance(query, (cst.BinaryOperation, cst.UnaryOperation)):
+            query = query.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        for attribute in finder.attributes:
+            mapping[id(attribute)] = cst.Attribute(value=query, attr=attribute.attr)
+        for call in finder.expands:
+            mapping[id(call)] = call.func.value  # type: ignore[attr-defined]
+        from sdpa_port.analyse.cstutil import replace_nodes
+
+        return replace_nodes(node, mapping) if mapping else node
+
+    def chain_names_in(self, node: cst.CSTNode, exclude: cst.CSTNode | None = None) -> list[tuple[str, cst.Name]]:
+        finder = _ChainReads(self.env, exclude)
+        node.visit(finder)
+        return [(n.value, n) for n in finder.plain]
+
+    def keep_expression(self, node: cst.CSTNode, line: int, key: int, allow_probs: bool = False) -> None:
+        """A statement that is not part of the chain: chain reads must be of `.dtype`/`.device`/`expand_as`."""
+        finder = _ChainReads(self.env, None)
+        node.visit(finder)
+        replacements: dict[int, str] = {}
+        for attribute in finder.attributes:
+            replacements[id(attribute)] = attribute.attr.value
+        for call in finder.expands:
+            replacements[id(call)] = "strip_expand"
+        for name in finder.plain:
+            value = self.env[name.value]
+            assert isinstance(value, ChainVal)
+            if value.stage in (PROBS, OUT) and (allow_probs or self.output_seen):
+                self.probs_after_output.add(name.value)
+                continue
+            self.candidates[value.cid].poisoned(f"the scores are read by `{_short(node)}`", line)
+        for name in finder.shapes:
+            value = self.env[name.value]
+            assert isinstance(value, ChainVal)
+            self.candidates[value.cid].poisoned(f"the shape of the scores is read by `{_short(node)}`", line)
+        if self.output_seen:
+            self.read_after_output.update(_names_in(node))
+        if replacements:
+            self.plans[key] = KeepStmt(replacements)
+
+    # -------------------------------------------------------------- shapes
+
+    def view_rank(self, args: Sequence[cst.Arg]) -> int | None:
+        if len(args) == 1:
+            only = args[0]
+            if only.star == "*":
+                return self.tuple_length(only.value)
+            return self.tuple_length(only.value)
+        if any(a.star for a in args):
+            return None
+        return len(args)
+
+    def tuple_length(self, node: cst.BaseExpression) -> int | None:
+        if isinstance(node, (cst.Tuple, cst.List)):
+            if any(isinstance(e, cst.StarredElement) for e in node.elements):
+                return None
+            return len(node.elements)
+        if isinstance(node, cst.Name):
+            local = self.scope.local_value(node.value)
+            if local is not None:
+                return self.tuple_length(local)
+        return None
+
+    def tuple_heads(self, args: Sequence[cst.Arg]) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+        if len(args) != 1:
+            return None
+        node = args[0].value
+        if isinstance(node, cst.Name):
+            node = self.scope.local_value(node.value) or node
+        if isinstance(node, (cst.Tuple, cst.List)) and len(node.elements) == 4:
+            return node.elements[0].value, node.elements[1].value
+        return None
+
+    def rank_of(self, node: cst.BaseExpression, depth: int = 0) -> int | None:
+        if depth > 6:
+            return None
+        if isinstance(node, cst.Name):
+            local = self.scope.local_value(node.value)
+            return None if local is None else self.rank_of(local, depth + 1)
+        reshaped = p.reshape_args(node)
+        if reshaped is not None:
+            return self.view_rank(reshaped[1])
+        found = p.method_call(node, p.CAST_METHODS | {"transpose", "contiguous"})
+        if found is not None:
+            return self.rank_of(found[0], depth + 1)
+        found = p.method_call(node, {"permute"})
+        if found is not None:
+            assert isinstance(node, cst.Call)
+            return len(node.args) if all(not a.star for a in node.args) else None
+        return None
+
+    # -------------------------------------------------------------- output
+
+    def find_output(self, value: cst.BaseExpression) -> tuple[cst.BaseExpression, p.Product] | None:
+        """A product whose left operand is the probabilities, anywhere inside the expression."""
+        finder = _Products(self.scope)
+        value.visit(finder)
+        for node, product in finder.found:
+            refs = self.chain_refs(product.left)
+            if not refs:
+                continue
+            try:
+                base, ops = self.decompose(product.left, 0)
+            except (_NotChain, _Poison):
+                continue
+            if self.advance(base, ops).stage == PROBS:
+                if product.form == "einsum":
+                    roles = p.einsum_roles(product.spec or "")
+                    if roles is None or roles.kind != "output":
+                        continue
+                return node, product
+        return None
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _all_params(params: cst.Parameters) -> list[cst.Param]:
+    out = [*params.posonly_params, *params.params, *params.kwonly_params]
+    if isinstance(params.star_arg, cst.Param):
+        out.append(params.star_arg)
+    if params.star_kwarg is not None:
+        out.append(params.star_kwarg)
+    return out
+
+
+def _names_in(node: cst.CSTNode) -> set[str]:
+    return p.walk_names(node)
+
+
+def _same_value(a: Value, b: Value | None) -> bool:
+    if b is None:
+        return False
+    if isinstance(a, ChainVal) and isinstance(b, ChainVal):
+        return a == b
+    if isinstance(a, ExprVal) and isinstance(b, ExprVal):
+        return a.node is b.node
+    return False
+
+
+def _only_raises(body: Sequence[cst.BaseStatement]) -> bool:
+    return bool(body) and all(
+        isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, cst.Raise) for x in s.body) for s in body
+    )
+
+
+def _short(node: cst.CSTNode, limit: int = 70) -> str:
+    text = " ".join(code(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _strip_casts(node: cst.BaseExpression, scope: p.Scope) -> tuple[cst.BaseExpression, bool]:
+    upcast = False
+    while True:
+        found = p.method_call(node, p.CAST_METHODS)
+        if found is None:
+            return node, upcast
+        receiver, name = found
+        assert isinstance(node, cst.Call)
+        if name in ("float", "double") or _casts_to_float32(node, scope):
+            upcast = True
+        elif name not in ("contiguous",) and not _is_dtype_cast(node):
+            return node, upcast
+        node = receiver
+
+
+def _casts_to_float32(node: cst.Call, scope: p.Scope) -> bool:
+    for a in node.args:
+        if scope.qualify(a.value) in ("torch.float32", "torch.float", "torch.float64"):
+            return True
+    return False
+
+
+def _is_dtype_cast(node: cst.Call) -> bool:
+    """`.to(x.dtype)`, `.to(torch.float32)`, `.type(value.dtype)`, `.type_as(t)` (no device moves)."""
+    for a in node.args:
+        if a.keyword is not None and a.keyword.value not in ("dtype",):
+            return False
+    return True
+
+
+def _flattens_leading(args: Sequence[cst.Arg]) -> bool:
+    return len(args) == 3 and not any(a.star for a in args)
+
+
+def _root_param(node: cst.BaseExpression, params: tuple[str, ...]) -> str | None:
+    names = [n for n in p.walk_names(node) if n in params]
+    return names[0] if len(names) == 1 else None
+
+
+def _tests_not_none(test: cst.BaseExpression, name: str) -> bool:
+    """`name is not None`, possibly inside an `and`."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _tests_not_none(test.left, name) or _tests_not_none(test.right, name)
+    return m.matches(
+        test,
+        m.Comparison(left=m.Name(name), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))]),
+    )
+
+
+def _is_tril_of_ones(node: cst.BaseExpression, scope: p.Scope) -> bool:
+    found = p.method_call(node, {"view", "reshape", "bool", "to", "unsqueeze"})
+    while found is not None:
+        node = found[0]
+        found = p.method_call(node, {"view", "reshape", "bool", "to", "unsqueeze"})
+    if not isinstance(node, cst.Call) or scope.qualify(node.func) != "torch.tril":
+        return False
+    if p.arg(node, 1, "diagonal") is not None:
+        return False
+    inner = p.arg(node, 0, "input")
+    return isinstance(inner, cst.Call) and scope.qualify(inner.func) == "torch.ones"
+
+
+def _contains_softmax(node: cst.CSTNode, scope: p.Scope) -> bool:
+    finder = _Softmaxes(scope)
+    node.visit(finder)
+    return finder.found
+
+
+class _Softmaxes(cst.CSTVisitor):
+    def __init__(self, scope: p.Scope) -> None:
+        self.scope = scope
+        self.found = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if p.softmax_call(node, self.scope) is not None:
+            self.found = True
+
+
+class _Products(cst.CSTVisitor):
+    def __init__(self, scope: p.Scope) -> None:
+        self.scope = scope
+        self.found: list[tuple[cst.BaseExpression, p.Product]] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.BaseExpression):
+            product = p.product(node, self.scope)
+            if product is not None:
+                self.found.append((node, product))
+        return True
+
+
+class _ChainReads(cst.CSTVisitor):
+    """Reads of chain names, sorted into `.dtype`/`.device` attributes, `expand_as(chain)`, shape reads and others."""
+
+    def __init__(self, env: dict[str, Value], exclude: cst.CSTNode | None) -> None:
+        self.env = env
+        self.exclude = exclude
+        self.attributes: list[cst.Attribute] = []
+        self.expands: list[cst.Call] = []
+        self.shapes: list[cst.Name] = []
+        self.plain: list[cst.Name] = []
+
+    def is_chain(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, cst.Name) and isinstance(self.env.get(node.value), ChainVal)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if node is self.exclude:
+            return False
+        if isinstance(node, cst.Attribute) and self.is_chain(node.value):
+            if node.attr.value in ("dtype", "device"):
+                self.attributes.append(node)
+                return False
+            if node.attr.value in ("shape", "ndim"):
+                self.shapes.append(node.value)  # type: ignore[arg-type]
+                return False
+            if node.attr.value in ("size", "dim"):
+                self.shapes.append(node.value)  # type: ignore[arg-type]
+                return False
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            if node.func.attr.value == "expand_as" and len(node.args) == 1 and self.is_chain(node.args[0].value):
+                self.expands.append(node)
+                node.func.value.visit(self)
+                return False
+        if isinstance(node, cst.Name) and self.is_chain(node):
+            self.plain.append(node)
+        if isinstance(node, cst.Arg):
+            node.value.visit(self)
+            return False
+        if isinstance(node, cst.Attribute):
+            node.value.visit(self)
+            return False
+        return True

@@ -1,0 +1,110 @@
+"""The `sdpa-port` command: a thin typer layer over `sdpa_port.edge.runner`.
+
+Exit codes: 0 done or nothing to do, 1 changes needed (--check/--diff), 2 bad input, usage or internal error,
+3 refused. Diffs and reports go to stdout; progress and warnings to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sdpa_port.result import Status, Style
+
+port_app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
+
+
+def _fail(message: str) -> "typer.Exit":
+    typer.echo(f"sdpa-port: {message}", err=True)
+    return typer.Exit(2)
+
+
+@port_app.command()
+def port(
+    paths: Annotated[
+        list[Path],
+        typer.Argument(help="Modeling files, directories, or model names of the installed transformers.", show_default=False),
+    ],
+    output: Annotated[
+        Optional[Path],
+        typer.Option("-o", "--output", help="Write the port of the single input here and leave the input untouched."),
+    ] = None,
+    diff: Annotated[bool, typer.Option("--diff", help="Print a unified diff; write nothing. Exit 1 if a file would change.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Write nothing. Exit 1 if a file would change.")] = False,
+    style: Annotated[
+        Style, typer.Option("--style", help="Target style; auto picks class style for 4.x files, interface for 5.x.")
+    ] = Style.AUTO,
+    tests_dir: Annotated[
+        Optional[Path], typer.Option("--tests-dir", help="Where emitted parity tests go.")
+    ] = None,
+    no_tests: Annotated[bool, typer.Option("--no-tests", help="Do not emit parity tests.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per file on stdout instead of text lines.")] = False,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", help="Files processed in parallel (default: all cores).")] = None,
+) -> None:
+    """Port eager attention in modeling files to torch.nn.functional.scaled_dot_product_attention.
+
+    PATH may be a modeling file, a directory (its modeling_*.py files), or a model name such as `bert` resolved in
+    the installed transformers. Files are rewritten in place unless -o, --check or --diff is given. A file that
+    cannot be ported exactly is refused with one line per reason and left untouched.
+
+    Exit codes: 0 done or nothing to do, 1 changes needed (--check/--diff), 2 bad input or internal error,
+    3 refused. Benchmarks: `sdpa-port bench --help`.
+    """
+    from sdpa_port.edge.files import InputError, discover
+    from sdpa_port.edge.report import print_outcome, print_summary
+    from sdpa_port.edge.runner import RunOptions, run
+
+    try:
+        targets = discover(list(paths))
+    except InputError as error:
+        raise _fail(str(error))
+    if output is not None and len(targets) != 1:
+        raise _fail("-o/--output takes exactly one input file")
+    writing = not (diff or check)
+    if writing and output is None and any(t.model for t in targets):
+        raise _fail("a model name resolves inside the installed transformers; give -o FILE, --diff or --check")
+    options = RunOptions(style=style, write=writing, want_diff=diff, output=output)
+    many = len(targets) > 1
+
+    def progress(outcome) -> None:  # type: ignore[no-untyped-def]
+        if as_json:
+            typer.echo(json.dumps(outcome_json(outcome)))
+        else:
+            print_outcome(outcome, show_diff=diff)
+
+    summary = run(targets, options, jobs=jobs if many else 1, progress=progress)
+    if many and not as_json:
+        print_summary(summary)
+    raise typer.Exit(summary.exit_code(checking=not writing))
+
+
+def outcome_json(outcome) -> dict:  # type: ignore[no-untyped-def]
+    result = outcome.result
+    return {
+        "path": str(outcome.path),
+        "status": result.status.value,
+        "style": result.style.value if result.style else None,
+        "detail": result.detail,
+        "attention_classes": list(result.attention_classes),
+        "reasons": list(result.reasons),
+        "warnings": list(result.warnings),
+        "notes": list(result.notes),
+        "written": str(outcome.written) if outcome.written else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments and arguments[0] == "bench":
+        from sdpa_port.bench.cli import bench_app
+
+        bench_app(arguments[1:], prog_name="sdpa-port bench")
+        return
+    port_app(arguments, prog_name="sdpa-port")
+
+
+__all__ = ["main", "port_app", "Status"]

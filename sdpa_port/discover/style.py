@@ -1,0 +1,42 @@
+"""Decide which target style a modeling file uses, from what it already imports and defines."""
+
+from __future__ import annotations
+
+from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.result import Style
+
+
+def detect_style(facts: ModuleFacts) -> Style:
+    """Interface style for files on transformers 5.x machinery, class style otherwise."""
+    for local, qualified in facts.imports.aliases.items():
+        parts = qualified.split(".")
+        if "masking_utils" in parts or local == "ALL_ATTENTION_FUNCTIONS":
+            return Style.INTERFACE
+    return Style.CLASS
+
+
+def attention_dicts(facts: ModuleFacts) -> dict[str, dict[str, str]]:
+    """`XXX_ATTENTION_CLASSES`-like dicts: name -> {key: class name}."""
+    out: dict[str, dict[str, str]] = {}
+    for name, literal in facts.dicts.items():
+        entries: dict[str, str] = {}
+        for element in literal.elements:
+            key = getattr(element, "key", None)
+            value = getattr(element, "value", None)
+            if key is None or value is None:
+                continue
+            key_text = getattr(key, "evaluated_value", None)
+            value_text = getattr(value, "value", None)
+            if isinstance(key_text, str) and isinstance(value_text, str):
+                entries[key_text] = value_text
+        if "eager" in entries and entries["eager"] in facts.classes:
+            out[name] = entries
+    return out
+
+
+def supports_sdpa(facts: ModuleFacts) -> bool:
+    for name in facts.pretrained_roots:
+        value = facts.classes[name].class_vars.get("_supports_sdpa")
+        if value is not None and getattr(value, "value", None) == "True":
+            return True
+    return any("sdpa" in entries for entries in attention_dicts(facts).values())

@@ -1,0 +1,94 @@
+"""File-system edge: reading inputs safely, finding modeling files, writing atomically."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class InputError(Exception):
+    """Bad input, reported as one line with exit code 2."""
+
+
+@dataclass(frozen=True)
+class Target:
+    path: Path
+    # set when the target was given as a model name and resolved inside the installed transformers
+    model: str | None = None
+
+
+def read_source(path: Path) -> str:
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory")
+    data = path.read_bytes()
+    if not data.strip():
+        raise InputError(f"{path}: empty file")
+    if b"\x00" in data:
+        raise InputError(f"{path}: binary file, not Python source")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: not UTF-8 ({error.reason} at byte {error.start})") from None
+
+
+def is_pytorch_modeling_file(path: Path) -> bool:
+    name = path.name
+    if not (name.startswith("modeling_") or name.startswith("modular_")) or path.suffix != ".py":
+        return False
+    stem = path.stem
+    return not (stem.startswith("modeling_tf_") or stem.startswith("modeling_flax_"))
+
+
+def discover(paths: list[Path]) -> list[Target]:
+    """Expand directories into their PyTorch modeling files (sorted); files are taken as given."""
+    out: list[Target] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("modeling_*.py") if is_pytorch_modeling_file(p))
+            if not found:
+                raise InputError(f"{path}: no PyTorch modeling files (modeling_*.py) in this directory")
+            out.extend(Target(p) for p in found)
+        elif path.exists():
+            out.append(Target(path))
+        else:
+            resolved = resolve_model_name(str(path))
+            if resolved is None:
+                raise InputError(f"{path}: no such file, directory or model name in the installed transformers")
+            out.append(resolved)
+    return out
+
+
+def resolve_model_name(name: str) -> Target | None:
+    """`bert` -> the installed `transformers/models/bert/modeling_bert.py`, found without importing transformers."""
+    if not name.replace("_", "").isalnum():
+        return None
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0])
+    candidate = root / "models" / name / f"modeling_{name}.py"
+    return Target(candidate, model=name) if candidate.exists() else None
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write through a temporary file in the same directory and rename it into place."""
+    directory = path.parent if str(path.parent) else Path(".")
+    mode = path.stat().st_mode & 0o777 if path.exists() else None
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
+            stream.write(text)
+        if mode is not None:
+            os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
+        raise

@@ -1,0 +1,113 @@
+"""Process files: port each one, decide what to write, and collect outcomes (no terminal output here)."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from sdpa_port.api import port_source
+from sdpa_port.edge.files import InputError, Target, atomic_write, read_source
+from sdpa_port.result import PortResult, Status, Style
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    style: Style = Style.AUTO
+    write: bool = True  # False under --check and --diff
+    want_diff: bool = False
+    output: Path | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    path: Path
+    result: PortResult
+    written: Path | None = None
+    diff: str = ""
+    error: str | None = None
+
+    @property
+    def status(self) -> Status:
+        return self.result.status
+
+
+@dataclass
+class Summary:
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def count(self, status: Status) -> int:
+        return sum(1 for o in self.outcomes if o.status is status)
+
+    def exit_code(self, checking: bool) -> int:
+        if any(o.status is Status.ERROR for o in self.outcomes):
+            return 2
+        if any(o.status is Status.REFUSED for o in self.outcomes):
+            return 3
+        if checking and any(o.status is Status.PORTED for o in self.outcomes):
+            return 1
+        return 0
+
+
+def process(target: Target, options: RunOptions) -> Outcome:
+    path = target.path
+    try:
+        source = read_source(path)
+    except InputError as error:
+        return Outcome(path, PortResult(Status.ERROR, "", None, "bad input", reasons=(str(error),)), error=str(error))
+    try:
+        result = port_source(source, style=options.style, filename=str(path))
+    except RecursionError:
+        result = PortResult(Status.ERROR, source, None, "internal error", reasons=(f"{path}: recursion limit reached",))
+    except Exception as error:  # the edge turns any crash into an error outcome for this file only
+        message = f"{path}: internal error: {type(error).__name__}: {error}"
+        result = PortResult(Status.ERROR, source, None, "internal error", reasons=(message,))
+    diff = ""
+    if options.want_diff and result.status is Status.PORTED:
+        diff = unified_diff(source, result.source, str(path))
+    written: Path | None = None
+    if options.write and result.status is Status.PORTED:
+        destination = options.output or path
+        try:
+            atomic_write(destination, result.source)
+            written = destination
+        except OSError as error:
+            message = f"{destination}: cannot write: {error.strerror or error}"
+            return Outcome(path, PortResult(Status.ERROR, source, result.style, "write failed", reasons=(message,)), error=message)
+    return Outcome(path, result, written, diff)
+
+
+def unified_diff(before: str, after: str, name: str) -> str:
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), fromfile=f"a/{name.lstrip('/')}", tofile=f"b/{name.lstrip('/')}"
+    )
+    return "".join(lines)
+
+
+def run(
+    targets: Iterable[Target],
+    options: RunOptions,
+    jobs: int | None = None,
+    progress: Callable[[Outcome], None] | None = None,
+) -> Summary:
+    targets = list(targets)
+    summary = Summary()
+    workers = jobs if jobs is not None else (os.cpu_count() or 1)
+    if workers <= 1 or len(targets) <= 1:
+        for target in targets:
+            outcome = process(target, options)
+            summary.outcomes.append(outcome)
+            if progress:
+                progress(outcome)
+        return summary
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(process, target, options) for target in targets]
+        for future in futures:
+            outcome = future.result()
+            summary.outcomes.append(outcome)
+            if progress:
+                progress(outcome)
+    return summary

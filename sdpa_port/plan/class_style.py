@@ -1,0 +1,245 @@
+"""Class style (transformers 4.36-4.47, remote code): an `XxxSdpaAttention` subclass per attention module.
+
+The plan is decided from read-only facts, then applied as an ordered list of passes:
+insert SDPA classes -> register them -> swap mask helpers -> set `_supports_sdpa` -> add imports.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from sdpa_port.analyse.cstutil import code
+from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.none_safety import none_safe
+from sdpa_port.analyse.recognise import ClassAnalysis, LineOf, attention_classes
+from sdpa_port.discover.style import attention_dicts, supports_sdpa
+from sdpa_port.render import render_module
+from sdpa_port.result import PortResult, Status, Style
+from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register
+from sdpa_port.rewrite.sdpa_body import EmitError
+from sdpa_port.rewrite.sdpa_forward import ForwardPlan, build_sdpa_forward
+
+CAUSAL_CONTRACT = "self.is_causal"
+
+
+@dataclass(frozen=True)
+class Registration:
+    dict_name: str
+    create: bool  # the dict does not exist yet
+
+
+@dataclass(frozen=True)
+class SdpaClassPlan:
+    analysis: ClassAnalysis
+    name: str
+    registration: Registration
+    forward: cst.FunctionDef
+    fallback: ForwardPlan
+
+
+@dataclass
+class ClassStylePlan:
+    classes: list[SdpaClassPlan] = field(default_factory=list)
+    masks: mask_helpers.MaskSwapPlan | None = None
+    flag_classes: tuple[str, ...] = ()
+    warnings: list[str] = field(default_factory=list)
+
+
+def sdpa_class_name(class_name: str, facts: ModuleFacts) -> str:
+    prefix = ""
+    for root in facts.pretrained_roots:
+        if root.endswith("PreTrainedModel"):
+            prefix = root[: -len("PreTrainedModel")]
+            break
+    if prefix and class_name.startswith(prefix):
+        name = prefix + "Sdpa" + class_name[len(prefix):]
+    elif prefix:
+        name = prefix + "Sdpa" + class_name
+    elif class_name.endswith("Attention"):
+        name = class_name[: -len("Attention")] + "SdpaAttention"
+    else:
+        name = class_name + "Sdpa"
+    while name in facts.top_level_names:
+        name = "_" + name
+    return name
+
+
+def dict_name_for(class_name: str, facts: ModuleFacts) -> str:
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", class_name).upper()
+    name = f"{snake}_CLASSES"
+    while name in facts.top_level_names:
+        name = "_" + name
+    return name
+
+
+def plan_class_style(module: cst.Module, facts: ModuleFacts, line_of: LineOf) -> ClassStylePlan | PortResult:
+    """Decide every edit, or return the result that says why nothing is edited."""
+    if supports_sdpa(facts):
+        return PortResult(Status.UNCHANGED, module.code, Style.CLASS, "already supports SDPA")
+    analyses = attention_classes(facts, line_of)
+    if not analyses:
+        return PortResult(Status.UNCHANGED, module.code, Style.CLASS, "no eager attention found")
+    names = tuple(a.class_name for a in analyses)
+    refusals = [str(a.refusal) for a in analyses if a.refusal is not None]
+    if refusals:
+        return PortResult(Status.REFUSED, module.code, Style.CLASS, "refused", reasons=tuple(refusals), attention_classes=names)
+    plan = ClassStylePlan()
+    dicts = attention_dicts(facts)
+    dict_of = {entries["eager"]: name for name, entries in dicts.items()}
+    attention_names = frozenset(names)
+    uses_causal_helper = _calls(module, mask_helpers.CAUSAL)
+    contract = uses_causal_helper and all(facts.find_attribute_values(a.class_name, "is_causal") for a in analyses)
+    reasons: list[str] = []
+    for analysis in analyses:
+        name = sdpa_class_name(analysis.class_name, facts)
+        if analysis.class_name in dict_of:
+            registration = Registration(dict_of[analysis.class_name], create=False)
+        else:
+            sites = register.construction_sites(module, analysis.class_name, attention_names)
+            if not sites:
+                plan.warnings.append(f"{analysis.class_name} is not constructed in this file; it is left eager")
+                continue
+            missing = [owner for owner, has_config in sites if not has_config]
+            if missing:
+                reasons.append(
+                    f"{analysis.class_name}: built in {', '.join(sorted(set(missing)))} without a `config` in scope, "
+                    "so the implementation cannot be selected"
+                )
+                continue
+            registration = Registration(dict_name_for(analysis.class_name, facts), create=True)
+        try:
+            forward, fallback = build_sdpa_forward(facts, analysis, CAUSAL_CONTRACT if contract else None)
+        except EmitError as error:
+            line = analysis.sites[0].line if analysis.sites else 0
+            reasons.append(f"{analysis.class_name} (line {line}): {error}")
+            continue
+        plan.classes.append(SdpaClassPlan(analysis, name, registration, forward, fallback))
+    if reasons:
+        return PortResult(Status.REFUSED, module.code, Style.CLASS, "refused", reasons=tuple(reasons), attention_classes=names)
+    if not plan.classes:
+        return PortResult(
+            Status.UNCHANGED, module.code, Style.CLASS, "no attention module is constructed in this file",
+            warnings=tuple(plan.warnings), attention_classes=names,
+        )
+    safe = all(none_safe(facts, a) for a in analyses)
+    model_classes = frozenset(n for n in facts.classes if facts.is_subclass(n, "PreTrainedModel"))
+    plan.masks = mask_helpers.MaskSwapPlan(causal=contract, plain=safe, extended=safe, classes=model_classes)
+    if uses_causal_helper and not contract:
+        plan.warnings.append("the causal mask helper is kept: not every attention module sets `self.is_causal`")
+    if not safe:
+        plan.warnings.append("mask helpers are kept: an attention module reads its mask without a None check")
+    plan.flag_classes = facts.pretrained_roots
+    return plan
+
+
+def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePlan) -> tuple[cst.Module, list[str]]:
+    notes: list[str] = []
+    needed: list[tuple[str, str | None]] = []
+    use_logger = facts.has_module_logger()
+    for item in plan.classes:
+        module = insert_classes.insert_after(module, item.analysis.class_name, [sdpa_class(item, use_logger)])
+        notes.append(f"added {item.name}({item.analysis.class_name})")
+        if not use_logger and (item.fallback.falsy or item.fallback.none):
+            needed.append(("warnings", None))
+    for item in plan.classes:
+        registration = item.registration
+        if registration.create:
+            module = register.create_dict(
+                module, item.name, registration.dict_name, [("eager", item.analysis.class_name), ("sdpa", item.name)]
+            )
+            skip = frozenset({item.analysis.class_name, item.name})
+            module, count = register.select_from_dict(module, item.analysis.class_name, registration.dict_name, skip)
+            notes.append(f"created {registration.dict_name}; {count} construction(s) select from it")
+        else:
+            module = register.add_dict_entry(module, registration.dict_name, "sdpa", item.name)
+            notes.append(f'registered "sdpa": {item.name} in {registration.dict_name}')
+    if plan.masks is not None:
+        module, report = mask_helpers.swap_mask_helpers(module, facts.imports, plan.masks)
+        for swap in report.swapped:
+            notes.append(f"mask helper for SDPA in {swap}")
+        needed.extend(("modeling_attn_mask_utils", name) for name in sorted(report.needed_imports))
+    for name in plan.flag_classes:
+        module = flags.set_class_flag(module, [name], "_supports_sdpa")
+        notes.append(f"{name}._supports_sdpa = True")
+    module = imports.add_imports(module, facts.imports, needed)
+    return module, notes
+
+
+def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
+    forward = item.forward
+    parts = [*item.fallback.falsy, *(f"{name} is not None" for name in item.fallback.none)]
+    texts = [f"`{name}=True`" for name in item.fallback.falsy] + [f"`{name}`" for name in item.fallback.none]
+    rendered = render_module(
+        "class_style/sdpa_class.py.jinja",
+        name=item.name,
+        parent=item.analysis.class_name,
+        source=_source(item.analysis),
+        fallback_test=" or ".join(parts),
+        fallback_text=" or ".join(texts) if texts else "",
+        use_logger=use_logger,
+        call_args=_call_arguments(forward.params),
+    )
+    node = rendered.body[0]
+    assert isinstance(node, cst.ClassDef)
+    body = list(node.body.body)
+    template_forward = body[-1]
+    assert isinstance(template_forward, cst.FunctionDef)
+    prelude = [s for s in template_forward.body.body if not _is_pass(s)]  # type: ignore[union-attr]
+    new_forward = template_forward.with_changes(
+        params=forward.params,
+        returns=forward.returns,
+        decorators=forward.decorators,
+        asynchronous=forward.asynchronous,
+        body=template_forward.body.with_changes(body=[*prelude, *forward.body.body]),  # type: ignore[union-attr]
+    )
+    body[-1] = new_forward
+    return node.with_changes(body=node.body.with_changes(body=body))
+
+
+def _source(analysis: ClassAnalysis) -> str:
+    methods = sorted({f"{site.owner}.{site.method}" for site in analysis.sites})
+    return "`, `".join(methods)
+
+
+def _is_pass(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in statement.body)
+
+
+def _call_arguments(params: cst.Parameters) -> str:
+    parts: list[str] = []
+    positional = [p for p in [*params.posonly_params, *params.params] if p.name.value != "self"]
+    for index, param in enumerate(positional):
+        name = param.name.value
+        if index == 0 or param in params.posonly_params:
+            parts.append(name)
+        else:
+            parts.append(f"{name}={name}")
+    if isinstance(params.star_arg, cst.Param):
+        parts.append(f"*{params.star_arg.name.value}")
+    for param in params.kwonly_params:
+        parts.append(f"{param.name.value}={param.name.value}")
+    if params.star_kwarg is not None:
+        parts.append(f"**{params.star_kwarg.name.value}")
+    return ", ".join(parts)
+
+
+def _calls(module: cst.Module, name: str) -> bool:
+    finder = _CallsNamed(name)
+    module.visit(finder)
+    return finder.found
+
+
+class _CallsNamed(cst.CSTVisitor):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.found = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name) and node.func.value == self.name:
+            self.found = True
+
+
+__all__ = ["plan_class_style", "apply_class_style", "ClassStylePlan", "code"]

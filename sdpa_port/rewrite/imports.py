@@ -1,0 +1,78 @@
+"""Schedule the imports a port needs, through libcst's AddImportsVisitor."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
+
+from sdpa_port.analyse.names import ImportMap
+
+
+def sibling_module(imports: ImportMap, basename: str) -> tuple[str, int]:
+    """Where a transformers top-level module (e.g. `modeling_attn_mask_utils`) is imported from in this file."""
+    for known in (basename, "modeling_utils", "utils", "activations"):
+        source = imports.package_of(known)
+        if source is None:
+            continue
+        level, dotted = source
+        parts = dotted.split(".")
+        parts[-1] = basename
+        if known == basename:
+            return dotted, level
+        return ".".join(parts), level
+    return f"transformers.{basename}", 0
+
+
+def add_imports(module: cst.Module, imports: ImportMap, needed: Iterable[tuple[str, str | None]]) -> cst.Module:
+    """`needed` holds (transformers module basename or plain module, name or None for `import module`)."""
+    context = CodemodContext()
+    count = 0
+    for basename, obj in needed:
+        if obj is None:
+            if basename not in imports.aliases:
+                AddImportsVisitor.add_needed_import(context, basename)
+                count += 1
+            continue
+        if obj in imports.aliases:
+            continue
+        dotted, level = sibling_module(imports, basename)
+        extended = _extend_existing(module, dotted, level, obj)
+        if extended is not None:
+            module = extended
+            continue
+        AddImportsVisitor.add_needed_import(context, dotted, obj, relative=level)
+        count += 1
+    if not count:
+        return module
+    return AddImportsVisitor(context).transform_module(module)
+
+
+def _extend_existing(module: cst.Module, dotted: str, level: int, obj: str) -> cst.Module | None:
+    """Add `obj` to an existing top-level `from <dotted> import ...` of the same relative level."""
+    body = list(module.body)
+    for index, statement in enumerate(body):
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            continue
+        small = statement.body[0]
+        if not isinstance(small, cst.ImportFrom) or isinstance(small.names, cst.ImportStar):
+            continue
+        if len(small.relative) != level or small.module is None:
+            continue
+        if get_full_name_for_node(small.module) != dotted:
+            continue
+        names = list(small.names)
+        last = names[-1]
+        alias = cst.ImportAlias(name=cst.Name(obj), comma=last.comma)
+        if small.lpar is not None and len(names) > 1 and isinstance(names[0].comma, cst.Comma):
+            separator = names[0].comma
+        else:
+            separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        names[-1] = last.with_changes(comma=separator)
+        names.append(alias)
+        body[index] = statement.with_changes(body=[small.with_changes(names=names)])
+        return module.with_changes(body=body)
+    return None

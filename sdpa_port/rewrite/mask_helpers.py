@@ -1,0 +1,146 @@
+"""Build masks with the `_for_sdpa` helpers when SDPA is selected; the eager path keeps the plain ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from sdpa_port.analyse.cstutil import expr
+from sdpa_port.analyse.names import ImportMap
+from sdpa_port.analyse.patterns import arg
+
+CAUSAL = "_prepare_4d_causal_attention_mask"
+PLAIN = "_prepare_4d_attention_mask"
+EXTENDED = "get_extended_attention_mask"
+SDPA_SUFFIX = "_for_sdpa"
+
+
+@dataclass(frozen=True)
+class MaskSwapPlan:
+    causal: bool
+    plain: bool
+    extended: bool
+    # classes whose methods may be rewritten (they have `self.config`)
+    classes: frozenset[str]
+
+
+@dataclass
+class MaskSwapReport:
+    swapped: list[str] = field(default_factory=list)  # "Class.method: helper"
+    needed_imports: set[str] = field(default_factory=set)
+    skipped: list[str] = field(default_factory=list)
+
+
+def swap_mask_helpers(module: cst.Module, imports: ImportMap, plan: MaskSwapPlan) -> tuple[cst.Module, MaskSwapReport]:
+    report = MaskSwapReport()
+    transformer = _Swap(imports, plan, report)
+    result = module.visit(transformer)
+    assert isinstance(result, cst.Module)
+    return result, report
+
+
+class _Swap(cst.CSTTransformer):
+    def __init__(self, imports: ImportMap, plan: MaskSwapPlan, report: MaskSwapReport) -> None:
+        self.imports = imports
+        self.plan = plan
+        self.report = report
+        self.classes: list[str] = []
+        self.functions: list[cst.FunctionDef] = []
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.classes.pop()
+        return updated
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append(node)
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self.functions.pop()
+        return updated
+
+    def helper_of(self, call: cst.Call) -> str | None:
+        func = call.func
+        if isinstance(func, cst.Name):
+            qualified = self.imports.qualify(func) or ""
+            name = qualified.split(".")[-1]
+            if name in (CAUSAL, PLAIN) and qualified.split(".")[-2:-1] == ["modeling_attn_mask_utils"]:
+                return name
+            return None
+        if (
+            isinstance(func, cst.Attribute)
+            and isinstance(func.value, cst.Name)
+            and func.value.value == "self"
+            and func.attr.value == EXTENDED
+        ):
+            return EXTENDED
+        return None
+
+    def leave_SimpleStatementLine(
+        self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+    ) -> cst.BaseStatement:
+        if len(updated.body) != 1 or not self.classes or not self.functions:
+            return updated
+        if self.classes[0] not in self.plan.classes:
+            return updated
+        small = updated.body[0]
+        if not isinstance(small, (cst.Assign, cst.AnnAssign)) or not isinstance(small.value, cst.Call):
+            return updated
+        call = small.value
+        helper = self.helper_of(call)
+        if helper is None:
+            return updated
+        where = f"{self.classes[0]}.{self.functions[-1].name.value}"
+        if helper == CAUSAL and self.plan.causal:
+            condition = self.fallback_condition()
+            new_call = call.with_changes(func=cst.Name(CAUSAL + SDPA_SUFFIX))
+        elif helper == PLAIN and self.plan.plain:
+            condition = 'self.config._attn_implementation == "sdpa"'
+            new_call = call.with_changes(func=cst.Name(PLAIN + SDPA_SUFFIX))
+        elif helper == EXTENDED and self.plan.extended:
+            mask = arg(call, 0, "attention_mask")
+            if not isinstance(mask, cst.Name):
+                self.report.skipped.append(f"{where}: {helper} on an expression")
+                return updated
+            dtype = arg(call, 3, "dtype") or expr("self.dtype")
+            condition = (
+                f'self.config._attn_implementation == "sdpa" and not self.config.is_decoder and {mask.value}.dim() == 2'
+            )
+            new_call = cst.Call(
+                func=cst.Name(PLAIN + SDPA_SUFFIX),
+                args=[
+                    cst.Arg(mask, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                    cst.Arg(dtype, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                    cst.Arg(cst.Integer("1"), keyword=cst.Name("tgt_len"), equal=cst.AssignEqual(
+                        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+                    )),
+                ],
+            )
+            helper = PLAIN
+        else:
+            return updated
+        self.report.swapped.append(f"{where}: {helper}")
+        self.report.needed_imports.add(helper + SDPA_SUFFIX)
+        sdpa_statement = updated.with_changes(body=[small.with_changes(value=new_call)], leading_lines=[])
+        eager_statement = updated.with_changes(leading_lines=[])
+        return cst.If(
+            test=expr(condition),
+            body=cst.IndentedBlock(body=[sdpa_statement]),
+            orelse=cst.Else(body=cst.IndentedBlock(body=[eager_statement])),
+            leading_lines=updated.leading_lines,
+        )
+
+    def fallback_condition(self) -> str:
+        """SDPA masks may be None for a causal layer; keep full masks where the layers fall back to eager."""
+        parts = ['self.config._attn_implementation == "sdpa"']
+        params = self.functions[-1].params
+        names = [p.name.value for p in [*params.posonly_params, *params.params, *params.kwonly_params]]
+        if "output_attentions" in names:
+            parts.append("not output_attentions")
+        for name in names:
+            if name.endswith("head_mask"):
+                parts.append(f"{name} is None")
+        return " and ".join(parts)

@@ -1,0 +1,154 @@
+"""Register SDPA classes: add `"sdpa"` to an `XXX_ATTENTION_CLASSES` dict, or create the dict and select from it."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.rewrite.insert_classes import insert_after
+
+
+def add_dict_entry(module: cst.Module, dict_name: str, key: str, class_name: str) -> cst.Module:
+    """`{"eager": X, ...}` gains `"<key>": <class_name>` as its last entry."""
+    return module.visit(_AddEntry(dict_name, key, class_name))  # type: ignore[return-value]
+
+
+class _AddEntry(cst.CSTTransformer):
+    def __init__(self, dict_name: str, key: str, class_name: str) -> None:
+        self.dict_name = dict_name
+        self.key = key
+        self.class_name = class_name
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        if not (
+            len(updated.targets) == 1
+            and m.matches(updated.targets[0].target, m.Name(self.dict_name))
+            and isinstance(updated.value, cst.Dict)
+        ):
+            return updated
+        literal = updated.value
+        elements = list(literal.elements)
+        entry = cst.DictElement(key=cst.SimpleString(f'"{self.key}"'), value=cst.Name(self.class_name))
+        if elements:
+            first, last = elements[0], elements[-1]
+            if len(elements) > 1 and isinstance(first.comma, cst.Comma):
+                separator = first.comma
+            elif isinstance(literal.lbrace.whitespace_after, cst.ParenthesizedWhitespace):
+                separator = cst.Comma(whitespace_after=literal.lbrace.whitespace_after)
+            else:
+                separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            entry = entry.with_changes(comma=last.comma)
+            elements[-1] = last.with_changes(comma=separator)
+        elements.append(entry)
+        return updated.with_changes(value=literal.with_changes(elements=elements))
+
+
+def dict_statement(dict_name: str, entries: list[tuple[str, str]]) -> cst.SimpleStatementLine:
+    lines = "".join(f'    "{key}": {value},\n' for key, value in entries)
+    module = cst.parse_module(f"{dict_name} = {{\n{lines}}}\n")
+    statement = module.body[0]
+    assert isinstance(statement, cst.SimpleStatementLine)
+    return statement
+
+
+def create_dict(module: cst.Module, after: str, dict_name: str, entries: list[tuple[str, str]]) -> cst.Module:
+    return insert_after(module, after, [dict_statement(dict_name, entries)])
+
+
+def select_from_dict(
+    module: cst.Module, class_name: str, dict_name: str, skip_classes: frozenset[str]
+) -> tuple[cst.Module, int]:
+    """`Cls(config, ...)` in other classes becomes `DICT[config._attn_implementation](config, ...)`."""
+    transformer = _Select(class_name, dict_name, skip_classes)
+    result = module.visit(transformer)
+    return result, transformer.replaced  # type: ignore[return-value]
+
+
+def construction_sites(module: cst.Module, class_name: str, skip_classes: frozenset[str]) -> list[tuple[str, bool]]:
+    """(enclosing class, has `config` in scope) for every `Cls(...)` call outside skip_classes."""
+    finder = _Constructions(class_name, skip_classes)
+    module.visit(finder)
+    return finder.sites
+
+
+class _Scoped(cst.CSTTransformer):
+    def __init__(self, skip_classes: frozenset[str]) -> None:
+        self.classes: list[str] = []
+        self.functions: list[cst.FunctionDef] = []
+        self.skip_classes = skip_classes
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.classes.pop()
+        return updated
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append(node)
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self.functions.pop()
+        return updated
+
+    def in_scope(self) -> bool:
+        return bool(self.classes) and self.classes[0] not in self.skip_classes
+
+    def config_in_scope(self) -> bool:
+        if not self.functions:
+            return False
+        params = self.functions[-1].params
+        return any(p.name.value == "config" for p in [*params.params, *params.kwonly_params, *params.posonly_params])
+
+
+class _Select(_Scoped):
+    def __init__(self, class_name: str, dict_name: str, skip_classes: frozenset[str]) -> None:
+        super().__init__(skip_classes)
+        self.class_name = class_name
+        self.dict_name = dict_name
+        self.replaced = 0
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not (m.matches(updated.func, m.Name(self.class_name)) and self.in_scope() and self.config_in_scope()):
+            return updated
+        self.replaced += 1
+        selector = cst.Subscript(
+            value=cst.Name(self.dict_name),
+            slice=[cst.SubscriptElement(cst.Index(cst.parse_expression("config._attn_implementation")))],
+        )
+        return updated.with_changes(func=selector)
+
+
+class _Constructions(cst.CSTVisitor):
+    def __init__(self, class_name: str, skip_classes: frozenset[str]) -> None:
+        self.class_name = class_name
+        self.skip_classes = skip_classes
+        self.classes: list[str] = []
+        self.functions: list[cst.FunctionDef] = []
+        self.sites: list[tuple[str, bool]] = []
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append(node)
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.pop()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not m.matches(node.func, m.Name(self.class_name)):
+            return
+        owner = self.classes[0] if self.classes else "<module>"
+        if owner in self.skip_classes:
+            return
+        has_config = False
+        if self.functions:
+            params = self.functions[-1].params
+            has_config = any(
+                p.name.value == "config" for p in [*params.params, *params.kwonly_params, *params.posonly_params]
+            )
+        self.sites.append((owner, has_config))

@@ -1,0 +1,661 @@
+"""Rewrite a traced function body so its eager attention chain becomes one SDPA call.
+
+Statements that only advanced the chain disappear; their effect is re-targeted onto side values: the scale
+(`sdpa_scale`), the additive float mask (`sdpa_mask`) and a pending causal-buffer mask (`sdpa_causal`). These stay
+compile-time expressions while they are unconditional and become variables only when a branch changes them.
+The statement holding the product with V gets the SDPA call in place of that product.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import libcst as cst
+
+from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.cstutil import (
+    all_assigned_names,
+    assigned_names,
+    block_body,
+    code,
+    expr,
+    replace_nodes,
+)
+from sdpa_port.analyse.patterns import walk_names
+from sdpa_port.render import render_module, render_statements
+
+
+class EmitError(Exception):
+    """The chain cannot be expressed as one SDPA call; the message is a refusal reason."""
+
+
+@dataclass(frozen=True)
+class SideNames:
+    mask: str = "sdpa_mask"
+    scale: str = "sdpa_scale"
+    causal: str = "sdpa_causal"
+    is_causal: str = "sdpa_is_causal"
+    query: str = "sdpa_query"
+    key: str = "sdpa_key"
+
+    @classmethod
+    def avoiding(cls, taken: set[str]) -> "SideNames":
+        values = {}
+        for name, default in cls().__dict__.items():
+            candidate = default
+            while candidate in taken:
+                candidate = "_" + candidate
+            values[name] = candidate
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the SDPA call sees the operands: unflatten `(b*h, l, d)` operands with `heads`, flatten the result back."""
+
+    heads: tuple[cst.BaseExpression, cst.BaseExpression] | None
+    unflatten_value: bool
+    flatten_output: bool
+
+
+@dataclass
+class _State:
+    """The side values at one point of the walk; Known expressions until a branch forces variables."""
+
+    scale_factors: list[tuple[cst.BaseExpression, bool]] = field(default_factory=list)
+    scale_var: bool = False
+    mask: cst.BaseExpression | None = None
+    mask_nullable: bool = False  # a known mask that may be None at run time (`attention_mask`)
+    mask_var: bool = False
+    mask_maybe_none: bool = True
+    causal: cst.BaseExpression | None = None  # condition of a causal-buffer fill, while known
+    causal_var: bool = False
+    causal_fill: cst.BaseExpression | None = None
+
+    def copy(self) -> "_State":
+        return replace(self, scale_factors=list(self.scale_factors))
+
+
+@dataclass(frozen=True)
+class EmitOptions:
+    names: SideNames
+    # "None means causal": masks built by `_prepare_4d_causal_attention_mask_for_sdpa` are None for causal layers
+    causal_contract: str | None = None  # e.g. "self.is_causal"
+
+
+class SdpaEmitter:
+    def __init__(
+        self,
+        result: t.TraceResult,
+        candidate: t.Candidate,
+        options: EmitOptions,
+    ) -> None:
+        self.plans = result.plans
+        self.dropped_ifs = result.dropped_ifs
+        self.candidate = candidate
+        self.options = options
+        self.names = options.names
+        self.state = _State()
+        self.dropout: cst.BaseExpression | None = None
+        self.query: cst.BaseExpression | None = None
+        self.key: cst.BaseExpression | None = None
+        self.start: t.Start | None = None
+        self.probs_after_output = result.probs_names_after_output
+        self.layout = self.decide_layout()
+        # query and key are float32 copies: run SDPA in float32 and cast the result back, as eager does
+        self.upcast = any(isinstance(op, t.Start) and op.operands_upcast for op, _, _ in candidate.ops)
+        # names read by the statements the rewrite removed: their definitions may now be dead
+        self.removed_reads: set[str] = set()
+
+    # -------------------------------------------------------------- layout
+
+    def decide_layout(self) -> Layout:
+        ops = [op for op, _, _ in self.candidate.ops]
+        start = ops[0]
+        assert isinstance(start, t.Start)
+        output = ops[-1]
+        assert isinstance(output, t.Output)
+        heads = next((op.heads for op in ops if isinstance(op, t.View) and op.heads is not None), None)
+        if start.rank == 3:
+            widened = any(isinstance(op, t.View) and op.rank_after == 4 for op in ops)
+            if not widened and output.rank in (3, None):
+                return Layout(None, False, False)
+            if heads is None:
+                raise EmitError("the scores are reshaped to 4-D but the batch and head sizes cannot be read")
+            for op in ops:
+                if isinstance(op, t.AddTerm) and op.rank == 3:
+                    raise EmitError("additive terms are added in both the flat and the per-head layout")
+            names = walk_names(heads[0]) | walk_names(heads[1])
+            if names & self.candidate.names_assigned_after_start:
+                raise EmitError("the batch or head size is reassigned inside the attention computation")
+            value_rank = output.rank if output.rank is not None else 4
+            return Layout(heads, value_rank == 3, value_rank == 3)
+        for op in ops:
+            if isinstance(op, t.View) and op.rank_before != op.rank_after and op.rank_before is not None:
+                raise EmitError("the scores change layout between the products")
+        return Layout(None, False, False)
+
+    # -------------------------------------------------------------- walking
+
+    def block(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        for statement in statements:
+            out.extend(self.statement(statement))
+        return out
+
+    def statement(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:
+        if isinstance(statement, cst.SimpleStatementLine):
+            return self.line(statement)
+        if isinstance(statement, cst.If):
+            return self.if_statement(statement)
+        if isinstance(statement, (cst.With, cst.For, cst.While)):
+            body = self.block(block_body(statement.body))
+            if not body:
+                return [] if isinstance(statement, cst.With) else [statement]
+            return [statement.with_changes(body=statement.body.with_changes(body=body))]  # type: ignore[union-attr]
+        return [statement]
+
+    def line(self, statement: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        kept: list[cst.BaseSmallStatement] = []
+
+        def flush() -> None:
+            if kept:
+                out.append(statement.with_changes(body=list(kept)) if not out else cst.SimpleStatementLine(body=list(kept)))
+                kept.clear()
+
+        for small in statement.body:
+            plan = self.plans.get(id(small))
+            if isinstance(plan, t.ChainStmt):
+                flush()
+                self.removed_reads |= walk_names(small)
+                out.extend(self.chain_statement(plan))
+            elif isinstance(plan, t.OutputStmt):
+                flush()
+                out.extend(self.output_statement(small, plan, statement))
+            else:
+                new_small = self.keep(small, plan)
+                pre = self.materialize_for(self.assigned_by(small))
+                if pre:
+                    flush()
+                    out.extend(pre)
+                kept.append(new_small)
+        if kept:
+            if not out:
+                out.append(statement.with_changes(body=list(kept)))
+            else:
+                out.append(cst.SimpleStatementLine(body=list(kept)))
+        return out
+
+    def keep(self, node: cst.CSTNode, plan: t.StmtPlan | None):  # type: ignore[no-untyped-def]
+        if not isinstance(plan, t.KeepStmt):
+            return node
+        mapping: dict[int, cst.CSTNode] = {}
+        finder = _ById(set(plan.replacements))
+        node.visit(finder)
+        for found in finder.found:
+            action = plan.replacements[id(found)]
+            if action == "strip_expand":
+                assert isinstance(found, cst.Call) and isinstance(found.func, cst.Attribute)
+                mapping[id(found)] = found.func.value
+            else:
+                mapping[id(found)] = cst.Attribute(value=self.query_root(), attr=cst.Name(action))
+        return replace_nodes(node, mapping)
+
+    def if_statement(self, node: cst.If) -> list[cst.BaseStatement]:
+        if id(node) in self.dropped_ifs:
+            self.removed_reads |= walk_names(node)
+            return []
+        touched = self.chain_kinds(node)
+        guarded = self.none_guarded_term(node, touched)
+        if guarded is not None:
+            # `if mask is not None: scores = scores + mask` on an empty mask is just `mask`, None or not
+            body = self.block(block_body(node.body))
+            self.state.mask, self.state.mask_nullable = cst.Name(guarded), True
+            return [node.with_changes(body=node.body.with_changes(body=body))] if body else []
+        pre = self.materialize(touched) if touched else []
+        before = self.state.copy()
+        ends: list[_State] = []
+        branches: list[tuple[cst.If | cst.Else, list[cst.BaseStatement]]] = []
+        current: cst.If | cst.Else | None = node
+        while current is not None:
+            self.state = before.copy()
+            body = self.block(block_body(current.body))
+            ends.append(self.state)
+            branches.append((current, body))
+            current = current.orelse if isinstance(current, cst.If) else None
+        if not isinstance(branches[-1][0], cst.Else):
+            ends.append(before)
+        self.state = self.merge(ends)
+        if all(not body for _, body in branches):
+            return pre
+        rebuilt: cst.If | cst.Else | None = None
+        for branch, body in reversed(branches):
+            suite = branch.body.with_changes(body=body or [cst.SimpleStatementLine(body=[cst.Pass()])])  # type: ignore[union-attr]
+            if isinstance(branch, cst.Else):
+                rebuilt = branch.with_changes(body=suite)
+            else:
+                test = self.keep(branch.test, self.plans.get(id(branch.test)))
+                rebuilt = branch.with_changes(body=suite, test=test, orelse=rebuilt)
+        assert isinstance(rebuilt, cst.If)
+        return [*pre, rebuilt]
+
+    def merge(self, ends: list[_State]) -> _State:
+        first = ends[0]
+        merged = first.copy()
+        merged.mask_maybe_none = any(s.mask_maybe_none for s in ends)
+        return merged
+
+    def none_guarded_term(self, node: cst.If, touched: set[str]) -> str | None:
+        state = self.state
+        if touched != {"mask"} or node.orelse is not None or state.mask is not None or state.mask_var:
+            return None
+        test = node.test
+        if not (
+            isinstance(test, cst.Comparison)
+            and isinstance(test.left, cst.Name)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.IsNot)
+            and isinstance(test.comparisons[0].comparator, cst.Name)
+            and test.comparisons[0].comparator.value == "None"
+        ):
+            return None
+        name = test.left.value
+        ops = [op for plan in self.plans_in(node) if isinstance(plan, t.ChainStmt) for op in plan.ops]
+        terms = [op for op in ops if isinstance(op, (t.AddTerm, t.Scale, t.Fill))]
+        if len(terms) != 1 or not isinstance(terms[0], t.AddTerm):
+            return None
+        term = terms[0].term
+        return name if isinstance(term, cst.Name) and term.value == name else None
+
+    def plans_in(self, node: cst.CSTNode) -> list[t.StmtPlan]:
+        finder = _ById(set(self.plans))
+        node.visit(finder)
+        return [self.plans[id(found)] for found in finder.found]
+
+    def chain_kinds(self, node: cst.CSTNode) -> set[str]:
+        """Which side values the chain statements inside a compound statement change."""
+        finder = _ById(set(self.plans))
+        node.visit(finder)
+        kinds: set[str] = set()
+        mask_present = self.state.mask is not None or self.state.mask_var
+        for found in finder.found:
+            plan = self.plans[id(found)]
+            if isinstance(plan, t.ChainStmt):
+                for op in plan.ops:
+                    if isinstance(op, t.Scale):
+                        kinds.add("scale")
+                        if mask_present or any(isinstance(o, (t.AddTerm, t.Fill)) for o in plan.ops):
+                            kinds.add("mask")
+                    elif isinstance(op, t.AddTerm):
+                        kinds.add("mask")
+                    elif isinstance(op, t.Fill):
+                        kinds.add("causal" if op.causal else "mask")
+                    elif isinstance(op, t.Dropout):
+                        raise EmitError("dropout is applied to the probabilities only under a condition")
+        return kinds
+
+    # -------------------------------------------------------------- chain statements
+
+    def chain_statement(self, plan: t.ChainStmt) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        for op in plan.ops:
+            out.extend(self.apply(op))
+        return out
+
+    def apply(self, op: t.Op) -> list[cst.BaseStatement]:
+        state = self.state
+        if isinstance(op, t.Start):
+            self.start = op
+            self.query, self.key = op.query, op.key
+            out: list[cst.BaseStatement] = []
+            rebound = self.candidate.names_assigned_after_start
+            if walk_names(op.query) & rebound:
+                out.append(_assign(self.names.query, op.query))
+                self.query = cst.Name(self.names.query)
+            if walk_names(op.key) & rebound:
+                out.append(_assign(self.names.key, op.key))
+                self.key = cst.Name(self.names.key)
+            return out
+        if isinstance(op, t.Scale):
+            out = []
+            if state.scale_var:
+                out.append(_assign(self.names.scale, _binary(cst.Name(self.names.scale), op.factor, op.divide)))
+            else:
+                state.scale_factors.append((op.factor, op.divide))
+            if state.mask_var:
+                update = _assign(self.names.mask, _binary(cst.Name(self.names.mask), op.factor, op.divide))
+                out.append(_if_not_none(self.names.mask, update) if state.mask_maybe_none else update)
+            elif state.mask is not None:
+                if state.mask_nullable:
+                    out.extend(self.materialize({"mask"}))
+                    update = _assign(self.names.mask, _binary(cst.Name(self.names.mask), op.factor, op.divide))
+                    out.append(_if_not_none(self.names.mask, update))
+                else:
+                    state.mask = _binary(state.mask, op.factor, op.divide)
+            return out
+        if isinstance(op, t.AddTerm):
+            return self.add_to_mask(op.term)
+        if isinstance(op, t.Fill):
+            if op.causal and state.causal_fill is None:
+                state.causal_fill = op.fill
+                if state.causal_var:
+                    return [_assign(self.names.causal, op.condition)]
+                state.causal = op.condition
+                return []
+            return self.fill_mask(op)
+        if isinstance(op, t.Dropout):
+            if self.dropout is not None:
+                raise EmitError("dropout is applied twice to the probabilities")
+            call = op.call
+            self.dropout = _dropout_expression(call)
+            return []
+        if isinstance(op, t.HeadMask):
+            raise EmitError("a head mask is applied on the SDPA path")
+        return []
+
+    def add_to_mask(self, term: cst.BaseExpression) -> list[cst.BaseStatement]:
+        state = self.state
+        pre = self.materialize({"mask"}) if state.mask_nullable else []
+        if pre:
+            return [*pre, *self.add_to_mask(term)]
+        if not state.mask_var:
+            state.mask = term if state.mask is None else cst.BinaryOperation(
+                left=state.mask, operator=cst.Add(), right=_paren(term)
+            )
+            return []
+        mask = cst.Name(self.names.mask)
+        added = cst.BinaryOperation(left=mask, operator=cst.Add(), right=_paren(term))
+        if state.mask_maybe_none:
+            value: cst.BaseExpression = cst.IfExp(
+                test=_is_none(self.names.mask), body=term, orelse=added
+            )
+        else:
+            value = added
+        state.mask_maybe_none = False
+        return [_assign(self.names.mask, value)]
+
+    def fill_mask(self, op: t.Fill) -> list[cst.BaseStatement]:
+        """`where(keep, scores, fill)` / `masked_fill(masked, fill)` folded into the additive mask."""
+        state = self.state
+        if state.mask_nullable:
+            return [*self.materialize({"mask"}), *self.fill_mask(op)]
+        dtype_target = self.query_root()
+
+        def where(current: cst.BaseExpression | None) -> cst.BaseExpression:
+            base: cst.BaseExpression = current if current is not None else cst.Float("0.0")
+            if op.keep_where_true:
+                args = [op.condition, base, op.fill]
+            else:
+                args = [op.condition, op.fill, base]
+            call: cst.BaseExpression = cst.Call(func=expr("torch.where"), args=[cst.Arg(a) for a in args])
+            if current is None:
+                call = cst.Call(
+                    func=cst.Attribute(value=call, attr=cst.Name("to")),
+                    args=[cst.Arg(cst.Attribute(value=dtype_target, attr=cst.Name("dtype")))],
+                )
+            return call
+
+        if not state.mask_var:
+            state.mask = where(state.mask)
+            return []
+        mask = cst.Name(self.names.mask)
+        if state.mask_maybe_none:
+            value: cst.BaseExpression = cst.IfExp(test=_is_none(self.names.mask), body=where(None), orelse=where(mask))
+        else:
+            value = where(mask)
+        state.mask_maybe_none = False
+        return [_assign(self.names.mask, value)]
+
+    # -------------------------------------------------------------- materialisation
+
+    def materialize(self, kinds: set[str]) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        state = self.state
+        if "scale" in kinds and not state.scale_var:
+            out.append(_assign(self.names.scale, self.scale_expression()))
+            state.scale_var = True
+            state.scale_factors = []
+        if "mask" in kinds and not state.mask_var:
+            out.append(_assign(self.names.mask, state.mask if state.mask is not None else cst.Name("None")))
+            state.mask_maybe_none = state.mask is None or state.mask_nullable
+            state.mask = None
+            state.mask_nullable = False
+            state.mask_var = True
+        if "causal" in kinds and not state.causal_var:
+            out.append(_assign(self.names.causal, state.causal if state.causal is not None else cst.Name("None")))
+            state.causal = None
+            state.causal_var = True
+        return out
+
+    def materialize_for(self, assigned: set[str]) -> list[cst.BaseStatement]:
+        """Known side values that read a name about to be reassigned become variables first."""
+        if not assigned:
+            return []
+        state = self.state
+        kinds: set[str] = set()
+        if any(walk_names(f) & assigned for f, _ in state.scale_factors):
+            kinds.add("scale")
+        if state.mask is not None and walk_names(state.mask) & assigned:
+            kinds.add("mask")
+        if state.causal is not None and walk_names(state.causal) & assigned:
+            kinds.add("causal")
+        return self.materialize(kinds)
+
+    def assigned_by(self, small: cst.CSTNode) -> set[str]:
+        if isinstance(small, cst.Assign):
+            return {n for target in small.targets for n in assigned_names(target.target)}
+        if isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+            return set(assigned_names(small.target))
+        return set()
+
+    def scale_expression(self) -> cst.BaseExpression:
+        state = self.state
+        if state.scale_var:
+            return cst.Name(self.names.scale)
+        multiply = [f for f, divide in state.scale_factors if not divide]
+        divide = [f for f, is_divide in state.scale_factors if is_divide]
+        result: cst.BaseExpression | None = None
+        for factor in multiply:
+            result = _paren(factor) if result is None else cst.BinaryOperation(
+                left=result, operator=cst.Multiply(), right=_paren(factor)
+            )
+        for factor in divide:
+            left = result if result is not None else cst.Float("1.0")
+            result = cst.BinaryOperation(left=left, operator=cst.Divide(), right=_paren(factor))
+        return result if result is not None else cst.Float("1.0")
+
+    # -------------------------------------------------------------- output
+
+    def query_root(self) -> cst.BaseExpression:
+        if self.query is None:
+            raise EmitError("the scores' dtype is read before the query-key product")
+        return _paren(self.query)
+
+    def output_statement(
+        self, small: cst.BaseSmallStatement, plan: t.OutputStmt, line: cst.SimpleStatementLine
+    ) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        for op in plan.ops:
+            out.extend(self.apply(op))
+        if self.query is None or self.key is None:
+            raise EmitError("the product with V has no recognised scores")
+        is_causal = self.finalize_causal(out)
+        state = self.state
+        if state.mask_var:
+            mask_code = self.names.mask
+        elif state.mask is not None:
+            mask_code = code(state.mask)
+        else:
+            mask_code = ""
+        value = plan.output.value
+        query, key = self.query, self.key
+        layout = self.layout
+        if layout.heads is not None:
+            query = _unflatten(query, layout.heads)
+            key = _unflatten(key, layout.heads)
+            if layout.unflatten_value:
+                value = _unflatten(value, layout.heads)
+        value_for_call = value
+        if self.upcast:
+            dtype = cst.Attribute(value=self.query_root(), attr=cst.Name("dtype"))
+            value_for_call = cst.Call(
+                func=cst.Attribute(value=_paren(value), attr=cst.Name("to")), args=[cst.Arg(dtype)]
+            )
+            if mask_code:
+                out.extend(self.materialize({"mask"}) if not state.mask_var else [])
+                cast = _assign(
+                    self.names.mask,
+                    cst.Call(func=cst.Attribute(value=cst.Name(self.names.mask), attr=cst.Name("to")), args=[cst.Arg(dtype)]),
+                )
+                out.append(_if_not_none(self.names.mask, cast) if state.mask_maybe_none else cast)
+                mask_code = self.names.mask
+        dropout = code(self.dropout) if self.dropout is not None else ""
+        call_module = render_module(
+            "class_style/sdpa_call.py.jinja",
+            query=code(query),
+            key=code(key),
+            value=code(value_for_call),
+            attn_mask=mask_code,
+            dropout_p=dropout,
+            scale=code(self.scale_expression()),
+            is_causal=is_causal,
+        )
+        call_statement = call_module.body[0]
+        assert isinstance(call_statement, cst.SimpleStatementLine) and isinstance(call_statement.body[0], cst.Expr)
+        call: cst.BaseExpression = call_statement.body[0].value
+        if layout.flatten_output:
+            call = cst.Call(
+                func=cst.Attribute(value=call, attr=cst.Name("flatten")),
+                args=[cst.Arg(cst.Integer("0")), cst.Arg(cst.Integer("1"))],
+            )
+        if self.upcast:
+            call = cst.Call(
+                func=cst.Attribute(value=call, attr=cst.Name("to")),
+                args=[cst.Arg(cst.Attribute(value=_paren(plan.output.value), attr=cst.Name("dtype")))],
+            )
+        new_small = replace_nodes(small, {id(plan.output.node): call})
+        out.append(line.with_changes(body=[new_small]))
+        own = self.assigned_by(small)
+        for name in sorted(self.probs_after_output - own):
+            out.append(_assign(name, cst.Name("None")))
+            self.removed_reads.add(name)
+        self.removed_reads |= walk_names(plan.output.node) - walk_names(plan.output.value)
+        return out
+
+    def finalize_causal(self, out: list[cst.BaseStatement]) -> str:
+        """Emit the causal-buffer decision; return the `is_causal=` argument code ('' when always False)."""
+        state = self.state
+        if state.causal_fill is None:
+            return self.causal_contract(out)
+        if not state.mask_var:
+            out.extend(self.materialize({"mask"}))
+        guard = state.causal_var
+        causal = self.names.causal if guard else code(state.causal)  # type: ignore[arg-type]
+        mask_set = not state.mask_maybe_none
+        out.extend(
+            render_statements(
+                "class_style/causal_mask.py.jinja",
+                guard=guard,
+                causal=causal,
+                mask=self.names.mask,
+                mask_set=mask_set,
+                is_causal=self.names.is_causal,
+                query=code(self.query_root()),
+                key=code(_paren(self.key)) if self.key is not None else "",
+                fill=code(state.causal_fill),
+            )
+        )
+        state.mask_maybe_none = True
+        return "" if mask_set else self.names.is_causal
+
+    def causal_contract(self, out: list[cst.BaseStatement]) -> str:
+        """Layers fed by `_prepare_4d_causal_attention_mask_for_sdpa` get None for a plain causal mask."""
+        contract = self.options.causal_contract
+        state = self.state
+        if contract is None:
+            return ""
+        if state.mask_var:
+            if not state.mask_maybe_none:
+                return ""
+            mask_none = f"{self.names.mask} is None and "
+        elif state.mask is not None:
+            if not state.mask_nullable:
+                return ""
+            mask_none = f"{code(state.mask)} is None and "
+        else:
+            mask_none = ""
+        query = code(self.query_root())
+        out.append(_assign(self.names.is_causal, expr(f"{mask_none}{contract} and {query}.size(-2) > 1")))
+        return self.names.is_causal
+
+
+# ------------------------------------------------------------------ small builders
+
+
+def _assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
+    return cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)])
+
+
+def _is_none(name: str) -> cst.Comparison:
+    return cst.Comparison(left=cst.Name(name), comparisons=[cst.ComparisonTarget(cst.Is(), cst.Name("None"))])
+
+
+def _if_not_none(name: str, statement: cst.SimpleStatementLine) -> cst.If:
+    test = cst.Comparison(left=cst.Name(name), comparisons=[cst.ComparisonTarget(cst.IsNot(), cst.Name("None"))])
+    return cst.If(test=test, body=cst.IndentedBlock(body=[statement]))
+
+
+def _paren(node: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(
+        node, (cst.BinaryOperation, cst.UnaryOperation, cst.BooleanOperation, cst.IfExp, cst.Comparison, cst.Lambda)
+    ) and not node.lpar:
+        return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return node
+
+
+def _wrap(text: str) -> str:
+    return text if text.isidentifier() else f"({text})"
+
+
+def _binary(left: cst.BaseExpression, factor: cst.BaseExpression, divide: bool) -> cst.BinaryOperation:
+    return cst.BinaryOperation(
+        left=left, operator=cst.Divide() if divide else cst.Multiply(), right=_paren(factor)
+    )
+
+
+def _unflatten(node: cst.BaseExpression, heads: tuple[cst.BaseExpression, cst.BaseExpression]) -> cst.BaseExpression:
+    shape = cst.Tuple(elements=[cst.Element(heads[0]), cst.Element(heads[1])])
+    return cst.Call(
+        func=cst.Attribute(value=_paren(node), attr=cst.Name("unflatten")),
+        args=[cst.Arg(cst.Integer("0")), cst.Arg(shape)],
+    )
+
+
+def _dropout_expression(call: "t.p.DropoutCall") -> cst.BaseExpression:
+    training = call.training
+    if isinstance(training, cst.Name) and training.value == "True":
+        return call.probability
+    if isinstance(training, cst.Name) and training.value == "False":
+        return cst.Float("0.0")
+    return cst.IfExp(test=training, body=_paren(call.probability), orelse=cst.Float("0.0"))
+
+
+class _ById(cst.CSTVisitor):
+    def __init__(self, ids: set[int]) -> None:
+        self.ids = ids
+        self.found: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if id(node) in self.ids:
+            self.found.append(node)
+        return True
+
+
+def function_names(function: cst.FunctionDef) -> set[str]:
+    """Every name read or assigned in a function, parameters included."""
+    names = walk_names(function.body) | all_assigned_names([function.body])
+    names.update(param.name.value for param in function.params.params)
+    names.update(param.name.value for param in function.params.kwonly_params)
+    return names

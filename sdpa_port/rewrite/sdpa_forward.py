@@ -1,0 +1,255 @@
+"""Build the SDPA version of an attention module's forward: specialise, re-trace, emit, inline helpers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import libcst as cst
+
+from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, block_body, replace_names, replace_nodes
+from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.patterns import walk_names
+from sdpa_port.analyse.recognise import ClassAnalysis, bind_arguments
+from sdpa_port.rewrite.cleanup import remove_dead
+from sdpa_port.rewrite.sdpa_body import EmitError, EmitOptions, SdpaEmitter, SideNames, function_names
+from sdpa_port.rewrite.specialise import Known, specialise
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """What the SDPA forward needs beyond the body: the fallback's condition parts."""
+
+    falsy: tuple[str, ...]
+    none: tuple[str, ...]
+
+
+def trace_sdpa_path(
+    facts: ModuleFacts, class_name: str, function: cst.FunctionDef
+) -> tuple[t.TraceResult, t.Candidate]:
+    """Trace a specialised function and select its single attention chain."""
+    discovery = t.Tracer(facts, class_name, function).run()
+    attention = discovery.attention()
+    if len(attention) != 1:
+        raise EmitError(f"expected one attention computation on the SDPA path, found {len(attention)}")
+    candidate = attention[0]
+    if candidate.poison is not None:
+        raise EmitError(candidate.poison)
+    selected = t.Tracer(facts, class_name, function, selected_start=candidate.start_node_id).run()
+    chosen = [c for c in selected.candidates if c.start_node_id == candidate.start_node_id]
+    if len(chosen) != 1 or chosen[0].stage != t.OUT or chosen[0].poison is not None:
+        raise EmitError(chosen[0].poison if chosen and chosen[0].poison else "the attention chain changed on re-trace")
+    return selected, chosen[0]
+
+
+def build_sdpa_forward(
+    facts: ModuleFacts, analysis: ClassAnalysis, causal_contract: str | None
+) -> tuple[cst.FunctionDef, ForwardPlan]:
+    found = facts.find_method(analysis.class_name, "forward")
+    assert found is not None
+    _, forward = found
+    falsy = (analysis.output_attentions,) if analysis.output_attentions else ()
+    none = analysis.head_mask_params
+    known = Known(falsy=frozenset(falsy), none=frozenset(none))
+    special = specialise(forward, known)
+    taken = function_names(special)
+    for helper in analysis.helpers:
+        method = facts.find_method(analysis.class_name, helper.method)
+        if method is not None:
+            taken |= function_names(method[1])
+    options = EmitOptions(SideNames.avoiding(taken), causal_contract)
+    if not analysis.helpers:
+        result, candidate = trace_sdpa_path(facts, analysis.class_name, special)
+        emitter = SdpaEmitter(result, candidate, options)
+        body = emitter.block(block_body(special.body))
+        removable = emitter.removed_reads
+    else:
+        inliner = _Inliner(facts, analysis, options, special)
+        body = inliner.block(block_body(special.body))
+        if not inliner.inlined:
+            raise EmitError("the attention helper is not called on the SDPA path")
+        removable = inliner.removed_reads
+    body = remove_dead(body, removable, facts.imports)
+    new = special.with_changes(body=special.body.with_changes(body=body))
+    return new, ForwardPlan(falsy, none)
+
+
+class _Inliner:
+    """Replace `self.<helper>(...)` calls in forward by the helper's SDPA body."""
+
+    def __init__(
+        self, facts: ModuleFacts, analysis: ClassAnalysis, options: EmitOptions, forward: cst.FunctionDef
+    ) -> None:
+        self.facts = facts
+        self.analysis = analysis
+        self.options = options
+        self.forward = forward
+        self.helpers = {h.method: h for h in analysis.helpers}
+        self.forward_names = function_names(forward)
+        self.inlined = 0
+        self.removed_reads: set[str] = set()
+
+    def block(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        for statement in statements:
+            out.extend(self.statement(statement))
+        return out
+
+    def statement(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:
+        if isinstance(statement, cst.SimpleStatementLine):
+            call = self.helper_call(statement)
+            if call is None:
+                return [statement]
+            return self.inline(statement, call)
+        if isinstance(statement, cst.If):
+            return [self.if_statement(statement)]
+        if isinstance(statement, (cst.With, cst.For, cst.While)):
+            body = self.block(block_body(statement.body))
+            return [statement.with_changes(body=statement.body.with_changes(body=body))]  # type: ignore[union-attr]
+        return [statement]
+
+    def if_statement(self, node: cst.If) -> cst.If:
+        body = self.block(block_body(node.body))
+        orelse: cst.If | cst.Else | None = node.orelse
+        if isinstance(orelse, cst.If):
+            orelse = self.if_statement(orelse)
+        elif isinstance(orelse, cst.Else):
+            orelse = orelse.with_changes(body=orelse.body.with_changes(body=self.block(block_body(orelse.body))))
+        return node.with_changes(body=node.body.with_changes(body=body), orelse=orelse)
+
+    def helper_call(self, statement: cst.SimpleStatementLine) -> cst.Call | None:
+        finder = _HelperCalls(set(self.helpers))
+        statement.visit(finder)
+        if not finder.calls:
+            return None
+        if len(finder.calls) > 1 or len(statement.body) > 1:
+            raise EmitError("an attention helper is called twice in one statement")
+        return finder.calls[0]
+
+    def inline(self, statement: cst.SimpleStatementLine, call: cst.Call) -> list[cst.BaseStatement]:
+        method = call.func.attr.value  # type: ignore[attr-defined]
+        found = self.facts.find_method(self.analysis.class_name, method)
+        assert found is not None
+        _, helper = found
+        bound = bind_arguments(helper, call)
+        if bound is None:
+            raise EmitError(f"cannot match the arguments of the call to `{method}`")
+        head_mask_params = [
+            name for name, value in bound.items() if walk_names(value) & set(self.analysis.head_mask_params)
+        ]
+        special = specialise(helper, Known(none=frozenset(head_mask_params)))
+        special = self.rename_collisions(special, bound, statement)
+        params = [p for p in [*special.params.posonly_params, *special.params.params] if p.name.value != "self"]
+        params += list(special.params.kwonly_params)
+        bound = bind_arguments(special, call)
+        assert bound is not None
+        for name, value in bound.items():
+            others = walk_names(value)
+            if any(other != name and other in bound for other in others):
+                raise EmitError(f"the arguments of `{method}` are passed crosswise")
+        prelude: list[cst.BaseStatement] = []
+        for param in params:
+            name = param.name.value
+            value = bound[name]
+            if isinstance(value, cst.Name) and value.value == name:
+                continue
+            prelude.append(
+                cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)])
+            )
+        result, candidate = trace_sdpa_path(self.facts, self.analysis.class_name, special)
+        emitter = SdpaEmitter(result, candidate, self.options)
+        body = emitter.block(block_body(special.body))
+        self.removed_reads |= emitter.removed_reads | set(bound)
+        if not body or not _is_final_return(body[-1]):
+            raise EmitError(f"`{method}` does not end with its only return statement")
+        returns = [node for node in _returns(body[:-1])]
+        if returns:
+            raise EmitError(f"`{method}` returns early")
+        final = body[-1]
+        assert isinstance(final, cst.SimpleStatementLine)
+        returned = final.body[0]
+        assert isinstance(returned, cst.Return)
+        value = returned.value if returned.value is not None else cst.Name("None")
+        replaced = replace_nodes(statement, {id(call): value})
+        self.inlined += 1
+        out: list[cst.BaseStatement] = [*prelude, *body[:-1]]
+        if out and hasattr(out[0], "leading_lines"):
+            # the comments above the call now sit above the inlined computation
+            out[0] = out[0].with_changes(leading_lines=statement.leading_lines)  # type: ignore[call-arg]
+            replaced = replaced.with_changes(leading_lines=[])
+        return [*out, replaced]
+
+    def rename_collisions(
+        self, helper: cst.FunctionDef, bound: dict[str, cst.BaseExpression], statement: cst.SimpleStatementLine
+    ) -> cst.FunctionDef:
+        """Helper locals that clash with forward's names get a trailing underscore."""
+        targets = set()
+        for small in statement.body:
+            if isinstance(small, cst.Assign):
+                for target in small.targets:
+                    targets.update(assigned_names(target.target))
+        locals_ = all_assigned_names(block_body(helper.body)) | set(bound)
+        same = {name for name, value in bound.items() if isinstance(value, cst.Name) and value.value == name}
+        clashes = (locals_ & self.forward_names) - same - targets
+        if not clashes:
+            return helper
+        taken = self.forward_names | locals_
+        mapping: dict[str, cst.BaseExpression] = {}
+        for name in sorted(clashes):
+            new = name + "_"
+            while new in taken:
+                new += "_"
+            taken.add(new)
+            mapping[name] = cst.Name(new)
+        body = replace_names(helper.body, mapping)
+        params = helper.params
+        renamed = params.with_changes(
+            params=[
+                p.with_changes(name=mapping[p.name.value]) if p.name.value in mapping else p for p in params.params
+            ]
+        )
+        return helper.with_changes(body=body, params=renamed)
+
+
+class _HelperCalls(cst.CSTVisitor):
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+        self.calls: list[cst.Call] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if (
+            isinstance(func, cst.Attribute)
+            and isinstance(func.value, cst.Name)
+            and func.value.value == "self"
+            and func.attr.value in self.names
+        ):
+            self.calls.append(node)
+
+
+def _is_final_return(statement: cst.BaseStatement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Return)
+    )
+
+
+def _returns(statements: Sequence[cst.BaseStatement]) -> list[cst.Return]:
+    finder = _ReturnFinder()
+    for statement in statements:
+        statement.visit(finder)
+    return finder.found
+
+
+class _ReturnFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found: list[cst.Return] = []
+
+    def visit_Return(self, node: cst.Return) -> None:
+        self.found.append(node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+

@@ -1,0 +1,1 @@
+"""Proving a port: load original and ported modules inside transformers, copy weights, compare (imports torch)."""
