@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
+from sdpa_port.analyse.lines import Lines, top_level_starts
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.recognise import contains_softmax, line_function
-from sdpa_port.discover.style import detect_style
+from sdpa_port.discover.screen import Screen, screen
 from sdpa_port.plan.class_style import ClassStylePlan, apply_class_style, plan_class_style
 from sdpa_port.result import PortResult, Status, Style
 
@@ -14,31 +16,40 @@ from sdpa_port.result import PortResult, Status, Style
 def port_source(source: str, *, style: Style | str = Style.AUTO, filename: str | None = None) -> PortResult:
     """Port one modeling file's source to SDPA. Never raises for bad input: errors come back as results."""
     style = Style(style)
+    where = f"{filename}:" if filename else "line "
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError) as error:
+        line = getattr(error, "lineno", None) or "?"
+        message = getattr(error, "msg", None) or str(error)
+        return PortResult(Status.ERROR, source, None, "syntax error", reasons=(f"{where}{line}: {message}",))
+    first = screen(tree)
+    chosen = (Style.INTERFACE if first.interface_machinery else Style.CLASS) if style is Style.AUTO else style
+    if first.supports_sdpa:
+        return PortResult(Status.UNCHANGED, source, chosen, "already supports SDPA")
+    if not first.softmax_classes:
+        return PortResult(Status.UNCHANGED, source, chosen, "no eager attention found")
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as error:
-        where = f"{filename}:" if filename else "line "
         return PortResult(Status.ERROR, source, None, "syntax error", reasons=(f"{where}{error.raw_line}: {error.message}",))
-    facts = ModuleFacts.of(module)
-    chosen = detect_style(facts) if style is Style.AUTO else style
-    if not contains_softmax(facts):
-        return PortResult(Status.UNCHANGED, source, chosen, "no eager attention found")
-    line_of = line_function(module)
+    facts = ModuleFacts.of(module, tree)
+    lines = Lines(module, top_level_starts(tree))
     if chosen is Style.CLASS:
-        return _port_class_style(module, facts, line_of)
+        return _port_class_style(module, facts, lines, first)
     from sdpa_port.plan.interface_style import port_interface_style
 
-    return port_interface_style(module, facts, line_of)
+    return port_interface_style(module, facts, lines, first)
 
 
-def _port_class_style(module: cst.Module, facts: ModuleFacts, line_of) -> PortResult:  # type: ignore[no-untyped-def]
-    planned = plan_class_style(module, facts, line_of)
+def _port_class_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen) -> PortResult:
+    planned = plan_class_style(module, facts, lines, first.softmax_classes)
     if isinstance(planned, PortResult):
         return planned
     assert isinstance(planned, ClassStylePlan)
     new_module, notes = apply_class_style(module, facts, planned)
     new_source = new_module.code
-    _check_compiles(new_source)
+    compile(new_source, "<sdpa-port>", "exec")
     sites = tuple(site for item in planned.classes for site in item.analysis.sites)
     return PortResult(
         Status.PORTED,
@@ -50,7 +61,3 @@ def _port_class_style(module: cst.Module, facts: ModuleFacts, line_of) -> PortRe
         attention_classes=tuple(item.analysis.class_name for item in planned.classes),
         sites=sites,
     )
-
-
-def _check_compiles(source: str) -> None:
-    compile(source, "<sdpa-port>", "exec")

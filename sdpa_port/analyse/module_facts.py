@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -11,53 +12,53 @@ from libcst.helpers import get_full_name_for_node
 from sdpa_port.analyse.names import ImportMap
 
 
-@dataclass(frozen=True)
 class ClassInfo:
-    """One top-level class: its bases, methods and the `self.x = ...` assignments of its methods."""
+    """One top-level class: its bases, methods and (computed on demand) the `self.x = ...` assignments."""
 
-    name: str
-    node: cst.ClassDef
-    bases: tuple[str, ...]
-    methods: dict[str, cst.FunctionDef]
-    # attribute -> every expression assigned to `self.<attribute>` in any method, in source order
-    attributes: dict[str, tuple[cst.BaseExpression, ...]]
-    # buffer name -> expression registered with register_buffer / nn.Buffer
-    buffers: dict[str, cst.BaseExpression]
-    # class-level simple assignments (`_supports_sdpa = True`)
-    class_vars: dict[str, cst.BaseExpression]
-
-    @classmethod
-    def of(cls, node: cst.ClassDef) -> "ClassInfo":
-        bases = tuple(get_full_name_for_node(arg.value) or "" for arg in node.bases)
-        methods: dict[str, cst.FunctionDef] = {}
-        class_vars: dict[str, cst.BaseExpression] = {}
+    def __init__(self, node: cst.ClassDef) -> None:
+        self.name = node.name.value
+        self.node = node
+        self.bases = tuple(get_full_name_for_node(arg.value) or "" for arg in node.bases)
+        self.methods: dict[str, cst.FunctionDef] = {}
+        self.class_vars: dict[str, cst.BaseExpression] = {}
         for stmt in node.body.body:
             if isinstance(stmt, cst.FunctionDef):
-                methods[stmt.name.value] = stmt
+                self.methods[stmt.name.value] = stmt
             elif isinstance(stmt, cst.SimpleStatementLine):
                 for small in stmt.body:
                     if isinstance(small, cst.Assign) and len(small.targets) == 1:
                         target = small.targets[0].target
                         if isinstance(target, cst.Name):
-                            class_vars[target.value] = small.value
+                            self.class_vars[target.value] = small.value
                     elif isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value:
-                        class_vars[small.target.value] = small.value
-        collector = _SelfAssignments()
-        for method in methods.values():
-            method.visit(collector)
-        return cls(
-            name=node.name.value,
-            node=node,
-            bases=bases,
-            methods=methods,
-            attributes={k: tuple(v) for k, v in collector.attributes.items()},
-            buffers=dict(collector.buffers),
-            class_vars=class_vars,
-        )
+                        self.class_vars[small.target.value] = small.value
+        self._collected: _SelfAssignments | None = None
+
+    @classmethod
+    def of(cls, node: cst.ClassDef) -> "ClassInfo":
+        return cls(node)
+
+    def _collect(self) -> "_SelfAssignments":
+        if self._collected is None:
+            collector = _SelfAssignments()
+            for method in self.methods.values():
+                method.visit(collector)
+            self._collected = collector
+        return self._collected
+
+    @property
+    def attributes(self) -> dict[str, list[cst.BaseExpression]]:
+        """attribute -> every expression assigned to `self.<attribute>` in any method, in source order"""
+        return self._collect().attributes
+
+    @property
+    def buffers(self) -> dict[str, cst.BaseExpression]:
+        """buffer name -> expression registered with register_buffer / nn.Buffer"""
+        return self._collect().buffers
 
     def attribute(self, name: str) -> cst.BaseExpression | None:
         """The single expression assigned to `self.<name>`, or None when absent or assigned several ways."""
-        values = self.attributes.get(name, ())
+        values = self._collect().attributes.get(name, [])
         if len(values) == 1:
             return values[0]
         if values and all(v.deep_equals(values[0]) for v in values):
@@ -117,9 +118,11 @@ class ModuleFacts:
     dicts: dict[str, cst.Dict]
     top_level_names: frozenset[str]
     order: tuple[str, ...] = field(default=())  # top-level class/function/assignment names in source order
+    # the same file read by the standard `ast` module: cheap structural queries over whole classes
+    tree: ast.Module | None = None
 
     @classmethod
-    def of(cls, module: cst.Module) -> "ModuleFacts":
+    def of(cls, module: cst.Module, tree: ast.Module | None = None) -> "ModuleFacts":
         classes: dict[str, ClassInfo] = {}
         functions: dict[str, cst.FunctionDef] = {}
         dicts: dict[str, cst.Dict] = {}
@@ -162,6 +165,7 @@ class ModuleFacts:
             dicts=dicts,
             top_level_names=frozenset(names),
             order=tuple(order),
+            tree=tree,
         )
 
     def mro(self, name: str) -> list[ClassInfo]:
@@ -194,7 +198,7 @@ class ModuleFacts:
     def find_attribute_values(self, class_name: str, attribute: str) -> tuple[cst.BaseExpression, ...]:
         for info in self.mro(class_name):
             if attribute in info.attributes:
-                return info.attributes[attribute]
+                return tuple(info.attributes[attribute])
         return ()
 
     def find_buffer(self, class_name: str, buffer: str) -> cst.BaseExpression | None:
@@ -219,6 +223,32 @@ class ModuleFacts:
             for name, info in self.classes.items()
             if any(base.split(".")[-1] == "PreTrainedModel" for base in info.bases)
         )
+
+    def classes_calling(self, names: set[str] | frozenset[str], attribute_of_self: bool = False) -> set[str]:
+        """Top-level classes with a call to one of `names` (as `name(...)`, or `self.name(...)`)."""
+        if self.tree is None:
+            return set(self.classes)
+        out: set[str] = set()
+        for node in self.tree.body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for inner in ast.walk(node):
+                if not isinstance(inner, ast.Call):
+                    continue
+                func = inner.func
+                if isinstance(func, ast.Name) and func.id in names and not attribute_of_self:
+                    out.add(node.name)
+                    break
+                if (
+                    attribute_of_self
+                    and isinstance(func, ast.Attribute)
+                    and func.attr in names
+                    and isinstance(func.value, ast.Name)
+                    and func.value.id == "self"
+                ):
+                    out.add(node.name)
+                    break
+        return out
 
     def has_module_logger(self) -> bool:
         return "logger" in self.top_level_names

@@ -10,6 +10,7 @@ import libcst as cst
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cstutil import code
+from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.site import AttentionSite, Refusal, Scaling, Term
 
@@ -42,47 +43,17 @@ class ClassAnalysis:
         return self.refusal is None and bool(self.sites)
 
 
-def line_function(module: cst.Module) -> LineOf:
-    from libcst.metadata import MetadataWrapper, PositionProvider
+def attention_classes(facts: ModuleFacts, lines: Lines, only: frozenset[str] | None = None) -> list[ClassAnalysis]:
+    """Every class whose forward computes eager attention (itself or through a helper method).
 
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    positions = wrapper.resolve(PositionProvider)
-
-    def line_of(node: cst.CSTNode) -> int:
-        position = positions.get(node)
-        return position.start.line if position is not None else 0
-
-    return line_of
-
-
-def contains_softmax(facts: ModuleFacts) -> bool:
-    """Cheap structural pre-check: any softmax call at all in the file."""
-    finder = _AnySoftmax(facts)
-    facts.module.visit(finder)
-    return finder.found
-
-
-class _AnySoftmax(cst.CSTVisitor):
-    def __init__(self, facts: ModuleFacts) -> None:
-        self.facts = facts
-        self.found = False
-
-    def visit_Call(self, node: cst.Call) -> bool:
-        if self.found:
-            return False
-        qualified = self.facts.imports.qualify(node.func) or ""
-        if qualified.endswith("softmax") or qualified.endswith("Softmax"):
-            self.found = True
-        elif isinstance(node.func, cst.Attribute) and node.func.attr.value in ("softmax",):
-            self.found = True
-        return True
-
-
-def attention_classes(facts: ModuleFacts, line_of: LineOf) -> list[ClassAnalysis]:
-    """Every class whose forward computes eager attention (itself or through a helper method)."""
+    `only` limits the search to classes known (from the ast screen) to contain a softmax or inherit one.
+    """
     out: list[ClassAnalysis] = []
     for name in facts.classes:
-        analysis = analyse_class(facts, name, line_of)
+        if only is not None and name not in only:
+            continue
+        lines.prepare(info.name for info in facts.mro(name))
+        analysis = analyse_class(facts, name, lines)
         if analysis is not None:
             out.append(analysis)
     return out

@@ -14,7 +14,8 @@ import libcst as cst
 from sdpa_port.analyse.cstutil import code
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.none_safety import none_safe
-from sdpa_port.analyse.recognise import ClassAnalysis, LineOf, attention_classes
+from sdpa_port.analyse.lines import Lines
+from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
 from sdpa_port.discover.style import attention_dicts, supports_sdpa
 from sdpa_port.render import render_module
 from sdpa_port.result import PortResult, Status, Style
@@ -75,11 +76,13 @@ def dict_name_for(class_name: str, facts: ModuleFacts) -> str:
     return name
 
 
-def plan_class_style(module: cst.Module, facts: ModuleFacts, line_of: LineOf) -> ClassStylePlan | PortResult:
+def plan_class_style(
+    module: cst.Module, facts: ModuleFacts, lines: Lines, only: frozenset[str] | None = None
+) -> ClassStylePlan | PortResult:
     """Decide every edit, or return the result that says why nothing is edited."""
     if supports_sdpa(facts):
         return PortResult(Status.UNCHANGED, module.code, Style.CLASS, "already supports SDPA")
-    analyses = attention_classes(facts, line_of)
+    analyses = attention_classes(facts, lines, only)
     if not analyses:
         return PortResult(Status.UNCHANGED, module.code, Style.CLASS, "no eager attention found")
     names = tuple(a.class_name for a in analyses)
@@ -90,7 +93,7 @@ def plan_class_style(module: cst.Module, facts: ModuleFacts, line_of: LineOf) ->
     dicts = attention_dicts(facts)
     dict_of = {entries["eager"]: name for name, entries in dicts.items()}
     attention_names = frozenset(names)
-    uses_causal_helper = _calls(module, mask_helpers.CAUSAL)
+    uses_causal_helper = bool(facts.classes_calling({mask_helpers.CAUSAL}))
     contract = uses_causal_helper and all(facts.find_attribute_values(a.class_name, "is_causal") for a in analyses)
     reasons: list[str] = []
     for analysis in analyses:
@@ -98,7 +101,8 @@ def plan_class_style(module: cst.Module, facts: ModuleFacts, line_of: LineOf) ->
         if analysis.class_name in dict_of:
             registration = Registration(dict_of[analysis.class_name], create=False)
         else:
-            sites = register.construction_sites(module, analysis.class_name, attention_names)
+            owners = facts.classes_calling({analysis.class_name})
+            sites = register.construction_sites(module, analysis.class_name, attention_names, owners)
             if not sites:
                 plan.warnings.append(f"{analysis.class_name} is not constructed in this file; it is left eager")
                 continue
@@ -151,13 +155,19 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
                 module, item.name, registration.dict_name, [("eager", item.analysis.class_name), ("sdpa", item.name)]
             )
             skip = frozenset({item.analysis.class_name, item.name})
-            module, count = register.select_from_dict(module, item.analysis.class_name, registration.dict_name, skip)
+            owners = facts.classes_calling({item.analysis.class_name})
+            module, count = register.select_from_dict(
+                module, item.analysis.class_name, registration.dict_name, skip, owners
+            )
             notes.append(f"created {registration.dict_name}; {count} construction(s) select from it")
         else:
             module = register.add_dict_entry(module, registration.dict_name, "sdpa", item.name)
             notes.append(f'registered "sdpa": {item.name} in {registration.dict_name}')
     if plan.masks is not None:
-        module, report = mask_helpers.swap_mask_helpers(module, facts.imports, plan.masks)
+        callers = facts.classes_calling({mask_helpers.CAUSAL, mask_helpers.PLAIN}) | facts.classes_calling(
+            {mask_helpers.EXTENDED}, attribute_of_self=True
+        )
+        module, report = mask_helpers.swap_mask_helpers(module, facts.imports, plan.masks, callers)
         for swap in report.swapped:
             notes.append(f"mask helper for SDPA in {swap}")
         needed.extend(("modeling_attn_mask_utils", name) for name in sorted(report.needed_imports))
@@ -224,22 +234,6 @@ def _call_arguments(params: cst.Parameters) -> str:
     if params.star_kwarg is not None:
         parts.append(f"**{params.star_kwarg.name.value}")
     return ", ".join(parts)
-
-
-def _calls(module: cst.Module, name: str) -> bool:
-    finder = _CallsNamed(name)
-    module.visit(finder)
-    return finder.found
-
-
-class _CallsNamed(cst.CSTVisitor):
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.found = False
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if isinstance(node.func, cst.Name) and node.func.value == self.name:
-            self.found = True
 
 
 __all__ = ["plan_class_style", "apply_class_style", "ClassStylePlan", "code"]

@@ -6,11 +6,12 @@ from typing import Iterable
 
 import libcst as cst
 
+from sdpa_port.rewrite.targeted import transform_named
+
 
 def set_class_flag(module: cst.Module, classes: Iterable[str], name: str, value: str = "True") -> cst.Module:
-    result = module.visit(_SetFlag(frozenset(classes), name, value))
-    assert isinstance(result, cst.Module)
-    return result
+    names = frozenset(classes)
+    return transform_named(module, names, _SetFlag(names, name, value))
 
 
 class _SetFlag(cst.CSTTransformer):

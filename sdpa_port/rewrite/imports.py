@@ -1,4 +1,7 @@
-"""Schedule the imports a port needs, through libcst's AddImportsVisitor."""
+"""Add the imports a port needs by editing top-level import lines only.
+
+libcst's AddImportsVisitor would do the same with a whole-module visit, which costs more than the rest of a port.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,6 @@ from typing import Iterable
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
 
 from sdpa_port.analyse.names import ImportMap
 
@@ -28,27 +29,41 @@ def sibling_module(imports: ImportMap, basename: str) -> tuple[str, int]:
 
 
 def add_imports(module: cst.Module, imports: ImportMap, needed: Iterable[tuple[str, str | None]]) -> cst.Module:
-    """`needed` holds (transformers module basename or plain module, name or None for `import module`)."""
-    context = CodemodContext()
-    count = 0
+    """`needed` holds (transformers module basename or plain module, name or None for `import module`).
+
+    A name joins an existing `from <module> import ...` when there is one; otherwise a new import line goes after the
+    last top-level import.
+    """
     for basename, obj in needed:
         if obj is None:
-            if basename not in imports.aliases:
-                AddImportsVisitor.add_needed_import(context, basename)
-                count += 1
-            continue
-        if obj in imports.aliases:
-            continue
-        dotted, level = sibling_module(imports, basename)
-        extended = _extend_existing(module, dotted, level, obj)
-        if extended is not None:
-            module = extended
-            continue
-        AddImportsVisitor.add_needed_import(context, dotted, obj, relative=level)
-        count += 1
-    if not count:
-        return module
-    return AddImportsVisitor(context).transform_module(module)
+            if basename in imports.aliases:
+                continue
+            statement = cst.parse_statement(f"import {basename}")
+        else:
+            if obj in imports.aliases:
+                continue
+            dotted, level = sibling_module(imports, basename)
+            extended = _extend_existing(module, dotted, level, obj)
+            if extended is not None:
+                module = extended
+                continue
+            statement = cst.parse_statement(f"from {'.' * level}{dotted} import {obj}")
+        module = _insert_import(module, statement)
+    return module
+
+
+def _insert_import(module: cst.Module, statement: cst.BaseStatement) -> cst.Module:
+    body = list(module.body)
+    position = 0
+    for index, existing in enumerate(body):
+        if isinstance(existing, cst.SimpleStatementLine) and all(
+            isinstance(s, (cst.Import, cst.ImportFrom)) for s in existing.body
+        ):
+            position = index + 1
+        elif isinstance(existing, (cst.ClassDef, cst.FunctionDef)):
+            break
+    body.insert(position, statement)
+    return module.with_changes(body=body)
 
 
 def _extend_existing(module: cst.Module, dotted: str, level: int, obj: str) -> cst.Module | None:

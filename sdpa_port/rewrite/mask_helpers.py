@@ -9,6 +9,7 @@ import libcst as cst
 from sdpa_port.analyse.cstutil import expr
 from sdpa_port.analyse.names import ImportMap
 from sdpa_port.analyse.patterns import arg
+from sdpa_port.rewrite.targeted import transform_named
 
 CAUSAL = "_prepare_4d_causal_attention_mask"
 PLAIN = "_prepare_4d_attention_mask"
@@ -32,11 +33,13 @@ class MaskSwapReport:
     skipped: list[str] = field(default_factory=list)
 
 
-def swap_mask_helpers(module: cst.Module, imports: ImportMap, plan: MaskSwapPlan) -> tuple[cst.Module, MaskSwapReport]:
+def swap_mask_helpers(
+    module: cst.Module, imports: ImportMap, plan: MaskSwapPlan, callers: set[str]
+) -> tuple[cst.Module, MaskSwapReport]:
+    """`callers`: the classes that call a mask helper (found cheaply beforehand)."""
     report = MaskSwapReport()
     transformer = _Swap(imports, plan, report)
-    result = module.visit(transformer)
-    assert isinstance(result, cst.Module)
+    result = transform_named(module, callers & plan.classes, transformer)
     return result, report
 
 

@@ -6,11 +6,12 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.rewrite.insert_classes import insert_after
+from sdpa_port.rewrite.targeted import transform_named, visit_named
 
 
 def add_dict_entry(module: cst.Module, dict_name: str, key: str, class_name: str) -> cst.Module:
     """`{"eager": X, ...}` gains `"<key>": <class_name>` as its last entry."""
-    return module.visit(_AddEntry(dict_name, key, class_name))  # type: ignore[return-value]
+    return transform_named(module, {dict_name}, _AddEntry(dict_name, key, class_name))
 
 
 class _AddEntry(cst.CSTTransformer):
@@ -56,18 +57,20 @@ def create_dict(module: cst.Module, after: str, dict_name: str, entries: list[tu
 
 
 def select_from_dict(
-    module: cst.Module, class_name: str, dict_name: str, skip_classes: frozenset[str]
+    module: cst.Module, class_name: str, dict_name: str, skip_classes: frozenset[str], owners: set[str]
 ) -> tuple[cst.Module, int]:
-    """`Cls(config, ...)` in other classes becomes `DICT[config._attn_implementation](config, ...)`."""
+    """`Cls(config, ...)` in `owners` becomes `DICT[config._attn_implementation](config, ...)`."""
     transformer = _Select(class_name, dict_name, skip_classes)
-    result = module.visit(transformer)
-    return result, transformer.replaced  # type: ignore[return-value]
+    result = transform_named(module, owners - skip_classes, transformer)
+    return result, transformer.replaced
 
 
-def construction_sites(module: cst.Module, class_name: str, skip_classes: frozenset[str]) -> list[tuple[str, bool]]:
-    """(enclosing class, has `config` in scope) for every `Cls(...)` call outside skip_classes."""
+def construction_sites(
+    module: cst.Module, class_name: str, skip_classes: frozenset[str], owners: set[str]
+) -> list[tuple[str, bool]]:
+    """(enclosing class, has `config` in scope) for every `Cls(...)` call in `owners` outside skip_classes."""
     finder = _Constructions(class_name, skip_classes)
-    module.visit(finder)
+    visit_named(module, owners - skip_classes, finder)
     return finder.sites
 
 

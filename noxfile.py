@@ -1,0 +1,52 @@
+"""Test sessions. `nox` runs them all; each builds its own virtualenv.
+
+- unit:   the pure tool (no torch): analysis, passes, golden files, CLI.
+- tf440:  transformers 4.40.2 + torch 2.13.0 CPU: class-style acceptance on real files, with parity.
+- tf523:  transformers 5.23.0 + torch 2.13.0 CPU: interface-style acceptance on real files, with parity.
+- corpus: every PyTorch modeling file of both releases, read from their wheels, ported in one batch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["unit", "tf440", "tf523", "corpus"]
+nox.options.reuse_existing_virtualenvs = True
+
+TORCH = "torch==2.13.0"  # installed first: a CPU build from this machine's disk, never a CUDA download
+PYTEST = "pytest>=7"
+
+
+def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
+    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *args, *session.posargs, env=env or {})
+
+
+@nox.session
+def unit(session: nox.Session) -> None:
+    session.install("-e", ".", PYTEST)
+    _pytest(session, "tests/unit", "-q")
+
+
+@nox.session
+def tf440(session: nox.Session) -> None:
+    session.install(TORCH)
+    session.install("transformers==4.40.2", "-e", ".", PYTEST)
+    _pytest(session, "tests/acceptance", "-m", "tf440", "-q", env={"SDPA_PORT_REQUIRE": "tf440"})
+
+
+@nox.session
+def tf523(session: nox.Session) -> None:
+    session.install(TORCH)
+    session.install("transformers==5.23.0", "-e", ".", PYTEST)
+    _pytest(session, "tests/acceptance", "-m", "tf523", "-q", env={"SDPA_PORT_REQUIRE": "tf523"})
+
+
+@nox.session
+def corpus(session: nox.Session) -> None:
+    session.install("-e", ".", PYTEST)
+    cache = os.path.join(os.getcwd(), ".cache", "wheels")
+    for version in ("4.40.2", "5.23.0"):
+        session.run("python", "-m", "pip", "download", "--no-deps", "-q", "-d", cache, f"transformers=={version}")
+    _pytest(session, "tests/corpus", "-m", "corpus", "-q", env={"SDPA_PORT_WHEELS": cache, "SDPA_PORT_REQUIRE": "corpus"})

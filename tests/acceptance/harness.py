@@ -1,0 +1,88 @@
+"""Shared steps of the acceptance tests: read a real modeling file, port it, load it, sabotage it."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+
+from sdpa_port import Status, port_source
+
+SDPA_CALL = "torch.nn.functional.scaled_dot_product_attention"
+
+
+@dataclass(frozen=True)
+class Case:
+    base: str
+    lm: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def modeling_path(model: str) -> Path:
+    import transformers
+
+    return Path(transformers.__file__).parent / "models" / model / f"modeling_{model}.py"
+
+
+def port_file(model: str) -> str:
+    result = port_source(modeling_path(model).read_text(encoding="utf-8"), filename=f"modeling_{model}.py")
+    assert result.status is Status.PORTED, (result.status, result.detail, result.reasons)
+    return result.source
+
+
+def load(model: str, source: str, directory: Path, tag: str = "port"):  # type: ignore[no-untyped-def]
+    from sdpa_port.verify.loader import load_source_in_package
+
+    return load_source_in_package(source, f"transformers.models.{model}", directory, f"modeling_{model}_{tag}")
+
+
+def original(model: str):  # type: ignore[no-untyped-def]
+    return importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+
+
+def record(report: str, key: str, value: Any) -> None:
+    """Append a figure to $SDPA_PORT_REPORT_DIR/<report>.jsonl (for closing notes); no-op when unset."""
+    directory = os.environ.get("SDPA_PORT_REPORT_DIR")
+    if not directory:
+        return
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    with open(Path(directory) / f"{report}.jsonl", "a", encoding="utf-8") as stream:
+        stream.write(json.dumps({"key": key, "value": value}) + "\n")
+
+
+class _Sabotage(cst.CSTTransformer):
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.count = 0
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        from libcst.helpers import get_full_name_for_node
+
+        if get_full_name_for_node(updated.func) != SDPA_CALL:
+            return updated
+        self.count += 1
+        if self.kind == "mask":
+            return updated.with_changes(args=[a for a in updated.args if not (a.keyword and a.keyword.value == "attn_mask")])
+        if self.kind == "scale":
+            args = []
+            for a in updated.args:
+                if a.keyword and a.keyword.value == "scale":
+                    a = a.with_changes(value=cst.parse_expression(f"({cst.Module([]).code_for_node(a.value)}) * 0.5"))
+                args.append(a)
+            return updated.with_changes(args=args)
+        if self.kind == "output":
+            return cst.BinaryOperation(left=updated, operator=cst.Add(), right=cst.Float("1e-2"))
+        raise ValueError(self.kind)
+
+
+def sabotage(source: str, kind: str) -> str:
+    """The port with every SDPA call broken: `mask` drops attn_mask, `scale` halves it, `output` adds 1e-2."""
+    transformer = _Sabotage(kind)
+    result = cst.parse_module(source).visit(transformer)
+    assert transformer.count > 0, "no SDPA call to sabotage"
+    return result.code
