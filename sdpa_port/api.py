@@ -24,6 +24,9 @@ def port_source(source: str, *, style: Style | str = Style.AUTO, filename: str |
         message = getattr(error, "msg", None) or str(error)
         return PortResult(Status.ERROR, source, None, "syntax error", reasons=(f"{where}{line}: {message}",))
     first = screen(tree)
+    if not first.modeling:
+        detail = "not a modeling file: it neither imports torch nor defines a module class"
+        return PortResult(Status.ERROR, source, None, "not a modeling file", reasons=(f"{filename or 'input'}: {detail}",))
     chosen = (Style.INTERFACE if first.interface_machinery else Style.CLASS) if style is Style.AUTO else style
     if first.supports_sdpa:
         return PortResult(Status.UNCHANGED, source, chosen, "already supports SDPA")

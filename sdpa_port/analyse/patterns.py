@@ -288,17 +288,18 @@ def softmax_call(node: cst.BaseExpression, scope: Scope) -> SoftmaxCall | None:
         if operand is None:
             return None
         return SoftmaxCall(operand, "functional", arg(node, 1, "dim"), arg(node, 2, "dtype") is not None)
+    func = node.func
+    attribute = self_attribute_name(func)
+    if attribute is not None:
+        value = scope.self_attribute(attribute)
+        if isinstance(value, cst.Call) and scope.qualify(value.func) in SOFTMAX_MODULES and len(node.args) == 1:
+            return SoftmaxCall(node.args[0].value, "module_attribute", arg(value, 0, "dim"), False)
+        return None
     receiver = method_call(node, {"softmax"})
     if receiver is not None:
         return SoftmaxCall(receiver[0], "method", arg(node, 0, "dim"), arg(node, 1, "dtype") is not None)
-    func = node.func
     if isinstance(func, cst.Call) and scope.qualify(func.func) in SOFTMAX_MODULES and len(node.args) == 1:
         return SoftmaxCall(node.args[0].value, "module", arg(func, 0, "dim"), False)
-    attribute = self_attribute_name(func)
-    if attribute is not None and len(node.args) == 1:
-        value = scope.self_attribute(attribute)
-        if isinstance(value, cst.Call) and scope.qualify(value.func) in SOFTMAX_MODULES:
-            return SoftmaxCall(node.args[0].value, "module_attribute", arg(value, 0, "dim"), False)
     return None
 
 

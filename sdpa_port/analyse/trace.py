@@ -193,7 +193,7 @@ class _Poison(Exception):
     def __init__(self, reason: str, cids: set[int]) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.cids = cids
+        self.cids = {cid for cid in cids if cid >= 0}  # -1 marks a product that has not started a chain yet
 
 
 class _NotChain(Exception):
@@ -409,7 +409,16 @@ class Tracer:
             self.expression_statement(small, depth, line)
         elif isinstance(small, cst.Return):
             self.returns.append(small)
-            if small.value is not None:
+            output = self.find_output(small.value) if small.value is not None else None
+            if output is not None:
+                assert small.value is not None
+                self.output_statement(small, small.value, output, [], depth, line)
+            elif small.value is not None:
+                if not self.weights_passed_along(small.value):
+                    for cid in self.chain_value_refs(small.value):
+                        self.candidates[cid].poisoned(
+                            f"the probabilities are used after the product with V, in `{_short(small.value)}`", line
+                        )
                 self.keep_expression(small.value, line, id(small), allow_probs=True)
         else:
             self.keep_expression(small, line, id(small))
@@ -424,6 +433,11 @@ class Tracer:
             self.output_statement(small, value, output, names, depth, line)
             return
         if self.reads_only_weights(value):
+            if not self.weights_passed_along(value):
+                for cid in self.chain_value_refs(value):
+                    self.candidates[cid].poisoned(
+                        f"the probabilities are used after the product with V, in `{_short(value)}`", line
+                    )
             self.keep_expression(value, line, id(small), allow_probs=True)
             self.bind_plain(targets, value)
             return
@@ -525,8 +539,10 @@ class Tracer:
             base, ops = self.decompose(product.left, line)
         except (_NotChain, _Poison) as error:  # pragma: no cover - find_output checked the operand
             raise AssertionError(str(error))
-        if base.stage != PROBS:
+        if self.advance(base, ops).stage != PROBS:
             self.candidates[base.cid].poisoned("the scores reach the product with V without a softmax", line)
+        if self.candidates[base.cid].stage == OUT:
+            self.candidates[base.cid].poisoned("the probabilities are multiplied by a second tensor", line)
         if self.chain_refs(product.right):
             self.candidates[base.cid].poisoned("the value operand depends on the scores", line)
         rank = product.rank if product.rank is not None else base.rank
@@ -539,9 +555,13 @@ class Tracer:
         candidate = self.candidates[base.cid]
         candidate.stage = OUT
         self.output_seen = True
-        # the rest of the statement must not read the chain
+        # the rest of the statement may only pass the weights along (`return output, weights`)
         for name, read in self.chain_names_in(value, exclude=node):
-            candidate.poisoned(f"the statement with the product with V also reads `{name}`", line)
+            value_of = self.env.get(name)
+            if isinstance(value_of, ChainVal) and value_of.stage == PROBS and self.weights_passed_along(value, node):
+                self.probs_after_output.add(name)
+            else:
+                candidate.poisoned(f"the statement with the product with V also reads `{name}`", line)
         for name in names:
             self.env.pop(name, None)
         self.note_assignment(names)
@@ -588,7 +608,7 @@ class Tracer:
     def decompose_call(self, node: cst.Call, line: int) -> tuple[ChainVal, list[Op]]:
         qualified = self.scope.qualify(node.func)
         found = p.method_call(node)
-        if found is not None and self.chain_value_refs(found[0]):
+        if found is not None and self.chain_or_start(found[0]):
             receiver, name = found
             base, ops = self.decompose(receiver, line)
             current = self.advance(base, ops)
@@ -614,10 +634,10 @@ class Tracer:
             condition, when_true, when_false = (a.value for a in node.args)
             if self.chain_value_refs(condition):
                 raise _Poison("the scores decide their own mask", self.chain_value_refs(condition))
-            if self.chain_value_refs(when_true) and not self.chain_value_refs(when_false):
+            if self.chain_or_start(when_true) and not self.chain_value_refs(when_false):
                 base, ops = self.decompose(when_true, line)
                 return base, [*ops, self.fill(condition, when_false, True, line, base.cid)]
-            if self.chain_value_refs(when_false) and not self.chain_value_refs(when_true):
+            if self.chain_or_start(when_false) and not self.chain_value_refs(when_true):
                 base, ops = self.decompose(when_false, line)
                 return base, [*ops, self.fill(condition, when_true, False, line, base.cid)]
         if qualified == "torch.masked_fill" and len(node.args) == 3:
@@ -626,7 +646,7 @@ class Tracer:
         if qualified in p.MAXIMUM_FUNCTIONS:
             operand = p.arg(node, 0, "input")
             bound = p.arg(node, 1, "min" if "clamp" in (qualified or "") else "other")
-            if operand is not None and bound is not None and self.chain_value_refs(operand) and not self.chain_value_refs(bound):
+            if operand is not None and bound is not None and self.chain_or_start(operand) and not self.chain_value_refs(bound):
                 if p.is_very_negative(bound, self.scope) and p.arg(node, 2, "max") is None:
                     base, ops = self.decompose(operand, line)
                     return base, [*ops, Guard()]
@@ -636,7 +656,7 @@ class Tracer:
         raise _NotChain()
 
     def decompose_binary(self, node: cst.BinaryOperation, line: int) -> tuple[ChainVal, list[Op]]:
-        left_refs, right_refs = self.chain_value_refs(node.left), self.chain_value_refs(node.right)
+        left_refs, right_refs = self.chain_or_start(node.left), self.chain_or_start(node.right)
         operator = node.operator
         if not left_refs and not right_refs:
             raise _NotChain()
@@ -660,13 +680,18 @@ class Tracer:
 
     def add_two_chains(self, node: cst.BinaryOperation, line: int) -> tuple[ChainVal, list[Op]]:
         """`scores + relative_scores`: the chain that continues is the older one; the other is an additive term."""
-        left_cids, right_cids = self.chain_value_refs(node.left), self.chain_value_refs(node.right)
+        left_cids, right_cids = self.chain_or_start(node.left), self.chain_or_start(node.right)
         if len(left_cids | right_cids) != 2 or left_cids & right_cids:
             raise _Poison("the scores are added to themselves", left_cids | right_cids)
-        main_left = min(left_cids) < min(right_cids)
+        def age(cids: set[int]) -> float:
+            return min(cids) if min(cids) >= 0 else float("inf")  # a product starting here is the newest
+
+        main_left = age(left_cids) < age(right_cids)
         chain_side, other = (node.left, node.right) if main_left else (node.right, node.left)
-        absorbed = max(left_cids | right_cids)
-        self.candidates[absorbed].absorbed = True
+        absorbed = right_cids if main_left else left_cids
+        for cid in absorbed:
+            if cid >= 0:
+                self.candidates[cid].absorbed = True
         base, ops = self.decompose(chain_side, line)
         current = self.advance(base, ops)
         return base, [*ops, AddTerm(other, current.rank)]
@@ -924,12 +949,10 @@ class Tracer:
             name = targets[0].value
             previous = self.env.get(name)
             node = value
-            if name in _names_in(value):
-                node = replace_names(value, {name: previous.node}) if isinstance(previous, ExprVal) else None  # type: ignore[assignment]
-            if node is not None:
-                self.env[name] = ExprVal(node)
-            else:
-                self.env.pop(name, None)
+            if name in _names_in(value) and isinstance(previous, ExprVal):
+                # `x = x * 2`: the stored expression reads the previous value of x
+                node = replace_names(value, {name: previous.node})
+            self.env[name] = ExprVal(node)
         elif (
             len(targets) == 1
             and isinstance(targets[0], cst.Tuple)
@@ -950,7 +973,8 @@ class Tracer:
     def poison_statement(self, poison: _Poison, value: cst.BaseExpression, names: list[str], line: int) -> None:
         for cid in poison.cids:
             self.candidates[cid].poisoned(poison.reason, line)
-        stage = SCORES
+        stages = [v.stage for v in (self.env.get(n) for n in _names_in(value)) if isinstance(v, ChainVal)]
+        stage = PROBS if PROBS in stages or OUT in stages else SCORES
         if _contains_softmax(value, self.scope):
             stage = PROBS
         cid = min(poison.cids) if poison.cids else None
@@ -988,6 +1012,26 @@ class Tracer:
                 out.add(value.cid)
         return out
 
+    def chain_or_start(self, node: cst.CSTNode) -> set[int]:
+        """Chains read by an expression, or {-1} when it holds a query-key product that would start one."""
+        refs = self.chain_value_refs(node)
+        if refs:
+            return refs
+        finder = _Products(self.scope)
+        node.visit(finder)
+        for product_node, product in finder.found:
+            if self.selected_start is not None and id(product_node) != self.selected_start:
+                continue
+            if self.chain_value_refs(product.left) or self.chain_value_refs(product.right):
+                continue
+            if product.form == "einsum":
+                roles = p.einsum_roles(product.spec or "")
+                if roles is not None and roles.kind == "scores":
+                    return {-1}
+            elif self.untranspose(product.right, product.rank) is not None:
+                return {-1}
+        return set()
+
     def reads_only_weights(self, node: cst.CSTNode) -> bool:
         """After the product with V, a statement that reads the probabilities only passes the weights along."""
         if not self.output_seen:
@@ -996,6 +1040,24 @@ class Tracer:
         node.visit(finder)
         values = [self.env[n.value] for n in finder.plain]
         return bool(values) and all(isinstance(v, ChainVal) and v.stage in (PROBS, OUT) for v in values)
+
+    def weights_passed_along(self, node: cst.BaseExpression, exclude: cst.CSTNode | None = None) -> bool:
+        """The probabilities appear only as themselves, in tuples, or as either side of a conditional expression."""
+        if node is exclude or isinstance(node, cst.Name):
+            return True
+        if isinstance(node, (cst.Tuple, cst.List)):
+            return all(self.weights_passed_along(e.value, exclude) for e in node.elements)
+        if isinstance(node, cst.IfExp):
+            return not self.chain_value_refs(node.test) and all(
+                self.weights_passed_along(part, exclude) for part in (node.body, node.orelse)
+            )
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+            return self.weights_passed_along(node.left, exclude) and self.weights_passed_along(node.right, exclude)
+        if exclude is not None:
+            finder = _ChainReads(self.env, exclude)
+            node.visit(finder)
+            return not finder.plain
+        return not self.chain_value_refs(node)
 
     def chain_value_refs(self, node: cst.CSTNode | None) -> set[int]:
         """Chains whose values an expression reads (`.dtype`, `.device`, shapes and `expand_as` excluded)."""
@@ -1115,7 +1177,7 @@ class Tracer:
         value.visit(finder)
         for node, product in finder.found:
             refs = self.chain_refs(product.left)
-            if not refs:
+            if not refs and not (self.selected_start is None and _contains_softmax(product.left, self.scope)):
                 continue
             try:
                 base, ops = self.decompose(product.left, 0)

@@ -18,6 +18,7 @@ class Screen:
     interface_machinery: bool  # imports masking_utils or ALL_ATTENTION_FUNCTIONS
     uses_attention_interface: bool  # dispatches through ALL_ATTENTION_FUNCTIONS already
     softmax_functions: frozenset[str]  # top-level functions that call a softmax (eager_attention_forward...)
+    modeling: bool = True  # imports torch or defines a module class: a modeling file at all
 
 
 def screen(tree: ast.Module) -> Screen:
@@ -69,7 +70,18 @@ def screen(tree: ast.Module) -> Screen:
         for name, node in classes.items():
             if name not in found and _calls_any(node, functions):
                 found.add(name)
-    return Screen(supports, frozenset(found), interface, dispatches, frozenset(functions))
+    modeling = any(_imports_torch(node) for node in tree.body) or any(
+        any(base.endswith(("Module", "PreTrainedModel")) for base in _base_names(node)) for node in classes.values()
+    )
+    return Screen(supports, frozenset(found), interface, dispatches, frozenset(functions), modeling)
+
+
+def _imports_torch(node: ast.stmt) -> bool:
+    if isinstance(node, ast.Import):
+        return any(alias.name.split(".")[0] == "torch" for alias in node.names)
+    if isinstance(node, ast.ImportFrom):
+        return (node.module or "").split(".")[0] == "torch"
+    return False
 
 
 def _base_names(node: ast.ClassDef) -> set[str]:

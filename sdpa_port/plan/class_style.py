@@ -200,6 +200,7 @@ def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
     prelude = [s for s in template_forward.body.body if not _is_pass(s)]  # type: ignore[union-attr]
     new_forward = template_forward.with_changes(
         params=forward.params,
+        whitespace_before_params=forward.whitespace_before_params,
         returns=forward.returns,
         decorators=forward.decorators,
         asynchronous=forward.asynchronous,
@@ -219,6 +220,15 @@ def _is_pass(statement: cst.BaseStatement) -> bool:
 
 
 def _call_arguments(params: cst.Parameters) -> str:
+    """The arguments that pass every parameter on to `super().forward`, on one line or one per line if long."""
+    parts = _argument_list(params)
+    one_line = ", ".join(parts)
+    if len(one_line) <= 70:
+        return one_line
+    return "\n" + "".join(f"                {part},\n" for part in parts) + "            "
+
+
+def _argument_list(params: cst.Parameters) -> list[str]:
     parts: list[str] = []
     positional = [p for p in [*params.posonly_params, *params.params] if p.name.value != "self"]
     for index, param in enumerate(positional):
@@ -233,7 +243,7 @@ def _call_arguments(params: cst.Parameters) -> str:
         parts.append(f"{param.name.value}={param.name.value}")
     if params.star_kwarg is not None:
         parts.append(f"**{params.star_kwarg.name.value}")
-    return ", ".join(parts)
+    return parts
 
 
 __all__ = ["plan_class_style", "apply_class_style", "ClassStylePlan", "code"]

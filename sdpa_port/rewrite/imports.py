@@ -32,13 +32,13 @@ def add_imports(module: cst.Module, imports: ImportMap, needed: Iterable[tuple[s
     """`needed` holds (transformers module basename or plain module, name or None for `import module`).
 
     A name joins an existing `from <module> import ...` when there is one; otherwise a new import line goes after the
-    last top-level import.
+    last leading import of its kind.
     """
     for basename, obj in needed:
         if obj is None:
             if basename in imports.aliases:
                 continue
-            statement = cst.parse_statement(f"import {basename}")
+            statement = _line(f"import {basename}")
         else:
             if obj in imports.aliases:
                 continue
@@ -47,21 +47,33 @@ def add_imports(module: cst.Module, imports: ImportMap, needed: Iterable[tuple[s
             if extended is not None:
                 module = extended
                 continue
-            statement = cst.parse_statement(f"from {'.' * level}{dotted} import {obj}")
+            statement = _line(f"from {'.' * level}{dotted} import {obj}")
         module = _insert_import(module, statement)
     return module
 
 
-def _insert_import(module: cst.Module, statement: cst.BaseStatement) -> cst.Module:
+def _line(text: str) -> cst.SimpleStatementLine:
+    statement = cst.parse_statement(text)
+    assert isinstance(statement, cst.SimpleStatementLine)
+    return statement
+
+
+def _insert_import(module: cst.Module, statement: cst.SimpleStatementLine) -> cst.Module:
     body = list(module.body)
+    plain = isinstance(statement.body[0], cst.Import)
     position = 0
+    last_plain: int | None = None
     for index, existing in enumerate(body):
         if isinstance(existing, cst.SimpleStatementLine) and all(
             isinstance(s, (cst.Import, cst.ImportFrom)) for s in existing.body
         ):
             position = index + 1
+            if isinstance(existing.body[0], cst.Import):
+                last_plain = index + 1
         elif isinstance(existing, (cst.ClassDef, cst.FunctionDef)):
             break
+    if plain and last_plain is not None:
+        position = last_plain
     body.insert(position, statement)
     return module.with_changes(body=body)
 

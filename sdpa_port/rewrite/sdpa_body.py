@@ -536,11 +536,16 @@ class SdpaEmitter:
                 args=[cst.Arg(cst.Attribute(value=_paren(plan.output.value), attr=cst.Name("dtype")))],
             )
         new_small = replace_nodes(small, {id(plan.output.node): call})
-        out.append(line.with_changes(body=[new_small]))
         own = self.assigned_by(small)
-        for name in sorted(self.probs_after_output - own):
-            out.append(_assign(name, cst.Name("None")))
-            self.removed_reads.add(name)
+        weights = [_assign(name, cst.Name("None")) for name in sorted(self.probs_after_output - own)]
+        self.removed_reads.update(self.probs_after_output - own)
+        if isinstance(small, cst.Return):
+            # `return sdpa(...), weights`: the weights are None on the SDPA path
+            out.extend(weights)
+            out.append(line.with_changes(body=[new_small]))
+        else:
+            out.append(line.with_changes(body=[new_small]))
+            out.extend(weights)
         self.removed_reads |= walk_names(plan.output.node) - walk_names(plan.output.value)
         return out
 

@@ -1,0 +1,134 @@
+"""The CLI contract: exit codes, what is written where, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sdpa_port.cli import port_app
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+runner = CliRunner()
+
+
+def invoke(*args: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(port_app, [str(a) for a in args])
+
+
+@pytest.fixture
+def decoder(tmp_path: Path) -> Path:
+    target = tmp_path / "modeling_tiny_decoder.py"
+    shutil.copy(FIXTURES / "class_style" / "modeling_tiny_decoder.py", target)
+    return target
+
+
+def test_port_in_place_exit_0(decoder: Path) -> None:
+    result = invoke(decoder)
+    assert result.exit_code == 0, result.output
+    assert decoder.read_text() == (FIXTURES / "golden" / "modeling_tiny_decoder.py").read_text()
+    assert "ported:" in result.stdout
+
+
+def test_nothing_to_do_exit_0(decoder: Path) -> None:
+    invoke(decoder)
+    before = decoder.read_text()
+    result = invoke(decoder)
+    assert result.exit_code == 0 and "already supports SDPA" in result.stdout
+    assert decoder.read_text() == before
+
+
+def test_output_leaves_input_untouched(decoder: Path, tmp_path: Path) -> None:
+    before = decoder.read_text()
+    destination = tmp_path / "out.py"
+    result = invoke(decoder, "-o", destination)
+    assert result.exit_code == 0
+    assert decoder.read_text() == before
+    assert destination.read_text() == (FIXTURES / "golden" / "modeling_tiny_decoder.py").read_text()
+
+
+def test_check_exit_1_writes_nothing(decoder: Path) -> None:
+    before = decoder.read_text()
+    result = invoke(decoder, "--check")
+    assert result.exit_code == 1
+    assert decoder.read_text() == before
+
+
+def test_diff_exit_1_prints_unified_diff(decoder: Path) -> None:
+    before = decoder.read_text()
+    result = invoke(decoder, "--diff")
+    assert result.exit_code == 1
+    assert result.stdout.startswith("--- a/")
+    assert "+class TinyDecoderSdpaAttention(TinyDecoderAttention):" in result.stdout
+    assert decoder.read_text() == before
+
+
+def test_refused_exit_3_one_line_per_reason(tmp_path: Path) -> None:
+    target = tmp_path / "modeling_tiny_topk.py"
+    shutil.copy(FIXTURES / "refused" / "modeling_tiny_topk.py", target)
+    before = target.read_text()
+    result = invoke(target)
+    assert result.exit_code == 3
+    lines = result.stdout.strip().splitlines()
+    assert lines == [f"refused: {target}: TinyTopKAttention (line 16): `.topk()` is applied to the scores"]
+    assert target.read_text() == before
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (None, "no such file"),
+        (b"", "empty file"),
+        (b"import torch\n\x00\x01binary", "binary file"),
+        (b"import torch\nx = '\xff\xfe'\n", "not UTF-8"),
+        (b"import torch\ndef broken(:\n", ":2: invalid syntax"),
+        (b"def plain():\n    return 1\n", "not a modeling file"),
+    ],
+    ids=["missing", "empty", "binary", "latin1", "syntax", "not-modeling"],
+)
+def test_bad_input_exit_2_one_line(tmp_path: Path, content: bytes | None, message: str) -> None:
+    target = tmp_path / "modeling_bad.py"
+    if content is not None:
+        target.write_bytes(content)
+    result = invoke(target)
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    error_lines = result.stderr.strip().splitlines()
+    assert len(error_lines) == 1 and message in error_lines[0]
+    if content is not None:
+        assert target.read_bytes() == content
+
+
+def test_directory_without_modeling_files_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "notes.py").write_text("x = 1\n")
+    result = invoke(tmp_path)
+    assert result.exit_code == 2 and "no PyTorch modeling files" in result.stderr
+
+
+def test_output_with_several_inputs_is_a_usage_error(decoder: Path, tmp_path: Path) -> None:
+    result = invoke(decoder, decoder, "-o", tmp_path / "x.py")
+    assert result.exit_code == 2
+
+
+def test_unknown_option_is_a_usage_error(decoder: Path) -> None:
+    assert invoke(decoder, "--no-such-option").exit_code == 2
+
+
+def test_json_reports_one_object_per_file(decoder: Path) -> None:
+    import json
+
+    result = invoke(decoder, "--check", "--json")
+    record = json.loads(result.stdout.strip())
+    assert record["status"] == "ported" and record["attention_classes"] == ["TinyDecoderAttention"]
+
+
+def test_help_in_a_subprocess() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "sdpa_port", "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert completed.returncode == 0
+    assert "--check" in completed.stdout and "Exit codes" in completed.stdout

@@ -1,0 +1,258 @@
+"""The recogniser: what it reads out of eager attention, and what it refuses (read-only analysis)."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import analyse, attention_module
+
+INIT = """
+self.scaling = config.head_dim ** -0.5
+self.dropout = nn.Dropout(config.attention_dropout)
+self.p = config.attention_dropout
+self.register_buffer("bias", torch.tril(torch.ones((8, 8), dtype=torch.bool)).view(1, 1, 8, 8), persistent=False)
+self.softmax = nn.Softmax(dim=-1)
+self.temperature = nn.Parameter(torch.ones(1))
+"""
+
+
+def site_of(body: str, **kwargs):  # type: ignore[no-untyped-def]
+    analysis = analyse(attention_module(body, init=kwargs.pop("init", INIT), **kwargs))
+    assert analysis is not None, "not recognised as attention"
+    assert analysis.refusal is None, str(analysis.refusal)
+    (site,) = analysis.sites
+    return site
+
+
+def refusal_of(body: str) -> str:
+    analysis = analyse(attention_module(body, init=INIT))
+    assert analysis is not None and analysis.refusal is not None
+    return analysis.refusal.reason
+
+
+PLAIN = """
+scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(query.size(-1))
+if attention_mask is not None:
+    scores = scores + attention_mask
+probs = nn.functional.softmax(scores, dim=-1)
+probs = self.dropout(probs)
+if head_mask is not None:
+    probs = probs * head_mask
+return torch.matmul(probs, value), probs
+"""
+
+
+def test_plain_site_facts() -> None:
+    site = site_of(PLAIN)
+    assert (site.query, site.key, site.value) == ("query", "key", "value")
+    assert site.product == "matmul" and site.layout == "heads"
+    assert [(s.where, s.expression, s.divide) for s in site.scaling] == [("scores", "math.sqrt(query.size(-1))", True)]
+    assert [(t.kind, t.expression, t.conditional) for t in site.terms] == [("mask", "attention_mask", True)]
+    assert site.softmax == "functional(dim=-1)"
+    assert site.dropout == "self.dropout.p"
+    assert site.head_mask == "head_mask"
+    assert site.returns_weights
+
+
+@pytest.mark.parametrize(
+    "product",
+    [
+        "query @ key.transpose(-1, -2)",
+        "torch.matmul(query, key.transpose(2, 3))",
+        "torch.matmul(query, key.permute(0, 1, 3, 2))",
+        'torch.einsum("bhqd,bhkd->bhqk", query, key)',
+        "query.matmul(key.mT)",
+    ],
+)
+def test_product_forms(product: str) -> None:
+    site = site_of(f"scores = {product}\nprobs = scores.softmax(dim=-1)\nreturn torch.matmul(probs, value)")
+    assert site.key == "key"
+    assert site.scaling == ()
+
+
+@pytest.mark.parametrize(
+    "softmax,form,upcast",
+    [
+        ("nn.functional.softmax(scores, dim=-1)", "functional", False),
+        ("torch.softmax(scores, -1)", "functional", False),
+        ("scores.softmax(-1)", "method", False),
+        ("nn.Softmax(dim=-1)(scores)", "module", False),
+        ("self.softmax(scores)", "module_attribute", False),
+        ("nn.functional.softmax(scores.float(), dim=-1).type_as(scores)", "functional", True),
+        ("nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)", "functional", True),
+    ],
+)
+def test_softmax_forms(softmax: str, form: str, upcast: bool) -> None:
+    site = site_of(f"scores = torch.matmul(query, key.transpose(-1, -2))\nprobs = {softmax}\nreturn torch.matmul(probs, value)")
+    assert site.softmax.startswith(form)
+    assert site.upcast is upcast
+
+
+@pytest.mark.parametrize(
+    "dropout,expected",
+    [
+        ("self.dropout(probs)", "self.dropout.p"),
+        ("nn.functional.dropout(probs, p=self.p, training=self.training)", "self.p"),
+        ("nn.functional.dropout(probs, self.p, self.training)", "self.p"),
+    ],
+)
+def test_dropout_forms(dropout: str, expected: str) -> None:
+    site = site_of(
+        f"scores = torch.matmul(query, key.transpose(-1, -2))\nprobs = scores.softmax(-1)\nprobs = {dropout}\n"
+        "return torch.matmul(probs, value)"
+    )
+    assert site.dropout == expected
+
+
+def test_query_scaled_before_the_product() -> None:
+    site = site_of("query = query * self.scaling\nscores = query @ key.transpose(-1, -2)\nreturn scores.softmax(-1) @ value")
+    assert [(s.where, s.expression) for s in site.scaling] == [("query", "self.scaling")]
+
+
+def test_scale_after_terms_and_conditional_scale() -> None:
+    site = site_of(
+        """
+        scores = torch.matmul(query, key.transpose(-1, -2))
+        scores = scores + attention_mask
+        if self.training:
+            scores = scores * self.scaling
+        return torch.matmul(scores.softmax(-1), value)
+        """
+    )
+    assert [(s.where, s.conditional) for s in site.scaling] == [("after_terms", True)]
+
+
+def test_flat_layout_with_per_head_mask_view() -> None:
+    site = site_of(
+        """
+        bsz, heads, length, dim = query.shape
+        q = query.reshape(bsz * heads, length, dim)
+        k = key.reshape(bsz * heads, length, dim)
+        v = value.reshape(bsz * heads, length, dim)
+        scores = torch.bmm(q, k.transpose(1, 2))
+        scores = scores.view(bsz, heads, length, length) + attention_mask
+        scores = scores.view(bsz * heads, length, length)
+        return torch.bmm(scores.softmax(-1), v)
+        """
+    )
+    assert site.product == "bmm" and site.layout == "flat->heads"
+
+
+def test_baddbmm_alpha_and_causal_buffer() -> None:
+    site = site_of(
+        """
+        b, h, q_len, d = query.shape
+        k_len = key.size(-2)
+        causal_mask = self.bias[:, :, k_len - q_len : k_len, :k_len]
+        scores = torch.zeros(b * h, q_len, k_len, dtype=query.dtype)
+        scores = torch.baddbmm(scores, query.view(b * h, q_len, d), key.view(b * h, k_len, d).transpose(1, 2), beta=1.0, alpha=self.scaling)
+        scores = scores.view(b, h, q_len, k_len)
+        scores = torch.where(causal_mask, scores, torch.finfo(scores.dtype).min)
+        return torch.matmul(scores.softmax(-1), value)
+        """
+    )
+    assert site.product == "baddbmm"
+    assert [(s.where, s.expression) for s in site.scaling] == [("product", "self.scaling")]
+    assert site.causal == "buffer"
+    assert [t.kind for t in site.terms] == ["causal_buffer"]
+
+
+def test_masked_fill_is_a_term() -> None:
+    site = site_of(
+        """
+        scores = torch.matmul(query, key.transpose(-1, -2))
+        scores = scores.masked_fill(attention_mask == 0, torch.finfo(scores.dtype).min)
+        return torch.matmul(scores.softmax(-1), value)
+        """
+    )
+    assert [t.kind for t in site.terms] == ["masked_fill"]
+
+
+def test_nan_guard_is_dropped() -> None:
+    site = site_of(
+        """
+        scores = torch.matmul(query, key.transpose(-1, -2)) + attention_mask
+        scores = torch.max(scores, torch.tensor(torch.finfo(scores.dtype).min))
+        return torch.matmul(scores.softmax(-1), value)
+        """
+    )
+    assert site.guards == 1
+
+
+@pytest.mark.parametrize(
+    "body,reason",
+    [
+        (
+            "scores = torch.matmul(query, key.transpose(-1, -2))\nscores = torch.tanh(scores)\n"
+            "return torch.matmul(scores.softmax(-1), value)",
+            "passed to `torch.tanh`",
+        ),
+        (
+            "scores = torch.matmul(query, key.transpose(-1, -2))\nscores = scores.masked_fill(attention_mask == 0, 0.0)\n"
+            "return torch.matmul(scores.softmax(-1), value)",
+            "not to a large negative value",
+        ),
+        (
+            "scores = torch.matmul(query, key.transpose(-1, -2)) * self.temperature\n"
+            "return torch.matmul(scores.softmax(-1), value)",
+            "not provably a number",
+        ),
+        (
+            "scores = torch.matmul(query, key.transpose(-1, -2))\nprobs = scores.softmax(-1)\nprobs = probs * 2.0\n"
+            "return torch.matmul(probs, value)",
+            "outside a `... is not None` head-mask guard",
+        ),
+        (
+            "scores = torch.matmul(query, key.transpose(-1, -2))\nprobs = scores.softmax(-1)\n"
+            "out = torch.matmul(probs, value)\nreturn out + torch.matmul(probs, attention_mask)",
+            "multiplied by a second tensor",
+        ),
+        (
+            "scores = torch.matmul(query, key.transpose(-1, -2))\nprobs = scores.softmax(dim=1)\n"
+            "return torch.matmul(probs, value)",
+            "not the key dimension",
+        ),
+        (
+            "out = 0\nfor chunk in range(4):\n    scores = torch.matmul(query, key.transpose(-1, -2))\n"
+            "    out = out + torch.matmul(scores.softmax(-1), value)\nreturn out",
+            "",
+        ),
+        (
+            "scores = self.score(query, key)\nreturn torch.matmul(scores.softmax(-1), value)",
+            "not from a recognised query-key product",
+        ),
+    ],
+    ids=["tanh", "fill-zero", "tensor-scale", "unguarded-multiply", "value-side", "softmax-dim", "loop", "unknown-scores"],
+)
+def test_refusals_name_the_problem(body: str, reason: str) -> None:
+    analysis = analyse(attention_module(body, init=INIT))
+    assert analysis is not None and analysis.refusal is not None, "expected a refusal"
+    assert reason in analysis.refusal.reason
+    assert analysis.refusal.line > 0
+
+
+def test_router_softmax_is_not_attention() -> None:
+    source = attention_module("weights = self.gate(query).softmax(-1)\nreturn query * weights", init="self.gate = nn.Linear(4, 4)")
+    assert analyse(source) is None
+
+
+def test_helper_method_site_and_head_mask_parameter() -> None:
+    source = attention_module(
+        "out, weights = self._attn(query, key, value, attention_mask, head_mask)\nreturn out",
+        init=INIT,
+        helpers="""
+        def _attn(self, q, k, v, mask=None, layer_mask=None):
+            scores = torch.matmul(q, k.transpose(-1, -2))
+            if mask is not None:
+                scores = scores + mask
+            probs = scores.softmax(-1)
+            if layer_mask is not None:
+                probs = probs * layer_mask
+            return torch.matmul(probs, v), probs
+        """,
+    )
+    analysis = analyse(source)
+    assert analysis is not None and analysis.refusal is None
+    assert [h.method for h in analysis.helpers] == ["_attn"]
+    assert analysis.head_mask_params == ("head_mask",)
+    assert analysis.sites[0].method == "_attn"
