@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +15,12 @@ class TemplateError(Exception):
 
 
 def _templates_dir() -> Path:
-    # installed wheels carry the templates as the package `sdpa_port.templates`; a checkout has them at the root
-    try:
-        packaged = resources.files("sdpa_port.templates")
-        if packaged.is_dir():
-            return Path(str(packaged))
-    except ModuleNotFoundError:
-        pass
-    return Path(__file__).resolve().parent.parent / "templates"
+    """Installed wheels carry the templates inside the package; a source checkout has them at its root."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "templates", here.parent / "templates"):
+        if (candidate / "class_style").is_dir():
+            return candidate
+    raise FileNotFoundError(f"sdpa-port templates not found next to {here}")
 
 
 @lru_cache(maxsize=1)
