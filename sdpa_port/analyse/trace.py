@@ -273,6 +273,9 @@ class Tracer:
         self.probs_after_output: set[str] = set()
         self.read_after_output: set[str] = set()
         self.params = tuple(param.name.value for param in _all_params(function.params))
+        for param in _all_params(function.params):
+            if param.annotation is not None and _numeric_annotation(param.annotation.annotation):
+                self.env[param.name.value] = ScalarVal()
 
     # -------------------------------------------------------------- entry
 
@@ -776,7 +779,13 @@ class Tracer:
         return None
 
     def baddbmm_terms(self, product: p.Product, base: ChainVal, line: int) -> list[Op]:
+        # beta * input + alpha * (batch1 @ batch2): alpha scales the product only, so it comes before the term
         ops: list[Op] = []
+        if product.alpha is not None:
+            factor = p.scalar(product.alpha, self.scope)
+            if factor is None:
+                raise _Poison(f"baddbmm's alpha `{code(product.alpha)}` is not a number", {base.cid})
+            ops.append(Scale(factor.node, False))
         beta = product.beta
         beta_value = p.number(beta) if beta is not None else 1.0
         initial = product.initial
@@ -788,11 +797,6 @@ class Tracer:
                     raise _Poison(f"baddbmm's beta `{code(beta)}` is not a number", {base.cid})
                 term = cst.BinaryOperation(left=beta, operator=cst.Multiply(), right=initial)
             ops.append(AddTerm(term, 3))
-        if product.alpha is not None:
-            factor = p.scalar(product.alpha, self.scope)
-            if factor is None:
-                raise _Poison(f"baddbmm's alpha `{code(product.alpha)}` is not a number", {base.cid})
-            ops.append(Scale(factor.node, False))
         return ops
 
     def is_zeros(self, node: cst.BaseExpression) -> bool:
@@ -1202,6 +1206,21 @@ def _all_params(params: cst.Parameters) -> list[cst.Param]:
     if params.star_kwarg is not None:
         out.append(params.star_kwarg)
     return out
+
+
+def _numeric_annotation(node: cst.BaseExpression) -> bool:
+    """`float`, `int`, `float | None`, `Optional[float]`: a parameter that carries a number."""
+    if isinstance(node, cst.Name):
+        return node.value in ("float", "int")
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitOr):
+        parts = [node.left, node.right]
+        return any(_numeric_annotation(p) for p in parts) and all(
+            _numeric_annotation(p) or (isinstance(p, cst.Name) and p.value == "None") for p in parts
+        )
+    if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value == "Optional":
+        inner = node.slice[0].slice
+        return isinstance(inner, cst.Index) and _numeric_annotation(inner.value)
+    return False
 
 
 def _names_in(node: cst.CSTNode) -> set[str]:

@@ -123,9 +123,6 @@ class SdpaEmitter:
                 return Layout(None, False, False)
             if heads is None:
                 raise EmitError("the scores are reshaped to 4-D but the batch and head sizes cannot be read")
-            for op in ops:
-                if isinstance(op, t.AddTerm) and op.rank == 3:
-                    raise EmitError("additive terms are added in both the flat and the per-head layout")
             names = walk_names(heads[0]) | walk_names(heads[1])
             if names & self.candidate.names_assigned_after_start:
                 raise EmitError("the batch or head size is reassigned inside the attention computation")
@@ -336,7 +333,11 @@ class SdpaEmitter:
                     state.mask = _binary(state.mask, op.factor, op.divide)
             return out
         if isinstance(op, t.AddTerm):
-            return self.add_to_mask(op.term)
+            term = op.term
+            if self.layout.heads is not None and op.rank == 3:
+                # a `(batch * heads, ...)` term (ALiBi through baddbmm) joins the per-head mask
+                term = _unflatten(term, self.layout.heads)
+            return self.add_to_mask(term)
         if isinstance(op, t.Fill):
             if op.causal and state.causal_fill is None:
                 state.causal_fill = op.fill

@@ -65,7 +65,7 @@ def build_sdpa_forward(
         body = emitter.block(block_body(special.body))
         removable = emitter.removed_reads
     else:
-        inliner = _Inliner(facts, analysis, options, special)
+        inliner = Inliner(facts, analysis, options, special)
         body = inliner.block(block_body(special.body))
         if not inliner.inlined:
             raise EmitError("the attention helper is not called on the SDPA path")
@@ -75,12 +75,26 @@ def build_sdpa_forward(
     return new, ForwardPlan(falsy, none)
 
 
-class _Inliner:
-    """Replace `self.<helper>(...)` calls in forward by the helper's SDPA body."""
+def inline_helpers(facts: ModuleFacts, analysis: ClassAnalysis, forward: cst.FunctionDef) -> cst.FunctionDef:
+    """forward with each call of an attention helper replaced by the helper's body, as written."""
+    inliner = Inliner(facts, analysis, None, forward)
+    body = inliner.block(block_body(forward.body))
+    if not inliner.inlined:
+        raise EmitError("the attention helper is not called from forward")
+    return forward.with_changes(body=forward.body.with_changes(body=remove_dead(body, set(), facts.imports)))
+
+
+class Inliner:
+    """Replace `self.<helper>(...)` calls in forward by the helper's body (SDPA-rewritten when given options)."""
 
     def __init__(
-        self, facts: ModuleFacts, analysis: ClassAnalysis, options: EmitOptions, forward: cst.FunctionDef
+        self,
+        facts: ModuleFacts,
+        analysis: ClassAnalysis,
+        options: EmitOptions | None,
+        forward: cst.FunctionDef,
     ) -> None:
+        """With `options` None the helper body is inlined as written (no SDPA rewrite, no specialisation)."""
         self.facts = facts
         self.analysis = analysis
         self.options = options
@@ -138,7 +152,7 @@ class _Inliner:
         head_mask_params = [
             name for name, value in bound.items() if walk_names(value) & set(self.analysis.head_mask_params)
         ]
-        special = specialise(helper, Known(none=frozenset(head_mask_params)))
+        special = specialise(helper, Known(none=frozenset(head_mask_params))) if self.options else helper
         special = self.rename_collisions(special, bound, statement)
         params = [p for p in [*special.params.posonly_params, *special.params.params] if p.name.value != "self"]
         params += list(special.params.kwonly_params)
@@ -157,10 +171,13 @@ class _Inliner:
             prelude.append(
                 cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)])
             )
-        result, candidate = trace_sdpa_path(self.facts, self.analysis.class_name, special)
-        emitter = SdpaEmitter(result, candidate, self.options)
-        body = emitter.block(block_body(special.body))
-        self.removed_reads |= emitter.removed_reads | set(bound)
+        if self.options is not None:
+            result, candidate = trace_sdpa_path(self.facts, self.analysis.class_name, special)
+            emitter = SdpaEmitter(result, candidate, self.options)
+            body = emitter.block(block_body(special.body))
+            self.removed_reads |= emitter.removed_reads | set(bound)
+        else:
+            body = list(block_body(special.body))
         if not body or not _is_final_return(body[-1]):
             raise EmitError(f"`{method}` does not end with its only return statement")
         returns = [node for node in _returns(body[:-1])]

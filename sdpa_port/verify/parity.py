@@ -60,7 +60,12 @@ def sharpen(model: torch.nn.Module, gain: float = 2.0, seed: int = 0) -> None:
 
 
 def build(model_class: type, config: Any, attn_implementation: str, dtype: torch.dtype = torch.float32) -> Any:
-    model = model_class._from_config(fresh(config), attn_implementation=attn_implementation, torch_dtype=dtype)
+    """A model with its own copy of the config (transformers 5 writes the attention choice into it)."""
+    import transformers
+
+    dtype_argument = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    arguments = {"attn_implementation": attn_implementation, dtype_argument: dtype}
+    model = model_class._from_config(fresh(config), **arguments)
     model.eval()
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation != attn_implementation:

@@ -86,3 +86,40 @@ def sabotage(source: str, kind: str) -> str:
     result = cst.parse_module(source).visit(transformer)
     assert transformer.count > 0, "no SDPA call to sabotage"
     return result.code
+
+
+class _SabotageDispatch(cst.CSTTransformer):
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.count = 0
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if not (isinstance(updated.func, cst.Name) and updated.func.value == "attention_interface"):
+            return updated
+        self.count += 1
+        if self.kind == "mask":
+            return updated.with_changes(
+                args=[a for a in updated.args if not (a.keyword and a.keyword.value == "position_bias")]
+            )
+        if self.kind == "scale":
+            args = []
+            for a in updated.args:
+                if a.keyword and a.keyword.value == "scaling":
+                    a = a.with_changes(value=cst.parse_expression(f"({cst.Module([]).code_for_node(a.value)}) * 0.5"))
+                args.append(a)
+            return updated.with_changes(args=args)
+        if self.kind == "output":
+            # shift the attention output of the non-eager implementations only
+            call = cst.Module([]).code_for_node(updated)
+            return cst.parse_expression(
+                f"(lambda o: (o[0] + (1e-2 if self.config._attn_implementation != 'eager' else 0.0), o[1]))({call})"
+            )
+        raise ValueError(self.kind)
+
+
+def sabotage_interface(source: str, kind: str) -> str:
+    """The interface port with its dispatch broken: `mask` drops position_bias, `scale` halves scaling, `output` shifts."""
+    transformer = _SabotageDispatch(kind)
+    result = cst.parse_module(source).visit(transformer)
+    assert transformer.count > 0, "no dispatch to sabotage"
+    return result.code

@@ -1,0 +1,70 @@
+"""Text table, JSON file and file names of a benchmark result. No torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sdpa_port.bench.spec import BenchResult, Row
+
+HEADER = ("device", "phase", "L", "eager ms", "sdpa ms", "speed-up", "eager MiB", "sdpa MiB", "mem sdpa/eager")
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**20:.1f}"
+
+
+def row_cells(row: Row) -> tuple[str, ...]:
+    ratio = row.memory_ratio
+    return (
+        row.device,
+        row.phase.value,
+        str(row.length),
+        f"{row.eager_s * 1e3:.2f}",
+        f"{row.sdpa_s * 1e3:.2f}",
+        f"{row.speedup:.2f}",
+        _mib(row.eager_peak_bytes),
+        _mib(row.sdpa_peak_bytes),
+        "-" if ratio is None else f"{ratio:.2f}",
+    )
+
+
+def table(result: BenchResult, markdown: bool = False) -> str:
+    """The rows ordered by device, phase, length; aligned text, or a Markdown table."""
+    order = {"forward": 0, "prefill": 1, "decode": 2}
+    rows = sorted(result.rows, key=lambda r: (r.device, order[r.phase.value], r.length))
+    cells = [HEADER] + [row_cells(r) for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * 6) + "|"]
+        lines += ["| " + " | ".join(c) + " |" for c in cells[1:]]
+        return "\n".join(lines)
+    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
+    return "\n".join("  ".join(c[i].rjust(widths[i]) for i in range(len(HEADER))) for c in cells)
+
+
+def headline(result: BenchResult) -> str:
+    target = result.target
+    checks = ", ".join(f"{d}: max|eager-sdpa|={c['max_abs_diff']:.2e} at L={c['length']}" for d, c in result.checks.items())
+    env = result.environment
+    return (
+        f"{target['model_class']} ({target['kind']}) from {target['source']}; {target['detail']}\n"
+        f"torch {env['torch']}, transformers {env['transformers']}, {env['threads']} thread(s), "
+        f"batch {result.settings.batch}, padding {result.settings.padding}; {checks}\n"
+        "latency: minimum of runs after warm-up; decode: per token; memory: peak RSS of one forward above the "
+        "process baseline (child process)"
+    )
+
+
+def stem_of(result: BenchResult) -> str:
+    source = Path(result.target["source"]).stem
+    suffix = "" if result.settings.padding == "none" else f"_pad-{result.settings.padding}"
+    return f"bench_{source}_tf{result.environment['transformers']}{suffix}"
+
+
+def write_json(result: BenchResult, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
+
+
+def read_json(path: Path) -> BenchResult:
+    return BenchResult.from_json(json.loads(path.read_text(encoding="utf-8")))

@@ -1,0 +1,157 @@
+"""Run a benchmark: prepare the target, time both implementations in this process, measure memory in children."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from sdpa_port.bench.config import bench_config_kwargs
+from sdpa_port.bench.environment import describe, load_average
+from sdpa_port.bench.spec import IMPLEMENTATIONS, BenchResult, Kind, ModelRef, Phase, Row, Settings
+from sdpa_port.bench.target import Prepared, prepare
+
+Progress = Callable[[str], None]
+# A fixed mmap threshold makes glibc return every large freed block to the system at once, so a child's peak RSS
+# follows the tensors that are alive rather than what the heap happened to keep.
+CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+class BenchError(Exception):
+    """A benchmark that could not run, reported as one line."""
+
+
+def phases_of(kind: Kind) -> tuple[Phase, ...]:
+    if kind is Kind.ENCODER:
+        return (Phase.FORWARD,)
+    return (Phase.FORWARD, Phase.PREFILL, Phase.DECODE)
+
+
+def describe_model(
+    prepared: Prepared, settings: Settings, model_class: str | None, kind: Kind | None
+) -> tuple[ModelRef, Any]:
+    """Load the module, pick the model class, synthesise the config and decide the kind (imports torch)."""
+    from sdpa_port.bench import measure
+
+    probe = ModelRef(
+        module=prepared.module,
+        path=str(prepared.path) if prepared.path else None,
+        package=prepared.package,
+        model_class=model_class or "",
+        config={},
+        kind=kind or Kind.ENCODER,
+    )
+    module = measure.load_module(probe)
+    chosen = measure.pick_model_class(module, model_class)
+    kwargs = bench_config_kwargs(chosen.config_class(), settings.size, max(settings.lengths))
+    config = measure.build_config(chosen, kwargs)
+    decided = kind or measure.detect_kind(chosen, config)
+    ref = ModelRef(probe.module, probe.path, probe.package, chosen.__name__, kwargs, decided)
+    return ref, chosen
+
+
+def peak_memory(ref: ModelRef, settings: Settings, implementation: str, length: int, device: str) -> dict[str, Any]:
+    """Peak bytes above baseline of one forward pass, measured in a fresh child process."""
+    request = {
+        "model": ref.to_json(),
+        "implementation": implementation,
+        "length": length,
+        "device": device,
+        "threads": settings.threads,
+        "batch": settings.batch,
+        "padding": settings.padding_side(ref.kind),
+        "pad_fraction": settings.pad_fraction,
+        "seed": settings.seed,
+    }
+    env = dict(os.environ) | CHILD_ENV | {"OMP_NUM_THREADS": str(settings.threads)}
+    done = subprocess.run(
+        [sys.executable, "-m", "sdpa_port.bench.child"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        raise BenchError(f"memory child failed ({implementation}, L={length}): {tail[0]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_benchmark(
+    target: str,
+    out_dir: Path,
+    settings: Settings,
+    *,
+    package: str | None = None,
+    model_class: str | None = None,
+    kind: Kind | None = None,
+    progress: Progress = lambda message: None,
+) -> BenchResult:
+    import torch
+
+    from sdpa_port.bench import measure
+
+    torch.set_num_threads(settings.threads)
+    prepared = prepare(target, out_dir, package)
+    progress(f"{prepared.source_path}: {prepared.detail}")
+    ref, chosen = describe_model(prepared, settings, model_class, kind)
+    config = measure.build_config(chosen, ref.config)
+    progress(f"{ref.model_class} ({ref.kind.value}), threads={settings.threads}, lengths={list(settings.lengths)}")
+    environment = describe(settings.threads)
+    phases = phases_of(ref.kind)
+    rows: list[Row] = []
+    checks: dict[str, Any] = {}
+    steps = len(settings.devices) * len(settings.lengths) * (len(phases) + (1 if settings.memory else 0))
+    step = 0
+    for device in settings.devices:
+        eager = measure.build_model(chosen, config, "eager", device, settings.seed)
+        sdpa = measure.build_model(chosen, config, "sdpa", device, settings.seed)
+        sdpa.load_state_dict(eager.state_dict())
+        shortest = min(settings.lengths)
+        check_inputs = measure.make_inputs(config, ref.kind, settings, shortest, device)
+        checks[device] = {
+            "length": shortest,
+            "max_abs_diff": measure.output_difference(eager, sdpa, check_inputs, ref.kind),
+        }
+        for length in settings.lengths:
+            inputs = measure.make_inputs(config, ref.kind, settings, length, device)
+            timings: dict[Phase, tuple[float, float]] = {}
+            for phase in phases:
+                step += 1
+                progress(f"[{step}/{steps}] {device} {phase.value} L={length}")
+                eager_s = measure.time_phase(eager, inputs, ref.kind, phase, settings, device)
+                sdpa_s = measure.time_phase(sdpa, inputs, ref.kind, phase, settings, device)
+                timings[phase] = (eager_s, sdpa_s)
+                progress(f"    eager {eager_s * 1e3:.2f} ms, sdpa {sdpa_s * 1e3:.2f} ms, x{eager_s / sdpa_s:.2f}")
+            peaks: dict[str, int | None] = {name: None for name in IMPLEMENTATIONS}
+            if settings.memory:
+                step += 1
+                progress(f"[{step}/{steps}] {device} peak memory L={length} (child processes)")
+                for name in IMPLEMENTATIONS:
+                    peaks[name] = peak_memory(ref, settings, name, length, device)["extra_bytes"]
+                progress(f"    eager {_mib(peaks['eager'])} MiB, sdpa {_mib(peaks['sdpa'])} MiB")
+            for phase, (eager_s, sdpa_s) in timings.items():
+                memory = phase is Phase.FORWARD
+                rows.append(
+                    Row(
+                        device,
+                        phase,
+                        length,
+                        eager_s,
+                        sdpa_s,
+                        peaks["eager"] if memory else None,
+                        peaks["sdpa"] if memory else None,
+                    )
+                )
+        del eager, sdpa
+    environment["load_average_at_end"] = load_average()
+    target_facts: dict[str, Any] = prepared.describe() | {"model_class": ref.model_class, "kind": ref.kind.value}
+    return BenchResult(target_facts, environment, settings, ref, tuple(rows), checks)
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**20:.1f}"

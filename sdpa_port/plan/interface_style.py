@@ -1,0 +1,621 @@
+"""Interface style (transformers 5.x): dispatch each attention through `ALL_ATTENTION_FUNCTIONS`.
+
+For every attention module the eager computation moves, unchanged, into a module-level eager function; forward
+calls `ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, <eager function>)` with the scaling,
+dropout and extra additive terms the other implementations need. Modules get `self.is_causal` and, where missing,
+`self.config`; `_supports_sdpa = True` is set on the PreTrainedModel classes. Files already on the interface that only
+lack the flag get it once their eager function is recognised as exact and their modules set `is_causal`.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.cstutil import block_body, code
+from sdpa_port.analyse.lines import Lines
+from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.patterns import walk_names
+from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
+from sdpa_port.discover.screen import Screen
+from sdpa_port.discover.style import attention_dicts
+from sdpa_port.render import render_module
+from sdpa_port.result import PortResult, Status, Style
+from sdpa_port.rewrite import flags, imports, insert_classes
+from sdpa_port.rewrite.cleanup import remove_dead
+from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions, eager_body
+from sdpa_port.rewrite.sdpa_body import EmitError, SideNames, function_names
+from sdpa_port.rewrite.sdpa_forward import inline_helpers, trace_sdpa_path
+from sdpa_port.rewrite.targeted import transform_named
+
+CAUSAL_BUILDER = "create_causal_mask"
+BIDIRECTIONAL_BUILDER = "create_bidirectional_mask"
+
+
+@dataclass(frozen=True)
+class ModulePlan:
+    """One attention class moved onto the interface."""
+
+    class_name: str
+    forward: cst.FunctionDef
+    eager: cst.FunctionDef
+    store_config: bool  # `self.config = config` is missing
+    add_config_parameter: bool  # __init__ has no `config` parameter: add one and pass it at constructions
+    is_causal: str | None  # expression to assign in __init__, None when the class already sets it
+
+
+@dataclass
+class InterfacePlan:
+    modules: list[ModulePlan] = field(default_factory=list)
+    flag_only: list[str] = field(default_factory=list)  # classes already on the interface, given is_causal
+    causal_for_flag_only: dict[str, str] = field(default_factory=dict)
+    dicts: dict[str, str] = field(default_factory=dict)  # dict name -> eager class, for `.get(..., eager)` lookups
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+class Refused(Exception):
+    pass
+
+
+def port_interface_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen) -> PortResult:
+    if first.supports_sdpa:
+        return PortResult(Status.UNCHANGED, module.code, Style.INTERFACE, "already supports SDPA")
+    analyses = attention_classes(facts, lines, first.softmax_classes)
+    names = tuple(a.class_name for a in analyses)
+    refusals = [str(a.refusal) for a in analyses if a.refusal is not None]
+    if refusals:
+        return PortResult(Status.REFUSED, module.code, Style.INTERFACE, "refused", reasons=tuple(refusals), attention_classes=names)
+    dispatching = _dispatching_classes(facts)
+    if not analyses and not dispatching:
+        return PortResult(Status.UNCHANGED, module.code, Style.INTERFACE, "no eager attention found")
+    try:
+        plan = plan_interface(module, facts, analyses, dispatching)
+    except (Refused, EmitError) as error:
+        return PortResult(Status.REFUSED, module.code, Style.INTERFACE, "refused", reasons=(str(error),), attention_classes=names)
+    new_module = apply_interface(module, facts, plan)
+    new_source = new_module.code
+    compile(new_source, "<sdpa-port>", "exec")
+    ported = tuple(p.class_name for p in plan.modules) + tuple(plan.flag_only)
+    return PortResult(
+        Status.PORTED,
+        new_source,
+        Style.INTERFACE,
+        f"{len(plan.modules)} attention class(es) moved onto the attention interface"
+        + (f", {len(plan.flag_only)} already on it" if plan.flag_only else ""),
+        warnings=tuple(plan.warnings),
+        notes=tuple(plan.notes),
+        attention_classes=ported,
+        sites=tuple(site for a in analyses for site in a.sites),
+    )
+
+
+# ------------------------------------------------------------------ planning
+
+
+def plan_interface(
+    module: cst.Module, facts: ModuleFacts, analyses: list[ClassAnalysis], dispatching: dict[str, str]
+) -> InterfacePlan:
+    plan = InterfacePlan()
+    causality = self_attention_causality(facts)
+    eager_names: dict[str, str] = {}
+    for analysis in analyses:
+        eager_name = _eager_function_name(analysis.class_name, facts, len(analyses), eager_names)
+        eager_names[analysis.class_name] = eager_name
+        plan.modules.append(_plan_module(facts, analysis, eager_name, causality))
+    for class_name, function_name in dispatching.items():
+        if class_name in eager_names:
+            continue
+        _check_eager_function(facts, class_name, function_name)
+        if not facts.find_attribute_values(class_name, "is_causal"):
+            if causality is None:
+                raise Refused(f"{class_name}: cannot tell whether its self-attention is causal")
+            plan.flag_only.append(class_name)
+            plan.causal_for_flag_only[class_name] = causality
+        else:
+            plan.flag_only.append(class_name)
+    eager_classes = {p.class_name for p in plan.modules}
+    for dict_name, entries in attention_dicts(facts).items():
+        if entries["eager"] in eager_classes:
+            plan.dicts[dict_name] = entries["eager"]
+    return plan
+
+
+def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, causality: str | None) -> ModulePlan:
+    found = facts.find_method(analysis.class_name, "forward")
+    assert found is not None
+    forward = found[1]
+    if analysis.head_mask_params:
+        raise Refused(f"{analysis.class_name}: a head mask cannot pass through the attention interface")
+    if analysis.helpers:
+        forward = inline_helpers(facts, analysis, forward)
+    result, candidate = trace_sdpa_path(facts, analysis.class_name, forward)
+    start = candidate.start
+    assert start is not None
+    params = result.params
+    mask_param = _mask_parameter(candidate, params)
+    moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result)
+    cross = cross_attention_parameter(forward, start, params)
+    has_causal = bool(facts.find_attribute_values(analysis.class_name, "is_causal"))
+    if not has_causal and causality is None:
+        raise Refused(f"{analysis.class_name}: cannot tell whether its self-attention is causal")
+    causal_kwarg = f"self.is_causal and {cross} is None" if cross else None
+    kwargs = forward.params.star_kwarg.name.value if isinstance(forward.params.star_kwarg, cst.Param) else None
+    taken = function_names(forward)
+    options = InterfaceOptions(
+        names=SideNames.avoiding(taken),
+        eager_name=eager_name,
+        mask_param=mask_param,
+        causal_kwarg=causal_kwarg,
+        forward_kwargs=kwargs,
+        moved=moved,
+        module_names=facts.top_level_names,
+        taken=frozenset(taken),
+    )
+    statements, part = eager_body(forward, result, candidate, options)
+    emitter = InterfaceEmitter(result, candidate, options)
+    emitter.eager = part
+    if start.rank == 3 and emitter.layout.heads is None:
+        raise Refused(
+            f"{analysis.class_name}: the flat (batch * heads) layout is never viewed per head, so it cannot be "
+            "handed to the interface as (batch, heads, length, dim)"
+        )
+    body = emitter.block(block_body(forward.body))
+    if not emitter.dispatched:
+        raise Refused(f"{analysis.class_name}: the product with V was not reached on the dispatch path")
+    body = remove_dead(body, emitter.removed_reads, facts.imports)
+    new_forward = forward.with_changes(body=forward.body.with_changes(body=body))
+    eager = _eager_function(facts, eager_name, statements, part.free, analysis)
+    store_config = not facts.find_attribute_values(analysis.class_name, "config")
+    init = facts.find_method(analysis.class_name, "__init__")
+    init_params = {p.name.value for p in init[1].params.params} if init is not None else set()
+    add_parameter = store_config and "config" not in init_params
+    return ModulePlan(
+        analysis.class_name, new_forward, eager, store_config, add_parameter, None if has_causal else causality
+    )
+
+
+def _mask_parameter(candidate: t.Candidate, params: tuple[str, ...]) -> str | None:
+    for op, _, _ in candidate.ops:
+        if isinstance(op, t.AddTerm) and isinstance(op.term, cst.Name) and op.term.value in params:
+            if "mask" in op.term.value:
+                return op.term.value
+    return None
+
+
+def _operand_upcasts(function: cst.FunctionDef, start: t.Start) -> frozenset[int]:
+    """`query = query.to(torch.float32)` before the product: part of the eager computation, it moves with it."""
+    if not start.operands_upcast:
+        return frozenset()
+    operands = {n.value for n in (start.query, start.key) if isinstance(n, cst.Name)}
+    finder = _SelfCasts(operands)
+    function.body.visit(finder)
+    return frozenset(finder.found)
+
+
+def _weights_bookkeeping(function: cst.FunctionDef, result: t.TraceResult) -> frozenset[int]:
+    """`attn_weights_reshaped = None` beside the chain: the weights the eager function returns are set there too."""
+    names = result.probs_names_after_output
+    found: set[int] = set()
+
+    class Find(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            plan = result.plans.get(id(node))
+            if isinstance(plan, (t.ChainStmt, t.OutputStmt)):
+                return
+            targets = {n for target in node.targets for n in walk_names(target.target)}
+            if targets and targets <= names and not walk_names(node.value) - {"None"}:
+                found.add(id(node))
+
+    function.body.visit(Find())
+    return frozenset(found)
+
+
+class _SelfCasts(cst.CSTVisitor):
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+        self.found: set[int] = set()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name):
+            return
+        name = node.targets[0].target.value
+        value = node.value
+        if (
+            name in self.names
+            and isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in ("to", "float")
+            and m.matches(value.func.value, m.Name(name))
+        ):
+            self.found.add(id(node))
+
+
+def cross_attention_parameter(function: cst.FunctionDef, start: t.Start, params: tuple[str, ...]) -> str | None:
+    """The parameter that turns the module into cross-attention: tested `is not None` and feeding the keys."""
+    tested: set[str] = set()
+    finder = _NotNoneAssignments(set(params))
+    function.body.visit(finder)
+    tested = finder.params
+    if not tested:
+        return None
+    dependencies = _dependencies(function, set(params))
+    key_deps: set[str] = set()
+    for name in walk_names(start.key):
+        key_deps |= dependencies.get(name, {name} if name in params else set())
+    query_deps: set[str] = set()
+    for name in walk_names(start.query):
+        query_deps |= dependencies.get(name, {name} if name in params else set())
+    found = sorted((tested & key_deps) - query_deps)
+    return found[0] if len(found) == 1 else None
+
+
+class _NotNoneAssignments(cst.CSTVisitor):
+    def __init__(self, params: set[str]) -> None:
+        self.all_params = params
+        self.params: set[str] = set()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if m.matches(
+            node.value,
+            m.Comparison(left=m.Name(), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))]),
+        ):
+            name = node.value.left.value  # type: ignore[attr-defined]
+            if name in self.all_params:
+                self.params.add(name)
+
+
+def _dependencies(function: cst.FunctionDef, params: set[str]) -> dict[str, set[str]]:
+    """For each local, the parameters its value was computed from (in source order, control flow ignored)."""
+    deps: dict[str, set[str]] = {p: {p} for p in params}
+
+    class Walk(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            sources: set[str] = set()
+            for name in walk_names(node.value):
+                sources |= deps.get(name, set())
+            for target in node.targets:
+                for name in walk_names(target.target):
+                    deps[name] = deps.get(name, set()) | sources
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    function.body.visit(Walk())
+    return deps
+
+
+def self_attention_causality(facts: ModuleFacts) -> str | None:
+    """Whether the masks built for self-attention in this file are causal: "True", "False", "config.is_decoder".
+
+    Read from the calls of transformers' mask builders; a bidirectional mask built for encoder states (with
+    `encoder_hidden_states=`) serves cross-attention and does not count. None when the file builds both kinds of
+    self-attention mask, so that no single value is right.
+    """
+    tree = facts.tree
+    if tree is None:
+        return None
+    conditional: str | None = None
+    causal = bidirectional = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.IfExp):
+            names = {getattr(node.body, "id", None), getattr(node.orelse, "id", None)}
+            if names == {CAUSAL_BUILDER, BIDIRECTIONAL_BUILDER}:
+                condition = ast.unparse(node.test)
+                if getattr(node.body, "id", None) == BIDIRECTIONAL_BUILDER:
+                    condition = f"not ({condition})"
+                conditional = condition.replace("self.config.", "config.")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id == CAUSAL_BUILDER:
+                causal = True
+            elif node.func.id == BIDIRECTIONAL_BUILDER and not any(
+                k.arg == "encoder_hidden_states" for k in node.keywords
+            ):
+                bidirectional = True
+    if conditional is not None:
+        return conditional
+    if causal and bidirectional:
+        return None
+    return "True" if causal else "False"
+
+
+def _dispatching_classes(facts: ModuleFacts) -> dict[str, str]:
+    """Classes already calling `ALL_ATTENTION_FUNCTIONS.get_interface(..., <eager function>)`."""
+    out: dict[str, str] = {}
+    tree = facts.tree
+    if tree is None:
+        return out
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for inner in ast.walk(node):
+            if (
+                isinstance(inner, ast.Call)
+                and isinstance(inner.func, ast.Attribute)
+                and inner.func.attr in ("get_interface", "get")
+                and isinstance(inner.func.value, ast.Name)
+                and inner.func.value.id == "ALL_ATTENTION_FUNCTIONS"
+                and len(inner.args) == 2
+                and isinstance(inner.args[1], ast.Name)
+            ):
+                out[node.name] = inner.args[1].id
+    return out
+
+
+def _check_eager_function(facts: ModuleFacts, class_name: str, function_name: str) -> None:
+    function = facts.functions.get(function_name)
+    if function is None:
+        raise Refused(f"{class_name}: its eager function `{function_name}` is not defined in this file")
+    result = t.Tracer(facts, None, function).run()
+    attention = result.attention()
+    if len(attention) != 1:
+        raise Refused(f"{class_name}: `{function_name}` is not recognised as one attention computation")
+    if attention[0].poison is not None:
+        raise Refused(f"{class_name}: `{function_name}`: {attention[0].poison}")
+
+
+def _eager_function_name(class_name: str, facts: ModuleFacts, count: int, used: dict[str, str]) -> str:
+    base = "eager_attention_forward"
+    if count == 1 and base not in facts.top_level_names:
+        return base
+    snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in class_name).lstrip("_")
+    name = f"{snake}_eager_attention_forward"
+    while name in facts.top_level_names or name in used.values():
+        name = "_" + name
+    return name
+
+
+def _eager_function(
+    facts: ModuleFacts, name: str, statements: list[cst.BaseStatement], free: list[str], analysis: ClassAnalysis
+) -> cst.FunctionDef:
+    from sdpa_port.rewrite.interface_body import _eager_name
+
+    module_type = "nn.Module" if "nn" in facts.imports.aliases else "torch.nn.Module"
+    sources = sorted({f"{site.owner}.{site.method}" for site in analysis.sites})
+    rendered = render_module(
+        "interface_style/eager_function.py.jinja",
+        name=name,
+        module_type=module_type,
+        free=[_eager_name(f) for f in free],
+        source="`, `".join(sources),
+    )
+    function = rendered.body[0]
+    assert isinstance(function, cst.FunctionDef)
+    docstring = [s for s in function.body.body if not _is_pass(s)]  # type: ignore[union-attr]
+    return function.with_changes(body=function.body.with_changes(body=[*docstring, *statements]))
+
+
+def _is_pass(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in statement.body)
+
+
+# ------------------------------------------------------------------ applying
+
+
+def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan) -> cst.Module:
+    needed: list[tuple[str, str | None]] = []
+    if plan.modules:
+        needed.append(("modeling_utils", "ALL_ATTENTION_FUNCTIONS"))
+    for item in plan.modules:
+        module = transform_named(module, {item.class_name}, _ReplaceMethod("forward", item.forward))
+        init_owner = _init_owner(facts, item.class_name)
+        if item.store_config or item.is_causal is not None:
+            module = transform_named(module, {init_owner}, _InitAttributes(item.store_config, item.is_causal))
+        if item.add_config_parameter:
+            owners = facts.classes_calling({item.class_name})
+            transformer = _PassConfig(item.class_name)
+            module = transform_named(module, owners - {item.class_name}, transformer)
+            if transformer.missing:
+                raise Refused(
+                    f"{item.class_name}: built in {', '.join(sorted(transformer.missing))} without a `config` in scope"
+                )
+            plan.notes.append(f"{item.class_name} takes `config` ({transformer.count} construction(s) pass it)")
+        plan.notes.append(f"{item.class_name} dispatches through ALL_ATTENTION_FUNCTIONS with {item.eager.name.value}")
+        if item.is_causal is not None:
+            plan.notes.append(f"{item.class_name}.is_causal = {item.is_causal}")
+    # eager functions go right before the first class that uses them
+    for item in plan.modules:
+        module = _insert_before(module, item.class_name, item.eager)
+    for class_name in plan.flag_only:
+        causal = plan.causal_for_flag_only.get(class_name)
+        if causal is not None:
+            module = transform_named(module, {_init_owner(facts, class_name)}, _InitAttributes(False, causal))
+            plan.notes.append(f"{class_name}.is_causal = {causal}")
+    for dict_name, eager_class in plan.dicts.items():
+        owners = _classes_reading(facts, dict_name)
+        module = transform_named(module, owners, _DictLookup(dict_name, eager_class))
+        plan.notes.append(f"{dict_name} lookups fall back to {eager_class} for every other implementation")
+    for root in facts.pretrained_roots:
+        module = flags.set_class_flag(module, [root], "_supports_sdpa")
+        plan.notes.append(f"{root}._supports_sdpa = True")
+    return imports.add_imports(module, facts.imports, needed)
+
+
+def _init_owner(facts: ModuleFacts, class_name: str) -> str:
+    found = facts.find_method(class_name, "__init__")
+    return found[0].name if found is not None else class_name
+
+
+def _classes_reading(facts: ModuleFacts, name: str) -> set[str]:
+    out: set[str] = set()
+    if facts.tree is None:
+        return out
+    for node in facts.tree.body:
+        if isinstance(node, ast.ClassDef) and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node)):
+            out.add(node.name)
+    return out
+
+
+def _insert_before(module: cst.Module, anchor: str, statement: cst.BaseStatement) -> cst.Module:
+    body: list[cst.BaseStatement] = []
+    done = False
+    for existing in module.body:
+        if not done and isinstance(existing, cst.ClassDef) and existing.name.value == anchor:
+            body.append(statement.with_changes(leading_lines=insert_classes.TWO_BLANK_LINES))  # type: ignore[call-arg]
+            done = True
+        body.append(existing)
+    if not done:
+        raise KeyError(anchor)
+    return module.with_changes(body=body)
+
+
+class _ReplaceMethod(cst.CSTTransformer):
+    def __init__(self, name: str, new: cst.FunctionDef) -> None:
+        self.name = name
+        self.new = new
+        self.depth = 0
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.depth += 1
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.depth -= 1
+        if self.depth:
+            return updated
+        body = [self.new if isinstance(s, cst.FunctionDef) and s.name.value == self.name else s for s in updated.body.body]
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+
+class _InitAttributes(cst.CSTTransformer):
+    """Give `__init__` a `config=None` parameter stored as `self.config`, and/or set `self.is_causal`."""
+
+    def __init__(self, add_config: bool, is_causal: str | None) -> None:
+        self.add_config = add_config
+        self.is_causal = is_causal
+        self.depth = 0
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.depth += 1
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self.depth -= 1
+        if self.depth or updated.name.value != "__init__":
+            return updated
+        params = updated.params
+        names = {p.name.value for p in [*params.params, *params.kwonly_params, *params.posonly_params]}
+        added: list[cst.BaseStatement] = []
+        if self.add_config:
+            if "config" not in names:
+                new_param = cst.Param(
+                    name=cst.Name("config"),
+                    default=cst.Name("None"),
+                    equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+                )
+                last = params.params[-1] if params.params else None
+                if last is not None and isinstance(last.comma, cst.Comma):
+                    new_param = new_param.with_changes(comma=last.comma)
+                    params = params.with_changes(params=[*params.params, new_param])
+                elif last is not None:
+                    params = params.with_changes(
+                        params=[*params.params[:-1], last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), new_param]
+                    )
+                else:
+                    params = params.with_changes(params=[new_param])
+            added.append(cst.parse_statement("self.config = config"))
+        if self.is_causal is not None:
+            causal = self.is_causal
+            if "config." in causal and "config" not in names and not self.add_config:
+                causal = causal.replace("config.", "self.config.")
+            added.append(cst.parse_statement(f"self.is_causal = {causal}"))
+        body = list(updated.body.body)  # type: ignore[union-attr]
+        position = len(body)
+        for index, statement in enumerate(body):
+            if _is_super_init(statement):
+                position = index + 1
+                break
+        if position == len(body):
+            position = 0 if not body or not _is_docstring(body[0]) else 1
+        body[position:position] = added
+        return updated.with_changes(params=params, body=updated.body.with_changes(body=body))
+
+
+def _is_super_init(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and m.matches(
+        statement.body[0],
+        m.Expr(value=m.Call(func=m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("__init__")))),
+    )
+
+
+def _is_docstring(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and m.matches(statement.body[0], m.Expr(value=m.SimpleString()))
+
+
+class _PassConfig(cst.CSTTransformer):
+    """`Cls(...)` gains `config=config` where a `config` parameter is in scope."""
+
+    def __init__(self, class_name: str) -> None:
+        self.class_name = class_name
+        self.functions: list[cst.FunctionDef] = []
+        self.classes: list[str] = []
+        self.count = 0
+        self.missing: set[str] = set()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.classes.pop()
+        return updated
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append(node)
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self.functions.pop()
+        return updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not m.matches(updated.func, m.Name(self.class_name)):
+            return updated
+        if any(a.keyword is not None and a.keyword.value == "config" for a in updated.args):
+            return updated
+        params = self.functions[-1].params if self.functions else None
+        names = {p.name.value for p in [*params.params, *params.kwonly_params]} if params else set()
+        if "config" not in names:
+            self.missing.add(self.classes[0] if self.classes else "<module>")
+            return updated
+        self.count += 1
+        args = list(updated.args)
+        new = cst.Arg(
+            value=cst.Name("config"),
+            keyword=cst.Name("config"),
+            equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+        )
+        if args:
+            last = args[-1]
+            if isinstance(last.comma, cst.Comma):
+                new = new.with_changes(comma=last.comma)
+                if isinstance(args[0].comma, cst.Comma) and len(args) > 1:
+                    args[-1] = last.with_changes(comma=args[0].comma)
+            else:
+                args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return updated.with_changes(args=[*args, new])
+
+
+class _DictLookup(cst.CSTTransformer):
+    """`CLASSES[name]` -> `CLASSES.get(name, EagerClass)`: every implementation but the listed ones goes eager-side."""
+
+    def __init__(self, dict_name: str, eager_class: str) -> None:
+        self.dict_name = dict_name
+        self.eager_class = eager_class
+
+    def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
+        if not m.matches(updated.value, m.Name(self.dict_name)) or len(updated.slice) != 1:
+            return updated
+        index = updated.slice[0].slice
+        if not isinstance(index, cst.Index):
+            return updated
+        return cst.Call(
+            func=cst.Attribute(value=cst.Name(self.dict_name), attr=cst.Name("get")),
+            args=[
+                cst.Arg(index.value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                cst.Arg(cst.Name(self.eager_class)),
+            ],
+        )
+
+
+__all__ = ["port_interface_style", "self_attention_causality", "cross_attention_parameter", "code"]

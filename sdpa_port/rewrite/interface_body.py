@@ -1,0 +1,342 @@
+"""Interface style: split a traced forward into a dispatch through ALL_ATTENTION_FUNCTIONS and an eager function.
+
+The chain statements (query-key product to the product with V) move, unchanged, into a module-level eager function;
+the statements around them stay in forward and hand their values to it as keyword arguments. For the other
+implementations the forward also passes `scaling`, `dropout` and, for additive terms other than the attention
+mask, their sum as `position_bias` (which transformers' sdpa and flex implementations add to the mask).
+"""
+
+from __future__ import annotations
+
+import builtins
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import libcst as cst
+
+from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.cstutil import assigned_names, block_body, code, replace_names, replace_nodes
+from sdpa_port.analyse.patterns import walk_names
+from sdpa_port.render import render_module, render_statements
+from sdpa_port.rewrite.sdpa_body import EmitError, EmitOptions, SdpaEmitter, SideNames, _ById, _paren, _unflatten
+
+RESERVED = frozenset({"module", "query", "key", "value", "attention_mask", "scaling", "dropout", "kwargs"})
+BUILTINS = frozenset(dir(builtins))
+
+
+@dataclass(frozen=True)
+class InterfaceOptions:
+    names: SideNames
+    eager_name: str
+    mask_param: str | None  # the forward name holding the attention mask passed positionally
+    causal_kwarg: str | None  # code for an explicit is_causal= argument, when the module serves cross-attention too
+    forward_kwargs: str | None  # forward's **kwargs name, passed on to the implementation
+    moved: frozenset[int] = frozenset()  # statements that belong to the eager computation (operand upcasts)
+    module_names: frozenset[str] = frozenset()  # top-level names of the file (visible inside the eager function)
+    taken: frozenset[str] = frozenset()  # names of the forward being rewritten
+
+
+@dataclass
+class EagerPart:
+    """What the eager function needs: its statements, the values it reads from forward, the operand names."""
+
+    statements: list[cst.BaseStatement] = field(default_factory=list)
+    output_name: str = "attn_output"
+    weights: str | None = None
+    rank: int | None = None
+    heads: tuple[cst.BaseExpression, cst.BaseExpression] | None = None
+    query: cst.BaseExpression | None = None
+    key: cst.BaseExpression | None = None
+    value: cst.BaseExpression | None = None
+    free: list[str] = field(default_factory=list)
+
+
+class InterfaceEmitter(SdpaEmitter):
+    def __init__(self, result: t.TraceResult, candidate: t.Candidate, options: InterfaceOptions) -> None:
+        super().__init__(result, candidate, EmitOptions(options.names, None))
+        self.interface = options
+        self.eager = EagerPart()
+        self.dispatched = False
+
+    # the attention mask goes to the implementation positionally; only the other terms fold into position_bias
+    def add_to_mask(self, term: cst.BaseExpression) -> list[cst.BaseStatement]:
+        if self.is_mask_parameter(term):
+            return []
+        return super().add_to_mask(term)
+
+    def is_mask_parameter(self, term: cst.BaseExpression) -> bool:
+        return isinstance(term, cst.Name) and term.value == self.interface.mask_param
+
+    def none_guarded_term(self, node: cst.If, touched: set[str]) -> str | None:
+        found = super().none_guarded_term(node, touched)
+        return None if found == self.interface.mask_param else found
+
+    def chain_kinds(self, node: cst.CSTNode) -> set[str]:
+        """As for SDPA, but adding the attention mask changes no side value: it goes to the interface as is."""
+        plans = [p for p in self.plans_in(node) if isinstance(p, t.ChainStmt)]
+        if plans and all(
+            isinstance(op, (t.AddTerm,)) and self.is_mask_parameter(op.term) or not isinstance(op, (t.AddTerm, t.Scale, t.Fill, t.Dropout))
+            for plan in plans
+            for op in plan.ops
+        ):
+            return set()
+        return super().chain_kinds(node)
+
+    def apply(self, op: t.Op) -> list[cst.BaseStatement]:
+        if isinstance(op, t.Fill):
+            return self.fill_mask(op)  # a causal buffer is an additive term like any other here
+        return super().apply(op)
+
+    def line(self, statement: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
+        kept = [small for small in statement.body if id(small) not in self.interface.moved]
+        if not kept:
+            return []
+        if len(kept) != len(statement.body):
+            statement = statement.with_changes(body=kept)
+        return super().line(statement)
+
+    def output_statement(
+        self, small: cst.BaseSmallStatement, plan: t.OutputStmt, line: cst.SimpleStatementLine
+    ) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        for op in plan.ops:
+            out.extend(self.apply(op))
+        if self.query is None or self.key is None or self.start is None:
+            raise EmitError("the product with V has no recognised scores")
+        state = self.state
+        if state.mask_var:
+            bias = self.names.mask
+        elif state.mask is not None:
+            bias = code(state.mask)
+        else:
+            bias = ""
+        layout = self.layout
+        query, key, value = self.query, self.key, plan.output.value
+        if layout.heads is not None:
+            query, key = _unflatten(query, layout.heads), _unflatten(key, layout.heads)
+            if layout.unflatten_value:
+                value = _unflatten(value, layout.heads)
+        weights = sorted(self.probs_after_output - self.assigned_by(small))
+        output_name = _fresh("attention_output", self.taken())
+        extra = [(name, name if name not in RESERVED else name) for name in self.eager.free]
+        dispatch = render_statements(
+            "interface_style/dispatch.py.jinja",
+            eager=self.interface.eager_name,
+            output=output_name,
+            weights=weights[0] if weights else "_",
+            query=code(query),
+            key=code(key),
+            value=code(value),
+            mask=self.interface.mask_param or "None",
+            dropout=code(self.dropout) if self.dropout is not None else "0.0",
+            scaling=code(self.scale_expression()),
+            is_causal=self.interface.causal_kwarg or "",
+            position_bias=bias,
+            extra=[(_eager_name(n), n) for n, _ in extra],
+            kwargs=self.interface.forward_kwargs or "",
+        )
+        out.extend(dispatch)
+        for name in weights[1:]:
+            out.append(cst.parse_statement(f"{name} = {weights[0]}"))
+        converted: cst.BaseExpression = cst.parse_expression(f"{output_name}.transpose(1, 2)")
+        rank = plan.output.rank
+        if rank == 3:
+            converted = cst.parse_expression(f"{output_name}.transpose(1, 2).flatten(0, 1)")
+        out.append(line.with_changes(body=[replace_nodes(small, {id(plan.output.node): converted})]))
+        self.dispatched = True
+        self.eager.weights = weights[0] if weights else None
+        self.eager.rank = rank
+        self.eager.heads = layout.heads
+        return out
+
+    def taken(self) -> set[str]:
+        return set(self.interface.module_names) | set(self.eager.free) | set(self.interface.taken)
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name = "_" + name
+    return name
+
+
+def _eager_name(name: str) -> str:
+    """Free values whose names the interface reserves get a trailing underscore inside the eager function."""
+    return name + "_" if name in RESERVED else name
+
+
+# ------------------------------------------------------------------ the eager function's body
+
+
+class _Filter:
+    """Keep the chain statements (and the statements moved with them) in their control-flow skeleton."""
+
+    def __init__(self, result: t.TraceResult, moved: frozenset[int]) -> None:
+        self.plans = result.plans
+        self.dropped_ifs = result.dropped_ifs
+        self.moved = moved
+        self.output: t.OutputStmt | None = None
+        self.output_small: cst.BaseSmallStatement | None = None
+
+    def block(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        out: list[cst.BaseStatement] = []
+        for statement in statements:
+            out.extend(self.statement(statement))
+        return out
+
+    def statement(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:
+        if isinstance(statement, cst.SimpleStatementLine):
+            kept: list[cst.BaseSmallStatement] = []
+            for small in statement.body:
+                plan = self.plans.get(id(small))
+                if isinstance(plan, t.ChainStmt) or id(small) in self.moved:
+                    kept.append(small)
+                elif isinstance(plan, t.OutputStmt):
+                    self.output, self.output_small = plan, small
+                    kept.append(small)
+            return [statement.with_changes(body=kept)] if kept else []
+        if isinstance(statement, cst.If):
+            if id(statement) in self.dropped_ifs:
+                return []
+            return self.if_statement(statement)
+        if isinstance(statement, cst.With):
+            body = self.block(block_body(statement.body))
+            return [statement.with_changes(body=statement.body.with_changes(body=body))] if body else []  # type: ignore[union-attr]
+        return []
+
+    def if_statement(self, node: cst.If) -> list[cst.BaseStatement]:
+        branches: list[tuple[cst.If | cst.Else, list[cst.BaseStatement]]] = []
+        current: cst.If | cst.Else | None = node
+        while current is not None:
+            branches.append((current, self.block(block_body(current.body))))
+            current = current.orelse if isinstance(current, cst.If) else None
+        if all(not body for _, body in branches):
+            return []
+        rebuilt: cst.If | cst.Else | None = None
+        for branch, body in reversed(branches):
+            suite = branch.body.with_changes(body=body or [cst.SimpleStatementLine(body=[cst.Pass()])])  # type: ignore[union-attr]
+            if isinstance(branch, cst.Else):
+                rebuilt = branch.with_changes(body=suite)
+            else:
+                rebuilt = branch.with_changes(body=suite, orelse=rebuilt)
+        assert isinstance(rebuilt, cst.If)
+        return [rebuilt]
+
+
+def eager_body(
+    function: cst.FunctionDef, result: t.TraceResult, candidate: t.Candidate, options: InterfaceOptions
+) -> tuple[list[cst.BaseStatement], EagerPart]:
+    """The eager function's statements: operand adapters, the chain as written (self -> module), the return."""
+    fil = _Filter(result, options.moved)
+    statements = fil.block(block_body(function.body))
+    if fil.output is None or fil.output_small is None:
+        raise EmitError("the product with V was not found on the eager path")
+    start = candidate.start
+    assert start is not None
+    output = fil.output.output
+    part = EagerPart()
+    # the output statement keeps only the product: `attn_output = <probs @ value>`
+    taken = walk_names(function) | set(options.module_names)
+    part.output_name = _fresh("attn_output", taken - {"attn_output"}) if "attn_output" not in taken else "attn_output"
+    last = statements[-1]
+    statements = statements[:-1] + _replace_output(last, fil.output_small, output.node, part.output_name)
+    # adapters: the interface hands over 4-D query, key, value
+    flat = output.rank == 3 or (start.rank == 3)
+    adapters: list[cst.BaseStatement] = []
+    for operand, parameter in ((start.query, "query"), (start.key, "key"), (output.value, "value")):
+        if isinstance(operand, cst.Name) and operand.value != parameter:
+            source = f"{parameter}.flatten(0, 1)" if flat else parameter
+            adapters.append(cst.parse_statement(f"{operand.value} = {source}"))
+        elif isinstance(operand, cst.Name) and flat:
+            adapters.append(cst.parse_statement(f"{parameter} = {parameter}.flatten(0, 1)"))
+    if options.mask_param and options.mask_param != "attention_mask":
+        adapters.append(cst.parse_statement(f"{options.mask_param} = attention_mask"))
+    body = [*adapters, *statements]
+    body = [replace_names(s, {"self": cst.Name("module")}) for s in body]
+    part.free = free_names(body, options.module_names)
+    renames = {name: cst.Name(_eager_name(name)) for name in part.free if name in RESERVED}
+    if renames:
+        body = [replace_names(s, renames) for s in body]
+    result_expr = part.output_name
+    if flat:
+        heads = _heads_in_eager(candidate)
+        if heads is None:
+            raise EmitError("the flat (batch * heads) layout cannot be split back into heads")
+        result_expr = f"{part.output_name}.unflatten(0, ({heads}))"
+    weights = sorted(result.probs_names_after_output)
+    returned = weights[0] if weights else "None"
+    body.append(cst.parse_statement(f"return {result_expr}.transpose(1, 2).contiguous(), {returned}"))
+    part.free = free_names(body, options.module_names)
+    return body, part
+
+
+def _heads_in_eager(candidate: t.Candidate) -> str | None:
+    for op, _, _ in candidate.ops:
+        if isinstance(op, t.View) and op.heads is not None:
+            return f"{code(op.heads[0])}, {code(op.heads[1])}".replace("self.", "module.")
+    return None
+
+
+def _replace_output(
+    statement: cst.BaseStatement, small: cst.BaseSmallStatement, product: cst.BaseExpression, name: str
+) -> list[cst.BaseStatement]:
+    assign = cst.parse_statement(f"{name} = __product__")
+    assert isinstance(assign, cst.SimpleStatementLine)
+    new_small = assign.body[0].with_changes(value=product)  # type: ignore[union-attr]
+    if isinstance(statement, cst.SimpleStatementLine):
+        return [statement.with_changes(body=[new_small if s is small else s for s in statement.body])]
+    raise EmitError("the product with V sits inside a compound statement")
+
+
+def free_names(statements: Sequence[cst.BaseStatement], module_names: frozenset[str]) -> list[str]:
+    """Names read before being assigned, in order of first use; module-level names and builtins excluded."""
+    assigned: set[str] = set()
+    free: list[str] = []
+    reserved = {"module", "query", "key", "value", "attention_mask", "scaling", "dropout", "kwargs"}
+    for statement in statements:
+        reads_then_writes = _reads_and_writes(statement)
+        for name, is_write in reads_then_writes:
+            if is_write:
+                assigned.add(name)
+            elif name not in assigned and name not in free and name not in module_names and name not in BUILTINS:
+                if name not in reserved:
+                    free.append(name)
+    return free
+
+
+def _reads_and_writes(statement: cst.CSTNode) -> list[tuple[str, bool]]:
+    """Names in evaluation order for simple statements: the value's reads come before the targets' writes."""
+    out: list[tuple[str, bool]] = []
+    if isinstance(statement, cst.SimpleStatementLine):
+        for small in statement.body:
+            if isinstance(small, cst.Assign):
+                out.extend((n, False) for n in sorted(walk_names(small.value)))
+                for target in small.targets:
+                    out.extend((n, True) for n in assigned_names(target.target))
+                    out.extend((n, False) for n in sorted(walk_names(target.target) - set(assigned_names(target.target))))
+            elif isinstance(small, cst.AugAssign):
+                out.extend((n, False) for n in sorted(walk_names(small.value) | walk_names(small.target)))
+                out.extend((n, True) for n in assigned_names(small.target))
+            else:
+                out.extend((n, False) for n in sorted(walk_names(small)))
+        return out
+    if isinstance(statement, cst.If):
+        out.extend((n, False) for n in sorted(walk_names(statement.test)))
+        for inner in block_body(statement.body):
+            out.extend(_reads_and_writes(inner))
+        orelse = statement.orelse
+        if isinstance(orelse, cst.If):
+            out.extend(_reads_and_writes(orelse))
+        elif isinstance(orelse, cst.Else):
+            for inner in block_body(orelse.body):
+                out.extend(_reads_and_writes(inner))
+        return out
+    if isinstance(statement, cst.With):
+        for item in statement.items:
+            out.extend((n, False) for n in sorted(walk_names(item.item)))
+        for inner in block_body(statement.body):
+            out.extend(_reads_and_writes(inner))
+        return out
+    return [(n, False) for n in sorted(walk_names(statement))]
+
+
+__all__ = ["InterfaceEmitter", "InterfaceOptions", "eager_body", "free_names", "_ById", "_paren"]
