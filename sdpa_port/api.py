@@ -13,6 +13,9 @@ from sdpa_port.plan.class_style import ClassStylePlan, apply_class_style, plan_c
 from sdpa_port.result import PortResult, Status, Style
 
 
+NOT_MODELING = "not a modeling file: it neither imports torch nor defines a module class"
+
+
 def port_source(source: str, *, style: Style | str = Style.AUTO, filename: str | None = None) -> PortResult:
     """Port one modeling file's source to SDPA. Never raises for bad input: errors come back as results."""
     style = Style(style)
@@ -25,24 +28,27 @@ def port_source(source: str, *, style: Style | str = Style.AUTO, filename: str |
         return PortResult(Status.ERROR, source, None, "syntax error", reasons=(f"{where}{line}: {message}",))
     first = screen(tree)
     if not first.modeling:
-        detail = "not a modeling file: it neither imports torch nor defines a module class"
-        return PortResult(Status.ERROR, source, None, "not a modeling file", reasons=(f"{filename or 'input'}: {detail}",))
+        return PortResult(Status.UNCHANGED, source, None, NOT_MODELING)
     chosen = (Style.INTERFACE if first.interface_machinery else Style.CLASS) if style is Style.AUTO else style
     if first.supports_sdpa:
         return PortResult(Status.UNCHANGED, source, chosen, "already supports SDPA")
-    if not first.softmax_classes:
+    if not first.softmax_classes and not first.uses_attention_interface:
         return PortResult(Status.UNCHANGED, source, chosen, "no eager attention found")
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as error:
         return PortResult(Status.ERROR, source, None, "syntax error", reasons=(f"{where}{error.raw_line}: {error.message}",))
-    facts = ModuleFacts.of(module, tree)
-    lines = Lines(module, top_level_starts(tree))
-    if chosen is Style.CLASS:
-        return _port_class_style(module, facts, lines, first)
-    from sdpa_port.plan.interface_style import port_interface_style
+    try:
+        facts = ModuleFacts.of(module, tree)
+        lines = Lines(module, top_level_starts(tree))
+        if chosen is Style.CLASS:
+            return _port_class_style(module, facts, lines, first)
+        from sdpa_port.plan.interface_style import port_interface_style
 
-    return port_interface_style(module, facts, lines, first)
+        return port_interface_style(module, facts, lines, first)
+    except SyntaxError as error:
+        message = f"{filename or 'input'}: internal error: the port does not compile ({error.msg}, line {error.lineno})"
+        return PortResult(Status.ERROR, source, chosen, "internal error", reasons=(message,))
 
 
 def _port_class_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen) -> PortResult:

@@ -179,7 +179,7 @@ def scalar(
         return None if inner is None else Scalar(node.with_changes(expression=_paren(inner.node)))
     if isinstance(node, cst.Call):
         qualified = scope.qualify(node.func)
-        if qualified in SCALAR_FUNCTIONS and not has_star_args(node):
+        if (qualified in SCALAR_FUNCTIONS or (qualified or "").endswith(".torch_float")) and not has_star_args(node):
             if all(scalar(a.value, scope, depth + 1, attributes) is not None for a in node.args):
                 return Scalar(node)
             return None

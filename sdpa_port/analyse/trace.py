@@ -410,6 +410,8 @@ class Tracer:
             self.aug_assign(small, depth, line)
         elif isinstance(small, cst.Expr):
             self.expression_statement(small, depth, line)
+        elif isinstance(small, cst.Assert) and self.chain_refs(small) and not self.chain_value_refs(small):
+            self.plans[id(small)] = ChainStmt([], [], depth, line)  # a shape check on the scores goes with them
         elif isinstance(small, cst.Return):
             self.returns.append(small)
             output = self.find_output(small.value) if small.value is not None else None
@@ -625,7 +627,7 @@ class Tracer:
                 return base, [*ops, View(current.rank, after if after is not None else current.rank, heads)]
             if name in p.CAST_METHODS:
                 return base, [*ops, Cast(name in ("float", "double") or _casts_to_float32(node, self.scope))]
-            if name == "masked_fill":
+            if name in ("masked_fill", "masked_fill_"):
                 return base, [*ops, self.fill(p.arg(node, 0, "mask"), p.arg(node, 1, "value"), False, line, base.cid)]
             if name in ("clamp", "clamp_min"):
                 bound = p.arg(node, 0, "min")
@@ -969,6 +971,10 @@ class Tracer:
                 else:
                     for name in assigned_names(target_element.value):
                         self.env.pop(name, None)
+        elif len(targets) == 1 and isinstance(targets[0], cst.Tuple) and _is_shape(value):
+            # `batch, heads, length, dim = query.shape`: every name holds a number
+            for name in names:
+                self.env[name] = ScalarVal()
         else:
             for name in names:
                 self.env.pop(name, None)
@@ -1206,6 +1212,16 @@ def _all_params(params: cst.Parameters) -> list[cst.Param]:
     if params.star_kwarg is not None:
         out.append(params.star_kwarg)
     return out
+
+
+def _is_shape(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.Attribute) and node.attr.value == "shape":
+        return True
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "size":
+        return not node.args
+    if isinstance(node, cst.Subscript):
+        return _is_shape(node.value)
+    return False
 
 
 def _numeric_annotation(node: cst.BaseExpression) -> bool:

@@ -37,6 +37,14 @@ def parse_lengths(text: str) -> tuple[int, ...]:
     return lengths
 
 
+def parse_phases(text: str) -> tuple[str, ...]:
+    chosen = tuple(part for part in text.replace(" ", "").split(",") if part)
+    unknown = [part for part in chosen if part not in ("forward", "prefill", "decode")]
+    if unknown or not chosen:
+        raise typer.BadParameter(f"phases are forward, prefill, decode; got {text!r}", param_hint="--phases")
+    return chosen
+
+
 def devices_for(choice: Device) -> tuple[str, ...]:
     import torch
 
@@ -67,6 +75,9 @@ def bench(
     ] = Padding.NONE,
     pad_fraction: Annotated[float, typer.Option("--pad-fraction", min=0.0, max=0.9, help="Share of the last example that is padding.")] = 0.25,
     decode_tokens: Annotated[int, typer.Option("--decode-tokens", min=1, help="Tokens per timed decode run.")] = 8,
+    phases: Annotated[
+        str, typer.Option("--phases", help="Comma-separated: forward, prefill, decode (the last two for decoders only).")
+    ] = "forward,prefill,decode",
     memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Measure peak memory in child processes.")] = True,
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write a PNG plot (needs matplotlib).")] = True,
     hidden: Annotated[int, typer.Option("--hidden", min=8, help="Hidden size of the random-init model.")] = 256,
@@ -105,6 +116,7 @@ def bench(
         decode_tokens=decode_tokens,
         devices=devices_for(device),
         memory=memory,
+        phases=parse_phases(phases),
         size=Size(hidden=hidden, layers=layers, heads=heads, ffn=ffn, vocab=vocab),
     )
     try:

@@ -24,10 +24,10 @@ class BenchError(Exception):
     """A benchmark that could not run, reported as one line."""
 
 
-def phases_of(kind: Kind) -> tuple[Phase, ...]:
-    if kind is Kind.ENCODER:
-        return (Phase.FORWARD,)
-    return (Phase.FORWARD, Phase.PREFILL, Phase.DECODE)
+def phases_of(kind: Kind, wanted: tuple[str, ...] = ("forward", "prefill", "decode")) -> tuple[Phase, ...]:
+    """The phases run for a kind: encoders have only `forward`; cache phases need a decoder."""
+    possible = (Phase.FORWARD,) if kind is Kind.ENCODER else (Phase.FORWARD, Phase.PREFILL, Phase.DECODE)
+    return tuple(phase for phase in possible if phase.value in wanted)
 
 
 def describe_model(
@@ -102,10 +102,10 @@ def run_benchmark(
     config = measure.build_config(chosen, ref.config)
     progress(f"{ref.model_class} ({ref.kind.value}), threads={settings.threads}, lengths={list(settings.lengths)}")
     environment = describe(settings.threads)
-    phases = phases_of(ref.kind)
+    phases = phases_of(ref.kind, settings.phases)
     rows: list[Row] = []
     checks: dict[str, Any] = {}
-    steps = len(settings.devices) * len(settings.lengths) * (len(phases) + (1 if settings.memory else 0))
+    steps = len(settings.devices) * len(settings.lengths) * (len(phases) + (1 if settings.memory and Phase.FORWARD in phases else 0))
     step = 0
     for device in settings.devices:
         eager = measure.build_model(chosen, config, "eager", device, settings.seed)
@@ -128,7 +128,7 @@ def run_benchmark(
                 timings[phase] = (eager_s, sdpa_s)
                 progress(f"    eager {eager_s * 1e3:.2f} ms, sdpa {sdpa_s * 1e3:.2f} ms, x{eager_s / sdpa_s:.2f}")
             peaks: dict[str, int | None] = {name: None for name in IMPLEMENTATIONS}
-            if settings.memory:
+            if settings.memory and Phase.FORWARD in phases:
                 step += 1
                 progress(f"[{step}/{steps}] {device} peak memory L={length} (child processes)")
                 for name in IMPLEMENTATIONS:

@@ -45,6 +45,7 @@ class Settings:
     decode_tokens: int = 8
     devices: tuple[str, ...] = ("cpu",)
     memory: bool = True
+    phases: tuple[str, ...] = ("forward", "prefill", "decode")  # those that apply to the model's kind are run
     size: Size = field(default_factory=Size)
     seed: int = 0
 
@@ -163,6 +164,7 @@ class BenchResult:
         raw = dict(data["settings"])
         raw["lengths"] = tuple(raw["lengths"])
         raw["devices"] = tuple(raw["devices"])
+        raw["phases"] = tuple(raw.get("phases", ("forward", "prefill", "decode")))
         raw["size"] = Size(**raw["size"])
         return BenchResult(
             target=data["target"],

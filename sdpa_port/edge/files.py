@@ -18,6 +18,8 @@ class Target:
     path: Path
     # set when the target was given as a model name and resolved inside the installed transformers
     model: str | None = None
+    # named by the user (not found by walking a directory): a file that is not a modeling file is an error
+    explicit: bool = True
 
 
 def read_source(path: Path) -> str:
@@ -52,7 +54,7 @@ def discover(paths: list[Path]) -> list[Target]:
             found = sorted(p for p in path.rglob("modeling_*.py") if is_pytorch_modeling_file(p))
             if not found:
                 raise InputError(f"{path}: no PyTorch modeling files (modeling_*.py) in this directory")
-            out.extend(Target(p) for p in found)
+            out.extend(Target(p, explicit=False) for p in found)
         elif path.exists():
             out.append(Target(path))
         else:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from sdpa_port.api import port_source
+from sdpa_port.api import NOT_MODELING, port_source
 from sdpa_port.edge.files import InputError, Target, atomic_write, read_source
 from sdpa_port.result import PortResult, Status, Style
 
@@ -65,6 +65,8 @@ def process(target: Target, options: RunOptions) -> Outcome:
     except Exception as error:  # the edge turns any crash into an error outcome for this file only
         message = f"{path}: internal error: {type(error).__name__}: {error}"
         result = PortResult(Status.ERROR, source, None, "internal error", reasons=(message,))
+    if target.explicit and result.status is Status.UNCHANGED and result.detail == NOT_MODELING:
+        result = PortResult(Status.ERROR, source, None, "bad input", reasons=(f"{path}: {NOT_MODELING}",))
     diff = ""
     if options.want_diff and result.status is Status.PORTED:
         diff = unified_diff(source, result.source, str(path))

@@ -101,7 +101,11 @@ def plan_interface(
     module: cst.Module, facts: ModuleFacts, analyses: list[ClassAnalysis], dispatching: dict[str, str]
 ) -> InterfacePlan:
     plan = InterfacePlan()
-    causality = self_attention_causality(facts)
+    for root in facts.pretrained_roots:
+        value = facts.classes[root].class_vars.get("_supports_sdpa")
+        if isinstance(value, cst.Name) and value.value == "False":
+            raise Refused(f"{root} sets `_supports_sdpa = False` explicitly; the file's own authors ruled SDPA out")
+    causality = Causality.of(facts)
     eager_names: dict[str, str] = {}
     for analysis in analyses:
         eager_name = _eager_function_name(analysis.class_name, facts, len(analyses), eager_names)
@@ -111,13 +115,9 @@ def plan_interface(
         if class_name in eager_names:
             continue
         _check_eager_function(facts, class_name, function_name)
+        plan.flag_only.append(class_name)
         if not facts.find_attribute_values(class_name, "is_causal"):
-            if causality is None:
-                raise Refused(f"{class_name}: cannot tell whether its self-attention is causal")
-            plan.flag_only.append(class_name)
-            plan.causal_for_flag_only[class_name] = causality
-        else:
-            plan.flag_only.append(class_name)
+            plan.causal_for_flag_only[class_name] = causality.for_class(class_name, mask_param=True)
     eager_classes = {p.class_name for p in plan.modules}
     for dict_name, entries in attention_dicts(facts).items():
         if entries["eager"] in eager_classes:
@@ -125,7 +125,7 @@ def plan_interface(
     return plan
 
 
-def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, causality: str | None) -> ModulePlan:
+def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, causality: "Causality") -> ModulePlan:
     found = facts.find_method(analysis.class_name, "forward")
     assert found is not None
     forward = found[1]
@@ -138,12 +138,17 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     assert start is not None
     params = result.params
     mask_param = _mask_parameter(candidate, params)
+    for op, _, line in candidate.ops:
+        if isinstance(op, t.Fill) and any("mask" in n for n in walk_names(op.condition) & set(params)):
+            raise Refused(
+                f"{analysis.class_name} (line {line}): the attention mask is applied with a masking fill; transformers "
+                "builds it differently for each implementation, so it cannot be handed over as is"
+            )
     moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result)
     cross = cross_attention_parameter(forward, start, params)
     has_causal = bool(facts.find_attribute_values(analysis.class_name, "is_causal"))
-    if not has_causal and causality is None:
-        raise Refused(f"{analysis.class_name}: cannot tell whether its self-attention is causal")
-    causal_kwarg = f"self.is_causal and {cross} is None" if cross else None
+    causal_value = None if has_causal else causality.for_class(analysis.class_name, mask_param is not None)
+    causal_kwarg = f"self.is_causal and {cross} is None" if cross and not causality.from_callers else None
     kwargs = forward.params.star_kwarg.name.value if isinstance(forward.params.star_kwarg, cst.Param) else None
     taken = function_names(forward)
     options = InterfaceOptions(
@@ -174,17 +179,27 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     init = facts.find_method(analysis.class_name, "__init__")
     init_params = {p.name.value for p in init[1].params.params} if init is not None else set()
     add_parameter = store_config and "config" not in init_params
-    return ModulePlan(
-        analysis.class_name, new_forward, eager, store_config, add_parameter, None if has_causal else causality
-    )
+    return ModulePlan(analysis.class_name, new_forward, eager, store_config, add_parameter, causal_value)
 
 
 def _mask_parameter(candidate: t.Candidate, params: tuple[str, ...]) -> str | None:
+    """The forward parameter added to the scores as the attention mask (`mask` or `mask.to(dtype)`).
+
+    It goes to the implementation positionally: transformers' mask builders give eager a float mask and sdpa a
+    boolean mask or None, so each implementation must receive the mask built for it.
+    """
     for op, _, _ in candidate.ops:
-        if isinstance(op, t.AddTerm) and isinstance(op.term, cst.Name) and op.term.value in params:
-            if "mask" in op.term.value:
-                return op.term.value
+        if isinstance(op, t.AddTerm):
+            name = mask_term_name(op.term)
+            if name is not None and name in params and "mask" in name:
+                return name
     return None
+
+
+def mask_term_name(term: cst.BaseExpression) -> str | None:
+    while isinstance(term, cst.Call) and isinstance(term.func, cst.Attribute) and term.func.attr.value in ("to", "type", "type_as"):
+        term = term.func.value
+    return term.value if isinstance(term, cst.Name) else None
 
 
 def _operand_upcasts(function: cst.FunctionDef, start: t.Start) -> frozenset[int]:
@@ -287,6 +302,59 @@ def _dependencies(function: cst.FunctionDef, params: set[str]) -> dict[str, set[
 
     function.body.visit(Walk())
     return deps
+
+
+@dataclass(frozen=True)
+class Causality:
+    """How to set `self.is_causal` on the attention modules of one file.
+
+    `is_causal` only matters to the implementations when the mask handed to them is None: a causal mask that the
+    builder skipped, a bidirectional one without padding, or no mask at all. So a module whose masking all goes
+    into `position_bias` is not causal; otherwise the file's mask builders decide, unless the callers pass
+    `is_causal=` themselves (then the default is False and their keyword wins).
+    """
+
+    self_attention: str | None  # "True", "False", "config.is_decoder"; None when ambiguous
+    from_callers: bool  # some caller passes is_causal= explicitly through **kwargs
+    several_towers: bool  # token and non-token (pixel/audio) models share the file
+
+    @classmethod
+    def of(cls, facts: ModuleFacts) -> "Causality":
+        tree = facts.tree
+        # `self.encoder(..., is_causal=True)`: a caller passes causality down through **kwargs
+        from_callers = tree is not None and any(
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "self"
+            and any(k.arg == "is_causal" for k in node.keywords)
+            for node in ast.walk(tree)
+        )
+        towers = False
+        if tree is not None:
+            inputs = set()
+            for node in ast.walk(tree):
+                if isinstance(node, ast.FunctionDef) and node.name == "forward":
+                    names = {a.arg for a in node.args.args + node.args.kwonlyargs}
+                    if "input_ids" in names:
+                        inputs.add("tokens")
+                    if names & {"pixel_values", "input_features", "input_values"}:
+                        inputs.add("other")
+            towers = len(inputs) > 1
+        return cls(self_attention_causality(facts), from_callers, towers)
+
+    def for_class(self, class_name: str, mask_param: bool) -> str:
+        if not mask_param:
+            return "False"
+        if self.from_callers:
+            return "False"
+        if self.self_attention is None:
+            raise Refused(f"{class_name}: the file builds causal and bidirectional self-attention masks, so whether "
+                          "this module is causal depends on where it is used")
+        if self.several_towers and self.self_attention != "False":
+            raise Refused(f"{class_name}: token and pixel/audio models share this file, and the causal mask of one "
+                          "tower says nothing about the other")
+        return self.self_attention
 
 
 def self_attention_causality(facts: ModuleFacts) -> str | None:

@@ -20,7 +20,10 @@ from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.rewrite.sdpa_body import EmitError, EmitOptions, SdpaEmitter, SideNames, _ById, _paren, _unflatten
 
-RESERVED = frozenset({"module", "query", "key", "value", "attention_mask", "scaling", "dropout", "kwargs"})
+# names the eager function's signature and the dispatch's keywords already use
+RESERVED = frozenset(
+    {"module", "query", "key", "value", "attention_mask", "scaling", "dropout", "kwargs", "position_bias", "is_causal"}
+)
 BUILTINS = frozenset(dir(builtins))
 
 
@@ -65,6 +68,12 @@ class InterfaceEmitter(SdpaEmitter):
         return super().add_to_mask(term)
 
     def is_mask_parameter(self, term: cst.BaseExpression) -> bool:
+        while isinstance(term, cst.Call) and isinstance(term.func, cst.Attribute) and term.func.attr.value in (
+            "to",
+            "type",
+            "type_as",
+        ):
+            term = term.func.value
         return isinstance(term, cst.Name) and term.value == self.interface.mask_param
 
     def none_guarded_term(self, node: cst.If, touched: set[str]) -> str | None:
@@ -235,29 +244,33 @@ def eager_body(
     output = fil.output.output
     part = EagerPart()
     # the output statement keeps only the product: `attn_output = <probs @ value>`
-    taken = walk_names(function) | set(options.module_names)
-    part.output_name = _fresh("attn_output", taken - {"attn_output"}) if "attn_output" not in taken else "attn_output"
+    part.output_name = "attn_output"
     last = statements[-1]
     statements = statements[:-1] + _replace_output(last, fil.output_small, output.node, part.output_name)
-    # adapters: the interface hands over 4-D query, key, value
-    flat = output.rank == 3 or (start.rank == 3)
+    # adapters: the interface hands over 4-D query, key, value and the attention mask
+    flatten = {"query": start.rank == 3, "key": start.rank == 3, "value": output.rank == 3}
     adapters: list[cst.BaseStatement] = []
+    provided: set[str] = {"module"}
     for operand, parameter in ((start.query, "query"), (start.key, "key"), (output.value, "value")):
-        if isinstance(operand, cst.Name) and operand.value != parameter:
-            source = f"{parameter}.flatten(0, 1)" if flat else parameter
+        if not isinstance(operand, cst.Name):
+            continue
+        source = f"{parameter}.flatten(0, 1)" if flatten[parameter] else parameter
+        if operand.value != parameter or flatten[parameter]:
             adapters.append(cst.parse_statement(f"{operand.value} = {source}"))
-        elif isinstance(operand, cst.Name) and flat:
-            adapters.append(cst.parse_statement(f"{parameter} = {parameter}.flatten(0, 1)"))
-    if options.mask_param and options.mask_param != "attention_mask":
-        adapters.append(cst.parse_statement(f"{options.mask_param} = attention_mask"))
-    body = [*adapters, *statements]
-    body = [replace_names(s, {"self": cst.Name("module")}) for s in body]
-    part.free = free_names(body, options.module_names)
+        provided.add(operand.value)
+    if options.mask_param:
+        if options.mask_param != "attention_mask":
+            adapters.append(cst.parse_statement(f"{options.mask_param} = attention_mask"))
+        provided.add(options.mask_param)
+    body = [replace_names(s, {"self": cst.Name("module")}) for s in statements]
+    # every other value the chain reads comes from forward, renamed where the signature already uses the name
+    part.free = [n for n in free_names(body, options.module_names, reserved=frozenset()) if n not in provided]
     renames = {name: cst.Name(_eager_name(name)) for name in part.free if name in RESERVED}
     if renames:
         body = [replace_names(s, renames) for s in body]
+    body = [*adapters, *body]
     result_expr = part.output_name
-    if flat:
+    if output.rank == 3:
         heads = _heads_in_eager(candidate)
         if heads is None:
             raise EmitError("the flat (batch * heads) layout cannot be split back into heads")
@@ -265,7 +278,6 @@ def eager_body(
     weights = sorted(result.probs_names_after_output)
     returned = weights[0] if weights else "None"
     body.append(cst.parse_statement(f"return {result_expr}.transpose(1, 2).contiguous(), {returned}"))
-    part.free = free_names(body, options.module_names)
     return body, part
 
 
@@ -287,11 +299,12 @@ def _replace_output(
     raise EmitError("the product with V sits inside a compound statement")
 
 
-def free_names(statements: Sequence[cst.BaseStatement], module_names: frozenset[str]) -> list[str]:
+def free_names(
+    statements: Sequence[cst.BaseStatement], module_names: frozenset[str], reserved: frozenset[str] = RESERVED
+) -> list[str]:
     """Names read before being assigned, in order of first use; module-level names and builtins excluded."""
     assigned: set[str] = set()
     free: list[str] = []
-    reserved = {"module", "query", "key", "value", "attention_mask", "scaling", "dropout", "kwargs"}
     for statement in statements:
         reads_then_writes = _reads_and_writes(statement)
         for name, is_write in reads_then_writes:

@@ -1,0 +1,180 @@
+"""Hold sdpa-port's automatic ports against the SDPA ports written by hand in a later transformers release.
+
+`run` benchmarks each model twice, with `python -m sdpa_port bench MODEL`: in an environment with the release the
+tool ports (4.40.2: the file there has no SDPA, so the bench ports it) and in one with the release that ships a
+hand-written SDPA port (4.47.1: the installed file is measured as it is). Both sides get the same config, inputs,
+lengths, thread count and seeds. `summarise` reads the JSON files back and writes the ratios:
+
+    speed-up ratio = (eager/SDPA time of the automatic port) / (eager/SDPA time of the hand port), at L=1024
+    memory ratio   = SDPA peak memory of the automatic port / SDPA peak memory of the hand port, at L=4096
+
+(peak memory: bytes above the process baseline during one forward, measured in a child process). The goal is a
+speed-up ratio of at least 0.95 and a memory ratio of at most 1.10. `plot` draws auto against hand per model.
+
+Examples:
+    python scripts/bench_compare.py run --auto-python /work/venv440/bin/python --hand-python /work/venv447/bin/python
+    python scripts/bench_compare.py summarise --data docs/bench-data
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from sdpa_port.bench.report import read_json
+from sdpa_port.bench.spec import BenchResult, Phase
+
+MODELS = ("bert", "distilbert", "gpt2", "opt", "mbart")
+SPEED_LENGTH, MEMORY_LENGTH = 1024, 4096
+SPEED_GOAL, MEMORY_GOAL = 0.95, 1.10
+CASES = {
+    # name: extra `sdpa-port bench` arguments
+    "unpadded": [],
+    "padded": ["--batch", "2", "--padding", "auto"],
+}
+
+app = typer.Typer(add_completion=False, no_args_is_help=True)
+
+
+def bench_command(python: str, model: str, out: Path, case: str, common: list[str]) -> list[str]:
+    return [python, "-m", "sdpa_port", "bench", model, "--out", str(out), "--no-plot", *common, *CASES[case]]
+
+
+@app.command()
+def run(
+    auto_python: Annotated[str, typer.Option(help="python of the environment whose files are ported (4.40.2).")],
+    hand_python: Annotated[str, typer.Option(help="python of the environment with hand ports (4.47.1).")],
+    data: Annotated[Path, typer.Option(help="Where the JSON files go (auto/ and hand/ below it).")] = Path("docs/bench-data"),
+    models: Annotated[str, typer.Option(help="Comma-separated model names.")] = ",".join(MODELS),
+    cases: Annotated[str, typer.Option(help="Comma-separated: unpadded, padded.")] = "unpadded,padded",
+    lengths: Annotated[str, typer.Option(help="Lengths of the unpadded case.")] = "512,1024,2048,4096",
+    padded_lengths: Annotated[str, typer.Option(help="Lengths of the padded case.")] = f"{SPEED_LENGTH},{MEMORY_LENGTH}",
+    runs: Annotated[int, typer.Option(help="Timed runs per measurement (unpadded case).")] = 5,
+    padded_runs: Annotated[int, typer.Option(help="Timed runs per measurement (padded case).")] = 3,
+    threads: Annotated[int, typer.Option(help="torch threads on both sides.")] = 1,
+    bench_args: Annotated[str, typer.Option(help="More `sdpa-port bench` arguments for both sides, space-separated.")] = "",
+) -> None:
+    """Benchmark every model on both sides, one after the other (never concurrently: they would share cores)."""
+    for model in models.split(","):
+        for case in cases.split(","):
+            chosen = lengths if case == "unpadded" else padded_lengths
+            count = runs if case == "unpadded" else padded_runs
+            common = ["--lengths", chosen, "--runs", str(count), "--threads", str(threads), "--device", "cpu", *bench_args.split()]
+            for side, python in (("auto", auto_python), ("hand", hand_python)):
+                command = bench_command(python, model, data / side, case, common)
+                typer.echo(f"$ {' '.join(command)}", err=True)
+                done = subprocess.run(command, check=False)
+                if done.returncode != 0:
+                    typer.echo(f"bench_compare: {model} {case} {side} failed with exit {done.returncode}", err=True)
+                    raise typer.Exit(2)
+
+
+def load_side(directory: Path) -> dict[tuple[str, str], BenchResult]:
+    """(model name, case) -> result, from the JSON files `sdpa-port bench` wrote."""
+    found: dict[tuple[str, str], BenchResult] = {}
+    for path in sorted(directory.glob("bench_*.json")):
+        result = read_json(path)
+        name = Path(result.target["source"]).stem.removeprefix("modeling_")
+        case = "unpadded" if result.settings.padding == "none" else "padded"
+        found[(name, case)] = result
+    return found
+
+
+def ratios(auto: BenchResult, hand: BenchResult) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "auto_transformers": auto.environment["transformers"],
+        "hand_transformers": hand.environment["transformers"],
+    }
+    a, h = auto.row("cpu", Phase.FORWARD, SPEED_LENGTH), hand.row("cpu", Phase.FORWARD, SPEED_LENGTH)
+    if a and h:
+        out |= {"auto_speedup": a.speedup, "hand_speedup": h.speedup, "speedup_ratio": a.speedup / h.speedup}
+    a, h = auto.row("cpu", Phase.FORWARD, MEMORY_LENGTH), hand.row("cpu", Phase.FORWARD, MEMORY_LENGTH)
+    if a and h and a.sdpa_peak_bytes and h.sdpa_peak_bytes:
+        out |= {
+            "auto_sdpa_peak_bytes": a.sdpa_peak_bytes,
+            "hand_sdpa_peak_bytes": h.sdpa_peak_bytes,
+            "memory_ratio": a.sdpa_peak_bytes / h.sdpa_peak_bytes,
+        }
+    for phase in (Phase.PREFILL, Phase.DECODE):
+        a, h = auto.row("cpu", phase, SPEED_LENGTH), hand.row("cpu", phase, SPEED_LENGTH)
+        if a and h:
+            out[f"{phase.value}_speedup_ratio"] = a.speedup / h.speedup
+    out["meets_goal"] = out.get("speedup_ratio", 0) >= SPEED_GOAL and out.get("memory_ratio", 9) <= MEMORY_GOAL
+    return out
+
+
+def compare(data: Path) -> dict[str, dict[str, Any]]:
+    auto, hand = load_side(data / "auto"), load_side(data / "hand")
+    return {f"{name} {case}": ratios(auto[(name, case)], hand[(name, case)]) for (name, case) in auto if (name, case) in hand}
+
+
+def _f(value: Any, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(table: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        f"| model, inputs | auto speed-up @{SPEED_LENGTH} | hand speed-up @{SPEED_LENGTH} | **speed-up ratio** | "
+        f"auto SDPA MiB @{MEMORY_LENGTH} | hand SDPA MiB @{MEMORY_LENGTH} | **memory ratio** | prefill ratio | decode ratio | goal |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for key, r in table.items():
+        mib = lambda name: _f(r[name] / 2**20, 1) if name in r else "-"  # noqa: E731
+        lines.append(
+            f"| {key} | {_f(r.get('auto_speedup'))} | {_f(r.get('hand_speedup'))} | **{_f(r.get('speedup_ratio'))}** | "
+            f"{mib('auto_sdpa_peak_bytes')} | {mib('hand_sdpa_peak_bytes')} | **{_f(r.get('memory_ratio'))}** | "
+            f"{_f(r.get('prefill_speedup_ratio'))} | {_f(r.get('decode_speedup_ratio'))} | "
+            f"{'met' if r['meets_goal'] else 'missed'} |"
+        )
+    return "\n".join(lines)
+
+
+@app.command()
+def summarise(
+    data: Annotated[Path, typer.Option(help="The directory `run` wrote.")] = Path("docs/bench-data"),
+    out: Annotated[Optional[Path], typer.Option(help="Also write the ratios as JSON here.")] = None,
+) -> None:
+    """Print the ratio table (Markdown) from the JSON files."""
+    table = compare(data)
+    if not table:
+        typer.echo(f"bench_compare: no pairs of results under {data}/auto and {data}/hand", err=True)
+        raise typer.Exit(2)
+    typer.echo(markdown(table))
+    if out is not None:
+        out.write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
+
+
+@app.command()
+def plot(
+    data: Annotated[Path, typer.Option(help="The directory `run` wrote.")] = Path("docs/bench-data"),
+    out: Annotated[Path, typer.Option(help="Directory for the PNG files.")] = Path("docs/img"),
+) -> None:
+    """One PNG per model and case: speed-up and memory of the automatic port (C0) and the hand port (C1)."""
+    from sdpa_port.bench.plot import PlotUnavailable, plot as draw
+
+    auto, hand = load_side(data / "auto"), load_side(data / "hand")
+    for key in sorted(auto):
+        if key not in hand:
+            continue
+        name, case = key
+        pair = [_relabel(auto[key], "auto"), _relabel(hand[key], "hand")]
+        try:
+            path = draw(pair, out / f"compare_{name}_{case}.png", title=f"{name} ({case}): automatic port vs hand port")
+        except PlotUnavailable as error:
+            typer.echo(f"bench_compare: {error}", err=True)
+            raise typer.Exit(2)
+        typer.echo(f"wrote {path}")
+
+
+def _relabel(result: BenchResult, side: str) -> BenchResult:
+    target = dict(result.target) | {"model_class": f"{side} {result.environment['transformers']}"}
+    return BenchResult(target, result.environment, result.settings, result.model, result.rows, result.checks)
+
+
+if __name__ == "__main__":
+    sys.exit(app())

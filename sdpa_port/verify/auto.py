@@ -1,0 +1,103 @@
+"""Parity checks for any ported modeling file: pick its model classes, synthesise a tiny config, run the checks.
+
+Used by `--verify`, by the corpus-wide parity sweep and by the tests. Models whose inputs are not token ids
+(vision, audio) are reported as not checkable rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from sdpa_port.verify import parity
+from sdpa_port.verify.configs import tiny_config
+from sdpa_port.verify.parity import Check
+
+LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "MTModel")
+
+
+@dataclass(frozen=True)
+class Targets:
+    config_class: type
+    base: type
+    lm: type | None
+    kind: str
+
+
+def model_classes(module: ModuleType) -> list[type]:
+    """PreTrainedModel subclasses defined in the module, in definition order."""
+    from transformers import PreTrainedModel
+
+    out = []
+    for value in vars(module).values():
+        if (
+            isinstance(value, type)
+            and issubclass(value, PreTrainedModel)
+            and value.__module__ == module.__name__
+            and not value.__name__.endswith("PreTrainedModel")
+        ):
+            out.append(value)
+    return out
+
+
+def config_class_of(model_class: type) -> type | None:
+    config_class = getattr(model_class, "config_class", None)
+    if isinstance(config_class, type):
+        return config_class
+    annotation = inspect.get_annotations(model_class, eval_str=False).get("config") if hasattr(inspect, "get_annotations") else None
+    for klass in model_class.__mro__:
+        annotations = getattr(klass, "__annotations__", {})
+        candidate = annotations.get("config")
+        if isinstance(candidate, type):
+            return candidate
+        if isinstance(candidate, str):
+            module = inspect.getmodule(klass)
+            resolved = getattr(module, candidate, None)
+            if isinstance(resolved, type):
+                return resolved
+    return annotation if isinstance(annotation, type) else None
+
+
+def pick_targets(original: ModuleType) -> Targets | None:
+    classes = model_classes(original)
+    if not classes:
+        return None
+    takes_ids = [c for c in classes if "input_ids" in inspect.signature(c.forward).parameters]
+    if not takes_ids:
+        return None
+    prefixes = {c.__name__[: -len("Model")] for c in takes_ids if c.__name__.endswith("Model")}
+    base = next((c for c in takes_ids if c.__name__.endswith("Model") and c.__name__[:-5] in prefixes and not c.__name__.endswith(LM_SUFFIXES)), None)
+    lm = next((c for c in takes_ids if c.__name__.endswith(LM_SUFFIXES)), None)
+    if base is None:
+        base = lm or takes_ids[0]
+    config_class = config_class_of(base)
+    if config_class is None:
+        return None
+    config = config_class()
+    kind = parity.model_kind(config, lm or base)
+    return Targets(config_class, base, lm, kind)
+
+
+def verify_pair(
+    original: ModuleType,
+    ported: ModuleType,
+    overrides: dict[str, Any] | None = None,
+    generate: bool = True,
+) -> list[Check]:
+    targets = pick_targets(original)
+    if targets is None:
+        return [Check("inputs", False, None, "no model class taking input_ids: cannot build a parity check")]
+    config = tiny_config(targets.config_class, overrides)
+    checks: list[Check] = []
+    padded = "left" if targets.kind == "decoder" else "right"
+    for padding in (padded, "none"):
+        checks.extend(
+            parity.check_forward(
+                targets.base, getattr(ported, targets.base.__name__), config, padding, kind=targets.kind
+            )
+        )
+    if generate and targets.lm is not None and targets.kind in ("decoder", "seq2seq"):
+        checks.extend(parity.check_generate(targets.lm, getattr(ported, targets.lm.__name__), config))
+    return checks
