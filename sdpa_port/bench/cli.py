@@ -20,6 +20,12 @@ class Device(str, enum.Enum):
     CUDA = "cuda"
 
 
+class Clock(str, enum.Enum):
+    AUTO = "auto"
+    CPU = "cpu"
+    WALL = "wall"
+
+
 class Padding(str, enum.Enum):
     NONE = "none"
     AUTO = "auto"
@@ -45,6 +51,14 @@ def parse_phases(text: str) -> tuple[str, ...]:
     return chosen
 
 
+def clock_for(choice: Clock, threads: int) -> str:
+    """Process CPU time measures a one-thread run without the time other processes took from it; with more
+    threads it would add the threads up, so wall time is used."""
+    if choice is Clock.AUTO:
+        return "cpu" if threads == 1 else "wall"
+    return choice.value
+
+
 def devices_for(choice: Device) -> tuple[str, ...]:
     import torch
 
@@ -67,6 +81,9 @@ def bench(
     runs: Annotated[int, typer.Option("--runs", "-r", min=1, help="Timed runs per measurement; the minimum is kept.")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs before the timed ones.")] = 1,
     threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="torch CPU threads (default: all CPUs).")] = None,
+    clock: Annotated[
+        Clock, typer.Option("--clock", help="auto: process CPU time with one thread (robust to other load), wall otherwise.")
+    ] = Clock.AUTO,
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the JSON, the PNG and the port.")] = Path("bench-results"),
     device: Annotated[Device, typer.Option("--device", help="cpu, cuda, or auto (cpu, and cuda when present).")] = Device.AUTO,
     batch: Annotated[int, typer.Option("--batch", "-b", min=1, help="Examples per batch.")] = 1,
@@ -105,11 +122,13 @@ def bench(
 
     if hidden % heads:
         raise typer.BadParameter(f"--hidden {hidden} is not a multiple of --heads {heads}")
+    chosen_threads = threads or os.cpu_count() or 1
     settings = Settings(
         lengths=parse_lengths(lengths),
         runs=runs,
         warmup=warmup,
-        threads=threads or os.cpu_count() or 1,
+        threads=chosen_threads,
+        clock=clock_for(clock, chosen_threads),
         batch=batch,
         padding=padding.value,
         pad_fraction=pad_fraction,

@@ -192,47 +192,63 @@ def decode_call(model: Any, inputs: Inputs, kind: Kind, state: DecodeState, toke
 # ------------------------------------------------------------------ timing
 
 
+@dataclass(frozen=True)
+class Timed:
+    """One phase of one model, ready to time: `run` is timed, `before` runs untimed ahead of it."""
+
+    run: Callable[[], Any]
+    before: Callable[[], None] | None = None
+    per: int = 1  # calls of the model inside `run` (decode: tokens), to report per call
+
+
+@dataclass(frozen=True)
+class Timing:
+    wall_s: float  # minimum wall-clock seconds per call
+    cpu_s: float  # minimum CPU seconds of this process per call
+
+
 def synchronise(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
-def best_time(
-    run: Callable[[], Any], runs: int, warmup: int, device: str, before: Callable[[], None] | None = None
-) -> float:
-    """Minimum wall time of `runs` calls after `warmup` calls; `before` runs untimed ahead of each call."""
-    times: list[float] = []
-    with torch.inference_mode():
-        for index in range(warmup + runs):
-            if before is not None:
-                before()
-            gc.collect()
-            synchronise(device)
-            start = time.perf_counter()
-            run()
-            synchronise(device)
-            elapsed = time.perf_counter() - start
-            if index >= warmup:
-                times.append(elapsed)
-    return min(times)
-
-
-def time_phase(
-    model: Any, inputs: Inputs, kind: Kind, phase: Phase, settings: Settings, device: str
-) -> float:
-    """Seconds for one call of `phase` (for decode: per token)."""
+def prepare_phase(model: Any, inputs: Inputs, kind: Kind, phase: Phase, settings: Settings) -> Timed:
     if phase is Phase.FORWARD:
-        return best_time(forward_call(model, inputs), settings.runs, settings.warmup, device)
+        return Timed(forward_call(model, inputs))
     if phase is Phase.PREFILL:
-        return best_time(prefill_call(model, inputs), settings.runs, settings.warmup, device)
+        return Timed(prefill_call(model, inputs))
     state = decode_state(model, inputs, kind)
 
     def fresh_cache() -> None:
         state.working = copy.deepcopy(state.cache)
 
-    run = decode_call(model, inputs, kind, state, settings.decode_tokens)
-    total = best_time(run, settings.runs, settings.warmup, device, before=fresh_cache)
-    return total / settings.decode_tokens
+    return Timed(decode_call(model, inputs, kind, state, settings.decode_tokens), fresh_cache, settings.decode_tokens)
+
+
+def time_interleaved(timed: dict[str, Timed], runs: int, warmup: int, device: str) -> dict[str, Timing]:
+    """Minimum time per call of each entry over `runs` rounds after `warmup` rounds, the entries taking turns.
+
+    Taking turns exposes every entry to the same background load; the minimum discards runs slowed by it. The CPU
+    time of the process is kept next to wall time: with one thread it is the latency without other processes'
+    interference.
+    """
+    walls: dict[str, list[float]] = {name: [] for name in timed}
+    cpus: dict[str, list[float]] = {name: [] for name in timed}
+    with torch.inference_mode():
+        for index in range(warmup + runs):
+            for name, entry in timed.items():
+                if entry.before is not None:
+                    entry.before()
+                gc.collect()
+                synchronise(device)
+                wall, cpu = time.perf_counter(), time.process_time()
+                entry.run()
+                synchronise(device)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                if index >= warmup:
+                    walls[name].append(wall / entry.per)
+                    cpus[name].append(cpu / entry.per)
+    return {name: Timing(min(walls[name]), min(cpus[name])) for name in timed}
 
 
 def output_difference(eager: Any, sdpa: Any, inputs: Inputs, kind: Kind) -> float:

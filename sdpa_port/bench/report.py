@@ -50,8 +50,9 @@ def headline(result: BenchResult) -> str:
         f"{target['model_class']} ({target['kind']}) from {target['source']}; {target['detail']}\n"
         f"torch {env['torch']}, transformers {env['transformers']}, {env['threads']} thread(s), "
         f"batch {result.settings.batch}, padding {result.settings.padding}; {checks}\n"
-        "latency: minimum of runs after warm-up; decode: per token; memory: peak RSS of one forward above the "
-        "process baseline (child process)"
+        f"latency: minimum {'process CPU time' if result.settings.clock == 'cpu' else 'wall time'} of "
+        f"{result.settings.runs} runs after {result.settings.warmup} warm-up, eager and SDPA taking turns; decode: per "
+        "token; memory: peak RSS of one forward above the process baseline (child process)"
     )
 
 

@@ -81,6 +81,59 @@ def peak_memory(ref: ModelRef, settings: Settings, implementation: str, length: 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+class Steps:
+    """Numbered progress lines: `[3/24] cpu forward L=1024`."""
+
+    def __init__(self, total: int, say: Progress) -> None:
+        self.total, self.done, self.say = total, 0, say
+
+    def next(self, what: str) -> None:
+        self.done += 1
+        self.say(f"[{self.done}/{self.total}] {what}")
+
+
+def measure_length(
+    models: dict[str, Any], ref: ModelRef, config: Any, settings: Settings, device: str, length: int, steps: Steps
+) -> list[Row]:
+    """The rows of one device and length: every phase timed with eager and SDPA taking turns, then memory."""
+    from sdpa_port.bench import measure
+
+    clock = settings.clock if device == "cpu" else "wall"  # CPU time says nothing about a GPU's work
+    phases = phases_of(ref.kind, settings.phases)
+    inputs = measure.make_inputs(config, ref.kind, settings, length, device)
+    timings: dict[Phase, dict[str, Any]] = {}
+    for phase in phases:
+        steps.next(f"{device} {phase.value} L={length}")
+        timed = {name: measure.prepare_phase(model, inputs, ref.kind, phase, settings) for name, model in models.items()}
+        found = measure.time_interleaved(timed, settings.runs, settings.warmup, device)
+        timings[phase] = found
+        eager_s, sdpa_s = _pick(found["eager"], clock), _pick(found["sdpa"], clock)
+        steps.say(f"    eager {eager_s * 1e3:.2f} ms, sdpa {sdpa_s * 1e3:.2f} ms ({clock}), x{eager_s / sdpa_s:.2f}")
+    peaks: dict[str, int | None] = {name: None for name in IMPLEMENTATIONS}
+    if settings.memory and Phase.FORWARD in phases:
+        steps.next(f"{device} peak memory L={length} (child processes)")
+        for name in IMPLEMENTATIONS:
+            peaks[name] = peak_memory(ref, settings, name, length, device)["extra_bytes"]
+        steps.say(f"    eager {_mib(peaks['eager'])} MiB, sdpa {_mib(peaks['sdpa'])} MiB")
+    rows = []
+    for phase, found in timings.items():
+        memory = phase is Phase.FORWARD
+        rows.append(
+            Row(
+                device,
+                phase,
+                length,
+                _pick(found["eager"], clock),
+                _pick(found["sdpa"], clock),
+                peaks["eager"] if memory else None,
+                peaks["sdpa"] if memory else None,
+                eager_wall_s=found["eager"].wall_s,
+                sdpa_wall_s=found["sdpa"].wall_s,
+            )
+        )
+    return rows
+
+
 def run_benchmark(
     target: str,
     out_dir: Path,
@@ -103,54 +156,27 @@ def run_benchmark(
     progress(f"{ref.model_class} ({ref.kind.value}), threads={settings.threads}, lengths={list(settings.lengths)}")
     environment = describe(settings.threads)
     phases = phases_of(ref.kind, settings.phases)
+    per_length = len(phases) + (1 if settings.memory and Phase.FORWARD in phases else 0)
+    steps = Steps(len(settings.devices) * len(settings.lengths) * per_length, progress)
     rows: list[Row] = []
     checks: dict[str, Any] = {}
-    steps = len(settings.devices) * len(settings.lengths) * (len(phases) + (1 if settings.memory and Phase.FORWARD in phases else 0))
-    step = 0
     for device in settings.devices:
         eager = measure.build_model(chosen, config, "eager", device, settings.seed)
         sdpa = measure.build_model(chosen, config, "sdpa", device, settings.seed)
         sdpa.load_state_dict(eager.state_dict())
         shortest = min(settings.lengths)
         check_inputs = measure.make_inputs(config, ref.kind, settings, shortest, device)
-        checks[device] = {
-            "length": shortest,
-            "max_abs_diff": measure.output_difference(eager, sdpa, check_inputs, ref.kind),
-        }
+        checks[device] = {"length": shortest, "max_abs_diff": measure.output_difference(eager, sdpa, check_inputs, ref.kind)}
         for length in settings.lengths:
-            inputs = measure.make_inputs(config, ref.kind, settings, length, device)
-            timings: dict[Phase, tuple[float, float]] = {}
-            for phase in phases:
-                step += 1
-                progress(f"[{step}/{steps}] {device} {phase.value} L={length}")
-                eager_s = measure.time_phase(eager, inputs, ref.kind, phase, settings, device)
-                sdpa_s = measure.time_phase(sdpa, inputs, ref.kind, phase, settings, device)
-                timings[phase] = (eager_s, sdpa_s)
-                progress(f"    eager {eager_s * 1e3:.2f} ms, sdpa {sdpa_s * 1e3:.2f} ms, x{eager_s / sdpa_s:.2f}")
-            peaks: dict[str, int | None] = {name: None for name in IMPLEMENTATIONS}
-            if settings.memory and Phase.FORWARD in phases:
-                step += 1
-                progress(f"[{step}/{steps}] {device} peak memory L={length} (child processes)")
-                for name in IMPLEMENTATIONS:
-                    peaks[name] = peak_memory(ref, settings, name, length, device)["extra_bytes"]
-                progress(f"    eager {_mib(peaks['eager'])} MiB, sdpa {_mib(peaks['sdpa'])} MiB")
-            for phase, (eager_s, sdpa_s) in timings.items():
-                memory = phase is Phase.FORWARD
-                rows.append(
-                    Row(
-                        device,
-                        phase,
-                        length,
-                        eager_s,
-                        sdpa_s,
-                        peaks["eager"] if memory else None,
-                        peaks["sdpa"] if memory else None,
-                    )
-                )
+            rows += measure_length({"eager": eager, "sdpa": sdpa}, ref, config, settings, device, length, steps)
         del eager, sdpa
     environment["load_average_at_end"] = load_average()
     target_facts: dict[str, Any] = prepared.describe() | {"model_class": ref.model_class, "kind": ref.kind.value}
     return BenchResult(target_facts, environment, settings, ref, tuple(rows), checks)
+
+
+def _pick(timing: Any, clock: str) -> float:
+    return timing.cpu_s if clock == "cpu" else timing.wall_s
 
 
 def _mib(value: int | None) -> str:

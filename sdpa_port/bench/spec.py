@@ -39,6 +39,7 @@ class Settings:
     runs: int = 5
     warmup: int = 1
     threads: int = 1
+    clock: str = "cpu"  # cpu: process CPU time (one thread, robust to other processes) | wall
     batch: int = 1
     padding: str = "none"  # none | left | right | auto (left for decoders, right otherwise)
     pad_fraction: float = 0.25  # share of the last example that is padding, when padded
@@ -97,6 +98,8 @@ class Row:
     sdpa_s: float
     eager_peak_bytes: int | None = None
     sdpa_peak_bytes: int | None = None
+    eager_wall_s: float | None = None  # wall-clock minimum, kept next to the CPU-time minimum
+    sdpa_wall_s: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -119,6 +122,8 @@ class Row:
             "eager_peak_bytes": self.eager_peak_bytes,
             "sdpa_peak_bytes": self.sdpa_peak_bytes,
             "memory_ratio": self.memory_ratio,
+            "eager_wall_s": self.eager_wall_s,
+            "sdpa_wall_s": self.sdpa_wall_s,
         }
 
     @staticmethod
@@ -131,6 +136,8 @@ class Row:
             sdpa_s=float(data["sdpa_s"]),
             eager_peak_bytes=data.get("eager_peak_bytes"),
             sdpa_peak_bytes=data.get("sdpa_peak_bytes"),
+            eager_wall_s=data.get("eager_wall_s"),
+            sdpa_wall_s=data.get("sdpa_wall_s"),
         )
 
 
