@@ -1,6 +1,7 @@
 """One peak-memory measurement in a fresh process: `python -m sdpa_port.bench.child < request.json`.
 
-The child builds the model and the inputs, runs one short warm-up pass, then resets the kernel's peak-RSS mark
+The child builds the model and the inputs, runs one warm-up pass on the same inputs (so buffers that libraries
+allocate once and keep, such as BLAS workspaces, are in the baseline), then resets the kernel's peak-RSS mark
 (`/proc/self/clear_refs`), notes the resident size, runs the measured pass and reports the peak above that
 baseline: the memory the pass itself needed. On CUDA it reports torch's peak allocated bytes above the baseline.
 Prints one JSON object on stdout.
@@ -13,9 +14,6 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
-
-WARMUP_LENGTH = 16
-
 
 def _status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -50,11 +48,10 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     config = m.build_config(model_class, ref.config)
     model = m.build_model(model_class, config, implementation, device, settings.seed)
     kind: Kind = ref.kind
-    warm = m.make_inputs(config, kind, settings, WARMUP_LENGTH, device)
     inputs = m.make_inputs(config, kind, settings, length, device)
     run = m.prefill_call(model, inputs) if phase is Phase.PREFILL else m.forward_call(model, inputs)
     with torch.inference_mode():
-        (m.prefill_call if phase is Phase.PREFILL else m.forward_call)(model, warm)()
+        run()
     gc.collect()
     if device.startswith("cuda"):
         torch.cuda.synchronize()

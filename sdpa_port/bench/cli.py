@@ -80,6 +80,9 @@ def bench(
     lengths: Annotated[str, typer.Option("--lengths", "-L", help="Comma-separated sequence lengths.")] = ",".join(map(str, DEFAULT_LENGTHS)),
     runs: Annotated[int, typer.Option("--runs", "-r", min=1, help="Timed runs per measurement; the minimum is kept.")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs before the timed ones.")] = 1,
+    min_time: Annotated[
+        float, typer.Option("--min-time", min=0.0, help="Time more runs (up to 200) until this many seconds were timed.")
+    ] = 0.0,
     threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="torch CPU threads (default: all CPUs).")] = None,
     clock: Annotated[
         Clock, typer.Option("--clock", help="auto: process CPU time with one thread (robust to other load), wall otherwise.")
@@ -127,6 +130,7 @@ def bench(
         lengths=parse_lengths(lengths),
         runs=runs,
         warmup=warmup,
+        min_time=min_time,
         threads=chosen_threads,
         clock=clock_for(clock, chosen_threads),
         batch=batch,

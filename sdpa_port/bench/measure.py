@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from sdpa_port.bench.spec import Kind, ModelRef, Phase, Settings
+from sdpa_port.bench.spec import MAX_ROUNDS, Kind, ModelRef, Phase, Settings
 
 SPECIAL_TOKENS = 3  # ids below this are never drawn (pad, bos, eos in most configs)
 
@@ -225,17 +225,22 @@ def prepare_phase(model: Any, inputs: Inputs, kind: Kind, phase: Phase, settings
     return Timed(decode_call(model, inputs, kind, state, settings.decode_tokens), fresh_cache, settings.decode_tokens)
 
 
-def time_interleaved(timed: dict[str, Timed], runs: int, warmup: int, device: str) -> dict[str, Timing]:
-    """Minimum time per call of each entry over `runs` rounds after `warmup` rounds, the entries taking turns.
+def time_interleaved(
+    timed: dict[str, Timed], runs: int, warmup: int, device: str, min_time: float = 0.0
+) -> dict[str, Timing]:
+    """Minimum time per call of each entry over the timed rounds after `warmup` rounds, the entries taking turns.
 
-    Taking turns exposes every entry to the same background load; the minimum discards runs slowed by it. The CPU
-    time of the process is kept next to wall time: with one thread it is the latency without other processes'
-    interference.
+    At least `runs` rounds are timed, and more (up to MAX_ROUNDS) until `min_time` seconds were spent in timed
+    calls: short calls get many samples. Taking turns exposes every entry to the same background load; the minimum
+    discards runs slowed by it. The CPU time of the process is kept next to wall time: with one thread it is the
+    latency without the time other processes took.
     """
     walls: dict[str, list[float]] = {name: [] for name in timed}
     cpus: dict[str, list[float]] = {name: [] for name in timed}
+    spent = 0.0
+    index = 0
     with torch.inference_mode():
-        for index in range(warmup + runs):
+        while index < warmup + runs or (spent < min_time and index < warmup + MAX_ROUNDS):
             for name, entry in timed.items():
                 if entry.before is not None:
                     entry.before()
@@ -248,6 +253,8 @@ def time_interleaved(timed: dict[str, Timed], runs: int, warmup: int, device: st
                 if index >= warmup:
                     walls[name].append(wall / entry.per)
                     cpus[name].append(cpu / entry.per)
+                    spent += wall
+            index += 1
     return {name: Timing(min(walls[name]), min(cpus[name])) for name in timed}
 
 

@@ -51,7 +51,8 @@ def headline(result: BenchResult) -> str:
         f"torch {env['torch']}, transformers {env['transformers']}, {env['threads']} thread(s), "
         f"batch {result.settings.batch}, padding {result.settings.padding}; {checks}\n"
         f"latency: minimum {'process CPU time' if result.settings.clock == 'cpu' else 'wall time'} of "
-        f"{result.settings.runs} runs after {result.settings.warmup} warm-up, eager and SDPA taking turns; decode: per "
+        f"{result.settings.runs}+ runs (>= {result.settings.min_time:g} s timed) after {result.settings.warmup} warm-up, "
+        "eager and SDPA taking turns; decode: per "
         "token; memory: peak RSS of one forward above the process baseline (child process)"
     )
 

@@ -105,7 +105,7 @@ def measure_length(
     for phase in phases:
         steps.next(f"{device} {phase.value} L={length}")
         timed = {name: measure.prepare_phase(model, inputs, ref.kind, phase, settings) for name, model in models.items()}
-        found = measure.time_interleaved(timed, settings.runs, settings.warmup, device)
+        found = measure.time_interleaved(timed, settings.runs, settings.warmup, device, settings.min_time)
         timings[phase] = found
         eager_s, sdpa_s = _pick(found["eager"], clock), _pick(found["sdpa"], clock)
         steps.say(f"    eager {eager_s * 1e3:.2f} ms, sdpa {sdpa_s * 1e3:.2f} ms ({clock}), x{eager_s / sdpa_s:.2f}")

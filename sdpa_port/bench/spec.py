@@ -8,6 +8,7 @@ from typing import Any
 
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096)
 IMPLEMENTATIONS = ("eager", "sdpa")
+MAX_ROUNDS = 200
 
 
 class Kind(str, enum.Enum):
@@ -38,6 +39,7 @@ class Settings:
     lengths: tuple[int, ...] = DEFAULT_LENGTHS
     runs: int = 5
     warmup: int = 1
+    min_time: float = 0.0  # keep timing rounds past `runs` until this many seconds were timed (at most MAX_ROUNDS)
     threads: int = 1
     clock: str = "cpu"  # cpu: process CPU time (one thread, robust to other processes) | wall
     batch: int = 1
