@@ -39,9 +39,22 @@ def port(
         Style, typer.Option("--style", help="Target style; auto picks class style for 4.x files, interface for 5.x.")
     ] = Style.AUTO,
     tests_dir: Annotated[
-        Optional[Path], typer.Option("--tests-dir", help="Where emitted parity tests go.")
+        Optional[Path],
+        typer.Option(
+            "--tests-dir",
+            help="Where the emitted parity tests go (default: tests/models/<model>/ of the enclosing transformers "
+            "checkout, else beside the output).",
+        ),
     ] = None,
     no_tests: Annotated[bool, typer.Option("--no-tests", help="Do not emit parity tests.")] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Before writing, import the original and the port (this executes the modeling code) and run the "
+            "parity checks; write nothing and exit 1 if one fails.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per file on stdout instead of text lines.")] = False,
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", help="Files processed in parallel (default: all cores).")] = None,
 ) -> None:
@@ -67,7 +80,9 @@ def port(
     writing = not (diff or check)
     if writing and output is None and any(t.model for t in targets):
         raise _fail("a model name resolves inside the installed transformers; give -o FILE, --diff or --check")
-    options = RunOptions(style=style, write=writing, want_diff=diff, output=output)
+    options = RunOptions(
+        style=style, write=writing, want_diff=diff, output=output, tests=not no_tests, tests_dir=tests_dir, verify=verify
+    )
     many = len(targets) > 1
 
     def progress(outcome) -> None:  # type: ignore[no-untyped-def]
@@ -94,6 +109,9 @@ def outcome_json(outcome) -> dict:  # type: ignore[no-untyped-def]
         "warnings": list(result.warnings),
         "notes": list(result.notes),
         "written": str(outcome.written) if outcome.written else None,
+        "tests": str(outcome.tests) if outcome.tests else None,
+        "verification": list(outcome.verification),
+        "verified": (not outcome.verify_failed) if outcome.verification else None,
     }
 
 

@@ -15,10 +15,18 @@ def print_outcome(outcome: Outcome, show_diff: bool = False) -> None:
     path = str(outcome.path)
     if show_diff and outcome.diff:
         typer.echo(outcome.diff, nl=False)
-    if result.status is Status.PORTED:
+    if outcome.verify_failed:
+        typer.echo(f"verification failed: {path} (nothing written)")
+        for line in outcome.verification:
+            if "FAILED" in line or "could not" in line:
+                typer.echo(f"  {line}")
+    elif result.status is Status.PORTED:
         where = f" -> {outcome.written}" if outcome.written and outcome.written != outcome.path else ""
         verb = "ported" if outcome.written else "would port"
-        typer.echo(f"{verb}: {path}{where} ({', '.join(result.attention_classes)})")
+        verified = " (verified)" if outcome.verification else ""
+        typer.echo(f"{verb}: {path}{where} ({', '.join(result.attention_classes)}){verified}")
+        if outcome.tests:
+            typer.echo(f"  parity tests: {outcome.tests}")
     elif result.status is Status.UNCHANGED:
         typer.echo(f"unchanged: {path} ({result.detail})")
     elif result.status is Status.REFUSED:

@@ -20,6 +20,9 @@ class RunOptions:
     write: bool = True  # False under --check and --diff
     want_diff: bool = False
     output: Path | None = None
+    tests: bool = True  # write test_sdpa_parity_<model>.py beside each written port
+    tests_dir: Path | None = None
+    verify: bool = False  # run the parity checks before writing (imports and executes the files)
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,9 @@ class Outcome:
     written: Path | None = None
     diff: str = ""
     error: str | None = None
+    tests: Path | None = None
+    verification: tuple[str, ...] = ()
+    verify_failed: bool = False
 
     @property
     def status(self) -> Status:
@@ -47,6 +53,8 @@ class Summary:
             return 2
         if any(o.status is Status.REFUSED for o in self.outcomes):
             return 3
+        if any(o.verify_failed for o in self.outcomes):
+            return 1
         if checking and any(o.status is Status.PORTED for o in self.outcomes):
             return 1
         return 0
@@ -70,16 +78,29 @@ def process(target: Target, options: RunOptions) -> Outcome:
     diff = ""
     if options.want_diff and result.status is Status.PORTED:
         diff = unified_diff(source, result.source, str(path))
+    verification: tuple[str, ...] = ()
+    if options.verify and result.status is Status.PORTED:
+        from sdpa_port.edge.after_port import verify_port
+
+        report = verify_port(path, source, result)
+        verification = report.lines
+        if not report.passed:
+            return Outcome(path, result, None, diff, verification=verification, verify_failed=True)
     written: Path | None = None
+    tests: Path | None = None
     if options.write and result.status is Status.PORTED:
         destination = options.output or path
         try:
             atomic_write(destination, result.source)
             written = destination
+            if options.tests:
+                from sdpa_port.edge.after_port import write_parity_test
+
+                tests = write_parity_test(path, destination, result, options.tests_dir)
         except OSError as error:
             message = f"{destination}: cannot write: {error.strerror or error}"
             return Outcome(path, PortResult(Status.ERROR, source, result.style, "write failed", reasons=(message,)), error=message)
-    return Outcome(path, result, written, diff)
+    return Outcome(path, result, written, diff, tests=tests, verification=verification)
 
 
 def unified_diff(before: str, after: str, name: str) -> str:

@@ -150,6 +150,12 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     causal_value = None if has_causal else causality.for_class(analysis.class_name, mask_param is not None)
     causal_kwarg = f"self.is_causal and {cross} is None" if cross and not causality.from_callers else None
     kwargs = forward.params.star_kwarg.name.value if isinstance(forward.params.star_kwarg, cst.Param) else None
+    if "output_attentions" in params:
+        weights_requested: str | None = "output_attentions"
+    elif kwargs is not None:
+        weights_requested = f'{kwargs}.get("output_attentions", False)'
+    else:
+        weights_requested = None
     taken = function_names(forward)
     options = InterfaceOptions(
         names=SideNames.avoiding(taken),
@@ -160,6 +166,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         moved=moved,
         module_names=facts.top_level_names,
         taken=frozenset(taken),
+        weights_requested=weights_requested,
     )
     statements, part = eager_body(forward, result, candidate, options)
     emitter = InterfaceEmitter(result, candidate, options)

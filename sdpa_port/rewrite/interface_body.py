@@ -37,6 +37,7 @@ class InterfaceOptions:
     moved: frozenset[int] = frozenset()  # statements that belong to the eager computation (operand upcasts)
     module_names: frozenset[str] = frozenset()  # top-level names of the file (visible inside the eager function)
     taken: frozenset[str] = frozenset()  # names of the forward being rewritten
+    weights_requested: str | None = None  # code that is true when the caller asks for attention weights
 
 
 @dataclass
@@ -143,6 +144,11 @@ class InterfaceEmitter(SdpaEmitter):
             position_bias=bias,
             extra=[(_eager_name(n), n) for n, _ in extra],
             kwargs=self.interface.forward_kwargs or "",
+            weights_requested=self.interface.weights_requested or "",
+            mask_variable=_fresh("dispatch_mask", self.taken()),
+            query_root=code(_paren(self.query)),
+            key_root=code(_paren(self.key)),
+            causal=self.interface.causal_kwarg or "self.is_causal",
         )
         out.extend(dispatch)
         for name in weights[1:]:

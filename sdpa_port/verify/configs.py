@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Any
 
@@ -23,10 +22,15 @@ _TOKEN_NAMES = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_t
 
 def shrink_values(config: Any) -> dict[str, Any]:
     """The attribute values that make `config` tiny, found by the attribute names transformers configs use."""
-    values: dict[str, Any] = {}
     present = set(config.to_dict()) | set(getattr(config, "attribute_map", {}) or {})
-    for name in sorted(present):
-        current = getattr(config, name, None)
+    return shrink_fields({name: getattr(config, name, None) for name in present})
+
+
+def shrink_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """Tiny values for the size fields among `fields` (name -> current or default value)."""
+    values: dict[str, Any] = {}
+    for name in sorted(fields):
+        current = fields[name]
         if isinstance(current, bool) or (current is not None and not isinstance(current, int)):
             continue
         if _LAYER_NAMES.match(name):
@@ -48,7 +52,7 @@ def shrink_values(config: Any) -> dict[str, Any]:
         elif name == "type_vocab_size":
             values[name] = 2
     for index, name in enumerate(_TOKEN_NAMES):
-        if name in present and getattr(config, name, None) is not None:
+        if name in fields and fields[name] is not None:
             values[name] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}.get(name, 2 + index)
     return values
 
@@ -60,8 +64,3 @@ def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> 
     for name, value in (overrides or {}).items():
         setattr(config, name, value)
     return config
-
-
-def fresh(config: Any) -> Any:
-    """A private copy: in transformers 5, building a model writes the attention choice into its config."""
-    return copy.deepcopy(config)

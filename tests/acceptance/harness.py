@@ -108,6 +108,14 @@ class _SabotageDispatch(cst.CSTTransformer):
                     a = a.with_changes(value=cst.parse_expression(f"({cst.Module([]).code_for_node(a.value)}) * 0.5"))
                 args.append(a)
             return updated.with_changes(args=args)
+        if self.kind == "attn_mask":
+            # the non-eager implementations get no attention mask
+            args = list(updated.args)
+            mask = cst.Module([]).code_for_node(args[4].value)
+            args[4] = args[4].with_changes(
+                value=cst.parse_expression(f"({mask} if self.config._attn_implementation == 'eager' else None)")
+            )
+            return updated.with_changes(args=args)
         if self.kind == "output":
             # shift the attention output of the non-eager implementations only
             call = cst.Module([]).code_for_node(updated)

@@ -1,0 +1,47 @@
+"""What follows a successful port at the edge: `--verify` (imports and runs the code) and writing parity tests."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sdpa_port import __version__
+from sdpa_port.edge.files import atomic_write
+from sdpa_port.emit.parity_test import model_name, render_parity_test
+from sdpa_port.result import PortResult
+
+
+@dataclass(frozen=True)
+class Verification:
+    passed: bool
+    lines: tuple[str, ...]  # every check, as "name: ok/FAILED max|diff|=..."
+
+
+def verify_port(input_path: Path, original_source: str, result: PortResult) -> Verification:
+    """Load the original and the port inside the installed transformers and run the parity checks.
+
+    This imports torch and transformers and executes both modeling files.
+    """
+    from sdpa_port.verify.auto import verify_pair
+    from sdpa_port.verify.loader import load_source_in_package
+
+    package = f"transformers.models.{model_name(input_path)}"
+    with tempfile.TemporaryDirectory(prefix="sdpa-port-verify-") as directory:
+        try:
+            original = load_source_in_package(original_source, package, Path(directory), f"{input_path.stem}_original")
+            ported = load_source_in_package(result.source, package, Path(directory), f"{input_path.stem}_ported")
+            checks = verify_pair(original, ported)
+        except Exception as error:  # an import or run failure of user code is a failed verification
+            return Verification(False, (f"could not run the checks: {type(error).__name__}: {error}",))
+    return Verification(all(c.passed for c in checks), tuple(str(c) for c in checks))
+
+
+def write_parity_test(input_path: Path, written: Path, result: PortResult, tests_dir: Path | None) -> Path | None:
+    style = result.style.value if result.style else "auto"
+    emitted = render_parity_test(result.source, input_path, written, tests_dir, style, __version__)
+    if emitted is None:
+        return None
+    emitted.path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(emitted.path, emitted.source)
+    return emitted.path

@@ -1,0 +1,1 @@
+"""Files sdpa-port writes beside a port: the parity tests a reviewer runs."""

@@ -1,0 +1,261 @@
+"""Parity checks between attention implementations of a transformers model.
+
+This module imports only the standard library, torch and transformers: sdpa-port's `--verify` and acceptance tests
+import it, and every emitted parity test carries a copy of it, so a test committed into a transformers pull request
+runs the very same checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+SDPA_OP = "aten::scaled_dot_product_attention"
+SPECIAL_TOKENS = 3  # ids 0, 1 and 2 (pad, bos, eos in the tiny configs) are never drawn as inputs
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    max_diff: float | None = None
+    detail: str = ""
+
+    def __str__(self) -> str:
+        diff = f" max|diff|={self.max_diff:.3g}" if self.max_diff is not None else ""
+        state = "ok" if self.passed else "FAILED"
+        return f"{self.name}: {state}{diff}{' ' + self.detail if self.detail else ''}"
+
+
+# ------------------------------------------------------------------ models
+
+
+def sharpen(model: torch.nn.Module, gain: float = 2.0, seed: int = 0) -> None:
+    """Re-draw weights so attention logits spread over several units (random init makes attention near uniform).
+
+    Matrices get std gain/sqrt(fan_in), embeddings std 1, biases std 0.5, norm scales U(0.5, 1.5). A wrong scale or
+    a dropped additive term then moves the outputs far beyond the parity tolerance.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            for name, parameter in module.named_parameters(recurse=False):
+                if parameter.dim() >= 2:
+                    std = 1.0 if isinstance(module, torch.nn.Embedding) else gain / math.sqrt(max(parameter.shape[-1], 1))
+                    values = torch.randn(parameter.shape, generator=generator) * std
+                elif "bias" in name:
+                    values = torch.randn(parameter.shape, generator=generator) * 0.5
+                else:
+                    values = torch.rand(parameter.shape, generator=generator) + 0.5
+                parameter.copy_(values.to(parameter.dtype))
+
+
+def fresh(config: Any) -> Any:
+    """A private copy: transformers 5 writes the attention choice into the config a model is built from."""
+    return copy.deepcopy(config)
+
+
+def without_dropout(config: Any) -> Any:
+    """A copy of the config with every dropout probability set to 0, for comparing gradients."""
+    config = fresh(config)
+    for name, value in list(config.to_dict().items()):
+        if ("dropout" in name or "pdrop" in name or name.endswith("_drop")) and isinstance(value, float):
+            setattr(config, name, 0.0)
+    return config
+
+
+def build(model_class: type, config: Any, attn_implementation: str, dtype: torch.dtype = torch.float32) -> Any:
+    import transformers
+
+    dtype_argument = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    arguments = {"attn_implementation": attn_implementation, dtype_argument: dtype}
+    model = model_class._from_config(fresh(config), **arguments)
+    model.eval()
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation != attn_implementation:
+        raise RuntimeError(f"{model_class.__name__} built with {implementation!r}, not {attn_implementation!r}")
+    return model
+
+
+def model_kind(config: Any, model_class: type) -> str:
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    name = model_class.__name__
+    if "CausalLM" in name or "LMHead" in name or getattr(config, "is_decoder", False):
+        return "decoder"
+    return "encoder"
+
+
+# ------------------------------------------------------------------ inputs
+
+
+@dataclass(frozen=True)
+class Batch:
+    inputs: dict[str, torch.Tensor]
+    keep: torch.Tensor  # (batch, length): positions that are not padding
+    decoder_keep: torch.Tensor | None = None
+
+
+def make_batch(config: Any, kind: str, padding: str, batch: int = 2, length: int = 8, pad: int = 3, seed: int = 1) -> Batch:
+    """Random token ids; the last example padded on the left or the right, or no padding at all."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = int(getattr(config, "vocab_size", 99))
+    ids = torch.randint(SPECIAL_TOKENS, vocab, (batch, length), generator=generator)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if padding == "left":
+        mask[-1, :pad] = 0
+    elif padding == "right":
+        mask[-1, length - pad :] = 0
+    pad_id = getattr(config, "pad_token_id", None)
+    ids = ids.masked_fill(mask == 0, pad_id if isinstance(pad_id, int) else 0)
+    inputs: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": mask}
+    decoder_keep = None
+    if kind == "seq2seq":
+        decoder_length = max(length - 2, 2)
+        inputs["decoder_input_ids"] = torch.randint(SPECIAL_TOKENS, vocab, (batch, decoder_length), generator=generator)
+        decoder_keep = torch.ones(batch, decoder_length, dtype=torch.long)
+    return Batch(inputs, mask, decoder_keep)
+
+
+# ------------------------------------------------------------------ comparing
+
+
+def tensors(output: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    items = output.items() if hasattr(output, "items") else enumerate(output if isinstance(output, tuple) else [output])
+    for key, value in items:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            yield str(key), value
+
+
+def max_difference(a: Any, b: Any, batch: Batch, relative: bool = False) -> float:
+    """Largest absolute (or relative to the largest magnitude) difference at non-padded positions."""
+    worst = 0.0
+    others = dict(tensors(b))
+    compared = 0
+    for key, left in tensors(a):
+        right = others.get(key)
+        if right is None or right.shape != left.shape:
+            continue
+        keep = None
+        if left.dim() >= 2 and tuple(left.shape[:2]) == tuple(batch.keep.shape):
+            keep = batch.keep
+        elif batch.decoder_keep is not None and left.dim() >= 2 and tuple(left.shape[:2]) == tuple(batch.decoder_keep.shape):
+            keep = batch.decoder_keep
+        difference = (left.float() - right.float()).abs()
+        scale = left.float().abs()
+        if keep is not None:
+            difference, scale = difference[keep.bool()], scale[keep.bool()]
+        if difference.numel():
+            if not torch.isfinite(difference).all():
+                return math.inf
+            value = float(difference.max())
+            if relative:
+                value /= max(float(scale.max()), 1e-6)
+            worst = max(worst, value)
+            compared += 1
+    if compared == 0:
+        raise ValueError("the outputs have no tensors in common to compare")
+    return worst
+
+
+def count_sdpa_calls(run: Callable[[], Any]) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        run()
+    return sum(event.count for event in profile.key_averages() if event.key == SDPA_OP)
+
+
+def sdpa_backends(device: str = "cpu") -> list[str]:
+    """The SDPA backends this device offers: math and flash on CPU; efficient and cuDNN too on CUDA."""
+    names = ["MATH", "FLASH_ATTENTION"]
+    if device == "cuda":
+        names += ["EFFICIENT_ATTENTION", "CUDNN_ATTENTION"]
+    from torch.nn.attention import SDPBackend
+
+    return [name for name in names if hasattr(SDPBackend, name)]
+
+
+@contextlib.contextmanager
+def only_backend(name: str | None) -> Iterator[None]:
+    if name is None:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(getattr(SDPBackend, name)):
+        yield
+
+
+def compare(
+    reference: Any,
+    candidate: Any,
+    batch: Batch,
+    name: str,
+    tolerance: float,
+    relative: bool = False,
+    expect_sdpa: bool = True,
+    backend: str | None = None,
+) -> list[Check]:
+    """Outputs of two built models on one batch; optionally that the candidate really ran SDPA."""
+    with torch.no_grad():
+        expected = reference(**batch.inputs)
+        results: list[Any] = []
+        with only_backend(backend):
+            calls = count_sdpa_calls(lambda: results.append(candidate(**batch.inputs)))
+    difference = max_difference(expected, results[0], batch, relative)
+    checks = [Check(name, difference <= tolerance, difference)]
+    if expect_sdpa:
+        checks.append(Check(f"{name} sdpa executed", calls > 0, None, f"{calls} SDPA call(s)"))
+    return checks
+
+
+def greedy(model: Any, batch: Batch, config: Any, kind: str, new_tokens: int = 6) -> torch.Tensor:
+    arguments = {
+        "input_ids": batch.inputs["input_ids"],
+        "attention_mask": batch.inputs["attention_mask"],
+        "max_new_tokens": new_tokens,
+        "min_new_tokens": new_tokens,
+        "do_sample": False,
+        "num_beams": 1,
+        "use_cache": True,
+        "pad_token_id": getattr(config, "pad_token_id", None) or 0,
+    }
+    if kind == "seq2seq":
+        arguments["decoder_start_token_id"] = getattr(config, "decoder_start_token_id", None) or 2
+    with torch.no_grad():
+        return model.generate(**arguments)
+
+
+def gradients(model: Any, batch: Batch, seed: int = 2) -> dict[str, torch.Tensor]:
+    """Parameter gradients of a fixed random projection of the first output, in training mode."""
+    model.train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):  # heads may hard-code their dropout probability
+            module.p = 0.0
+    model.zero_grad(set_to_none=True)
+    output = next(value for _, value in tensors(model(**batch.inputs)))
+    weights = torch.randn(output.shape, generator=torch.Generator().manual_seed(seed)).to(output.dtype)
+    keep = batch.keep if tuple(output.shape[:2]) == tuple(batch.keep.shape) else None
+    product = output * weights
+    if keep is not None:
+        product = product[keep.bool()]
+    product.sum().backward()
+    model.eval()
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def gradient_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest gradient difference relative to the largest gradient of the model.
+
+    Relative to the whole model, not per parameter: some gradients are zero in exact arithmetic (a key bias shifts
+    every score of a row alike, which the softmax ignores) and are only rounding noise in both implementations.
+    """
+    if set(a) != set(b):
+        return math.inf
+    scale = max((float(g.abs().max()) for g in a.values()), default=0.0)
+    worst = max((float((a[name] - b[name]).abs().max()) for name in a), default=0.0)
+    return worst / max(scale, 1e-12)
