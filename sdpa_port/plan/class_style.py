@@ -6,6 +6,7 @@ insert SDPA classes -> register them -> swap mask helpers -> set `_supports_sdpa
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 
@@ -94,7 +95,7 @@ def plan_class_style(
     dict_of = {entries["eager"]: name for name, entries in dicts.items()}
     attention_names = frozenset(names)
     uses_causal_helper = bool(facts.classes_calling({mask_helpers.CAUSAL}))
-    contract = uses_causal_helper and all(facts.find_attribute_values(a.class_name, "is_causal") for a in analyses)
+    contract = uses_causal_helper and all(_marks_causal_layers(facts, a.class_name) for a in analyses)
     reasons: list[str] = []
     for analysis in analyses:
         name = sdpa_class_name(analysis.class_name, facts)
@@ -132,7 +133,9 @@ def plan_class_style(
     model_classes = frozenset(n for n in facts.classes if facts.is_subclass(n, "PreTrainedModel"))
     plan.masks = mask_helpers.MaskSwapPlan(causal=contract, plain=safe, extended=safe, classes=model_classes)
     if uses_causal_helper and not contract:
-        plan.warnings.append("the causal mask helper is kept: not every attention module sets `self.is_causal`")
+        plan.warnings.append(
+            "the causal mask helper is kept: not every attention module marks its causal instances with `is_causal`"
+        )
     if not safe:
         plan.warnings.append("mask helpers are kept: an attention module reads its mask without a None check")
     plan.flag_classes = facts.pretrained_roots
@@ -176,6 +179,33 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
         notes.append(f"{name}._supports_sdpa = True")
     module = imports.add_imports(module, facts.imports, needed)
     return module, notes
+
+
+def _marks_causal_layers(facts: ModuleFacts, class_name: str) -> bool:
+    """Whether `self.is_causal` tells the causal instances apart, as `_for_sdpa` causal masks require.
+
+    Either the class is always causal (`self.is_causal = True`), or the file builds it with `is_causal=True`
+    somewhere. A class whose flag stays at a False default while it receives causal masks (BioGPT) fails.
+    """
+    values = facts.find_attribute_values(class_name, "is_causal")
+    if not values:
+        return False
+    if all(isinstance(v, cst.Name) and v.value == "True" for v in values):
+        return True
+    if facts.tree is None:
+        return False
+    dicts = {name for name, entries in attention_dicts(facts).items() if entries.get("eager") == class_name}
+    for node in ast.walk(facts.tree):
+        func = node.func if isinstance(node, ast.Call) else None
+        builds = (isinstance(func, ast.Name) and func.id == class_name) or (
+            isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name) and func.value.id in dicts
+        )
+        if builds:
+            assert isinstance(node, ast.Call)
+            for keyword in node.keywords:
+                if keyword.arg == "is_causal" and isinstance(keyword.value, ast.Constant) and keyword.value.value is True:
+                    return True
+    return False
 
 
 def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:

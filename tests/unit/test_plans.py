@@ -1,0 +1,64 @@
+"""Plan-level decisions that guard exactness: which mask helpers may switch, which modules are causal."""
+
+from __future__ import annotations
+
+import textwrap
+
+from sdpa_port import Status, port_source
+
+DECODER = '''
+import torch
+from torch import nn
+
+from ...modeling_attn_mask_utils import _prepare_4d_causal_attention_mask
+from ...modeling_utils import PreTrainedModel
+
+
+class TinyAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads, is_causal=False):
+        super().__init__()
+        self.is_causal = is_causal
+        self.scaling = (embed_dim // num_heads) ** -0.5
+
+    def forward(self, query, key, value, attention_mask=None, output_attentions=False):
+        scores = torch.matmul(query * self.scaling, key.transpose(-1, -2))
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        probs = scores.softmax(-1)
+        return torch.matmul(probs, value), probs
+
+
+TINY_ATTENTION_CLASSES = {"eager": TinyAttention}
+
+
+class TinyLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attn = TINY_ATTENTION_CLASSES[config._attn_implementation](config.hidden_size, 4{causal})
+
+
+class TinyPreTrainedModel(PreTrainedModel):
+    base_model_prefix = "model"
+
+
+class TinyModel(TinyPreTrainedModel):
+    def forward(self, input_ids, attention_mask=None, head_mask=None, output_attentions=False):
+        mask = _prepare_4d_causal_attention_mask(attention_mask, input_ids.shape, input_ids, 0)
+        return mask
+'''
+
+
+def test_causal_helper_switches_only_when_causal_layers_are_marked() -> None:
+    marked = port_source(DECODER.replace("{causal}", ", is_causal=True"))
+    assert marked.status is Status.PORTED
+    assert "_prepare_4d_causal_attention_mask_for_sdpa(" in marked.source
+    assert "sdpa_is_causal = attention_mask is None and self.is_causal" in marked.source
+
+
+def test_causal_helper_kept_when_the_flag_stays_false() -> None:
+    """BioGPT's shape: causal masks reach a module whose `is_causal` keeps its False default."""
+    unmarked = port_source(DECODER.replace("{causal}", ""))
+    assert unmarked.status is Status.PORTED
+    assert "_prepare_4d_causal_attention_mask_for_sdpa" not in unmarked.source
+    assert "self.is_causal" not in unmarked.source.split("class TinySdpaAttention")[1].split("TINY_ATTENTION")[0]
+    assert any("causal mask helper is kept" in w for w in unmarked.warnings)
