@@ -115,6 +115,7 @@ def plan_interface(
         if class_name in eager_names:
             continue
         _check_eager_function(facts, class_name, function_name)
+        _check_own_causality(facts, class_name)
         plan.flag_only.append(class_name)
         if not facts.find_attribute_values(class_name, "is_causal"):
             plan.causal_for_flag_only[class_name] = causality.for_class(class_name, mask_param=True)
@@ -147,6 +148,8 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result)
     cross = cross_attention_parameter(forward, start, params)
     has_causal = bool(facts.find_attribute_values(analysis.class_name, "is_causal"))
+    if has_causal:
+        _check_own_causality(facts, analysis.class_name)
     causal_value = None if has_causal else causality.for_class(analysis.class_name, mask_param is not None)
     causal_kwarg = f"self.is_causal and {cross} is None" if cross and not causality.from_callers else None
     kwargs = forward.params.star_kwarg.name.value if isinstance(forward.params.star_kwarg, cst.Param) else None
@@ -419,6 +422,27 @@ def _dispatching_classes(facts: ModuleFacts) -> dict[str, str]:
             ):
                 out[node.name] = inner.args[1].id
     return out
+
+
+def _check_own_causality(facts: ModuleFacts, class_name: str) -> None:
+    """A module the file itself builds with a literal `is_causal=True` is causal whatever mask it receives.
+
+    SDPA applies that flag whenever the mask handed over is None (no padding), where eager applies the mask alone;
+    unless the mask comes from a causal builder the two disagree (BridgeTower's cross-modal layers do). The flag
+    may follow the configuration (`is_causal=config.is_decoder`), not be pinned to True.
+    """
+    if facts.tree is None:
+        return
+    for node in ast.walk(facts.tree):
+        # the class itself, or a wrapper that hands `is_causal` on to it (`BridgeTowerAttention(..., is_causal=True)`)
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id[:1].isupper()):
+            continue
+        for keyword in node.keywords:
+            if keyword.arg == "is_causal" and isinstance(keyword.value, ast.Constant) and keyword.value.value is True:
+                raise Refused(
+                    f"{class_name}: `{node.func.id}` is built with `is_causal=True` at line {node.lineno}; whether the "
+                    "masks it receives are causal cannot be shown without running it"
+                )
 
 
 def _check_eager_function(facts: ModuleFacts, class_name: str, function_name: str) -> None:

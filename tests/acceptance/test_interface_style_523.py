@@ -103,3 +103,66 @@ def test_idempotent_on_real_files(ported) -> None:  # type: ignore[no-untyped-de
     for model, (source, _) in ported.items():
         again = port_source(source)
         assert again.status is Status.UNCHANGED and again.source == source, model
+
+
+@pytest.mark.parametrize("model,base", [("align", "AlignTextModel"), ("splinter", "SplinterModel")])
+def test_files_already_on_the_interface_get_is_causal_and_the_flag(model: str, base: str, workdir: Path) -> None:
+    """align and splinter dispatch already but set no is_causal: flagged alone, SDPA would run them causally."""
+    from sdpa_port.verify import parity
+    from sdpa_port.verify.configs import tiny_config
+
+    source = port_file(model)
+    assert "self.is_causal = False" in source and "_supports_sdpa = True" in source
+    ported = load(model, source, workdir, tag="flag")
+    config = tiny_config(getattr(original(model), base).config_class)
+    for padding in ("right", "none"):
+        checks = parity.check_forward(getattr(original(model), base), getattr(ported, base), config, padding, kind="encoder")
+        _assert(checks, "interface-523-flag", model)
+
+
+def test_a_module_pinned_causal_is_refused() -> None:
+    """BridgeTower builds cross-modal attention with is_causal=True; with the flag alone SDPA drifts from eager."""
+    from harness import modeling_path
+
+    from sdpa_port import Status, port_source
+
+    result = port_source(modeling_path("bridgetower").read_text(encoding="utf-8"))
+    assert result.status is Status.REFUSED
+    assert "is built with `is_causal=True`" in result.reasons[0]
+
+
+def test_a_registered_kernel_is_called_by_ported_models(ported) -> None:  # type: ignore[no-untyped-def]
+    """AttentionInterface.register("counted_sdpa", fn): models built with that name call fn and match eager."""
+    import torch
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from sdpa_port.verify import checks
+
+    calls: list[str] = []
+
+    def counted_sdpa(module, query, key, value, attention_mask, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(type(module).__name__)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("counted_sdpa", counted_sdpa)
+    # a registered kernel also says which mask format it takes; this one takes SDPA's
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionMaskInterface.register("counted_sdpa", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    for model in ("xglm", "rembert"):
+        case = CASES[model]
+        config = config_for(model)
+        module = ported[model][1]
+        eager = checks.build(getattr(module, case.base), config, "eager")
+        checks.sharpen(eager)
+        custom = checks.build(getattr(module, case.base), config, "counted_sdpa")
+        custom.load_state_dict(eager.state_dict())
+        kind = checks.model_kind(config, getattr(module, case.lm or case.base))
+        batch = checks.make_batch(config, kind, "left" if kind == "decoder" else "right")
+        before = len(calls)
+        with torch.no_grad():
+            difference = checks.max_difference(eager(**batch.inputs), custom(**batch.inputs), batch)
+        record("registered-kernel", model, {"calls": len(calls) - before, "max_diff": difference})
+        assert len(calls) - before == config.num_hidden_layers, calls
+        assert difference <= 1e-4
