@@ -27,7 +27,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from sdpa_port.bench.report import read_json
-from sdpa_port.bench.spec import BenchResult, Phase
+from sdpa_port.bench.spec import BenchResult, Phase, Row
 
 MODELS = ("bert", "distilbert", "gpt2", "opt", "mbart")
 SPEED_LENGTH, MEMORY_LENGTH = 1024, 4096
@@ -54,8 +54,8 @@ def run(
     cases: Annotated[str, typer.Option(help="Comma-separated: unpadded, padded.")] = "unpadded,padded",
     lengths: Annotated[str, typer.Option(help="Lengths of the unpadded case.")] = "512,1024,2048,4096",
     padded_lengths: Annotated[str, typer.Option(help="Lengths of the padded case.")] = f"{SPEED_LENGTH},{MEMORY_LENGTH}",
-    runs: Annotated[int, typer.Option(help="Timed runs per measurement (unpadded case).")] = 5,
-    padded_runs: Annotated[int, typer.Option(help="Timed runs per measurement (padded case).")] = 3,
+    runs: Annotated[int, typer.Option(help="Timed runs per measurement.")] = 3,
+    padded_phases: Annotated[str, typer.Option(help="Phases of the padded case.")] = "forward",
     threads: Annotated[int, typer.Option(help="torch threads on both sides.")] = 1,
     bench_args: Annotated[str, typer.Option(help="More `sdpa-port bench` arguments for both sides, space-separated.")] = "",
 ) -> None:
@@ -63,8 +63,8 @@ def run(
     for model in models.split(","):
         for case in cases.split(","):
             chosen = lengths if case == "unpadded" else padded_lengths
-            count = runs if case == "unpadded" else padded_runs
-            common = ["--lengths", chosen, "--runs", str(count), "--threads", str(threads), "--device", "cpu", *bench_args.split()]
+            phases = ["--phases", padded_phases] if case == "padded" else []
+            common = ["--lengths", chosen, *phases, "--runs", str(runs), "--threads", str(threads), "--device", "cpu", *bench_args.split()]
             for side, python in (("auto", auto_python), ("hand", hand_python)):
                 command = bench_command(python, model, data / side, case, common)
                 typer.echo(f"$ {' '.join(command)}", err=True)
@@ -85,14 +85,28 @@ def load_side(directory: Path) -> dict[tuple[str, str], BenchResult]:
     return found
 
 
+def speedups(row: Row | None) -> tuple[float | None, float | None]:
+    """(ratio of minima, paired median) of a row."""
+    if row is None:
+        return None, None
+    return row.speedup, row.paired_speedup
+
+
 def ratios(auto: BenchResult, hand: BenchResult) -> dict[str, Any]:
     out: dict[str, Any] = {
         "auto_transformers": auto.environment["transformers"],
         "hand_transformers": hand.environment["transformers"],
     }
-    a, h = auto.row("cpu", Phase.FORWARD, SPEED_LENGTH), hand.row("cpu", Phase.FORWARD, SPEED_LENGTH)
-    if a and h:
-        out |= {"auto_speedup": a.speedup, "hand_speedup": h.speedup, "speedup_ratio": a.speedup / h.speedup}
+    (a_min, a_paired), (h_min, h_paired) = (
+        speedups(auto.row("cpu", Phase.FORWARD, SPEED_LENGTH)),
+        speedups(hand.row("cpu", Phase.FORWARD, SPEED_LENGTH)),
+    )
+    if a_min and h_min:
+        out |= {"auto_speedup_min": a_min, "hand_speedup_min": h_min, "speedup_ratio_min": a_min / h_min}
+    if a_paired and h_paired:
+        out |= {"auto_speedup": a_paired, "hand_speedup": h_paired, "speedup_ratio": a_paired / h_paired}
+    elif "speedup_ratio_min" in out:
+        out |= {"auto_speedup": a_min, "hand_speedup": h_min, "speedup_ratio": out["speedup_ratio_min"]}
     a, h = auto.row("cpu", Phase.FORWARD, MEMORY_LENGTH), hand.row("cpu", Phase.FORWARD, MEMORY_LENGTH)
     if a and h and a.sdpa_peak_bytes and h.sdpa_peak_bytes:
         out |= {
@@ -103,7 +117,8 @@ def ratios(auto: BenchResult, hand: BenchResult) -> dict[str, Any]:
     for phase in (Phase.PREFILL, Phase.DECODE):
         a, h = auto.row("cpu", phase, SPEED_LENGTH), hand.row("cpu", phase, SPEED_LENGTH)
         if a and h:
-            out[f"{phase.value}_speedup_ratio"] = a.speedup / h.speedup
+            a_value, h_value = a.paired_speedup or a.speedup, h.paired_speedup or h.speedup
+            out[f"{phase.value}_speedup_ratio"] = a_value / h_value
     out["meets_goal"] = out.get("speedup_ratio", 0) >= SPEED_GOAL and out.get("memory_ratio", 9) <= MEMORY_GOAL
     return out
 
@@ -120,16 +135,85 @@ def _f(value: Any, digits: int = 2) -> str:
 def markdown(table: dict[str, dict[str, Any]]) -> str:
     lines = [
         f"| model, inputs | auto speed-up @{SPEED_LENGTH} | hand speed-up @{SPEED_LENGTH} | **speed-up ratio** | "
-        f"auto SDPA MiB @{MEMORY_LENGTH} | hand SDPA MiB @{MEMORY_LENGTH} | **memory ratio** | prefill ratio | decode ratio | goal |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"ratio of minima | auto SDPA MiB @{MEMORY_LENGTH} | hand SDPA MiB @{MEMORY_LENGTH} | **memory ratio** | "
+        "prefill ratio | decode ratio | goal |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for key, r in table.items():
         mib = lambda name: _f(r[name] / 2**20, 1) if name in r else "-"  # noqa: E731
         lines.append(
             f"| {key} | {_f(r.get('auto_speedup'))} | {_f(r.get('hand_speedup'))} | **{_f(r.get('speedup_ratio'))}** | "
-            f"{mib('auto_sdpa_peak_bytes')} | {mib('hand_sdpa_peak_bytes')} | **{_f(r.get('memory_ratio'))}** | "
-            f"{_f(r.get('prefill_speedup_ratio'))} | {_f(r.get('decode_speedup_ratio'))} | "
-            f"{'met' if r['meets_goal'] else 'missed'} |"
+            f"{_f(r.get('speedup_ratio_min'))} | {mib('auto_sdpa_peak_bytes')} | {mib('hand_sdpa_peak_bytes')} | "
+            f"**{_f(r.get('memory_ratio'))}** | {_f(r.get('prefill_speedup_ratio'))} | "
+            f"{_f(r.get('decode_speedup_ratio'))} | {'met' if r['meets_goal'] else 'missed'} |"
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ focused repeats at the speed length
+
+
+@app.command()
+def focus(
+    auto_python: Annotated[str, typer.Option(help="python of the environment whose files are ported (4.40.2).")],
+    hand_python: Annotated[str, typer.Option(help="python of the environment with hand ports (4.47.1).")],
+    data: Annotated[Path, typer.Option(help="Where the JSON files go (focus/<side>/r<k>/ below it).")] = Path("docs/bench-data"),
+    models: Annotated[str, typer.Option(help="Comma-separated model names.")] = ",".join(MODELS),
+    cases: Annotated[str, typer.Option(help="Comma-separated: unpadded, padded.")] = "unpadded,padded",
+    rounds: Annotated[int, typer.Option(help="Bench runs per side, the sides taking turns.")] = 3,
+    min_time: Annotated[float, typer.Option(help="Seconds timed per bench run.")] = 15.0,
+    threads: Annotated[int, typer.Option(help="torch threads on both sides.")] = 1,
+) -> None:
+    """Repeat the forward pass at L=1024 several times per side, the sides taking turns, so that both meet the same
+    spells of background load; `summarise` reports the median over repeats."""
+    common = ["--lengths", str(SPEED_LENGTH), "--phases", "forward", "--no-memory", "--min-time", str(min_time)]
+    common += ["--runs", "5", "--threads", str(threads), "--device", "cpu", "-q"]
+    for model in models.split(","):
+        for case in cases.split(","):
+            for index in range(rounds):
+                order = (("auto", auto_python), ("hand", hand_python))
+                for side, python in order if index % 2 == 0 else order[::-1]:
+                    command = bench_command(python, model, data / "focus" / side / f"r{index}", case, common)
+                    typer.echo(f"$ {' '.join(command)}", err=True)
+                    if subprocess.run(command, check=False, stdout=subprocess.DEVNULL).returncode != 0:
+                        typer.echo(f"bench_compare: focus {model} {case} {side} failed", err=True)
+                        raise typer.Exit(2)
+
+
+def focus_table(data: Path) -> dict[str, dict[str, Any]]:
+    """(model case) -> per side the paired speed-ups of every repeat, their medians and the ratio of medians."""
+    found: dict[str, dict[str, list[float]]] = {}
+    for side in ("auto", "hand"):
+        for directory in sorted((data / "focus" / side).glob("r*")):
+            for (name, case), result in load_side(directory).items():
+                row = result.row("cpu", Phase.FORWARD, SPEED_LENGTH)
+                if row is not None:
+                    found.setdefault(f"{name} {case}", {}).setdefault(side, []).append(row.paired_speedup or row.speedup)
+    table: dict[str, dict[str, Any]] = {}
+    for key, sides in sorted(found.items()):
+        if "auto" in sides and "hand" in sides:
+            auto, hand = _median(sides["auto"]), _median(sides["hand"])
+            table[key] = {"auto": sides["auto"], "hand": sides["hand"], "auto_median": auto, "hand_median": hand, "ratio": auto / hand}
+    return table
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def focus_markdown(table: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        f"| model, inputs | auto speed-ups @{SPEED_LENGTH} (each repeat) | hand speed-ups @{SPEED_LENGTH} | auto median | "
+        "hand median | **speed-up ratio** |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for key, r in table.items():
+        each = lambda values: ", ".join(f"{v:.2f}" for v in values)  # noqa: E731
+        lines.append(
+            f"| {key} | {each(r['auto'])} | {each(r['hand'])} | {_f(r['auto_median'])} | {_f(r['hand_median'])} | "
+            f"**{_f(r['ratio'])}** |"
         )
     return "\n".join(lines)
 
@@ -141,12 +225,17 @@ def summarise(
 ) -> None:
     """Print the ratio table (Markdown) from the JSON files."""
     table = compare(data)
-    if not table:
+    focused = focus_table(data)
+    if not table and not focused:
         typer.echo(f"bench_compare: no pairs of results under {data}/auto and {data}/hand", err=True)
         raise typer.Exit(2)
-    typer.echo(markdown(table))
+    if table:
+        typer.echo(markdown(table))
+    if focused:
+        typer.echo("")
+        typer.echo(focus_markdown(focused))
     if out is not None:
-        out.write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
+        out.write_text(json.dumps({"full": table, "focus": focused}, indent=2) + "\n", encoding="utf-8")
 
 
 @app.command()
@@ -169,6 +258,28 @@ def plot(
             typer.echo(f"bench_compare: {error}", err=True)
             raise typer.Exit(2)
         typer.echo(f"wrote {path}")
+
+
+@app.command()
+def overview(
+    data: Annotated[Path, typer.Option(help="The directory `run` wrote.")] = Path("docs/bench-data"),
+    side: Annotated[str, typer.Option(help="auto or hand.")] = "auto",
+    case: Annotated[str, typer.Option(help="unpadded or padded.")] = "unpadded",
+    out: Annotated[Path, typer.Option(help="The PNG file.")] = Path("docs/img/overview_auto_unpadded.png"),
+) -> None:
+    """All models of one side and case in one PNG: SDPA speed-up per phase, peak forward memory."""
+    from sdpa_port.bench.plot import PlotUnavailable, plot as draw
+
+    results = [result for (name, kind), result in sorted(load_side(data / side).items()) if kind == case]
+    if not results:
+        typer.echo(f"bench_compare: no {case} results under {data / side}", err=True)
+        raise typer.Exit(2)
+    version = results[0].environment["transformers"]
+    try:
+        typer.echo(f"wrote {draw(results, out, title=f'{side} ports, transformers {version}, {case}')}")
+    except PlotUnavailable as error:
+        typer.echo(f"bench_compare: {error}", err=True)
+        raise typer.Exit(2)
 
 
 def _relabel(result: BenchResult, side: str) -> BenchResult:

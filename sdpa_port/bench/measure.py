@@ -203,8 +203,29 @@ class Timed:
 
 @dataclass(frozen=True)
 class Timing:
-    wall_s: float  # minimum wall-clock seconds per call
-    cpu_s: float  # minimum CPU seconds of this process per call
+    """Seconds per call, one sample per timed round, on both clocks."""
+
+    wall: tuple[float, ...]
+    cpu: tuple[float, ...]
+
+    @property
+    def wall_s(self) -> float:
+        return min(self.wall)
+
+    @property
+    def cpu_s(self) -> float:
+        return min(self.cpu)
+
+    def samples(self, clock: str) -> tuple[float, ...]:
+        return self.cpu if clock == "cpu" else self.wall
+
+
+def paired_speedup(eager: Timing, sdpa: Timing, clock: str) -> float:
+    """Median over rounds of eager time / SDPA time within the round: calls that ran next to each other saw the
+    same background load, so their ratio drifts less with it than the ratio of two minima does."""
+    ratios = sorted(e / s for e, s in zip(eager.samples(clock), sdpa.samples(clock)))
+    middle = len(ratios) // 2
+    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
 
 
 def synchronise(device: str) -> None:
@@ -255,7 +276,7 @@ def time_interleaved(
                     cpus[name].append(cpu / entry.per)
                     spent += wall
             index += 1
-    return {name: Timing(min(walls[name]), min(cpus[name])) for name in timed}
+    return {name: Timing(tuple(walls[name]), tuple(cpus[name])) for name in timed}
 
 
 def output_difference(eager: Any, sdpa: Any, inputs: Inputs, kind: Kind) -> float:

@@ -7,7 +7,19 @@ from pathlib import Path
 
 from sdpa_port.bench.spec import BenchResult, Row
 
-HEADER = ("device", "phase", "L", "eager ms", "sdpa ms", "speed-up", "eager MiB", "sdpa MiB", "mem sdpa/eager")
+HEADER = (
+    "device",
+    "phase",
+    "L",
+    "eager ms",
+    "sdpa ms",
+    "speed-up",
+    "paired",
+    "runs",
+    "eager MiB",
+    "sdpa MiB",
+    "mem sdpa/eager",
+)
 
 
 def _mib(value: int | None) -> str:
@@ -23,6 +35,8 @@ def row_cells(row: Row) -> tuple[str, ...]:
         f"{row.eager_s * 1e3:.2f}",
         f"{row.sdpa_s * 1e3:.2f}",
         f"{row.speedup:.2f}",
+        "-" if row.paired_speedup is None else f"{row.paired_speedup:.2f}",
+        "-" if row.rounds is None else str(row.rounds),
         _mib(row.eager_peak_bytes),
         _mib(row.sdpa_peak_bytes),
         "-" if ratio is None else f"{ratio:.2f}",
@@ -35,7 +49,7 @@ def table(result: BenchResult, markdown: bool = False) -> str:
     rows = sorted(result.rows, key=lambda r: (r.device, order[r.phase.value], r.length))
     cells = [HEADER] + [row_cells(r) for r in rows]
     if markdown:
-        lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * 6) + "|"]
+        lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(HEADER) - 2)) + "|"]
         lines += ["| " + " | ".join(c) + " |" for c in cells[1:]]
         return "\n".join(lines)
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
@@ -52,8 +66,8 @@ def headline(result: BenchResult) -> str:
         f"batch {result.settings.batch}, padding {result.settings.padding}; {checks}\n"
         f"latency: minimum {'process CPU time' if result.settings.clock == 'cpu' else 'wall time'} of "
         f"{result.settings.runs}+ runs (>= {result.settings.min_time:g} s timed) after {result.settings.warmup} warm-up, "
-        "eager and SDPA taking turns; decode: per "
-        "token; memory: peak RSS of one forward above the process baseline (child process)"
+        "eager and SDPA taking turns; speed-up: ratio of the minima; paired: median over runs of the ratio within a "
+        "run; decode: per token; memory: peak RSS of one forward above the process baseline (child process)"
     )
 
 

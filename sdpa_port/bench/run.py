@@ -108,7 +108,11 @@ def measure_length(
         found = measure.time_interleaved(timed, settings.runs, settings.warmup, device, settings.min_time)
         timings[phase] = found
         eager_s, sdpa_s = _pick(found["eager"], clock), _pick(found["sdpa"], clock)
-        steps.say(f"    eager {eager_s * 1e3:.2f} ms, sdpa {sdpa_s * 1e3:.2f} ms ({clock}), x{eager_s / sdpa_s:.2f}")
+        paired = measure.paired_speedup(found["eager"], found["sdpa"], clock)
+        steps.say(
+            f"    eager {eager_s * 1e3:.2f} ms, sdpa {sdpa_s * 1e3:.2f} ms ({clock}, min of {len(found['eager'].cpu)}), "
+            f"x{eager_s / sdpa_s:.2f} (paired median x{paired:.2f})"
+        )
     peaks: dict[str, int | None] = {name: None for name in IMPLEMENTATIONS}
     if settings.memory and Phase.FORWARD in phases:
         steps.next(f"{device} peak memory L={length} (child processes)")
@@ -129,6 +133,8 @@ def measure_length(
                 peaks["sdpa"] if memory else None,
                 eager_wall_s=found["eager"].wall_s,
                 sdpa_wall_s=found["sdpa"].wall_s,
+                paired_speedup=measure.paired_speedup(found["eager"], found["sdpa"], clock),
+                rounds=len(found["eager"].cpu),
             )
         )
     return rows

@@ -102,6 +102,8 @@ class Row:
     sdpa_peak_bytes: int | None = None
     eager_wall_s: float | None = None  # wall-clock minimum, kept next to the CPU-time minimum
     sdpa_wall_s: float | None = None
+    paired_speedup: float | None = None  # median over rounds of eager/SDPA time within a round
+    rounds: int | None = None  # timed rounds behind the minima
 
     @property
     def speedup(self) -> float:
@@ -126,6 +128,8 @@ class Row:
             "memory_ratio": self.memory_ratio,
             "eager_wall_s": self.eager_wall_s,
             "sdpa_wall_s": self.sdpa_wall_s,
+            "paired_speedup": self.paired_speedup,
+            "rounds": self.rounds,
         }
 
     @staticmethod
@@ -140,6 +144,8 @@ class Row:
             sdpa_peak_bytes=data.get("sdpa_peak_bytes"),
             eager_wall_s=data.get("eager_wall_s"),
             sdpa_wall_s=data.get("sdpa_wall_s"),
+            paired_speedup=data.get("paired_speedup"),
+            rounds=data.get("rounds"),
         )
 
 
