@@ -19,6 +19,7 @@ Examples:
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -192,15 +193,9 @@ def focus_table(data: Path) -> dict[str, dict[str, Any]]:
     table: dict[str, dict[str, Any]] = {}
     for key, sides in sorted(found.items()):
         if "auto" in sides and "hand" in sides:
-            auto, hand = _median(sides["auto"]), _median(sides["hand"])
+            auto, hand = statistics.median(sides["auto"]), statistics.median(sides["hand"])
             table[key] = {"auto": sides["auto"], "hand": sides["hand"], "auto_median": auto, "hand_median": hand, "ratio": auto / hand}
     return table
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def focus_markdown(table: dict[str, dict[str, Any]]) -> str:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from sdpa_port.bench.spec import MAX_ROUNDS, Kind, ModelRef, Phase, Settings
+from sdpa_port.bench.spec import MAX_ROUNDS, Kind, ModelRef, Phase, Settings, Timing, paired_speedup
 
 SPECIAL_TOKENS = 3  # ids below this are never drawn (pad, bos, eos in most configs)
 
@@ -199,33 +199,6 @@ class Timed:
     run: Callable[[], Any]
     before: Callable[[], None] | None = None
     per: int = 1  # calls of the model inside `run` (decode: tokens), to report per call
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Seconds per call, one sample per timed round, on both clocks."""
-
-    wall: tuple[float, ...]
-    cpu: tuple[float, ...]
-
-    @property
-    def wall_s(self) -> float:
-        return min(self.wall)
-
-    @property
-    def cpu_s(self) -> float:
-        return min(self.cpu)
-
-    def samples(self, clock: str) -> tuple[float, ...]:
-        return self.cpu if clock == "cpu" else self.wall
-
-
-def paired_speedup(eager: Timing, sdpa: Timing, clock: str) -> float:
-    """Median over rounds of eager time / SDPA time within the round: calls that ran next to each other saw the
-    same background load, so their ratio drifts less with it than the ratio of two minima does."""
-    ratios = sorted(e / s for e, s in zip(eager.samples(clock), sdpa.samples(clock)))
-    middle = len(ratios) // 2
-    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
 
 
 def synchronise(device: str) -> None:

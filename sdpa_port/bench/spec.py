@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -87,6 +88,31 @@ class ModelRef:
             config=dict(data["config"]),
             kind=Kind(data["kind"]),
         )
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call, one sample per timed round, on both clocks."""
+
+    wall: tuple[float, ...]
+    cpu: tuple[float, ...]
+
+    @property
+    def wall_s(self) -> float:
+        return min(self.wall)
+
+    @property
+    def cpu_s(self) -> float:
+        return min(self.cpu)
+
+    def samples(self, clock: str) -> tuple[float, ...]:
+        return self.cpu if clock == "cpu" else self.wall
+
+
+def paired_speedup(eager: Timing, sdpa: Timing, clock: str) -> float:
+    """Median over rounds of eager time / SDPA time within the round: calls that ran next to each other saw the
+    same background load, so their ratio drifts less with it than the ratio of two minima does."""
+    return statistics.median(e / s for e, s in zip(eager.samples(clock), sdpa.samples(clock)))
 
 
 @dataclass(frozen=True)

@@ -167,3 +167,29 @@ def test_compare_ratios_and_goal() -> None:
     worse = compare.ratios(_result(sdpa_peak=80 << 20), _result(version="4.47.1"))
     assert worse["memory_ratio"] == pytest.approx(2.0) and not worse["meets_goal"]
     assert "missed" in compare.markdown({"x unpadded": worse})
+
+
+def test_paired_speedup_is_the_median_of_per_run_ratios() -> None:
+    from sdpa_port.bench.spec import Timing, paired_speedup
+
+    eager = Timing(wall=(4.0, 9.0, 3.0), cpu=(2.0, 6.0, 3.0))
+    sdpa = Timing(wall=(2.0, 3.0, 1.0), cpu=(1.0, 2.0, 1.0))
+    assert eager.cpu_s == 2.0 and eager.wall_s == 3.0
+    assert paired_speedup(eager, sdpa, "cpu") == 3.0  # ratios 2, 3, 3
+    assert paired_speedup(eager, sdpa, "wall") == 3.0  # ratios 2, 3, 3
+    assert paired_speedup(Timing((1.0, 4.0), (1.0, 4.0)), Timing((1.0, 1.0), (1.0, 1.0)), "cpu") == 2.5
+
+
+def test_focus_table_pairs_repeats_by_model_and_case(tmp_path: Path) -> None:
+    compare = _compare_module()
+    for side, values in (("auto", (1.8, 1.9, 2.0)), ("hand", (2.0, 2.0, 2.1))):
+        for index, value in enumerate(values):
+            base = _result(version="4.40.2" if side == "auto" else "4.47.1")
+            rows = (Row("cpu", Phase.FORWARD, 1024, value, 1.0, paired_speedup=value, rounds=30),)
+            result = BenchResult(base.target, base.environment, base.settings, base.model, rows, base.checks)
+            report.write_json(result, tmp_path / "focus" / side / f"r{index}" / "bench_modeling_x.json")
+    table = compare.focus_table(tmp_path)
+    assert list(table) == ["x unpadded"]
+    assert table["x unpadded"]["auto_median"] == pytest.approx(1.9) and table["x unpadded"]["hand_median"] == pytest.approx(2.0)
+    assert table["x unpadded"]["ratio"] == pytest.approx(0.95)
+    assert "**0.95**" in compare.focus_markdown(table)
