@@ -46,7 +46,6 @@ def config_class_of(model_class: type) -> type | None:
     config_class = getattr(model_class, "config_class", None)
     if isinstance(config_class, type):
         return config_class
-    annotation = inspect.get_annotations(model_class, eval_str=False).get("config") if hasattr(inspect, "get_annotations") else None
     for klass in model_class.__mro__:
         annotations = getattr(klass, "__annotations__", {})
         candidate = annotations.get("config")
@@ -57,7 +56,7 @@ def config_class_of(model_class: type) -> type | None:
             resolved = getattr(module, candidate, None)
             if isinstance(resolved, type):
                 return resolved
-    return annotation if isinstance(annotation, type) else None
+    return None
 
 
 def pick_targets(original: ModuleType) -> Targets | None:
@@ -66,10 +65,10 @@ def pick_targets(original: ModuleType) -> Targets | None:
         return None
     takes_ids = [c for c in classes if "input_ids" in inspect.signature(c.forward).parameters]
     if not takes_ids:
-        return None
+        return _pixel_targets(classes)
     prefixes = {c.__name__[: -len("Model")] for c in takes_ids if c.__name__.endswith("Model")}
     base = next((c for c in takes_ids if c.__name__.endswith("Model") and c.__name__[:-5] in prefixes and not c.__name__.endswith(LM_SUFFIXES)), None)
-    lm = next((c for c in takes_ids if c.__name__.endswith(LM_SUFFIXES)), None)
+    lm = next((c for c in takes_ids if c.__name__.endswith(LM_SUFFIXES) and _can_generate(c)), None)
     if base is None:
         base = lm or takes_ids[0]
     config_class = config_class_of(base)
@@ -80,6 +79,53 @@ def pick_targets(original: ModuleType) -> Targets | None:
     return Targets(config_class, base, lm, kind)
 
 
+def _pixel_targets(classes: list[type]) -> Targets | None:
+    """Image models: the base model taking `pixel_values`, checked without padding."""
+    takes_pixels = [c for c in classes if "pixel_values" in inspect.signature(c.forward).parameters]
+    base = next((c for c in takes_pixels if c.__name__.endswith("Model")), takes_pixels[0] if takes_pixels else None)
+    if base is None:
+        return None
+    config_class = config_class_of(base)
+    return Targets(config_class, base, None, "vision") if config_class is not None else None
+
+
+def pixel_batch(config: Any, seed: int = 1) -> parity.Batch:
+    import torch
+
+    size = getattr(config, "image_size", 32)
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    channels = getattr(config, "num_channels", 3)
+    pixels = torch.randn(2, channels, size, size, generator=torch.Generator().manual_seed(seed))
+    return parity.Batch({"pixel_values": pixels}, torch.ones(2, 0, dtype=torch.long))
+
+
+def verify_pixels(targets: Targets, ported: ModuleType) -> list[Check]:
+    from sdpa_port.verify.checks import compare
+
+    # default-size configs and deep convolutional stacks: a milder sharpening and tolerances relative to the
+    # output magnitude (depth heads reach 1e8)
+    config = targets.config_class()
+    original = parity.build(targets.base, config, "eager")
+    parity.sharpen(original, gain=1.0)
+    state = original.state_dict()
+    eager = parity.build(getattr(ported, targets.base.__name__), config, "eager")
+    eager.load_state_dict(state)
+    sdpa = parity.build(getattr(ported, targets.base.__name__), config, "sdpa")
+    sdpa.load_state_dict(state)
+    batch = pixel_batch(config)
+    label = targets.base.__name__
+    unchanged = compare(original, eager, batch, f"{label}[pixels] eager unchanged", 1e-6, relative=True, expect_sdpa=False)
+    return unchanged + compare(original, sdpa, batch, f"{label}[pixels] sdpa == eager (relative)", 1e-4, relative=True)
+
+
+def _can_generate(model_class: type) -> bool:
+    check = getattr(model_class, "can_generate", None)
+    try:
+        return bool(check()) if callable(check) else False
+    except Exception:  # some classes need an instance or a config to answer
+        return False
+
+
 def verify_pair(
     original: ModuleType,
     ported: ModuleType,
@@ -88,7 +134,9 @@ def verify_pair(
 ) -> list[Check]:
     targets = pick_targets(original)
     if targets is None:
-        return [Check("inputs", False, None, "no model class taking input_ids: cannot build a parity check")]
+        return [Check("inputs", False, None, "no model class taking input_ids or pixel_values: cannot build a check")]
+    if targets.kind == "vision":
+        return verify_pixels(targets, ported)
     config = tiny_config(targets.config_class, overrides)
     checks: list[Check] = []
     padded = "left" if targets.kind == "decoder" else "right"

@@ -54,6 +54,7 @@ def shrink_fields(fields: dict[str, Any]) -> dict[str, Any]:
     for index, name in enumerate(_TOKEN_NAMES):
         if name in fields and fields[name] is not None:
             values[name] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}.get(name, 2 + index)
+    values.setdefault("pad_token_id", 0)  # every config accepts it; batched heads and padding need it
     return values
 
 
