@@ -127,3 +127,21 @@ def test_idempotent_on_real_files(ported) -> None:  # type: ignore[no-untyped-de
     for model, (source, _) in ported.items():
         again = port_source(source)
         assert again.status is Status.UNCHANGED and again.source == source, model
+
+
+@pytest.mark.parametrize("model", ["gpt2", "opt", "gpt_neox", "bert", "t5", "mbart"])
+def test_fully_masked_rows_stay_finite(model: str, ported) -> None:  # type: ignore[no-untyped-def]
+    """Padded query rows see no unmasked key (PyTorch issue 110213): SDPA must not turn them into NaN."""
+    import torch
+
+    from sdpa_port.verify import checks
+
+    case = CASES[model]
+    config = _config(model)
+    kind = checks.model_kind(config, getattr(original(model), case.lm or case.base))
+    sdpa = checks.build(getattr(ported[model][1], case.base), config, "sdpa")
+    batch = checks.make_batch(config, kind, "left" if kind == "decoder" else "right", pad=6)
+    with torch.no_grad():
+        outputs = sdpa(**batch.inputs)
+    for name, tensor in checks.tensors(outputs):
+        assert torch.isfinite(tensor).all(), f"{model}: non-finite values in {name}"
