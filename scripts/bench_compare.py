@@ -19,6 +19,7 @@ Examples:
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -151,64 +152,149 @@ def markdown(table: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------ focused repeats at the speed length
+# ------------------------------------------------------------------ lockstep timing at the speed length
+
+
+class Remote:
+    """A `sdpa_port.bench.worker` process in one environment, asked one JSON line at a time."""
+
+    def __init__(self, python: str, threads: int, log: Path) -> None:
+        env = dict(os.environ) | {"OMP_NUM_THREADS": str(threads)}
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = open(log, "a", encoding="utf-8")
+        self.process = subprocess.Popen(
+            [python, "-m", "sdpa_port.bench.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
+        )
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.process.stdin and self.process.stdout
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker exited (see {self.log.name})")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+        return answer
+
+    def close(self) -> None:
+        try:
+            assert self.process.stdin
+            self.process.stdin.write(json.dumps({"op": "quit"}) + "\n")
+            self.process.stdin.close()
+        finally:
+            self.process.wait(timeout=60)
+            self.log.close()
+
+
+CASE_SETTINGS = {"unpadded": {"batch": 1, "padding": "none"}, "padded": {"batch": 2, "padding": "auto"}}
+
+
+def lockstep_rounds(remotes: dict[str, Remote], rounds: int, warmup: int) -> dict[str, dict[str, list[float]]]:
+    """CPU seconds of every (side, implementation) per round; sides and implementations swap order every round."""
+    samples: dict[str, dict[str, list[float]]] = {side: {"eager": [], "sdpa": []} for side in remotes}
+    sides = list(remotes)
+    for index in range(warmup + rounds):
+        flip = index % 2 == 1
+        for side in sides[::-1] if flip else sides:
+            for implementation in ("sdpa", "eager") if flip else ("eager", "sdpa"):
+                answer = remotes[side].ask({"op": "time", "implementation": implementation})
+                if index >= warmup:
+                    samples[side][implementation].append(answer["cpu"])
+    return samples
+
+
+def lockstep_summary(samples: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    auto, hand = samples["auto"], samples["hand"]
+    per_round = [
+        (ae / as_) / (he / hs) for ae, as_, he, hs in zip(auto["eager"], auto["sdpa"], hand["eager"], hand["sdpa"])
+    ]
+    quartiles = statistics.quantiles(per_round, n=4) if len(per_round) > 1 else [per_round[0]] * 3
+    auto_min = min(auto["eager"]) / min(auto["sdpa"])
+    hand_min = min(hand["eager"]) / min(hand["sdpa"])
+    return {
+        "rounds": len(per_round),
+        "speedup_ratio": statistics.median(per_round),
+        "speedup_ratio_q1": quartiles[0],
+        "speedup_ratio_q3": quartiles[2],
+        "auto_speedup": statistics.median(e / s for e, s in zip(auto["eager"], auto["sdpa"])),
+        "hand_speedup": statistics.median(e / s for e, s in zip(hand["eager"], hand["sdpa"])),
+        "auto_speedup_min": auto_min,
+        "hand_speedup_min": hand_min,
+        "speedup_ratio_min": auto_min / hand_min,
+        "sdpa_time_ratio": statistics.median(a / h for a, h in zip(auto["sdpa"], hand["sdpa"])),
+        "eager_time_ratio": statistics.median(a / h for a, h in zip(auto["eager"], hand["eager"])),
+        "min_ms": {side: {impl: min(values) * 1e3 for impl, values in found.items()} for side, found in samples.items()},
+    }
 
 
 @app.command()
-def focus(
+def lockstep(
     auto_python: Annotated[str, typer.Option(help="python of the environment whose files are ported (4.40.2).")],
     hand_python: Annotated[str, typer.Option(help="python of the environment with hand ports (4.47.1).")],
-    data: Annotated[Path, typer.Option(help="Where the JSON files go (focus/<side>/r<k>/ below it).")] = Path("docs/bench-data"),
+    data: Annotated[Path, typer.Option(help="Results go to <data>/lockstep/.")] = Path("docs/bench-data"),
     models: Annotated[str, typer.Option(help="Comma-separated model names.")] = ",".join(MODELS),
     cases: Annotated[str, typer.Option(help="Comma-separated: unpadded, padded.")] = "unpadded,padded",
-    rounds: Annotated[int, typer.Option(help="Bench runs per side, the sides taking turns.")] = 3,
-    min_time: Annotated[float, typer.Option(help="Seconds timed per bench run.")] = 15.0,
+    rounds: Annotated[int, typer.Option(help="Timed rounds; each times all four (side, implementation) pairs.")] = 40,
+    warmup: Annotated[int, typer.Option(help="Untimed rounds first.")] = 2,
     threads: Annotated[int, typer.Option(help="torch threads on both sides.")] = 1,
+    auto_target: Annotated[
+        Optional[str], typer.Option(help="MODEL=FILE: measure FILE on the automatic side instead of the installed MODEL.")
+    ] = None,
+    label: Annotated[str, typer.Option(help="Suffix of the result names (for variants such as a patched port).")] = "",
 ) -> None:
-    """Repeat the forward pass at L=1024 several times per side, the sides taking turns, so that both meet the same
-    spells of background load; `summarise` reports the median over repeats."""
-    common = ["--lengths", str(SPEED_LENGTH), "--phases", "forward", "--no-memory", "--min-time", str(min_time)]
-    common += ["--runs", "5", "--threads", str(threads), "--device", "cpu", "-q"]
+    """Time the forward pass at L=1024 on both sides at once: one worker per environment, the four (side,
+    implementation) pairs taking turns every round. The speed-up ratio is the median over rounds of
+    (auto eager/auto SDPA) / (hand eager/hand SDPA); all four of a round met the same background load."""
+    overrides = dict([auto_target.split("=", 1)]) if auto_target else {}
     for model in models.split(","):
         for case in cases.split(","):
-            for index in range(rounds):
-                order = (("auto", auto_python), ("hand", hand_python))
-                for side, python in order if index % 2 == 0 else order[::-1]:
-                    command = bench_command(python, model, data / "focus" / side / f"r{index}", case, common)
-                    typer.echo(f"$ {' '.join(command)}", err=True)
-                    if subprocess.run(command, check=False, stdout=subprocess.DEVNULL).returncode != 0:
-                        typer.echo(f"bench_compare: focus {model} {case} {side} failed", err=True)
-                        raise typer.Exit(2)
+            settings = {"lengths": [SPEED_LENGTH], "threads": threads, **CASE_SETTINGS[case]}
+            name = f"{model}_{case}{'_' + label if label else ''}"
+            remotes = {
+                side: Remote(python, threads, data / "lockstep" / "logs" / f"{name}_{side}.log")
+                for side, python in (("auto", auto_python), ("hand", hand_python))
+            }
+            try:
+                facts = {}
+                for side, remote in remotes.items():
+                    target = overrides.get(model, model) if side == "auto" else model
+                    request = {"op": "setup", "target": target, "settings": settings, "length": SPEED_LENGTH}
+                    facts[side] = remote.ask(request | {"out_dir": str(data / "lockstep" / "ports" / side)})
+                typer.echo(f"{name}: {rounds} rounds", err=True)
+                samples = lockstep_rounds(remotes, rounds, warmup)
+            finally:
+                for remote in remotes.values():
+                    remote.close()
+            summary = lockstep_summary(samples)
+            typer.echo(f"    speed-up ratio {summary['speedup_ratio']:.3f} (IQR {summary['speedup_ratio_q1']:.3f}-{summary['speedup_ratio_q3']:.3f})", err=True)
+            record = {"model": model, "case": case, "label": label, "length": SPEED_LENGTH, "settings": settings}
+            record |= {"sides": facts, "summary": summary, "samples_cpu_s": samples}
+            out = data / "lockstep" / f"{name}.json"
+            out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
-def focus_table(data: Path) -> dict[str, dict[str, Any]]:
-    """(model case) -> per side the paired speed-ups of every repeat, their medians and the ratio of medians."""
-    found: dict[str, dict[str, list[float]]] = {}
-    for side in ("auto", "hand"):
-        for directory in sorted((data / "focus" / side).glob("r*")):
-            for (name, case), result in load_side(directory).items():
-                row = result.row("cpu", Phase.FORWARD, SPEED_LENGTH)
-                if row is not None:
-                    found.setdefault(f"{name} {case}", {}).setdefault(side, []).append(row.paired_speedup or row.speedup)
-    table: dict[str, dict[str, Any]] = {}
-    for key, sides in sorted(found.items()):
-        if "auto" in sides and "hand" in sides:
-            auto, hand = statistics.median(sides["auto"]), statistics.median(sides["hand"])
-            table[key] = {"auto": sides["auto"], "hand": sides["hand"], "auto_median": auto, "hand_median": hand, "ratio": auto / hand}
+def lockstep_table(data: Path) -> dict[str, dict[str, Any]]:
+    table = {}
+    for path in sorted((data / "lockstep").glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        key = f"{record['model']} {record['case']}" + (f" ({record['label']})" if record.get("label") else "")
+        table[key] = record["summary"]
     return table
 
 
-def focus_markdown(table: dict[str, dict[str, Any]]) -> str:
+def lockstep_markdown(table: dict[str, dict[str, Any]]) -> str:
     lines = [
-        f"| model, inputs | auto speed-ups @{SPEED_LENGTH} (each repeat) | hand speed-ups @{SPEED_LENGTH} | auto median | "
-        "hand median | **speed-up ratio** |",
-        "|---|---|---|---:|---:|---:|",
+        f"| model, inputs | rounds | auto speed-up @{SPEED_LENGTH} | hand speed-up @{SPEED_LENGTH} | **speed-up ratio** (IQR) | "
+        "ratio of minima | SDPA time auto/hand | eager time auto/hand |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, r in table.items():
-        each = lambda values: ", ".join(f"{v:.2f}" for v in values)  # noqa: E731
         lines.append(
-            f"| {key} | {each(r['auto'])} | {each(r['hand'])} | {_f(r['auto_median'])} | {_f(r['hand_median'])} | "
-            f"**{_f(r['ratio'])}** |"
+            f"| {key} | {r['rounds']} | {_f(r['auto_speedup'])} | {_f(r['hand_speedup'])} | **{_f(r['speedup_ratio'])}** "
+            f"({_f(r['speedup_ratio_q1'])}-{_f(r['speedup_ratio_q3'])}) | {_f(r['speedup_ratio_min'])} | "
+            f"{_f(r['sdpa_time_ratio'])} | {_f(r['eager_time_ratio'])} |"
         )
     return "\n".join(lines)
 
@@ -220,7 +306,7 @@ def summarise(
 ) -> None:
     """Print the ratio table (Markdown) from the JSON files."""
     table = compare(data)
-    focused = focus_table(data)
+    focused = lockstep_table(data)
     if not table and not focused:
         typer.echo(f"bench_compare: no pairs of results under {data}/auto and {data}/hand", err=True)
         raise typer.Exit(2)
@@ -228,9 +314,9 @@ def summarise(
         typer.echo(markdown(table))
     if focused:
         typer.echo("")
-        typer.echo(focus_markdown(focused))
+        typer.echo(lockstep_markdown(focused))
     if out is not None:
-        out.write_text(json.dumps({"full": table, "focus": focused}, indent=2) + "\n", encoding="utf-8")
+        out.write_text(json.dumps({"full": table, "lockstep": focused}, indent=2) + "\n", encoding="utf-8")
 
 
 @app.command()

@@ -26,6 +26,11 @@ class Clock(str, enum.Enum):
     WALL = "wall"
 
 
+class Malloc(str, enum.Enum):
+    STEADY = "steady"
+    DEFAULT = "default"
+
+
 class Padding(str, enum.Enum):
     NONE = "none"
     AUTO = "auto"
@@ -87,6 +92,10 @@ def bench(
     clock: Annotated[
         Clock, typer.Option("--clock", help="auto: process CPU time with one thread (robust to other load), wall otherwise.")
     ] = Clock.AUTO,
+    malloc: Annotated[
+        Malloc,
+        typer.Option("--malloc", help="steady: fix glibc's mmap/trim thresholds so page faults do not vary by process."),
+    ] = Malloc.STEADY,
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the JSON, the PNG and the port.")] = Path("bench-results"),
     device: Annotated[Device, typer.Option("--device", help="cpu, cuda, or auto (cpu, and cuda when present).")] = Device.AUTO,
     batch: Annotated[int, typer.Option("--batch", "-b", min=1, help="Examples per batch.")] = 1,
@@ -133,6 +142,7 @@ def bench(
         min_time=min_time,
         threads=chosen_threads,
         clock=clock_for(clock, chosen_threads),
+        malloc=malloc.value,
         batch=batch,
         padding=padding.value,
         pad_fraction=pad_fraction,

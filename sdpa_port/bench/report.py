@@ -63,6 +63,7 @@ def headline(result: BenchResult) -> str:
     return (
         f"{target['model_class']} ({target['kind']}) from {target['source']}; {target['detail']}\n"
         f"torch {env['torch']}, transformers {env['transformers']}, {env['threads']} thread(s), "
+        f"malloc {env.get('malloc', 'default')}, "
         f"batch {result.settings.batch}, padding {result.settings.padding}; {checks}\n"
         f"latency: minimum {'process CPU time' if result.settings.clock == 'cpu' else 'wall time'} of "
         f"{result.settings.runs}+ runs (>= {result.settings.min_time:g} s timed) after {result.settings.warmup} warm-up, "

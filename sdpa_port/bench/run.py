@@ -155,12 +155,13 @@ def run_benchmark(
     from sdpa_port.bench import measure
 
     torch.set_num_threads(settings.threads)
+    allocator = apply_malloc(settings.malloc)
     prepared = prepare(target, out_dir, package)
     progress(f"{prepared.source_path}: {prepared.detail}")
     ref, chosen = describe_model(prepared, settings, model_class, kind)
     config = measure.build_config(chosen, ref.config)
     progress(f"{ref.model_class} ({ref.kind.value}), threads={settings.threads}, lengths={list(settings.lengths)}")
-    environment = describe(settings.threads)
+    environment = describe(settings.threads) | {"malloc": allocator}
     phases = phases_of(ref.kind, settings.phases)
     per_length = len(phases) + (1 if settings.memory and Phase.FORWARD in phases else 0)
     steps = Steps(len(settings.devices) * len(settings.lengths) * per_length, progress)
@@ -179,6 +180,15 @@ def run_benchmark(
     environment["load_average_at_end"] = load_average()
     target_facts: dict[str, Any] = prepared.describe() | {"model_class": ref.model_class, "kind": ref.kind.value}
     return BenchResult(target_facts, environment, settings, ref, tuple(rows), checks)
+
+
+def apply_malloc(choice: str) -> str:
+    """Set up the allocator of the timing process; returns what is in effect, for the record."""
+    if choice != "steady":
+        return "default"
+    from sdpa_port.bench.malloc import steady_malloc
+
+    return "steady" if steady_malloc() else "default (mallopt unavailable)"
 
 
 def _pick(timing: Any, clock: str) -> float:

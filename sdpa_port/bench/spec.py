@@ -43,6 +43,7 @@ class Settings:
     min_time: float = 0.0  # keep timing rounds past `runs` until this many seconds were timed (at most MAX_ROUNDS)
     threads: int = 1
     clock: str = "cpu"  # cpu: process CPU time (one thread, robust to other processes) | wall
+    malloc: str = "steady"  # steady: fixed glibc thresholds in the timing process (see bench.malloc) | default
     batch: int = 1
     padding: str = "none"  # none | left | right | auto (left for decoders, right otherwise)
     pad_fraction: float = 0.25  # share of the last example that is padding, when padded

@@ -180,16 +180,18 @@ def test_paired_speedup_is_the_median_of_per_run_ratios() -> None:
     assert paired_speedup(Timing((1.0, 4.0), (1.0, 4.0)), Timing((1.0, 1.0), (1.0, 1.0)), "cpu") == 2.5
 
 
-def test_focus_table_pairs_repeats_by_model_and_case(tmp_path: Path) -> None:
+def test_lockstep_summary_takes_the_median_of_per_round_ratios(tmp_path: Path) -> None:
     compare = _compare_module()
-    for side, values in (("auto", (1.8, 1.9, 2.0)), ("hand", (2.0, 2.0, 2.1))):
-        for index, value in enumerate(values):
-            base = _result(version="4.40.2" if side == "auto" else "4.47.1")
-            rows = (Row("cpu", Phase.FORWARD, 1024, value, 1.0, paired_speedup=value, rounds=30),)
-            result = BenchResult(base.target, base.environment, base.settings, base.model, rows, base.checks)
-            report.write_json(result, tmp_path / "focus" / side / f"r{index}" / "bench_modeling_x.json")
-    table = compare.focus_table(tmp_path)
-    assert list(table) == ["x unpadded"]
-    assert table["x unpadded"]["auto_median"] == pytest.approx(1.9) and table["x unpadded"]["hand_median"] == pytest.approx(2.0)
-    assert table["x unpadded"]["ratio"] == pytest.approx(0.95)
-    assert "**0.95**" in compare.focus_markdown(table)
+    samples = {
+        "auto": {"eager": [4.0, 8.0, 4.0], "sdpa": [2.0, 4.0, 2.5]},  # speed-ups 2.0, 2.0, 1.6
+        "hand": {"eager": [4.0, 8.0, 4.0], "sdpa": [2.0, 4.0, 2.0]},  # speed-ups 2.0, 2.0, 2.0
+    }
+    summary = compare.lockstep_summary(samples)
+    assert summary["rounds"] == 3 and summary["speedup_ratio"] == pytest.approx(1.0)
+    assert summary["speedup_ratio_min"] == pytest.approx(1.0) and summary["sdpa_time_ratio"] == pytest.approx(1.0)
+    assert summary["min_ms"]["auto"]["sdpa"] == pytest.approx(2000.0)
+    (tmp_path / "lockstep").mkdir()
+    record = {"model": "x", "case": "padded", "label": "", "summary": summary}
+    (tmp_path / "lockstep" / "x_padded.json").write_text(json.dumps(record))
+    table = compare.lockstep_table(tmp_path)
+    assert list(table) == ["x padded"] and "**1.00**" in compare.lockstep_markdown(table)
