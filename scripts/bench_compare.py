@@ -251,7 +251,7 @@ def lockstep(
     for model in models.split(","):
         for case in cases.split(","):
             settings = {"lengths": [SPEED_LENGTH], "threads": threads, **CASE_SETTINGS[case]}
-            name = f"{model}_{case}{'_' + label if label else ''}"
+            name = f"{model}_{case}{'_' + slug(label) if label else ''}"
             remotes = {
                 side: Remote(python, threads, data / "lockstep" / "logs" / f"{name}_{side}.log")
                 for side, python in (("auto", auto_python), ("hand", hand_python))
@@ -273,6 +273,10 @@ def lockstep(
             record |= {"sides": facts, "summary": summary, "samples_cpu_s": samples}
             out = data / "lockstep" / f"{name}.json"
             out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def slug(text: str) -> str:
+    return "-".join("".join(c if c.isalnum() or c == "." else " " for c in text.lower()).split())
 
 
 def lockstep_table(data: Path) -> dict[str, dict[str, Any]]:
