@@ -23,6 +23,9 @@ from sdpa_port.verify.checks import (  # noqa: F401  (re-exported for callers)
 )
 
 
+RELATIVE_TOLERANCE = 1e-5  # of the largest output magnitude, for outputs far beyond unit scale
+
+
 def check_forward(
     original_class: type,
     ported_class: type,
@@ -48,6 +51,11 @@ def check_forward(
     checks = compare(original, ported_eager, batch, f"{label} eager unchanged", eager_tolerance, expect_sdpa=False)
     sdpa = compare(original, ported_sdpa, batch, f"{label} sdpa == eager", sdpa_tolerance)
     sdpa[1] = Check(f"{label} sdpa executed", sdpa[1].passed, None, sdpa[1].detail)
+    if not sdpa[0].passed:
+        # models without normalisation grow activations to 1e6 and more: then judge relative to the magnitude
+        relative = compare(original, ported_sdpa, batch, f"{label} sdpa == eager", RELATIVE_TOLERANCE, relative=True)[0]
+        if relative.passed:
+            sdpa[0] = Check(sdpa[0].name, True, sdpa[0].max_diff, f"(relative {relative.max_diff:.2g})")
     return checks + sdpa
 
 
