@@ -346,6 +346,23 @@ def plot(
 
 
 @app.command()
+def tables(
+    data: Annotated[Path, typer.Option(help="A directory of `sdpa-port bench` JSON files.")] = Path("docs/bench-data/auto"),
+) -> None:
+    """Markdown tables of every result in a directory, as they go into docs/benchmarks.md."""
+    from sdpa_port.bench.report import table
+
+    for (name, case), result in sorted(load_side(data).items()):
+        check = result.checks.get("cpu", {})
+        typer.echo(
+            f"**{result.target['model_class']}** ({case}, batch {result.settings.batch}; transformers "
+            f"{result.environment['transformers']}; max abs eager-SDPA difference {check.get('max_abs_diff', float('nan')):.1e} "
+            f"at L={check.get('length')})\n"
+        )
+        typer.echo(table(result, markdown=True) + "\n")
+
+
+@app.command()
 def overview(
     data: Annotated[Path, typer.Option(help="The directory `run` wrote.")] = Path("docs/bench-data"),
     side: Annotated[str, typer.Option(help="auto or hand.")] = "auto",
