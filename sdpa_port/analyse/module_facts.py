@@ -10,13 +10,16 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from sdpa_port.analyse.names import ImportMap
+from sdpa_port.discover.screen import Uses, uses
 
 
 class ClassInfo:
     """One top-level class: its bases, methods and (computed on demand) the `self.x = ...` assignments."""
 
-    def __init__(self, node: cst.ClassDef) -> None:
+    def __init__(self, node: cst.ClassDef, assigning: frozenset[str] | None = None) -> None:
         self.name = node.name.value
+        # the methods that can assign `self.x` or register a buffer (from the ast); None: not known, visit all
+        self.assigning = assigning
         self.node = node
         self.bases = tuple(get_full_name_for_node(arg.value) or "" for arg in node.bases)
         self.methods: dict[str, cst.FunctionDef] = {}
@@ -35,14 +38,15 @@ class ClassInfo:
         self._collected: _SelfAssignments | None = None
 
     @classmethod
-    def of(cls, node: cst.ClassDef) -> "ClassInfo":
-        return cls(node)
+    def of(cls, node: cst.ClassDef, assigning: frozenset[str] | None = None) -> "ClassInfo":
+        return cls(node, assigning)
 
     def _collect(self) -> "_SelfAssignments":
         if self._collected is None:
             collector = _SelfAssignments()
-            for method in self.methods.values():
-                method.visit(collector)
+            for name, method in self.methods.items():
+                if self.assigning is None or name in self.assigning:
+                    method.visit(collector)
             self._collected = collector
         return self._collected
 
@@ -100,6 +104,21 @@ class _SelfAssignments(cst.CSTVisitor):
             self.buffers[node.args[0].value.evaluated_value] = node.args[1].value  # type: ignore[index]
 
 
+def _assigning_methods(tree: ast.Module) -> dict[str, frozenset[str]]:
+    """class -> its methods that assign `self.x` or call `self.register_buffer` (what _SelfAssignments collects)."""
+    out: dict[str, frozenset[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names = set(out.get(node.name, ()))  # a class defined twice: either may be the one libcst keeps
+            for inner in node.body:
+                if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found = uses(inner)
+                    if found.assigns_self or "register_buffer" in found.called_on_self:
+                        names.add(inner.name)
+            out[node.name] = frozenset(names)
+    return out
+
+
 def _self_attribute(node: cst.BaseExpression) -> str | None:
     if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
         return node.attr.value
@@ -128,9 +147,10 @@ class ModuleFacts:
         dicts: dict[str, cst.Dict] = {}
         names: set[str] = set()
         order: list[str] = []
+        assigning = _assigning_methods(tree) if tree is not None else {}
         for stmt in module.body:
             if isinstance(stmt, cst.ClassDef):
-                classes[stmt.name.value] = ClassInfo.of(stmt)
+                classes[stmt.name.value] = ClassInfo.of(stmt, assigning.get(stmt.name.value))
                 names.add(stmt.name.value)
                 order.append(stmt.name.value)
             elif isinstance(stmt, cst.FunctionDef):
@@ -224,31 +244,22 @@ class ModuleFacts:
             if any(base.split(".")[-1] == "PreTrainedModel" for base in info.bases)
         )
 
+    @cached_property
+    def _class_uses(self) -> tuple[tuple[str, Uses], ...]:
+        """Each top-level class of the ast with what it calls, walked once (classes_calling is asked often)."""
+        if self.tree is None:
+            return ()
+        return tuple((node.name, uses(node)) for node in self.tree.body if isinstance(node, ast.ClassDef))
+
     def classes_calling(self, names: set[str] | frozenset[str], attribute_of_self: bool = False) -> set[str]:
         """Top-level classes with a call to one of `names` (as `name(...)`, or `self.name(...)`)."""
         if self.tree is None:
             return set(self.classes)
-        out: set[str] = set()
-        for node in self.tree.body:
-            if not isinstance(node, ast.ClassDef):
-                continue
-            for inner in ast.walk(node):
-                if not isinstance(inner, ast.Call):
-                    continue
-                func = inner.func
-                if isinstance(func, ast.Name) and func.id in names and not attribute_of_self:
-                    out.add(node.name)
-                    break
-                if (
-                    attribute_of_self
-                    and isinstance(func, ast.Attribute)
-                    and func.attr in names
-                    and isinstance(func.value, ast.Name)
-                    and func.value.id == "self"
-                ):
-                    out.add(node.name)
-                    break
-        return out
+        return {
+            name
+            for name, used in self._class_uses
+            if not (used.called_on_self if attribute_of_self else used.called).isdisjoint(names)
+        }
 
     def has_module_logger(self) -> bool:
         return "logger" in self.top_level_names

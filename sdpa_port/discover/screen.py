@@ -1,13 +1,17 @@
 """A fast first look with the standard `ast` module: is there anything for libcst to do in this file?
 
 Parsing with libcst costs about ten times more than `ast`; most files of a release either already support SDPA or
-have no softmax at all, and are answered from this screen alone.
+have no softmax at all, and are answered from this screen alone. Each top-level statement is walked once (see
+`Uses`); every question the screen asks is then a set operation.
 """
 
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+
+SOFTMAX_NAMES = frozenset({"softmax", "Softmax", "softmax_"})
+REGISTRY = "ALL_ATTENTION_FUNCTIONS"
 
 
 @dataclass(frozen=True)
@@ -21,59 +25,127 @@ class Screen:
     modeling: bool = True  # imports torch or defines a module class: a modeling file at all
 
 
+@dataclass(frozen=True)
+class Uses:
+    """What one subtree calls and names, gathered in a single walk."""
+
+    softmax: bool  # calls `softmax`, `Softmax` or `softmax_` (as a name or an attribute)
+    called: frozenset[str]  # names called directly: `name(...)`
+    called_on_self: frozenset[str]  # attributes called on self: `self.name(...)`
+    registry: bool  # mentions the name ALL_ATTENTION_FUNCTIONS
+    assigns_self: bool = False  # assigns `self.<name> = ...` (also annotated, also as one of chained targets)
+
+
+# fields that never hold a node worth visiting (expression contexts, operators, plain values)
+_SKIPPED_FIELDS = frozenset({"ctx", "op", "type_comment", "kind", "id", "attr", "arg", "level", "module", "conversion"})
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(kind: type) -> tuple[str, ...]:
+    fields = _FIELDS.get(kind)
+    if fields is None:
+        fields = _FIELDS[kind] = tuple(name for name in kind._fields if name not in _SKIPPED_FIELDS)  # type: ignore[attr-defined]
+    return fields
+
+
+def uses(node: ast.AST) -> Uses:
+    """One iterative walk over `node`; about three times faster than the same questions asked with `ast.walk`."""
+    softmax = registry = assigns_self = False
+    called: set[str] = set()
+    on_self: set[str] = set()
+    stack = [node]
+    pop, push, is_node = stack.pop, stack.append, isinstance
+    while stack:
+        current = pop()
+        kind = current.__class__
+        if kind is ast.Call:
+            func = current.func  # type: ignore[attr-defined]
+            if func.__class__ is ast.Name:
+                called.add(func.id)
+            elif func.__class__ is ast.Attribute:
+                softmax = softmax or func.attr in SOFTMAX_NAMES
+                if func.value.__class__ is ast.Name and func.value.id == "self":
+                    on_self.add(func.attr)
+        elif kind is ast.Name:
+            registry = registry or current.id == REGISTRY  # type: ignore[attr-defined]
+            continue  # only its context below
+        elif kind is ast.Assign:
+            assigns_self = assigns_self or any(_is_self_attribute(t) for t in current.targets)  # type: ignore[attr-defined]
+        elif kind is ast.AnnAssign and current.value is not None:  # type: ignore[attr-defined]
+            assigns_self = assigns_self or _is_self_attribute(current.target)  # type: ignore[attr-defined]
+        for name in _FIELDS.get(kind) or _fields(kind):
+            value = getattr(current, name, None)
+            if value.__class__ is list:
+                for item in value:
+                    if is_node(item, ast.AST):
+                        push(item)
+            elif is_node(value, ast.AST):
+                push(value)
+    softmax = softmax or not SOFTMAX_NAMES.isdisjoint(called)
+    return Uses(softmax, frozenset(called), frozenset(on_self), registry, assigns_self)
+
+
+def _is_self_attribute(node: ast.expr) -> bool:
+    return node.__class__ is ast.Attribute and node.value.__class__ is ast.Name and node.value.id == "self"  # type: ignore[attr-defined]
+
+
 def screen(tree: ast.Module) -> Screen:
     classes: dict[str, ast.ClassDef] = {}
+    class_uses: dict[str, Uses] = {}
     functions: set[str] = set()
-    supports = False
-    interface = False
-    dispatches = False
+    from_modeling: set[str] = set()  # names imported from another modeling file (modular files build on them)
+    supports = interface = dispatches = imports_torch = False
     for node in tree.body:
+        found = uses(node)
+        dispatches = dispatches or found.registry
         if isinstance(node, ast.ClassDef):
             classes[node.name] = node
-        elif isinstance(node, ast.FunctionDef) and _has_softmax(node):
+            class_uses[node.name] = found
+        elif isinstance(node, ast.FunctionDef) and found.softmax:
             functions.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports_torch = imports_torch or _imports_torch(node)
             module = getattr(node, "module", None) or ""
             names = [alias.name for alias in node.names]
-            if "masking_utils" in module.split(".") or "ALL_ATTENTION_FUNCTIONS" in names:
+            if "masking_utils" in module.split(".") or REGISTRY in names:
                 interface = True
+            if module.split(".")[-1].startswith(("modeling_", "modular_")):
+                from_modeling.update(alias.asname or alias.name for alias in node.names)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(getattr(node, "value", None), ast.Dict):
             keys = [k.value for k in node.value.keys if isinstance(k, ast.Constant)]  # type: ignore[union-attr]
             if "eager" in keys and "sdpa" in keys:
                 supports = True
-    for node in classes.values():
-        if _is_pretrained_root(node) or _base_names(node) & {"PreTrainedModel"}:
-            for statement in node.body:
-                if (
-                    isinstance(statement, ast.Assign)
-                    and any(isinstance(t, ast.Name) and t.id == "_supports_sdpa" for t in statement.targets)
-                    and isinstance(statement.value, ast.Constant)
-                    and statement.value.value is True
-                ):
-                    supports = True
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id == "ALL_ATTENTION_FUNCTIONS":
-            dispatches = True
-            break
-    direct = {name for name, node in classes.items() if _has_softmax(node)}
+    bases = {name: _base_names(node) for name, node in classes.items()}
+    for name, node in classes.items():
+        if (_is_pretrained_root(node) or "PreTrainedModel" in bases[name]) and _sets_supports_sdpa(node):
+            supports = True
+    found = {name for name, used in class_uses.items() if used.softmax}
     # subclasses inherit forward and helpers
     changed = True
-    found = set(direct)
     while changed:
         changed = False
-        for name, node in classes.items():
-            if name not in found and _base_names(node) & found:
+        for name in classes:
+            if name not in found and bases[name] & found:
                 found.add(name)
                 changed = True
     # classes whose forward calls a module-level softmax function (eager_attention_forward(self, ...))
     if functions:
-        for name, node in classes.items():
-            if name not in found and _calls_any(node, functions):
-                found.add(name)
-    modeling = any(_imports_torch(node) for node in tree.body) or any(
-        any(base.endswith(("Module", "PreTrainedModel")) for base in _base_names(node)) for node in classes.values()
+        found |= {name for name, used in class_uses.items() if used.called & functions}
+    modeling = imports_torch or any(
+        any(base.endswith(("Module", "PreTrainedModel")) for base in names) or names & from_modeling
+        for names in bases.values()
     )
     return Screen(supports, frozenset(found), interface, dispatches, frozenset(functions), modeling)
+
+
+def _sets_supports_sdpa(node: ast.ClassDef) -> bool:
+    return any(
+        isinstance(statement, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "_supports_sdpa" for t in statement.targets)
+        and isinstance(statement.value, ast.Constant)
+        and statement.value.value is True
+        for statement in node.body
+    )
 
 
 def _imports_torch(node: ast.stmt) -> bool:
@@ -96,25 +168,3 @@ def _base_names(node: ast.ClassDef) -> set[str]:
 
 def _is_pretrained_root(node: ast.ClassDef) -> bool:
     return node.name.endswith("PreTrainedModel")
-
-
-def _has_softmax(node: ast.AST) -> bool:
-    for inner in ast.walk(node):
-        if isinstance(inner, ast.Call):
-            func = inner.func
-            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            if name in ("softmax", "Softmax", "softmax_"):
-                return True
-            if isinstance(func, ast.Call):
-                inner_func = func.func
-                inner_name = inner_func.attr if isinstance(inner_func, ast.Attribute) else getattr(inner_func, "id", "")
-                if inner_name == "Softmax":
-                    return True
-    return False
-
-
-def _calls_any(node: ast.AST, names: set[str] | frozenset[str]) -> bool:
-    for inner in ast.walk(node):
-        if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id in names:
-            return True
-    return False
