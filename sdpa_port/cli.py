@@ -60,22 +60,24 @@ def port(
 ) -> None:
     """Port eager attention in modeling files to torch.nn.functional.scaled_dot_product_attention.
 
-    PATH may be a modeling file, a directory (its modeling_*.py files), or a model name such as `bert` resolved in
-    the installed transformers. Files are rewritten in place unless -o, --check or --diff is given. A file that
-    cannot be ported exactly is refused with one line per reason and left untouched.
+    PATH may be a modeling file, a directory (its PyTorch modeling_*.py and modular_*.py files), or a model name
+    such as `bert` resolved in the installed transformers. Files are rewritten in place unless -o, --check or --diff
+    is given. A file that cannot be ported exactly is refused with one line per reason and left untouched. Several
+    files are ported in parallel, reported in input order, with a progress bar on a terminal and a summary on stderr.
 
     Exit codes: 0 done or nothing to do, 1 changes needed (--check/--diff), 2 bad input or internal error,
     3 refused. Benchmarks: `sdpa-port bench --help`.
     """
     from sdpa_port.edge.files import InputError, discover
-    from sdpa_port.edge.report import print_outcome, print_summary
+    from sdpa_port.edge.progress import progress_bar
+    from sdpa_port.edge.report import out, print_outcome, print_summary
     from sdpa_port.edge.runner import RunOptions, run
 
     try:
         targets = discover(list(paths))
     except InputError as error:
         raise _fail(str(error))
-    if output is not None and len(targets) != 1:
+    if output is not None and (len(paths) != 1 or len(targets) != 1):
         raise _fail("-o/--output takes exactly one input file")
     writing = not (diff or check)
     if writing and output is None and any(t.model for t in targets):
@@ -87,12 +89,17 @@ def port(
 
     def progress(outcome) -> None:  # type: ignore[no-untyped-def]
         if as_json:
-            typer.echo(json.dumps(outcome_json(outcome)))
+            out(json.dumps(outcome_json(outcome)))
         else:
             print_outcome(outcome, show_diff=diff)
 
-    summary = run(targets, options, jobs=jobs if many else 1, progress=progress)
-    if many and not as_json:
+    bar = progress_bar(len(targets))
+    try:
+        summary = run(targets, options, jobs=jobs if many else 1, progress=progress, advanced=bar and bar.advance)
+    finally:
+        if bar:
+            bar.close()
+    if many:
         print_summary(summary)
     raise typer.Exit(summary.exit_code(checking=not writing))
 

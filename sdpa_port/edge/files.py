@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import tempfile
@@ -47,11 +48,14 @@ def is_pytorch_modeling_file(path: Path) -> bool:
 
 
 def discover(paths: list[Path]) -> list[Target]:
-    """Expand directories into their PyTorch modeling files (sorted); files are taken as given."""
+    """Expand directories into their PyTorch modeling and modular files (sorted); files are taken as given.
+
+    A file reached twice (named and inside a named directory) is processed once, where it first appears.
+    """
     out: list[Target] = []
     for path in paths:
         if path.is_dir():
-            found = sorted(p for p in path.rglob("modeling_*.py") if is_pytorch_modeling_file(p))
+            found = sorted(p for p in path.rglob("mod*_*.py") if is_pytorch_modeling_file(p) and p.is_file())
             if not found:
                 raise InputError(f"{path}: no PyTorch modeling files (modeling_*.py) in this directory")
             out.extend(Target(p, explicit=False) for p in found)
@@ -62,7 +66,14 @@ def discover(paths: list[Path]) -> list[Target]:
             if resolved is None:
                 raise InputError(f"{path}: no such file, directory or model name in the installed transformers")
             out.append(resolved)
-    return out
+    seen: set[Path] = set()
+    unique: list[Target] = []
+    for target in out:
+        key = target.path.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(target)
+    return unique
 
 
 def resolve_model_name(name: str) -> Target | None:
@@ -78,9 +89,14 @@ def resolve_model_name(name: str) -> Target | None:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write through a temporary file in the same directory and rename it into place."""
+    """Write through a temporary file in the same directory and rename it into place (a link's target is written)."""
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     directory = path.parent if str(path.parent) else Path(".")
     mode = path.stat().st_mode & 0o777 if path.exists() else None
+    if mode is not None and not (mode & 0o222 and os.access(path, os.W_OK)):
+        # a read-only file stays as it is, even for root (whom the rename below would let replace it)
+        raise PermissionError(errno.EACCES, "read-only file", str(path))
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:

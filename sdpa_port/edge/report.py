@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from collections import Counter
 
 import typer
@@ -10,51 +12,78 @@ from sdpa_port.edge.runner import Outcome, Summary
 from sdpa_port.result import Status
 
 
+def out(text: str, nl: bool = True) -> None:
+    """To stdout as it is at this moment: a progress bar may have put there a proxy that prints above it."""
+    typer.echo(text, nl=nl, file=sys.stdout)
+
+
+def err(text: str) -> None:
+    typer.echo(text, file=sys.stderr)
+
+
 def print_outcome(outcome: Outcome, show_diff: bool = False) -> None:
     result = outcome.result
     path = str(outcome.path)
     if show_diff and outcome.diff:
-        typer.echo(outcome.diff, nl=False)
+        out(outcome.diff, nl=False)
     if outcome.verify_failed:
-        typer.echo(f"verification failed: {path} (nothing written)")
+        out(f"verification failed: {path} (nothing written)")
         for line in outcome.verification:
             if "FAILED" in line or "could not" in line:
-                typer.echo(f"  {line}")
+                out(f"  {line}")
     elif result.status is Status.PORTED:
         where = f" -> {outcome.written}" if outcome.written and outcome.written != outcome.path else ""
         verb = "ported" if outcome.written else "would port"
         verified = " (verified)" if outcome.verification else ""
-        typer.echo(f"{verb}: {path}{where} ({', '.join(result.attention_classes)}){verified}")
+        out(f"{verb}: {path}{where} ({', '.join(result.attention_classes)}){verified}")
         if outcome.tests:
-            typer.echo(f"  parity tests: {outcome.tests}")
+            out(f"  parity tests: {outcome.tests}")
     elif result.status is Status.UNCHANGED:
-        typer.echo(f"unchanged: {path} ({result.detail})")
+        out(f"unchanged: {path} ({result.detail})")
     elif result.status is Status.REFUSED:
         for reason in result.reasons or ("refused",):
-            typer.echo(f"refused: {path}: {reason}")
+            out(f"refused: {path}: {reason}")
     else:
         for reason in result.reasons or (result.detail,):
-            typer.echo(f"error: {reason}" if reason.startswith(path) else f"error: {path}: {reason}", err=True)
+            err(f"error: {reason}" if reason.startswith(path) else f"error: {path}: {reason}")
     for warning in result.warnings:
-        typer.echo(f"warning: {path}: {warning}", err=True)
+        err(f"warning: {path}: {warning}")
 
 
 def print_summary(summary: Summary) -> None:
+    """The batch summary table, on stderr."""
+    err("\n".join(summary_lines(summary)))
+
+
+def summary_lines(summary: Summary) -> list[str]:
+    """Counts per outcome (ported, already supported, nothing to port, refused with its reasons, errors)."""
     counts = Counter(o.status for o in summary.outcomes)
     already = sum(1 for o in summary.outcomes if o.status is Status.UNCHANGED and "already" in o.result.detail)
-    nothing = counts[Status.UNCHANGED] - already
-    lines = [
-        f"{len(summary.outcomes)} file(s): {counts[Status.PORTED]} ported, {already} already support SDPA, "
-        f"{nothing} with nothing to port, {counts[Status.REFUSED]} refused, {counts[Status.ERROR]} error(s)"
+    rows = [
+        ("ported", counts[Status.PORTED]),
+        ("already support SDPA", already),
+        ("nothing to port", counts[Status.UNCHANGED] - already),
+        ("refused", counts[Status.REFUSED]),
+        ("errors", counts[Status.ERROR]),
     ]
-    reasons = Counter(_reason_kind(r) for o in summary.outcomes if o.status is Status.REFUSED for r in o.result.reasons)
-    for reason, count in reasons.most_common():
-        lines.append(f"  {count:4d}  {reason}")
-    typer.echo("\n".join(lines), err=True)
+    width = max(len(label) for label, _ in rows)
+    lines = [f"sdpa-port: {len(summary.outcomes)} file(s)"]
+    for label, count in rows:
+        lines.append(f"  {label:<{width}}  {count:5d}")
+        if label == "refused":
+            reasons = Counter(
+                reason_kind(r) for o in summary.outcomes if o.status is Status.REFUSED for r in o.result.reasons
+            )
+            lines.extend(f"  {'':<{width}}  {n:5d}  {reason}" for reason, n in reasons.most_common())
+    return lines
 
 
-def _reason_kind(reason: str) -> str:
-    """`Class (line 12): the scores are passed to `foo`` -> `the scores are passed to ...`."""
-    text = reason.split("): ", 1)[-1]
-    cut = text.find("`")
-    return text if cut < 0 else text[:cut].rstrip() + " ..."
+_OWNER = re.compile(r"^[A-Z][A-Za-z0-9_]*(?: \(line \d+\))?(?:: | (?=sets ))")
+_CODE = re.compile(r"`[^`=]*`")  # names from the file; settings such as `is_causal=True` stay
+_LINE = re.compile(r"\bline \d+")
+
+
+def reason_kind(reason: str) -> str:
+    """`Xxx (line 12): the scores are passed to `foo`` -> `the scores are passed to `…``: one kind per wording."""
+    text = _OWNER.sub("", reason, count=1)
+    return _LINE.sub("line N", _CODE.sub("`…`", text))

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import difflib
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
 
 from sdpa_port.api import NOT_MODELING, port_source
 from sdpa_port.edge.files import InputError, Target, atomic_write, read_source
+from sdpa_port.edge.pool import available_cores, run_here, run_in_processes
 from sdpa_port.result import PortResult, Status, Style
 
 
@@ -115,22 +115,53 @@ def run(
     options: RunOptions,
     jobs: int | None = None,
     progress: Callable[[Outcome], None] | None = None,
+    advanced: Callable[[Outcome], None] | None = None,
 ) -> Summary:
+    """Process every target, in parallel across `jobs` processes (default: every core).
+
+    `progress` sees each outcome in input order, as soon as all earlier ones are done; `advanced` sees each one
+    as it completes (for a progress bar). A crash while processing one file is an error outcome for that file.
+    """
     targets = list(targets)
-    summary = Summary()
-    workers = jobs if jobs is not None else (os.cpu_count() or 1)
-    if workers <= 1 or len(targets) <= 1:
-        for target in targets:
-            outcome = process(target, options)
-            summary.outcomes.append(outcome)
-            if progress:
-                progress(outcome)
-        return summary
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(process, target, options) for target in targets]
-        for future in futures:
-            outcome = future.result()
-            summary.outcomes.append(outcome)
-            if progress:
-                progress(outcome)
-    return summary
+    workers = min(jobs or available_cores(), len(targets))
+    in_order = _InOrder(progress)
+
+    def finished(index: int, outcome: Outcome) -> None:
+        if advanced:
+            advanced(outcome)
+        in_order.add(index, outcome)
+
+    work = partial(process, options=options)
+    if workers <= 1:
+        return Summary(run_here(work, targets, _crashed, finished))
+    longest_first = sorted(range(len(targets)), key=lambda index: -_size(targets[index].path))
+    return Summary(run_in_processes(work, targets, workers, _crashed, finished, order=longest_first))
+
+
+def _crashed(target: Target, why: str) -> Outcome:
+    message = f"{target.path}: internal error: {why}"
+    return Outcome(target.path, PortResult(Status.ERROR, "", None, "internal error", reasons=(message,)), error=message)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+class _InOrder:
+    """Hands outcomes on in input order, holding back those that finish before an earlier one."""
+
+    def __init__(self, sink: Callable[[Outcome], None] | None) -> None:
+        self.sink = sink
+        self.next = 0
+        self.waiting: dict[int, Outcome] = {}
+
+    def add(self, index: int, outcome: Outcome) -> None:
+        self.waiting[index] = outcome
+        while self.next in self.waiting:
+            ready = self.waiting.pop(self.next)
+            self.next += 1
+            if self.sink:
+                self.sink(ready)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -132,3 +134,72 @@ def test_help_in_a_subprocess() -> None:
     )
     assert completed.returncode == 0
     assert "--check" in completed.stdout and "Exit codes" in completed.stdout
+
+
+BAD_FILES = {
+    "modeling_syntax.py": b"import torch\ndef broken(:\n",
+    "modeling_empty.py": b"",
+    "modeling_binary.py": b"import torch\n\x00\x01binary",
+    "modeling_latin1.py": b"import torch\nx = '\xff\xfe'\n",
+}
+
+
+def test_batch_mixing_good_and_bad_files(tmp_path: Path) -> None:
+    """Bad files are errors (one line each, exit 2) and stay as they were; the good ones are still ported."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    good = folder / "modeling_tiny_decoder.py"
+    shutil.copy(FIXTURES / "class_style" / "modeling_tiny_decoder.py", good)
+    (folder / "modeling_plain.py").write_text("def plain():\n    return 1\n")  # found by the walk: not an error
+    for name, content in BAD_FILES.items():
+        (folder / name).write_bytes(content)
+    result = invoke(folder, "--no-tests")
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert sorted(line.split(": ")[1].rsplit("/", 1)[-1].split(":")[0] for line in errors) == sorted(BAD_FILES)
+    for name, content in BAD_FILES.items():
+        assert (folder / name).read_bytes() == content
+    assert good.read_text() == (FIXTURES / "golden" / "modeling_tiny_decoder.py").read_text()
+    assert "unchanged: " in result.stdout and "modeling_plain.py" in result.stdout
+    assert re.search(r"^  errors\s+4$", result.stderr, re.MULTILINE)
+
+
+def test_batch_json_one_object_per_file_in_input_order(tmp_path: Path) -> None:
+    for group, name in (("class_style", "modeling_tiny_encoder.py"), ("refused", "modeling_tiny_topk.py"), ("class_style", "modeling_tiny_decoder.py")):
+        shutil.copy(FIXTURES / group / name, tmp_path / name)
+    result = invoke(tmp_path, "--check", "--json", "-j", "2")
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [Path(r["path"]).name for r in records] == sorted(p.name for p in tmp_path.glob("*.py"))
+    assert [r["status"] for r in records] == ["ported", "ported", "refused"]
+    assert {"path", "status", "style", "attention_classes", "reasons", "warnings"} <= set(records[0])
+    assert result.exit_code == 3  # a refusal outranks "changes needed"
+
+
+STARTUP_PROBE = """
+import json, sys
+from sdpa_port.cli import main
+loaded = lambda: sorted({m.split(".")[0] for m in sys.modules} & {"torch", "transformers", "rich"})
+after_import = loaded()
+sys.argv = ["sdpa-port", *sys.argv[1:]]
+try:
+    main()
+except SystemExit:
+    pass
+sys.__stderr__.write(json.dumps([after_import, loaded()]) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("arguments", [["--help"], ["FILE", "--check", "--no-tests"], ["DIR", "--check", "--no-tests"]])
+def test_startup_imports_neither_torch_nor_transformers(tmp_path: Path, arguments: list[str]) -> None:
+    shutil.copy(FIXTURES / "class_style" / "modeling_tiny_decoder.py", tmp_path / "modeling_tiny_decoder.py")
+    shutil.copy(FIXTURES / "refused" / "modeling_tiny_topk.py", tmp_path / "modeling_tiny_topk.py")
+    paths = {"FILE": str(tmp_path / "modeling_tiny_decoder.py"), "DIR": str(tmp_path)}
+    completed = subprocess.run(
+        [sys.executable, "-c", STARTUP_PROBE, *[paths.get(a, a) for a in arguments]],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    after_import, after_run = json.loads(completed.stderr.strip().splitlines()[-1])
+    assert after_import == []
+    # typer draws --help with rich; porting off a terminal shows no progress bar and leaves rich unloaded
+    assert after_run == (["rich"] if arguments == ["--help"] else [])
