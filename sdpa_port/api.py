@@ -8,9 +8,11 @@ import libcst as cst
 
 from sdpa_port.analyse.lines import Lines, top_level_starts
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.discover.modular import note_modular_origin
 from sdpa_port.discover.screen import Screen, screen
 from sdpa_port.plan.class_style import ClassStylePlan, apply_class_style, plan_class_style
 from sdpa_port.result import PortResult, Status, Style
+from sdpa_port.rewrite.copied_from import reconcile_copied_from
 
 
 NOT_MODELING = "not a modeling file: it neither imports torch nor defines a module class"
@@ -42,13 +44,20 @@ def port_source(source: str, *, style: Style | str = Style.AUTO, filename: str |
         facts = ModuleFacts.of(module, tree)
         lines = Lines(module, top_level_starts(tree))
         if chosen is Style.CLASS:
-            return _port_class_style(module, facts, lines, first)
+            return _provenance(source, _port_class_style(module, facts, lines, first), filename)
         from sdpa_port.plan.interface_style import port_interface_style
 
-        return port_interface_style(module, facts, lines, first)
+        return _provenance(source, port_interface_style(module, facts, lines, first), filename)
     except SyntaxError as error:
         message = f"{filename or 'input'}: internal error: the port does not compile ({error.msg}, line {error.lineno})"
         return PortResult(Status.ERROR, source, chosen, "internal error", reasons=(message,))
+
+
+def _provenance(source: str, result: PortResult, filename: str | None) -> PortResult:
+    """After a successful port: stale `# Copied from` markers, and where a generated file's change belongs."""
+    if result.status is not Status.PORTED:
+        return result
+    return note_modular_origin(source, reconcile_copied_from(source, result, filename), filename)
 
 
 def _port_class_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen) -> PortResult:
