@@ -1,17 +1,32 @@
 """Shared test configuration.
 
-Acceptance tests need a particular transformers release with torch. Outside their nox session they are skipped;
-inside it (SDPA_PORT_REQUIRE set) a missing environment is an error, so CI cannot pass by skipping.
+Acceptance tests need a particular transformers release with torch, the corpus tests the release wheels. Outside
+their nox session they are skipped; inside it (SDPA_PORT_REQUIRE set) a missing environment is an error, so CI
+cannot pass by skipping.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
 ENVIRONMENTS = {"tf440": "4.40.2", "tf523": "5.23.0"}
+# the corpus tests read these wheels from the folder named by SDPA_PORT_WHEELS (nothing needs to be installed)
+CORPUS_RELEASES = ("4.40.2", "5.23.0")
+
+
+def corpus_wheels() -> tuple[Path | None, str | None]:
+    """The wheel folder, or None with the reason the corpus cannot run."""
+    folder = os.environ.get("SDPA_PORT_WHEELS")
+    if not folder:
+        return None, "needs SDPA_PORT_WHEELS: a folder with the transformers 4.40.2 and 5.23.0 wheels (nox -s corpus)"
+    missing = [v for v in CORPUS_RELEASES if not (Path(folder) / f"transformers-{v}-py3-none-any.whl").is_file()]
+    if missing:
+        return None, f"no transformers {', '.join(missing)} wheel in {folder} (pip download --no-deps -d {folder} ...)"
+    return Path(folder), None
 
 
 def _installed_transformers() -> str | None:
@@ -26,7 +41,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     required = os.environ.get("SDPA_PORT_REQUIRE")
     installed = None
     checked = False
+    corpus_problem: str | None = None
+    corpus_checked = False
     for item in items:
+        if "corpus" in item.keywords:
+            if not corpus_checked:
+                corpus_problem, corpus_checked = corpus_wheels()[1], True
+            if corpus_problem is not None:
+                if required == "corpus":
+                    raise pytest.UsageError(corpus_problem)
+                item.add_marker(pytest.mark.skip(reason=corpus_problem))
         for marker, wanted in ENVIRONMENTS.items():
             if marker not in item.keywords:
                 continue
