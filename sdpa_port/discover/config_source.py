@@ -18,9 +18,7 @@ class ConfigSource:
 
     def tiny_overrides(self) -> dict[str, Any]:
         values = shrink_fields(self.fields)
-        values = {name: value for name, value in values.items() if self.aliases.get(name) not in values}
-        values.setdefault("pad_token_id", 0)  # every config accepts it; batched heads and padding need it
-        return values
+        return {name: value for name, value in values.items() if self.aliases.get(name) not in values}
 
 
 def config_class_name(tree: ast.Module) -> str | None:
