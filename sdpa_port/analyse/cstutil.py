@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import libcst as cst
 
@@ -119,6 +119,23 @@ def if_branches(node: cst.If) -> list[tuple[cst.BaseExpression | None, Sequence[
             out.append((None, block_body(current.body)))
             current = None
     return out
+
+
+def rebuild_if(
+    branches: Sequence[tuple["cst.If | cst.Else", Sequence[cst.BaseStatement]]],
+    test_of: "Callable[[cst.If], cst.BaseExpression] | None" = None,
+) -> cst.If:
+    """An if/elif/else chain from its branches and new bodies (an empty body becomes `pass`)."""
+    rebuilt: cst.If | cst.Else | None = None
+    for branch, body in reversed(branches):
+        suite = branch.body.with_changes(body=list(body) or [cst.SimpleStatementLine(body=[cst.Pass()])])  # type: ignore[union-attr]
+        if isinstance(branch, cst.Else):
+            rebuilt = branch.with_changes(body=suite)
+        else:
+            test = test_of(branch) if test_of is not None else branch.test
+            rebuilt = branch.with_changes(body=suite, test=test, orelse=rebuilt)
+    assert isinstance(rebuilt, cst.If)
+    return rebuilt
 
 
 def all_assigned_names(statements: Iterable[cst.CSTNode]) -> set[str]:

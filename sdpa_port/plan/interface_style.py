@@ -30,7 +30,7 @@ from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions, eager_body
 from sdpa_port.rewrite.sdpa_body import EmitError, SideNames, function_names
 from sdpa_port.rewrite.sdpa_forward import inline_helpers, trace_sdpa_path
-from sdpa_port.rewrite.targeted import transform_named
+from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 
 CAUSAL_BUILDER = "create_causal_mask"
 BIDIRECTIONAL_BUILDER = "create_bidirectional_mask"
@@ -643,39 +643,22 @@ def _is_docstring(statement: cst.BaseStatement) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and m.matches(statement.body[0], m.Expr(value=m.SimpleString()))
 
 
-class _PassConfig(cst.CSTTransformer):
+class _PassConfig(ScopedTransformer):
     """`Cls(...)` gains `config=config` where a `config` parameter is in scope."""
 
     def __init__(self, class_name: str) -> None:
+        super().__init__()
         self.class_name = class_name
-        self.functions: list[cst.FunctionDef] = []
-        self.classes: list[str] = []
         self.count = 0
         self.missing: set[str] = set()
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes.append(node.name.value)
-
-    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
-        self.classes.pop()
-        return updated
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.functions.append(node)
-
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        self.functions.pop()
-        return updated
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         if not m.matches(updated.func, m.Name(self.class_name)):
             return updated
         if any(a.keyword is not None and a.keyword.value == "config" for a in updated.args):
             return updated
-        params = self.functions[-1].params if self.functions else None
-        names = {p.name.value for p in [*params.params, *params.kwonly_params]} if params else set()
-        if "config" not in names:
-            self.missing.add(self.classes[0] if self.classes else "<module>")
+        if not self.parameter_in_scope("config"):
+            self.missing.add(self.owner)
             return updated
         self.count += 1
         args = list(updated.args)

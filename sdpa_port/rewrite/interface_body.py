@@ -15,7 +15,7 @@ from typing import Sequence
 import libcst as cst
 
 from sdpa_port.analyse import trace as t
-from sdpa_port.analyse.cstutil import assigned_names, block_body, code, replace_names, replace_nodes
+from sdpa_port.analyse.cstutil import assigned_names, block_body, code, rebuild_if, replace_names, replace_nodes
 from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.rewrite.sdpa_body import EmitError, EmitOptions, SdpaEmitter, SideNames, _ById, _paren, _unflatten
@@ -226,15 +226,7 @@ class _Filter:
             current = current.orelse if isinstance(current, cst.If) else None
         if all(not body for _, body in branches):
             return []
-        rebuilt: cst.If | cst.Else | None = None
-        for branch, body in reversed(branches):
-            suite = branch.body.with_changes(body=body or [cst.SimpleStatementLine(body=[cst.Pass()])])  # type: ignore[union-attr]
-            if isinstance(branch, cst.Else):
-                rebuilt = branch.with_changes(body=suite)
-            else:
-                rebuilt = branch.with_changes(body=suite, orelse=rebuilt)
-        assert isinstance(rebuilt, cst.If)
-        return [rebuilt]
+        return [rebuild_if(branches)]
 
 
 def eager_body(

@@ -9,7 +9,7 @@ import libcst as cst
 from sdpa_port.analyse.cstutil import expr
 from sdpa_port.analyse.names import ImportMap
 from sdpa_port.analyse.patterns import arg
-from sdpa_port.rewrite.targeted import transform_named
+from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 
 CAUSAL = "_prepare_4d_causal_attention_mask"
 PLAIN = "_prepare_4d_attention_mask"
@@ -43,27 +43,12 @@ def swap_mask_helpers(
     return result, report
 
 
-class _Swap(cst.CSTTransformer):
+class _Swap(ScopedTransformer):
     def __init__(self, imports: ImportMap, plan: MaskSwapPlan, report: MaskSwapReport) -> None:
+        super().__init__()
         self.imports = imports
         self.plan = plan
         self.report = report
-        self.classes: list[str] = []
-        self.functions: list[cst.FunctionDef] = []
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes.append(node.name.value)
-
-    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
-        self.classes.pop()
-        return updated
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.functions.append(node)
-
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        self.functions.pop()
-        return updated
 
     def helper_of(self, call: cst.Call) -> str | None:
         func = call.func

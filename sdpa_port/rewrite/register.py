@@ -6,7 +6,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.rewrite.insert_classes import insert_after
-from sdpa_port.rewrite.targeted import transform_named, visit_named
+from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 
 
 def add_dict_entry(module: cst.Module, dict_name: str, key: str, class_name: str) -> cst.Module:
@@ -70,49 +70,22 @@ def construction_sites(
 ) -> list[tuple[str, bool]]:
     """(enclosing class, has `config` in scope) for every `Cls(...)` call in `owners` outside skip_classes."""
     finder = _Constructions(class_name, skip_classes)
-    visit_named(module, owners - skip_classes, finder)
+    transform_named(module, owners - skip_classes, finder)
     return finder.sites
 
 
-class _Scoped(cst.CSTTransformer):
-    def __init__(self, skip_classes: frozenset[str]) -> None:
-        self.classes: list[str] = []
-        self.functions: list[cst.FunctionDef] = []
-        self.skip_classes = skip_classes
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes.append(node.name.value)
-
-    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
-        self.classes.pop()
-        return updated
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.functions.append(node)
-
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        self.functions.pop()
-        return updated
-
-    def in_scope(self) -> bool:
-        return bool(self.classes) and self.classes[0] not in self.skip_classes
-
-    def config_in_scope(self) -> bool:
-        if not self.functions:
-            return False
-        params = self.functions[-1].params
-        return any(p.name.value == "config" for p in [*params.params, *params.kwonly_params, *params.posonly_params])
-
-
-class _Select(_Scoped):
+class _Select(ScopedTransformer):
     def __init__(self, class_name: str, dict_name: str, skip_classes: frozenset[str]) -> None:
-        super().__init__(skip_classes)
+        super().__init__()
         self.class_name = class_name
         self.dict_name = dict_name
+        self.skip_classes = skip_classes
         self.replaced = 0
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        if not (m.matches(updated.func, m.Name(self.class_name)) and self.in_scope() and self.config_in_scope()):
+        if not m.matches(updated.func, m.Name(self.class_name)) or self.owner in self.skip_classes:
+            return updated
+        if not self.parameter_in_scope("config"):
             return updated
         self.replaced += 1
         selector = cst.Subscript(
@@ -122,36 +95,16 @@ class _Select(_Scoped):
         return updated.with_changes(func=selector)
 
 
-class _Constructions(cst.CSTVisitor):
+class _Constructions(ScopedTransformer):
+    """Collects (enclosing class, `config` in scope) for each construction; changes nothing."""
+
     def __init__(self, class_name: str, skip_classes: frozenset[str]) -> None:
+        super().__init__()
         self.class_name = class_name
         self.skip_classes = skip_classes
-        self.classes: list[str] = []
-        self.functions: list[cst.FunctionDef] = []
         self.sites: list[tuple[str, bool]] = []
 
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes.append(node.name.value)
-
-    def leave_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes.pop()
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.functions.append(node)
-
-    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.functions.pop()
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if not m.matches(node.func, m.Name(self.class_name)):
-            return
-        owner = self.classes[0] if self.classes else "<module>"
-        if owner in self.skip_classes:
-            return
-        has_config = False
-        if self.functions:
-            params = self.functions[-1].params
-            has_config = any(
-                p.name.value == "config" for p in [*params.params, *params.kwonly_params, *params.posonly_params]
-            )
-        self.sites.append((owner, has_config))
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if m.matches(original.func, m.Name(self.class_name)) and self.owner not in self.skip_classes:
+            self.sites.append((self.owner, self.parameter_in_scope("config")))
+        return updated

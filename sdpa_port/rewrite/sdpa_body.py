@@ -20,6 +20,7 @@ from sdpa_port.analyse.cstutil import (
     block_body,
     code,
     expr,
+    rebuild_if,
     replace_nodes,
 )
 from sdpa_port.analyse.patterns import walk_names
@@ -227,15 +228,7 @@ class SdpaEmitter:
         self.state = self.merge(ends)
         if all(not body for _, body in branches):
             return pre
-        rebuilt: cst.If | cst.Else | None = None
-        for branch, body in reversed(branches):
-            suite = branch.body.with_changes(body=body or [cst.SimpleStatementLine(body=[cst.Pass()])])  # type: ignore[union-attr]
-            if isinstance(branch, cst.Else):
-                rebuilt = branch.with_changes(body=suite)
-            else:
-                test = self.keep(branch.test, self.plans.get(id(branch.test)))
-                rebuilt = branch.with_changes(body=suite, test=test, orelse=rebuilt)
-        assert isinstance(rebuilt, cst.If)
+        rebuilt = rebuild_if(branches, lambda branch: self.keep(branch.test, self.plans.get(id(branch.test))))
         return [*pre, rebuilt]
 
     def merge(self, ends: list[_State]) -> _State:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Callable
-
 import libcst as cst
 
 
@@ -39,4 +37,34 @@ def visit_named(module: cst.Module, names: set[str] | frozenset[str], visitor: c
             statement.visit(visitor)
 
 
-Predicate = Callable[[cst.BaseStatement], bool]
+class ScopedTransformer(cst.CSTTransformer):
+    """A transformer that knows the enclosing top-level class and the innermost function as it goes."""
+
+    def __init__(self) -> None:
+        self.classes: list[str] = []
+        self.functions: list[cst.FunctionDef] = []
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.classes.pop()
+        return updated
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append(node)
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self.functions.pop()
+        return updated
+
+    @property
+    def owner(self) -> str:
+        return self.classes[0] if self.classes else "<module>"
+
+    def parameter_in_scope(self, name: str) -> bool:
+        """The innermost enclosing function has a parameter of that name."""
+        if not self.functions:
+            return False
+        params = self.functions[-1].params
+        return any(p.name.value == name for p in [*params.posonly_params, *params.params, *params.kwonly_params])
