@@ -44,20 +44,20 @@ def port_source(source: str, *, style: Style | str = Style.AUTO, filename: str |
         facts = ModuleFacts.of(module, tree)
         lines = Lines(module, top_level_starts(tree))
         if chosen is Style.CLASS:
-            return _provenance(source, _port_class_style(module, facts, lines, first), filename)
+            return _provenance(source, tree, _port_class_style(module, facts, lines, first), filename)
         from sdpa_port.plan.interface_style import port_interface_style
 
-        return _provenance(source, port_interface_style(module, facts, lines, first), filename)
+        return _provenance(source, tree, port_interface_style(module, facts, lines, first), filename)
     except SyntaxError as error:
         message = f"{filename or 'input'}: internal error: the port does not compile ({error.msg}, line {error.lineno})"
         return PortResult(Status.ERROR, source, chosen, "internal error", reasons=(message,))
 
 
-def _provenance(source: str, result: PortResult, filename: str | None) -> PortResult:
+def _provenance(source: str, tree: ast.Module, result: PortResult, filename: str | None) -> PortResult:
     """After a successful port: stale `# Copied from` markers, and where a generated file's change belongs."""
     if result.status is not Status.PORTED:
         return result
-    return note_modular_origin(source, reconcile_copied_from(source, result, filename), filename)
+    return note_modular_origin(source, reconcile_copied_from(source, result, filename, tree), filename)
 
 
 def _port_class_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen) -> PortResult:

@@ -28,11 +28,14 @@ class Decision:
     kept: bool  # the copy still matches its source (same file, replacements applied) after the port
 
 
-def reconcile_copied_from(original: str, result: PortResult, filename: str | None = None) -> PortResult:
-    """`result` (a successful port of `original`) with stale markers removed and the upstreams reported."""
+def reconcile_copied_from(
+    original: str, result: PortResult, filename: str | None = None, before: ast.Module | None = None
+) -> PortResult:
+    """`result` (a successful port of `original`, whose ast `before` may be passed) with stale markers removed and
+    the upstreams of the ported classes reported."""
     if MARKER_TEXT not in original:
         return result
-    before = ast.parse(original)
+    before = before if before is not None else ast.parse(original)
     before_markers = find_markers(before, original.splitlines())
     if not before_markers:
         return result
