@@ -94,7 +94,7 @@ def bench(
     ] = Clock.AUTO,
     malloc: Annotated[
         Malloc,
-        typer.Option("--malloc", help="steady: fix glibc's mmap/trim thresholds so page faults do not vary by process."),
+        typer.Option("--malloc", help="steady: glibc keeps freed blocks in its heap (no mmap, no trim), so timings do not vary with page faults."),
     ] = Malloc.STEADY,
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the JSON, the PNG and the port.")] = Path("bench-results"),
     device: Annotated[Device, typer.Option("--device", help="cpu, cuda, or auto (cpu, and cuda when present).")] = Device.AUTO,
