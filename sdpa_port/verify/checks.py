@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -163,9 +165,35 @@ def max_difference(a: Any, b: Any, batch: Batch, relative: bool = False) -> floa
     return worst
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Send file descriptor 2 to the null device: the profiler's native code logs a line at every start and stop."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
 def count_sdpa_calls(run: Callable[[], Any]) -> int:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+    profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    with _native_stderr_silenced():
+        profile.__enter__()
+    try:
         run()
+    finally:
+        # only the start and the stop are silenced: whatever the model itself prints stays visible
+        with _native_stderr_silenced():
+            profile.__exit__(None, None, None)
     return sum(event.count for event in profile.key_averages() if event.key == SDPA_OP)
 
 

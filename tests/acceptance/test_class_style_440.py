@@ -175,3 +175,23 @@ def test_unpadded_causal_batch_runs_is_causal(model: str, ported) -> None:  # ty
     with torch.no_grad(), mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", spy):
         sdpa(**batch.inputs)
     assert calls and all(call == (True, True) for call in calls), f"{model}: (mask is None, is_causal) = {calls}"
+
+
+def test_counting_sdpa_calls_keeps_the_profiler_quiet(capfd) -> None:  # type: ignore[no-untyped-def]
+    """torch's profiler logs a native line at every start and stop; --verify must not spill them, nor hide the model's."""
+    import sys
+
+    import torch
+
+    from sdpa_port.verify.checks import count_sdpa_calls
+
+    query = torch.randn(1, 2, 4, 8)
+
+    def run() -> None:
+        torch.nn.functional.scaled_dot_product_attention(query, query, query)
+        print("said by the model", file=sys.stderr, flush=True)
+
+    assert count_sdpa_calls(run) == 1
+    err = capfd.readouterr().err
+    assert "said by the model" in err
+    assert "profiler_start" not in err and "profiler_stop" not in err, err
