@@ -34,26 +34,31 @@ from sdpa_port.bench.spec import BenchResult, Phase, Row
 MODELS = ("bert", "distilbert", "gpt2", "opt", "mbart")
 SPEED_LENGTH, MEMORY_LENGTH = 1024, 4096
 SPEED_GOAL, MEMORY_GOAL = 0.95, 1.10
-CASES = {
-    # name: extra `sdpa-port bench` arguments
-    "unpadded": [],
-    "padded": ["--batch", "2", "--padding", "auto"],
-}
+# the inputs of each case: the `sdpa-port bench` settings of that name, for `run` (arguments) and `lockstep` (settings)
+CASE_SETTINGS = {"unpadded": {"batch": 1, "padding": "none"}, "padded": {"batch": 2, "padding": "auto"}}
+
+# options shared by the commands that drive both environments
+AutoPython = Annotated[str, typer.Option(help="python of the environment whose files are ported (4.40.2).")]
+HandPython = Annotated[str, typer.Option(help="python of the environment with hand ports (4.47.1).")]
+Models = Annotated[str, typer.Option(help="Comma-separated model names.")]
+Cases = Annotated[str, typer.Option(help="Comma-separated: unpadded, padded.")]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True)
 
 
 def bench_command(python: str, model: str, out: Path, case: str, common: list[str]) -> list[str]:
-    return [python, "-m", "sdpa_port", "bench", model, "--out", str(out), "--no-plot", *common, *CASES[case]]
+    settings = CASE_SETTINGS[case]
+    inputs = ["--batch", str(settings["batch"]), "--padding", str(settings["padding"])]
+    return [python, "-m", "sdpa_port", "bench", model, "--out", str(out), "--no-plot", *common, *inputs]
 
 
 @app.command()
 def run(
-    auto_python: Annotated[str, typer.Option(help="python of the environment whose files are ported (4.40.2).")],
-    hand_python: Annotated[str, typer.Option(help="python of the environment with hand ports (4.47.1).")],
+    auto_python: AutoPython,
+    hand_python: HandPython,
     data: Annotated[Path, typer.Option(help="Where the JSON files go (auto/ and hand/ below it).")] = Path("docs/bench-data"),
-    models: Annotated[str, typer.Option(help="Comma-separated model names.")] = ",".join(MODELS),
-    cases: Annotated[str, typer.Option(help="Comma-separated: unpadded, padded.")] = "unpadded,padded",
+    models: Models = ",".join(MODELS),
+    cases: Cases = "unpadded,padded",
     lengths: Annotated[str, typer.Option(help="Lengths of the unpadded case.")] = "512,1024,2048,4096",
     padded_lengths: Annotated[str, typer.Option(help="Lengths of the padded case.")] = f"{SPEED_LENGTH},{MEMORY_LENGTH}",
     runs: Annotated[int, typer.Option(help="Timed runs per measurement.")] = 3,
@@ -188,9 +193,6 @@ class Remote:
             self.log.close()
 
 
-CASE_SETTINGS = {"unpadded": {"batch": 1, "padding": "none"}, "padded": {"batch": 2, "padding": "auto"}}
-
-
 def lockstep_rounds(remotes: dict[str, Remote], rounds: int, warmup: int) -> dict[str, dict[str, list[float]]]:
     """CPU seconds of every (side, implementation) per round; sides and implementations swap order every round."""
     samples: dict[str, dict[str, list[float]]] = {side: {"eager": [], "sdpa": []} for side in remotes}
@@ -231,11 +233,11 @@ def lockstep_summary(samples: dict[str, dict[str, list[float]]]) -> dict[str, An
 
 @app.command()
 def lockstep(
-    auto_python: Annotated[str, typer.Option(help="python of the environment whose files are ported (4.40.2).")],
-    hand_python: Annotated[str, typer.Option(help="python of the environment with hand ports (4.47.1).")],
+    auto_python: AutoPython,
+    hand_python: HandPython,
     data: Annotated[Path, typer.Option(help="Results go to <data>/lockstep/.")] = Path("docs/bench-data"),
-    models: Annotated[str, typer.Option(help="Comma-separated model names.")] = ",".join(MODELS),
-    cases: Annotated[str, typer.Option(help="Comma-separated: unpadded, padded.")] = "unpadded,padded",
+    models: Models = ",".join(MODELS),
+    cases: Cases = "unpadded,padded",
     rounds: Annotated[int, typer.Option(help="Timed rounds; each times all four (side, implementation) pairs.")] = 40,
     warmup: Annotated[int, typer.Option(help="Untimed rounds first.")] = 2,
     threads: Annotated[int, typer.Option(help="torch threads on both sides.")] = 1,
