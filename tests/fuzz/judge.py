@@ -1,0 +1,310 @@
+"""The differential judge: port a generated file, then run the original and the port, eager and SDPA.
+
+Every case ends in one verdict:
+- `refused`: the tool refused (exit 3); fine for any case.
+- `exact`: ported, the port's eager path equals the original, its SDPA path equals eager within tolerance on every
+  input the original accepts, and SDPA really ran.
+- failures: `wrong` (SDPA or eager output differs), `inert` (ported, but SDPA never runs), `missed` (attention
+  present, answered "unchanged"), `hazard` (ported a case only a refusal is right for), `crash` (the tool or the
+  port raised).
+- `invalid`: the generated original itself does not run: a generator bug, not the tool's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from unittest import mock
+
+from render import render
+from spec import Spec
+
+PACKAGE = "transformers.models.gpt2"  # any package two levels below transformers resolves the `...` imports
+FAILURES = ("wrong", "inert", "missed", "hazard", "crash")
+SDPA_TOLERANCE = 1e-4  # absolute, on LayerNorm-ed outputs of sharpened models
+EAGER_TOLERANCE = 1e-6
+
+
+@dataclass
+class Verdict:
+    kind: str
+    detail: str = ""
+    checks: int = 0  # comparisons made
+    sdpa_calls: int = 0
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return self.kind in FAILURES
+
+
+@dataclass(frozen=True)
+class Inputs:
+    name: str
+    arguments: dict[str, Any]
+    keep: Any  # (batch, length) bool tensor of positions to compare
+    prefix: dict[str, Any] | None = None  # a first call whose cache the arguments continue
+    encoder: bool = False
+
+
+# ------------------------------------------------------------------ inputs
+
+
+def inputs_for(spec: Spec) -> list[Inputs]:
+    import torch
+
+    generator = torch.Generator().manual_seed(spec.seed)
+    batch, length = 2, 8
+    ids = torch.randint(3, 64, (batch, length), generator=generator)
+    ones = torch.ones(batch, length, dtype=torch.long)
+    left = ones.clone()
+    left[1, :3] = 0
+    right = ones.clone()
+    right[1, 5:] = 0
+    out = [
+        Inputs("left padding", {"input_ids": ids, "attention_mask": left}, left.bool()),
+        Inputs("right padding", {"input_ids": ids, "attention_mask": right}, right.bool()),
+        Inputs("no padding", {"input_ids": ids, "attention_mask": ones}, ones.bool()),
+        Inputs("no mask", {"input_ids": ids}, ones.bool()),
+    ]
+    if spec.cache:
+        prompt = ids[:, :6]
+        prompt_mask = left[:, :6]
+        step = ids[:, 6:]
+        out.append(
+            Inputs(
+                "cache, 2 new tokens after a left-padded prompt",
+                {"input_ids": step, "attention_mask": left, "use_cache": True},
+                torch.ones(batch, 2, dtype=torch.bool),
+                prefix={"input_ids": prompt, "attention_mask": prompt_mask, "use_cache": True},
+            )
+        )
+        out.append(
+            Inputs(
+                "cache, 1 new token",
+                {"input_ids": ids[:, 7:], "attention_mask": ones, "use_cache": True},
+                torch.ones(batch, 1, dtype=torch.bool),
+                prefix={"input_ids": ids[:, :7], "attention_mask": ones[:, :7], "use_cache": True},
+            )
+        )
+        out.append(
+            Inputs(
+                "cache without masks",
+                {"input_ids": ids[:, 5:], "use_cache": True},
+                torch.ones(batch, 3, dtype=torch.bool),
+                prefix={"input_ids": ids[:, :5], "use_cache": True},
+            )
+        )
+    if spec.cross:
+        states = torch.randn(batch, 5, 32, generator=generator)
+        encoder_mask = torch.ones(batch, 5, dtype=torch.long)
+        encoder_mask[1, 3:] = 0
+        square = torch.randn(batch, length, 32, generator=generator)
+        out += [
+            Inputs("cross, padded encoder", {"input_ids": ids, "attention_mask": left, "encoder_hidden_states": states,
+                                             "encoder_attention_mask": encoder_mask}, left.bool(), encoder=True),
+            Inputs("cross, no encoder mask", {"input_ids": ids, "attention_mask": ones, "encoder_hidden_states": states},
+                   ones.bool(), encoder=True),
+            Inputs("cross, equal lengths, no masks", {"input_ids": ids, "encoder_hidden_states": square}, ones.bool(),
+                   encoder=True),
+        ]
+    if spec.head_mask:
+        head_mask = torch.ones(2, 4)
+        head_mask[0, 1] = 0.0
+        head_mask[1, 2] = 0.5
+        out.append(Inputs("head mask", {"input_ids": ids, "attention_mask": right, "head_mask": head_mask}, right.bool()))
+    if spec.output_attentions:
+        out.append(Inputs("output_attentions", {"input_ids": ids, "attention_mask": left, "output_attentions": True},
+                          left.bool()))
+    return out
+
+
+# ------------------------------------------------------------------ running
+
+
+class SdpaSpy:
+    def __init__(self) -> None:
+        import torch
+
+        self.real = torch.nn.functional.scaled_dot_product_attention
+        self.calls = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.real(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def spying() -> Iterator[SdpaSpy]:
+    import torch
+
+    spy = SdpaSpy()
+    with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", spy):
+        yield spy
+
+
+def run(model: Any, case: Inputs) -> Any:
+    import torch
+
+    with torch.no_grad():
+        arguments = dict(case.arguments)
+        if case.prefix is not None:
+            first = model(**case.prefix)
+            arguments["past_key_values"] = first.past_key_values
+        return model(**arguments)
+
+
+def difference(a: Any, b: Any, keep: Any) -> float:
+    import torch
+
+    left, right = a.last_hidden_state, b.last_hidden_state
+    if left.shape != right.shape:
+        return math.inf
+    worst = float((left - right).abs()[keep].max()) if keep.any() else 0.0
+    if not math.isfinite(worst) or not torch.isfinite(right[keep]).all():
+        return math.inf
+    if a.attentions is not None:
+        if b.attentions is None or len(a.attentions) != len(b.attentions):
+            return math.inf
+        for x, y in zip(a.attentions, b.attentions):
+            if x is None and y is None:
+                continue
+            if x is None or y is None or x.shape != y.shape:
+                return math.inf
+            if x.dim() == 3:  # flat (batch * heads, q, k) weights
+                x, y = x.view(keep.shape[0], -1, *x.shape[1:]), y.view(keep.shape[0], -1, *y.shape[1:])
+            rows = keep[:, None, :, None].expand_as(x)
+            value = float((x - y).abs()[rows].max()) if rows.any() else 0.0
+            worst = max(worst, value if math.isfinite(value) else math.inf)
+    return worst
+
+
+def flag_settings(spec: Spec) -> list[dict[str, bool]]:
+    names = spec.flags()
+    return [dict(zip(names, values)) for values in itertools.product((False, True), repeat=len(names))] or [{}]
+
+
+def compare_modules(spec: Spec, original: Any, ported: Any, tolerance: float = SDPA_TOLERANCE) -> Verdict:
+    """Run the original (eager) against the port (eager and SDPA) on every input and flag setting."""
+    import torch
+
+    from sdpa_port.verify.checks import sharpen
+
+    verdict = Verdict("exact")
+    ran_any = False
+    for flags in flag_settings(spec):
+        def config() -> Any:
+            return original.FuzzConfig(add_cross_attention=spec.cross, **flags)
+
+        try:
+            reference = original.FuzzModel._from_config(config(), attn_implementation="eager").eval()
+        except Exception as error:  # noqa: BLE001 - a generator bug
+            return Verdict("invalid", f"the original does not build: {type(error).__name__}: {error}")
+        sharpen(reference)
+        state = reference.state_dict()
+        try:
+            eager = ported.FuzzModel._from_config(config(), attn_implementation="eager").eval()
+            sdpa = ported.FuzzModel._from_config(config(), attn_implementation="sdpa").eval()
+            eager.load_state_dict(state)
+            sdpa.load_state_dict(state)
+        except Exception as error:  # noqa: BLE001
+            return Verdict("crash", f"the port does not build: {type(error).__name__}: {error}")
+        if sdpa.config._attn_implementation != "sdpa":
+            return Verdict("inert", f"built with {sdpa.config._attn_implementation!r}")
+        for case in inputs_for(spec):
+            try:
+                expected = run(reference, case)
+            except Exception:  # noqa: BLE001 - the original does not accept this input (e.g. no mask)
+                continue
+            ran_any = True
+            label = f"{case.name} {flags}" if flags else case.name
+            try:
+                eager_out = run(eager, case)
+            except Exception as error:  # noqa: BLE001
+                return Verdict("crash", f"{label}: port, eager: {type(error).__name__}: {error}")
+            gap = difference(expected, eager_out, case.keep)
+            verdict.checks += 1
+            if gap > EAGER_TOLERANCE:
+                return Verdict("wrong", f"{label}: the port's eager output changed by {gap:.3g}")
+            try:
+                with spying() as spy:
+                    sdpa_out = run(sdpa, case)
+            except Exception as error:  # noqa: BLE001
+                return Verdict("crash", f"{label}: port, sdpa: {type(error).__name__}: {error}")
+            verdict.sdpa_calls += spy.calls
+            gap = difference(expected, sdpa_out, case.keep)
+            verdict.checks += 1
+            if gap > tolerance:
+                return Verdict("wrong", f"{label}: SDPA differs from eager by {gap:.3g} ({spy.calls} SDPA calls)")
+    if not ran_any:
+        return Verdict("invalid", "the original accepts none of the inputs")
+    if verdict.sdpa_calls == 0:
+        return Verdict("inert", "ported, but no input ran SDPA")
+    return verdict
+
+
+# ------------------------------------------------------------------ one case
+
+
+def load_pair(original_source: str, ported_source: str, directory: Path, tag: str) -> tuple[Any, Any]:
+    from sdpa_port.verify.loader import load_source_in_package
+
+    original = load_source_in_package(original_source, PACKAGE, directory, f"fuzz_{tag}_original")
+    ported = load_source_in_package(ported_source, PACKAGE, directory, f"fuzz_{tag}_ported")
+    return original, ported
+
+
+def forget(*modules: Any) -> None:
+    for module in modules:
+        sys.modules.pop(getattr(module, "__name__", ""), None)
+
+
+def judge_sources(spec: Spec, source: str, ported_source: str, tolerance: float = SDPA_TOLERANCE) -> Verdict:
+    with tempfile.TemporaryDirectory(prefix="sdpa-port-fuzz-") as directory:
+        try:
+            original, ported = load_pair(source, ported_source, Path(directory), str(spec.seed))
+        except Exception as error:  # noqa: BLE001
+            return Verdict("crash", f"loading: {type(error).__name__}: {error}")
+        try:
+            return compare_modules(spec, original, ported, tolerance)
+        finally:
+            forget(original, ported)
+
+
+def judge(spec: Spec, transform: Callable[[str], str] | None = None) -> Verdict:
+    """Port the rendered spec and judge the result. `transform` may alter the port first (to test the judge)."""
+    from sdpa_port import Status, port_source
+
+    source = render(spec)
+    try:
+        result = port_source(source, filename="modeling_fuzz.py")
+    except Exception as error:  # noqa: BLE001 - the pure API must never raise
+        return Verdict("crash", f"port_source raised {type(error).__name__}: {error}\n{traceback.format_exc()}")
+    if result.status is Status.REFUSED:
+        return Verdict("refused", "; ".join(result.reasons), reasons=result.reasons)
+    if result.status is Status.ERROR:
+        return Verdict("crash", "; ".join(result.reasons) or result.detail)
+    if result.status is Status.UNCHANGED:
+        return Verdict("missed", result.detail)
+    if spec.must_refuse:
+        return Verdict("hazard", f"ported a `{spec.hazard}` case")
+    ported = transform(result.source) if transform else result.source
+    return judge_sources(spec, source, ported)
+
+
+@dataclass
+class Tally:
+    counts: dict[str, int] = field(default_factory=dict)
+    failures: list[tuple[Spec, Verdict]] = field(default_factory=list)
+
+    def add(self, spec: Spec, verdict: Verdict) -> None:
+        self.counts[verdict.kind] = self.counts.get(verdict.kind, 0) + 1
+        if verdict.failed or verdict.kind == "invalid":
+            self.failures.append((spec, verdict))

@@ -1,0 +1,760 @@
+"""Render a `Spec` into a complete, self-contained transformers 4.40.2-style modeling file.
+
+The file defines `FuzzConfig`, an attention class computed by hand (its shape given by the spec), a layer, a
+`FuzzPreTrainedModel` and `FuzzModel`, whose forward builds the masks the way the spec says and runs an optional
+key/value cache and cross-attention. It uses relative imports, so it is loaded inside a transformers package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spec import Spec
+
+MAX_POSITIONS = 32
+
+
+class Code:
+    """Lines with indentation, built statement by statement."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def add(self, *lines: str) -> "Code":
+        for line in lines:
+            self.lines.append(("    " * self.depth + line) if line else "")
+        return self
+
+    def indent(self) -> "_Indent":
+        return _Indent(self)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+class _Indent:
+    def __init__(self, code: Code) -> None:
+        self.code = code
+
+    def __enter__(self) -> Code:
+        self.code.depth += 1
+        return self.code
+
+    def __exit__(self, *_: object) -> None:
+        self.code.depth -= 1
+
+
+@dataclass(frozen=True)
+class Names:
+    """How the chain refers to things in the function that computes it."""
+
+    owner: str  # "self" in methods, "module" in a module-level function
+    query: str
+    key: str
+    value: str
+    q_len: str  # expressions of the query and key lengths
+    k_len: str
+    flat: bool
+
+    def attr(self, name: str) -> str:
+        return f"{self.owner}.{name}"
+
+
+# ------------------------------------------------------------------ the chain
+
+
+def scale_factor(spec: Spec, n: Names) -> tuple[str, bool]:
+    """(factor expression, divide) for the main scaling."""
+    form = spec.scale_form
+    if form == "sqrt_div":
+        return f"math.sqrt({n.attr('head_dim')})", True
+    if form == "attr_mul":
+        return n.attr("scaling"), False
+    if form == "pow_div":
+        return f"({n.attr('head_dim')} ** 0.5)", True
+    if form == "full_div":
+        return f"torch.full([], {n.value}.size(-1) ** 0.5, dtype=attn_weights.dtype, device=attn_weights.device)", True
+    if form == "size_div":
+        size = f"{n.query}.size(-1)"
+        return f"math.sqrt({size})", True
+    if form == "inplace_div":
+        return f"math.sqrt({n.attr('head_dim')})", True
+    return "0.3", False
+
+
+def scale_lines(spec: Spec, n: Names, code: Code, target: str = "attn_weights") -> None:
+    factor, divide = scale_factor(spec, n)
+    if spec.scale_form == "full_div" and target != "attn_weights":
+        factor, divide = f"math.sqrt({n.attr('head_dim')})", True
+    op = "/" if divide else "*"
+
+    def plain() -> None:
+        if spec.scale_form == "inplace_div" and target == "attn_weights":
+            code.add(f"{target} /= {factor}")
+        else:
+            code.add(f"{target} = {target} {op} {factor}")
+
+    if spec.scale_guard == "flag":
+        code.add(f"if {n.attr('flag_scale')}:")
+        with code.indent():
+            plain()
+    elif spec.scale_guard == "flag_else":
+        code.add(f"if {n.attr('flag_scale')}:")
+        with code.indent():
+            plain()
+        code.add("else:")
+        with code.indent():
+            code.add(f"{target} = {target} * 0.5")
+    elif spec.scale_guard == "layer":
+        plain()
+        code.add(f"if {n.attr('flag_scale')}:")
+        with code.indent():
+            code.add(f"{target} = {target} / float({n.attr('layer_idx')} + 1)")
+    else:
+        plain()
+
+
+def fill_value(spec: Spec, n: Names) -> str:
+    value = spec.fill_value
+    if value == "finfo_min":
+        return "torch.finfo(attn_weights.dtype).min"
+    if value == "tensor_finfo_min":
+        return "torch.tensor(torch.finfo(attn_weights.dtype).min, dtype=attn_weights.dtype, device=attn_weights.device)"
+    if value == "minus_1e4":
+        return "-1e4"
+    if value == "minus_inf":
+        return 'float("-inf")'
+    if value == "masked_bias":
+        return f"{n.attr('masked_bias')}.to(attn_weights.dtype)"
+    return "-1e9"
+
+
+def fill_statement(spec: Spec, n: Names, keep: str, code: Code) -> None:
+    """Mask the scores where `keep` is False, in the spec's form."""
+    value = fill_value(spec, n)
+    form = spec.fill_form
+    if form == "where" or (form == "masked_fill_inplace" and value.startswith("torch.tensor")):
+        if spec.fill_value in ("finfo_min", "minus_1e4", "minus_1e9", "minus_inf"):
+            code.add(f"mask_value = torch.full([], {value}, dtype=attn_weights.dtype, device=attn_weights.device)")
+            value = "mask_value"
+        code.add(f"attn_weights = torch.where({keep}, attn_weights, {value})")
+    elif form == "masked_fill":
+        code.add(f"attn_weights = attn_weights.masked_fill(~{keep}, {value})")
+    elif form == "masked_fill_inplace":
+        code.add(f"attn_weights.masked_fill_({keep} == 0, {value})")
+    else:
+        code.add(f"attn_weights = torch.where(~{keep}, {value}, attn_weights)")
+
+
+def in_heads(n: Names, code: Code, body) -> None:  # type: ignore[no-untyped-def]
+    """Run `body` on a (batch, heads, q, k) view of flat scores, then flatten again."""
+    if n.flat:
+        code.add(f"attn_weights = attn_weights.view(bsz, {n.attr('num_heads')}, {n.q_len}, {n.k_len})")
+    body()
+    if n.flat:
+        code.add(f"attn_weights = attn_weights.view(bsz * {n.attr('num_heads')}, {n.q_len}, {n.k_len})")
+
+
+def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
+    parameter = {"mask": "attention_mask", "bool_mask": "attention_mask", "bias": "position_bias"}.get(kind)
+
+    def body() -> None:
+        if kind == "mask":
+            if n.flat:
+                code.add(
+                    f"attn_weights = attn_weights.view(bsz, {n.attr('num_heads')}, {n.q_len}, {n.k_len}) + attention_mask"
+                )
+                code.add(f"attn_weights = attn_weights.view(bsz * {n.attr('num_heads')}, {n.q_len}, {n.k_len})")
+            else:
+                code.add("attn_weights = attn_weights + attention_mask")
+        elif kind == "bool_mask":
+            in_heads(n, code, lambda: fill_statement(spec, n, "attention_mask", code))
+        elif kind == "bias":
+            if n.flat:
+                code.add(
+                    f"attn_weights = attn_weights.view(bsz, {n.attr('num_heads')}, {n.q_len}, {n.k_len}) + position_bias"
+                )
+                code.add(f"attn_weights = attn_weights.view(bsz * {n.attr('num_heads')}, {n.q_len}, {n.k_len})")
+            else:
+                code.add("attn_weights = attn_weights + position_bias")
+        elif kind == "alibi":
+            code.add(
+                f"alibi = {n.attr('slopes')}[:, None, None] * torch.arange({n.k_len}, device=attn_weights.device)[None, None, :]"
+            )
+            if n.flat:
+                code.add(f"attn_weights = attn_weights + alibi.repeat(bsz, 1, 1)")
+            else:
+                code.add("attn_weights = attn_weights + alibi")
+        elif kind == "relative":
+            code.add(f"query_positions = torch.arange({n.q_len}, device=attn_weights.device) + ({n.k_len} - {n.q_len})")
+            code.add(f"key_positions = torch.arange({n.k_len}, device=attn_weights.device)")
+            code.add(
+                f"distance = (key_positions[None, :] - query_positions[:, None]).clamp({-MAX_POSITIONS + 1}, {MAX_POSITIONS - 1})"
+            )
+            code.add(f"relative = {n.attr('relative_embedding')}(distance + {MAX_POSITIONS - 1})")
+            spec_in = "bqhd" if spec.product == "einsum_bthd" else "bhqd"
+            code.add(f'attn_weights = attn_weights + torch.einsum("{spec_in},qkd->bhqk", {n.query}, relative)')
+
+    if guard == "not_none" and parameter is not None:
+        code.add(f"if {parameter} is not None:")
+        with code.indent():
+            body()
+    elif guard == "flag":
+        test = f"{n.attr('flag_terms')}" + (f" and {parameter} is not None" if parameter else "")
+        code.add(f"if {test}:")
+        with code.indent():
+            body()
+    else:
+        body()
+
+
+def causal_lines(spec: Spec, n: Names, code: Code) -> None:
+    if spec.causal_slice == "bottom_right":
+        slice_ = f"{n.attr('bias')}[:, :, {n.k_len} - {n.q_len} : {n.k_len}, :{n.k_len}]"
+    else:
+        slice_ = f"{n.attr('bias')}[:, :, :{n.q_len}, :{n.k_len}]"
+
+    def body() -> None:
+        code.add(f"causal_mask = {slice_}")
+        in_heads(n, code, lambda: fill_statement(spec, n, "causal_mask", code))
+
+    guard = spec.causal_guard
+    if guard == "not_cross":
+        code.add(f"if not {n.attr('is_cross_attention')}:")
+        with code.indent():
+            body()
+    elif guard == "cross_pass_else":
+        code.add(f"if {n.attr('is_cross_attention')}:")
+        with code.indent():
+            code.add("pass")
+        code.add("else:")
+        with code.indent():
+            body()
+    elif guard == "cross_none_else":
+        code.add(f"if {n.attr('is_cross_attention')}:")
+        with code.indent():
+            code.add("causal_mask = None")
+        code.add("else:")
+        with code.indent():
+            body()
+    elif guard == "flag":
+        code.add(f"if {n.attr('flag_causal')}:")
+        with code.indent():
+            body()
+    else:
+        body()
+
+
+def product_lines(spec: Spec, n: Names, code: Code) -> None:
+    q, k = n.query, n.key
+    product = spec.product
+    if spec.scale_place == "query":
+        factor, divide = scale_factor(replace_form(spec), n)
+        code.add(f"{q} = {q} {'/' if divide else '*'} {factor}")
+    elif spec.scale_place == "qk_quarter":
+        code.add(f"{q} = {q} * {n.attr('head_dim')} ** -0.25")
+        code.add(f"{k} = {k} * {n.attr('head_dim')} ** -0.25")
+    if product == "matmul":
+        code.add(f"attn_weights = torch.matmul({q}, {k}.transpose(-1, -2))")
+    elif product == "operator":
+        code.add(f"attn_weights = {q} @ {k}.transpose(-2, -1)")
+    elif product == "method":
+        code.add(f"attn_weights = {q}.matmul({k}.transpose(2, 3))")
+    elif product == "einsum":
+        code.add(f'attn_weights = torch.einsum("bhqd,bhkd->bhqk", {q}, {k})')
+    elif product == "einsum_kt":
+        code.add(f'attn_weights = torch.einsum("bhqd,bhdk->bhqk", {q}, {k}.transpose(-1, -2))')
+    elif product == "pretransposed":
+        code.add(f"key_t = {k}.transpose(-1, -2)")
+        code.add(f"attn_weights = torch.matmul({q}, key_t)")
+    elif product == "permuted":
+        code.add(f"attn_weights = torch.matmul({q}, {k})")
+    elif product == "einsum_bthd":
+        code.add(f'attn_weights = torch.einsum("bqhd,bkhd->bhqk", {q}, {k})')
+    elif product == "bmm":
+        code.add(f"attn_weights = torch.bmm({q}, {k}.transpose(1, 2))")
+    elif product == "bmm_method":
+        code.add(f"attn_weights = {q}.bmm({k}.transpose(1, 2))")
+    elif product in ("baddbmm_zero", "baddbmm_alpha"):
+        alpha = "1.0"
+        if product == "baddbmm_alpha":
+            factor, divide = scale_factor(replace_form(spec), n)
+            alpha = f"1.0 / {factor}" if divide else factor
+        code.add(
+            f"attn_weights = torch.baddbmm(torch.zeros(bsz * {n.attr('num_heads')}, {n.q_len}, {n.k_len}, "
+            f"dtype={q}.dtype, device={q}.device), {q}, {k}.transpose(1, 2), beta=0.0, alpha={alpha})"
+        )
+
+
+def replace_form(spec: Spec) -> Spec:
+    """Scales applied before the product cannot read the scores: `full_div` falls back to `sqrt_div`."""
+    from dataclasses import replace
+
+    return replace(spec, scale_form="sqrt_div") if spec.scale_form in ("full_div", "inplace_div") else spec
+
+
+def softmax_lines(spec: Spec, n: Names, code: Code) -> None:
+    form = spec.softmax
+    if form == "functional":
+        code.add("attn_weights = nn.functional.softmax(attn_weights, dim=-1)")
+    elif form == "upcast":
+        code.add(f"attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to({n.query}.dtype)")
+    elif form == "method":
+        code.add("attn_weights = attn_weights.softmax(dim=-1)")
+    elif form == "module_attribute":
+        code.add(f"attn_weights = {n.attr('softmax')}(attn_weights)")
+    elif form == "dim3":
+        code.add("attn_weights = torch.softmax(attn_weights, dim=3)")
+    else:
+        code.add(f"attn_weights = nn.functional.softmax(attn_weights.float(), dim=-1).type({n.query}.dtype)")
+
+
+def dropout_lines(spec: Spec, n: Names, code: Code) -> None:
+    if spec.dropout == "none":
+        return
+    line = (
+        f"attn_weights = {n.attr('attn_dropout')}(attn_weights)"
+        if spec.dropout == "module"
+        else f"attn_weights = nn.functional.dropout(attn_weights, p={n.attr('dropout_p')}, training={n.attr('training')})"
+    )
+    if spec.dropout_guarded:
+        code.add(f"if {n.attr('training')}:")
+        with code.indent():
+            code.add(line)
+    else:
+        code.add(line)
+
+
+def chain(spec: Spec, n: Names, code: Code) -> None:
+    """From the query-key product to `attn_output` (and `attn_weights` holding the probabilities)."""
+    if n.flat:
+        code.add(f"src_len = {n.key}.size(1)")
+        code.add(f"q_len = {n.query}.size(1)")
+        code.add(f"bsz = {n.query}.size(0) // {n.attr('num_heads')}")
+    product_lines(spec, n, code)
+    hazard = spec.hazard
+    if hazard == "square":
+        code.add("attn_weights = attn_weights * attn_weights")
+    if spec.scale_place == "scores":
+        scale_lines(spec, n, code)
+    if hazard == "softcap":
+        code.add("attn_weights = torch.tanh(attn_weights / 30.0) * 30.0")
+    if hazard == "param_scale":
+        code.add(f"attn_weights = attn_weights * {n.attr('temperature')}")
+    if spec.causal == "buffer" and not spec.causal_after_terms:
+        causal_lines(spec, n, code)
+    for kind, guard in spec.terms:
+        term_lines(spec, n, kind, guard, code)
+    if hazard == "score_dependent_term":
+        code.add("attn_weights = attn_weights + attn_weights.detach().amax(dim=-2, keepdim=True)")
+    if hazard == "zero_fill":
+        code.add("attn_weights = attn_weights.masked_fill(attn_weights > 2.0, 0.0)")
+    if spec.causal == "buffer" and spec.causal_after_terms:
+        causal_lines(spec, n, code)
+    if spec.scale_place == "after_terms":
+        scale_lines(spec, n, code)
+    if hazard == "topk":
+        code.add("threshold = attn_weights.topk(2, dim=-1).values[..., -1:]")
+        code.add("attn_weights = attn_weights.masked_fill(attn_weights < threshold, torch.finfo(attn_weights.dtype).min)")
+    if spec.guard_floor:
+        code.add(
+            "attn_weights = torch.max(attn_weights, torch.tensor(torch.finfo(attn_weights.dtype).min, "
+            "device=attn_weights.device))"
+        )
+    if hazard == "dropout_before_softmax":
+        code.add(f"attn_weights = {n.attr('attn_dropout')}(attn_weights)")
+    softmax_lines(spec, n, code)
+    if hazard == "post_softmax_term":
+        code.add("attn_weights = attn_weights + 1e-3")
+    if hazard == "renorm":
+        code.add("attn_weights = attn_weights / attn_weights.sum(dim=-1, keepdim=True)")
+    if hazard != "dropout_before_softmax":
+        dropout_lines(spec, n, code)
+    if spec.head_mask:
+        code.add("if head_mask is not None:")
+        with code.indent():
+            if n.flat:
+                code.add(
+                    f"attn_weights = head_mask.view(1, -1, 1, 1) * attn_weights.view(bsz, {n.attr('num_heads')}, "
+                    f"{n.q_len}, {n.k_len})"
+                )
+                code.add(f"attn_weights = attn_weights.view(bsz * {n.attr('num_heads')}, {n.q_len}, {n.k_len})")
+            else:
+                code.add("attn_weights = attn_weights * head_mask")
+    v = n.value
+    if hazard == "loop":
+        code.add("chunks = []")
+        code.add(f"for start in range(0, attn_weights.size(-2), 4):")
+        with code.indent():
+            code.add(f"chunks.append(torch.matmul(attn_weights[..., start : start + 4, :], {v}))")
+        code.add("attn_output = torch.cat(chunks, dim=-2)")
+    elif n.flat:
+        code.add(f"attn_output = torch.bmm(attn_weights, {v})")
+        code.add(f"attn_output = attn_output.view(bsz, {n.attr('num_heads')}, {n.q_len}, {n.attr('head_dim')})")
+    elif spec.product == "einsum_bthd":
+        code.add(f'attn_output = torch.einsum("bhqk,bkhd->bqhd", attn_weights, {v})')
+    elif spec.product in ("einsum", "einsum_kt"):
+        code.add(f'attn_output = torch.einsum("bhqk,bhkd->bhqd", attn_weights, {v})')
+    elif spec.product == "operator":
+        code.add(f"attn_output = attn_weights @ {v}")
+    else:
+        code.add(f"attn_output = torch.matmul(attn_weights, {v})")
+    if hazard == "value_relative":
+        code.add(f"attn_output = attn_output + 0.1 * torch.einsum(\"bhqk,kd->bhqd\", attn_weights, {n.value}[0, 0])")
+
+
+# ------------------------------------------------------------------ the file
+
+
+def names_for(spec: Spec, owner: str) -> Names:
+    if spec.layout == "flat":
+        return Names(owner, "query_states", "key_states", "value_states", "q_len", "src_len", True)
+    if spec.product == "permuted":
+        return Names(owner, "query", "key", "value", "query.size(-2)", "key.size(-1)", False)
+    if spec.product == "einsum_bthd":
+        return Names(owner, "query", "key", "value", "query.size(1)", "key.size(1)", False)
+    return Names(owner, "query", "key", "value", "query.size(-2)", "key.size(-2)", False)
+
+
+def chain_parameters(spec: Spec) -> list[str]:
+    params = ["attention_mask=None"]
+    if spec.head_mask:
+        params.append("head_mask=None")
+    if any(kind == "bias" for kind, _ in spec.terms):
+        params.append("position_bias=None")
+    return params
+
+
+def attention_class(spec: Spec, code: Code) -> None:
+    n = names_for(spec, "self")
+    code.add("class FuzzAttention(nn.Module):")
+    with code.indent():
+        code.add("def __init__(self, config, is_cross_attention=False, layer_idx=None):")
+        with code.indent():
+            code.add("super().__init__()")
+            if spec.config_stored:
+                code.add("self.config = config")
+            code.add("self.num_heads = config.num_attention_heads")
+            code.add("self.head_dim = config.hidden_size // config.num_attention_heads")
+            code.add("self.embed_dim = config.hidden_size")
+            code.add("self.is_cross_attention = is_cross_attention")
+            code.add("self.layer_idx = layer_idx")
+            if spec.is_causal_attr:
+                code.add("self.is_causal = True")
+            code.add("self.flag_scale = config.flag_scale")
+            code.add("self.flag_terms = config.flag_terms")
+            code.add("self.flag_causal = config.flag_causal")
+            code.add("self.scaling = self.head_dim**-0.5")
+            code.add("self.dropout_p = config.attention_dropout")
+            code.add("self.attn_dropout = nn.Dropout(config.attention_dropout)")
+            code.add("self.softmax = nn.Softmax(dim=-1)")
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                code.add(f"self.{name} = nn.Linear(config.hidden_size, config.hidden_size)")
+            if spec.causal == "buffer":
+                code.add(
+                    f"self.register_buffer(\"bias\", torch.tril(torch.ones(({MAX_POSITIONS}, {MAX_POSITIONS}), "
+                    f"dtype=torch.bool)).view(1, 1, {MAX_POSITIONS}, {MAX_POSITIONS}), persistent=False)"
+                )
+            code.add('self.register_buffer("masked_bias", torch.tensor(-1e4), persistent=False)')
+            code.add(
+                'self.register_buffer("slopes", torch.tensor([2.0 ** -(i + 1) for i in range(self.num_heads)]), '
+                "persistent=False)"
+            )
+            code.add(f"self.relative_embedding = nn.Embedding({2 * MAX_POSITIONS - 1}, self.head_dim)")
+            if spec.hazard == "param_scale":
+                code.add("self.temperature = nn.Parameter(torch.ones(1))")
+        code.add("")
+        params = ["self", "hidden_states", *chain_parameters(spec)]
+        if spec.cache:
+            params += ["layer_past=None", "use_cache=False"]
+        if spec.cross:
+            params += ["encoder_hidden_states=None", "encoder_attention_mask=None"]
+        if spec.output_attentions:
+            params.append("output_attentions=False")
+        code.add(f"def forward({', '.join(params)}):")
+        with code.indent():
+            code.add("bsz, q_len, _ = hidden_states.size()")
+            shape = "view(bsz, -1, self.num_heads, self.head_dim)"
+            split = {"permuted": ".transpose(1, 2)", "einsum_bthd": ""}.get(spec.product, ".transpose(1, 2)")
+            key_split = ".permute(0, 2, 3, 1)" if spec.product == "permuted" else split
+            code.add(f"query = self.q_proj(hidden_states).{shape}{split}")
+            if spec.cross:
+                code.add("if encoder_hidden_states is not None:")
+                with code.indent():
+                    code.add(f"key = self.k_proj(encoder_hidden_states).{shape}{key_split}")
+                    code.add(f"value = self.v_proj(encoder_hidden_states).{shape}{split}")
+                    code.add("attention_mask = encoder_attention_mask")
+                code.add("else:")
+                with code.indent():
+                    code.add(f"key = self.k_proj(hidden_states).{shape}{key_split}")
+                    code.add(f"value = self.v_proj(hidden_states).{shape}{split}")
+            else:
+                code.add(f"key = self.k_proj(hidden_states).{shape}{key_split}")
+                code.add(f"value = self.v_proj(hidden_states).{shape}{split}")
+            if spec.cache:
+                key_dim = {"permuted": -1, "einsum_bthd": 1}.get(spec.product, -2)
+                value_dim = 1 if spec.product == "einsum_bthd" else -2
+                code.add("if layer_past is not None:")
+                with code.indent():
+                    code.add(f"key = torch.cat((layer_past[0], key), dim={key_dim})")
+                    code.add(f"value = torch.cat((layer_past[1], value), dim={value_dim})")
+                code.add("present = (key, value) if use_cache else None")
+            else:
+                code.add("present = None")
+            if spec.layout == "flat":
+                code.add("proj_shape = (bsz * self.num_heads, -1, self.head_dim)")
+                code.add("query_states = query.reshape(*proj_shape)")
+                code.add("key_states = key.reshape(*proj_shape)")
+                code.add("value_states = value.reshape(*proj_shape)")
+            arguments = [n.query, n.key, n.value, "attention_mask"]
+            if spec.head_mask:
+                arguments.append("head_mask")
+            if any(kind == "bias" for kind, _ in spec.terms):
+                arguments.append("position_bias")
+            if spec.placement == "forward":
+                chain(spec, n, code)
+            elif spec.placement == "helper":
+                code.add(f"attn_output, attn_weights = self._attn({', '.join(arguments)})")
+            else:
+                code.add(f"attn_output, attn_weights = fuzz_attention(self, {', '.join(arguments)})")
+            if spec.product == "einsum_bthd":
+                code.add("attn_output = attn_output.reshape(bsz, q_len, self.embed_dim)")
+            else:
+                code.add("attn_output = attn_output.transpose(1, 2).reshape(bsz, q_len, self.embed_dim)")
+            code.add("attn_output = self.o_proj(attn_output)")
+            weights = "attn_weights if output_attentions else None" if spec.output_attentions else "None"
+            code.add(f"return attn_output, present, {weights}")
+        if spec.placement == "helper":
+            code.add("")
+            code.add(f"def _attn(self, {n.query}, {n.key}, {n.value}, {', '.join(chain_parameters(spec))}):")
+            with code.indent():
+                chain(spec, n, code)
+                code.add("return attn_output, attn_weights")
+
+
+def attention_function(spec: Spec, code: Code) -> None:
+    n = names_for(spec, "module")
+    code.add(f"def fuzz_attention(module, {n.query}, {n.key}, {n.value}, {', '.join(chain_parameters(spec))}):")
+    with code.indent():
+        chain(spec, n, code)
+        code.add("return attn_output, attn_weights")
+
+
+def layer_class(spec: Spec, code: Code) -> None:
+    config = "cfg" if spec.wiring == "direct_no_config" else "config"
+    if spec.wiring in ("dict", "dict_public_key"):
+        key = "config._attn_implementation" if spec.wiring == "dict" else "config.attn_impl"
+        build = f"FUZZ_ATTENTION_CLASSES[{key}]"
+    else:
+        build = "FuzzAttention"
+    code.add("class FuzzLayer(nn.Module):")
+    with code.indent():
+        code.add(f"def __init__(self, {config}, layer_idx):")
+        with code.indent():
+            code.add("super().__init__()")
+            code.add(f"self.norm = nn.LayerNorm({config}.hidden_size)")
+            code.add(f"self.attn = {build}({config}, layer_idx=layer_idx)")
+            if spec.cross:
+                code.add(f"self.cross_norm = nn.LayerNorm({config}.hidden_size)")
+                code.add(f"self.crossattention = {build}({config}, is_cross_attention=True, layer_idx=layer_idx)")
+            code.add(f"self.mlp = nn.Sequential(nn.Linear({config}.hidden_size, 2 * {config}.hidden_size), nn.GELU())")
+            code.add(f"self.proj = nn.Linear(2 * {config}.hidden_size, {config}.hidden_size)")
+        code.add("")
+        code.add(
+            "def forward(self, hidden_states, attention_mask=None, layer_past=None, encoder_hidden_states=None, "
+            "encoder_attention_mask=None, head_mask=None, use_cache=False, output_attentions=False, position_bias=None):"
+        )
+        with code.indent():
+            keywords = ["attention_mask=attention_mask"]
+            if spec.head_mask:
+                keywords.append("head_mask=head_mask")
+            if any(kind == "bias" for kind, _ in spec.terms):
+                keywords.append("position_bias=position_bias")
+            if spec.cache:
+                keywords += ["layer_past=layer_past", "use_cache=use_cache"]
+            if spec.output_attentions:
+                keywords.append("output_attentions=output_attentions")
+            code.add(f"attn_output, present, weights = self.attn(self.norm(hidden_states), {', '.join(keywords)})")
+            code.add("hidden_states = hidden_states + attn_output")
+            if spec.cross:
+                cross = ["attention_mask=attention_mask"] + [k for k in keywords[1:] if not k.startswith(("layer_past", "use_cache", "position_bias"))]
+                if any(kind == "bias" for kind, _ in spec.terms):
+                    cross.append("position_bias=None")
+                cross += ["encoder_hidden_states=encoder_hidden_states", "encoder_attention_mask=encoder_attention_mask"]
+                code.add("if encoder_hidden_states is not None:")
+                with code.indent():
+                    code.add(f"cross_output, _, _ = self.crossattention(self.cross_norm(hidden_states), {', '.join(cross)})")
+                    code.add("hidden_states = hidden_states + cross_output")
+            code.add("hidden_states = hidden_states + self.proj(self.mlp(hidden_states))")
+            code.add("return hidden_states, present, weights")
+
+
+def mask_lines(spec: Spec, code: Code) -> None:
+    style = spec.mask_style
+    if style == "causal_helper":
+        code.add("mask = _prepare_4d_causal_attention_mask(attention_mask, (batch, length), hidden_states, past_length)")
+    elif style == "plain_helper":
+        code.add("mask = None")
+        code.add("if attention_mask is not None:")
+        with code.indent():
+            code.add("mask = _prepare_4d_attention_mask(attention_mask, hidden_states.dtype, tgt_len=length)")
+    elif style == "extended":
+        code.add("if attention_mask is None:")
+        with code.indent():
+            code.add("attention_mask = torch.ones(batch, past_length + length, device=input_ids.device)")
+        code.add("mask = self.get_extended_attention_mask(attention_mask, (batch, length))")
+    elif style == "manual_float":
+        code.add("mask = None")
+        code.add("if attention_mask is not None:")
+        with code.indent():
+            code.add("mask = attention_mask[:, None, None, :].to(hidden_states.dtype)")
+            code.add("mask = (1.0 - mask) * torch.finfo(hidden_states.dtype).min")
+    elif style == "manual_bool":
+        code.add("mask = attention_mask[:, None, None, :].bool() if attention_mask is not None else None")
+    else:
+        code.add("mask = None")
+    if not spec.cross:
+        return
+    code.add("encoder_mask = None")
+    code.add("if encoder_attention_mask is not None:")
+    with code.indent():
+        if style in ("causal_helper", "plain_helper"):
+            code.add(
+                "encoder_mask = _prepare_4d_attention_mask(encoder_attention_mask, hidden_states.dtype, tgt_len=length)"
+            )
+        elif style == "extended":
+            code.add("encoder_mask = self.invert_attention_mask(encoder_attention_mask)")
+        elif style == "manual_bool":
+            code.add("encoder_mask = encoder_attention_mask[:, None, None, :].bool()")
+        else:
+            code.add("encoder_mask = encoder_attention_mask[:, None, None, :].to(hidden_states.dtype)")
+            code.add("encoder_mask = (1.0 - encoder_mask) * torch.finfo(hidden_states.dtype).min")
+
+
+def model_classes(spec: Spec, code: Code) -> None:
+    code.add("class FuzzPreTrainedModel(PreTrainedModel):")
+    with code.indent():
+        code.add("config_class = FuzzConfig")
+        code.add('base_model_prefix = "model"')
+        if spec.hazard == "authors_off":
+            code.add("_supports_sdpa = False")
+    code.add("")
+    code.add("")
+    code.add("class FuzzModel(FuzzPreTrainedModel):")
+    bias = any(kind == "bias" for kind, _ in spec.terms)
+    key_dim = {"permuted": -1, "einsum_bthd": 1}.get(spec.product, -2)
+    with code.indent():
+        code.add("def __init__(self, config):")
+        with code.indent():
+            code.add("super().__init__(config)")
+            code.add("self.embed = nn.Embedding(config.vocab_size, config.hidden_size)")
+            code.add(f"self.positions = nn.Embedding({MAX_POSITIONS}, config.hidden_size)")
+            if bias:
+                code.add(f"self.position_bias = nn.Embedding({2 * MAX_POSITIONS - 1}, config.num_attention_heads)")
+            code.add("self.layers = nn.ModuleList([FuzzLayer(config, i) for i in range(config.num_hidden_layers)])")
+            code.add("self.norm = nn.LayerNorm(config.hidden_size)")
+            code.add("self.post_init()")
+        code.add("")
+        code.add(
+            "def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=False, "
+            "encoder_hidden_states=None, encoder_attention_mask=None, head_mask=None, output_attentions=False):"
+        )
+        with code.indent():
+            code.add("batch, length = input_ids.shape")
+            code.add(f"past_length = past_key_values[0][0].shape[{key_dim}] if past_key_values is not None else 0")
+            code.add("position_ids = torch.arange(past_length, past_length + length, device=input_ids.device)")
+            code.add("hidden_states = self.embed(input_ids) + self.positions(position_ids)[None]")
+            mask_lines(spec, code)
+            code.add("position_bias = None")
+            if bias:
+                code.add("key_positions = torch.arange(past_length + length, device=input_ids.device)")
+                code.add(
+                    f"relative = (key_positions[None, :] - position_ids[:, None]).clamp({-MAX_POSITIONS + 1}, "
+                    f"{MAX_POSITIONS - 1}) + {MAX_POSITIONS - 1}"
+                )
+                code.add("position_bias = self.position_bias(relative).permute(2, 0, 1).unsqueeze(0)")
+            code.add("head_mask = self.get_head_mask(head_mask, self.config.num_hidden_layers)")
+            code.add("presents = () if use_cache else None")
+            code.add("attentions = () if output_attentions else None")
+            code.add("for index, layer in enumerate(self.layers):")
+            with code.indent():
+                code.add("layer_past = past_key_values[index] if past_key_values is not None else None")
+                encoder = "encoder_mask" if spec.cross else "None"
+                code.add(
+                    "hidden_states, present, weights = layer(hidden_states, attention_mask=mask, layer_past=layer_past, "
+                    f"encoder_hidden_states=encoder_hidden_states, encoder_attention_mask={encoder}, "
+                    "head_mask=head_mask[index], use_cache=use_cache, output_attentions=output_attentions, "
+                    "position_bias=position_bias)"
+                )
+                code.add("if use_cache:")
+                with code.indent():
+                    code.add("presents = presents + (present,)")
+                code.add("if output_attentions:")
+                with code.indent():
+                    code.add("attentions = attentions + (weights,)")
+            code.add("hidden_states = self.norm(hidden_states)")
+            code.add(
+                "return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, "
+                "past_key_values=presents, attentions=attentions)"
+            )
+
+
+HEADER = '''\
+# Generated by sdpa-port's fuzzer: {description}
+import math
+
+import torch
+from torch import nn
+
+from ...configuration_utils import PretrainedConfig
+from ...modeling_attn_mask_utils import _prepare_4d_attention_mask, _prepare_4d_causal_attention_mask
+from ...modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+from ...modeling_utils import PreTrainedModel
+
+
+class FuzzConfig(PretrainedConfig):
+    model_type = "fuzz"
+
+    def __init__(
+        self,
+        vocab_size=64,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_hidden_layers=2,
+        attention_dropout=0.0,
+        flag_scale=False,
+        flag_terms=False,
+        flag_causal=False,
+        attn_impl="eager",
+        pad_token_id=0,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_attention_heads = num_attention_heads
+        self.num_hidden_layers = num_hidden_layers
+        self.attention_dropout = attention_dropout
+        self.flag_scale = flag_scale
+        self.flag_terms = flag_terms
+        self.flag_causal = flag_causal
+        self.attn_impl = attn_impl
+        super().__init__(pad_token_id=pad_token_id, **kwargs)
+'''
+
+
+def render(spec: Spec) -> str:
+    code = Code()
+    code.lines.extend(HEADER.format(description=spec.describe()).splitlines())
+    code.add("", "")
+    if spec.placement == "function":
+        attention_function(spec, code)
+        code.add("", "")
+    attention_class(spec, code)
+    code.add("", "")
+    if spec.wiring in ("dict", "dict_public_key"):
+        code.add("FUZZ_ATTENTION_CLASSES = {", '    "eager": FuzzAttention,', "}", "", "")
+    layer_class(spec, code)
+    code.add("", "")
+    model_classes(spec, code)
+    return code.text()

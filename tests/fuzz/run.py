@@ -1,0 +1,104 @@
+"""Run the differential fuzzer: `python tests/fuzz/run.py --seeds 0:300 [--jobs 2] [--shrink] [--out DIR]`.
+
+Needs torch and transformers 4.40.2 (the tf440 environment). Prints a count per verdict and, for each failure, the
+spec and the verdict; with `--shrink`, a minimal failing spec and its file (written under `--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from judge import Tally, Verdict, judge  # noqa: E402
+from render import render  # noqa: E402
+from shrink import shrink  # noqa: E402
+from spec import Spec, draw  # noqa: E402
+
+
+def _init() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+
+
+def judge_seed(seed: int) -> tuple[Spec, Verdict]:
+    spec = draw(seed)
+    return spec, judge(spec)
+
+
+def seeds_from(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        if ":" in part:
+            start, stop = part.split(":")
+            out.extend(range(int(start), int(stop)))
+        else:
+            out.append(int(part))
+    return out
+
+
+def run_seeds(seeds: list[int], jobs: int, progress: bool = True) -> Tally:
+    tally = Tally()
+    started = time.monotonic()
+    if jobs <= 1:
+        _init()
+        results = (judge_seed(seed) for seed in seeds)
+        for index, (spec, verdict) in enumerate(results, 1):
+            tally.add(spec, verdict)
+            if progress:
+                _progress(index, len(seeds), started, tally)
+    else:
+        with ProcessPoolExecutor(jobs, initializer=_init) as pool:
+            futures = [pool.submit(judge_seed, seed) for seed in seeds]
+            for index, future in enumerate(as_completed(futures), 1):
+                spec, verdict = future.result()
+                tally.add(spec, verdict)
+                if progress:
+                    _progress(index, len(seeds), started, tally)
+    if progress:
+        print(file=sys.stderr)
+    return tally
+
+
+def _progress(done: int, total: int, started: float, tally: Tally) -> None:
+    rate = done / max(time.monotonic() - started, 1e-6)
+    counts = " ".join(f"{k}={v}" for k, v in sorted(tally.counts.items()))
+    print(f"\r{done}/{total} ({rate:.1f}/s) {counts}", end="", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seeds", default="0:200", help="seeds as START:STOP or a comma list")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--shrink", action="store_true", help="reduce each failure to a minimal spec")
+    parser.add_argument("--out", type=Path, default=None, help="write failing (shrunk) files here")
+    args = parser.parse_args(argv)
+    tally = run_seeds(seeds_from(args.seeds), args.jobs)
+    print("verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.counts.items())))
+    failed = 0
+    for spec, verdict in sorted(tally.failures, key=lambda item: item[0].seed):
+        if verdict.kind != "invalid":
+            failed += 1
+        print(f"\n[{verdict.kind}] {spec.describe()}\n    {verdict.detail[:400]}")
+        if args.shrink and verdict.kind != "invalid":
+            _init()
+            small, small_verdict = shrink(spec, verdict)
+            print(f"  shrunk: [{small_verdict.kind}] {small.describe()}\n    {small_verdict.detail[:400]}")
+            spec = small
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"modeling_fuzz_{spec.seed}_{verdict.kind}.py").write_text(render(spec), encoding="utf-8")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

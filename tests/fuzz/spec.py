@@ -1,0 +1,265 @@
+"""The variation axes of the fuzzer: one `Spec` describes one generated modeling file.
+
+Every field has a simplest value (listed first in its choices); the shrinker moves fields towards it. `draw` picks
+a consistent spec from a seeded random generator, so a seed names a case for good.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+# ------------------------------------------------------------------ the axes and their choices (simplest first)
+
+LAYOUTS = ("heads", "flat")
+HEAD_PRODUCTS = (
+    "matmul",  # torch.matmul(q, k.transpose(-1, -2))
+    "operator",  # q @ k.transpose(-2, -1)
+    "method",  # q.matmul(k.transpose(2, 3))
+    "einsum",  # torch.einsum("bhqd,bhkd->bhqk", q, k)
+    "einsum_kt",  # torch.einsum("bhqd,bhdk->bhqk", q, k.transpose(-1, -2))
+    "pretransposed",  # key_t = k.transpose(-1, -2) earlier, then q @ key_t
+    "permuted",  # the key is permuted to (b, h, d, s) when split into heads, then q @ k
+    "einsum_bthd",  # q, k, v kept as (b, t, h, d): torch.einsum("bqhd,bkhd->bhqk", q, k)
+)
+FLAT_PRODUCTS = ("bmm", "baddbmm_zero", "baddbmm_alpha", "bmm_method")
+SCALE_PLACES = ("scores", "none", "query", "after_terms", "alpha", "qk_quarter")
+SCALE_FORMS = ("sqrt_div", "attr_mul", "pow_div", "full_div", "size_div", "inplace_div", "literal_mul")
+SCALE_GUARDS = ("none", "flag", "flag_else", "layer")  # where the scale is conditional
+TERM_KINDS = ("mask", "bias", "alibi", "relative")
+TERM_GUARDS = ("plain", "not_none", "flag")
+MASK_STYLES = ("causal_helper", "plain_helper", "extended", "manual_float", "manual_bool", "none")
+CAUSAL_SOURCES = ("mask", "buffer", "none")
+CAUSAL_SLICES = ("bottom_right", "top_left")
+FILL_FORMS = ("where", "masked_fill", "masked_fill_inplace", "where_inverted")
+FILL_VALUES = ("finfo_min", "tensor_finfo_min", "minus_1e4", "minus_inf", "masked_bias", "minus_1e9")
+CAUSAL_GUARDS = ("plain", "not_cross", "cross_pass_else", "cross_none_else", "flag")
+SOFTMAXES = ("functional", "upcast", "method", "module_attribute", "dim3", "float_first")
+DROPOUTS = ("none", "module", "functional")
+WIRINGS = ("dict", "direct", "dict_public_key", "direct_no_config")
+PLACEMENTS = ("forward", "helper", "function")
+HAZARDS = (
+    "none",
+    "softcap",
+    "topk",
+    "square",
+    "param_scale",
+    "post_softmax_term",
+    "renorm",
+    "dropout_before_softmax",
+    "value_relative",
+    "loop",
+    "zero_fill",
+    "score_dependent_term",
+    "authors_off",
+)
+# a port of these is wrong even when eval-mode outputs agree: dropout on the scores only acts in training, and the
+# file's authors set `_supports_sdpa = False`
+SEMANTIC_HAZARDS = frozenset({"dropout_before_softmax", "authors_off"})
+
+
+@dataclass(frozen=True)
+class Spec:
+    seed: int = 0
+    layout: str = "heads"
+    product: str = "matmul"
+    scale_place: str = "scores"
+    scale_form: str = "sqrt_div"
+    scale_guard: str = "none"
+    terms: tuple[tuple[str, str], ...] = (("mask", "not_none"),)  # (kind, guard) in order
+    mask_style: str = "plain_helper"
+    causal: str = "none"  # where causality comes from
+    causal_slice: str = "bottom_right"
+    fill_form: str = "where"
+    fill_value: str = "finfo_min"
+    causal_guard: str = "plain"
+    causal_after_terms: bool = False  # the causal fill comes after the additive terms
+    guard_floor: bool = False  # torch.max(scores, finfo.min) before the softmax
+    softmax: str = "functional"
+    dropout: str = "none"
+    dropout_guarded: bool = False  # dropout only under `if self.training`-like flag
+    head_mask: bool = False
+    output_attentions: bool = True
+    cache: bool = False
+    cross: bool = False  # the same class serves cross-attention (GPT-2's convention)
+    is_causal_attr: bool = False  # `self.is_causal = True` on the class
+    placement: str = "forward"
+    wiring: str = "dict"
+    hazard: str = "none"
+    config_stored: bool = True  # `self.config = config` in the attention's __init__
+
+    # -------------------------------------------------------------- derived facts
+
+    @property
+    def decoder(self) -> bool:
+        return self.causal != "none"
+
+    @property
+    def must_refuse(self) -> bool:
+        """Cases whose port would be wrong in a way the eval-mode judge cannot see (training-only, authors' flags)."""
+        return self.hazard in SEMANTIC_HAZARDS
+
+    def flags(self) -> list[str]:
+        """The boolean config fields the file branches on; the judge runs every combination."""
+        out: list[str] = []
+        if self.scale_guard in ("flag", "flag_else"):
+            out.append("flag_scale")
+        if any(guard == "flag" for _, guard in self.terms):
+            out.append("flag_terms")
+        if self.causal == "buffer" and self.causal_guard == "flag":
+            out.append("flag_causal")
+        return out
+
+    def describe(self) -> str:
+        default = Spec()
+        parts = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "seed" and getattr(self, f.name) != getattr(default, f.name)]
+        return f"Spec(seed={self.seed}" + (", " + ", ".join(parts) if parts else "") + ")"
+
+
+# ------------------------------------------------------------------ drawing
+
+
+def _pick(rng: random.Random, choices: tuple[str, ...], weights: tuple[float, ...] | None = None) -> str:
+    return rng.choices(choices, weights=weights)[0] if weights else rng.choice(choices)
+
+
+def draw(seed: int) -> Spec:
+    """A consistent random spec; most cases are portable, about one in six carries a hazard."""
+    rng = random.Random(seed)
+    layout = _pick(rng, LAYOUTS, (3, 1))
+    product = _pick(rng, HEAD_PRODUCTS, (4, 2, 1, 1, 1, 1, 1, 1)) if layout == "heads" else _pick(rng, FLAT_PRODUCTS)
+    causal = _pick(rng, CAUSAL_SOURCES, (2, 2, 3))
+    if causal == "mask":
+        mask_style = "causal_helper"
+    elif causal == "buffer":
+        mask_style = _pick(rng, ("manual_float", "manual_bool", "none", "plain_helper"), (3, 1, 1, 1))
+    else:
+        mask_style = _pick(rng, ("plain_helper", "extended", "manual_float", "manual_bool", "none"), (3, 2, 2, 1, 1))
+    kinds: list[tuple[str, str]] = []
+    if mask_style != "none" and mask_style != "manual_bool":
+        kinds.append(("mask", _pick(rng, TERM_GUARDS, (2, 3, 0.3))))
+    elif mask_style == "manual_bool":
+        kinds.append(("bool_mask", _pick(rng, ("plain", "not_none"), (1, 3))))
+    for kind in ("bias", "alibi", "relative"):
+        if rng.random() < 0.18:
+            kinds.append((kind, _pick(rng, TERM_GUARDS, (3, 1, 1))))
+    rng.shuffle(kinds)
+    scale_place = _pick(rng, SCALE_PLACES, (5, 1, 2, 1, 1 if product.startswith("baddbmm") else 0, 1))
+    if scale_place == "alpha" and not product.startswith("baddbmm"):
+        scale_place = "scores"
+    if product == "baddbmm_alpha" and scale_place != "alpha":
+        product = "baddbmm_zero"
+    cross = rng.random() < 0.2
+    cache = rng.random() < 0.35
+    hazard = _pick(rng, HAZARDS, (30,) + (0.5,) * (len(HAZARDS) - 1))
+    spec = Spec(
+        seed=seed,
+        layout=layout,
+        product=product,
+        scale_place=scale_place,
+        scale_form=_pick(rng, SCALE_FORMS),
+        scale_guard=_pick(rng, SCALE_GUARDS, (6, 1, 1, 1)),
+        terms=tuple(kinds),
+        mask_style=mask_style,
+        causal=causal,
+        causal_slice=_pick(rng, CAUSAL_SLICES, (4, 1)),
+        fill_form=_pick(rng, FILL_FORMS),
+        fill_value=_pick(rng, FILL_VALUES, (4, 2, 1, 1, 1, 1)),
+        causal_guard=_pick(rng, CAUSAL_GUARDS, (4, 1, 1, 1, 1)) if not cross else _pick(rng, CAUSAL_GUARDS[1:4]),
+        causal_after_terms=rng.random() < 0.3,
+        guard_floor=rng.random() < 0.12,
+        softmax=_pick(rng, SOFTMAXES, (4, 2, 1, 1, 1, 1)),
+        dropout=_pick(rng, DROPOUTS, (2, 2, 1)),
+        dropout_guarded=rng.random() < 0.05,
+        head_mask=rng.random() < 0.4,
+        output_attentions=rng.random() < 0.8,
+        cache=cache,
+        cross=cross,
+        is_causal_attr=rng.random() < (0.6 if causal != "none" else 0.15),
+        placement=_pick(rng, PLACEMENTS, (5, 3, 1)),
+        wiring=_pick(rng, WIRINGS, (6, 4, 0.5, 0.5)),
+        hazard=hazard,
+        config_stored=rng.random() < 0.7,
+    )
+    return normalise(spec)
+
+
+def normalise(spec: Spec) -> Spec:
+    """Resolve combinations the skeleton cannot express into the nearest one it can."""
+    changes: dict[str, Any] = {}
+    if spec.layout == "flat" and spec.product not in FLAT_PRODUCTS:
+        changes["product"] = "bmm"
+    if spec.layout == "heads" and spec.product not in HEAD_PRODUCTS:
+        changes["product"] = "matmul"
+    product = changes.get("product", spec.product)
+    if spec.scale_place == "alpha" and product not in ("baddbmm_alpha",):
+        changes["scale_place"] = "scores"
+    if product == "baddbmm_alpha" and changes.get("scale_place", spec.scale_place) != "alpha":
+        changes["product"] = "baddbmm_zero"
+    if spec.causal == "mask" and spec.mask_style != "causal_helper":
+        changes["mask_style"] = "causal_helper"
+    if spec.causal != "mask" and spec.mask_style == "causal_helper":
+        changes["mask_style"] = "plain_helper"
+    style = changes.get("mask_style", spec.mask_style)
+    terms = []
+    for kind, guard in spec.terms:
+        if kind in ("mask", "bool_mask"):
+            continue
+        terms.append((kind, guard))
+    if style not in ("none", "manual_bool"):
+        guard = next((g for k, g in spec.terms if k == "mask"), "not_none")
+        terms.insert(next((i for i, (k, _) in enumerate(spec.terms) if k in ("mask", "bool_mask")), 0), ("mask", guard))
+    elif style == "manual_bool":
+        guard = next((g for k, g in spec.terms if k == "bool_mask"), "not_none")
+        terms.insert(next((i for i, (k, _) in enumerate(spec.terms) if k in ("mask", "bool_mask")), 0), ("bool_mask", "not_none" if guard == "flag" else guard))
+    if tuple(terms) != spec.terms:
+        changes["terms"] = tuple(terms)
+    if spec.causal != "buffer":
+        for name, default in (("causal_guard", "plain"), ("causal_slice", "bottom_right"), ("causal_after_terms", False)):
+            if getattr(spec, name) != default:
+                changes[name] = default
+    if spec.cross and spec.causal == "buffer" and spec.causal_guard in ("plain", "flag"):
+        changes["causal_guard"] = "not_cross"
+    if not spec.cross and spec.causal_guard in ("not_cross", "cross_pass_else", "cross_none_else") and spec.causal == "buffer":
+        pass  # a self-attention-only module may still test the flag; it is always False there
+    if spec.cross:
+        guarded = tuple((k, "not_none" if k == "bias" and g != "not_none" else g) for k, g in changes.get("terms", spec.terms))
+        if guarded != changes.get("terms", spec.terms):
+            changes["terms"] = guarded
+    if spec.hazard == "loop" and spec.placement == "function":
+        changes["placement"] = "forward"
+    if spec.hazard == "value_relative" and spec.layout == "flat":
+        changes["layout"], changes["product"] = "heads", "matmul"
+    if spec.layout == "flat" and spec.softmax == "dim3":
+        changes["softmax"] = "functional"
+    if spec.layout == "flat" and any(kind in ("relative",) for kind, _ in spec.terms):
+        changes["terms"] = tuple((k, g) for k, g in changes.get("terms", spec.terms) if k != "relative")
+    if spec.product == "einsum_bthd" and spec.layout == "heads" and spec.placement == "function":
+        changes["placement"] = "forward"
+    return replace(spec, **changes) if changes else spec
+
+
+# ------------------------------------------------------------------ shrinking order
+
+
+def simpler(spec: Spec) -> list[Spec]:
+    """Specs one step simpler than `spec` (one field towards its simplest value), most promising first."""
+    out: list[Spec] = []
+    base = Spec()
+    for f in fields(Spec):
+        if f.name == "seed":
+            continue
+        current = getattr(spec, f.name)
+        simplest = getattr(base, f.name)
+        if current == simplest:
+            continue
+        if f.name == "terms":
+            for index in range(len(current)):
+                out.append(normalise(replace(spec, terms=current[:index] + current[index + 1 :])))
+            continue
+        out.append(normalise(replace(spec, **{f.name: simplest})))
+    return [s for s in out if s != spec]
+
+
+__all__ = ["Spec", "draw", "normalise", "simpler"]
