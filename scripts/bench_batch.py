@@ -23,7 +23,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from sdpa_port.edge.report import reason_kind
+from sdpa_port.refusals import Code
 from sdpa_port.edge.wheels import WheelError, copy_tree, extract_tree, wheel_path
 
 app = typer.Typer(add_completion=False)
@@ -56,9 +56,11 @@ def bench(
             f"exit {code}; " + ", ".join(f"{status} {count}" for status, count in sorted(counts.items()))
         )
     typer.echo(f"transformers {version}: wall median {statistics.median(walls):.1f} s, best {min(walls):.1f} s over {runs} run(s)")
-    reasons = Counter(reason_kind(r) for record in records if record["status"] == "refused" for r in record["reasons"])
-    for reason, count in reasons.most_common():
-        typer.echo(f"  {count:4d}  {reason}")
+    codes = Counter(
+        code for record in records if record["status"] == "refused" for code in {r["code"] for r in record["refusals"]}
+    )
+    for code, count in sorted(codes.items(), key=lambda item: (-item[1], item[0])):
+        typer.echo(f"  {count:4d}  {code} {Code.by_code(code).title}")
     errors = [reason for record in records if record["status"] == "error" for reason in record["reasons"]]
     for reason in errors:
         typer.echo(f"  error: {reason}")

@@ -113,6 +113,9 @@ def outcome_json(outcome) -> dict:  # type: ignore[no-untyped-def]
         "detail": result.detail,
         "attention_classes": list(result.attention_classes),
         "reasons": list(result.reasons),
+        "refusals": [
+            {"code": r.code.code, "where": r.where, "line": r.line, "detail": r.detail} for r in result.refusals
+        ],
         "warnings": list(result.warnings),
         "notes": list(result.notes),
         "written": str(outcome.written) if outcome.written else None,

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from sdpa_port.analyse.site import AttentionSite
+from sdpa_port.refusals import Refusal
 
 
 class Status(str, enum.Enum):
@@ -32,11 +33,30 @@ class PortResult:
     notes: tuple[str, ...] = ()  # the edits made, for the report
     attention_classes: tuple[str, ...] = ()
     sites: tuple[AttentionSite, ...] = field(default=(), compare=False)
+    refusals: tuple[Refusal, ...] = ()  # a refused result's reasons, with their codes
 
     @property
     def changed(self) -> bool:
         return self.status is Status.PORTED
 
-
-class PortError(Exception):
-    """A port that cannot be completed for a reason worth reporting (becomes a refusal)."""
+    @classmethod
+    def refused(
+        cls,
+        source: str,
+        style: Style | None,
+        refusals: tuple[Refusal, ...] | list[Refusal],
+        attention_classes: tuple[str, ...] = (),
+        warnings: tuple[str, ...] = (),
+    ) -> "PortResult":
+        """A refusal: the source unchanged, one reason line per refusal (class, line, detail and code)."""
+        refusals = tuple(refusals)
+        return cls(
+            Status.REFUSED,
+            source,
+            style,
+            "refused",
+            reasons=tuple(str(r) for r in refusals),
+            warnings=warnings,
+            attention_classes=attention_classes,
+            refusals=refusals,
+        )

@@ -12,7 +12,8 @@ from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cstutil import code
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.site import AttentionSite, Refusal, Scaling, Term
+from sdpa_port.analyse.site import AttentionSite, Scaling, Term
+from sdpa_port.refusals import Code, Refusal
 
 LineOf = Callable[[cst.CSTNode], int]
 
@@ -76,13 +77,13 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
     head_masks: list[str] = []
     helper_calls: list[HelperCall] = []
     if inline and helpers:
-        refusal = Refusal(class_name, line_of(forward), "attention is computed both in forward and in a helper method")
+        refusal = Refusal(Code.REPEATED, class_name, line_of(forward), "attention is computed both in forward and in a helper method")
     elif len(inline) > 1:
-        refusal = Refusal(class_name, inline[1].start_line, "forward computes several attentions")
+        refusal = Refusal(Code.REPEATED, class_name, inline[1].start_line, "forward computes several attentions")
     elif inline:
         candidate = inline[0]
         if candidate.poison is not None:
-            refusal = Refusal(class_name, candidate.poison_line or candidate.start_line, candidate.poison)
+            refusal = Refusal.of(candidate.poison, class_name, candidate.poison_line or candidate.start_line)
         else:
             site = describe(facts, class_name, "forward", owner.name, candidate, result)
             sites.append(site)
@@ -91,7 +92,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
     else:
         for method, helper_owner, call, helper_result, candidate in helpers:
             if candidate.poison is not None:
-                refusal = Refusal(class_name, candidate.poison_line or candidate.start_line, candidate.poison)
+                refusal = Refusal.of(candidate.poison, class_name, candidate.poison_line or candidate.start_line)
                 break
             site = describe(facts, class_name, method, helper_owner, candidate, helper_result)
             sites.append(site)
@@ -101,7 +102,10 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
                 roots = [n for n in p.walk_names(bound) if n in params] if bound is not None else []
                 if len(roots) != 1:
                     refusal = Refusal(
-                        class_name, site.line, f"the head mask reaches `{method}` from an expression it cannot trace"
+                        Code.HELPER_CALL,
+                        class_name,
+                        site.line,
+                        f"the head mask reaches `{method}` from an expression it cannot trace",
                     )
                     break
                 forward_heads.append(roots[0])
@@ -110,7 +114,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
     if refusal is None:
         for site in sites:
             if site.dropout == "conditional":
-                refusal = Refusal(class_name, site.line, "dropout is applied only under a condition")
+                refusal = Refusal(Code.DROPOUT, class_name, site.line, "dropout is applied only under a condition")
     return ClassAnalysis(
         class_name=class_name,
         forward_owner=owner.name,
@@ -145,7 +149,7 @@ def _helper_calls(
             out.append((method, helper_owner_name, call, helper_result, attention[0]))
         elif len(attention) > 1:
             bad = attention[1]
-            bad.poisoned("the helper computes several attentions", bad.start_line)
+            bad.poisoned(Code.REPEATED, "the helper computes several attentions", bad.start_line)
             out.append((method, helper_owner_name, call, helper_result, bad))
     return out
 

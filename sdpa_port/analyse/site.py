@@ -65,15 +65,3 @@ class AttentionSite:
             lines.append(f"  + {term.kind}: {term.expression}{' (conditional)' if term.conditional else ''}")
         lines.append(f"  softmax: {self.softmax}; dropout: {self.dropout or 'none'}; head mask: {self.head_mask or 'none'}")
         return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why a computation that looks like attention cannot be ported exactly."""
-
-    class_name: str
-    line: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.class_name} (line {self.line}): {self.reason}"

@@ -20,6 +20,7 @@ import libcst.matchers as m
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.cstutil import assigned_names, block_body, code, if_branches, replace_names
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.refusals import Code, Reason
 
 SCORES, PROBS, OUT = "scores", "probs", "out"
 
@@ -160,7 +161,7 @@ class Candidate:
     start: Start | None
     start_line: int
     origin: str | None = None  # set when the probabilities do not come from a recognised product
-    poison: str | None = None
+    poison: Reason | None = None
     poison_line: int = 0
     stage: str = SCORES
     ops: list[tuple[Op, int, int]] = field(default_factory=list)  # (op, depth, line)
@@ -168,9 +169,9 @@ class Candidate:
     start_node_id: int = 0
     names_assigned_after_start: set[str] = field(default_factory=set)
 
-    def poisoned(self, reason: str, line: int) -> None:
+    def poisoned(self, code: Code, detail: str, line: int) -> None:
         if self.poison is None:
-            self.poison = reason
+            self.poison = Reason(code, detail)
             self.poison_line = line
 
 
@@ -190,9 +191,9 @@ class TraceResult:
 
 
 class _Poison(Exception):
-    def __init__(self, reason: str, cids: set[int]) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    def __init__(self, code: Code, detail: str, cids: set[int]) -> None:
+        super().__init__(detail)
+        self.reason = Reason(code, detail)
         self.cids = {cid for cid in cids if cid >= 0}  # -1 marks a product that has not started a chain yet
 
 
@@ -305,7 +306,7 @@ class Tracer:
             self.if_statement(statement, depth)
         elif isinstance(statement, cst.With):
             for item in statement.items:
-                self.poison_reads(item.item, self.line_of(statement), "a `with` item reads the scores")
+                self.poison_reads(item.item, self.line_of(statement), Code.SCORES_READ, "a `with` item reads the scores")
             self.block(block_body(statement.body), depth)
         elif isinstance(statement, (cst.For, cst.While)):
             self.loop(statement, depth)
@@ -316,9 +317,9 @@ class Tracer:
             self.block(block_body(statement.body), depth + 1)
             for handler in statement.handlers:
                 self.block(block_body(handler.body), depth + 1)
-            self.poison_new(before, "computed inside a try block", self.line_of(statement))
+            self.poison_new(before, Code.REPEATED, "computed inside a try block", self.line_of(statement))
         else:
-            self.poison_reads(statement, self.line_of(statement), "read by an unsupported statement")
+            self.poison_reads(statement, self.line_of(statement), Code.SCORES_READ, "read by an unsupported statement")
 
     def loop(self, statement: cst.For | cst.While, depth: int) -> None:
         line = self.line_of(statement)
@@ -334,7 +335,7 @@ class Tracer:
             body_names = _names_in(statement.body)
             if cid in before and not (body_names & chain_names):
                 continue
-            self.candidates[cid].poisoned("the attention is computed inside a loop (chunked or iterative attention)", line)
+            self.candidates[cid].poisoned(Code.REPEATED, "the attention is computed inside a loop (chunked or iterative attention)", line)
         if isinstance(statement, cst.For):
             for name in assigned_names(statement.target):
                 self.env.pop(name, None)
@@ -388,12 +389,12 @@ class Tracer:
                 merged[name] = chains[0]
                 continue
             if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1:
-                self.candidates[cid].poisoned("the scores change layout under a condition", line)
+                self.candidates[cid].poisoned(Code.CONDITIONAL, "the scores change layout under a condition", line)
             elif len(cids) == 1 and len(stages) > 1:
-                self.candidates[cid].poisoned("the softmax or the product with V happens only under a condition", line)
+                self.candidates[cid].poisoned(Code.CONDITIONAL, "the softmax or the product with V happens only under a condition", line)
             else:
                 for c in cids:
-                    self.candidates[c].poisoned("the scores are replaced under a condition", line)
+                    self.candidates[c].poisoned(Code.CONDITIONAL, "the scores are replaced under a condition", line)
             merged[name] = chains[0]
         self.env.clear()
         self.env.update(merged)
@@ -422,7 +423,9 @@ class Tracer:
                 if not self.weights_passed_along(small.value):
                     for cid in self.chain_value_refs(small.value):
                         self.candidates[cid].poisoned(
-                            f"the probabilities are used after the product with V, in `{_short(small.value)}`", line
+                            Code.VALUE_SIDE,
+                            f"the probabilities are used after the product with V, in `{_short(small.value)}`",
+                            line,
                         )
                 self.keep_expression(small.value, line, id(small), allow_probs=True)
         else:
@@ -441,7 +444,7 @@ class Tracer:
             if not self.weights_passed_along(value):
                 for cid in self.chain_value_refs(value):
                     self.candidates[cid].poisoned(
-                        f"the probabilities are used after the product with V, in `{_short(value)}`", line
+                        Code.VALUE_SIDE, f"the probabilities are used after the product with V, in `{_short(value)}`", line
                     )
             self.keep_expression(value, line, id(small), allow_probs=True)
             self.bind_plain(targets, value)
@@ -456,7 +459,7 @@ class Tracer:
             self.poison_statement(poison, value, names, line)
             return
         if not simple:
-            self.candidates[base.cid].poisoned("the scores are unpacked into several names", line)
+            self.candidates[base.cid].poisoned(Code.LAYOUT, "the scores are unpacked into several names", line)
             for name in names:
                 self.env[name] = base
             return
@@ -473,7 +476,7 @@ class Tracer:
         current = self.env.get(target.value)
         if not isinstance(current, ChainVal):
             if self.chain_value_refs(small.value):
-                self.poison_reads(small.value, line, f"the scores are folded into `{target.value}`")
+                self.poison_reads(small.value, line, Code.SCORES_READ, f"the scores are folded into `{target.value}`")
             self.keep_expression(small.value, line, id(small))
             scalar = (
                 current is not None
@@ -494,7 +497,7 @@ class Tracer:
             elif isinstance(operator, (cst.MultiplyAssign, cst.DivideAssign)):
                 ops = [self.scale_or_head_mask(current, small.value, isinstance(operator, cst.DivideAssign), line)]
             else:
-                raise _Poison(f"the scores are updated with `{code(operator).strip()}`", {current.cid})
+                raise _Poison(Code.SCORES_COMBINED, f"the scores are updated with `{code(operator).strip()}`", {current.cid})
         except _Poison as poison:
             self.poison_statement(poison, small.value, [target.value], line)
             return
@@ -520,7 +523,7 @@ class Tracer:
                     elif name in ("div_", "mul_"):
                         ops = [self.scale_or_head_mask(receiver, value.args[0].value, name == "div_", line)]
                     else:
-                        raise _Poison(f"`.{name}()` is applied to the scores in place", {receiver.cid})
+                        raise _Poison(Code.SCORES_TRANSFORMED, f"`.{name}()` is applied to the scores in place", {receiver.cid})
                 except _Poison as poison:
                     self.poison_statement(poison, value, [], line)
                     return
@@ -545,11 +548,11 @@ class Tracer:
         except (_NotChain, _Poison) as error:  # pragma: no cover - find_output checked the operand
             raise AssertionError(str(error))
         if self.advance(base, ops).stage != PROBS:
-            self.candidates[base.cid].poisoned("the scores reach the product with V without a softmax", line)
+            self.candidates[base.cid].poisoned(Code.SOFTMAX_DIM, "the scores reach the product with V without a softmax", line)
         if self.candidates[base.cid].stage == OUT:
-            self.candidates[base.cid].poisoned("the probabilities are multiplied by a second tensor", line)
+            self.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the probabilities are multiplied by a second tensor", line)
         if self.chain_refs(product.right):
-            self.candidates[base.cid].poisoned("the value operand depends on the scores", line)
+            self.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
         rank = product.rank if product.rank is not None else base.rank
         if product.form == "einsum":
             roles = p.einsum_roles(product.spec or "")
@@ -566,7 +569,7 @@ class Tracer:
             if isinstance(value_of, ChainVal) and value_of.stage == PROBS and self.weights_passed_along(value, node):
                 self.probs_after_output.add(name)
             else:
-                candidate.poisoned(f"the statement with the product with V also reads `{name}`", line)
+                candidate.poisoned(Code.VALUE_SIDE, f"the statement with the product with V also reads `{name}`", line)
         for name in names:
             self.env.pop(name, None)
         self.note_assignment(names)
@@ -589,17 +592,17 @@ class Tracer:
                 base, ops = self.decompose(softmax.operand, line)
             except _NotChain:
                 return self.unknown_origin(node, softmax, line)
-            self.require(base, ops, SCORES, "softmax", line)
+            self.require(base, ops, SCORES, "softmax", line, Code.SOFTMAX_DIM)
             if softmax.dim is not None:
                 dim = p.number(softmax.dim)
                 rank = self.advance(base, ops).rank
                 if dim is None or not (dim == -1 or (rank is not None and dim == rank - 1)):
-                    raise _Poison(f"the softmax runs over dim={code(softmax.dim)}, not the key dimension", {base.cid})
+                    raise _Poison(Code.SOFTMAX_DIM, f"the softmax runs over dim={code(softmax.dim)}, not the key dimension", {base.cid})
             return base, [*ops, Softmax(softmax)]
         dropout = p.dropout_call(node, self.scope)
         if dropout is not None and self.chain_refs(dropout.operand):
             base, ops = self.decompose(dropout.operand, line)
-            self.require(base, ops, PROBS, "dropout", line)
+            self.require(base, ops, PROBS, "dropout", line, Code.DROPOUT)
             return base, [*ops, Dropout(dropout)]
         if isinstance(node, cst.Call):
             return self.decompose_call(node, line)
@@ -607,7 +610,7 @@ class Tracer:
             return self.decompose_binary(node, line)
         refs = self.chain_value_refs(node)
         if refs:
-            raise _Poison(f"the scores are used in `{_short(node)}`", refs)
+            raise _Poison(Code.SCORES_READ, f"the scores are used in `{_short(node)}`", refs)
         raise _NotChain()
 
     def decompose_call(self, node: cst.Call, line: int) -> tuple[ChainVal, list[Op]]:
@@ -623,7 +626,7 @@ class Tracer:
                 if current.rank == 3 and after == 4:
                     heads = (node.args[0].value, node.args[1].value) if len(node.args) == 4 else self.tuple_heads(node.args)
                 if current.rank is None and after is not None and after != 4:
-                    raise _Poison("the scores are reshaped and their layout cannot be told", {base.cid})
+                    raise _Poison(Code.LAYOUT, "the scores are reshaped and their layout cannot be told", {base.cid})
                 return base, [*ops, View(current.rank, after if after is not None else current.rank, heads)]
             if name in p.CAST_METHODS:
                 return base, [*ops, Cast(name in ("float", "double") or _casts_to_float32(node, self.scope))]
@@ -634,11 +637,11 @@ class Tracer:
                 upper = p.arg(node, 1, "max")
                 if bound is not None and upper is None and p.is_very_negative(bound, self.scope):
                     return base, [*ops, Guard()]
-            raise _Poison(f"`.{name}()` is applied to the scores", {base.cid})
+            raise _Poison(Code.SCORES_TRANSFORMED, f"`.{name}()` is applied to the scores", {base.cid})
         if qualified in p.WHERE_FUNCTIONS and len(node.args) == 3:
             condition, when_true, when_false = (a.value for a in node.args)
             if self.chain_value_refs(condition):
-                raise _Poison("the scores decide their own mask", self.chain_value_refs(condition))
+                raise _Poison(Code.SCORES_READ, "the scores decide their own mask", self.chain_value_refs(condition))
             if self.chain_or_start(when_true) and not self.chain_value_refs(when_false):
                 base, ops = self.decompose(when_true, line)
                 return base, [*ops, self.fill(condition, when_false, True, line, base.cid)]
@@ -657,7 +660,7 @@ class Tracer:
                     return base, [*ops, Guard()]
         refs = self.chain_value_refs(node)
         if refs:
-            raise _Poison(f"the scores are passed to `{_short(node.func)}`", refs)
+            raise _Poison(Code.SCORES_TRANSFORMED, f"the scores are passed to `{_short(node.func)}`", refs)
         raise _NotChain()
 
     def decompose_binary(self, node: cst.BinaryOperation, line: int) -> tuple[ChainVal, list[Op]]:
@@ -674,20 +677,20 @@ class Tracer:
             return base, [*ops, self.add_term(current, other, line)]
         if isinstance(operator, (cst.Multiply, cst.Divide)):
             if left_refs and right_refs:
-                raise _Poison("the scores are multiplied by themselves", left_refs | right_refs)
+                raise _Poison(Code.SCORES_COMBINED, "the scores are multiplied by themselves", left_refs | right_refs)
             if right_refs and isinstance(operator, cst.Divide):
-                raise _Poison("the scores are a divisor", right_refs)
+                raise _Poison(Code.SCORES_COMBINED, "the scores are a divisor", right_refs)
             chain_side, other = (node.left, node.right) if left_refs else (node.right, node.left)
             base, ops = self.decompose(chain_side, line)
             current = self.advance(base, ops)
             return base, [*ops, self.scale_or_head_mask(current, other, isinstance(operator, cst.Divide), line)]
-        raise _Poison(f"the scores are combined with `{code(operator).strip()}`", left_refs | right_refs)
+        raise _Poison(Code.SCORES_COMBINED, f"the scores are combined with `{code(operator).strip()}`", left_refs | right_refs)
 
     def add_two_chains(self, node: cst.BinaryOperation, line: int) -> tuple[ChainVal, list[Op]]:
         """`scores + relative_scores`: the chain that continues is the older one; the other is an additive term."""
         left_cids, right_cids = self.chain_or_start(node.left), self.chain_or_start(node.right)
         if len(left_cids | right_cids) != 2 or left_cids & right_cids:
-            raise _Poison("the scores are added to themselves", left_cids | right_cids)
+            raise _Poison(Code.SCORES_COMBINED, "the scores are added to themselves", left_cids | right_cids)
         def age(cids: set[int]) -> float:
             return min(cids) if min(cids) >= 0 else float("inf")  # a product starting here is the newest
 
@@ -786,7 +789,7 @@ class Tracer:
         if product.alpha is not None:
             factor = p.scalar(product.alpha, self.scope)
             if factor is None:
-                raise _Poison(f"baddbmm's alpha `{code(product.alpha)}` is not a number", {base.cid})
+                raise _Poison(Code.SCALE_NOT_A_NUMBER, f"baddbmm's alpha `{code(product.alpha)}` is not a number", {base.cid})
             ops.append(Scale(factor.node, False))
         beta = product.beta
         beta_value = p.number(beta) if beta is not None else 1.0
@@ -796,7 +799,7 @@ class Tracer:
             term = initial
             if beta is not None and beta_value != 1.0:
                 if p.scalar(beta, self.scope) is None:
-                    raise _Poison(f"baddbmm's beta `{code(beta)}` is not a number", {base.cid})
+                    raise _Poison(Code.SCALE_NOT_A_NUMBER, f"baddbmm's beta `{code(beta)}` is not a number", {base.cid})
                 term = cst.BinaryOperation(left=beta, operator=cst.Multiply(), right=initial)
             ops.append(AddTerm(term, 3))
         return ops
@@ -827,27 +830,28 @@ class Tracer:
 
     def add_term(self, current: ChainVal, term: cst.BaseExpression, line: int) -> AddTerm:
         if current.stage != SCORES:
-            raise _Poison("a term is added to the probabilities after the softmax", {current.cid})
+            raise _Poison(Code.PROBABILITIES_CHANGED, "a term is added to the probabilities after the softmax", {current.cid})
         if self.chain_value_refs(term):
-            raise _Poison(f"the additive term `{_short(term)}` depends on the scores", {current.cid})
+            raise _Poison(Code.SCORES_READ, f"the additive term `{_short(term)}` depends on the scores", {current.cid})
         return AddTerm(self.detach(term, current.cid), current.rank)
 
     def scale_or_head_mask(self, current: ChainVal, factor: cst.BaseExpression, divide: bool, line: int) -> Op:
         if current.stage == SCORES:
             scalar = p.scalar(factor, self.scope)
             if scalar is None:
-                raise _Poison(f"the scores are scaled by `{_short(factor)}`, which is not provably a number", {current.cid})
+                raise _Poison(Code.SCALE_NOT_A_NUMBER, f"the scores are scaled by `{_short(factor)}`, which is not provably a number", {current.cid})
             return Scale(self.detach(scalar.node, current.cid), divide)
         if current.stage == PROBS and not divide:
             root = _root_param(factor, self.params)
             guarded = root is not None and any(_tests_not_none(test, root) for test in self.tests)
             if not guarded:
                 raise _Poison(
+                    Code.PROBABILITIES_CHANGED,
                     f"the probabilities are multiplied by `{_short(factor)}` outside a `... is not None` head-mask guard",
                     {current.cid},
                 )
             return HeadMask(factor, root)
-        raise _Poison("the probabilities are rescaled after the softmax", {current.cid})
+        raise _Poison(Code.PROBABILITIES_CHANGED, "the probabilities are rescaled after the softmax", {current.cid})
 
     def fill(
         self,
@@ -858,9 +862,9 @@ class Tracer:
         cid: int,
     ) -> Fill:
         if condition is None or fill is None:
-            raise _Poison("a masking fill without a mask or a value", {cid})
+            raise _Poison(Code.FILL_VALUE, "a masking fill without a mask or a value", {cid})
         if not p.is_very_negative(fill, self.scope):
-            raise _Poison(f"masked scores are set to `{_short(fill)}`, not to a large negative value", {cid})
+            raise _Poison(Code.FILL_VALUE, f"masked scores are set to `{_short(fill)}`, not to a large negative value", {cid})
         causal = keep_where_true and self.is_causal_slice(condition)
         return Fill(self.detach(condition, cid), keep_where_true, self.detach(fill, cid), causal)
 
@@ -911,16 +915,18 @@ class Tracer:
         cid = len(self.candidates)
         candidate = Candidate(cid, None, line, origin=_short(softmax.operand), start_node_id=id(node))
         candidate.poisoned(
-            f"the attention scores come from `{_short(softmax.operand)}`, not from a recognised query-key product", line
+            Code.UNKNOWN_PRODUCT,
+            f"the attention scores come from `{_short(softmax.operand)}`, not from a recognised query-key product",
+            line,
         )
         candidate.stage = PROBS
         self.candidates.append(candidate)
         return ChainVal(cid, PROBS, None), [Softmax(softmax)]
 
-    def require(self, base: ChainVal, ops: list[Op], stage: str, what: str, line: int) -> None:
+    def require(self, base: ChainVal, ops: list[Op], stage: str, what: str, line: int, code: Code) -> None:
         current = self.advance(base, ops)
         if current.stage != stage:
-            raise _Poison(f"{what} is applied to the {current.stage}, expected the {stage}", {base.cid})
+            raise _Poison(code, f"{what} is applied to the {current.stage}, expected the {stage}", {base.cid})
 
     # -------------------------------------------------------------- bookkeeping
 
@@ -982,7 +988,7 @@ class Tracer:
 
     def poison_statement(self, poison: _Poison, value: cst.BaseExpression, names: list[str], line: int) -> None:
         for cid in poison.cids:
-            self.candidates[cid].poisoned(poison.reason, line)
+            self.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, line)
         stages = [v.stage for v in (self.env.get(n) for n in _names_in(value)) if isinstance(v, ChainVal)]
         stage = PROBS if PROBS in stages or OUT in stages else SCORES
         if _contains_softmax(value, self.scope):
@@ -996,13 +1002,13 @@ class Tracer:
             else:
                 self.env.pop(name, None)
 
-    def poison_reads(self, node: cst.CSTNode, line: int, reason: str) -> None:
+    def poison_reads(self, node: cst.CSTNode, line: int, code: Code, reason: str) -> None:
         for cid in self.chain_refs(node):
-            self.candidates[cid].poisoned(reason, line)
+            self.candidates[cid].poisoned(code, reason, line)
 
-    def poison_new(self, before: set[int], reason: str, line: int) -> None:
+    def poison_new(self, before: set[int], code: Code, reason: str, line: int) -> None:
         for cid in self.live_cids() - before:
-            self.candidates[cid].poisoned(reason, line)
+            self.candidates[cid].poisoned(code, reason, line)
 
     def value_is_scalar(self, value: Value) -> bool:
         if isinstance(value, ScalarVal):
@@ -1082,7 +1088,7 @@ class Tracer:
         finder = _ChainReads(self.env, None)
         node.visit(finder)
         if finder.plain or finder.shapes:
-            raise _Poison(f"`{_short(node)}` reads the scores", {cid})
+            raise _Poison(Code.SCORES_READ, f"`{_short(node)}` reads the scores", {cid})
         start = self.candidates[cid].start
         if start is None:
             return node
@@ -1118,11 +1124,11 @@ class Tracer:
             if value.stage in (PROBS, OUT) and (allow_probs or self.output_seen):
                 self.probs_after_output.add(name.value)
                 continue
-            self.candidates[value.cid].poisoned(f"the scores are read by `{_short(node)}`", line)
+            self.candidates[value.cid].poisoned(Code.SCORES_READ, f"the scores are read by `{_short(node)}`", line)
         for name in finder.shapes:
             value = self.env[name.value]
             assert isinstance(value, ChainVal)
-            self.candidates[value.cid].poisoned(f"the shape of the scores is read by `{_short(node)}`", line)
+            self.candidates[value.cid].poisoned(Code.SCORES_READ, f"the shape of the scores is read by `{_short(node)}`", line)
         if self.output_seen:
             self.read_after_output.update(_names_in(node))
         if replacements:

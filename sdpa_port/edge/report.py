@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from collections import Counter
 
@@ -71,19 +70,15 @@ def summary_lines(summary: Summary) -> list[str]:
     for label, count in rows:
         lines.append(f"  {label:<{width}}  {count:5d}")
         if label == "refused":
-            reasons = Counter(
-                reason_kind(r) for o in summary.outcomes if o.status is Status.REFUSED for r in o.result.reasons
+            # each refused file counted once per code among its reasons
+            codes = Counter(
+                code
+                for o in summary.outcomes
+                if o.status is Status.REFUSED
+                for code in sorted({r.code for r in o.result.refusals}, key=lambda c: c.code)
             )
-            lines.extend(f"  {'':<{width}}  {n:5d}  {reason}" for reason, n in reasons.most_common())
+            lines.extend(
+                f"  {'':<{width}}  {n:5d}  {code.code} {code.title}"
+                for code, n in sorted(codes.items(), key=lambda item: (-item[1], item[0].code))
+            )
     return lines
-
-
-_OWNER = re.compile(r"^[A-Z][A-Za-z0-9_]*(?: \(line \d+\))?(?:: | (?=sets ))")
-_CODE = re.compile(r"`[^`=]*`")  # names from the file; settings such as `is_causal=True` stay
-_LINE = re.compile(r"\bline \d+")
-
-
-def reason_kind(reason: str) -> str:
-    """`Xxx (line 12): the scores are passed to `foo`` -> `the scores are passed to `…``: one kind per wording."""
-    text = _OWNER.sub("", reason, count=1)
-    return _LINE.sub("line N", _CODE.sub("`…`", text))

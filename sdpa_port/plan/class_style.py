@@ -19,9 +19,9 @@ from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
 from sdpa_port.discover.style import attention_dicts, supports_sdpa
 from sdpa_port.render import render_module
+from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import PortResult, Status, Style
 from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register
-from sdpa_port.rewrite.sdpa_body import EmitError
 from sdpa_port.rewrite.sdpa_forward import ForwardPlan, build_sdpa_forward
 
 CAUSAL_CONTRACT = "self.is_causal"
@@ -87,16 +87,16 @@ def plan_class_style(
     if not analyses:
         return PortResult(Status.UNCHANGED, module.code, Style.CLASS, "no eager attention found")
     names = tuple(a.class_name for a in analyses)
-    refusals = [str(a.refusal) for a in analyses if a.refusal is not None]
+    refusals = [a.refusal for a in analyses if a.refusal is not None]
     if refusals:
-        return PortResult(Status.REFUSED, module.code, Style.CLASS, "refused", reasons=tuple(refusals), attention_classes=names)
+        return PortResult.refused(module.code, Style.CLASS, refusals, names)
     plan = ClassStylePlan()
     dicts = attention_dicts(facts)
     dict_of = {entries["eager"]: name for name, entries in dicts.items()}
     attention_names = frozenset(names)
     uses_causal_helper = bool(facts.classes_calling({mask_helpers.CAUSAL}))
     contract = uses_causal_helper and all(_marks_causal_layers(facts, a.class_name) for a in analyses)
-    reasons: list[str] = []
+    reasons: list[Refusal] = []
     for analysis in analyses:
         name = sdpa_class_name(analysis.class_name, facts)
         if analysis.class_name in dict_of:
@@ -110,20 +110,25 @@ def plan_class_style(
             missing = [owner for owner, has_config in sites if not has_config]
             if missing:
                 reasons.append(
-                    f"{analysis.class_name}: built in {', '.join(sorted(set(missing)))} without a `config` in scope, "
-                    "so the implementation cannot be selected"
+                    Refusal(
+                        Code.NO_CONFIG,
+                        analysis.class_name,
+                        0,
+                        f"built in {', '.join(sorted(set(missing)))} without a `config` in scope, so the "
+                        "implementation cannot be selected",
+                    )
                 )
                 continue
             registration = Registration(dict_name_for(analysis.class_name, facts), create=True)
         try:
             forward, fallback = build_sdpa_forward(facts, analysis, CAUSAL_CONTRACT if contract else None)
-        except EmitError as error:
+        except Refuse as error:
             line = analysis.sites[0].line if analysis.sites else 0
-            reasons.append(f"{analysis.class_name} (line {line}): {error}")
+            reasons.append(error.placed(analysis.class_name, line))
             continue
         plan.classes.append(SdpaClassPlan(analysis, name, registration, forward, fallback))
     if reasons:
-        return PortResult(Status.REFUSED, module.code, Style.CLASS, "refused", reasons=tuple(reasons), attention_classes=names)
+        return PortResult.refused(module.code, Style.CLASS, reasons, names)
     if not plan.classes:
         return PortResult(
             Status.UNCHANGED, module.code, Style.CLASS, "no attention module is constructed in this file",

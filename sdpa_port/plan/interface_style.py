@@ -24,11 +24,12 @@ from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
 from sdpa_port.discover.screen import Screen
 from sdpa_port.discover.style import attention_dicts
 from sdpa_port.render import render_module
+from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import PortResult, Status, Style
-from sdpa_port.rewrite import flags, imports, insert_classes
+from sdpa_port.rewrite import flags, imports, insert_classes, register
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions, eager_body
-from sdpa_port.rewrite.sdpa_body import EmitError, SideNames, function_names
+from sdpa_port.rewrite.sdpa_body import SideNames, function_names
 from sdpa_port.rewrite.sdpa_forward import inline_helpers, trace_sdpa_path
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 
@@ -58,25 +59,21 @@ class InterfacePlan:
     warnings: list[str] = field(default_factory=list)
 
 
-class Refused(Exception):
-    pass
-
-
 def port_interface_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen) -> PortResult:
     if first.supports_sdpa:
         return PortResult(Status.UNCHANGED, module.code, Style.INTERFACE, "already supports SDPA")
     analyses = attention_classes(facts, lines, first.softmax_classes)
     names = tuple(a.class_name for a in analyses)
-    refusals = [str(a.refusal) for a in analyses if a.refusal is not None]
+    refusals = [a.refusal for a in analyses if a.refusal is not None]
     if refusals:
-        return PortResult(Status.REFUSED, module.code, Style.INTERFACE, "refused", reasons=tuple(refusals), attention_classes=names)
+        return PortResult.refused(module.code, Style.INTERFACE, refusals, names)
     dispatching = _dispatching_classes(facts)
     if not analyses and not dispatching:
         return PortResult(Status.UNCHANGED, module.code, Style.INTERFACE, "no eager attention found")
     try:
         plan = plan_interface(module, facts, analyses, dispatching)
-    except (Refused, EmitError) as error:
-        return PortResult(Status.REFUSED, module.code, Style.INTERFACE, "refused", reasons=(str(error),), attention_classes=names)
+    except Refuse as error:
+        return PortResult.refused(module.code, Style.INTERFACE, [error.placed(names[0] if names else "<module>")], names)
     new_module = apply_interface(module, facts, plan)
     new_source = new_module.code
     compile(new_source, "<sdpa-port>", "exec")
@@ -104,13 +101,17 @@ def plan_interface(
     for root in facts.pretrained_roots:
         value = facts.classes[root].class_vars.get("_supports_sdpa")
         if isinstance(value, cst.Name) and value.value == "False":
-            raise Refused(f"{root} sets `_supports_sdpa = False` explicitly; the file's own authors ruled SDPA out")
+            raise Refuse(Code.AUTHORS_OFF, "sets `_supports_sdpa = False` explicitly; the file's own authors ruled SDPA out", root)
     causality = Causality.of(facts)
     eager_names: dict[str, str] = {}
     for analysis in analyses:
         eager_name = _eager_function_name(analysis.class_name, facts, len(analyses), eager_names)
         eager_names[analysis.class_name] = eager_name
-        plan.modules.append(_plan_module(facts, analysis, eager_name, causality))
+        try:
+            plan.modules.append(_plan_module(facts, analysis, eager_name, causality))
+        except Refuse as error:
+            line = analysis.sites[0].line if analysis.sites else 0
+            raise Refuse.because(error.reason, error.where or analysis.class_name, error.line or line) from None
     for class_name, function_name in dispatching.items():
         if class_name in eager_names:
             continue
@@ -131,7 +132,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     assert found is not None
     forward = found[1]
     if analysis.head_mask_params:
-        raise Refused(f"{analysis.class_name}: a head mask cannot pass through the attention interface")
+        raise Refuse(Code.HEAD_MASK_INTERFACE, "a head mask cannot pass through the attention interface")
     if analysis.helpers:
         forward = inline_helpers(facts, analysis, forward)
     result, candidate = trace_sdpa_path(facts, analysis.class_name, forward)
@@ -141,9 +142,11 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     mask_param = _mask_parameter(candidate, params)
     for op, _, line in candidate.ops:
         if isinstance(op, t.Fill) and any("mask" in n for n in walk_names(op.condition) & set(params)):
-            raise Refused(
-                f"{analysis.class_name} (line {line}): the attention mask is applied with a masking fill; transformers "
-                "builds it differently for each implementation, so it cannot be handed over as is"
+            raise Refuse(
+                Code.MASK_PER_IMPLEMENTATION,
+                "the attention mask is applied with a masking fill; transformers builds it differently for each "
+                "implementation, so it cannot be handed over as is",
+                line=line,
             )
     moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result)
     cross = cross_attention_parameter(forward, start, params)
@@ -175,13 +178,14 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     emitter = InterfaceEmitter(result, candidate, options)
     emitter.eager = part
     if start.rank == 3 and emitter.layout.heads is None:
-        raise Refused(
-            f"{analysis.class_name}: the flat (batch * heads) layout is never viewed per head, so it cannot be "
-            "handed to the interface as (batch, heads, length, dim)"
+        raise Refuse(
+            Code.LAYOUT,
+            "the flat (batch * heads) layout is never viewed per head, so it cannot be handed to the interface as "
+            "(batch, heads, length, dim)",
         )
     body = emitter.block(block_body(forward.body))
     if not emitter.dispatched:
-        raise Refused(f"{analysis.class_name}: the product with V was not reached on the dispatch path")
+        raise Refuse(Code.NOT_EXTRACTABLE, "the product with V was not reached on the dispatch path")
     body = remove_dead(body, emitter.removed_reads, facts.imports)
     new_forward = forward.with_changes(body=forward.body.with_changes(body=body))
     eager = _eager_function(facts, eager_name, statements, part.free, analysis)
@@ -189,6 +193,15 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     init = facts.find_method(analysis.class_name, "__init__")
     init_params = {p.name.value for p in init[1].params.params} if init is not None else set()
     add_parameter = store_config and "config" not in init_params
+    if add_parameter:
+        owners = facts.classes_calling({analysis.class_name}) - {analysis.class_name}
+        sites = register.construction_sites(facts.module, analysis.class_name, frozenset({analysis.class_name}), owners)
+        missing = sorted({owner for owner, has_config in sites if not has_config})
+        if missing:
+            raise Refuse(
+                Code.NO_CONFIG,
+                f"built in {', '.join(missing)} without a `config` in scope, so the implementation cannot be selected",
+            )
     return ModulePlan(analysis.class_name, new_forward, eager, store_config, add_parameter, causal_value)
 
 
@@ -359,11 +372,19 @@ class Causality:
         if self.from_callers:
             return "False"
         if self.self_attention is None:
-            raise Refused(f"{class_name}: the file builds causal and bidirectional self-attention masks, so whether "
-                          "this module is causal depends on where it is used")
+            raise Refuse(
+                Code.CAUSAL_BY_USE,
+                "the file builds causal and bidirectional self-attention masks, so whether this module is causal "
+                "depends on where it is used",
+                class_name,
+            )
         if self.several_towers and self.self_attention != "False":
-            raise Refused(f"{class_name}: token and pixel/audio models share this file, and the causal mask of one "
-                          "tower says nothing about the other")
+            raise Refuse(
+                Code.TOWERS,
+                "token and pixel/audio models share this file, and the causal mask of one tower says nothing about "
+                "the other",
+                class_name,
+            )
         return self.self_attention
 
 
@@ -439,22 +460,25 @@ def _check_own_causality(facts: ModuleFacts, class_name: str) -> None:
             continue
         for keyword in node.keywords:
             if keyword.arg == "is_causal" and isinstance(keyword.value, ast.Constant) and keyword.value.value is True:
-                raise Refused(
-                    f"{class_name}: `{node.func.id}` is built with `is_causal=True` at line {node.lineno}; whether the "
-                    "masks it receives are causal cannot be shown without running it"
+                raise Refuse(
+                    Code.CAUSAL_PINNED,
+                    f"`{node.func.id}` is built with `is_causal=True` at line {node.lineno}; whether the masks it "
+                    "receives are causal cannot be shown without running it",
+                    class_name,
                 )
 
 
 def _check_eager_function(facts: ModuleFacts, class_name: str, function_name: str) -> None:
     function = facts.functions.get(function_name)
     if function is None:
-        raise Refused(f"{class_name}: its eager function `{function_name}` is not defined in this file")
+        raise Refuse(Code.EAGER_FUNCTION, f"its eager function `{function_name}` is not defined in this file", class_name)
     result = t.Tracer(facts, None, function).run()
     attention = result.attention()
     if len(attention) != 1:
-        raise Refused(f"{class_name}: `{function_name}` is not recognised as one attention computation")
-    if attention[0].poison is not None:
-        raise Refused(f"{class_name}: `{function_name}`: {attention[0].poison}")
+        raise Refuse(Code.EAGER_FUNCTION, f"`{function_name}` is not recognised as one attention computation", class_name)
+    poison = attention[0].poison
+    if poison is not None:
+        raise Refuse(poison.code, f"`{function_name}`: {poison.detail}", class_name, attention[0].poison_line)
 
 
 def _eager_function_name(class_name: str, facts: ModuleFacts, count: int, used: dict[str, str]) -> str:
@@ -508,10 +532,7 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
             owners = facts.classes_calling({item.class_name})
             transformer = _PassConfig(item.class_name)
             module = transform_named(module, owners - {item.class_name}, transformer)
-            if transformer.missing:
-                raise Refused(
-                    f"{item.class_name}: built in {', '.join(sorted(transformer.missing))} without a `config` in scope"
-                )
+            assert not transformer.missing, "planning checked every construction has a config in scope"
             plan.notes.append(f"{item.class_name} takes `config` ({transformer.count} construction(s) pass it)")
         plan.notes.append(f"{item.class_name} dispatches through ALL_ATTENTION_FUNCTIONS with {item.eager.name.value}")
         if item.is_causal is not None:

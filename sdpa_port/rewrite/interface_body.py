@@ -18,7 +18,8 @@ from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cstutil import assigned_names, block_body, code, rebuild_if, replace_names, replace_nodes
 from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.render import render_module, render_statements
-from sdpa_port.rewrite.sdpa_body import EmitError, EmitOptions, SdpaEmitter, SideNames, _ById, _paren, _unflatten
+from sdpa_port.refusals import Code, Refuse
+from sdpa_port.rewrite.sdpa_body import EmitOptions, SdpaEmitter, SideNames, _ById, _paren, _unflatten
 
 # names the eager function's signature and the dispatch's keywords already use
 RESERVED = frozenset(
@@ -112,7 +113,7 @@ class InterfaceEmitter(SdpaEmitter):
         for op in plan.ops:
             out.extend(self.apply(op))
         if self.query is None or self.key is None or self.start is None:
-            raise EmitError("the product with V has no recognised scores")
+            raise Refuse(Code.UNKNOWN_PRODUCT, "the product with V has no recognised scores")
         state = self.state
         if state.mask_var:
             bias = self.names.mask
@@ -236,7 +237,7 @@ def eager_body(
     fil = _Filter(result, options.moved)
     statements = fil.block(block_body(function.body))
     if fil.output is None or fil.output_small is None:
-        raise EmitError("the product with V was not found on the eager path")
+        raise Refuse(Code.NOT_EXTRACTABLE, "the product with V was not found on the eager path")
     start = candidate.start
     assert start is not None
     output = fil.output.output
@@ -271,7 +272,7 @@ def eager_body(
     if output.rank == 3:
         heads = _heads_in_eager(candidate)
         if heads is None:
-            raise EmitError("the flat (batch * heads) layout cannot be split back into heads")
+            raise Refuse(Code.LAYOUT, "the flat (batch * heads) layout cannot be split back into heads")
         result_expr = f"{part.output_name}.unflatten(0, ({heads}))"
     weights = sorted(result.probs_names_after_output)
     returned = weights[0] if weights else "None"
@@ -294,7 +295,7 @@ def _replace_output(
     new_small = assign.body[0].with_changes(value=product)  # type: ignore[union-attr]
     if isinstance(statement, cst.SimpleStatementLine):
         return [statement.with_changes(body=[new_small if s is small else s for s in statement.body])]
-    raise EmitError("the product with V sits inside a compound statement")
+    raise Refuse(Code.NOT_EXTRACTABLE, "the product with V sits inside a compound statement")
 
 
 def free_names(

@@ -24,11 +24,8 @@ from sdpa_port.analyse.cstutil import (
     replace_nodes,
 )
 from sdpa_port.analyse.patterns import walk_names
+from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module, render_statements
-
-
-class EmitError(Exception):
-    """The chain cannot be expressed as one SDPA call; the message is a refusal reason."""
 
 
 @dataclass(frozen=True)
@@ -123,15 +120,15 @@ class SdpaEmitter:
             if not widened and output.rank in (3, None):
                 return Layout(None, False, False)
             if heads is None:
-                raise EmitError("the scores are reshaped to 4-D but the batch and head sizes cannot be read")
+                raise Refuse(Code.LAYOUT, "the scores are reshaped to 4-D but the batch and head sizes cannot be read")
             names = walk_names(heads[0]) | walk_names(heads[1])
             if names & self.candidate.names_assigned_after_start:
-                raise EmitError("the batch or head size is reassigned inside the attention computation")
+                raise Refuse(Code.LAYOUT, "the batch or head size is reassigned inside the attention computation")
             value_rank = output.rank if output.rank is not None else 4
             return Layout(heads, value_rank == 3, value_rank == 3)
         for op in ops:
             if isinstance(op, t.View) and op.rank_before != op.rank_after and op.rank_before is not None:
-                raise EmitError("the scores change layout between the products")
+                raise Refuse(Code.LAYOUT, "the scores change layout between the products")
         return Layout(None, False, False)
 
     # -------------------------------------------------------------- walking
@@ -283,7 +280,7 @@ class SdpaEmitter:
                     elif isinstance(op, t.Fill):
                         kinds.add("causal" if op.causal else "mask")
                     elif isinstance(op, t.Dropout):
-                        raise EmitError("dropout is applied to the probabilities only under a condition")
+                        raise Refuse(Code.DROPOUT, "dropout is applied to the probabilities only under a condition")
         return kinds
 
     # -------------------------------------------------------------- chain statements
@@ -341,12 +338,12 @@ class SdpaEmitter:
             return self.fill_mask(op)
         if isinstance(op, t.Dropout):
             if self.dropout is not None:
-                raise EmitError("dropout is applied twice to the probabilities")
+                raise Refuse(Code.DROPOUT, "dropout is applied twice to the probabilities")
             call = op.call
             self.dropout = _dropout_expression(call)
             return []
         if isinstance(op, t.HeadMask):
-            raise EmitError("a head mask is applied on the SDPA path")
+            raise Refuse(Code.PROBABILITIES_CHANGED, "a head mask is applied on the SDPA path")
         return []
 
     def add_to_mask(self, term: cst.BaseExpression) -> list[cst.BaseStatement]:
@@ -464,7 +461,7 @@ class SdpaEmitter:
 
     def query_root(self) -> cst.BaseExpression:
         if self.query is None:
-            raise EmitError("the scores' dtype is read before the query-key product")
+            raise Refuse(Code.SCORES_READ, "the scores' dtype is read before the query-key product")
         return _paren(self.query)
 
     def output_statement(
@@ -474,7 +471,7 @@ class SdpaEmitter:
         for op in plan.ops:
             out.extend(self.apply(op))
         if self.query is None or self.key is None:
-            raise EmitError("the product with V has no recognised scores")
+            raise Refuse(Code.UNKNOWN_PRODUCT, "the product with V has no recognised scores")
         is_causal = self.finalize_causal(out)
         state = self.state
         if state.mask_var:

@@ -13,7 +13,8 @@ from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.analyse.recognise import ClassAnalysis, bind_arguments
 from sdpa_port.rewrite.cleanup import remove_dead
-from sdpa_port.rewrite.sdpa_body import EmitError, EmitOptions, SdpaEmitter, SideNames, function_names
+from sdpa_port.refusals import Code, Refuse
+from sdpa_port.rewrite.sdpa_body import EmitOptions, SdpaEmitter, SideNames, function_names
 from sdpa_port.rewrite.specialise import Known, specialise
 
 
@@ -32,14 +33,16 @@ def trace_sdpa_path(
     discovery = t.Tracer(facts, class_name, function).run()
     attention = discovery.attention()
     if len(attention) != 1:
-        raise EmitError(f"expected one attention computation on the SDPA path, found {len(attention)}")
+        raise Refuse(Code.REPEATED, f"expected one attention computation on the SDPA path, found {len(attention)}")
     candidate = attention[0]
     if candidate.poison is not None:
-        raise EmitError(candidate.poison)
+        raise Refuse.because(candidate.poison, line=candidate.poison_line)
     selected = t.Tracer(facts, class_name, function, selected_start=candidate.start_node_id).run()
     chosen = [c for c in selected.candidates if c.start_node_id == candidate.start_node_id]
     if len(chosen) != 1 or chosen[0].stage != t.OUT or chosen[0].poison is not None:
-        raise EmitError(chosen[0].poison if chosen and chosen[0].poison else "the attention chain changed on re-trace")
+        if chosen and chosen[0].poison:
+            raise Refuse.because(chosen[0].poison, line=chosen[0].poison_line)
+        raise Refuse(Code.UNRECOGNISED, "the attention chain changed on re-trace")
     return selected, chosen[0]
 
 
@@ -68,7 +71,7 @@ def build_sdpa_forward(
         inliner = Inliner(facts, analysis, options, special)
         body = inliner.block(block_body(special.body))
         if not inliner.inlined:
-            raise EmitError("the attention helper is not called on the SDPA path")
+            raise Refuse(Code.HELPER_CALL, "the attention helper is not called on the SDPA path")
         removable = inliner.removed_reads
     body = remove_dead(body, removable, facts.imports)
     new = special.with_changes(body=special.body.with_changes(body=body))
@@ -80,7 +83,7 @@ def inline_helpers(facts: ModuleFacts, analysis: ClassAnalysis, forward: cst.Fun
     inliner = Inliner(facts, analysis, None, forward)
     body = inliner.block(block_body(forward.body))
     if not inliner.inlined:
-        raise EmitError("the attention helper is not called from forward")
+        raise Refuse(Code.HELPER_CALL, "the attention helper is not called from forward")
     return forward.with_changes(body=forward.body.with_changes(body=remove_dead(body, set(), facts.imports)))
 
 
@@ -138,7 +141,7 @@ class Inliner:
         if not finder.calls:
             return None
         if len(finder.calls) > 1 or len(statement.body) > 1:
-            raise EmitError("an attention helper is called twice in one statement")
+            raise Refuse(Code.HELPER_CALL, "an attention helper is called twice in one statement")
         return finder.calls[0]
 
     def inline(self, statement: cst.SimpleStatementLine, call: cst.Call) -> list[cst.BaseStatement]:
@@ -148,7 +151,7 @@ class Inliner:
         _, helper = found
         bound = bind_arguments(helper, call)
         if bound is None:
-            raise EmitError(f"cannot match the arguments of the call to `{method}`")
+            raise Refuse(Code.HELPER_CALL, f"cannot match the arguments of the call to `{method}`")
         head_mask_params = [
             name for name, value in bound.items() if walk_names(value) & set(self.analysis.head_mask_params)
         ]
@@ -161,7 +164,7 @@ class Inliner:
         for name, value in bound.items():
             others = walk_names(value)
             if any(other != name and other in bound for other in others):
-                raise EmitError(f"the arguments of `{method}` are passed crosswise")
+                raise Refuse(Code.HELPER_CALL, f"the arguments of `{method}` are passed crosswise")
         prelude: list[cst.BaseStatement] = []
         for param in params:
             name = param.name.value
@@ -179,10 +182,10 @@ class Inliner:
         else:
             body = list(block_body(special.body))
         if not body or not _is_final_return(body[-1]):
-            raise EmitError(f"`{method}` does not end with its only return statement")
+            raise Refuse(Code.HELPER_CALL, f"`{method}` does not end with its only return statement")
         returns = [node for node in _returns(body[:-1])]
         if returns:
-            raise EmitError(f"`{method}` returns early")
+            raise Refuse(Code.HELPER_CALL, f"`{method}` returns early")
         final = body[-1]
         assert isinstance(final, cst.SimpleStatementLine)
         returned = final.body[0]

@@ -76,7 +76,7 @@ def test_refused_exit_3_one_line_per_reason(tmp_path: Path) -> None:
     result = invoke(target)
     assert result.exit_code == 3
     lines = result.stdout.strip().splitlines()
-    assert lines == [f"refused: {target}: TinyTopKAttention (line 16): `.topk()` is applied to the scores"]
+    assert lines == [f"refused: {target}: TinyTopKAttention (line 16): `.topk()` is applied to the scores [S101]"]
     assert target.read_text() == before
 
 

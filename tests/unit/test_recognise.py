@@ -27,7 +27,7 @@ def site_of(body: str, **kwargs):  # type: ignore[no-untyped-def]
 def refusal_of(body: str) -> str:
     analysis = analyse(attention_module(body, init=INIT))
     assert analysis is not None and analysis.refusal is not None
-    return analysis.refusal.reason
+    return analysis.refusal.detail
 
 
 PLAIN = """
@@ -227,7 +227,7 @@ def test_nan_guard_is_dropped() -> None:
 def test_refusals_name_the_problem(body: str, reason: str) -> None:
     analysis = analyse(attention_module(body, init=INIT))
     assert analysis is not None and analysis.refusal is not None, "expected a refusal"
-    assert reason in analysis.refusal.reason
+    assert reason in analysis.refusal.detail
     assert analysis.refusal.line > 0
 
 
