@@ -34,6 +34,11 @@ def none_safe(facts: ModuleFacts, analysis: ClassAnalysis) -> bool:
     return True
 
 
+def safe_for_none(function: cst.FunctionDef, names: set[str]) -> bool:
+    """Every read of `names` (and of their aliases) in `function` copes with None: guarded, or passed on as is."""
+    return _safe(function, names)
+
+
 def _safe(function: cst.FunctionDef, names: set[str]) -> bool:
     checker = _Reads(names)
     checker.guards.append(set())
@@ -87,8 +92,13 @@ class _Reads(cst.CSTVisitor):
         return False
 
     def visit_Assign(self, node: cst.Assign) -> bool:
-        # `attention_mask = encoder_attention_mask` only moves a possibly-None value
+        # `attention_mask = encoder_attention_mask` only moves a possibly-None value; `mask = attention_mask` makes
+        # an alias whose reads count as reads of the mask
         if isinstance(node.value, cst.Name):
+            if node.value.value in self.names and node.value.value not in self.guarded():
+                for target in node.targets:
+                    if isinstance(target.target, cst.Name):
+                        self.names = self.names | {target.target.value}
             return False
         node.value.visit(self)
         # `mask = torch.ones(...)` rebinds the name to a tensor: later reads in this block are safe

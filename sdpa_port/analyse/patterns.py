@@ -30,6 +30,9 @@ SCALAR_FUNCTIONS = frozenset(
 CAST_METHODS = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double", "contiguous"})
 RESHAPE_METHODS = frozenset({"view", "reshape"})
 VERY_NEGATIVE_LIMIT = -1e4
+# at or below this a fill value absorbs any score it is added to (s + F == F in float32 for |s| < 1e22), so adding
+# it equals replacing the score with it
+ABSORBING_LIMIT = -1e30
 
 is_self = m.Name("self")
 
@@ -141,6 +144,42 @@ def is_very_negative(node: cst.BaseExpression, scope: Scope, depth: int = 0) -> 
     if attribute is not None:
         value_node = scope.self_attribute(attribute)
         return value_node is not None and is_very_negative(value_node, scope, depth + 1)
+    return False
+
+
+def is_absorbing(node: cst.BaseExpression, scope: Scope, depth: int = 0) -> bool:
+    """A fill value F with s + F == F for every realistic score s: -inf, finfo(dtype).min, -finfo(dtype).max, <= -1e30.
+
+    Replacing a score by such a value and adding the value to it give the same softmax, even in a row where every
+    key is masked; for a merely very negative value (-1e4, -1e9) they differ there.
+    """
+    if depth > 6:
+        return False
+    value = number(node)
+    if value is not None:
+        return value <= ABSORBING_LIMIT
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        inner = node.expression
+        if scope.qualify(inner) in {"math.inf", "torch.inf", "numpy.inf", "np.inf"}:
+            return True
+        return isinstance(inner, cst.Attribute) and inner.attr.value == "max" and _is_finfo(inner.value, scope)
+    if isinstance(node, cst.Attribute) and node.attr.value == "min" and _is_finfo(node.value, scope):
+        return True
+    if isinstance(node, cst.Call):
+        qualified = scope.qualify(node.func)
+        if qualified in SCALAR_TENSOR_FUNCTIONS:
+            inner = arg(node, 1 if qualified == "torch.full" else 0, "fill_value" if qualified == "torch.full" else "data")
+            return inner is not None and is_absorbing(inner, scope, depth + 1)
+        receiver = method_call(node, {"to", "type", "type_as"})
+        if receiver is not None:
+            return is_absorbing(receiver[0], scope, depth + 1)
+    if isinstance(node, cst.Name):
+        local = scope.local_value(node.value)
+        return local is not None and is_absorbing(local, scope, depth + 1)
+    attribute = self_attribute_name(node)
+    if attribute is not None:
+        value_node = scope.self_attribute(attribute)
+        return value_node is not None and is_absorbing(value_node, scope, depth + 1)
     return False
 
 

@@ -242,7 +242,7 @@ def describe(
             scaling.append(Scaling(where, code(op.factor), op.divide, conditional))
         elif isinstance(op, t.AddTerm):
             seen_term = True
-            terms.append(Term(_term_kind(op.term, result.params), code(op.term), conditional, line))
+            terms.append(Term(_term_kind(op.term, result.params), code(op.term), conditional, line, op.always))
         elif isinstance(op, t.Fill):
             seen_term = True
             kind = "causal_buffer" if op.causal else "masked_fill"

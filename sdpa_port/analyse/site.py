@@ -23,6 +23,7 @@ class Term:
     expression: str
     conditional: bool
     line: int
+    always: bool = True  # applied whenever its operands are not None (only `x is not None` tests enclose it)
 
 
 @dataclass(frozen=True)

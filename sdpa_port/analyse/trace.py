@@ -12,7 +12,7 @@ and the rewriting passes turn it into SDPA code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence, Union
+from typing import Callable, NoReturn, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -83,6 +83,8 @@ class Scale:
 class AddTerm:
     term: cst.BaseExpression
     rank: int | None
+    # added whenever the term's operands are not None: no enclosing test other than `x is not None` of them
+    always: bool = True
 
 
 @dataclass(frozen=True)
@@ -91,11 +93,18 @@ class Fill:
     keep_where_true: bool  # torch.where(cond, scores, fill) keeps where cond is true
     fill: cst.BaseExpression
     causal: bool  # the condition is a bottom-right aligned lower-triangular slice of a causal buffer
+    # the fill absorbs any score (-inf, finfo.min): replacing and adding agree even in fully masked rows
+    absorbing: bool = True
+    # every real query row keeps a key this fill leaves alone: a padding mask parameter or a bottom-right causal slice
+    row_safe: bool = True
 
 
 @dataclass(frozen=True)
 class Guard:
-    pass
+    """A floor on the scores (`torch.max(scores, finfo.min)`, `clamp(min=...)`): -inf entries become the bound."""
+
+    bound: cst.BaseExpression
+    absorbing: bool = True
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,11 @@ class Output:
 
 
 Op = Union[Start, View, Cast, Scale, AddTerm, Fill, Guard, Softmax, Dropout, HeadMask, Output]
+
+
+def unreachable(value: NoReturn) -> NoReturn:
+    """The end of an exhaustive `match` over a closed set of types: a type checker proves it is never reached."""
+    raise AssertionError(f"unhandled {type(value).__name__}")
 
 
 @dataclass
@@ -270,6 +284,7 @@ class Tracer:
         self.dropped_ifs: set[int] = set()
         self.returns: list[cst.Return] = []
         self.tests: list[cst.BaseExpression] = []
+        self.branches = 0  # enclosing if/elif/else branches (`tests` holds the tests of the if/elif ones)
         self.output_seen = False
         self.probs_after_output: set[str] = set()
         self.read_after_output: set[str] = set()
@@ -358,7 +373,9 @@ class Tracer:
             self.env.update(start_env)
             if test is not None:
                 self.tests.append(test)
+            self.branches += 1
             self.block(body, depth + 1)
+            self.branches -= 1
             if test is not None:
                 self.tests.pop()
             results.append(dict(self.env))
@@ -636,7 +653,7 @@ class Tracer:
                 bound = p.arg(node, 0, "min")
                 upper = p.arg(node, 1, "max")
                 if bound is not None and upper is None and p.is_very_negative(bound, self.scope):
-                    return base, [*ops, Guard()]
+                    return base, [*ops, Guard(self.detach(bound, base.cid), p.is_absorbing(bound, self.scope))]
             raise _Poison(Code.SCORES_TRANSFORMED, f"`.{name}()` is applied to the scores", {base.cid})
         if qualified in p.WHERE_FUNCTIONS and len(node.args) == 3:
             condition, when_true, when_false = (a.value for a in node.args)
@@ -657,7 +674,7 @@ class Tracer:
             if operand is not None and bound is not None and self.chain_or_start(operand) and not self.chain_value_refs(bound):
                 if p.is_very_negative(bound, self.scope) and p.arg(node, 2, "max") is None:
                     base, ops = self.decompose(operand, line)
-                    return base, [*ops, Guard()]
+                    return base, [*ops, Guard(self.detach(bound, base.cid), p.is_absorbing(bound, self.scope))]
         refs = self.chain_value_refs(node)
         if refs:
             raise _Poison(Code.SCORES_TRANSFORMED, f"the scores are passed to `{_short(node.func)}`", refs)
@@ -833,7 +850,18 @@ class Tracer:
             raise _Poison(Code.PROBABILITIES_CHANGED, "a term is added to the probabilities after the softmax", {current.cid})
         if self.chain_value_refs(term):
             raise _Poison(Code.SCORES_READ, f"the additive term `{_short(term)}` depends on the scores", {current.cid})
-        return AddTerm(self.detach(term, current.cid), current.rank)
+        return AddTerm(self.detach(term, current.cid), current.rank, self.always_applied(term))
+
+    def always_applied(self, term: cst.BaseExpression) -> bool:
+        """Only `x is not None` tests of the term's own names enclose it (an `else` branch counts as a condition)."""
+        if len(self.tests) != self.branches:
+            return False
+        names = p.walk_names(term)
+        for test in self.tests:
+            checked = _only_not_none(test)
+            if checked is None or not checked <= names:
+                return False
+        return True
 
     def scale_or_head_mask(self, current: ChainVal, factor: cst.BaseExpression, divide: bool, line: int) -> Op:
         if current.stage == SCORES:
@@ -866,7 +894,15 @@ class Tracer:
         if not p.is_very_negative(fill, self.scope):
             raise _Poison(Code.FILL_VALUE, f"masked scores are set to `{_short(fill)}`, not to a large negative value", {cid})
         causal = keep_where_true and self.is_causal_slice(condition)
-        return Fill(self.detach(condition, cid), keep_where_true, self.detach(fill, cid), causal)
+        absorbing = p.is_absorbing(fill, self.scope)
+        row_safe = causal or self.is_padding_condition(condition)
+        return Fill(self.detach(condition, cid), keep_where_true, self.detach(fill, cid), causal, absorbing, row_safe)
+
+    def is_padding_condition(self, node: cst.BaseExpression) -> bool:
+        """A condition read from the mask parameters only (`~attention_mask`, `mask == 0`, `mask.bool()`)."""
+        names = p.walk_names(node)
+        masks = {n for n in names if n in self.params and "mask" in n and not n.endswith("head_mask")}
+        return bool(masks) and names <= masks | {"torch"}
 
     def is_causal_slice(self, node: cst.BaseExpression, depth: int = 0) -> bool:
         """`self.bias[:, :, k - q : k, :k]` where `bias` is registered as tril(ones(n, n)): bottom-right causal."""
@@ -1317,6 +1353,19 @@ def _tests_not_none(test: cst.BaseExpression, name: str) -> bool:
         test,
         m.Comparison(left=m.Name(name), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))]),
     )
+
+
+def _only_not_none(test: cst.BaseExpression) -> set[str] | None:
+    """The names of a test made only of `x is not None` joined by `and`, else None."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        left, right = _only_not_none(test.left), _only_not_none(test.right)
+        return None if left is None or right is None else left | right
+    if m.matches(
+        test,
+        m.Comparison(left=m.Name(), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))]),
+    ):
+        return {test.left.value}  # type: ignore[attr-defined]
+    return None
 
 
 def _is_tril_of_ones(node: cst.BaseExpression, scope: p.Scope) -> bool:

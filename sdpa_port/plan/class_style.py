@@ -14,14 +14,18 @@ import libcst as cst
 
 from sdpa_port.analyse.cstutil import code
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.none_safety import none_safe
+from sdpa_port.analyse.cross import key_only_parameters
+from sdpa_port.analyse.cstutil import replace_names
+from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
 from sdpa_port.analyse.lines import Lines
-from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
+from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, bind_arguments
 from sdpa_port.discover.style import attention_dicts, supports_sdpa
 from sdpa_port.render import render_module
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import PortResult, Status, Style
 from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register
+from sdpa_port.plan.gate import authors_refusal, selection_refusals
+from sdpa_port.rewrite.sdpa_body import MaskContract
 from sdpa_port.rewrite.sdpa_forward import ForwardPlan, build_sdpa_forward
 
 CAUSAL_CONTRACT = "self.is_causal"
@@ -90,61 +94,156 @@ def plan_class_style(
     refusals = [a.refusal for a in analyses if a.refusal is not None]
     if refusals:
         return PortResult.refused(module.code, Style.CLASS, refusals, names)
+    gate = [r for r in (authors_refusal(facts),) if r is not None] + selection_refusals(facts, frozenset(names))
+    if gate:
+        return PortResult.refused(module.code, Style.CLASS, gate, names)
     plan = ClassStylePlan()
     dicts = attention_dicts(facts)
     dict_of = {entries["eager"]: name for name, entries in dicts.items()}
     attention_names = frozenset(names)
-    uses_causal_helper = bool(facts.classes_calling({mask_helpers.CAUSAL}))
-    contract = uses_causal_helper and all(_marks_causal_layers(facts, a.class_name) for a in analyses)
+    swaps = _helpers_used(facts)
+    contracts = _mask_contracts(facts, analyses, swaps)
     reasons: list[Refusal] = []
+    registrations: list[tuple[ClassAnalysis, str, Registration]] = []
     for analysis in analyses:
         name = sdpa_class_name(analysis.class_name, facts)
         if analysis.class_name in dict_of:
-            registration = Registration(dict_of[analysis.class_name], create=False)
-        else:
-            owners = facts.classes_calling({analysis.class_name})
-            sites = register.construction_sites(module, analysis.class_name, attention_names, owners)
-            if not sites:
-                plan.warnings.append(f"{analysis.class_name} is not constructed in this file; it is left eager")
-                continue
-            missing = [owner for owner, has_config in sites if not has_config]
-            if missing:
-                reasons.append(
-                    Refusal(
-                        Code.NO_CONFIG,
-                        analysis.class_name,
-                        0,
-                        f"built in {', '.join(sorted(set(missing)))} without a `config` in scope, so the "
-                        "implementation cannot be selected",
-                    )
-                )
-                continue
-            registration = Registration(dict_name_for(analysis.class_name, facts), create=True)
-        try:
-            forward, fallback = build_sdpa_forward(facts, analysis, CAUSAL_CONTRACT if contract else None)
-        except Refuse as error:
-            line = analysis.sites[0].line if analysis.sites else 0
-            reasons.append(error.placed(analysis.class_name, line))
+            registrations.append((analysis, name, Registration(dict_of[analysis.class_name], create=False)))
             continue
-        plan.classes.append(SdpaClassPlan(analysis, name, registration, forward, fallback))
+        owners = facts.classes_calling({analysis.class_name})
+        sites = register.construction_sites(module, analysis.class_name, attention_names, owners)
+        if not sites:
+            plan.warnings.append(f"{analysis.class_name} is not constructed in this file; it is left eager")
+            continue
+        missing = [owner for owner, has_config in sites if not has_config]
+        if missing:
+            reasons.append(
+                Refusal(
+                    Code.NO_CONFIG,
+                    analysis.class_name,
+                    0,
+                    f"built in {', '.join(sorted(set(missing)))} without a `config` in scope, so the "
+                    "implementation cannot be selected",
+                )
+            )
+            continue
+        registrations.append((analysis, name, Registration(dict_name_for(analysis.class_name, facts), create=True)))
     if reasons:
         return PortResult.refused(module.code, Style.CLASS, reasons, names)
+    built = _build_forwards(facts, registrations, contracts)
+    if isinstance(built, list) and contracts and not _none_safe(built, contracts):
+        # an SDPA forward reads its mask where None would break it: keep the eager mask helpers (full masks)
+        plan.warnings.append("mask helpers are kept: an attention module reads its mask without a None check")
+        contracts, swaps = {}, MaskSwaps()
+        built = _build_forwards(facts, registrations, contracts)
+    if not isinstance(built, list):
+        return PortResult.refused(module.code, Style.CLASS, [built], names)
+    plan.classes = built
     if not plan.classes:
         return PortResult(
             Status.UNCHANGED, module.code, Style.CLASS, "no attention module is constructed in this file",
             warnings=tuple(plan.warnings), attention_classes=names,
         )
-    safe = all(none_safe(facts, a) for a in analyses)
+    causal = swaps.causal and all(c.causal_when_none is not None for c in contracts.values())
     model_classes = frozenset(n for n in facts.classes if facts.is_subclass(n, "PreTrainedModel"))
-    plan.masks = mask_helpers.MaskSwapPlan(causal=contract, plain=safe, extended=safe, classes=model_classes)
-    if uses_causal_helper and not contract:
+    plan.masks = mask_helpers.MaskSwapPlan(
+        causal=causal, plain=swaps.plain and bool(contracts), extended=swaps.extended and bool(contracts), classes=model_classes
+    )
+    if swaps.causal and not causal:
         plan.warnings.append(
-            "the causal mask helper is kept: not every attention module marks its causal instances with `is_causal`"
+            "the causal mask helper is kept: not every attention module can take a missing mask as causal (it must "
+            "mark its causal instances with `is_causal`, have the mask as its only masking term, and tell "
+            "self-attention from cross-attention calls)"
         )
-    if not safe:
-        plan.warnings.append("mask helpers are kept: an attention module reads its mask without a None check")
     plan.flag_classes = facts.pretrained_roots
     return plan
+
+
+@dataclass(frozen=True)
+class MaskSwaps:
+    """The mask helpers the file calls, each of which has a `_for_sdpa` variant that may return None."""
+
+    causal: bool = False
+    plain: bool = False
+    extended: bool = False
+
+    def __bool__(self) -> bool:
+        return self.causal or self.plain or self.extended
+
+
+def _helpers_used(facts: ModuleFacts) -> MaskSwaps:
+    return MaskSwaps(
+        causal=bool(facts.classes_calling({mask_helpers.CAUSAL})),
+        plain=bool(facts.classes_calling({mask_helpers.PLAIN})),
+        extended=bool(facts.classes_calling({mask_helpers.EXTENDED}, attribute_of_self=True)),
+    )
+
+
+def _mask_contracts(facts: ModuleFacts, analyses: list[ClassAnalysis], swaps: MaskSwaps) -> dict[str, MaskContract]:
+    """What each attention class's SDPA forward must accept if the model switches to the `_for_sdpa` helpers."""
+    if not swaps:
+        return {}
+    causal: dict[str, str | None] = {a.class_name: _causal_when_none(facts, a) for a in analyses}
+    every_causal = swaps.causal and all(value is not None for value in causal.values())
+    contracts: dict[str, MaskContract] = {}
+    for analysis in analyses:
+        found = facts.find_method(analysis.class_name, "forward")
+        assert found is not None
+        params = frozenset(mask_parameters(found[1]))
+        contracts[analysis.class_name] = MaskContract(params, causal[analysis.class_name] if every_causal else None)
+    return contracts
+
+
+def _causal_when_none(facts: ModuleFacts, analysis: ClassAnalysis) -> str | None:
+    """The condition under which a None mask means "causal" for this class, or None when it cannot be told.
+
+    The class must mark its causal instances with `self.is_causal`, add the mask as the chain's only masking term
+    (SDPA cannot combine `is_causal` with another mask), and tell self- from cross-attention calls.
+    """
+    if not _marks_causal_layers(facts, analysis.class_name):
+        return None
+    if not analysis.sites or any(
+        len(site.terms) != 1 or site.terms[0].kind != "mask" or not site.terms[0].always for site in analysis.sites
+    ):
+        return None
+    forward = facts.find_method(analysis.class_name, "forward")
+    assert forward is not None
+    site = analysis.sites[0]
+    key, query = cst.parse_expression(site.key), cst.parse_expression(site.query)
+    if analysis.helpers:
+        helper = facts.find_method(analysis.class_name, analysis.helpers[0].method)
+        bound = bind_arguments(helper[1], analysis.helpers[0].call) if helper is not None else None
+        if bound is None:
+            return None
+        key, query = replace_names(key, bound), replace_names(query, bound)
+    cross = key_only_parameters(forward[1], key, query)
+    return CAUSAL_CONTRACT + "".join(f" and {p} is None" for p in cross)
+
+
+def _build_forwards(
+    facts: ModuleFacts,
+    registrations: list[tuple[ClassAnalysis, str, Registration]],
+    contracts: dict[str, MaskContract],
+) -> list[SdpaClassPlan] | Refusal:
+    out: list[SdpaClassPlan] = []
+    for analysis, name, registration in registrations:
+        contract = contracts.get(analysis.class_name, MaskContract())
+        try:
+            forward, fallback = build_sdpa_forward(facts, analysis, contract)
+        except Refuse as error:
+            line = analysis.sites[0].line if analysis.sites else 0
+            return error.placed(analysis.class_name, line)
+        out.append(SdpaClassPlan(analysis, name, registration, forward, fallback))
+    return out
+
+
+def _none_safe(built: list[SdpaClassPlan], contracts: dict[str, MaskContract]) -> bool:
+    """Every generated SDPA forward copes with a None mask wherever it reads one."""
+    return all(
+        safe_for_none(item.forward, set(contracts[item.analysis.class_name].nullable))
+        for item in built
+        if item.analysis.class_name in contracts
+    )
 
 
 def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePlan) -> tuple[cst.Module, list[str]]:

@@ -98,6 +98,18 @@ class InterfaceEmitter(SdpaEmitter):
             return self.fill_mask(op)  # a causal buffer is an additive term like any other here
         return super().apply(op)
 
+    def floor_mask(self, op: t.Guard) -> list[cst.BaseStatement]:
+        """The attention mask goes to the implementation as transformers built it for that implementation, so a
+        floor over its sum with other terms cannot move onto `position_bias`."""
+        state = self.state
+        if self.interface.mask_param is not None and (state.mask is not None or state.mask_var):
+            raise Refuse(
+                Code.MASKED_ROWS,
+                "the scores are floored after adding both the attention mask and other terms; the implementations "
+                "receive the mask separately, so the floor cannot follow it",
+            )
+        return super().floor_mask(op)
+
     def line(self, statement: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
         kept = [small for small in statement.body if id(small) not in self.interface.moved]
         if not kept:

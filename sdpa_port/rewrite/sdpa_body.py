@@ -74,12 +74,37 @@ class _State:
     def copy(self) -> "_State":
         return replace(self, scale_factors=list(self.scale_factors))
 
+    def same_known(self, other: "_State") -> bool:
+        """The same variables, and the same known (not yet variable) values."""
+        if (self.scale_var, self.mask_var, self.causal_var) != (other.scale_var, other.mask_var, other.causal_var):
+            return False
+        if not self.scale_var and not _same_factors(self.scale_factors, other.scale_factors):
+            return False
+        if not self.mask_var and (
+            not _same_node(self.mask, other.mask) or self.mask_nullable != other.mask_nullable
+        ):
+            return False
+        return self.causal_var or _same_node(self.causal, other.causal)
+
+
+@dataclass(frozen=True)
+class MaskContract:
+    """What the SDPA forward may receive as its mask once the model builds masks with the `_for_sdpa` helpers.
+
+    Those helpers give None for a batch without padding; the SDPA path then treats None as "no mask" (and the
+    additive mask becomes nullable), and for a causal module as "causal" (`is_causal=True`), when the mask is the
+    chain's only masking term and the call is self-attention.
+    """
+
+    nullable: frozenset[str] = frozenset()  # mask parameters that may arrive as None
+    # code true when a None mask means causal, e.g. "self.is_causal and encoder_hidden_states is None"
+    causal_when_none: str | None = None
+
 
 @dataclass(frozen=True)
 class EmitOptions:
     names: SideNames
-    # "None means causal": masks built by `_prepare_4d_causal_attention_mask_for_sdpa` are None for causal layers
-    causal_contract: str | None = None  # e.g. "self.is_causal"
+    contract: MaskContract = MaskContract()
 
 
 class SdpaEmitter:
@@ -105,6 +130,8 @@ class SdpaEmitter:
         self.upcast = any(isinstance(op, t.Start) and op.operands_upcast for op, _, _ in candidate.ops)
         # names read by the statements the rewrite removed: their definitions may now be dead
         self.removed_reads: set[str] = set()
+        # names the enclosing `if` tests have shown not to be None, innermost last
+        self.not_none: list[set[str]] = []
 
     # -------------------------------------------------------------- layout
 
@@ -216,23 +243,53 @@ class SdpaEmitter:
         current: cst.If | cst.Else | None = node
         while current is not None:
             self.state = before.copy()
+            checked = not_none_names(current.test) if isinstance(current, cst.If) else set()
+            self.not_none.append(checked)
             body = self.block(block_body(current.body))
+            self.not_none.pop()
             ends.append(self.state)
             branches.append((current, body))
             current = current.orelse if isinstance(current, cst.If) else None
         if not isinstance(branches[-1][0], cst.Else):
             ends.append(before)
-        self.state = self.merge(ends)
+        self.state = self.merge(ends, node)
         if all(not body for _, body in branches):
             return pre
         rebuilt = rebuild_if(branches, lambda branch: self.keep(branch.test, self.plans.get(id(branch.test))))
         return [*pre, rebuilt]
 
-    def merge(self, ends: list[_State]) -> _State:
+    def merge(self, ends: list[_State], node: cst.If) -> _State:
+        """One state after the branches; branches that leave a known side value differently are refused.
+
+        Side values a branch changes were made variables before the `if` (`chain_kinds`), so every branch updates
+        the same variable; what may still differ is which branches set the causal fill, recorded once for all.
+        """
         first = ends[0]
+        for other in ends[1:]:
+            if not first.same_known(other):
+                raise Refuse(
+                    Code.CONDITIONAL,
+                    "the branches of an `if` leave the scale, the mask or the causal mask in different states",
+                    line=self.line_in(node),
+                )
         merged = first.copy()
         merged.mask_maybe_none = any(s.mask_maybe_none for s in ends)
+        fills = [s.causal_fill for s in ends if s.causal_fill is not None]
+        if fills:
+            if not all(fill.deep_equals(fills[0]) for fill in fills):
+                raise Refuse(
+                    Code.CONDITIONAL, "the branches of an `if` mask causally with different values", line=self.line_in(node)
+                )
+            if len(fills) != len(ends) and not merged.causal_var:
+                raise Refuse(
+                    Code.CONDITIONAL, "the causal mask is applied in some branches only", line=self.line_in(node)
+                )
+            merged.causal_fill = fills[0]
         return merged
+
+    def line_in(self, node: cst.CSTNode) -> int:
+        lines = [plan.line for plan in self.plans_in(node) if isinstance(plan, (t.ChainStmt, t.OutputStmt))]
+        return min(lines) if lines else 0
 
     def none_guarded_term(self, node: cst.If, touched: set[str]) -> str | None:
         state = self.state
@@ -250,7 +307,7 @@ class SdpaEmitter:
             return None
         name = test.left.value
         ops = [op for plan in self.plans_in(node) if isinstance(plan, t.ChainStmt) for op in plan.ops]
-        terms = [op for op in ops if isinstance(op, (t.AddTerm, t.Scale, t.Fill))]
+        terms = [op for op in ops if not isinstance(op, (t.View, t.Cast))]
         if len(terms) != 1 or not isinstance(terms[0], t.AddTerm):
             return None
         term = terms[0].term
@@ -271,6 +328,8 @@ class SdpaEmitter:
             plan = self.plans[id(found)]
             if isinstance(plan, t.ChainStmt):
                 for op in plan.ops:
+                    if isinstance(op, t.Start):
+                        raise Refuse(Code.CONDITIONAL, "the query-key product is computed under a condition", line=plan.line)
                     if isinstance(op, t.Scale):
                         kinds.add("scale")
                         if mask_present or any(isinstance(o, (t.AddTerm, t.Fill)) for o in plan.ops):
@@ -278,7 +337,10 @@ class SdpaEmitter:
                     elif isinstance(op, t.AddTerm):
                         kinds.add("mask")
                     elif isinstance(op, t.Fill):
-                        kinds.add("causal" if op.causal else "mask")
+                        # only the first causal fill becomes the causal mask; later ones join the float mask
+                        kinds.add("causal" if op.causal and self.state.causal_fill is None else "mask")
+                    elif isinstance(op, t.Guard):
+                        kinds.add("mask")
                     elif isinstance(op, t.Dropout):
                         raise Refuse(Code.DROPOUT, "dropout is applied to the probabilities only under a condition")
         return kinds
@@ -292,62 +354,130 @@ class SdpaEmitter:
         return out
 
     def apply(self, op: t.Op) -> list[cst.BaseStatement]:
+        """The side-value update one chain operation stands for; every operation is decided here, none dropped."""
         state = self.state
-        if isinstance(op, t.Start):
-            self.start = op
-            self.query, self.key = op.query, op.key
-            out: list[cst.BaseStatement] = []
-            rebound = self.candidate.names_assigned_after_start
-            if walk_names(op.query) & rebound:
-                out.append(_assign(self.names.query, op.query))
-                self.query = cst.Name(self.names.query)
-            if walk_names(op.key) & rebound:
-                out.append(_assign(self.names.key, op.key))
-                self.key = cst.Name(self.names.key)
-            return out
-        if isinstance(op, t.Scale):
-            out = []
-            if state.scale_var:
-                out.append(_assign(self.names.scale, _binary(cst.Name(self.names.scale), op.factor, op.divide)))
-            else:
-                state.scale_factors.append((op.factor, op.divide))
-            if state.mask_var:
-                update = _assign(self.names.mask, _binary(cst.Name(self.names.mask), op.factor, op.divide))
-                out.append(_if_not_none(self.names.mask, update) if state.mask_maybe_none else update)
-            elif state.mask is not None:
-                if state.mask_nullable:
-                    out.extend(self.materialize({"mask"}))
-                    update = _assign(self.names.mask, _binary(cst.Name(self.names.mask), op.factor, op.divide))
-                    out.append(_if_not_none(self.names.mask, update))
-                else:
-                    state.mask = _binary(state.mask, op.factor, op.divide)
-            return out
-        if isinstance(op, t.AddTerm):
-            term = op.term
-            if self.layout.heads is not None and op.rank == 3:
-                # a `(batch * heads, ...)` term (ALiBi through baddbmm) joins the per-head mask
-                term = _unflatten(term, self.layout.heads)
-            return self.add_to_mask(term)
-        if isinstance(op, t.Fill):
-            if op.causal and state.causal_fill is None:
-                state.causal_fill = op.fill
-                if state.causal_var:
-                    return [_assign(self.names.causal, op.condition)]
-                state.causal = op.condition
+        match op:
+            case t.Start():
+                return self.start_chain(op)
+            case t.Scale():
+                return self.scale(op)
+            case t.AddTerm():
+                term = op.term
+                if self.layout.heads is not None and op.rank == 3:
+                    # a `(batch * heads, ...)` term (ALiBi through baddbmm) joins the per-head mask
+                    term = _unflatten(term, self.layout.heads)
+                return self.add_to_mask(term)
+            case t.Fill():
+                if op.causal and state.causal_fill is None:
+                    state.causal_fill = op.fill
+                    if state.causal_var:
+                        return [_assign(self.names.causal, op.condition)]
+                    state.causal = op.condition
+                    return []
+                return self.fill_mask(op)
+            case t.Guard():
+                return self.floor_mask(op)
+            case t.Dropout():
+                if self.dropout is not None:
+                    raise Refuse(Code.DROPOUT, "dropout is applied twice to the probabilities")
+                self.dropout = _dropout_expression(op.call)
                 return []
-            return self.fill_mask(op)
-        if isinstance(op, t.Dropout):
-            if self.dropout is not None:
-                raise Refuse(Code.DROPOUT, "dropout is applied twice to the probabilities")
-            call = op.call
-            self.dropout = _dropout_expression(call)
+            case t.HeadMask():
+                raise Refuse(Code.PROBABILITIES_CHANGED, "a head mask is applied on the SDPA path")
+            case t.View() | t.Cast() | t.Softmax():
+                # SDPA reads the operands' layout (decide_layout), runs the softmax itself, and casts are decided
+                # once for the whole call (operands upcast to float32)
+                return []
+            case t.Output():
+                raise AssertionError("the product with V is emitted by output_statement")
+            case _:
+                t.unreachable(op)
+
+    def start_chain(self, op: t.Start) -> list[cst.BaseStatement]:
+        self.start = op
+        self.query, self.key = op.query, op.key
+        out: list[cst.BaseStatement] = []
+        rebound = self.candidate.names_assigned_after_start
+        if walk_names(op.query) & rebound:
+            out.append(_assign(self.names.query, op.query))
+            self.query = cst.Name(self.names.query)
+        if walk_names(op.key) & rebound:
+            out.append(_assign(self.names.key, op.key))
+            self.key = cst.Name(self.names.key)
+        return out
+
+    def scale(self, op: t.Scale) -> list[cst.BaseStatement]:
+        state = self.state
+        out: list[cst.BaseStatement] = []
+        if state.scale_var:
+            out.append(_assign(self.names.scale, _binary(cst.Name(self.names.scale), op.factor, op.divide)))
+        else:
+            state.scale_factors.append((op.factor, op.divide))
+        if state.mask_var:
+            update = _assign(self.names.mask, _binary(cst.Name(self.names.mask), op.factor, op.divide))
+            out.append(_if_not_none(self.names.mask, update) if state.mask_maybe_none else update)
+        elif state.mask is not None:
+            if state.mask_nullable:
+                out.extend(self.materialize({"mask"}))
+                update = _assign(self.names.mask, _binary(cst.Name(self.names.mask), op.factor, op.divide))
+                out.append(_if_not_none(self.names.mask, update))
+            else:
+                state.mask = _binary(state.mask, op.factor, op.divide)
+        return out
+
+    def floor_mask(self, op: t.Guard) -> list[cst.BaseStatement]:
+        """`max(scores + mask, bound)` is `scores + max(mask, bound)` for an absorbing bound (scores + bound == bound).
+
+        Without a mask the scores are finite and the floor changes nothing.
+        """
+        state = self.state
+        if not state.mask_var and state.mask is None:
             return []
-        if isinstance(op, t.HeadMask):
-            raise Refuse(Code.PROBABILITIES_CHANGED, "a head mask is applied on the SDPA path")
-        return []
+        if not op.absorbing:
+            raise Refuse(
+                Code.MASKED_ROWS,
+                f"the scores are floored at `{code(op.bound)}`, which does not absorb the scores, so the floor cannot "
+                "move onto the mask",
+            )
+        if state.mask_nullable:
+            return [*self.materialize({"mask"}), *self.floor_mask(op)]
+        if not state.mask_var:
+            state.mask = _clamp(state.mask, op.bound)  # type: ignore[arg-type]
+            return []
+        update = _assign(self.names.mask, _clamp(cst.Name(self.names.mask), op.bound))
+        return [_if_not_none(self.names.mask, update) if state.mask_maybe_none else update]
+
+    def nullable_parameter(self, term: cst.BaseExpression) -> str | None:
+        """The mask parameter an additive term reads (`mask`, `mask.to(dtype)`), when it may arrive as None."""
+        while isinstance(term, cst.Call) and isinstance(term.func, cst.Attribute) and term.func.attr.value in (
+            "to",
+            "type",
+            "type_as",
+        ):
+            term = term.func.value
+        if isinstance(term, cst.Name) and term.value in self.options.contract.nullable:
+            return term.value
+        return None
+
+    def add_nullable(self, term: cst.BaseExpression, name: str) -> list[cst.BaseStatement]:
+        """`mask + <term of a parameter that may be None>`: the term only joins when it is not None."""
+        state = self.state
+        if state.mask is None and not state.mask_var:
+            state.mask, state.mask_nullable = term, True
+            return []
+        pre = self.materialize({"mask"}) if not state.mask_var else []
+        mask = cst.Name(self.names.mask)
+        added = cst.BinaryOperation(left=mask, operator=cst.Add(), right=_paren(term))
+        value: cst.BaseExpression = (
+            cst.IfExp(test=_is_none(self.names.mask), body=term, orelse=added) if state.mask_maybe_none else added
+        )
+        return [*pre, _if_not_none(name, _assign(self.names.mask, value))]
 
     def add_to_mask(self, term: cst.BaseExpression) -> list[cst.BaseStatement]:
         state = self.state
+        nullable = self.nullable_parameter(term)
+        if nullable is not None and not any(nullable in names for names in self.not_none):
+            return self.add_nullable(term, nullable)
         pre = self.materialize({"mask"}) if state.mask_nullable else []
         if pre:
             return [*pre, *self.add_to_mask(term)]
@@ -567,23 +697,26 @@ class SdpaEmitter:
         return "" if mask_set else self.names.is_causal
 
     def causal_contract(self, out: list[cst.BaseStatement]) -> str:
-        """Layers fed by `_prepare_4d_causal_attention_mask_for_sdpa` get None for a plain causal mask."""
-        contract = self.options.causal_contract
+        """Layers fed by `_prepare_4d_causal_attention_mask_for_sdpa` get None for a plain causal mask.
+
+        The plan sets the contract only where the mask parameter is the chain's only masking term, so here the mask
+        is exactly that nullable parameter; anything else would silently turn a causal layer bidirectional.
+        """
+        contract = self.options.contract.causal_when_none
         state = self.state
         if contract is None:
             return ""
-        if state.mask_var:
-            if not state.mask_maybe_none:
-                return ""
-            mask_none = f"{self.names.mask} is None and "
-        elif state.mask is not None:
-            if not state.mask_nullable:
-                return ""
-            mask_none = f"{code(state.mask)} is None and "
+        if state.mask_var and state.mask_maybe_none:
+            mask = self.names.mask
+        elif not state.mask_var and state.mask is not None and state.mask_nullable:
+            mask = code(state.mask)
         else:
-            mask_none = ""
+            raise Refuse(
+                Code.CAUSAL_BY_USE,
+                "the mask may arrive as None for a causal layer, but it is not the chain's only masking term",
+            )
         query = code(self.query_root())
-        out.append(_assign(self.names.is_causal, expr(f"{mask_none}{contract} and {query}.size(-2) > 1")))
+        out.append(_assign(self.names.is_causal, expr(f"{mask} is None and {contract} and {query}.size(-2) > 1")))
         return self.names.is_causal
 
 
@@ -613,6 +746,39 @@ def _paren(node: cst.BaseExpression) -> cst.BaseExpression:
 
 def _wrap(text: str) -> str:
     return text if text.isidentifier() else f"({text})"
+
+
+def not_none_names(test: cst.BaseExpression) -> set[str]:
+    """Names an `if` test shows are not None in its body: `x is not None`, alone or joined by `and`."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return not_none_names(test.left) | not_none_names(test.right)
+    if (
+        isinstance(test, cst.Comparison)
+        and isinstance(test.left, cst.Name)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.IsNot)
+        and isinstance(test.comparisons[0].comparator, cst.Name)
+        and test.comparisons[0].comparator.value == "None"
+    ):
+        return {test.left.value}
+    return set()
+
+
+def _clamp(mask: cst.BaseExpression, bound: cst.BaseExpression) -> cst.Call:
+    return cst.Call(
+        func=cst.Attribute(value=_paren(mask), attr=cst.Name("clamp")),
+        args=[cst.Arg(bound, keyword=cst.Name("min"), equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))],
+    )
+
+
+def _same_node(a: cst.CSTNode | None, b: cst.CSTNode | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a is b or a.deep_equals(b)
+
+
+def _same_factors(a: list[tuple[cst.BaseExpression, bool]], b: list[tuple[cst.BaseExpression, bool]]) -> bool:
+    return len(a) == len(b) and all(x[1] == y[1] and _same_node(x[0], y[0]) for x, y in zip(a, b))
 
 
 def _binary(left: cst.BaseExpression, factor: cst.BaseExpression, divide: bool) -> cst.BinaryOperation:

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import libcst as cst
 
 from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.masked_rows import masked_rows_reason
 from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, block_body, replace_names, replace_nodes
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.analyse.recognise import ClassAnalysis, bind_arguments
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.refusals import Code, Refuse
-from sdpa_port.rewrite.sdpa_body import EmitOptions, SdpaEmitter, SideNames, function_names
+from sdpa_port.rewrite.sdpa_body import EmitOptions, MaskContract, SdpaEmitter, SideNames, function_names
 from sdpa_port.rewrite.specialise import Known, specialise
 
 
@@ -43,11 +44,14 @@ def trace_sdpa_path(
         if chosen and chosen[0].poison:
             raise Refuse.because(chosen[0].poison, line=chosen[0].poison_line)
         raise Refuse(Code.UNRECOGNISED, "the attention chain changed on re-trace")
+    unsafe = masked_rows_reason(chosen[0])
+    if unsafe is not None:
+        raise Refuse.because(unsafe[0], line=unsafe[1])
     return selected, chosen[0]
 
 
 def build_sdpa_forward(
-    facts: ModuleFacts, analysis: ClassAnalysis, causal_contract: str | None
+    facts: ModuleFacts, analysis: ClassAnalysis, contract: MaskContract
 ) -> tuple[cst.FunctionDef, ForwardPlan]:
     found = facts.find_method(analysis.class_name, "forward")
     assert found is not None
@@ -61,7 +65,7 @@ def build_sdpa_forward(
         method = facts.find_method(analysis.class_name, helper.method)
         if method is not None:
             taken |= function_names(method[1])
-    options = EmitOptions(SideNames.avoiding(taken), causal_contract)
+    options = EmitOptions(SideNames.avoiding(taken), contract)
     if not analysis.helpers:
         result, candidate = trace_sdpa_path(facts, analysis.class_name, special)
         emitter = SdpaEmitter(result, candidate, options)
@@ -176,7 +180,7 @@ class Inliner:
             )
         if self.options is not None:
             result, candidate = trace_sdpa_path(self.facts, self.analysis.class_name, special)
-            emitter = SdpaEmitter(result, candidate, self.options)
+            emitter = SdpaEmitter(result, candidate, self.with_aliases(self.options, bound))
             body = emitter.block(block_body(special.body))
             self.removed_reads |= emitter.removed_reads | set(bound)
         else:
@@ -199,6 +203,15 @@ class Inliner:
             out[0] = out[0].with_changes(leading_lines=statement.leading_lines)  # type: ignore[call-arg]
             replaced = replaced.with_changes(leading_lines=[])
         return [*out, replaced]
+
+    @staticmethod
+    def with_aliases(options: EmitOptions, bound: dict[str, cst.BaseExpression]) -> EmitOptions:
+        """Helper parameters that receive a nullable mask parameter are nullable too."""
+        nullable = options.contract.nullable
+        aliases = {name for name, value in bound.items() if isinstance(value, cst.Name) and value.value in nullable}
+        if not aliases - nullable:
+            return options
+        return replace(options, contract=replace(options.contract, nullable=nullable | aliases))
 
     def rename_collisions(
         self, helper: cst.FunctionDef, bound: dict[str, cst.BaseExpression], statement: cst.SimpleStatementLine

@@ -1,0 +1,83 @@
+"""Tell self-attention calls from cross-attention calls of one module (read-only).
+
+A module that serves both (GPT-2's `is_cross_attention`, BART's `key_value_states`) computes its keys from a
+parameter the queries do not read. When every such parameter is None, the call attends to its own hidden states:
+only then may a missing mask mean "causal". Caches also feed only the keys, but they extend the module's own keys
+rather than replace them; they are told apart by their conventional names.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import libcst as cst
+
+from sdpa_port.analyse.patterns import walk_names
+
+CACHE_WORDS = ("past", "cache", "layer_state")
+
+
+def is_cache_parameter(name: str) -> bool:
+    return any(word in name for word in CACHE_WORDS)
+
+
+def is_mask_parameter(name: str) -> bool:
+    return "mask" in name
+
+
+def dependencies(function: cst.FunctionDef, params: set[str]) -> dict[str, set[str]]:
+    """For each local, the parameters its value was computed from (in source order, control flow ignored)."""
+    deps: dict[str, set[str]] = {p: {p} for p in params}
+
+    class Walk(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            sources: set[str] = set()
+            for name in walk_names(node.value):
+                sources |= deps.get(name, set())
+            for target in node.targets:
+                for name in walk_names(target.target):
+                    deps[name] = deps.get(name, set()) | sources
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            for name in walk_names(node.target):
+                for source in walk_names(node.value):
+                    deps[name] = deps.get(name, set()) | deps.get(source, set())
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    function.body.visit(Walk())
+    return deps
+
+
+def parameters_of(function: cst.FunctionDef) -> set[str]:
+    params = function.params
+    names = {p.name.value for p in [*params.posonly_params, *params.params, *params.kwonly_params]}
+    return names - {"self"}
+
+
+def _reached(names: Iterable[str], deps: dict[str, set[str]], params: set[str]) -> set[str]:
+    out: set[str] = set()
+    for name in names:
+        out |= deps.get(name, {name} if name in params else set())
+    return out
+
+
+def key_only_parameters(
+    function: cst.FunctionDef, key: cst.BaseExpression, query: cst.BaseExpression
+) -> tuple[str, ...]:
+    """Parameters that feed the keys and not the queries, caches and masks aside: all None means self-attention."""
+    params = parameters_of(function)
+    deps = dependencies(function, params)
+    keys = _reached(walk_names(key), deps, params)
+    queries = _reached(walk_names(query), deps, params)
+    extra = keys - queries
+    return tuple(sorted(p for p in extra if not is_cache_parameter(p) and not is_mask_parameter(p)))
+
+
+def self_attention_test(parameters: tuple[str, ...]) -> str:
+    """Code that is true for self-attention calls: every key-only parameter is None ("True" when there is none)."""
+    return " and ".join(f"{p} is None" for p in parameters) or "True"
+
+
+__all__ = ["key_only_parameters", "self_attention_test", "dependencies", "is_cache_parameter", "is_mask_parameter"]

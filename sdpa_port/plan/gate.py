@@ -1,0 +1,67 @@
+"""File-level reasons to refuse before any edit is planned, shared by both styles: the authors' own flag, and
+implementation choices the port could never reach."""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.discover.style import attention_dicts
+from sdpa_port.refusals import Code, Refusal
+
+SELECTOR = "_attn_implementation"
+
+
+def authors_refusal(facts: ModuleFacts) -> Refusal | None:
+    """A PreTrainedModel class that sets `_supports_sdpa = False`: the file's authors ruled SDPA out."""
+    for root in facts.pretrained_roots:
+        value = facts.classes[root].class_vars.get("_supports_sdpa")
+        if isinstance(value, cst.Name) and value.value == "False":
+            return Refusal(
+                Code.AUTHORS_OFF, root, 0, "sets `_supports_sdpa = False` explicitly; the file's own authors ruled SDPA out"
+            )
+    return None
+
+
+def selection_refusals(facts: ModuleFacts, attention_classes: set[str] | frozenset[str]) -> list[Refusal]:
+    """`XXX_ATTENTION_CLASSES[...]` lookups keyed by anything but `config._attn_implementation`.
+
+    transformers records the requested implementation in `config._attn_implementation`; a lookup keyed by another
+    value (a config field of the model's own, a constant) keeps building the eager class, so an `"sdpa"` entry
+    would never be chosen.
+    """
+    if facts.tree is None:
+        return []
+    dicts = {name for name, entries in attention_dicts(facts).items() if entries["eager"] in attention_classes}
+    out: list[Refusal] = []
+    for node in ast.walk(facts.tree):
+        key: ast.expr | None = None
+        name: str | None = None
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in dicts:
+            name, key = node.value.id, node.slice
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in dicts
+            and node.args
+        ):
+            name, key = node.func.value.id, node.args[0]
+        if name is None or key is None:
+            continue
+        if isinstance(node, ast.Subscript) and isinstance(getattr(node, "ctx", None), ast.Store):
+            continue
+        if not (isinstance(key, ast.Attribute) and key.attr == SELECTOR):
+            out.append(
+                Refusal(
+                    Code.SELECTION_KEY,
+                    name,
+                    node.lineno,
+                    f"`{name}` is indexed by `{ast.unparse(key)}`, not `config.{SELECTOR}`, so an \"sdpa\" entry would "
+                    "never be selected",
+                )
+            )
+    return out
