@@ -8,10 +8,12 @@ import libcst as cst
 
 from sdpa_port.analyse.lines import Lines, top_level_starts
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.discover.eager_sites import find_eager_attention
 from sdpa_port.discover.modular import note_modular_origin
 from sdpa_port.discover.screen import Screen, screen
 from sdpa_port.plan.class_style import ClassStylePlan, apply_class_style, plan_class_style
-from sdpa_port.result import PortResult, Status, Style
+from sdpa_port.refusals import Code, Refusal
+from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite.copied_from import reconcile_copied_from
 
 
@@ -35,7 +37,7 @@ def port_source(source: str, *, style: Style | str = Style.AUTO, filename: str |
     if first.supports_sdpa:
         return PortResult(Status.UNCHANGED, source, chosen, "already supports SDPA")
     if not first.softmax_classes and not first.uses_attention_interface:
-        return PortResult(Status.UNCHANGED, source, chosen, "no eager attention found")
+        return _unrecognised(tree, PortResult(Status.UNCHANGED, source, chosen, NO_ATTENTION))
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as error:
@@ -44,13 +46,35 @@ def port_source(source: str, *, style: Style | str = Style.AUTO, filename: str |
         facts = ModuleFacts.of(module, tree)
         lines = Lines(module, top_level_starts(tree))
         if chosen is Style.CLASS:
-            return _provenance(source, tree, _port_class_style(module, facts, lines, first), filename)
-        from sdpa_port.plan.interface_style import port_interface_style
+            result = _port_class_style(module, facts, lines, first)
+        else:
+            from sdpa_port.plan.interface_style import port_interface_style
 
-        return _provenance(source, tree, port_interface_style(module, facts, lines, first), filename)
+            result = port_interface_style(module, facts, lines, first)
+        return _provenance(source, tree, _unrecognised(tree, result), filename)
     except SyntaxError as error:
         message = f"{filename or 'input'}: internal error: the port does not compile ({error.msg}, line {error.lineno})"
         return PortResult(Status.ERROR, source, chosen, "internal error", reasons=(message,))
+
+
+def _unrecognised(tree: ast.Module, result: PortResult) -> PortResult:
+    """"Nothing to port" for a file that holds eager attention is a miss: refuse it, naming each site."""
+    if result.status is not Status.UNCHANGED or result.detail != NO_ATTENTION:
+        return result
+    sites = find_eager_attention(tree)
+    if not sites:
+        return result
+    refusals = [
+        Refusal(
+            Code.UNRECOGNISED,
+            site.where,
+            site.line,
+            "eager attention (a softmax over a product of two tensors, multiplied by a third) in a form the tool "
+            "does not recognise",
+        )
+        for site in sites
+    ]
+    return PortResult.refused(result.source, result.style, refusals)
 
 
 def _provenance(source: str, tree: ast.Module, result: PortResult, filename: str | None) -> PortResult:

@@ -9,6 +9,9 @@ from sdpa_port.analyse.site import AttentionSite
 from sdpa_port.refusals import Refusal
 
 
+NO_ATTENTION = "no eager attention found"
+
+
 class Status(str, enum.Enum):
     PORTED = "ported"
     UNCHANGED = "unchanged"  # nothing to port, or already supports SDPA

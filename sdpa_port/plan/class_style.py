@@ -22,7 +22,7 @@ from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, bind_a
 from sdpa_port.discover.style import attention_dicts, supports_sdpa
 from sdpa_port.render import render_module
 from sdpa_port.refusals import Code, Refuse, Refusal
-from sdpa_port.result import PortResult, Status, Style
+from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register
 from sdpa_port.plan.gate import authors_refusal, selection_refusals
 from sdpa_port.rewrite.sdpa_body import MaskContract
@@ -89,7 +89,7 @@ def plan_class_style(
         return PortResult(Status.UNCHANGED, module.code, Style.CLASS, "already supports SDPA")
     analyses = attention_classes(facts, lines, only)
     if not analyses:
-        return PortResult(Status.UNCHANGED, module.code, Style.CLASS, "no eager attention found")
+        return PortResult(Status.UNCHANGED, module.code, Style.CLASS, NO_ATTENTION)
     names = tuple(a.class_name for a in analyses)
     refusals = [a.refusal for a in analyses if a.refusal is not None]
     if refusals:

@@ -25,7 +25,7 @@ from sdpa_port.discover.screen import Screen
 from sdpa_port.discover.style import attention_dicts
 from sdpa_port.render import render_module
 from sdpa_port.refusals import Code, Refuse, Refusal
-from sdpa_port.result import PortResult, Status, Style
+from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import flags, imports, insert_classes, register
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions, eager_body
@@ -69,7 +69,7 @@ def port_interface_style(module: cst.Module, facts: ModuleFacts, lines: Lines, f
         return PortResult.refused(module.code, Style.INTERFACE, refusals, names)
     dispatching = _dispatching_classes(facts)
     if not analyses and not dispatching:
-        return PortResult(Status.UNCHANGED, module.code, Style.INTERFACE, "no eager attention found")
+        return PortResult(Status.UNCHANGED, module.code, Style.INTERFACE, NO_ATTENTION)
     try:
         plan = plan_interface(module, facts, analyses, dispatching)
     except Refuse as error:

@@ -58,7 +58,7 @@ class EagerPart:
 
 class InterfaceEmitter(SdpaEmitter):
     def __init__(self, result: t.TraceResult, candidate: t.Candidate, options: InterfaceOptions) -> None:
-        super().__init__(result, candidate, EmitOptions(options.names, None))
+        super().__init__(result, candidate, EmitOptions(options.names))
         self.interface = options
         self.eager = EagerPart()
         self.dispatched = False
