@@ -1,7 +1,8 @@
 """Test sessions. `nox` runs them all; each builds its own virtualenv.
 
 - unit:   the pure tool (no torch): analysis, passes, golden files, CLI.
-- tf440:  transformers 4.40.2 + torch 2.13.0 CPU: class-style acceptance on real files, with parity.
+- tf440:  transformers 4.40.2 + torch 2.13.0 CPU: class-style acceptance on real files, with parity, and the
+          differential fuzzer (fixed seeds, the regression specs, the judge's own sensitivity).
 - tf523:  transformers 5.23.0 + torch 2.13.0 CPU: interface-style acceptance on real files, with parity.
 - corpus: every PyTorch modeling file of both releases, read from their wheels, ported in one batch.
 """
@@ -33,7 +34,7 @@ def unit(session: nox.Session) -> None:
 def tf440(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("transformers==4.40.2", "-e", ".", PYTEST)
-    _pytest(session, "tests/acceptance", "-m", "tf440", "-q", env={"SDPA_PORT_REQUIRE": "tf440"})
+    _pytest(session, "tests/acceptance", "tests/fuzz", "-m", "tf440", "-q", env={"SDPA_PORT_REQUIRE": "tf440"})
 
 
 @nox.session

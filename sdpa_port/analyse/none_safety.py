@@ -69,6 +69,13 @@ class _Reads(cst.CSTVisitor):
             self.guards.pop()
         return False
 
+    def visit_Assert(self, node: cst.Assert) -> bool:
+        # `assert mask is not None` is a read that fails on None
+        for name in _not_none_names(node.test) & self.names:
+            if name not in self.guarded():
+                self.unsafe.append(name)
+        return True
+
     def visit_IfExp(self, node: cst.IfExp) -> bool:
         node.test.visit(self)
         self.guards.append(_not_none_names(node.test))

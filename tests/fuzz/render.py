@@ -156,6 +156,13 @@ def in_heads(n: Names, code: Code, body) -> None:  # type: ignore[no-untyped-def
         code.add(f"attn_weights = attn_weights.view(bsz * {n.attr('num_heads')}, {n.q_len}, {n.k_len})")
 
 
+def floor_line(code: Code) -> None:
+    code.add(
+        "attn_weights = torch.max(attn_weights, torch.tensor(torch.finfo(attn_weights.dtype).min, "
+        "device=attn_weights.device))"
+    )
+
+
 def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
     parameter = {"mask": "attention_mask", "bool_mask": "attention_mask", "bias": "position_bias"}.get(kind)
 
@@ -168,6 +175,8 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
                 code.add(f"attn_weights = attn_weights.view(bsz * {n.attr('num_heads')}, {n.q_len}, {n.k_len})")
             else:
                 code.add("attn_weights = attn_weights + attention_mask")
+            if spec.floor_with_mask and guard == "not_none":
+                in_heads(n, code, lambda: floor_line(code))
         elif kind == "bool_mask":
             in_heads(n, code, lambda: fill_statement(spec, n, "attention_mask", code))
         elif kind == "bias":
@@ -328,6 +337,8 @@ def dropout_lines(spec: Spec, n: Names, code: Code) -> None:
 
 def chain(spec: Spec, n: Names, code: Code) -> None:
     """From the query-key product to `attn_output` (and `attn_weights` holding the probabilities)."""
+    if spec.mask_assert:
+        code.add("assert attention_mask is not None")
     if n.flat:
         code.add(f"src_len = {n.key}.size(1)")
         code.add(f"q_len = {n.query}.size(1)")
@@ -357,11 +368,8 @@ def chain(spec: Spec, n: Names, code: Code) -> None:
     if hazard == "topk":
         code.add("threshold = attn_weights.topk(2, dim=-1).values[..., -1:]")
         code.add("attn_weights = attn_weights.masked_fill(attn_weights < threshold, torch.finfo(attn_weights.dtype).min)")
-    if spec.guard_floor:
-        code.add(
-            "attn_weights = torch.max(attn_weights, torch.tensor(torch.finfo(attn_weights.dtype).min, "
-            "device=attn_weights.device))"
-        )
+    if spec.guard_floor and not spec.floor_with_mask:
+        floor_line(code)
     if hazard == "dropout_before_softmax":
         code.add(f"attn_weights = {n.attr('attn_dropout')}(attn_weights)")
     softmax_lines(spec, n, code)

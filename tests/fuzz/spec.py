@@ -76,6 +76,8 @@ class Spec:
     causal_guard: str = "plain"
     causal_after_terms: bool = False  # the causal fill comes after the additive terms
     guard_floor: bool = False  # torch.max(scores, finfo.min) before the softmax
+    floor_with_mask: bool = False  # the floor sits inside the mask's `if ... is not None:` block (OPT's form)
+    mask_assert: bool = False  # `assert attention_mask is not None` before the computation
     softmax: str = "functional"
     dropout: str = "none"
     dropout_guarded: bool = False  # dropout only under `if self.training`-like flag
@@ -169,6 +171,8 @@ def draw(seed: int) -> Spec:
         causal_guard=_pick(rng, CAUSAL_GUARDS, (4, 1, 1, 1, 1)) if not cross else _pick(rng, CAUSAL_GUARDS[1:4]),
         causal_after_terms=rng.random() < 0.3,
         guard_floor=rng.random() < 0.12,
+        floor_with_mask=rng.random() < 0.5,
+        mask_assert=rng.random() < 0.05,
         softmax=_pick(rng, SOFTMAXES, (4, 2, 1, 1, 1, 1)),
         dropout=_pick(rng, DROPOUTS, (2, 2, 1)),
         dropout_guarded=rng.random() < 0.05,
@@ -223,6 +227,10 @@ def normalise(spec: Spec) -> Spec:
         changes["causal_guard"] = "not_cross"
     if not spec.cross and spec.causal_guard in ("not_cross", "cross_pass_else", "cross_none_else") and spec.causal == "buffer":
         pass  # a self-attention-only module may still test the flag; it is always False there
+    if spec.floor_with_mask and not (spec.guard_floor and any(k == "mask" and g == "not_none" for k, g in changes.get("terms", spec.terms))):
+        changes["floor_with_mask"] = False
+    if spec.mask_assert and style in ("none",):
+        changes["mask_assert"] = False
     if spec.cross:
         guarded = tuple((k, "not_none" if k == "bias" and g != "not_none" else g) for k, g in changes.get("terms", spec.terms))
         if guarded != changes.get("terms", spec.terms):

@@ -1,0 +1,63 @@
+"""One spec per class of wrong port the fuzzer found, with the verdict the engine must now give.
+
+Each of these was wrong, crashed, ported a hazard or was missed before the fix that closed its class (see the
+closing note of issue 10); `test_fuzz.py` judges them in the tf440 session and `tests/unit/test_fuzz_specs.py`
+checks the port decisions without torch.
+"""
+
+from __future__ import annotations
+
+from spec import Spec, normalise
+
+# name -> (spec, expected verdict, refusal code when refused)
+REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
+    "1: a causal fill in an else branch": (
+        Spec(causal="buffer", mask_style="manual_float", causal_guard="cross_pass_else", cross=True,
+             terms=(("relative", "plain"), ("mask", "not_none"))),
+        "exact", None,
+    ),
+    "2a: a None mask added with another term": (
+        Spec(mask_style="causal_helper", causal="mask", terms=(("mask", "plain"), ("alibi", "plain")), is_causal_attr=True),
+        "exact", None,
+    ),
+    "2b: an eager assert on the mask": (
+        Spec(mask_assert=True, mask_style="causal_helper", causal="mask", terms=(("mask", "plain"),), is_causal_attr=True),
+        "exact", None,
+    ),
+    "2c: a None mask in a causal module": (
+        Spec(mask_style="causal_helper", causal="mask", terms=(("mask", "plain"),), is_causal_attr=True),
+        "exact", None,
+    ),
+    "2d: the mask applied only under a config flag": (
+        Spec(layout="flat", product="bmm_method", scale_place="qk_quarter", scale_form="attr_mul",
+             terms=(("mask", "flag"),), mask_style="causal_helper", causal="mask", is_causal_attr=True),
+        "exact", None,
+    ),
+    "3: cross-attention made causal": (
+        Spec(mask_style="causal_helper", causal="mask", cross=True, is_causal_attr=True, terms=(("mask", "not_none"),)),
+        "exact", None,
+    ),
+    "4a: a -1e4 fill with a top-left causal slice and a cache": (
+        Spec(causal="buffer", causal_slice="top_left", fill_value="minus_1e4", cache=True, mask_style="manual_float",
+             terms=(("mask", "not_none"),)),
+        "refused", "M202",
+    ),
+    "4b: a finfo.min floor inside the mask block": (
+        Spec(guard_floor=True, floor_with_mask=True, mask_style="causal_helper", causal="mask",
+             terms=(("mask", "not_none"),), is_causal_attr=True),
+        "exact", None,
+    ),
+    "5: classes selected by a config field of the model's own": (
+        Spec(wiring="dict_public_key", mask_style="causal_helper", causal="mask", terms=(("mask", "plain"),),
+             is_causal_attr=True),
+        "refused", "W402",
+    ),
+    "6: the authors set _supports_sdpa = False": (Spec(hazard="authors_off"), "refused", "A501"),
+    "8a: attention in a module-level function": (Spec(placement="function"), "refused", "F601"),
+    "8b: an einsum over (batch, time, heads, dim)": (Spec(product="einsum_bthd"), "refused", "F601"),
+}
+
+
+def regression(name: str) -> tuple[Spec, str, str | None]:
+    spec, verdict, code = REGRESSIONS[name]
+    return normalise(spec), verdict, code

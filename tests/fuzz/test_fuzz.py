@@ -1,0 +1,101 @@
+"""The differential fuzzer in CI (tf440): fixed seeds, the regression specs, and the judge's own sensitivity.
+
+`python tests/fuzz/run.py --seeds 0:5000` runs many more seeds outside pytest.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from judge import FAILURES, judge
+from regressions import REGRESSIONS, regression
+from run import run_seeds
+from spec import Spec, normalise
+
+pytestmark = pytest.mark.tf440
+
+SEEDS = 500
+BLOCK = 50
+SDPA = "torch.nn.functional.scaled_dot_product_attention"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():  # type: ignore[no-untyped-def]
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("start", range(0, SEEDS, BLOCK))
+def test_no_wrong_port_crash_or_miss(start: int) -> None:
+    tally = run_seeds(list(range(start, start + BLOCK)), jobs=1, progress=False)
+    failures = [f"{verdict.kind}: {spec.describe()}\n    {verdict.detail}" for spec, verdict in tally.failures]
+    assert not failures, "\n".join(failures)
+    assert set(tally.counts) <= {"exact", "refused"}, tally.counts
+
+
+@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+def test_regression(name: str) -> None:
+    spec, expected, code = regression(name)
+    verdict = judge(spec)
+    assert verdict.kind == expected, f"{verdict.kind}: {verdict.detail}"
+    if code is not None:
+        assert any(reason.endswith(f"[{code}]") for reason in verdict.reasons), verdict.reasons
+
+
+# ------------------------------------------------------------------ the judge sees what it must
+
+
+class _Sabotage(cst.CSTTransformer):
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.count = 0
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if cst.Module([]).code_for_node(updated.func) != SDPA:
+            return updated
+        self.count += 1
+        args = []
+        for argument in updated.args:
+            keyword = argument.keyword.value if argument.keyword else None
+            if self.kind == "mask" and keyword == "attn_mask":
+                continue
+            if self.kind == "scale" and keyword == "scale":
+                argument = argument.with_changes(value=cst.parse_expression(f"({cst.Module([]).code_for_node(argument.value)}) * 1.05"))
+            if self.kind == "is_causal" and keyword == "is_causal":
+                argument = argument.with_changes(value=cst.parse_expression(f"not ({cst.Module([]).code_for_node(argument.value)})"))
+            args.append(argument)
+        return updated.with_changes(args=args)
+
+
+def sabotaged(kind: str):  # type: ignore[no-untyped-def]
+    def transform(source: str) -> str:
+        transformer = _Sabotage(kind)
+        result = cst.parse_module(source).visit(transformer)
+        assert transformer.count, "no SDPA call in the port"
+        return result.code
+
+    return transform
+
+
+SABOTAGE_SPECS = {
+    # a 5 % error in the scale, on a chain with a mask and a position bias
+    "scale": Spec(mask_style="plain_helper", terms=(("mask", "not_none"), ("bias", "plain"))),
+    # the padding mask and the position bias dropped from the SDPA call
+    "mask": Spec(mask_style="plain_helper", terms=(("mask", "not_none"), ("bias", "plain"))),
+    # a causal layer whose None mask must become is_causal=True
+    "is_causal": Spec(mask_style="causal_helper", causal="mask", terms=(("mask", "plain"),), is_causal_attr=True),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SABOTAGE_SPECS))
+def test_judge_sees_a_broken_port(kind: str) -> None:
+    spec = normalise(SABOTAGE_SPECS[kind])
+    assert judge(spec).kind == "exact"
+    verdict = judge(spec, transform=sabotaged(kind))
+    assert verdict.kind == "wrong", f"{kind}: {verdict.kind} {verdict.detail}"
+    assert verdict.kind in FAILURES

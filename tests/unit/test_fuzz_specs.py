@@ -1,0 +1,67 @@
+"""The fuzzer's regression specs, checked without torch: each defect class gets the port decision it needs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
+
+from regressions import REGRESSIONS, regression  # noqa: E402
+from render import render  # noqa: E402
+
+from sdpa_port import Status, port_source  # noqa: E402
+
+
+def ported(name: str) -> str:
+    spec, _, _ = regression(name)
+    result = port_source(render(spec), filename="modeling_fuzz.py")
+    assert result.status is Status.PORTED, result.reasons
+    return result.source
+
+
+@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+def test_regression_decision(name: str) -> None:
+    spec, verdict, code = regression(name)
+    result = port_source(render(spec), filename="modeling_fuzz.py")
+    if verdict == "refused":
+        assert result.status is Status.REFUSED, (result.status, result.detail)
+        assert code in {r.code.code for r in result.refusals}
+        assert all(line.endswith("]") for line in result.reasons)
+    else:
+        assert result.status is Status.PORTED, result.reasons
+
+
+def test_causal_fill_in_an_else_branch_reaches_the_call() -> None:
+    source = ported("1: a causal fill in an else branch")
+    sdpa = source[source.index("class FuzzSdpaAttention") :]
+    # the causal mask chosen in the else branch is read after the if, not only assigned there
+    assert sdpa.count("sdpa_causal") >= 3 and "if sdpa_causal is not None:" in sdpa
+
+
+def test_cross_attention_is_never_causal() -> None:
+    source = ported("3: cross-attention made causal")
+    line = next(line for line in source.splitlines() if "sdpa_is_causal =" in line)
+    assert "encoder_hidden_states is None" in line and "self.is_causal" in line
+
+
+def test_a_sole_always_applied_mask_is_causal_when_none() -> None:
+    source = ported("2c: a None mask in a causal module")
+    assert "_prepare_4d_causal_attention_mask_for_sdpa" in source
+    assert "is_causal=sdpa_is_causal" in source
+
+
+@pytest.mark.parametrize("name", ["2a: a None mask added with another term", "2d: the mask applied only under a config flag"])
+def test_no_causal_contract_where_none_cannot_mean_causal(name: str) -> None:
+    source = ported(name)
+    assert "_prepare_4d_causal_attention_mask_for_sdpa" not in source
+    assert "sdpa_is_causal" not in source
+
+
+def test_an_eager_assert_on_the_mask_keeps_the_full_masks() -> None:
+    spec, _, _ = regression("2b: an eager assert on the mask")
+    result = port_source(render(spec), filename="modeling_fuzz.py")
+    assert "_for_sdpa" not in result.source
+    assert any("without a None check" in w for w in result.warnings)
