@@ -44,7 +44,6 @@ class Code(enum.Enum):
     HEAD_MASK_INTERFACE = ("W403", "a head mask cannot pass through the attention interface")
     HELPER_CALL = ("W404", "the attention helper is called in a way that cannot be inlined")
     EAGER_FUNCTION = ("W405", "the eager function the module dispatches to is not recognised")
-    SUB_MODEL = ("W406", "a sub-model from another file does not support SDPA")
     # A: the file's authors
     AUTHORS_OFF = ("A501", "the file's authors set _supports_sdpa = False")
     # F: forms the tool does not recognise

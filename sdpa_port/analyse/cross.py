@@ -64,15 +64,37 @@ def _reached(names: Iterable[str], deps: dict[str, set[str]], params: set[str]) 
 
 
 def key_only_parameters(
-    function: cst.FunctionDef, key: cst.BaseExpression, query: cst.BaseExpression
+    function: cst.FunctionDef,
+    key: cst.BaseExpression,
+    query: cst.BaseExpression,
+    helper: tuple[cst.FunctionDef, dict[str, cst.BaseExpression]] | None = None,
 ) -> tuple[str, ...]:
-    """Parameters that feed the keys and not the queries, caches and masks aside: all None means self-attention."""
+    """Parameters that feed the keys and not the queries, caches and masks aside: all None means self-attention.
+
+    With `helper` (the method computing the attention and the arguments `function` binds to its parameters), `key`
+    and `query` are read in the helper and followed back through its locals and parameters into `function`.
+    """
+    key_names, query_names = walk_names(key), walk_names(query)
+    if helper is not None:
+        inner, bound = helper
+        inner_params = parameters_of(inner)
+        inner_deps = dependencies(inner, inner_params)
+        key_names = _argument_names(_reached(key_names, inner_deps, inner_params), bound)
+        query_names = _argument_names(_reached(query_names, inner_deps, inner_params), bound)
     params = parameters_of(function)
     deps = dependencies(function, params)
-    keys = _reached(walk_names(key), deps, params)
-    queries = _reached(walk_names(query), deps, params)
+    keys = _reached(key_names, deps, params)
+    queries = _reached(query_names, deps, params)
     extra = keys - queries
     return tuple(sorted(p for p in extra if not is_cache_parameter(p) and not is_mask_parameter(p)))
+
+
+def _argument_names(parameters: set[str], bound: dict[str, cst.BaseExpression]) -> set[str]:
+    out: set[str] = set()
+    for parameter in parameters:
+        if parameter in bound:
+            out |= walk_names(bound[parameter])
+    return out
 
 
 def self_attention_test(parameters: tuple[str, ...]) -> str:

@@ -46,13 +46,72 @@ class ReplaceNames(cst.CSTTransformer):
         replacement = self.mapping.get(original.value)
         if replacement is None:
             return updated
-        return _parenthesize(replacement)
+        return primary(replacement)  # the name may stand anywhere: a compound replacement keeps its own grouping
 
 
-def _parenthesize(node: cst.BaseExpression) -> cst.BaseExpression:
-    if isinstance(node, (cst.BinaryOperation, cst.UnaryOperation, cst.BooleanOperation, cst.IfExp, cst.Comparison)):
-        if not node.lpar:
-            return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+# ---------------------------------------------------------------- building expressions with the right parentheses
+
+ATOM = 100
+_BINARY_PRECEDENCE: dict[type, int] = {
+    cst.BitOr: 6,
+    cst.BitXor: 7,
+    cst.BitAnd: 8,
+    cst.LeftShift: 9,
+    cst.RightShift: 9,
+    cst.Add: 10,
+    cst.Subtract: 10,
+    cst.Multiply: 11,
+    cst.Divide: 11,
+    cst.FloorDivide: 11,
+    cst.Modulo: 11,
+    cst.MatrixMultiply: 11,
+    cst.Power: 13,
+}
+
+
+def precedence(node: cst.BaseExpression) -> int:
+    """How tightly an expression binds, as Python's grammar orders them (higher binds tighter)."""
+    if node.lpar:
+        return ATOM
+    if isinstance(node, cst.NamedExpr):
+        return -1
+    if isinstance(node, cst.Lambda):
+        return 0
+    if isinstance(node, cst.IfExp):
+        return 1
+    if isinstance(node, cst.BooleanOperation):
+        return 2 if isinstance(node.operator, cst.Or) else 3
+    if isinstance(node, cst.UnaryOperation):
+        return 4 if isinstance(node.operator, cst.Not) else 12
+    if isinstance(node, cst.Comparison):
+        return 5
+    if isinstance(node, cst.BinaryOperation):
+        return _BINARY_PRECEDENCE[type(node.operator)]
+    if isinstance(node, cst.Await):
+        return 14
+    return ATOM
+
+
+def parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
+    return node if node.lpar else node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def binary(left: cst.BaseExpression, operator: cst.BaseBinaryOp, right: cst.BaseExpression) -> cst.BinaryOperation:
+    """`left <op> right`, parenthesising an operand that binds more loosely than the operator (or as loosely, on
+    the side associativity does not group: the right of `-`, `/`, the left of `**`)."""
+    level = _BINARY_PRECEDENCE[type(operator)]
+    power = isinstance(operator, cst.Power)
+    if precedence(left) < level or (power and precedence(left) == level):
+        left = parenthesized(left)
+    if precedence(right) < level or (not power and precedence(right) == level):
+        right = parenthesized(right)
+    return cst.BinaryOperation(left=left, operator=operator, right=right)
+
+
+def primary(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`node` ready to have an attribute read or a method called on it (`(a + b).to(...)`, `(1).real`)."""
+    if precedence(node) < ATOM or isinstance(node, (cst.Integer, cst.Float, cst.Imaginary)):
+        return parenthesized(node)
     return node
 
 

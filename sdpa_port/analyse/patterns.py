@@ -13,6 +13,8 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
+from sdpa_port.analyse.cstutil import binary, parenthesized, precedence
+
 SOFTMAX_FUNCTIONS = frozenset({"torch.nn.functional.softmax", "torch.softmax", "torch.Tensor.softmax"})
 SOFTMAX_MODULES = frozenset({"torch.nn.Softmax"})
 DROPOUT_FUNCTIONS = frozenset({"torch.nn.functional.dropout", "torch.dropout"})
@@ -212,10 +214,13 @@ def scalar(
             return None
         if left.node is node.left and right.node is node.right:
             return Scalar(node)
-        return Scalar(node.with_changes(left=_paren(left.node), right=_paren(right.node)))
+        return Scalar(binary(left.node, node.operator, right.node))
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
         inner = scalar(node.expression, scope, depth + 1, attributes)
-        return None if inner is None else Scalar(node.with_changes(expression=_paren(inner.node)))
+        if inner is None:
+            return None
+        operand = inner.node if precedence(inner.node) >= precedence(node) else parenthesized(inner.node)
+        return Scalar(node.with_changes(expression=operand))
     if isinstance(node, cst.Call):
         qualified = scope.qualify(node.func)
         if (qualified in SCALAR_FUNCTIONS or (qualified or "").endswith(".torch_float")) and not has_star_args(node):
@@ -299,12 +304,6 @@ class _InitScope:
 
     def local_is_scalar(self, name: str) -> bool:
         return True
-
-
-def _paren(node: cst.BaseExpression) -> cst.BaseExpression:
-    if isinstance(node, (cst.BinaryOperation, cst.UnaryOperation)) and not node.lpar:
-        return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return node
 
 
 # ---------------------------------------------------------------- forms

@@ -18,11 +18,12 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
-from sdpa_port.analyse.cstutil import assigned_names, block_body, code, if_branches, replace_names
+from sdpa_port.analyse.cstutil import assigned_names, binary, block_body, code, if_branches, primary, replace_names
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.refusals import Code, Reason
 
 SCORES, PROBS, OUT = "scores", "probs", "out"
+STAGE_NAMES = {SCORES: "scores", PROBS: "probabilities", OUT: "output"}
 
 
 # ------------------------------------------------------------------ values and operations
@@ -283,6 +284,7 @@ class Tracer:
         self.plans: dict[int, StmtPlan] = {}
         self.dropped_ifs: set[int] = set()
         self.returns: list[cst.Return] = []
+        self.current_line = 0
         self.tests: list[cst.BaseExpression] = []
         self.branches = 0  # enclosing if/elif/else branches (`tests` holds the tests of the if/elif ones)
         self.output_seen = False
@@ -314,6 +316,7 @@ class Tracer:
             self.statement(statement, depth)
 
     def statement(self, statement: cst.BaseStatement, depth: int) -> None:
+        self.current_line = self.line_of(statement)
         if isinstance(statement, cst.SimpleStatementLine):
             for small in statement.body:
                 self.small(small, depth, self.line_of(statement))
@@ -524,6 +527,10 @@ class Tracer:
 
     def expression_statement(self, small: cst.Expr, depth: int, line: int) -> None:
         value = small.value
+        output = self.find_output(value)
+        if output is not None:  # `outputs.append(probs @ value)`
+            self.output_statement(small, value, output, [], depth, line)
+            return
         found = p.method_call(value)
         if found is not None and isinstance(found[0], cst.Name):
             receiver = self.env.get(found[0].value)
@@ -644,6 +651,13 @@ class Tracer:
                     heads = (node.args[0].value, node.args[1].value) if len(node.args) == 4 else self.tuple_heads(node.args)
                 if current.rank is None and after is not None and after != 4:
                     raise _Poison(Code.LAYOUT, "the scores are reshaped and their layout cannot be told", {base.cid})
+                if after is not None and after == (current.rank or 4):
+                    # a view that keeps the rank may still regroup the entries (`view(b, q, h, k)` of (b, h, q, k))
+                    raise _Poison(
+                        Code.LAYOUT,
+                        f"the scores are viewed as `{_short(node)}`, a shape of the same rank that may regroup them",
+                        {base.cid},
+                    )
                 return base, [*ops, View(current.rank, after if after is not None else current.rank, heads)]
             if name in p.CAST_METHODS:
                 return base, [*ops, Cast(name in ("float", "double") or _casts_to_float32(node, self.scope))]
@@ -694,6 +708,12 @@ class Tracer:
             return base, [*ops, self.add_term(current, other, line)]
         if isinstance(operator, (cst.Multiply, cst.Divide)):
             if left_refs and right_refs:
+                if any(self.stage_of(cid) != SCORES for cid in left_refs | right_refs if cid >= 0):
+                    raise _Poison(
+                        Code.PROBABILITIES_CHANGED,
+                        f"the probabilities are rescaled by themselves in `{_short(node)}`",
+                        left_refs | right_refs,
+                    )
                 raise _Poison(Code.SCORES_COMBINED, "the scores are multiplied by themselves", left_refs | right_refs)
             if right_refs and isinstance(operator, cst.Divide):
                 raise _Poison(Code.SCORES_COMBINED, "the scores are a divisor", right_refs)
@@ -817,7 +837,7 @@ class Tracer:
             if beta is not None and beta_value != 1.0:
                 if p.scalar(beta, self.scope) is None:
                     raise _Poison(Code.SCALE_NOT_A_NUMBER, f"baddbmm's beta `{code(beta)}` is not a number", {base.cid})
-                term = cst.BinaryOperation(left=beta, operator=cst.Multiply(), right=initial)
+                term = binary(beta, cst.Multiply(), initial)
             ops.append(AddTerm(term, 3))
         return ops
 
@@ -962,7 +982,7 @@ class Tracer:
     def require(self, base: ChainVal, ops: list[Op], stage: str, what: str, line: int, code: Code) -> None:
         current = self.advance(base, ops)
         if current.stage != stage:
-            raise _Poison(code, f"{what} is applied to the {current.stage}, expected the {stage}", {base.cid})
+            raise _Poison(code, f"{what} is applied to the {STAGE_NAMES[current.stage]}, expected the {STAGE_NAMES[stage]}", {base.cid})
 
     # -------------------------------------------------------------- bookkeeping
 
@@ -1051,6 +1071,10 @@ class Tracer:
             return True
         return isinstance(value, ExprVal) and p.scalar(value.node, self.scope) is not None
 
+    def stage_of(self, cid: int) -> str:
+        stages = {v.stage for v in self.env.values() if isinstance(v, ChainVal) and v.cid == cid}
+        return PROBS if PROBS in stages or OUT in stages else SCORES
+
     def live_cids(self) -> set[int]:
         return {value.cid for value in self.env.values() if isinstance(value, ChainVal)}
 
@@ -1129,9 +1153,7 @@ class Tracer:
         if start is None:
             return node
         mapping: dict[int, cst.CSTNode] = {}
-        query = start.query
-        if isinstance(query, (cst.BinaryOperation, cst.UnaryOperation)):
-            query = query.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        query = primary(start.query)
         for attribute in finder.attributes:
             mapping[id(attribute)] = cst.Attribute(value=query, attr=attribute.attr)
         for call in finder.expands:
@@ -1233,7 +1255,14 @@ class Tracer:
                 continue
             try:
                 base, ops = self.decompose(product.left, 0)
-            except (_NotChain, _Poison):
+            except _NotChain:
+                continue
+            except _Poison as poison:
+                # a chain reaches this product through an operation SDPA cannot follow: it is attention all the
+                # same, refused with that operation as the reason
+                for cid in poison.cids:
+                    self.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, self.current_line)
+                    self.candidates[cid].stage = OUT
                 continue
             if self.advance(base, ops).stage == PROBS:
                 if product.form == "einsum":

@@ -15,7 +15,6 @@ import libcst as cst
 from sdpa_port.analyse.cstutil import code
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.cross import key_only_parameters
-from sdpa_port.analyse.cstutil import replace_names
 from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, bind_arguments
@@ -210,13 +209,14 @@ def _causal_when_none(facts: ModuleFacts, analysis: ClassAnalysis) -> str | None
     assert forward is not None
     site = analysis.sites[0]
     key, query = cst.parse_expression(site.key), cst.parse_expression(site.query)
+    inner: tuple[cst.FunctionDef, dict[str, cst.BaseExpression]] | None = None
     if analysis.helpers:
         helper = facts.find_method(analysis.class_name, analysis.helpers[0].method)
         bound = bind_arguments(helper[1], analysis.helpers[0].call) if helper is not None else None
-        if bound is None:
+        if helper is None or bound is None:
             return None
-        key, query = replace_names(key, bound), replace_names(query, bound)
-    cross = key_only_parameters(forward[1], key, query)
+        inner = (helper[1], bound)
+    cross = key_only_parameters(forward[1], key, query, inner)
     return CAUSAL_CONTRACT + "".join(f" and {p} is None" for p in cross)
 
 

@@ -19,7 +19,8 @@ from sdpa_port.analyse.cstutil import assigned_names, block_body, code, rebuild_
 from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.refusals import Code, Refuse
-from sdpa_port.rewrite.sdpa_body import EmitOptions, SdpaEmitter, SideNames, _ById, _paren, _unflatten
+from sdpa_port.analyse.cstutil import primary
+from sdpa_port.rewrite.sdpa_body import EmitOptions, SdpaEmitter, SideNames, _ById, _unflatten
 
 # names the eager function's signature and the dispatch's keywords already use
 RESERVED = frozenset(
@@ -159,8 +160,8 @@ class InterfaceEmitter(SdpaEmitter):
             kwargs=self.interface.forward_kwargs or "",
             weights_requested=self.interface.weights_requested or "",
             mask_variable=_fresh("dispatch_mask", self.taken()),
-            query_root=code(_paren(self.query)),
-            key_root=code(_paren(self.key)),
+            query_root=code(primary(self.query)),
+            key_root=code(primary(self.key)),
             causal=self.interface.causal_kwarg or "self.is_causal",
         )
         out.extend(dispatch)
@@ -363,4 +364,4 @@ def _reads_and_writes(statement: cst.CSTNode) -> list[tuple[str, bool]]:
     return [(n, False) for n in sorted(walk_names(statement))]
 
 
-__all__ = ["InterfaceEmitter", "InterfaceOptions", "eager_body", "free_names", "_ById", "_paren"]
+__all__ = ["InterfaceEmitter", "InterfaceOptions", "eager_body", "free_names"]

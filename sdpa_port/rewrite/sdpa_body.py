@@ -17,9 +17,11 @@ from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cstutil import (
     all_assigned_names,
     assigned_names,
+    binary,
     block_body,
     code,
     expr,
+    primary,
     rebuild_if,
     replace_nodes,
 )
@@ -467,7 +469,7 @@ class SdpaEmitter:
             return []
         pre = self.materialize({"mask"}) if not state.mask_var else []
         mask = cst.Name(self.names.mask)
-        added = cst.BinaryOperation(left=mask, operator=cst.Add(), right=_paren(term))
+        added = binary(mask, cst.Add(), term)
         value: cst.BaseExpression = (
             cst.IfExp(test=_is_none(self.names.mask), body=term, orelse=added) if state.mask_maybe_none else added
         )
@@ -482,12 +484,10 @@ class SdpaEmitter:
         if pre:
             return [*pre, *self.add_to_mask(term)]
         if not state.mask_var:
-            state.mask = term if state.mask is None else cst.BinaryOperation(
-                left=state.mask, operator=cst.Add(), right=_paren(term)
-            )
+            state.mask = term if state.mask is None else binary(state.mask, cst.Add(), term)
             return []
         mask = cst.Name(self.names.mask)
-        added = cst.BinaryOperation(left=mask, operator=cst.Add(), right=_paren(term))
+        added = binary(mask, cst.Add(), term)
         if state.mask_maybe_none:
             value: cst.BaseExpression = cst.IfExp(
                 test=_is_none(self.names.mask), body=term, orelse=added
@@ -579,12 +579,10 @@ class SdpaEmitter:
         divide = [f for f, is_divide in state.scale_factors if is_divide]
         result: cst.BaseExpression | None = None
         for factor in multiply:
-            result = _paren(factor) if result is None else cst.BinaryOperation(
-                left=result, operator=cst.Multiply(), right=_paren(factor)
-            )
+            result = factor if result is None else binary(result, cst.Multiply(), factor)
         for factor in divide:
             left = result if result is not None else cst.Float("1.0")
-            result = cst.BinaryOperation(left=left, operator=cst.Divide(), right=_paren(factor))
+            result = binary(left, cst.Divide(), factor)
         return result if result is not None else cst.Float("1.0")
 
     # -------------------------------------------------------------- output
@@ -592,7 +590,7 @@ class SdpaEmitter:
     def query_root(self) -> cst.BaseExpression:
         if self.query is None:
             raise Refuse(Code.SCORES_READ, "the scores' dtype is read before the query-key product")
-        return _paren(self.query)
+        return primary(self.query)
 
     def output_statement(
         self, small: cst.BaseSmallStatement, plan: t.OutputStmt, line: cst.SimpleStatementLine
@@ -622,7 +620,7 @@ class SdpaEmitter:
         if self.upcast:
             dtype = cst.Attribute(value=self.query_root(), attr=cst.Name("dtype"))
             value_for_call = cst.Call(
-                func=cst.Attribute(value=_paren(value), attr=cst.Name("to")), args=[cst.Arg(dtype)]
+                func=cst.Attribute(value=primary(value), attr=cst.Name("to")), args=[cst.Arg(dtype)]
             )
             if mask_code:
                 out.extend(self.materialize({"mask"}) if not state.mask_var else [])
@@ -654,7 +652,7 @@ class SdpaEmitter:
         if self.upcast:
             call = cst.Call(
                 func=cst.Attribute(value=call, attr=cst.Name("to")),
-                args=[cst.Arg(cst.Attribute(value=_paren(plan.output.value), attr=cst.Name("dtype")))],
+                args=[cst.Arg(cst.Attribute(value=primary(plan.output.value), attr=cst.Name("dtype")))],
             )
         new_small = replace_nodes(small, {id(plan.output.node): call})
         own = self.assigned_by(small)
@@ -689,7 +687,7 @@ class SdpaEmitter:
                 mask_set=mask_set,
                 is_causal=self.names.is_causal,
                 query=code(self.query_root()),
-                key=code(_paren(self.key)) if self.key is not None else "",
+                key=code(primary(self.key)) if self.key is not None else "",
                 fill=code(state.causal_fill),
             )
         )
@@ -736,14 +734,6 @@ def _if_not_none(name: str, statement: cst.SimpleStatementLine) -> cst.If:
     return cst.If(test=test, body=cst.IndentedBlock(body=[statement]))
 
 
-def _paren(node: cst.BaseExpression) -> cst.BaseExpression:
-    if isinstance(
-        node, (cst.BinaryOperation, cst.UnaryOperation, cst.BooleanOperation, cst.IfExp, cst.Comparison, cst.Lambda)
-    ) and not node.lpar:
-        return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return node
-
-
 def _wrap(text: str) -> str:
     return text if text.isidentifier() else f"({text})"
 
@@ -766,7 +756,7 @@ def not_none_names(test: cst.BaseExpression) -> set[str]:
 
 def _clamp(mask: cst.BaseExpression, bound: cst.BaseExpression) -> cst.Call:
     return cst.Call(
-        func=cst.Attribute(value=_paren(mask), attr=cst.Name("clamp")),
+        func=cst.Attribute(value=primary(mask), attr=cst.Name("clamp")),
         args=[cst.Arg(bound, keyword=cst.Name("min"), equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))],
     )
 
@@ -782,15 +772,13 @@ def _same_factors(a: list[tuple[cst.BaseExpression, bool]], b: list[tuple[cst.Ba
 
 
 def _binary(left: cst.BaseExpression, factor: cst.BaseExpression, divide: bool) -> cst.BinaryOperation:
-    return cst.BinaryOperation(
-        left=left, operator=cst.Divide() if divide else cst.Multiply(), right=_paren(factor)
-    )
+    return binary(left, cst.Divide() if divide else cst.Multiply(), factor)
 
 
 def _unflatten(node: cst.BaseExpression, heads: tuple[cst.BaseExpression, cst.BaseExpression]) -> cst.BaseExpression:
     shape = cst.Tuple(elements=[cst.Element(heads[0]), cst.Element(heads[1])])
     return cst.Call(
-        func=cst.Attribute(value=_paren(node), attr=cst.Name("unflatten")),
+        func=cst.Attribute(value=primary(node), attr=cst.Name("unflatten")),
         args=[cst.Arg(cst.Integer("0")), cst.Arg(shape)],
     )
 
@@ -801,7 +789,7 @@ def _dropout_expression(call: "t.p.DropoutCall") -> cst.BaseExpression:
         return call.probability
     if isinstance(training, cst.Name) and training.value == "False":
         return cst.Float("0.0")
-    return cst.IfExp(test=training, body=_paren(call.probability), orelse=cst.Float("0.0"))
+    return cst.IfExp(test=training, body=call.probability, orelse=cst.Float("0.0"))
 
 
 class _ById(cst.CSTVisitor):

@@ -37,6 +37,11 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(mask_style="causal_helper", causal="mask", cross=True, is_causal_attr=True, terms=(("mask", "not_none"),)),
         "exact", None,
     ),
+    "3b: cross-attention keys computed through a helper's locals": (
+        Spec(product="pretransposed", mask_style="causal_helper", causal="mask", cross=True, is_causal_attr=True,
+             placement="helper", terms=(("mask", "not_none"),)),
+        "exact", None,
+    ),
     "4a: a -1e4 fill with a top-left causal slice and a cache": (
         Spec(causal="buffer", causal_slice="top_left", fill_value="minus_1e4", cache=True, mask_style="manual_float",
              terms=(("mask", "not_none"),)),
@@ -45,6 +50,10 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
     "4b: a finfo.min floor inside the mask block": (
         Spec(guard_floor=True, floor_with_mask=True, mask_style="causal_helper", causal="mask",
              terms=(("mask", "not_none"),), is_causal_attr=True),
+        "exact", None,
+    ),
+    "4c: a scale after two terms (operator precedence of the folded mask)": (
+        Spec(scale_place="after_terms", mask_style="manual_float", terms=(("alibi", "plain"), ("mask", "plain"))),
         "exact", None,
     ),
     "5: classes selected by a config field of the model's own": (

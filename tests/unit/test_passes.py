@@ -257,3 +257,32 @@ def test_remove_dead_leaves_names_outside_the_removable_set() -> None:
     assert cst.Module(body=remove_dead(body, set(), ImportMap.of(cst.parse_module("import torch\n")))).code == (
         "a = torch.zeros(1)\nb = 2\n"
     )
+
+
+# ---------------------------------------------------------------- expressions built with the right parentheses
+
+
+@pytest.mark.parametrize(
+    "left,operator,right,expected",
+    [
+        ("a + b", cst.Divide(), "c", "(a + b) / c"),
+        ("a", cst.Divide(), "b * c", "a / (b * c)"),
+        ("a * b", cst.Multiply(), "c", "a * b * c"),
+        ("a", cst.Subtract(), "b - c", "a - (b - c)"),
+        ("a", cst.Add(), "b if c else d", "a + (b if c else d)"),
+        ("a ** b", cst.Power(), "c", "(a ** b) ** c"),
+        ("-a", cst.Multiply(), "math.sqrt(d)", "-a * math.sqrt(d)"),
+    ],
+)
+def test_binary_keeps_the_meaning(left: str, operator: cst.BaseBinaryOp, right: str, expected: str) -> None:
+    from sdpa_port.analyse.cstutil import binary
+
+    built = binary(cst.parse_expression(left), operator, cst.parse_expression(right))
+    assert code(built) == expected
+
+
+@pytest.mark.parametrize("node,expected", [("a + b", "(a + b).to"), ("x", "x.to"), ("1", "(1).to"), ("f(x)[0]", "f(x)[0].to")])
+def test_primary_receivers(node: str, expected: str) -> None:
+    from sdpa_port.analyse.cstutil import primary
+
+    assert code(cst.Attribute(value=primary(cst.parse_expression(node)), attr=cst.Name("to"))) == expected
