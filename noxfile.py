@@ -3,7 +3,8 @@
 - unit:   the pure tool (no torch): analysis, passes, golden files, CLI.
 - tf440:  transformers 4.40.2 + torch 2.13.0 CPU: class-style acceptance on real files, with parity, and the
           differential fuzzer (fixed seeds, the regression specs, the judge's own sensitivity).
-- tf523:  transformers 5.23.0 + torch 2.13.0 CPU: interface-style acceptance on real files, with parity.
+- tf523:  transformers 5.23.0 + torch 2.13.0 CPU: interface-style acceptance on real files, with parity, and the
+          fuzzer's interface-style family.
 - corpus: every PyTorch modeling file of both releases, read from their wheels, ported in one batch.
 """
 
@@ -41,7 +42,7 @@ def tf440(session: nox.Session) -> None:
 def tf523(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("transformers==5.23.0", "-e", ".", PYTEST)
-    _pytest(session, "tests/acceptance", "-m", "tf523", "-q", env={"SDPA_PORT_REQUIRE": "tf523"})
+    _pytest(session, "tests/acceptance", "tests/fuzz", "-m", "tf523", "-q", env={"SDPA_PORT_REQUIRE": "tf523"})
 
 
 @nox.session

@@ -38,6 +38,7 @@ class Code(enum.Enum):
     CAUSAL_BY_USE = ("C301", "whether the module is causal depends on where it is used")
     CAUSAL_PINNED = ("C302", "the module is built with a literal is_causal=True")
     TOWERS = ("C303", "token and pixel/audio towers share the module's file")
+    CAUSAL_CONTRADICTED = ("C304", "the module's own is_causal contradicts the masks the file builds for it")
     # W: wiring
     NO_CONFIG = ("W401", "the attention module is built where no config is in scope")
     SELECTION_KEY = ("W402", "the implementation is selected by something other than config._attn_implementation")

@@ -16,7 +16,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.cross import key_only_parameters, self_attention_test
 from sdpa_port.analyse.cstutil import block_body, code
+from sdpa_port.analyse.flow import bound_before
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import walk_names
@@ -148,13 +150,23 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
                 "implementation, so it cannot be handed over as is",
                 line=line,
             )
+        if isinstance(op, t.AddTerm) and mask_param is not None and mask_term_name(op.term) == mask_param and not op.always:
+            raise Refuse(
+                Code.CONDITIONAL,
+                "the attention mask is added only under a condition, but the implementations receive it whenever it "
+                "is given",
+                line=line,
+            )
     moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result)
-    cross = cross_attention_parameter(forward, start, params)
+    cross = key_only_parameters(forward, start.key, start.query)
     has_causal = bool(facts.find_attribute_values(analysis.class_name, "is_causal"))
     if has_causal:
         _check_own_causality(facts, analysis.class_name)
+        _check_causal_attribute(facts, analysis.class_name, causality, mask_param is not None)
     causal_value = None if has_causal else causality.for_class(analysis.class_name, mask_param is not None)
-    causal_kwarg = f"self.is_causal and {cross} is None" if cross and not causality.from_callers else None
+    causal_kwarg = (
+        "self.is_causal and " + self_attention_test(cross) if cross and not causality.from_callers else None
+    )
     kwargs = forward.params.star_kwarg.name.value if isinstance(forward.params.star_kwarg, cst.Param) else None
     if "output_attentions" in params:
         weights_requested: str | None = "output_attentions"
@@ -187,6 +199,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     if not emitter.dispatched:
         raise Refuse(Code.NOT_EXTRACTABLE, "the product with V was not reached on the dispatch path")
     body = remove_dead(body, emitter.removed_reads, facts.imports)
+    body = _bind_handed_values(forward, result, part.free, body)
     new_forward = forward.with_changes(body=forward.body.with_changes(body=body))
     eager = _eager_function(facts, eager_name, statements, part.free, analysis)
     store_config = not facts.find_attribute_values(analysis.class_name, "config")
@@ -203,6 +216,56 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
                 f"built in {', '.join(missing)} without a `config` in scope, so the implementation cannot be selected",
             )
     return ModulePlan(analysis.class_name, new_forward, eager, store_config, add_parameter, causal_value)
+
+
+def _bind_handed_values(
+    forward: cst.FunctionDef, result: t.TraceResult, free: list[str], body: list[cst.BaseStatement]
+) -> list[cst.BaseStatement]:
+    """Values forward hands to the eager function that only some paths assign (a term computed under a flag) are
+    bound to None first: the eager function reads them on those paths only, and the dispatch must not fail on the
+    others."""
+    output = next((small for small, plan in _output_smalls(forward, result)), None)
+    params = {p.name.value for p in [*forward.params.params, *forward.params.kwonly_params, *forward.params.posonly_params]}
+    bound = bound_before(block_body(forward.body), output) if output is not None else None
+    if bound is None:
+        return body
+    missing = [name for name in free if name not in bound and name not in params and name != "self"]
+    if not missing:
+        return body
+    start = 1 if body and _is_docstring(body[0]) else 0
+    bindings = [cst.parse_statement(f"{name} = None") for name in missing]
+    return [*body[:start], *bindings, *body[start:]]
+
+
+def _output_smalls(forward: cst.FunctionDef, result: t.TraceResult) -> list[tuple[cst.CSTNode, t.StmtPlan]]:
+    found: list[tuple[cst.CSTNode, t.StmtPlan]] = []
+
+    class Find(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            plan = result.plans.get(id(node))
+            if isinstance(plan, t.OutputStmt):
+                found.append((node, plan))
+            return True
+
+    forward.body.visit(Find())
+    return found
+
+
+def _check_causal_attribute(facts: ModuleFacts, class_name: str, causality: "Causality", mask_param: bool) -> None:
+    """A module that sets `self.is_causal` to a literal the file's masks contradict would run SDPA with the wrong
+    causality whenever the mask handed over is None (the eager code never reads the flag)."""
+    values = facts.find_attribute_values(class_name, "is_causal")
+    literals = {v.value for v in values if isinstance(v, cst.Name) and v.value in ("True", "False")}
+    if len(literals) != 1 or len(values) != len([v for v in values if isinstance(v, cst.Name)]):
+        return
+    expected = causality.for_class(class_name, mask_param)
+    if expected in ("True", "False") and expected not in literals:
+        raise Refuse(
+            Code.CAUSAL_CONTRADICTED,
+            f"sets `self.is_causal = {literals.pop()}`, but the file builds {'causal' if expected == 'True' else 'bidirectional'} "
+            "masks for it; the implementations would apply the flag whenever the mask is None",
+            class_name,
+        )
 
 
 def _mask_parameter(candidate: t.Candidate, params: tuple[str, ...]) -> str | None:
@@ -271,60 +334,6 @@ class _SelfCasts(cst.CSTVisitor):
             and m.matches(value.func.value, m.Name(name))
         ):
             self.found.add(id(node))
-
-
-def cross_attention_parameter(function: cst.FunctionDef, start: t.Start, params: tuple[str, ...]) -> str | None:
-    """The parameter that turns the module into cross-attention: tested `is not None` and feeding the keys."""
-    tested: set[str] = set()
-    finder = _NotNoneAssignments(set(params))
-    function.body.visit(finder)
-    tested = finder.params
-    if not tested:
-        return None
-    dependencies = _dependencies(function, set(params))
-    key_deps: set[str] = set()
-    for name in walk_names(start.key):
-        key_deps |= dependencies.get(name, {name} if name in params else set())
-    query_deps: set[str] = set()
-    for name in walk_names(start.query):
-        query_deps |= dependencies.get(name, {name} if name in params else set())
-    found = sorted((tested & key_deps) - query_deps)
-    return found[0] if len(found) == 1 else None
-
-
-class _NotNoneAssignments(cst.CSTVisitor):
-    def __init__(self, params: set[str]) -> None:
-        self.all_params = params
-        self.params: set[str] = set()
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if m.matches(
-            node.value,
-            m.Comparison(left=m.Name(), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))]),
-        ):
-            name = node.value.left.value  # type: ignore[attr-defined]
-            if name in self.all_params:
-                self.params.add(name)
-
-
-def _dependencies(function: cst.FunctionDef, params: set[str]) -> dict[str, set[str]]:
-    """For each local, the parameters its value was computed from (in source order, control flow ignored)."""
-    deps: dict[str, set[str]] = {p: {p} for p in params}
-
-    class Walk(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            sources: set[str] = set()
-            for name in walk_names(node.value):
-                sources |= deps.get(name, set())
-            for target in node.targets:
-                for name in walk_names(target.target):
-                    deps[name] = deps.get(name, set()) | sources
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return False
-
-    function.body.visit(Walk())
-    return deps
 
 
 @dataclass(frozen=True)
@@ -721,4 +730,4 @@ class _DictLookup(cst.CSTTransformer):
         )
 
 
-__all__ = ["port_interface_style", "self_attention_causality", "cross_attention_parameter", "code"]
+__all__ = ["port_interface_style", "self_attention_causality"]

@@ -63,6 +63,23 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
     ),
     "6: the authors set _supports_sdpa = False": (Spec(hazard="authors_off"), "refused", "A501"),
     "8a: attention in a module-level function": (Spec(placement="function"), "refused", "F601"),
+    # transformers 5.x files, interface style
+    "5.x A: a term computed under a flag and handed to the eager function": (
+        Spec(family="523", terms=(("alibi", "flag"), ("mask", "not_none")), mask_style="builder"),
+        "exact", None,
+    ),
+    "5.x B: the attention mask applied only under a flag": (
+        Spec(family="523", terms=(("mask", "flag"),), causal="mask", mask_style="builder"),
+        "refused", "S110",
+    ),
+    "5.x C: cross-attention made causal": (
+        Spec(family="523", causal="mask", cross=True, is_causal_attr=True, mask_style="builder"),
+        "exact", None,
+    ),
+    "5.x D: is_causal = True on a module given bidirectional masks": (
+        Spec(family="523", is_causal_attr=True, mask_style="builder"),
+        "refused", "C304",
+    ),
     "8b: an einsum over (batch, time, heads, dim)": (Spec(product="einsum_bthd"), "refused", "F601"),
 }
 

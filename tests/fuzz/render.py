@@ -474,12 +474,18 @@ def attention_class(spec: Spec, code: Code) -> None:
                 code.add("self.temperature = nn.Parameter(torch.ones(1))")
         code.add("")
         params = ["self", "hidden_states", *chain_parameters(spec)]
-        if spec.cache:
-            params += ["layer_past=None", "use_cache=False"]
-        if spec.cross:
-            params += ["encoder_hidden_states=None", "encoder_attention_mask=None"]
-        if spec.output_attentions:
-            params.append("output_attentions=False")
+        if spec.family == "523":
+            params += ["past_key_values=None"]
+            if spec.cross:
+                params += ["key_value_states=None"]
+            params.append("**kwargs")
+        else:
+            if spec.cache:
+                params += ["layer_past=None", "use_cache=False"]
+            if spec.cross:
+                params += ["encoder_hidden_states=None", "encoder_attention_mask=None"]
+            if spec.output_attentions:
+                params.append("output_attentions=False")
         code.add(f"def forward({', '.join(params)}):")
         with code.indent():
             code.add("bsz, q_len, _ = hidden_states.size()")
@@ -487,7 +493,19 @@ def attention_class(spec: Spec, code: Code) -> None:
             split = {"permuted": ".transpose(1, 2)", "einsum_bthd": ""}.get(spec.product, ".transpose(1, 2)")
             key_split = ".permute(0, 2, 3, 1)" if spec.product == "permuted" else split
             code.add(f"query = self.q_proj(hidden_states).{shape}{split}")
-            if spec.cross:
+            if spec.family == "523":
+                source = "hidden_states"
+                if spec.cross:
+                    code.add("current_states = key_value_states if key_value_states is not None else hidden_states")
+                    source = "current_states"
+                code.add(f"key = self.k_proj({source}).{shape}{key_split}")
+                code.add(f"value = self.v_proj({source}).{shape}{split}")
+                if spec.cache:
+                    code.add("if past_key_values is not None:")
+                    with code.indent():
+                        code.add("key, value = past_key_values.update(key, value, self.layer_idx)")
+                code.add("present = None")
+            elif spec.cross:
                 code.add("if encoder_hidden_states is not None:")
                 with code.indent():
                     code.add(f"key = self.k_proj(encoder_hidden_states).{shape}{key_split}")
@@ -500,7 +518,9 @@ def attention_class(spec: Spec, code: Code) -> None:
             else:
                 code.add(f"key = self.k_proj(hidden_states).{shape}{key_split}")
                 code.add(f"value = self.v_proj(hidden_states).{shape}{split}")
-            if spec.cache:
+            if spec.family == "523":
+                pass
+            elif spec.cache:
                 key_dim = {"permuted": -1, "einsum_bthd": 1}.get(spec.product, -2)
                 value_dim = 1 if spec.product == "einsum_bthd" else -2
                 code.add("if layer_past is not None:")
@@ -531,8 +551,11 @@ def attention_class(spec: Spec, code: Code) -> None:
             else:
                 code.add("attn_output = attn_output.transpose(1, 2).reshape(bsz, q_len, self.embed_dim)")
             code.add("attn_output = self.o_proj(attn_output)")
-            weights = "attn_weights if output_attentions else None" if spec.output_attentions else "None"
-            code.add(f"return attn_output, present, {weights}")
+            if spec.family == "523":
+                code.add("return attn_output, attn_weights")
+            else:
+                weights = "attn_weights if output_attentions else None" if spec.output_attentions else "None"
+                code.add(f"return attn_output, present, {weights}")
         if spec.placement == "helper":
             code.add("")
             code.add(f"def _attn(self, {n.query}, {n.key}, {n.value}, {', '.join(chain_parameters(spec))}):")
@@ -550,6 +573,8 @@ def attention_function(spec: Spec, code: Code) -> None:
 
 
 def layer_class(spec: Spec, code: Code) -> None:
+    if spec.family == "523":
+        return layer_class_523(spec, code)
     config = "cfg" if spec.wiring == "direct_no_config" else "config"
     if spec.wiring in ("dict", "dict_public_key"):
         key = "config._attn_implementation" if spec.wiring == "dict" else "config.attn_impl"
@@ -598,8 +623,64 @@ def layer_class(spec: Spec, code: Code) -> None:
             code.add("return hidden_states, present, weights")
 
 
+def layer_class_523(spec: Spec, code: Code) -> None:
+    code.add("class FuzzLayer(nn.Module):")
+    with code.indent():
+        code.add("def __init__(self, config, layer_idx):")
+        with code.indent():
+            code.add("super().__init__()")
+            code.add("self.norm = nn.LayerNorm(config.hidden_size)")
+            code.add("self.attn = FuzzAttention(config, layer_idx=layer_idx)")
+            if spec.cross:
+                code.add("self.cross_norm = nn.LayerNorm(config.hidden_size)")
+                code.add("self.crossattention = FuzzAttention(config, is_cross_attention=True, layer_idx=layer_idx)")
+            code.add("self.mlp = nn.Sequential(nn.Linear(config.hidden_size, 2 * config.hidden_size), nn.GELU())")
+            code.add("self.proj = nn.Linear(2 * config.hidden_size, config.hidden_size)")
+        code.add("")
+        code.add(
+            "def forward(self, hidden_states, attention_mask=None, past_key_values=None, encoder_hidden_states=None, "
+            "encoder_attention_mask=None, position_bias=None, **kwargs):"
+        )
+        with code.indent():
+            keywords = ["attention_mask=attention_mask", "past_key_values=past_key_values"]
+            if any(kind == "bias" for kind, _ in spec.terms):
+                keywords.append("position_bias=position_bias")
+            code.add(f"attn_output, _ = self.attn(self.norm(hidden_states), {', '.join(keywords)}, **kwargs)")
+            code.add("hidden_states = hidden_states + attn_output")
+            if spec.cross:
+                code.add("if encoder_hidden_states is not None:")
+                with code.indent():
+                    code.add(
+                        "cross_output, _ = self.crossattention(self.cross_norm(hidden_states), "
+                        "attention_mask=encoder_attention_mask, key_value_states=encoder_hidden_states, **kwargs)"
+                    )
+                    code.add("hidden_states = hidden_states + cross_output")
+            code.add("hidden_states = hidden_states + self.proj(self.mlp(hidden_states))")
+            code.add("return hidden_states")
+
+
 def mask_lines(spec: Spec, code: Code) -> None:
     style = spec.mask_style
+    if spec.family == "523":
+        builder = "create_causal_mask" if spec.causal == "mask" else "create_bidirectional_mask"
+        if style == "none":
+            code.add("mask = None")
+        elif builder == "create_causal_mask":
+            code.add(
+                "mask = create_causal_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask, "
+                "past_key_values=past_key_values, position_ids=position_ids[None])"
+            )
+        else:
+            code.add(
+                "mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states, "
+                "attention_mask=attention_mask)"
+            )
+        if spec.cross:
+            code.add(
+                "encoder_mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states, "
+                "attention_mask=encoder_attention_mask, encoder_hidden_states=encoder_hidden_states)"
+            )
+        return
     if style == "causal_helper":
         code.add("mask = _prepare_4d_causal_attention_mask(attention_mask, (batch, length), hidden_states, past_length)")
     elif style == "plain_helper":
@@ -641,6 +722,8 @@ def mask_lines(spec: Spec, code: Code) -> None:
 
 
 def model_classes(spec: Spec, code: Code) -> None:
+    if spec.family == "523":
+        return model_classes_523(spec, code)
     code.add("class FuzzPreTrainedModel(PreTrainedModel):")
     with code.indent():
         code.add("config_class = FuzzConfig")
@@ -708,6 +791,80 @@ def model_classes(spec: Spec, code: Code) -> None:
             )
 
 
+def model_classes_523(spec: Spec, code: Code) -> None:
+    code.add("class FuzzPreTrainedModel(PreTrainedModel):")
+    with code.indent():
+        code.add("config_class = FuzzConfig")
+        code.add('base_model_prefix = "model"')
+        if spec.hazard == "authors_off":
+            code.add("_supports_sdpa = False")
+    code.add("", "")
+    code.add("class FuzzModel(FuzzPreTrainedModel):")
+    bias = any(kind == "bias" for kind, _ in spec.terms)
+    with code.indent():
+        code.add("def __init__(self, config):")
+        with code.indent():
+            code.add("super().__init__(config)")
+            code.add("self.embed = nn.Embedding(config.vocab_size, config.hidden_size)")
+            code.add(f"self.positions = nn.Embedding({MAX_POSITIONS}, config.hidden_size)")
+            if bias:
+                code.add(f"self.position_bias = nn.Embedding({2 * MAX_POSITIONS - 1}, config.num_attention_heads)")
+            code.add("self.layers = nn.ModuleList([FuzzLayer(config, i) for i in range(config.num_hidden_layers)])")
+            code.add("self.norm = nn.LayerNorm(config.hidden_size)")
+            code.add("self.post_init()")
+        code.add("")
+        code.add(
+            "def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=False, "
+            "encoder_hidden_states=None, encoder_attention_mask=None, **kwargs):"
+        )
+        with code.indent():
+            code.add("batch, length = input_ids.shape")
+            if spec.cache:
+                code.add("if use_cache and past_key_values is None:")
+                with code.indent():
+                    code.add("past_key_values = DynamicCache(config=self.config)")
+            code.add("past_length = past_key_values.get_seq_length() if past_key_values is not None else 0")
+            code.add("position_ids = torch.arange(past_length, past_length + length, device=input_ids.device)")
+            code.add("hidden_states = self.embed(input_ids) + self.positions(position_ids)[None]")
+            mask_lines(spec, code)
+            code.add("position_bias = None")
+            if bias:
+                code.add("key_positions = torch.arange(past_length + length, device=input_ids.device)")
+                code.add(
+                    f"relative = (key_positions[None, :] - position_ids[:, None]).clamp({-MAX_POSITIONS + 1}, "
+                    f"{MAX_POSITIONS - 1}) + {MAX_POSITIONS - 1}"
+                )
+                code.add("position_bias = self.position_bias(relative).permute(2, 0, 1).unsqueeze(0)")
+            code.add("for layer in self.layers:")
+            with code.indent():
+                encoder = "encoder_mask" if spec.cross else "None"
+                code.add(
+                    "hidden_states = layer(hidden_states, attention_mask=mask, past_key_values=past_key_values, "
+                    f"encoder_hidden_states=encoder_hidden_states, encoder_attention_mask={encoder}, "
+                    "position_bias=position_bias, **kwargs)"
+                )
+            code.add("hidden_states = self.norm(hidden_states)")
+            code.add(
+                "return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, "
+                "past_key_values=past_key_values if use_cache else None)"
+            )
+
+
+HEADER_523 = '''\
+# Generated by sdpa-port's fuzzer: {description}
+import math
+
+import torch
+from torch import nn
+
+from ...cache_utils import DynamicCache
+from ...configuration_utils import PretrainedConfig
+from ...masking_utils import create_bidirectional_mask, create_causal_mask
+from ...modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+from ...modeling_utils import PreTrainedModel
+'''
+
+
 HEADER = '''\
 # Generated by sdpa-port's fuzzer: {description}
 import math
@@ -753,7 +910,11 @@ class FuzzConfig(PretrainedConfig):
 
 def render(spec: Spec) -> str:
     code = Code()
-    code.lines.extend(HEADER.format(description=spec.describe()).splitlines())
+    if spec.family == "523":
+        header = HEADER_523 + "\n\n" + HEADER[HEADER.index("class FuzzConfig") :]
+    else:
+        header = HEADER
+    code.lines.extend(header.format(description=spec.describe()).splitlines())
     code.add("", "")
     if spec.placement == "function":
         attention_function(spec, code)

@@ -1,6 +1,6 @@
-"""Run the differential fuzzer: `python tests/fuzz/run.py --seeds 0:300 [--jobs 2] [--shrink] [--out DIR]`.
+"""Run the differential fuzzer: `python tests/fuzz/run.py --seeds 0:300 [--family 440|523] [--jobs 2] [--shrink]`.
 
-Needs torch and transformers 4.40.2 (the tf440 environment). Prints a count per verdict and, for each failure, the
+Needs torch and the family's transformers: 4.40.2 (tf440 environment) or 5.23.0 (tf523). Prints a count per verdict and, for each failure, the
 spec and the verdict; with `--shrink`, a minimal failing spec and its file (written under `--out`).
 """
 
@@ -30,8 +30,8 @@ def _init() -> None:
     warnings.filterwarnings("ignore")
 
 
-def judge_seed(seed: int) -> tuple[Spec, Verdict]:
-    spec = draw(seed)
+def judge_seed(seed: int, family: str = "440") -> tuple[Spec, Verdict]:
+    spec = draw(seed, family)
     return spec, judge(spec)
 
 
@@ -46,19 +46,19 @@ def seeds_from(text: str) -> list[int]:
     return out
 
 
-def run_seeds(seeds: list[int], jobs: int, progress: bool = True) -> Tally:
+def run_seeds(seeds: list[int], jobs: int, progress: bool = True, family: str = "440") -> Tally:
     tally = Tally()
     started = time.monotonic()
     if jobs <= 1:
         _init()
-        results = (judge_seed(seed) for seed in seeds)
+        results = (judge_seed(seed, family) for seed in seeds)
         for index, (spec, verdict) in enumerate(results, 1):
             tally.add(spec, verdict)
             if progress:
                 _progress(index, len(seeds), started, tally)
     else:
         with ProcessPoolExecutor(jobs, initializer=_init) as pool:
-            futures = [pool.submit(judge_seed, seed) for seed in seeds]
+            futures = [pool.submit(judge_seed, seed, family) for seed in seeds]
             for index, future in enumerate(as_completed(futures), 1):
                 spec, verdict = future.result()
                 tally.add(spec, verdict)
@@ -79,10 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", default="0:200", help="seeds as START:STOP or a comma list")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--family", choices=("440", "523"), default="440",
+        help="440: class-style files run in transformers 4.40.2; 523: interface-style files run in 5.23.0",
+    )
     parser.add_argument("--shrink", action="store_true", help="reduce each failure to a minimal spec")
     parser.add_argument("--out", type=Path, default=None, help="write failing (shrunk) files here")
     args = parser.parse_args(argv)
-    tally = run_seeds(seeds_from(args.seeds), args.jobs)
+    tally = run_seeds(seeds_from(args.seeds), args.jobs, family=args.family)
     print("verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.counts.items())))
     failed = 0
     for spec, verdict in sorted(tally.failures, key=lambda item: item[0].seed):

@@ -29,7 +29,7 @@ SCALE_FORMS = ("sqrt_div", "attr_mul", "pow_div", "full_div", "size_div", "inpla
 SCALE_GUARDS = ("none", "flag", "flag_else", "layer")  # where the scale is conditional
 TERM_KINDS = ("mask", "bias", "alibi", "relative")
 TERM_GUARDS = ("plain", "not_none", "flag")
-MASK_STYLES = ("causal_helper", "plain_helper", "extended", "manual_float", "manual_bool", "none")
+MASK_STYLES = ("causal_helper", "plain_helper", "extended", "manual_float", "manual_bool", "none", "builder")
 CAUSAL_SOURCES = ("mask", "buffer", "none")
 CAUSAL_SLICES = ("bottom_right", "top_left")
 FILL_FORMS = ("where", "masked_fill", "masked_fill_inplace", "where_inverted")
@@ -59,9 +59,13 @@ HAZARDS = (
 SEMANTIC_HAZARDS = frozenset({"dropout_before_softmax", "authors_off"})
 
 
+FAMILIES = ("440", "523")  # transformers 4.40.2 (class style) and 5.23.0 (interface style) skeletons
+
+
 @dataclass(frozen=True)
 class Spec:
     seed: int = 0
+    family: str = "440"
     layout: str = "heads"
     product: str = "matmul"
     scale_place: str = "scores"
@@ -115,7 +119,7 @@ class Spec:
 
     def describe(self) -> str:
         default = Spec()
-        parts = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "seed" and getattr(self, f.name) != getattr(default, f.name)]
+        parts = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name not in ("seed",) and getattr(self, f.name) != getattr(default, f.name)]
         return f"Spec(seed={self.seed}" + (", " + ", ".join(parts) if parts else "") + ")"
 
 
@@ -126,9 +130,9 @@ def _pick(rng: random.Random, choices: tuple[str, ...], weights: tuple[float, ..
     return rng.choices(choices, weights=weights)[0] if weights else rng.choice(choices)
 
 
-def draw(seed: int) -> Spec:
+def draw(seed: int, family: str = "440") -> Spec:
     """A consistent random spec; most cases are portable, about one in six carries a hazard."""
-    rng = random.Random(seed)
+    rng = random.Random(seed if family == "440" else f"{family}:{seed}")
     layout = _pick(rng, LAYOUTS, (3, 1))
     product = _pick(rng, HEAD_PRODUCTS, (4, 2, 1, 1, 1, 1, 1, 1)) if layout == "heads" else _pick(rng, FLAT_PRODUCTS)
     causal = _pick(rng, CAUSAL_SOURCES, (2, 2, 3))
@@ -157,6 +161,7 @@ def draw(seed: int) -> Spec:
     hazard = _pick(rng, HAZARDS, (30,) + (0.5,) * (len(HAZARDS) - 1))
     spec = Spec(
         seed=seed,
+        family=family,
         layout=layout,
         product=product,
         scale_place=scale_place,
@@ -191,6 +196,8 @@ def draw(seed: int) -> Spec:
 
 def normalise(spec: Spec) -> Spec:
     """Resolve combinations the skeleton cannot express into the nearest one it can."""
+    if spec.family == "523":
+        spec = _interface_family(spec)
     changes: dict[str, Any] = {}
     if spec.layout == "flat" and spec.product not in FLAT_PRODUCTS:
         changes["product"] = "bmm"
@@ -201,9 +208,9 @@ def normalise(spec: Spec) -> Spec:
         changes["scale_place"] = "scores"
     if product == "baddbmm_alpha" and changes.get("scale_place", spec.scale_place) != "alpha":
         changes["product"] = "baddbmm_zero"
-    if spec.causal == "mask" and spec.mask_style != "causal_helper":
+    if spec.family == "440" and spec.causal == "mask" and spec.mask_style != "causal_helper":
         changes["mask_style"] = "causal_helper"
-    if spec.causal != "mask" and spec.mask_style == "causal_helper":
+    if spec.family == "440" and spec.causal != "mask" and spec.mask_style == "causal_helper":
         changes["mask_style"] = "plain_helper"
     style = changes.get("mask_style", spec.mask_style)
     terms = []
@@ -248,6 +255,29 @@ def normalise(spec: Spec) -> Spec:
     return replace(spec, **changes) if changes else spec
 
 
+def _interface_family(spec: Spec) -> Spec:
+    """Transformers 5.x files build masks with `create_causal_mask` / `create_bidirectional_mask` ("builder"), keep
+    the key/value cache in a `DynamicCache`, return weights through hooks rather than an `output_attentions`
+    argument, and select the attention implementation from the config alone (no class dicts)."""
+    changes: dict[str, Any] = {}
+    if spec.mask_style not in ("builder", "none"):
+        changes["mask_style"] = "builder"
+    if spec.causal == "mask" and spec.mask_style == "none":
+        changes["mask_style"] = "builder"
+    style = changes.get("mask_style", spec.mask_style)
+    terms = tuple((k if k != "bool_mask" else "mask", g) for k, g in spec.terms if (k not in ("mask", "bool_mask")) or style == "builder")
+    if style == "builder" and not any(k == "mask" for k, _ in terms):
+        terms = (("mask", "not_none"),) + terms
+    if terms != spec.terms:
+        changes["terms"] = terms
+    for name, value in (("output_attentions", False), ("head_mask", False), ("wiring", "direct"), ("mask_assert", False)):
+        if getattr(spec, name) != value:
+            changes[name] = value
+    if spec.cache and spec.causal == "none":
+        changes["cache"] = False
+    return replace(spec, **changes) if changes else spec
+
+
 # ------------------------------------------------------------------ shrinking order
 
 
@@ -256,7 +286,7 @@ def simpler(spec: Spec) -> list[Spec]:
     out: list[Spec] = []
     base = Spec()
     for f in fields(Spec):
-        if f.name == "seed":
+        if f.name in ("seed", "family"):
             continue
         current = getattr(spec, f.name)
         simplest = getattr(base, f.name)

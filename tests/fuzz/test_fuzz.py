@@ -1,6 +1,7 @@
-"""The differential fuzzer in CI (tf440): fixed seeds, the regression specs, and the judge's own sensitivity.
+"""The differential fuzzer in CI: fixed seeds of both families (class style in the tf440 session, interface style
+in tf523), the regression specs, and the judge's own sensitivity.
 
-`python tests/fuzz/run.py --seeds 0:5000` runs many more seeds outside pytest.
+`python tests/fuzz/run.py --seeds 0:5000 [--family 523]` runs many more seeds outside pytest.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from regressions import REGRESSIONS, regression
 from run import run_seeds
 from spec import Spec, normalise
 
-pytestmark = pytest.mark.tf440
-
-SEEDS = 500
+SEEDS = {"440": 500, "523": 300}
 BLOCK = 50
+FAMILY_MARK = {"440": pytest.mark.tf440, "523": pytest.mark.tf523}
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
 
@@ -30,15 +30,20 @@ def _one_thread():  # type: ignore[no-untyped-def]
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("start", range(0, SEEDS, BLOCK))
-def test_no_wrong_port_crash_or_miss(start: int) -> None:
-    tally = run_seeds(list(range(start, start + BLOCK)), jobs=1, progress=False)
+@pytest.mark.parametrize(
+    "family,start",
+    [pytest.param(family, start, marks=FAMILY_MARK[family]) for family in SEEDS for start in range(0, SEEDS[family], BLOCK)],
+)
+def test_no_wrong_port_crash_or_miss(family: str, start: int) -> None:
+    tally = run_seeds(list(range(start, start + BLOCK)), jobs=1, progress=False, family=family)
     failures = [f"{verdict.kind}: {spec.describe()}\n    {verdict.detail}" for spec, verdict in tally.failures]
     assert not failures, "\n".join(failures)
     assert set(tally.counts) <= {"exact", "refused"}, tally.counts
 
 
-@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=FAMILY_MARK[REGRESSIONS[name][0].family]) for name in sorted(REGRESSIONS)]
+)
 def test_regression(name: str) -> None:
     spec, expected, code = regression(name)
     verdict = judge(spec)
@@ -92,6 +97,7 @@ SABOTAGE_SPECS = {
 }
 
 
+@pytest.mark.tf440
 @pytest.mark.parametrize("kind", sorted(SABOTAGE_SPECS))
 def test_judge_sees_a_broken_port(kind: str) -> None:
     spec = normalise(SABOTAGE_SPECS[kind])
