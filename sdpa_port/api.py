@@ -12,7 +12,7 @@ from sdpa_port.discover.eager_sites import find_eager_attention
 from sdpa_port.discover.modular import note_modular_origin
 from sdpa_port.discover.screen import Screen, screen
 from sdpa_port.plan.class_style import ClassStylePlan, apply_class_style, plan_class_style
-from sdpa_port.refusals import Code, Refusal
+from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite.copied_from import reconcile_copied_from
 
@@ -54,6 +54,14 @@ def port_source(source: str, *, style: Style | str = Style.AUTO, filename: str |
         return _provenance(source, tree, _unrecognised(tree, result), filename)
     except SyntaxError as error:
         message = f"{filename or 'input'}: internal error: the port does not compile ({error.msg}, line {error.lineno})"
+        return PortResult(Status.ERROR, source, chosen, "internal error", reasons=(message,))
+    except Refuse as error:  # planners turn refusals into results; one that escapes them is still a refusal
+        return PortResult.refused(source, chosen, [error.placed("<module>")])
+    except RecursionError:
+        message = f"{filename or 'input'}: internal error: recursion limit reached"
+        return PortResult(Status.ERROR, source, chosen, "internal error", reasons=(message,))
+    except Exception as error:  # noqa: BLE001 - the pure API never raises; a bug becomes an error result naming it
+        message = f"{filename or 'input'}: internal error: {type(error).__name__}: {error}"
         return PortResult(Status.ERROR, source, chosen, "internal error", reasons=(message,))
 
 

@@ -203,3 +203,30 @@ def test_startup_imports_neither_torch_nor_transformers(tmp_path: Path, argument
     assert after_import == []
     # typer draws --help with rich; porting off a terminal shows no progress bar and leaves rich unloaded
     assert after_run == (["rich"] if arguments == ["--help"] else [])
+
+
+@pytest.mark.parametrize("code", ["W401", "A501", "C304", "F601"])
+def test_every_refusal_exits_3_with_its_code(code: str, tmp_path: Path) -> None:
+    """Refusals decided anywhere (class or interface style, the authors' flag, the form-free detector) exit 3."""
+    from test_refusal_docs import source_of
+
+    target = tmp_path / "modeling_tiny.py"
+    target.write_text(source_of(code), encoding="utf-8")
+    result = invoke(target, "--json")
+    assert result.exit_code == 3, result.output
+    (record,) = [json.loads(line) for line in result.stdout.splitlines()]
+    assert record["status"] == "refused" and [r["code"] for r in record["refusals"]] == [code]
+    assert target.read_text(encoding="utf-8") == source_of(code)
+
+
+def test_port_source_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in a planner becomes an error result naming it, not an exception out of the pure API."""
+    from sdpa_port import Status, api, port_source
+
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise KeyError("boom")
+
+    monkeypatch.setattr(api, "plan_class_style", broken)
+    source = (FIXTURES / "class_style" / "modeling_tiny_decoder.py").read_text()
+    result = port_source(source, filename="modeling_tiny_decoder.py")
+    assert result.status is Status.ERROR and "KeyError" in result.reasons[0] and result.source == source
