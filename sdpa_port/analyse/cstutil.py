@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
 import libcst as cst
 
@@ -20,10 +20,6 @@ def expr(text: str) -> cst.BaseExpression:
 
 def stmt(text: str) -> cst.BaseStatement:
     return cst.parse_statement(text)
-
-
-def stmts(text: str) -> list[cst.BaseStatement]:
-    return list(cst.parse_module(text).body)
 
 
 class ReplaceNames(cst.CSTTransformer):
@@ -151,12 +147,6 @@ def assigned_names(target: cst.BaseExpression) -> list[str]:
     if isinstance(target, cst.StarredElement):
         return assigned_names(target.value)
     return []
-
-
-def small_statements(block: Sequence[cst.BaseStatement]) -> Iterator[cst.BaseSmallStatement]:
-    for statement in block:
-        if isinstance(statement, cst.SimpleStatementLine):
-            yield from statement.body
 
 
 def block_body(node: cst.BaseSuite) -> Sequence[cst.BaseStatement]:

@@ -60,18 +60,6 @@ class ImportMap:
             return full
         return f"{base}.{rest}" if rest else base
 
-    def local_name_for(self, qualified: str) -> str | None:
-        """A local spelling for a qualified name (`torch.nn.functional` -> `nn.functional`), if imported."""
-        best: str | None = None
-        for local, full in self.aliases.items():
-            if qualified == full:
-                return local
-            if qualified.startswith(full + "."):
-                candidate = local + qualified[len(full):]
-                if best is None or len(candidate) < len(best):
-                    best = candidate
-        return best
-
 
 def _asname(alias: cst.ImportAlias) -> str:
     assert alias.asname is not None

@@ -1,4 +1,4 @@
-"""Whether an attention module copes with `attention_mask=None` (so SDPA mask helpers may return None)."""
+"""Whether a function copes with its mask parameters being None (so the `_for_sdpa` mask helpers may return None)."""
 
 from __future__ import annotations
 
@@ -6,32 +6,11 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.recognise import ClassAnalysis, bind_arguments
 
 
 def mask_parameters(function: cst.FunctionDef) -> list[str]:
     params = [*function.params.posonly_params, *function.params.params, *function.params.kwonly_params]
     return [p.name.value for p in params if "mask" in p.name.value and not p.name.value.endswith("head_mask")]
-
-
-def none_safe(facts: ModuleFacts, analysis: ClassAnalysis) -> bool:
-    """Every read of a mask parameter sits under an `is not None` guard, in forward and in its helpers."""
-    found = facts.find_method(analysis.class_name, "forward")
-    if found is None:
-        return False
-    forward = found[1]
-    names = set(mask_parameters(forward))
-    if not _safe(forward, names):
-        return False
-    for helper in analysis.helpers:
-        method = facts.find_method(analysis.class_name, helper.method)
-        if method is None:
-            return False
-        bound = bind_arguments(method[1], helper.call) or {}
-        helper_names = {p for p, value in bound.items() if isinstance(value, cst.Name) and value.value in names}
-        if not _safe(method[1], helper_names):
-            return False
-    return True
 
 
 def safe_for_none(function: cst.FunctionDef, names: set[str]) -> bool:

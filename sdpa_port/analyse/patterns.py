@@ -382,7 +382,6 @@ class Product:
     left: cst.BaseExpression
     right: cst.BaseExpression
     rank: int | None  # 3 for bmm/baddbmm, from the einsum spec, None for matmul
-    right_transposed: bool | None  # for einsum: whether the right operand enters untransposed (bhkd)
     alpha: cst.BaseExpression | None = None
     beta: cst.BaseExpression | None = None
     initial: cst.BaseExpression | None = None  # baddbmm's input
@@ -391,7 +390,7 @@ class Product:
 
 def product(node: cst.BaseExpression, scope: Scope) -> Product | None:
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
-        return Product("operator", node.left, node.right, None, None)
+        return Product("operator", node.left, node.right, None)
     if not isinstance(node, cst.Call) or has_star_args(node):
         return None
     qualified = scope.qualify(node.func)
@@ -399,17 +398,17 @@ def product(node: cst.BaseExpression, scope: Scope) -> Product | None:
         left, right = arg(node, 0, "input"), arg(node, 1, "mat2" if qualified == "torch.bmm" else "other")
         if left is None or right is None:
             return None
-        return Product("bmm" if qualified == "torch.bmm" else "matmul", left, right, 3 if qualified == "torch.bmm" else None, None)
+        return Product("bmm" if qualified == "torch.bmm" else "matmul", left, right, 3 if qualified == "torch.bmm" else None)
     receiver = method_call(node, {"matmul", "bmm"})
     if receiver is not None and len(node.args) == 1:
         rank = 3 if receiver[1] == "bmm" else None
-        return Product(receiver[1], receiver[0], node.args[0].value, rank, None)
+        return Product(receiver[1], receiver[0], node.args[0].value, rank)
     if qualified in EINSUM_FUNCTIONS:
         spec_node = arg(node, 0, "equation")
         if not isinstance(spec_node, cst.SimpleString) or len(node.args) != 3:
             return None
         spec = str(spec_node.evaluated_value).replace(" ", "")
-        return Product("einsum", node.args[1].value, node.args[2].value, None, None, spec=spec)
+        return Product("einsum", node.args[1].value, node.args[2].value, None, spec=spec)
     if qualified in BADDBMM_FUNCTIONS or method_call(node, {"baddbmm"}) is not None:
         if qualified in BADDBMM_FUNCTIONS:
             initial = arg(node, 0, "input")
@@ -421,7 +420,7 @@ def product(node: cst.BaseExpression, scope: Scope) -> Product | None:
             return None
         beta = _keyword(node, "beta")
         alpha = _keyword(node, "alpha")
-        return Product("baddbmm", left, right, 3, None, alpha=alpha, beta=beta, initial=initial)
+        return Product("baddbmm", left, right, 3, alpha=alpha, beta=beta, initial=initial)
     return None
 
 

@@ -32,7 +32,6 @@ class HelperCall:
 @dataclass(frozen=True)
 class ClassAnalysis:
     class_name: str
-    forward_owner: str
     sites: tuple[AttentionSite, ...]
     helpers: tuple[HelperCall, ...]
     refusal: Refusal | None
@@ -117,7 +116,6 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
                 refusal = Refusal(Code.DROPOUT, class_name, site.line, "dropout is applied only under a condition")
     return ClassAnalysis(
         class_name=class_name,
-        forward_owner=owner.name,
         sites=tuple(sites),
         helpers=tuple(helper_calls),
         refusal=refusal,

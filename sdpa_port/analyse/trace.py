@@ -175,7 +175,6 @@ class Candidate:
     cid: int
     start: Start | None
     start_line: int
-    origin: str | None = None  # set when the probabilities do not come from a recognised product
     poison: Reason | None = None
     poison_line: int = 0
     stage: str = SCORES
@@ -197,7 +196,6 @@ class TraceResult:
     dropped_ifs: set[int]
     returns: list[cst.Return]
     probs_names_after_output: set[str]
-    names_read_after_output: set[str]
     params: tuple[str, ...]
 
     def attention(self) -> list[Candidate]:
@@ -289,7 +287,6 @@ class Tracer:
         self.branches = 0  # enclosing if/elif/else branches (`tests` holds the tests of the if/elif ones)
         self.output_seen = False
         self.probs_after_output: set[str] = set()
-        self.read_after_output: set[str] = set()
         self.params = tuple(param.name.value for param in _all_params(function.params))
         for param in _all_params(function.params):
             if param.annotation is not None and _numeric_annotation(param.annotation.annotation):
@@ -305,7 +302,6 @@ class Tracer:
             dropped_ifs=self.dropped_ifs,
             returns=self.returns,
             probs_names_after_output=self.probs_after_output,
-            names_read_after_output=self.read_after_output,
             params=self.params,
         )
 
@@ -969,7 +965,7 @@ class Tracer:
         if self.selected_start is not None:
             raise _NotChain()
         cid = len(self.candidates)
-        candidate = Candidate(cid, None, line, origin=_short(softmax.operand), start_node_id=id(node))
+        candidate = Candidate(cid, None, line, start_node_id=id(node))
         candidate.poisoned(
             Code.UNKNOWN_PRODUCT,
             f"the attention scores come from `{_short(softmax.operand)}`, not from a recognised query-key product",
@@ -1008,8 +1004,6 @@ class Tracer:
         for candidate in self.candidates:
             if candidate.stage != OUT:
                 candidate.names_assigned_after_start.update(names)
-        if self.output_seen:
-            pass
 
     def bind_plain(self, targets: list[cst.BaseExpression], value: cst.BaseExpression) -> None:
         names = [n for t in targets for n in assigned_names(t)]
@@ -1187,19 +1181,14 @@ class Tracer:
             value = self.env[name.value]
             assert isinstance(value, ChainVal)
             self.candidates[value.cid].poisoned(Code.SCORES_READ, f"the shape of the scores is read by `{_short(node)}`", line)
-        if self.output_seen:
-            self.read_after_output.update(_names_in(node))
         if replacements:
             self.plans[key] = KeepStmt(replacements)
 
     # -------------------------------------------------------------- shapes
 
     def view_rank(self, args: Sequence[cst.Arg]) -> int | None:
-        if len(args) == 1:
-            only = args[0]
-            if only.star == "*":
-                return self.tuple_length(only.value)
-            return self.tuple_length(only.value)
+        if len(args) == 1:  # `view(shape)` or `view(*shape)`
+            return self.tuple_length(args[0].value)
         if any(a.star for a in args):
             return None
         return len(args)

@@ -21,7 +21,6 @@ class Screen:
     softmax_classes: frozenset[str]
     interface_machinery: bool  # imports masking_utils or ALL_ATTENTION_FUNCTIONS
     uses_attention_interface: bool  # dispatches through ALL_ATTENTION_FUNCTIONS already
-    softmax_functions: frozenset[str]  # top-level functions that call a softmax (eager_attention_forward...)
     modeling: bool = True  # imports torch or defines a module class: a modeling file at all
 
 
@@ -135,7 +134,7 @@ def screen(tree: ast.Module) -> Screen:
         any(base.endswith(("Module", "PreTrainedModel")) for base in names) or names & from_modeling
         for names in bases.values()
     )
-    return Screen(supports, frozenset(found), interface, dispatches, frozenset(functions), modeling)
+    return Screen(supports, frozenset(found), interface, dispatches, modeling)
 
 
 def _sets_supports_sdpa(node: ast.ClassDef) -> bool:

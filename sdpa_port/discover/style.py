@@ -3,16 +3,6 @@
 from __future__ import annotations
 
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.result import Style
-
-
-def detect_style(facts: ModuleFacts) -> Style:
-    """Interface style for files on transformers 5.x machinery, class style otherwise."""
-    for local, qualified in facts.imports.aliases.items():
-        parts = qualified.split(".")
-        if "masking_utils" in parts or local == "ALL_ATTENTION_FUNCTIONS":
-            return Style.INTERFACE
-    return Style.CLASS
 
 
 def attention_dicts(facts: ModuleFacts) -> dict[str, dict[str, str]]:

@@ -62,8 +62,7 @@ class InterfacePlan:
 
 
 def port_interface_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen) -> PortResult:
-    if first.supports_sdpa:
-        return PortResult(Status.UNCHANGED, module.code, Style.INTERFACE, "already supports SDPA")
+    """The interface port of a file `port_source` has screened (it answers files already supporting SDPA)."""
     analyses = attention_classes(facts, lines, first.softmax_classes)
     names = tuple(a.class_name for a in analyses)
     refusals = [a.refusal for a in analyses if a.refusal is not None]

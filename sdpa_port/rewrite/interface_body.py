@@ -142,7 +142,6 @@ class InterfaceEmitter(SdpaEmitter):
                 value = _unflatten(value, layout.heads)
         weights = sorted(self.probs_after_output - self.assigned_by(small))
         output_name = _fresh("attention_output", self.taken())
-        extra = [(name, name if name not in RESERVED else name) for name in self.eager.free]
         dispatch = render_statements(
             "interface_style/dispatch.py.jinja",
             eager=self.interface.eager_name,
@@ -156,7 +155,7 @@ class InterfaceEmitter(SdpaEmitter):
             scaling=code(self.scale_expression()),
             is_causal=self.interface.causal_kwarg or "",
             position_bias=bias,
-            extra=[(_eager_name(n), n) for n, _ in extra],
+            extra=[(_eager_name(name), name) for name in self.eager.free],
             kwargs=self.interface.forward_kwargs or "",
             weights_requested=self.interface.weights_requested or "",
             mask_variable=_fresh("dispatch_mask", self.taken()),

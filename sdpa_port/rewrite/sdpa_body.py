@@ -734,10 +734,6 @@ def _if_not_none(name: str, statement: cst.SimpleStatementLine) -> cst.If:
     return cst.If(test=test, body=cst.IndentedBlock(body=[statement]))
 
 
-def _wrap(text: str) -> str:
-    return text if text.isidentifier() else f"({text})"
-
-
 def not_none_names(test: cst.BaseExpression) -> set[str]:
     """Names an `if` test shows are not None in its body: `x is not None`, alone or joined by `and`."""
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):

@@ -24,12 +24,6 @@ def site_of(body: str, **kwargs):  # type: ignore[no-untyped-def]
     return site
 
 
-def refusal_of(body: str) -> str:
-    analysis = analyse(attention_module(body, init=INIT))
-    assert analysis is not None and analysis.refusal is not None
-    return analysis.refusal.detail
-
-
 PLAIN = """
 scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(query.size(-1))
 if attention_mask is not None:
