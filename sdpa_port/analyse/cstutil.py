@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Container, Iterable, Sequence
 
 import libcst as cst
 
@@ -118,19 +118,19 @@ def replace_names(node: cst.CSTNode, mapping: dict[str, cst.BaseExpression]):  #
 
 
 class ReplaceNodes(cst.CSTTransformer):
-    """Replace specific node objects (by identity) with new nodes."""
+    """Replace specific node objects (nodes compare by identity) with new nodes."""
 
-    def __init__(self, mapping: dict[int, cst.CSTNode]) -> None:
+    def __init__(self, mapping: dict[cst.CSTNode, cst.CSTNode]) -> None:
         self.mapping = mapping
 
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):  # type: ignore[override,no-untyped-def]
-        replacement = self.mapping.get(id(original))
+        replacement = self.mapping.get(original)
         if replacement is not None:
             return replacement
         return updated
 
 
-def replace_nodes(node: cst.CSTNode, mapping: dict[int, cst.CSTNode]):  # type: ignore[no-untyped-def]
+def replace_nodes(node: cst.CSTNode, mapping: dict[cst.CSTNode, cst.CSTNode]):  # type: ignore[no-untyped-def]
     if not mapping:
         return node
     return node.visit(ReplaceNodes(mapping))
@@ -168,6 +168,25 @@ def if_branches(node: cst.If) -> list[tuple[cst.BaseExpression | None, Sequence[
             out.append((None, block_body(current.body)))
             current = None
     return out
+
+
+class NodesIn(cst.CSTVisitor):
+    """The nodes of a subtree that belong to a given collection (nodes compare by identity), in visiting order."""
+
+    def __init__(self, wanted: Container[cst.CSTNode]) -> None:
+        self.wanted = wanted
+        self.found: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if node in self.wanted:
+            self.found.append(node)
+        return True
+
+
+def nodes_in(tree: cst.CSTNode, wanted: Container[cst.CSTNode]) -> list[cst.CSTNode]:
+    finder = NodesIn(wanted)
+    tree.visit(finder)
+    return finder.found
 
 
 def rebuild_if(

@@ -6,6 +6,7 @@ typed description or None. Nothing here looks at source text.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -309,10 +310,17 @@ class _InitScope:
 # ---------------------------------------------------------------- forms
 
 
+class SoftmaxForm(enum.Enum):
+    FUNCTIONAL = "functional"  # nn.functional.softmax(x, dim), torch.softmax(x, dim)
+    METHOD = "method"  # x.softmax(dim)
+    MODULE = "module"  # nn.Softmax(dim)(x)
+    MODULE_ATTRIBUTE = "module_attribute"  # self.softmax(x) with self.softmax = nn.Softmax(dim)
+
+
 @dataclass(frozen=True)
 class SoftmaxCall:
     operand: cst.BaseExpression
-    form: str  # "functional", "method", "module", "module_attribute"
+    form: SoftmaxForm
     dim: cst.BaseExpression | None
     upcast: bool
 
@@ -325,19 +333,19 @@ def softmax_call(node: cst.BaseExpression, scope: Scope) -> SoftmaxCall | None:
         operand = arg(node, 0, "input")
         if operand is None:
             return None
-        return SoftmaxCall(operand, "functional", arg(node, 1, "dim"), arg(node, 2, "dtype") is not None)
+        return SoftmaxCall(operand, SoftmaxForm.FUNCTIONAL, arg(node, 1, "dim"), arg(node, 2, "dtype") is not None)
     func = node.func
     attribute = self_attribute_name(func)
     if attribute is not None:
         value = scope.self_attribute(attribute)
         if isinstance(value, cst.Call) and scope.qualify(value.func) in SOFTMAX_MODULES and len(node.args) == 1:
-            return SoftmaxCall(node.args[0].value, "module_attribute", arg(value, 0, "dim"), False)
+            return SoftmaxCall(node.args[0].value, SoftmaxForm.MODULE_ATTRIBUTE, arg(value, 0, "dim"), False)
         return None
     receiver = method_call(node, {"softmax"})
     if receiver is not None:
-        return SoftmaxCall(receiver[0], "method", arg(node, 0, "dim"), arg(node, 1, "dtype") is not None)
+        return SoftmaxCall(receiver[0], SoftmaxForm.METHOD, arg(node, 0, "dim"), arg(node, 1, "dtype") is not None)
     if isinstance(func, cst.Call) and scope.qualify(func.func) in SOFTMAX_MODULES and len(node.args) == 1:
-        return SoftmaxCall(node.args[0].value, "module", arg(func, 0, "dim"), False)
+        return SoftmaxCall(node.args[0].value, SoftmaxForm.MODULE, arg(func, 0, "dim"), False)
     return None
 
 
@@ -347,7 +355,6 @@ class DropoutCall:
     # expression for SDPA's dropout_p when training, and the expression that says whether it is active
     probability: cst.BaseExpression
     training: cst.BaseExpression
-    form: str
 
 
 def dropout_call(node: cst.BaseExpression, scope: Scope) -> DropoutCall | None:
@@ -364,21 +371,29 @@ def dropout_call(node: cst.BaseExpression, scope: Scope) -> DropoutCall | None:
             probability = cst.Float("0.5")
         if training is None:
             training = cst.Name("True")
-        return DropoutCall(operand, probability, training, "functional")
+        return DropoutCall(operand, probability, training)
     attribute = self_attribute_name(node.func)
     if attribute is not None and len(node.args) == 1:
         value = scope.self_attribute(attribute)
         if isinstance(value, cst.Call) and scope.qualify(value.func) in DROPOUT_MODULES:
             probability = cst.parse_expression(f"self.{attribute}.p")
-            return DropoutCall(node.args[0].value, probability, cst.parse_expression("self.training"), "module")
+            return DropoutCall(node.args[0].value, probability, cst.parse_expression("self.training"))
     return None
+
+
+class ProductForm(enum.Enum):
+    MATMUL = "matmul"  # torch.matmul(a, b), a.matmul(b)
+    BMM = "bmm"  # torch.bmm(a, b), a.bmm(b)
+    OPERATOR = "operator"  # a @ b
+    EINSUM = "einsum"  # torch.einsum(spec, a, b)
+    BADDBMM = "baddbmm"  # torch.baddbmm(input, a, b, beta=, alpha=)
 
 
 @dataclass(frozen=True)
 class Product:
     """A batched product of two tensors: scores (left=query, right=key^T) or output (left=probs, right=value)."""
 
-    form: str  # matmul, bmm, operator, einsum, baddbmm
+    form: ProductForm
     left: cst.BaseExpression
     right: cst.BaseExpression
     rank: int | None  # 3 for bmm/baddbmm, from the einsum spec, None for matmul
@@ -390,7 +405,7 @@ class Product:
 
 def product(node: cst.BaseExpression, scope: Scope) -> Product | None:
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
-        return Product("operator", node.left, node.right, None)
+        return Product(ProductForm.OPERATOR, node.left, node.right, None)
     if not isinstance(node, cst.Call) or has_star_args(node):
         return None
     qualified = scope.qualify(node.func)
@@ -398,17 +413,18 @@ def product(node: cst.BaseExpression, scope: Scope) -> Product | None:
         left, right = arg(node, 0, "input"), arg(node, 1, "mat2" if qualified == "torch.bmm" else "other")
         if left is None or right is None:
             return None
-        return Product("bmm" if qualified == "torch.bmm" else "matmul", left, right, 3 if qualified == "torch.bmm" else None)
+        bmm = qualified == "torch.bmm"
+        return Product(ProductForm.BMM if bmm else ProductForm.MATMUL, left, right, 3 if bmm else None)
     receiver = method_call(node, {"matmul", "bmm"})
     if receiver is not None and len(node.args) == 1:
-        rank = 3 if receiver[1] == "bmm" else None
-        return Product(receiver[1], receiver[0], node.args[0].value, rank)
+        form = ProductForm(receiver[1])
+        return Product(form, receiver[0], node.args[0].value, 3 if form is ProductForm.BMM else None)
     if qualified in EINSUM_FUNCTIONS:
         spec_node = arg(node, 0, "equation")
         if not isinstance(spec_node, cst.SimpleString) or len(node.args) != 3:
             return None
         spec = str(spec_node.evaluated_value).replace(" ", "")
-        return Product("einsum", node.args[1].value, node.args[2].value, None, spec=spec)
+        return Product(ProductForm.EINSUM, node.args[1].value, node.args[2].value, None, spec=spec)
     if qualified in BADDBMM_FUNCTIONS or method_call(node, {"baddbmm"}) is not None:
         if qualified in BADDBMM_FUNCTIONS:
             initial = arg(node, 0, "input")
@@ -420,7 +436,7 @@ def product(node: cst.BaseExpression, scope: Scope) -> Product | None:
             return None
         beta = _keyword(node, "beta")
         alpha = _keyword(node, "alpha")
-        return Product("baddbmm", left, right, 3, alpha=alpha, beta=beta, initial=initial)
+        return Product(ProductForm.BADDBMM, left, right, 3, alpha=alpha, beta=beta, initial=initial)
     return None
 
 
@@ -431,11 +447,16 @@ def _keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:
     return None
 
 
+class EinsumRole(enum.Enum):
+    SCORES = "scores"  # ...qd,...kd->...qk
+    OUTPUT = "output"  # ...qk,...kd->...qd
+
+
 @dataclass(frozen=True)
 class EinsumRoles:
     """How an einsum spec maps to attention: scores (`...qd,...kd->...qk`) or output (`...qk,...kd->...qd`)."""
 
-    kind: str  # "scores" or "output"
+    kind: EinsumRole
     rank: int
 
 
@@ -455,10 +476,10 @@ def einsum_roles(spec: str) -> EinsumRoles | None:
     q, d = a[-2], a[-1]
     k, d2 = b[-2], b[-1]
     if d == d2 and out[-2:] == q + k and len({q, k, d}) == 3:
-        return EinsumRoles("scores", len(a))
+        return EinsumRoles(EinsumRole.SCORES, len(a))
     # probs (q k) x value (k d) -> (q d)
     if a[-1] == b[-2] and out[-2:] == a[-2] + b[-1] and len({a[-2], a[-1], b[-1]}) == 3:
-        return EinsumRoles("output", len(a))
+        return EinsumRoles(EinsumRole.OUTPUT, len(a))
     return None
 
 

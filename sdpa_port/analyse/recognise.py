@@ -12,7 +12,7 @@ from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cstutil import code
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.site import AttentionSite, Scaling, Term
+from sdpa_port.analyse.site import AttentionSite, CausalSource, Dropout, Layout, Scaling, ScaleSite, Term, TermKind
 from sdpa_port.refusals import Code, Refusal
 
 LineOf = Callable[[cst.CSTNode], int]
@@ -112,7 +112,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
             helper_calls.append(HelperCall(method, helper_owner, call, tuple(forward_heads)))
     if refusal is None:
         for site in sites:
-            if site.dropout == "conditional":
+            if site.dropout is not None and site.dropout.conditional:
                 refusal = Refusal(Code.DROPOUT, class_name, site.line, "dropout is applied only under a condition")
     return ClassAnalysis(
         class_name=class_name,
@@ -222,52 +222,58 @@ def describe(
     guards = 0
     softmax = ""
     upcast = start.upcast
-    dropout: str | None = None
+    dropout: Dropout | None = None
     head_mask: str | None = None
-    causal = "none"
+    causal = CausalSource.NONE
     output_line = candidate.start_line
     value = ""
-    layout = "heads" if start.rank in (4, None) else "flat"
+    layout = Layout.HEADS if start.rank in (4, None) else Layout.FLAT
     query_scale = start.query_scale
     if query_scale is not None:
-        scaling.append(Scaling("query", code(query_scale[0]), query_scale[1], False))
+        scaling.append(Scaling(ScaleSite.QUERY, code(query_scale[0]), query_scale[1], False))
     for op, depth, line in candidate.ops:
         conditional = depth > 0
-        if isinstance(op, t.Scale):
-            where = "product" if not scaling and not seen_term and start.product.form == "baddbmm" else (
-                "after_terms" if seen_term else "scores"
-            )
-            scaling.append(Scaling(where, code(op.factor), op.divide, conditional))
-        elif isinstance(op, t.AddTerm):
-            seen_term = True
-            terms.append(Term(_term_kind(op.term, result.params), code(op.term), conditional, line, op.always))
-        elif isinstance(op, t.Fill):
-            seen_term = True
-            kind = "causal_buffer" if op.causal else "masked_fill"
-            if op.causal:
-                causal = "buffer"
-            terms.append(Term(kind, code(op.condition), conditional, line))
-        elif isinstance(op, t.Guard):
-            guards += 1
-        elif isinstance(op, t.Softmax):
-            call = op.call
-            dim = code(call.dim) if call.dim is not None else "-1"
-            softmax = f"{call.form}(dim={dim})"
-            if call.upcast:
-                upcast = True
-        elif isinstance(op, t.Cast) and op.upcast:
-            upcast = True
-        elif isinstance(op, t.Dropout):
-            dropout = "conditional" if conditional else code(op.call.probability)
-        elif isinstance(op, t.HeadMask):
-            head_mask = op.root
-        elif isinstance(op, t.View) and op.heads is not None:
-            layout = "flat->heads"
-        elif isinstance(op, t.Output):
-            output_line = line
-            value = code(op.value)
-    if causal == "none" and any(term.kind == "mask" for term in terms):
-        causal = "mask"
+        match op:
+            case t.Scale():
+                if not scaling and not seen_term and start.product.form is p.ProductForm.BADDBMM:
+                    where = ScaleSite.PRODUCT
+                else:
+                    where = ScaleSite.AFTER_TERMS if seen_term else ScaleSite.SCORES
+                scaling.append(Scaling(where, code(op.factor), op.divide, conditional))
+            case t.AddTerm():
+                seen_term = True
+                terms.append(Term(_term_kind(op.term, result.params), code(op.term), conditional, line, op.always))
+            case t.Fill():
+                seen_term = True
+                if op.causal:
+                    causal = CausalSource.BUFFER
+                kind = TermKind.CAUSAL_BUFFER if op.causal else TermKind.MASKED_FILL
+                terms.append(Term(kind, code(op.condition), conditional, line))
+            case t.Guard():
+                guards += 1
+            case t.Softmax():
+                call = op.call
+                dim = code(call.dim) if call.dim is not None else "-1"
+                softmax = f"{call.form.value}(dim={dim})"
+                upcast = upcast or call.upcast
+            case t.Cast():
+                upcast = upcast or op.upcast
+            case t.Dropout():
+                dropout = Dropout(code(op.call.probability), conditional)
+            case t.HeadMask():
+                head_mask = op.root
+            case t.View():
+                if op.heads is not None:
+                    layout = Layout.FLAT_TO_HEADS
+            case t.Output():
+                output_line = line
+                value = code(op.value)
+            case t.Start():
+                pass
+            case _:
+                t.unreachable(op)
+    if causal is CausalSource.NONE and any(term.kind is TermKind.MASK for term in terms):
+        causal = CausalSource.MASK
     return AttentionSite(
         class_name=class_name,
         method=method,
@@ -291,13 +297,13 @@ def describe(
     )
 
 
-def _term_kind(term: cst.BaseExpression, params: tuple[str, ...]) -> str:
+def _term_kind(term: cst.BaseExpression, params: tuple[str, ...]) -> TermKind:
     names = p.walk_names(term)
     roots = [n for n in names if n in params]
     if isinstance(term, cst.Name) and term.value in params:
-        return "mask" if "mask" in term.value else "parameter"
+        return TermKind.MASK if "mask" in term.value else TermKind.PARAMETER
     if any("bias" in n for n in names):
-        return "position_bias"
+        return TermKind.POSITION_BIAS
     if roots and all("mask" in n for n in roots):
-        return "mask"
-    return "other"
+        return TermKind.MASK
+    return TermKind.OTHER

@@ -2,14 +2,57 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+from sdpa_port.analyse.patterns import ProductForm
+
+
+class ScaleSite(enum.Enum):
+    """Where a factor multiplies the computation."""
+
+    QUERY = "query"  # the query, before the product
+    PRODUCT = "product"  # baddbmm's alpha
+    SCORES = "scores"  # the scores, before any additive term
+    AFTER_TERMS = "after_terms"  # the scores with terms already added (the terms are scaled too)
+
+
+class TermKind(enum.Enum):
+    """What an additive contribution to the scores is."""
+
+    MASK = "mask"  # a mask parameter
+    PARAMETER = "parameter"  # another parameter added as is
+    MASKED_FILL = "masked_fill"  # a masking fill, folded into the mask
+    CAUSAL_BUFFER = "causal_buffer"  # a bottom-right slice of a causal buffer
+    POSITION_BIAS = "position_bias"  # a term computed from a bias (ALiBi, relative positions)
+    OTHER = "other"
+
+
+class Layout(enum.Enum):
+    HEADS = "heads"  # (batch, heads, length, dim)
+    FLAT = "flat"  # (batch * heads, length, dim)
+    FLAT_TO_HEADS = "flat->heads"  # flat products, viewed per head for the mask
+
+
+class CausalSource(enum.Enum):
+    BUFFER = "buffer"  # a tril buffer slice
+    MASK = "mask"  # only through the mask
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """The dropout on the probabilities: its probability expression, and whether it applies only under a condition."""
+
+    probability: str
+    conditional: bool = False
 
 
 @dataclass(frozen=True)
 class Scaling:
     """One multiplicative factor on the scores."""
 
-    where: str  # "query" (before the product), "product" (baddbmm alpha), "scores", "after_terms"
+    where: ScaleSite
     expression: str
     divide: bool
     conditional: bool
@@ -19,7 +62,7 @@ class Scaling:
 class Term:
     """One additive contribution to the scores before the softmax."""
 
-    kind: str  # "mask", "masked_fill", "causal_buffer", "position_bias", "other"
+    kind: TermKind
     expression: str
     conditional: bool
     line: int
@@ -36,33 +79,34 @@ class AttentionSite:
     query: str
     key: str
     value: str
-    product: str  # matmul, bmm, operator, einsum, baddbmm
-    layout: str  # "heads" (b, h, l, d), "flat" ((b*h), l, d), "flat->heads" (viewed per head for the mask)
+    product: ProductForm
+    layout: Layout
     scaling: tuple[Scaling, ...]
     terms: tuple[Term, ...]
     softmax: str  # e.g. "functional(dim=-1)"; "+upcast" when computed in float32
     upcast: bool
-    dropout: str | None  # the dropout probability expression, None without dropout
+    dropout: Dropout | None  # None without dropout
     head_mask: str | None  # the parameter that carries the head mask
-    guards: int  # NaN guards (clamps to finfo.min) dropped
-    causal: str  # "buffer" (a tril buffer slice), "mask" (only through the mask), "none"
+    guards: int  # floors on the scores (clamps to finfo.min), moved onto the mask
+    causal: CausalSource
     returns_weights: bool
 
     @property
     def scale_summary(self) -> str:
         if not self.scaling:
             return "none (scale=1.0)"
-        parts = [f"{'/' if s.divide else '*'} {s.expression} [{s.where}{', conditional' if s.conditional else ''}]"
+        parts = [f"{'/' if s.divide else '*'} {s.expression} [{s.where.value}{', conditional' if s.conditional else ''}]"
                  for s in self.scaling]
         return "; ".join(parts)
 
     def describe(self) -> str:
         lines = [
             f"{self.class_name}.{self.method} (line {self.line}-{self.output_line})",
-            f"  q, k, v: {self.query}, {self.key}, {self.value}  [{self.product}, {self.layout}]",
+            f"  q, k, v: {self.query}, {self.key}, {self.value}  [{self.product.value}, {self.layout.value}]",
             f"  scale: {self.scale_summary}",
         ]
         for term in self.terms:
-            lines.append(f"  + {term.kind}: {term.expression}{' (conditional)' if term.conditional else ''}")
-        lines.append(f"  softmax: {self.softmax}; dropout: {self.dropout or 'none'}; head mask: {self.head_mask or 'none'}")
+            lines.append(f"  + {term.kind.value}: {term.expression}{' (conditional)' if term.conditional else ''}")
+        dropout = self.dropout.probability if self.dropout else "none"
+        lines.append(f"  softmax: {self.softmax}; dropout: {dropout}; head mask: {self.head_mask or 'none'}")
         return "\n".join(lines)

@@ -11,6 +11,7 @@ and the rewriting passes turn it into SDPA code.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, replace
 from typing import Callable, NoReturn, Sequence, Union
 
@@ -22,8 +23,23 @@ from sdpa_port.analyse.cstutil import assigned_names, binary, block_body, code, 
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.refusals import Code, Reason
 
-SCORES, PROBS, OUT = "scores", "probs", "out"
-STAGE_NAMES = {SCORES: "scores", PROBS: "probabilities", OUT: "output"}
+class Stage(enum.Enum):
+    """How far along the chain a value is."""
+
+    SCORES = "scores"
+    PROBABILITIES = "probabilities"
+    OUTPUT = "output"
+
+
+SCORES, PROBS, OUT = Stage.SCORES, Stage.PROBABILITIES, Stage.OUTPUT
+
+
+class KeepAction(enum.Enum):
+    """How a kept statement's read of the scores is redirected once SDPA replaces them."""
+
+    DTYPE = "dtype"  # `scores.dtype` -> `query.dtype`
+    DEVICE = "device"  # `scores.device` -> `query.device`
+    STRIP_EXPAND = "strip_expand"  # `x.expand_as(scores)` -> `x` (broadcasting does it)
 
 
 # ------------------------------------------------------------------ values and operations
@@ -32,7 +48,7 @@ STAGE_NAMES = {SCORES: "scores", PROBS: "probabilities", OUT: "output"}
 @dataclass(frozen=True)
 class ChainVal:
     cid: int
-    stage: str
+    stage: Stage
     rank: int | None
 
 
@@ -164,7 +180,7 @@ class OutputStmt:
 class KeepStmt:
     """A statement kept as written, with chain `.dtype`/`.device` reads and `.expand_as(chain)` replaced."""
 
-    replacements: dict[int, str]  # id(node) -> "dtype" | "device" | "strip_expand"
+    replacements: dict[cst.CSTNode, KeepAction]
 
 
 StmtPlan = Union[ChainStmt, OutputStmt, KeepStmt]
@@ -177,10 +193,10 @@ class Candidate:
     start_line: int
     poison: Reason | None = None
     poison_line: int = 0
-    stage: str = SCORES
+    stage: Stage = SCORES
     ops: list[tuple[Op, int, int]] = field(default_factory=list)  # (op, depth, line)
     absorbed: bool = False
-    start_node_id: int = 0
+    start_node: cst.CSTNode | None = None  # the query-key product (or the softmax, for an unknown origin)
     names_assigned_after_start: set[str] = field(default_factory=set)
 
     def poisoned(self, code: Code, detail: str, line: int) -> None:
@@ -192,8 +208,8 @@ class Candidate:
 @dataclass
 class TraceResult:
     candidates: list[Candidate]
-    plans: dict[int, StmtPlan]
-    dropped_ifs: set[int]
+    plans: dict[cst.CSTNode, StmtPlan]  # small statements (and `if` tests) -> what the chain makes of them
+    dropped_ifs: set[cst.If]
     returns: list[cst.Return]
     probs_names_after_output: set[str]
     params: tuple[str, ...]
@@ -269,7 +285,7 @@ class Tracer:
         class_name: str | None,
         function: cst.FunctionDef,
         line_of: LineOf | None = None,
-        selected_start: int | None = None,
+        selected_start: cst.CSTNode | None = None,
     ) -> None:
         self.facts = facts
         self.class_name = class_name
@@ -279,8 +295,8 @@ class Tracer:
         self.env: dict[str, Value] = {}
         self.scope = FunctionScope(facts, class_name, self.env)
         self.candidates: list[Candidate] = []
-        self.plans: dict[int, StmtPlan] = {}
-        self.dropped_ifs: set[int] = set()
+        self.plans: dict[cst.CSTNode, StmtPlan] = {}
+        self.dropped_ifs: set[cst.If] = set()
         self.returns: list[cst.Return] = []
         self.current_line = 0
         self.tests: list[cst.BaseExpression] = []
@@ -359,11 +375,11 @@ class Tracer:
         branches = if_branches(node)
         # raise-guards on the scores' shape or dtype disappear with the scores
         if len(branches) == 1 and self.chain_refs(branches[0][0]) and _only_raises(branches[0][1]):  # type: ignore[arg-type]
-            self.dropped_ifs.add(id(node))
+            self.dropped_ifs.add(node)
             return
         for test, _ in branches:
             if test is not None:
-                self.keep_expression(test, line, id(test))
+                self.keep_expression(test, line, test)
         start_env = dict(self.env)
         results: list[dict[str, Value]] = []
         has_else = branches[-1][0] is None
@@ -428,7 +444,7 @@ class Tracer:
         elif isinstance(small, cst.Expr):
             self.expression_statement(small, depth, line)
         elif isinstance(small, cst.Assert) and self.chain_refs(small) and not self.chain_value_refs(small):
-            self.plans[id(small)] = ChainStmt([], [], depth, line)  # a shape check on the scores goes with them
+            self.plans[small] = ChainStmt([], [], depth, line)  # a shape check on the scores goes with them
         elif isinstance(small, cst.Return):
             self.returns.append(small)
             output = self.find_output(small.value) if small.value is not None else None
@@ -443,9 +459,9 @@ class Tracer:
                             f"the probabilities are used after the product with V, in `{_short(small.value)}`",
                             line,
                         )
-                self.keep_expression(small.value, line, id(small), allow_probs=True)
+                self.keep_expression(small.value, line, small, allow_probs=True)
         else:
-            self.keep_expression(small, line, id(small))
+            self.keep_expression(small, line, small)
 
     def assign(
         self, targets: list[cst.BaseExpression], value: cst.BaseExpression, small: cst.CSTNode, depth: int, line: int
@@ -462,13 +478,13 @@ class Tracer:
                     self.candidates[cid].poisoned(
                         Code.VALUE_SIDE, f"the probabilities are used after the product with V, in `{_short(value)}`", line
                     )
-            self.keep_expression(value, line, id(small), allow_probs=True)
+            self.keep_expression(value, line, small, allow_probs=True)
             self.bind_plain(targets, value)
             return
         try:
             base, ops = self.decompose(value, line)
         except _NotChain:
-            self.keep_expression(value, line, id(small), allow_probs=self.output_seen)
+            self.keep_expression(value, line, small, allow_probs=self.output_seen)
             self.bind_plain(targets, value)
             return
         except _Poison as poison:
@@ -480,20 +496,20 @@ class Tracer:
                 self.env[name] = base
             return
         self.record(base, ops, depth, line)
-        self.plans[id(small)] = ChainStmt(ops, names, depth, line)
+        self.plans[small] = ChainStmt(ops, names, depth, line)
         self.env[names[0]] = self.advance(base, ops)
         self.note_assignment(names)
 
     def aug_assign(self, small: cst.AugAssign, depth: int, line: int) -> None:
         target = small.target
         if not isinstance(target, cst.Name):
-            self.keep_expression(small, line, id(small))
+            self.keep_expression(small, line, small)
             return
         current = self.env.get(target.value)
         if not isinstance(current, ChainVal):
             if self.chain_value_refs(small.value):
                 self.poison_reads(small.value, line, Code.SCORES_READ, f"the scores are folded into `{target.value}`")
-            self.keep_expression(small.value, line, id(small))
+            self.keep_expression(small.value, line, small)
             scalar = (
                 current is not None
                 and self.value_is_scalar(current)
@@ -518,7 +534,7 @@ class Tracer:
             self.poison_statement(poison, small.value, [target.value], line)
             return
         self.record(current, ops, depth, line)
-        self.plans[id(small)] = ChainStmt(ops, [target.value], depth, line)
+        self.plans[small] = ChainStmt(ops, [target.value], depth, line)
         self.env[target.value] = self.advance(current, ops)
 
     def expression_statement(self, small: cst.Expr, depth: int, line: int) -> None:
@@ -548,10 +564,10 @@ class Tracer:
                     self.poison_statement(poison, value, [], line)
                     return
                 self.record(receiver, ops, depth, line)
-                self.plans[id(small)] = ChainStmt(ops, [found[0].value], depth, line)
+                self.plans[small] = ChainStmt(ops, [found[0].value], depth, line)
                 self.env[found[0].value] = self.advance(receiver, ops)
                 return
-        self.keep_expression(value, line, id(small))
+        self.keep_expression(value, line, small)
 
     def output_statement(
         self,
@@ -574,12 +590,12 @@ class Tracer:
         if self.chain_refs(product.right):
             self.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
         rank = product.rank if product.rank is not None else base.rank
-        if product.form == "einsum":
+        if product.form is p.ProductForm.EINSUM:
             roles = p.einsum_roles(product.spec or "")
             rank = roles.rank if roles else rank
         output = Output(product, node, product.right, rank)
         self.record(base, [*ops, output], depth, line)
-        self.plans[id(small)] = OutputStmt(list(ops), output, depth, line)
+        self.plans[small] = OutputStmt(list(ops), output, depth, line)
         candidate = self.candidates[base.cid]
         candidate.stage = OUT
         self.output_seen = True
@@ -747,13 +763,13 @@ class Tracer:
             return None
         if product.initial is not None and self.chain_refs(product.initial):
             return None
-        if self.selected_start is not None and id(node) != self.selected_start:
+        if self.selected_start is not None and node is not self.selected_start:
             return None
         key: cst.BaseExpression | None
         rank = product.rank
-        if product.form == "einsum":
+        if product.form is p.ProductForm.EINSUM:
             roles = p.einsum_roles(product.spec or "")
-            if roles is None or roles.kind != "scores":
+            if roles is None or roles.kind is not p.EinsumRole.SCORES:
                 return None
             key, rank = product.right, roles.rank
         else:
@@ -774,11 +790,11 @@ class Tracer:
             self.bound_to_float32(query) or self.bound_to_float32(key),
         )
         cid = len(self.candidates)
-        candidate = Candidate(cid, start, line, start_node_id=id(node))
+        candidate = Candidate(cid, start, line, start_node=node)
         self.candidates.append(candidate)
         ops: list[Op] = [start]
         base = ChainVal(cid, SCORES, rank)
-        if product.form == "baddbmm":
+        if product.form is p.ProductForm.BADDBMM:
             ops.extend(self.baddbmm_terms(product, base, line))
         return base, ops
 
@@ -965,7 +981,7 @@ class Tracer:
         if self.selected_start is not None:
             raise _NotChain()
         cid = len(self.candidates)
-        candidate = Candidate(cid, None, line, start_node_id=id(node))
+        candidate = Candidate(cid, None, line, start_node=node)
         candidate.poisoned(
             Code.UNKNOWN_PRODUCT,
             f"the attention scores come from `{_short(softmax.operand)}`, not from a recognised query-key product",
@@ -975,10 +991,10 @@ class Tracer:
         self.candidates.append(candidate)
         return ChainVal(cid, PROBS, None), [Softmax(softmax)]
 
-    def require(self, base: ChainVal, ops: list[Op], stage: str, what: str, line: int, code: Code) -> None:
+    def require(self, base: ChainVal, ops: list[Op], stage: Stage, what: str, line: int, code: Code) -> None:
         current = self.advance(base, ops)
         if current.stage != stage:
-            raise _Poison(code, f"{what} is applied to the {STAGE_NAMES[current.stage]}, expected the {STAGE_NAMES[stage]}", {base.cid})
+            raise _Poison(code, f"{what} is applied to the {current.stage.value}, expected the {stage.value}", {base.cid})
 
     # -------------------------------------------------------------- bookkeeping
 
@@ -1065,7 +1081,7 @@ class Tracer:
             return True
         return isinstance(value, ExprVal) and p.scalar(value.node, self.scope) is not None
 
-    def stage_of(self, cid: int) -> str:
+    def stage_of(self, cid: int) -> Stage:
         stages = {v.stage for v in self.env.values() if isinstance(v, ChainVal) and v.cid == cid}
         return PROBS if PROBS in stages or OUT in stages else SCORES
 
@@ -1090,13 +1106,13 @@ class Tracer:
         finder = _Products(self.scope)
         node.visit(finder)
         for product_node, product in finder.found:
-            if self.selected_start is not None and id(product_node) != self.selected_start:
+            if self.selected_start is not None and product_node is not self.selected_start:
                 continue
             if self.chain_value_refs(product.left) or self.chain_value_refs(product.right):
                 continue
-            if product.form == "einsum":
+            if product.form is p.ProductForm.EINSUM:
                 roles = p.einsum_roles(product.spec or "")
-                if roles is not None and roles.kind == "scores":
+                if roles is not None and roles.kind is p.EinsumRole.SCORES:
                     return {-1}
             elif self.untranspose(product.right, product.rank) is not None:
                 return {-1}
@@ -1146,12 +1162,12 @@ class Tracer:
         start = self.candidates[cid].start
         if start is None:
             return node
-        mapping: dict[int, cst.CSTNode] = {}
+        mapping: dict[cst.CSTNode, cst.CSTNode] = {}
         query = primary(start.query)
         for attribute in finder.attributes:
-            mapping[id(attribute)] = cst.Attribute(value=query, attr=attribute.attr)
+            mapping[attribute] = cst.Attribute(value=query, attr=attribute.attr)
         for call in finder.expands:
-            mapping[id(call)] = call.func.value  # type: ignore[attr-defined]
+            mapping[call] = call.func.value  # type: ignore[attr-defined]
         from sdpa_port.analyse.cstutil import replace_nodes
 
         return replace_nodes(node, mapping) if mapping else node
@@ -1161,15 +1177,15 @@ class Tracer:
         node.visit(finder)
         return [(n.value, n) for n in finder.plain]
 
-    def keep_expression(self, node: cst.CSTNode, line: int, key: int, allow_probs: bool = False) -> None:
+    def keep_expression(self, node: cst.CSTNode, line: int, key: cst.CSTNode, allow_probs: bool = False) -> None:
         """A statement that is not part of the chain: chain reads must be of `.dtype`/`.device`/`expand_as`."""
         finder = _ChainReads(self.env, None)
         node.visit(finder)
-        replacements: dict[int, str] = {}
+        replacements: dict[cst.CSTNode, KeepAction] = {}
         for attribute in finder.attributes:
-            replacements[id(attribute)] = attribute.attr.value
+            replacements[attribute] = KeepAction(attribute.attr.value)
         for call in finder.expands:
-            replacements[id(call)] = "strip_expand"
+            replacements[call] = KeepAction.STRIP_EXPAND
         for name in finder.plain:
             value = self.env[name.value]
             assert isinstance(value, ChainVal)
@@ -1254,9 +1270,9 @@ class Tracer:
                     self.candidates[cid].stage = OUT
                 continue
             if self.advance(base, ops).stage == PROBS:
-                if product.form == "einsum":
+                if product.form is p.ProductForm.EINSUM:
                     roles = p.einsum_roles(product.spec or "")
-                    if roles is None or roles.kind != "output":
+                    if roles is None or roles.kind is not p.EinsumRole.OUTPUT:
                         continue
                 return node, product
         return None

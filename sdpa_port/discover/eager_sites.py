@@ -78,7 +78,7 @@ def _sites(function: ast.FunctionDef | ast.AsyncFunctionDef, where: str) -> list
     # names holding scores (derived from a product) and probabilities (derived from a softmax of scores)
     scores: set[str] = set()
     probabilities: set[str] = set()
-    softmaxes: dict[int, int] = {}  # id of a softmax call over scores -> its line
+    softmaxes: dict[ast.Call, int] = {}  # softmax calls over scores -> their lines
 
     def holds_scores(node: ast.AST) -> bool:
         return any(_is_product(n) for n in ast.walk(node)) or bool(_names(node) & scores)
@@ -104,7 +104,7 @@ def _sites(function: ast.FunctionDef | ast.AsyncFunctionDef, where: str) -> list
         for targets, value in assignments:
             calls = softmax_over_scores(value)
             for call in calls:
-                softmaxes.setdefault(id(call), call.lineno)
+                softmaxes.setdefault(call, call.lineno)
             if calls or _names(value) & probabilities:
                 new = targets - probabilities
                 if new:

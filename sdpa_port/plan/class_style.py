@@ -17,6 +17,7 @@ from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.cross import key_only_parameters
 from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
 from sdpa_port.analyse.lines import Lines
+from sdpa_port.analyse.site import TermKind
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, bind_arguments
 from sdpa_port.discover.style import attention_dicts, supports_sdpa
 from sdpa_port.render import render_module
@@ -202,7 +203,7 @@ def _causal_when_none(facts: ModuleFacts, analysis: ClassAnalysis) -> str | None
     if not _marks_causal_layers(facts, analysis.class_name):
         return None
     if not analysis.sites or any(
-        len(site.terms) != 1 or site.terms[0].kind != "mask" or not site.terms[0].always for site in analysis.sites
+        len(site.terms) != 1 or site.terms[0].kind is not TermKind.MASK or not site.terms[0].always for site in analysis.sites
     ):
         return None
     forward = facts.find_method(analysis.class_name, "forward")

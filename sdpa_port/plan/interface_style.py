@@ -241,7 +241,7 @@ def _output_smalls(forward: cst.FunctionDef, result: t.TraceResult) -> list[tupl
 
     class Find(cst.CSTVisitor):
         def on_visit(self, node: cst.CSTNode) -> bool:
-            plan = result.plans.get(id(node))
+            plan = result.plans.get(node)
             if isinstance(plan, t.OutputStmt):
                 found.append((node, plan))
             return True
@@ -287,7 +287,7 @@ def mask_term_name(term: cst.BaseExpression) -> str | None:
     return term.value if isinstance(term, cst.Name) else None
 
 
-def _operand_upcasts(function: cst.FunctionDef, start: t.Start) -> frozenset[int]:
+def _operand_upcasts(function: cst.FunctionDef, start: t.Start) -> frozenset[cst.CSTNode]:
     """`query = query.to(torch.float32)` before the product: part of the eager computation, it moves with it."""
     if not start.operands_upcast:
         return frozenset()
@@ -297,19 +297,19 @@ def _operand_upcasts(function: cst.FunctionDef, start: t.Start) -> frozenset[int
     return frozenset(finder.found)
 
 
-def _weights_bookkeeping(function: cst.FunctionDef, result: t.TraceResult) -> frozenset[int]:
+def _weights_bookkeeping(function: cst.FunctionDef, result: t.TraceResult) -> frozenset[cst.CSTNode]:
     """`attn_weights_reshaped = None` beside the chain: the weights the eager function returns are set there too."""
     names = result.probs_names_after_output
-    found: set[int] = set()
+    found: set[cst.CSTNode] = set()
 
     class Find(cst.CSTVisitor):
         def visit_Assign(self, node: cst.Assign) -> None:
-            plan = result.plans.get(id(node))
+            plan = result.plans.get(node)
             if isinstance(plan, (t.ChainStmt, t.OutputStmt)):
                 return
             targets = {n for target in node.targets for n in walk_names(target.target)}
             if targets and targets <= names and not walk_names(node.value) - {"None"}:
-                found.add(id(node))
+                found.add(node)
 
     function.body.visit(Find())
     return frozenset(found)
@@ -318,7 +318,7 @@ def _weights_bookkeeping(function: cst.FunctionDef, result: t.TraceResult) -> fr
 class _SelfCasts(cst.CSTVisitor):
     def __init__(self, names: set[str]) -> None:
         self.names = names
-        self.found: set[int] = set()
+        self.found: set[cst.CSTNode] = set()
 
     def visit_Assign(self, node: cst.Assign) -> None:
         if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name):
@@ -332,7 +332,7 @@ class _SelfCasts(cst.CSTVisitor):
             and value.func.attr.value in ("to", "float")
             and m.matches(value.func.value, m.Name(name))
         ):
-            self.found.add(id(node))
+            self.found.add(node)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.analyse.cstutil import primary
-from sdpa_port.rewrite.sdpa_body import EmitOptions, SdpaEmitter, SideNames, _ById, _unflatten
+from sdpa_port.rewrite.sdpa_body import EmitOptions, SdpaEmitter, Side, SideNames, unflatten
 
 # names the eager function's signature and the dispatch's keywords already use
 RESERVED = frozenset(
@@ -36,7 +36,7 @@ class InterfaceOptions:
     mask_param: str | None  # the forward name holding the attention mask passed positionally
     causal_kwarg: str | None  # code for an explicit is_causal= argument, when the module serves cross-attention too
     forward_kwargs: str | None  # forward's **kwargs name, passed on to the implementation
-    moved: frozenset[int] = frozenset()  # statements that belong to the eager computation (operand upcasts)
+    moved: frozenset[cst.CSTNode] = frozenset()  # statements that belong to the eager computation (operand upcasts)
     module_names: frozenset[str] = frozenset()  # top-level names of the file (visible inside the eager function)
     taken: frozenset[str] = frozenset()  # names of the forward being rewritten
     weights_requested: str | None = None  # code that is true when the caller asks for attention weights
@@ -79,11 +79,11 @@ class InterfaceEmitter(SdpaEmitter):
             term = term.func.value
         return isinstance(term, cst.Name) and term.value == self.interface.mask_param
 
-    def none_guarded_term(self, node: cst.If, touched: set[str]) -> str | None:
+    def none_guarded_term(self, node: cst.If, touched: set[Side]) -> str | None:
         found = super().none_guarded_term(node, touched)
         return None if found == self.interface.mask_param else found
 
-    def chain_kinds(self, node: cst.CSTNode) -> set[str]:
+    def chain_kinds(self, node: cst.CSTNode) -> set[Side]:
         """As for SDPA, but adding the attention mask changes no side value: it goes to the interface as is."""
         plans = [p for p in self.plans_in(node) if isinstance(p, t.ChainStmt)]
         if plans and all(
@@ -112,7 +112,7 @@ class InterfaceEmitter(SdpaEmitter):
         return super().floor_mask(op)
 
     def line(self, statement: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
-        kept = [small for small in statement.body if id(small) not in self.interface.moved]
+        kept = [small for small in statement.body if small not in self.interface.moved]
         if not kept:
             return []
         if len(kept) != len(statement.body):
@@ -137,9 +137,9 @@ class InterfaceEmitter(SdpaEmitter):
         layout = self.layout
         query, key, value = self.query, self.key, plan.output.value
         if layout.heads is not None:
-            query, key = _unflatten(query, layout.heads), _unflatten(key, layout.heads)
+            query, key = unflatten(query, layout.heads), unflatten(key, layout.heads)
             if layout.unflatten_value:
-                value = _unflatten(value, layout.heads)
+                value = unflatten(value, layout.heads)
         weights = sorted(self.probs_after_output - self.assigned_by(small))
         output_name = _fresh("attention_output", self.taken())
         dispatch = render_statements(
@@ -170,7 +170,7 @@ class InterfaceEmitter(SdpaEmitter):
         rank = plan.output.rank
         if rank == 3:
             converted = cst.parse_expression(f"{output_name}.transpose(1, 2).flatten(0, 1)")
-        out.append(line.with_changes(body=[replace_nodes(small, {id(plan.output.node): converted})]))
+        out.append(line.with_changes(body=[replace_nodes(small, {plan.output.node: converted})]))
         self.dispatched = True
         self.eager.weights = weights[0] if weights else None
         self.eager.rank = rank
@@ -198,7 +198,7 @@ def _eager_name(name: str) -> str:
 class _Filter:
     """Keep the chain statements (and the statements moved with them) in their control-flow skeleton."""
 
-    def __init__(self, result: t.TraceResult, moved: frozenset[int]) -> None:
+    def __init__(self, result: t.TraceResult, moved: frozenset[cst.CSTNode]) -> None:
         self.plans = result.plans
         self.dropped_ifs = result.dropped_ifs
         self.moved = moved
@@ -215,15 +215,15 @@ class _Filter:
         if isinstance(statement, cst.SimpleStatementLine):
             kept: list[cst.BaseSmallStatement] = []
             for small in statement.body:
-                plan = self.plans.get(id(small))
-                if isinstance(plan, t.ChainStmt) or id(small) in self.moved:
+                plan = self.plans.get(small)
+                if isinstance(plan, t.ChainStmt) or small in self.moved:
                     kept.append(small)
                 elif isinstance(plan, t.OutputStmt):
                     self.output, self.output_small = plan, small
                     kept.append(small)
             return [statement.with_changes(body=kept)] if kept else []
         if isinstance(statement, cst.If):
-            if id(statement) in self.dropped_ifs:
+            if statement in self.dropped_ifs:
                 return []
             return self.if_statement(statement)
         if isinstance(statement, cst.With):

@@ -8,6 +8,7 @@ The statement holding the product with V gets the SDPA call in place of that pro
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
@@ -21,6 +22,7 @@ from sdpa_port.analyse.cstutil import (
     block_body,
     code,
     expr,
+    nodes_in,
     primary,
     rebuild_if,
     replace_nodes,
@@ -28,6 +30,14 @@ from sdpa_port.analyse.cstutil import (
 from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module, render_statements
+
+
+class Side(enum.Enum):
+    """The side values the chain's operations update in place of the scores."""
+
+    SCALE = "scale"  # SDPA's scale=
+    MASK = "mask"  # the additive float mask
+    CAUSAL = "causal"  # a pending causal-buffer condition
 
 
 @dataclass(frozen=True)
@@ -190,7 +200,7 @@ class SdpaEmitter:
                 kept.clear()
 
         for small in statement.body:
-            plan = self.plans.get(id(small))
+            plan = self.plans.get(small)
             if isinstance(plan, t.ChainStmt):
                 flush()
                 self.removed_reads |= walk_names(small)
@@ -215,20 +225,18 @@ class SdpaEmitter:
     def keep(self, node: cst.CSTNode, plan: t.StmtPlan | None):  # type: ignore[no-untyped-def]
         if not isinstance(plan, t.KeepStmt):
             return node
-        mapping: dict[int, cst.CSTNode] = {}
-        finder = _ById(set(plan.replacements))
-        node.visit(finder)
-        for found in finder.found:
-            action = plan.replacements[id(found)]
-            if action == "strip_expand":
+        mapping: dict[cst.CSTNode, cst.CSTNode] = {}
+        for found in nodes_in(node, plan.replacements):
+            action = plan.replacements[found]
+            if action is t.KeepAction.STRIP_EXPAND:
                 assert isinstance(found, cst.Call) and isinstance(found.func, cst.Attribute)
-                mapping[id(found)] = found.func.value
+                mapping[found] = found.func.value
             else:
-                mapping[id(found)] = cst.Attribute(value=self.query_root(), attr=cst.Name(action))
+                mapping[found] = cst.Attribute(value=self.query_root(), attr=cst.Name(action.value))
         return replace_nodes(node, mapping)
 
     def if_statement(self, node: cst.If) -> list[cst.BaseStatement]:
-        if id(node) in self.dropped_ifs:
+        if node in self.dropped_ifs:
             self.removed_reads |= walk_names(node)
             return []
         touched = self.chain_kinds(node)
@@ -257,7 +265,7 @@ class SdpaEmitter:
         self.state = self.merge(ends, node)
         if all(not body for _, body in branches):
             return pre
-        rebuilt = rebuild_if(branches, lambda branch: self.keep(branch.test, self.plans.get(id(branch.test))))
+        rebuilt = rebuild_if(branches, lambda branch: self.keep(branch.test, self.plans.get(branch.test)))
         return [*pre, rebuilt]
 
     def merge(self, ends: list[_State], node: cst.If) -> _State:
@@ -293,9 +301,9 @@ class SdpaEmitter:
         lines = [plan.line for plan in self.plans_in(node) if isinstance(plan, (t.ChainStmt, t.OutputStmt))]
         return min(lines) if lines else 0
 
-    def none_guarded_term(self, node: cst.If, touched: set[str]) -> str | None:
+    def none_guarded_term(self, node: cst.If, touched: set[Side]) -> str | None:
         state = self.state
-        if touched != {"mask"} or node.orelse is not None or state.mask is not None or state.mask_var:
+        if touched != {Side.MASK} or node.orelse is not None or state.mask is not None or state.mask_var:
             return None
         test = node.test
         if not (
@@ -316,33 +324,29 @@ class SdpaEmitter:
         return name if isinstance(term, cst.Name) and term.value == name else None
 
     def plans_in(self, node: cst.CSTNode) -> list[t.StmtPlan]:
-        finder = _ById(set(self.plans))
-        node.visit(finder)
-        return [self.plans[id(found)] for found in finder.found]
+        return [self.plans[found] for found in nodes_in(node, self.plans)]
 
-    def chain_kinds(self, node: cst.CSTNode) -> set[str]:
+    def chain_kinds(self, node: cst.CSTNode) -> set[Side]:
         """Which side values the chain statements inside a compound statement change."""
-        finder = _ById(set(self.plans))
-        node.visit(finder)
-        kinds: set[str] = set()
+        kinds: set[Side] = set()
         mask_present = self.state.mask is not None or self.state.mask_var
-        for found in finder.found:
-            plan = self.plans[id(found)]
+        for found in nodes_in(node, self.plans):
+            plan = self.plans[found]
             if isinstance(plan, t.ChainStmt):
                 for op in plan.ops:
                     if isinstance(op, t.Start):
                         raise Refuse(Code.CONDITIONAL, "the query-key product is computed under a condition", line=plan.line)
                     if isinstance(op, t.Scale):
-                        kinds.add("scale")
+                        kinds.add(Side.SCALE)
                         if mask_present or any(isinstance(o, (t.AddTerm, t.Fill)) for o in plan.ops):
-                            kinds.add("mask")
+                            kinds.add(Side.MASK)
                     elif isinstance(op, t.AddTerm):
-                        kinds.add("mask")
+                        kinds.add(Side.MASK)
                     elif isinstance(op, t.Fill):
                         # only the first causal fill becomes the causal mask; later ones join the float mask
-                        kinds.add("causal" if op.causal and self.state.causal_fill is None else "mask")
+                        kinds.add(Side.CAUSAL if op.causal and self.state.causal_fill is None else Side.MASK)
                     elif isinstance(op, t.Guard):
-                        kinds.add("mask")
+                        kinds.add(Side.MASK)
                     elif isinstance(op, t.Dropout):
                         raise Refuse(Code.DROPOUT, "dropout is applied to the probabilities only under a condition")
         return kinds
@@ -367,7 +371,7 @@ class SdpaEmitter:
                 term = op.term
                 if self.layout.heads is not None and op.rank == 3:
                     # a `(batch * heads, ...)` term (ALiBi through baddbmm) joins the per-head mask
-                    term = _unflatten(term, self.layout.heads)
+                    term = unflatten(term, self.layout.heads)
                 return self.add_to_mask(term)
             case t.Fill():
                 if op.causal and state.causal_fill is None:
@@ -420,7 +424,7 @@ class SdpaEmitter:
             out.append(_if_not_none(self.names.mask, update) if state.mask_maybe_none else update)
         elif state.mask is not None:
             if state.mask_nullable:
-                out.extend(self.materialize({"mask"}))
+                out.extend(self.materialize({Side.MASK}))
                 update = _assign(self.names.mask, _binary(cst.Name(self.names.mask), op.factor, op.divide))
                 out.append(_if_not_none(self.names.mask, update))
             else:
@@ -442,7 +446,7 @@ class SdpaEmitter:
                 "move onto the mask",
             )
         if state.mask_nullable:
-            return [*self.materialize({"mask"}), *self.floor_mask(op)]
+            return [*self.materialize({Side.MASK}), *self.floor_mask(op)]
         if not state.mask_var:
             state.mask = _clamp(state.mask, op.bound)  # type: ignore[arg-type]
             return []
@@ -467,7 +471,7 @@ class SdpaEmitter:
         if state.mask is None and not state.mask_var:
             state.mask, state.mask_nullable = term, True
             return []
-        pre = self.materialize({"mask"}) if not state.mask_var else []
+        pre = self.materialize({Side.MASK}) if not state.mask_var else []
         mask = cst.Name(self.names.mask)
         added = binary(mask, cst.Add(), term)
         value: cst.BaseExpression = (
@@ -480,7 +484,7 @@ class SdpaEmitter:
         nullable = self.nullable_parameter(term)
         if nullable is not None and not any(nullable in names for names in self.not_none):
             return self.add_nullable(term, nullable)
-        pre = self.materialize({"mask"}) if state.mask_nullable else []
+        pre = self.materialize({Side.MASK}) if state.mask_nullable else []
         if pre:
             return [*pre, *self.add_to_mask(term)]
         if not state.mask_var:
@@ -501,7 +505,7 @@ class SdpaEmitter:
         """`where(keep, scores, fill)` / `masked_fill(masked, fill)` folded into the additive mask."""
         state = self.state
         if state.mask_nullable:
-            return [*self.materialize({"mask"}), *self.fill_mask(op)]
+            return [*self.materialize({Side.MASK}), *self.fill_mask(op)]
         dtype_target = self.query_root()
 
         def where(current: cst.BaseExpression | None) -> cst.BaseExpression:
@@ -531,20 +535,20 @@ class SdpaEmitter:
 
     # -------------------------------------------------------------- materialisation
 
-    def materialize(self, kinds: set[str]) -> list[cst.BaseStatement]:
+    def materialize(self, kinds: set[Side]) -> list[cst.BaseStatement]:
         out: list[cst.BaseStatement] = []
         state = self.state
-        if "scale" in kinds and not state.scale_var:
+        if Side.SCALE in kinds and not state.scale_var:
             out.append(_assign(self.names.scale, self.scale_expression()))
             state.scale_var = True
             state.scale_factors = []
-        if "mask" in kinds and not state.mask_var:
+        if Side.MASK in kinds and not state.mask_var:
             out.append(_assign(self.names.mask, state.mask if state.mask is not None else cst.Name("None")))
             state.mask_maybe_none = state.mask is None or state.mask_nullable
             state.mask = None
             state.mask_nullable = False
             state.mask_var = True
-        if "causal" in kinds and not state.causal_var:
+        if Side.CAUSAL in kinds and not state.causal_var:
             out.append(_assign(self.names.causal, state.causal if state.causal is not None else cst.Name("None")))
             state.causal = None
             state.causal_var = True
@@ -555,13 +559,13 @@ class SdpaEmitter:
         if not assigned:
             return []
         state = self.state
-        kinds: set[str] = set()
+        kinds: set[Side] = set()
         if any(walk_names(f) & assigned for f, _ in state.scale_factors):
-            kinds.add("scale")
+            kinds.add(Side.SCALE)
         if state.mask is not None and walk_names(state.mask) & assigned:
-            kinds.add("mask")
+            kinds.add(Side.MASK)
         if state.causal is not None and walk_names(state.causal) & assigned:
-            kinds.add("causal")
+            kinds.add(Side.CAUSAL)
         return self.materialize(kinds)
 
     def assigned_by(self, small: cst.CSTNode) -> set[str]:
@@ -612,10 +616,10 @@ class SdpaEmitter:
         query, key = self.query, self.key
         layout = self.layout
         if layout.heads is not None:
-            query = _unflatten(query, layout.heads)
-            key = _unflatten(key, layout.heads)
+            query = unflatten(query, layout.heads)
+            key = unflatten(key, layout.heads)
             if layout.unflatten_value:
-                value = _unflatten(value, layout.heads)
+                value = unflatten(value, layout.heads)
         value_for_call = value
         if self.upcast:
             dtype = cst.Attribute(value=self.query_root(), attr=cst.Name("dtype"))
@@ -623,7 +627,7 @@ class SdpaEmitter:
                 func=cst.Attribute(value=primary(value), attr=cst.Name("to")), args=[cst.Arg(dtype)]
             )
             if mask_code:
-                out.extend(self.materialize({"mask"}) if not state.mask_var else [])
+                out.extend(self.materialize({Side.MASK}) if not state.mask_var else [])
                 cast = _assign(
                     self.names.mask,
                     cst.Call(func=cst.Attribute(value=cst.Name(self.names.mask), attr=cst.Name("to")), args=[cst.Arg(dtype)]),
@@ -654,7 +658,7 @@ class SdpaEmitter:
                 func=cst.Attribute(value=call, attr=cst.Name("to")),
                 args=[cst.Arg(cst.Attribute(value=primary(plan.output.value), attr=cst.Name("dtype")))],
             )
-        new_small = replace_nodes(small, {id(plan.output.node): call})
+        new_small = replace_nodes(small, {plan.output.node: call})
         own = self.assigned_by(small)
         weights = [_assign(name, cst.Name("None")) for name in sorted(self.probs_after_output - own)]
         self.removed_reads.update(self.probs_after_output - own)
@@ -674,7 +678,7 @@ class SdpaEmitter:
         if state.causal_fill is None:
             return self.causal_contract(out)
         if not state.mask_var:
-            out.extend(self.materialize({"mask"}))
+            out.extend(self.materialize({Side.MASK}))
         guard = state.causal_var
         causal = self.names.causal if guard else code(state.causal)  # type: ignore[arg-type]
         mask_set = not state.mask_maybe_none
@@ -771,7 +775,7 @@ def _binary(left: cst.BaseExpression, factor: cst.BaseExpression, divide: bool) 
     return binary(left, cst.Divide() if divide else cst.Multiply(), factor)
 
 
-def _unflatten(node: cst.BaseExpression, heads: tuple[cst.BaseExpression, cst.BaseExpression]) -> cst.BaseExpression:
+def unflatten(node: cst.BaseExpression, heads: tuple[cst.BaseExpression, cst.BaseExpression]) -> cst.BaseExpression:
     shape = cst.Tuple(elements=[cst.Element(heads[0]), cst.Element(heads[1])])
     return cst.Call(
         func=cst.Attribute(value=primary(node), attr=cst.Name("unflatten")),
@@ -786,17 +790,6 @@ def _dropout_expression(call: "t.p.DropoutCall") -> cst.BaseExpression:
     if isinstance(training, cst.Name) and training.value == "False":
         return cst.Float("0.0")
     return cst.IfExp(test=training, body=call.probability, orelse=cst.Float("0.0"))
-
-
-class _ById(cst.CSTVisitor):
-    def __init__(self, ids: set[int]) -> None:
-        self.ids = ids
-        self.found: list[cst.CSTNode] = []
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if id(node) in self.ids:
-            self.found.append(node)
-        return True
 
 
 def function_names(function: cst.FunctionDef) -> set[str]:

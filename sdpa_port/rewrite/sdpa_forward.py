@@ -38,8 +38,8 @@ def trace_sdpa_path(
     candidate = attention[0]
     if candidate.poison is not None:
         raise Refuse.because(candidate.poison, line=candidate.poison_line)
-    selected = t.Tracer(facts, class_name, function, selected_start=candidate.start_node_id).run()
-    chosen = [c for c in selected.candidates if c.start_node_id == candidate.start_node_id]
+    selected = t.Tracer(facts, class_name, function, selected_start=candidate.start_node).run()
+    chosen = [c for c in selected.candidates if c.start_node is candidate.start_node]
     if len(chosen) != 1 or chosen[0].stage != t.OUT or chosen[0].poison is not None:
         if chosen and chosen[0].poison:
             raise Refuse.because(chosen[0].poison, line=chosen[0].poison_line)
@@ -195,7 +195,7 @@ class Inliner:
         returned = final.body[0]
         assert isinstance(returned, cst.Return)
         value = returned.value if returned.value is not None else cst.Name("None")
-        replaced = replace_nodes(statement, {id(call): value})
+        replaced = replace_nodes(statement, {call: value})
         self.inlined += 1
         out: list[cst.BaseStatement] = [*prelude, *body[:-1]]
         if out and hasattr(out[0], "leading_lines"):

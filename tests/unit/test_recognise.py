@@ -6,6 +6,9 @@ import pytest
 
 from helpers import analyse, attention_module
 
+from sdpa_port.analyse.patterns import ProductForm
+from sdpa_port.analyse.site import CausalSource, Dropout, Layout, ScaleSite, TermKind
+
 INIT = """
 self.scaling = config.head_dim ** -0.5
 self.dropout = nn.Dropout(config.attention_dropout)
@@ -39,11 +42,13 @@ return torch.matmul(probs, value), probs
 def test_plain_site_facts() -> None:
     site = site_of(PLAIN)
     assert (site.query, site.key, site.value) == ("query", "key", "value")
-    assert site.product == "matmul" and site.layout == "heads"
-    assert [(s.where, s.expression, s.divide) for s in site.scaling] == [("scores", "math.sqrt(query.size(-1))", True)]
-    assert [(t.kind, t.expression, t.conditional) for t in site.terms] == [("mask", "attention_mask", True)]
+    assert site.product is ProductForm.MATMUL and site.layout is Layout.HEADS
+    assert [(s.where, s.expression, s.divide) for s in site.scaling] == [
+        (ScaleSite.SCORES, "math.sqrt(query.size(-1))", True)
+    ]
+    assert [(t.kind, t.expression, t.conditional) for t in site.terms] == [(TermKind.MASK, "attention_mask", True)]
     assert site.softmax == "functional(dim=-1)"
-    assert site.dropout == "self.dropout.p"
+    assert site.dropout == Dropout("self.dropout.p")
     assert site.head_mask == "head_mask"
     assert site.returns_weights
 
@@ -95,12 +100,12 @@ def test_dropout_forms(dropout: str, expected: str) -> None:
         f"scores = torch.matmul(query, key.transpose(-1, -2))\nprobs = scores.softmax(-1)\nprobs = {dropout}\n"
         "return torch.matmul(probs, value)"
     )
-    assert site.dropout == expected
+    assert site.dropout == Dropout(expected)
 
 
 def test_query_scaled_before_the_product() -> None:
     site = site_of("query = query * self.scaling\nscores = query @ key.transpose(-1, -2)\nreturn scores.softmax(-1) @ value")
-    assert [(s.where, s.expression) for s in site.scaling] == [("query", "self.scaling")]
+    assert [(s.where, s.expression) for s in site.scaling] == [(ScaleSite.QUERY, "self.scaling")]
 
 
 def test_scale_after_terms_and_conditional_scale() -> None:
@@ -113,7 +118,7 @@ def test_scale_after_terms_and_conditional_scale() -> None:
         return torch.matmul(scores.softmax(-1), value)
         """
     )
-    assert [(s.where, s.conditional) for s in site.scaling] == [("after_terms", True)]
+    assert [(s.where, s.conditional) for s in site.scaling] == [(ScaleSite.AFTER_TERMS, True)]
 
 
 def test_flat_layout_with_per_head_mask_view() -> None:
@@ -129,7 +134,7 @@ def test_flat_layout_with_per_head_mask_view() -> None:
         return torch.bmm(scores.softmax(-1), v)
         """
     )
-    assert site.product == "bmm" and site.layout == "flat->heads"
+    assert site.product is ProductForm.BMM and site.layout is Layout.FLAT_TO_HEADS
 
 
 def test_baddbmm_alpha_and_causal_buffer() -> None:
@@ -145,10 +150,10 @@ def test_baddbmm_alpha_and_causal_buffer() -> None:
         return torch.matmul(scores.softmax(-1), value)
         """
     )
-    assert site.product == "baddbmm"
-    assert [(s.where, s.expression) for s in site.scaling] == [("product", "self.scaling")]
-    assert site.causal == "buffer"
-    assert [t.kind for t in site.terms] == ["causal_buffer"]
+    assert site.product is ProductForm.BADDBMM
+    assert [(s.where, s.expression) for s in site.scaling] == [(ScaleSite.PRODUCT, "self.scaling")]
+    assert site.causal is CausalSource.BUFFER
+    assert [t.kind for t in site.terms] == [TermKind.CAUSAL_BUFFER]
 
 
 def test_masked_fill_is_a_term() -> None:
@@ -159,7 +164,7 @@ def test_masked_fill_is_a_term() -> None:
         return torch.matmul(scores.softmax(-1), value)
         """
     )
-    assert [t.kind for t in site.terms] == ["masked_fill"]
+    assert [t.kind for t in site.terms] == [TermKind.MASKED_FILL]
 
 
 def test_nan_guard_is_dropped() -> None:
