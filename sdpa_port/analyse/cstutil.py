@@ -156,18 +156,21 @@ def block_body(node: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
     return [cst.SimpleStatementLine(body=node.body)]
 
 
-def if_branches(node: cst.If) -> list[tuple[cst.BaseExpression | None, Sequence[cst.BaseStatement]]]:
-    """The (test, body) pairs of an if/elif/else chain; the else has test None."""
-    out: list[tuple[cst.BaseExpression | None, Sequence[cst.BaseStatement]]] = []
+def if_chain(node: cst.If) -> list[cst.If | cst.Else]:
+    """The `if`, its `elif`s and its `else`, in order."""
+    out: list[cst.If | cst.Else] = []
     current: cst.If | cst.Else | None = node
     while current is not None:
-        if isinstance(current, cst.If):
-            out.append((current.test, block_body(current.body)))
-            current = current.orelse
-        else:
-            out.append((None, block_body(current.body)))
-            current = None
+        out.append(current)
+        current = current.orelse if isinstance(current, cst.If) else None
     return out
+
+
+def if_branches(node: cst.If) -> list[tuple[cst.BaseExpression | None, Sequence[cst.BaseStatement]]]:
+    """The (test, body) pairs of an if/elif/else chain; the else has test None."""
+    return [
+        (branch.test if isinstance(branch, cst.If) else None, block_body(branch.body)) for branch in if_chain(node)
+    ]
 
 
 class NodesIn(cst.CSTVisitor):

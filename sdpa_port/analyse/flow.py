@@ -6,7 +6,7 @@ from typing import Sequence
 
 import libcst as cst
 
-from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, block_body
+from sdpa_port.analyse.cstutil import assigned_names, block_body, if_chain
 
 
 def bound_before(statements: Sequence[cst.BaseStatement], target: cst.CSTNode) -> set[str] | None:
@@ -53,19 +53,12 @@ def _always_binds(statement: cst.BaseStatement) -> set[str]:
 
 
 def _branch_bodies(node: cst.If) -> list[Sequence[cst.BaseStatement]]:
-    out: list[Sequence[cst.BaseStatement]] = []
-    current: cst.If | cst.Else | None = node
-    while current is not None:
-        out.append(block_body(current.body))
-        current = current.orelse if isinstance(current, cst.If) else None
-    return out
+    return [block_body(branch.body) for branch in if_chain(node)]
 
 
-def _last_orelse(node: cst.If) -> cst.If | cst.Else | None:
-    current: cst.If | cst.Else | None = node
-    while isinstance(current, cst.If) and current.orelse is not None:
-        current = current.orelse
-    return current if isinstance(current, cst.Else) else None
+def _last_orelse(node: cst.If) -> cst.Else | None:
+    last = if_chain(node)[-1]
+    return last if isinstance(last, cst.Else) else None
 
 
 def _contains(statement: cst.CSTNode, target: cst.CSTNode) -> bool:
@@ -82,4 +75,4 @@ def _contains(statement: cst.CSTNode, target: cst.CSTNode) -> bool:
     return found
 
 
-__all__ = ["bound_before", "all_assigned_names"]
+__all__ = ["bound_before"]

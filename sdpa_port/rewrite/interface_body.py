@@ -21,6 +21,7 @@ from sdpa_port.render import render_module, render_statements
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.analyse.cstutil import primary
 from sdpa_port.rewrite.sdpa_body import EmitOptions, SdpaEmitter, Side, SideNames, unflatten
+from sdpa_port.rewrite.walk import StatementWalker
 
 # names the eager function's signature and the dispatch's keywords already use
 RESERVED = frozenset(
@@ -195,7 +196,7 @@ def _eager_name(name: str) -> str:
 # ------------------------------------------------------------------ the eager function's body
 
 
-class _Filter:
+class _Filter(StatementWalker):
     """Keep the chain statements (and the statements moved with them) in their control-flow skeleton."""
 
     def __init__(self, result: t.TraceResult, moved: frozenset[cst.CSTNode]) -> None:
@@ -205,41 +206,26 @@ class _Filter:
         self.output: t.OutputStmt | None = None
         self.output_small: cst.BaseSmallStatement | None = None
 
-    def block(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        out: list[cst.BaseStatement] = []
-        for statement in statements:
-            out.extend(self.statement(statement))
-        return out
-
-    def statement(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:
-        if isinstance(statement, cst.SimpleStatementLine):
-            kept: list[cst.BaseSmallStatement] = []
-            for small in statement.body:
-                plan = self.plans.get(small)
-                if isinstance(plan, t.ChainStmt) or small in self.moved:
-                    kept.append(small)
-                elif isinstance(plan, t.OutputStmt):
-                    self.output, self.output_small = plan, small
-                    kept.append(small)
-            return [statement.with_changes(body=kept)] if kept else []
-        if isinstance(statement, cst.If):
-            if statement in self.dropped_ifs:
-                return []
-            return self.if_statement(statement)
-        if isinstance(statement, cst.With):
-            body = self.block(block_body(statement.body))
-            return [statement.with_changes(body=statement.body.with_changes(body=body))] if body else []  # type: ignore[union-attr]
-        return []
+    def line(self, statement: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
+        kept: list[cst.BaseSmallStatement] = []
+        for small in statement.body:
+            plan = self.plans.get(small)
+            if isinstance(plan, t.ChainStmt) or small in self.moved:
+                kept.append(small)
+            elif isinstance(plan, t.OutputStmt):
+                self.output, self.output_small = plan, small
+                kept.append(small)
+        return [statement.with_changes(body=kept)] if kept else []
 
     def if_statement(self, node: cst.If) -> list[cst.BaseStatement]:
-        branches: list[tuple[cst.If | cst.Else, list[cst.BaseStatement]]] = []
-        current: cst.If | cst.Else | None = node
-        while current is not None:
-            branches.append((current, self.block(block_body(current.body))))
-            current = current.orelse if isinstance(current, cst.If) else None
-        if all(not body for _, body in branches):
-            return []
-        return [rebuild_if(branches)]
+        return [] if node in self.dropped_ifs else super().if_statement(node)
+
+    def compound(self, statement: cst.With | cst.For | cst.While) -> list[cst.BaseStatement]:
+        # the chain never runs in a loop (the tracer refuses that): only a `with` can hold chain statements
+        return super().compound(statement) if isinstance(statement, cst.With) else []
+
+    def other(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:
+        return []
 
 
 def eager_body(

@@ -22,6 +22,7 @@ from sdpa_port.analyse.cstutil import (
     block_body,
     code,
     expr,
+    if_chain,
     nodes_in,
     primary,
     rebuild_if,
@@ -30,6 +31,7 @@ from sdpa_port.analyse.cstutil import (
 from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module, render_statements
+from sdpa_port.rewrite.walk import StatementWalker
 
 
 class Side(enum.Enum):
@@ -119,7 +121,7 @@ class EmitOptions:
     contract: MaskContract = MaskContract()
 
 
-class SdpaEmitter:
+class SdpaEmitter(StatementWalker):
     def __init__(
         self,
         result: t.TraceResult,
@@ -171,24 +173,6 @@ class SdpaEmitter:
         return Layout(None, False, False)
 
     # -------------------------------------------------------------- walking
-
-    def block(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        out: list[cst.BaseStatement] = []
-        for statement in statements:
-            out.extend(self.statement(statement))
-        return out
-
-    def statement(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:
-        if isinstance(statement, cst.SimpleStatementLine):
-            return self.line(statement)
-        if isinstance(statement, cst.If):
-            return self.if_statement(statement)
-        if isinstance(statement, (cst.With, cst.For, cst.While)):
-            body = self.block(block_body(statement.body))
-            if not body:
-                return [] if isinstance(statement, cst.With) else [statement]
-            return [statement.with_changes(body=statement.body.with_changes(body=body))]  # type: ignore[union-attr]
-        return [statement]
 
     def line(self, statement: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
         out: list[cst.BaseStatement] = []
@@ -250,8 +234,7 @@ class SdpaEmitter:
         before = self.state.copy()
         ends: list[_State] = []
         branches: list[tuple[cst.If | cst.Else, list[cst.BaseStatement]]] = []
-        current: cst.If | cst.Else | None = node
-        while current is not None:
+        for current in if_chain(node):
             self.state = before.copy()
             checked = not_none_names(current.test) if isinstance(current, cst.If) else set()
             self.not_none.append(checked)
@@ -259,7 +242,6 @@ class SdpaEmitter:
             self.not_none.pop()
             ends.append(self.state)
             branches.append((current, body))
-            current = current.orelse if isinstance(current, cst.If) else None
         if not isinstance(branches[-1][0], cst.Else):
             ends.append(before)
         self.state = self.merge(ends, node)

@@ -17,6 +17,7 @@ from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.rewrite.sdpa_body import EmitOptions, MaskContract, SdpaEmitter, SideNames, function_names
 from sdpa_port.rewrite.specialise import Known, specialise
+from sdpa_port.rewrite.walk import StatementWalker
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def inline_helpers(facts: ModuleFacts, analysis: ClassAnalysis, forward: cst.Fun
     return forward.with_changes(body=forward.body.with_changes(body=remove_dead(body, set(), facts.imports)))
 
 
-class Inliner:
+class Inliner(StatementWalker):
     """Replace `self.<helper>(...)` calls in forward by the helper's body (SDPA-rewritten when given options)."""
 
     def __init__(
@@ -111,33 +112,9 @@ class Inliner:
         self.inlined = 0
         self.removed_reads: set[str] = set()
 
-    def block(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        out: list[cst.BaseStatement] = []
-        for statement in statements:
-            out.extend(self.statement(statement))
-        return out
-
-    def statement(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:
-        if isinstance(statement, cst.SimpleStatementLine):
-            call = self.helper_call(statement)
-            if call is None:
-                return [statement]
-            return self.inline(statement, call)
-        if isinstance(statement, cst.If):
-            return [self.if_statement(statement)]
-        if isinstance(statement, (cst.With, cst.For, cst.While)):
-            body = self.block(block_body(statement.body))
-            return [statement.with_changes(body=statement.body.with_changes(body=body))]  # type: ignore[union-attr]
-        return [statement]
-
-    def if_statement(self, node: cst.If) -> cst.If:
-        body = self.block(block_body(node.body))
-        orelse: cst.If | cst.Else | None = node.orelse
-        if isinstance(orelse, cst.If):
-            orelse = self.if_statement(orelse)
-        elif isinstance(orelse, cst.Else):
-            orelse = orelse.with_changes(body=orelse.body.with_changes(body=self.block(block_body(orelse.body))))
-        return node.with_changes(body=node.body.with_changes(body=body), orelse=orelse)
+    def line(self, statement: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
+        call = self.helper_call(statement)
+        return [statement] if call is None else self.inline(statement, call)
 
     def helper_call(self, statement: cst.SimpleStatementLine) -> cst.Call | None:
         finder = _HelperCalls(set(self.helpers))
