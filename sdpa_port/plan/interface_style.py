@@ -142,6 +142,17 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     params = result.params
     mask_param = _mask_parameter(candidate, params)
     for op, _, line in candidate.ops:
+        if isinstance(op, t.Fill) and mask_param is not None and not op.row_safe:
+            # transformers' sdpa combines a boolean attention mask with position_bias by replacement
+            # (`where(mask, bias, min)`), not by addition: even an absorbing fill then differs in a row that
+            # loses every key
+            raise Refuse(
+                Code.MASKED_ROWS,
+                f"masked scores are replaced where `{code(op.condition)}` says so, which may mask every key of a real "
+                "token's row; the implementations combine the attention mask with the other terms by replacement, so "
+                "such a row would differ",
+                line=line,
+            )
         if isinstance(op, t.Fill) and any("mask" in n for n in walk_names(op.condition) & set(params)):
             raise Refuse(
                 Code.MASK_PER_IMPLEMENTATION,

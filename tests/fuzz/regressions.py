@@ -76,6 +76,11 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(family="523", causal="mask", cross=True, is_causal_attr=True, mask_style="builder"),
         "exact", None,
     ),
+    "5.x E: a top-left causal slice beside the attention mask (combined by replacement)": (
+        Spec(family="523", scale_place="query", scale_form="full_div", mask_style="builder", causal="buffer",
+             causal_slice="top_left", causal_guard="not_cross", cache=True, cross=True),
+        "refused", "M202",
+    ),
     "5.x D: is_causal = True on a module given bidirectional masks": (
         Spec(family="523", is_causal_attr=True, mask_style="builder"),
         "refused", "C304",
