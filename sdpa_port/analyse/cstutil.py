@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable, Container, Iterable, Sequence
 
 import libcst as cst
+import libcst.matchers as m
 
 _EMPTY_MODULE = cst.Module(body=[])
 
@@ -109,6 +110,48 @@ def primary(node: cst.BaseExpression) -> cst.BaseExpression:
     if precedence(node) < ATOM or isinstance(node, (cst.Integer, cst.Float, cst.Imaginary)):
         return parenthesized(node)
     return node
+
+
+class _RebaseConfig(cst.CSTTransformer):
+    """Move the `config` at the root of attribute chains between `config` and `self.config`."""
+
+    def __init__(self, to_self: bool) -> None:
+        self.to_self = to_self
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        if self.to_self and updated.value == "config":
+            return cst.Attribute(value=cst.Name("self"), attr=cst.Name("config"))
+        return updated
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        # attribute names are `Name` nodes too: `x.config` keeps its name
+        updated = updated.with_changes(attr=original.attr)
+        if not self.to_self and m.matches(updated, m.Attribute(value=m.Name("self"), attr=m.Name("config"))):
+            return cst.Name("config")
+        return updated
+
+
+def rebase_config(node: cst.BaseExpression, to_self: bool) -> cst.BaseExpression:
+    """`config.x.y` -> `self.config.x.y` (to_self) or back: only the `config` at the root of a chain moves."""
+    result = node.visit(_RebaseConfig(to_self))
+    assert isinstance(result, cst.BaseExpression)
+    return result
+
+
+def one_per_line(call: cst.Call) -> cst.Call:
+    """`f(a, b=1)` laid out with one argument per line and a trailing comma (the "magic trailing comma" layout
+    ruff and black keep), indented one level below the statement that holds the call."""
+    if not call.args:
+        return call
+    opening = cst.ParenthesizedWhitespace(
+        first_line=cst.TrailingWhitespace(newline=cst.Newline()), indent=True, last_line=cst.SimpleWhitespace("    ")
+    )
+    closing = cst.ParenthesizedWhitespace(
+        first_line=cst.TrailingWhitespace(newline=cst.Newline()), indent=True, last_line=cst.SimpleWhitespace("")
+    )
+    args = [arg.with_changes(comma=cst.Comma(whitespace_after=opening)) for arg in call.args[:-1]]
+    args.append(call.args[-1].with_changes(comma=cst.Comma(whitespace_after=closing)))
+    return call.with_changes(whitespace_before_args=opening, args=args)
 
 
 def replace_names(node: cst.CSTNode, mapping: dict[str, cst.BaseExpression]):  # type: ignore[no-untyped-def]

@@ -11,20 +11,21 @@ import re
 from dataclasses import dataclass, field
 
 import libcst as cst
+import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import code
-from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.cross import key_only_parameters
-from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
+from sdpa_port.analyse.cstutil import code, one_per_line
 from sdpa_port.analyse.lines import Lines
-from sdpa_port.analyse.site import TermKind
+from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, bind_arguments
+from sdpa_port.analyse.site import TermKind
 from sdpa_port.discover.style import attention_dicts, supports_sdpa
-from sdpa_port.render import render_module
+from sdpa_port.plan.gate import authors_refusal, selection_refusals
 from sdpa_port.refusals import Code, Refuse, Refusal
+from sdpa_port.render import render_module
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register
-from sdpa_port.plan.gate import authors_refusal, selection_refusals
 from sdpa_port.rewrite.sdpa_body import MaskContract
 from sdpa_port.rewrite.sdpa_forward import ForwardPlan, build_sdpa_forward
 
@@ -325,14 +326,15 @@ def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
         fallback_test=" or ".join(parts),
         fallback_text=" or ".join(texts) if texts else "",
         use_logger=use_logger,
-        call_args=_call_arguments(forward.params),
     )
     node = rendered.body[0]
     assert isinstance(node, cst.ClassDef)
     body = list(node.body.body)
     template_forward = body[-1]
     assert isinstance(template_forward, cst.FunctionDef)
-    prelude = [s for s in template_forward.body.body if not _is_pass(s)]  # type: ignore[union-attr]
+    prelude = [
+        _with_fallback_arguments(s, forward.params) for s in template_forward.body.body if not _is_pass(s)  # type: ignore[union-attr]
+    ]
     new_forward = template_forward.with_changes(
         params=forward.params,
         whitespace_before_params=forward.whitespace_before_params,
@@ -354,31 +356,51 @@ def _is_pass(statement: cst.BaseStatement) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in statement.body)
 
 
-def _call_arguments(params: cst.Parameters) -> str:
-    """The arguments that pass every parameter on to `super().forward`, on one line or one per line if long."""
-    parts = _argument_list(params)
-    one_line = ", ".join(parts)
-    if len(one_line) <= 70:
-        return one_line
-    return "\n" + "".join(f"                {part},\n" for part in parts) + "            "
+class _FallbackArguments(cst.CSTTransformer):
+    """`super().forward()` in the template gains the arguments that pass every parameter on."""
+
+    def __init__(self, params: cst.Parameters) -> None:
+        self.params = params
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not m.matches(updated.func, m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("forward"))):
+            return updated
+        call = updated.with_changes(args=_arguments_for(self.params))
+        # the one-line form fits when the statement stays within the line length
+        return call if len(code(call)) <= FALLBACK_ONE_LINE else one_per_line(call)
 
 
-def _argument_list(params: cst.Parameters) -> list[str]:
-    parts: list[str] = []
+FALLBACK_ONE_LINE = 86  # `return super().forward(...)` indented three levels stays within 119 columns
+
+
+def _with_fallback_arguments(statement: cst.BaseStatement, params: cst.Parameters) -> cst.BaseStatement:
+    result = statement.visit(_FallbackArguments(params))
+    assert isinstance(result, cst.BaseStatement)
+    return result
+
+
+def _arguments_for(params: cst.Parameters) -> list[cst.Arg]:
+    """Every parameter passed on as it was received: the first positionally, the rest by keyword."""
+    out: list[cst.Arg] = []
     positional = [p for p in [*params.posonly_params, *params.params] if p.name.value != "self"]
     for index, param in enumerate(positional):
-        name = param.name.value
-        if index == 0 or param in params.posonly_params:
-            parts.append(name)
-        else:
-            parts.append(f"{name}={name}")
+        name = cst.Name(param.name.value)
+        by_position = index == 0 or param in params.posonly_params
+        out.append(cst.Arg(name) if by_position else _keyword(param.name.value))
     if isinstance(params.star_arg, cst.Param):
-        parts.append(f"*{params.star_arg.name.value}")
-    for param in params.kwonly_params:
-        parts.append(f"{param.name.value}={param.name.value}")
+        out.append(cst.Arg(cst.Name(params.star_arg.name.value), star="*"))
+    out.extend(_keyword(param.name.value) for param in params.kwonly_params)
     if params.star_kwarg is not None:
-        parts.append(f"**{params.star_kwarg.name.value}")
-    return parts
+        out.append(cst.Arg(cst.Name(params.star_kwarg.name.value), star="**"))
+    return [arg.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for arg in out[:-1]] + out[-1:]
+
+
+def _keyword(name: str) -> cst.Arg:
+    return cst.Arg(
+        cst.Name(name),
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
 
 
 __all__ = ["plan_class_style", "apply_class_style", "ClassStylePlan", "code"]

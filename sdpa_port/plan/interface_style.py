@@ -17,7 +17,7 @@ import libcst.matchers as m
 
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cross import key_only_parameters, self_attention_test
-from sdpa_port.analyse.cstutil import block_body, code
+from sdpa_port.analyse.cstutil import block_body, code, expr, rebase_config
 from sdpa_port.analyse.flow import bound_before
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
@@ -426,7 +426,7 @@ def self_attention_causality(facts: ModuleFacts) -> str | None:
                 condition = ast.unparse(node.test)
                 if getattr(node.body, "id", None) == BIDIRECTIONAL_BUILDER:
                     condition = f"not ({condition})"
-                conditional = condition.replace("self.config.", "config.")
+                conditional = code(rebase_config(cst.parse_expression(condition), to_self=False))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             if node.func.id == CAUSAL_BUILDER:
                 causal = True
@@ -657,9 +657,10 @@ class _InitAttributes(cst.CSTTransformer):
             added.append(cst.parse_statement("self.config = config"))
         if self.is_causal is not None:
             causal = self.is_causal
-            if "config." in causal and "config" not in names and not self.add_config:
-                causal = causal.replace("config.", "self.config.")
-            added.append(cst.parse_statement(f"self.is_causal = {causal}"))
+            value = cst.parse_expression(causal)
+            if "config" not in names and not self.add_config:
+                value = rebase_config(value, to_self=True)  # __init__ reads the config it stored
+            added.append(cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(expr("self.is_causal"))], value=value)]))
         body = list(updated.body.body)  # type: ignore[union-attr]
         position = len(body)
         for index, statement in enumerate(body):

@@ -281,7 +281,8 @@ def eager_body(
 def _heads_in_eager(candidate: t.Candidate) -> str | None:
     for op, _, _ in candidate.ops:
         if isinstance(op, t.View) and op.heads is not None:
-            return f"{code(op.heads[0])}, {code(op.heads[1])}".replace("self.", "module.")
+            module = {"self": cst.Name("module")}
+            return f"{code(replace_names(op.heads[0], module))}, {code(replace_names(op.heads[1], module))}"
     return None
 
 

@@ -1,0 +1,82 @@
+"""Interface style (transformers 5.x) without torch: before/after pairs for its planning and rewriting steps."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from sdpa_port import Status, port_source
+from sdpa_port.analyse.cstutil import code, one_per_line, rebase_config
+
+
+@pytest.mark.parametrize(
+    "before,to_self,after",
+    [
+        ("config.is_decoder", True, "self.config.is_decoder"),
+        ("config.text_config.is_decoder", True, "self.config.text_config.is_decoder"),
+        ("not (config.text_config.is_decoder and x.config)", True, "not (self.config.text_config.is_decoder and x.config)"),
+        ("self.config.text_config.is_decoder", False, "config.text_config.is_decoder"),
+        ("other.config.x", False, "other.config.x"),
+    ],
+)
+def test_rebase_config_moves_only_the_root(before: str, to_self: bool, after: str) -> None:
+    assert code(rebase_config(cst.parse_expression(before), to_self)) == after
+
+
+def test_one_per_line_layout() -> None:
+    call = cst.parse_expression("f(a, b=b, *c, **d)")
+    assert isinstance(call, cst.Call)
+    module = cst.parse_module("def g():\n    return f()\n")
+    statement = module.body[0].body.body[0]  # type: ignore[attr-defined]
+    laid = statement.with_changes(body=[statement.body[0].with_changes(value=one_per_line(call))])
+    text = module.with_changes(body=[module.body[0].with_changes(body=module.body[0].body.with_changes(body=[laid]))]).code  # type: ignore[attr-defined]
+    assert text == "def g():\n    return f(\n        a,\n        b=b,\n        *c,\n        **d,\n    )\n"
+
+
+NESTED_CONFIG = textwrap.dedent(
+    '''
+    import torch
+    from torch import nn
+
+    from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+    from transformers.modeling_utils import PreTrainedModel
+
+
+    class TinyAttention(nn.Module):
+        def __init__(self, hidden_size, parent_config):
+            super().__init__()
+            self.config = parent_config
+            self.scaling = hidden_size**-0.5
+
+        def forward(self, query, key, value, attention_mask=None, **kwargs):
+            scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling
+            if attention_mask is not None:
+                scores = scores + attention_mask
+            return torch.matmul(scores.softmax(dim=-1), value), None
+
+
+    class TinyPreTrainedModel(PreTrainedModel):
+        base_model_prefix = "model"
+
+
+    class TinyModel(TinyPreTrainedModel):
+        def __init__(self, config):
+            super().__init__(config)
+            self.attention = TinyAttention(config.hidden_size, config)
+
+        def forward(self, inputs_embeds, attention_mask=None):
+            build = create_causal_mask if self.config.text_config.is_decoder else create_bidirectional_mask
+            mask = build(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+            return self.attention(inputs_embeds, inputs_embeds, inputs_embeds, mask)
+    '''
+)
+
+
+def test_a_nested_config_attribute_reaches_init_intact() -> None:
+    """The module's causality follows `config.text_config.is_decoder`; `__init__` reads it from `self.config`."""
+    result = port_source(NESTED_CONFIG, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert "        self.is_causal = self.config.text_config.is_decoder\n" in result.source
+    assert "text_self" not in result.source
