@@ -192,6 +192,11 @@ def assigned_names(target: cst.BaseExpression) -> list[str]:
     return []
 
 
+def is_pass(statement: cst.BaseStatement | cst.BaseSmallStatement) -> bool:
+    """A `pass` line (what a template leaves where generated statements go)."""
+    return isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in statement.body)
+
+
 def block_body(node: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
     if isinstance(node, cst.IndentedBlock):
         return node.body

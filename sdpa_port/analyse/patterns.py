@@ -510,6 +510,16 @@ def transposed_last_two(node: cst.BaseExpression, rank: int | None) -> cst.BaseE
     return None
 
 
+def cast_operand(term: cst.BaseExpression) -> str | None:
+    """The name an additive term adds, through dtype casts: `mask`, `mask.to(dtype)`, `mask.type_as(x)` -> "mask"."""
+    while isinstance(term, cst.Call) and isinstance(term.func, cst.Attribute) and term.func.attr.value in DTYPE_CASTS:
+        term = term.func.value
+    return term.value if isinstance(term, cst.Name) else None
+
+
+DTYPE_CASTS = frozenset({"to", "type", "type_as"})
+
+
 def reshape_args(node: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst.Arg]] | None:
     found = method_call(node, RESHAPE_METHODS)
     if found is None:

@@ -14,13 +14,13 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse.cross import key_only_parameters
-from sdpa_port.analyse.cstutil import code, one_per_line
+from sdpa_port.analyse.cstutil import code, is_pass, one_per_line
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, bind_arguments
 from sdpa_port.analyse.site import TermKind
-from sdpa_port.discover.style import attention_dicts, supports_sdpa
+from sdpa_port.analyse.selection import attention_dicts, supports_sdpa
 from sdpa_port.plan.gate import authors_refusal, selection_refusals
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.render import render_module
@@ -333,7 +333,7 @@ def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
     template_forward = body[-1]
     assert isinstance(template_forward, cst.FunctionDef)
     prelude = [
-        _with_fallback_arguments(s, forward.params) for s in template_forward.body.body if not _is_pass(s)  # type: ignore[union-attr]
+        _with_fallback_arguments(s, forward.params) for s in template_forward.body.body if not is_pass(s)  # type: ignore[union-attr]
     ]
     new_forward = template_forward.with_changes(
         params=forward.params,
@@ -351,9 +351,6 @@ def _source(analysis: ClassAnalysis) -> str:
     methods = sorted({f"{site.owner}.{site.method}" for site in analysis.sites})
     return "`, `".join(methods)
 
-
-def _is_pass(statement: cst.BaseStatement) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in statement.body)
 
 
 class _FallbackArguments(cst.CSTTransformer):

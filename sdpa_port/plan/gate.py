@@ -8,7 +8,7 @@ import ast
 import libcst as cst
 
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.discover.style import attention_dicts
+from sdpa_port.analyse.selection import attention_dicts
 from sdpa_port.refusals import Code, Refusal
 
 SELECTOR = "_attn_implementation"

@@ -17,20 +17,20 @@ import libcst.matchers as m
 
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cross import key_only_parameters, self_attention_test
-from sdpa_port.analyse.cstutil import block_body, code, expr, rebase_config
+from sdpa_port.analyse.cstutil import block_body, code, expr, is_pass, rebase_config
 from sdpa_port.analyse.flow import bound_before
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.patterns import walk_names
+from sdpa_port.analyse.patterns import cast_operand, walk_names
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
 from sdpa_port.discover.screen import Screen
-from sdpa_port.discover.style import attention_dicts
+from sdpa_port.analyse.selection import attention_dicts
 from sdpa_port.render import render_module
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import flags, imports, insert_classes, register
 from sdpa_port.rewrite.cleanup import remove_dead
-from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions, eager_body
+from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions, eager_body, parameter_name
 from sdpa_port.rewrite.sdpa_body import SideNames, function_names
 from sdpa_port.rewrite.sdpa_forward import inline_helpers, trace_sdpa_path
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
@@ -160,7 +160,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
                 "implementation, so it cannot be handed over as is",
                 line=line,
             )
-        if isinstance(op, t.AddTerm) and mask_param is not None and mask_term_name(op.term) == mask_param and not op.always:
+        if isinstance(op, t.AddTerm) and mask_param is not None and cast_operand(op.term) == mask_param and not op.always:
             raise Refuse(
                 Code.CONDITIONAL,
                 "the attention mask is added only under a condition, but the implementations receive it whenever it "
@@ -286,16 +286,10 @@ def _mask_parameter(candidate: t.Candidate, params: tuple[str, ...]) -> str | No
     """
     for op, _, _ in candidate.ops:
         if isinstance(op, t.AddTerm):
-            name = mask_term_name(op.term)
+            name = cast_operand(op.term)
             if name is not None and name in params and "mask" in name:
                 return name
     return None
-
-
-def mask_term_name(term: cst.BaseExpression) -> str | None:
-    while isinstance(term, cst.Call) and isinstance(term.func, cst.Attribute) and term.func.attr.value in ("to", "type", "type_as"):
-        term = term.func.value
-    return term.value if isinstance(term, cst.Name) else None
 
 
 def _operand_upcasts(function: cst.FunctionDef, start: t.Start) -> frozenset[cst.CSTNode]:
@@ -514,25 +508,20 @@ def _eager_function_name(class_name: str, facts: ModuleFacts, count: int, used: 
 def _eager_function(
     facts: ModuleFacts, name: str, statements: list[cst.BaseStatement], free: list[str], analysis: ClassAnalysis
 ) -> cst.FunctionDef:
-    from sdpa_port.rewrite.interface_body import _eager_name
-
     module_type = "nn.Module" if "nn" in facts.imports.aliases else "torch.nn.Module"
     sources = sorted({f"{site.owner}.{site.method}" for site in analysis.sites})
     rendered = render_module(
         "interface_style/eager_function.py.jinja",
         name=name,
         module_type=module_type,
-        free=[_eager_name(f) for f in free],
+        free=[parameter_name(f) for f in free],
         source="`, `".join(sources),
     )
     function = rendered.body[0]
     assert isinstance(function, cst.FunctionDef)
-    docstring = [s for s in function.body.body if not _is_pass(s)]  # type: ignore[union-attr]
+    docstring = [s for s in function.body.body if not is_pass(s)]  # type: ignore[union-attr]
     return function.with_changes(body=function.body.with_changes(body=[*docstring, *statements]))
 
-
-def _is_pass(statement: cst.BaseStatement) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in statement.body)
 
 
 # ------------------------------------------------------------------ applying

@@ -16,7 +16,7 @@ import libcst as cst
 
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cstutil import assigned_names, block_body, code, rebuild_if, replace_names, replace_nodes
-from sdpa_port.analyse.patterns import walk_names
+from sdpa_port.analyse.patterns import cast_operand, walk_names
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.analyse.cstutil import primary
@@ -72,13 +72,7 @@ class InterfaceEmitter(SdpaEmitter):
         return super().add_to_mask(term)
 
     def is_mask_parameter(self, term: cst.BaseExpression) -> bool:
-        while isinstance(term, cst.Call) and isinstance(term.func, cst.Attribute) and term.func.attr.value in (
-            "to",
-            "type",
-            "type_as",
-        ):
-            term = term.func.value
-        return isinstance(term, cst.Name) and term.value == self.interface.mask_param
+        return self.interface.mask_param is not None and cast_operand(term) == self.interface.mask_param
 
     def none_guarded_term(self, node: cst.If, touched: set[Side]) -> str | None:
         found = super().none_guarded_term(node, touched)
@@ -156,7 +150,7 @@ class InterfaceEmitter(SdpaEmitter):
             scaling=code(self.scale_expression()),
             is_causal=self.interface.causal_kwarg or "",
             position_bias=bias,
-            extra=[(_eager_name(name), name) for name in self.eager.free],
+            extra=[(parameter_name(name), name) for name in self.eager.free],
             kwargs=self.interface.forward_kwargs or "",
             weights_requested=self.interface.weights_requested or "",
             mask_variable=_fresh("dispatch_mask", self.taken()),
@@ -188,7 +182,7 @@ def _fresh(name: str, taken: set[str]) -> str:
     return name
 
 
-def _eager_name(name: str) -> str:
+def parameter_name(name: str) -> str:
     """Free values whose names the interface reserves get a trailing underscore inside the eager function."""
     return name + "_" if name in RESERVED else name
 
@@ -262,7 +256,7 @@ def eager_body(
     body = [replace_names(s, {"self": cst.Name("module")}) for s in statements]
     # every other value the chain reads comes from forward, renamed where the signature already uses the name
     part.free = [n for n in free_names(body, options.module_names, reserved=frozenset()) if n not in provided]
-    renames = {name: cst.Name(_eager_name(name)) for name in part.free if name in RESERVED}
+    renames = {name: cst.Name(parameter_name(name)) for name in part.free if name in RESERVED}
     if renames:
         body = [replace_names(s, renames) for s in body]
     body = [*adapters, *body]

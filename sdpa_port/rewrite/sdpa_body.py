@@ -28,7 +28,7 @@ from sdpa_port.analyse.cstutil import (
     rebuild_if,
     replace_nodes,
 )
-from sdpa_port.analyse.patterns import walk_names
+from sdpa_port.analyse.patterns import cast_operand, walk_names
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.rewrite.walk import StatementWalker
@@ -437,15 +437,8 @@ class SdpaEmitter(StatementWalker):
 
     def nullable_parameter(self, term: cst.BaseExpression) -> str | None:
         """The mask parameter an additive term reads (`mask`, `mask.to(dtype)`), when it may arrive as None."""
-        while isinstance(term, cst.Call) and isinstance(term.func, cst.Attribute) and term.func.attr.value in (
-            "to",
-            "type",
-            "type_as",
-        ):
-            term = term.func.value
-        if isinstance(term, cst.Name) and term.value in self.options.contract.nullable:
-            return term.value
-        return None
+        name = cast_operand(term)
+        return name if name is not None and name in self.options.contract.nullable else None
 
     def add_nullable(self, term: cst.BaseExpression, name: str) -> list[cst.BaseStatement]:
         """`mask + <term of a parameter that may be None>`: the term only joins when it is not None."""

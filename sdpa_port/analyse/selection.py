@@ -1,4 +1,4 @@
-"""Decide which target style a modeling file uses, from what it already imports and defines."""
+"""How a modeling file selects its attention classes: `XXX_ATTENTION_CLASSES` dicts and the `_supports_sdpa` flag."""
 
 from __future__ import annotations
 
