@@ -37,6 +37,12 @@ def _installed_transformers() -> str | None:
     return version("transformers")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("SDPA_PORT_REGEN"):
+        # tests never write what they compare against; golden files have their own command
+        raise pytest.UsageError("SDPA_PORT_REGEN is set: regenerate golden files with scripts/regen_golden.py instead")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     required = os.environ.get("SDPA_PORT_REQUIRE")
     installed = None

@@ -1,0 +1,29 @@
+"""Regenerate the golden ports of the fixtures: `python scripts/regen_golden.py`, then review `git diff fixtures/golden`.
+
+The golden test (tests/unit/test_golden.py) only compares; it never writes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sdpa_port import Status, port_source
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def main() -> int:
+    for path in sorted((FIXTURES / "class_style").glob("modeling_*.py")):
+        result = port_source(path.read_text(encoding="utf-8"), filename=path.name)
+        if result.status is not Status.PORTED:
+            print(f"{path.name}: {result.status.value}: {'; '.join(result.reasons) or result.detail}")
+            return 1
+        golden = FIXTURES / "golden" / path.name
+        changed = not golden.exists() or golden.read_text(encoding="utf-8") != result.source
+        golden.write_text(result.source, encoding="utf-8")
+        print(f"{golden.relative_to(FIXTURES.parent)}: {'rewritten' if changed else 'unchanged'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
