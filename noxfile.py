@@ -1,6 +1,7 @@
 """Test sessions. `nox` runs them all; each builds its own virtualenv.
 
-- unit:   the pure tool (no torch): analysis, passes, golden files, CLI; no unused code (vulture).
+- unit:   the pure tool (no torch): analysis, passes, golden files, CLI; strict types on the core (mypy) and no
+          unused code (vulture).
 - tf440:  transformers 4.40.2 + torch 2.13.0 CPU: class-style acceptance on real files, with parity, and the
           differential fuzzer (fixed seeds, the regression specs, the judge's own sensitivity).
 - tf523:  transformers 5.23.0 + torch 2.13.0 CPU: interface-style acceptance on real files, with parity, and the
@@ -26,13 +27,15 @@ def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None)
 
 
 VULTURE = "vulture==2.14"
+MYPY = "mypy==2.4.1"
 UNUSED = ["--min-confidence", "60", "--ignore-names", "visit_*,leave_*,on_visit,on_leave,__package__,pytestmark,pytest_*"]
 
 
 @nox.session
 def unit(session: nox.Session) -> None:
-    session.install("-e", ".", PYTEST, VULTURE)
+    session.install("-e", ".", PYTEST, VULTURE, MYPY)
     _pytest(session, "tests/unit", "-q")
+    session.run("mypy")  # strict on the pure core (pyproject's [tool.mypy])
     # no dead code: whatever the package defines is used by the package, its tests or its scripts
     session.run(
         "vulture", "sdpa_port", "tests", "scripts", "tests/vulture_whitelist.py", *UNUSED,

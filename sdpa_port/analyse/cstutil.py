@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Container, Iterable, Sequence
+from typing import Callable, Container, Iterable, Mapping, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -26,7 +26,7 @@ def stmt(text: str) -> cst.BaseStatement:
 class ReplaceNames(cst.CSTTransformer):
     """Replace reads of names (not attribute names, not keywords) by expressions."""
 
-    def __init__(self, mapping: dict[str, cst.BaseExpression]) -> None:
+    def __init__(self, mapping: Mapping[str, cst.BaseExpression]) -> None:
         self.mapping = mapping
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
@@ -154,7 +154,7 @@ def one_per_line(call: cst.Call) -> cst.Call:
     return call.with_changes(whitespace_before_args=opening, args=args)
 
 
-def replace_names(node: cst.CSTNode, mapping: dict[str, cst.BaseExpression]):  # type: ignore[no-untyped-def]
+def replace_names(node: cst.CSTNode, mapping: Mapping[str, cst.BaseExpression]):  # type: ignore[no-untyped-def]
     if not mapping:
         return node
     return node.visit(ReplaceNames(mapping))
@@ -166,11 +166,9 @@ class ReplaceNodes(cst.CSTTransformer):
     def __init__(self, mapping: dict[cst.CSTNode, cst.CSTNode]) -> None:
         self.mapping = mapping
 
-    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):  # type: ignore[override,no-untyped-def]
-        replacement = self.mapping.get(original)
-        if replacement is not None:
-            return replacement
-        return updated
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> cst.CSTNode:  # type: ignore[override]
+        replacement = self.mapping.get(original_node)
+        return replacement if replacement is not None else updated_node
 
 
 def replace_nodes(node: cst.CSTNode, mapping: dict[cst.CSTNode, cst.CSTNode]):  # type: ignore[no-untyped-def]
@@ -247,7 +245,7 @@ def rebuild_if(
     """An if/elif/else chain from its branches and new bodies (an empty body becomes `pass`)."""
     rebuilt: cst.If | cst.Else | None = None
     for branch, body in reversed(branches):
-        suite = branch.body.with_changes(body=list(body) or [cst.SimpleStatementLine(body=[cst.Pass()])])  # type: ignore[union-attr]
+        suite = branch.body.with_changes(body=list(body) or [cst.SimpleStatementLine(body=[cst.Pass()])])
         if isinstance(branch, cst.Else):
             rebuilt = branch.with_changes(body=suite)
         else:

@@ -107,7 +107,7 @@ def number(node: cst.BaseExpression) -> float | None:
         value = node.args[0].value
         if isinstance(value, cst.SimpleString):
             try:
-                return float(value.evaluated_value)  # type: ignore[arg-type]
+                return float(value.evaluated_value)
             except ValueError:
                 return None
     return None
@@ -135,8 +135,8 @@ def is_very_negative(node: cst.BaseExpression, scope: Scope, depth: int = 0) -> 
     if isinstance(node, cst.Call):
         qualified = scope.qualify(node.func)
         if qualified in SCALAR_TENSOR_FUNCTIONS:
-            inner = arg(node, 1 if qualified == "torch.full" else 0, "fill_value" if qualified == "torch.full" else "data")
-            return inner is not None and is_very_negative(inner, scope, depth + 1)
+            wrapped = arg(node, 1 if qualified == "torch.full" else 0, "fill_value" if qualified == "torch.full" else "data")
+            return wrapped is not None and is_very_negative(wrapped, scope, depth + 1)
         receiver = method_call(node, {"to", "type", "type_as"})
         if receiver is not None:
             return is_very_negative(receiver[0], scope, depth + 1)
@@ -171,8 +171,8 @@ def is_absorbing(node: cst.BaseExpression, scope: Scope, depth: int = 0) -> bool
     if isinstance(node, cst.Call):
         qualified = scope.qualify(node.func)
         if qualified in SCALAR_TENSOR_FUNCTIONS:
-            inner = arg(node, 1 if qualified == "torch.full" else 0, "fill_value" if qualified == "torch.full" else "data")
-            return inner is not None and is_absorbing(inner, scope, depth + 1)
+            wrapped = arg(node, 1 if qualified == "torch.full" else 0, "fill_value" if qualified == "torch.full" else "data")
+            return wrapped is not None and is_absorbing(wrapped, scope, depth + 1)
         receiver = method_call(node, {"to", "type", "type_as"})
         if receiver is not None:
             return is_absorbing(receiver[0], scope, depth + 1)
@@ -233,10 +233,10 @@ def scalar(
                 size = arg(node, 0, "size")
                 if not (isinstance(size, (cst.List, cst.Tuple)) and not size.elements):
                     return None
-                inner = arg(node, 1, "fill_value")
+                wrapped = arg(node, 1, "fill_value")
             else:
-                inner = arg(node, 0, "data")
-            return None if inner is None else scalar(inner, scope, depth + 1, attributes)
+                wrapped = arg(node, 0, "data")
+            return None if wrapped is None else scalar(wrapped, scope, depth + 1, attributes)
         # tensor.size(i) / x.dim() / len(...)
         receiver = method_call(node, {"size", "dim", "numel", "item"})
         if receiver is not None:
@@ -266,8 +266,8 @@ def scalar(
                 # `self.n = self.n - len(pruned)`: a number if its other assignments are numbers
                 return Scalar(node)
             values = scope.self_attribute_values(attribute)
-            inner = attributes | {attribute}
-            if values and all(_scalar_attribute_value(v, scope, depth, inner) for v in values):
+            visiting = attributes | {attribute}
+            if values and all(_scalar_attribute_value(v, scope, depth, visiting) for v in values):
                 return Scalar(node)
             return None
         # config.x / self.config.x: configuration values are numbers

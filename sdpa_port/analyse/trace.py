@@ -374,7 +374,7 @@ class Tracer:
         line = self.line_of(node)
         branches = if_branches(node)
         # raise-guards on the scores' shape or dtype disappear with the scores
-        if len(branches) == 1 and self.chain_refs(branches[0][0]) and _only_raises(branches[0][1]):  # type: ignore[arg-type]
+        if len(branches) == 1 and self.chain_refs(branches[0][0]) and _only_raises(branches[0][1]):
             self.dropped_ifs.add(node)
             return
         for test, _ in branches:
@@ -957,19 +957,18 @@ class Tracer:
         elements = node.slice
         if len(elements) != 4:
             return False
-        slices = [e.slice for e in elements]
-        if not all(isinstance(s, cst.Slice) for s in slices):
+        slices = [e.slice for e in elements if isinstance(e.slice, cst.Slice)]
+        if len(slices) != 4:
             return False
-        first, second, rows, cols = slices  # type: ignore[misc]
-        if any(part is not None for part in (first.lower, first.upper, second.lower, second.upper)):  # type: ignore[union-attr]
+        first, second, rows, cols = slices
+        if any(part is not None for part in (first.lower, first.upper, second.lower, second.upper)):
             return False
-        if rows.step is not None or cols.step is not None or cols.lower is not None:  # type: ignore[union-attr]
+        if rows.step is not None or cols.step is not None or cols.lower is not None:
             return False
-        upper = rows.upper  # type: ignore[union-attr]
-        lower = rows.lower  # type: ignore[union-attr]
-        if upper is None or cols.upper is None or lower is None:  # type: ignore[union-attr]
+        upper, lower = rows.upper, rows.lower
+        if upper is None or cols.upper is None or lower is None:
             return False
-        if not upper.deep_equals(cols.upper):  # type: ignore[union-attr]
+        if not upper.deep_equals(cols.upper):
             return False
         return (
             isinstance(lower, cst.BinaryOperation)
@@ -1059,12 +1058,12 @@ class Tracer:
         stage = PROBS if PROBS in stages or OUT in stages else SCORES
         if _contains_softmax(value, self.scope):
             stage = PROBS
-        cid = min(poison.cids) if poison.cids else None
+        first: int | None = min(poison.cids) if poison.cids else None
         for name in names:
-            if cid is not None:
-                self.env[name] = ChainVal(cid, stage, None)
+            if first is not None:
+                self.env[name] = ChainVal(first, stage, None)
                 if stage == PROBS:
-                    self.candidates[cid].stage = PROBS
+                    self.candidates[first].stage = PROBS
             else:
                 self.env.pop(name, None)
 

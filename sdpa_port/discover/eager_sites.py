@@ -56,6 +56,10 @@ def _is_softmax(node: ast.AST) -> bool:
     return isinstance(func, ast.Call) and _is_softmax(func)
 
 
+def _line(node: ast.AST) -> int:
+    return getattr(node, "lineno", 0)
+
+
 def _names(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
@@ -122,7 +126,7 @@ def _sites(function: ast.FunctionDef | ast.AsyncFunctionDef, where: str) -> list
         for operand in _product_operands(node):
             if _names(operand) & probabilities or softmax_over_scores(operand):
                 inner_softmax = softmax_over_scores(operand)
-                line = inner_softmax[0].lineno if inner_softmax else min(softmaxes.values(), default=node.lineno)
+                line = inner_softmax[0].lineno if inner_softmax else min(softmaxes.values(), default=_line(node))
                 lines.append(line)
                 break
     return [EagerSite(where, min(lines))] if lines else []

@@ -79,13 +79,13 @@ def uses(node: ast.AST) -> Uses:
                     if is_node(item, ast.AST):
                         push(item)
             elif is_node(value, ast.AST):
-                push(value)
+                push(value)  # type: ignore[arg-type]
     softmax = softmax or not SOFTMAX_NAMES.isdisjoint(called)
     return Uses(softmax, frozenset(called), frozenset(on_self), registry, assigns_self)
 
 
 def _is_self_attribute(node: ast.expr) -> bool:
-    return node.__class__ is ast.Attribute and node.value.__class__ is ast.Name and node.value.id == "self"  # type: ignore[attr-defined]
+    return node.__class__ is ast.Attribute and node.value.__class__ is ast.Name and node.value.id == "self"
 
 
 def screen(tree: ast.Module) -> Screen:
@@ -118,23 +118,23 @@ def screen(tree: ast.Module) -> Screen:
     for name, node in classes.items():
         if (_is_pretrained_root(node) or "PreTrainedModel" in bases[name]) and _sets_supports_sdpa(node):
             supports = True
-    found = {name for name, used in class_uses.items() if used.softmax}
+    with_softmax = {name for name, used in class_uses.items() if used.softmax}
     # subclasses inherit forward and helpers
     changed = True
     while changed:
         changed = False
         for name in classes:
-            if name not in found and bases[name] & found:
-                found.add(name)
+            if name not in with_softmax and bases[name] & with_softmax:
+                with_softmax.add(name)
                 changed = True
     # classes whose forward calls a module-level softmax function (eager_attention_forward(self, ...))
     if functions:
-        found |= {name for name, used in class_uses.items() if used.called & functions}
+        with_softmax |= {name for name, used in class_uses.items() if used.called & functions}
     modeling = imports_torch or any(
         any(base.endswith(("Module", "PreTrainedModel")) for base in names) or names & from_modeling
         for names in bases.values()
     )
-    return Screen(supports, frozenset(found), interface, dispatches, modeling)
+    return Screen(supports, frozenset(with_softmax), interface, dispatches, modeling)
 
 
 def _sets_supports_sdpa(node: ast.ClassDef) -> bool:

@@ -14,7 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse.cross import key_only_parameters
-from sdpa_port.analyse.cstutil import code, is_pass, one_per_line
+from sdpa_port.analyse.cstutil import block_body, code, is_pass, one_per_line
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
@@ -332,16 +332,14 @@ def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
     body = list(node.body.body)
     template_forward = body[-1]
     assert isinstance(template_forward, cst.FunctionDef)
-    prelude = [
-        _with_fallback_arguments(s, forward.params) for s in template_forward.body.body if not is_pass(s)  # type: ignore[union-attr]
-    ]
+    prelude = [_with_fallback_arguments(s, forward.params) for s in block_body(template_forward.body) if not is_pass(s)]
     new_forward = template_forward.with_changes(
         params=forward.params,
         whitespace_before_params=forward.whitespace_before_params,
         returns=forward.returns,
         decorators=forward.decorators,
         asynchronous=forward.asynchronous,
-        body=template_forward.body.with_changes(body=[*prelude, *forward.body.body]),  # type: ignore[union-attr]
+        body=template_forward.body.with_changes(body=[*prelude, *forward.body.body]),
     )
     body[-1] = new_forward
     return node.with_changes(body=node.body.with_changes(body=body))

@@ -59,7 +59,7 @@ def selection_refusals(facts: ModuleFacts, attention_classes: set[str] | frozens
                 Refusal(
                     Code.SELECTION_KEY,
                     name,
-                    node.lineno,
+                    getattr(node, "lineno", 0),
                     f"`{name}` is indexed by `{ast.unparse(key)}`, not `config.{SELECTOR}`, so an \"sdpa\" entry would "
                     "never be selected",
                 )

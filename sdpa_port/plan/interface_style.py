@@ -519,7 +519,7 @@ def _eager_function(
     )
     function = rendered.body[0]
     assert isinstance(function, cst.FunctionDef)
-    docstring = [s for s in function.body.body if not is_pass(s)]  # type: ignore[union-attr]
+    docstring = [s for s in function.body.body if not is_pass(s)]
     return function.with_changes(body=function.body.with_changes(body=[*docstring, *statements]))
 
 
@@ -583,7 +583,7 @@ def _insert_before(module: cst.Module, anchor: str, statement: cst.BaseStatement
     done = False
     for existing in module.body:
         if not done and isinstance(existing, cst.ClassDef) and existing.name.value == anchor:
-            body.append(statement.with_changes(leading_lines=insert_classes.TWO_BLANK_LINES))  # type: ignore[call-arg]
+            body.append(statement.with_changes(leading_lines=insert_classes.TWO_BLANK_LINES))
             done = True
         body.append(existing)
     if not done:
@@ -649,8 +649,9 @@ class _InitAttributes(cst.CSTTransformer):
             value = cst.parse_expression(causal)
             if "config" not in names and not self.add_config:
                 value = rebase_config(value, to_self=True)  # __init__ reads the config it stored
-            added.append(cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(expr("self.is_causal"))], value=value)]))
-        body = list(updated.body.body)  # type: ignore[union-attr]
+            target = cst.Attribute(value=cst.Name("self"), attr=cst.Name("is_causal"))
+            added.append(cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(target)], value=value)]))
+        body = list(block_body(updated.body))
         position = len(body)
         for index, statement in enumerate(body):
             if _is_super_init(statement):

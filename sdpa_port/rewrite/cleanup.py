@@ -107,7 +107,7 @@ def _dead(
         elif isinstance(statement, cst.With):
             body, live_body = _dead(list(block_body(statement.body)), removable, imports, set(live))
             if body:
-                out.append(statement.with_changes(body=statement.body.with_changes(body=body)))  # type: ignore[union-attr]
+                out.append(statement.with_changes(body=statement.body.with_changes(body=body)))
                 live = live_body | walk_names(statement.items[0]) if statement.items else live_body
         else:
             live = live | walk_names(statement)

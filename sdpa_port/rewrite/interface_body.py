@@ -285,7 +285,7 @@ def _replace_output(
 ) -> list[cst.BaseStatement]:
     assign = cst.parse_statement(f"{name} = __product__")
     assert isinstance(assign, cst.SimpleStatementLine)
-    new_small = assign.body[0].with_changes(value=product)  # type: ignore[union-attr]
+    new_small = assign.body[0].with_changes(value=product)
     if isinstance(statement, cst.SimpleStatementLine):
         return [statement.with_changes(body=[new_small if s is small else s for s in statement.body])]
     raise Refuse(Code.NOT_EXTRACTABLE, "the product with V sits inside a compound statement")

@@ -28,7 +28,7 @@ from sdpa_port.analyse.cstutil import (
     rebuild_if,
     replace_nodes,
 )
-from sdpa_port.analyse.patterns import cast_operand, walk_names
+from sdpa_port.analyse.patterns import DropoutCall, cast_operand, walk_names
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.rewrite.walk import StatementWalker
@@ -758,7 +758,7 @@ def unflatten(node: cst.BaseExpression, heads: tuple[cst.BaseExpression, cst.Bas
     )
 
 
-def _dropout_expression(call: "t.p.DropoutCall") -> cst.BaseExpression:
+def _dropout_expression(call: DropoutCall) -> cst.BaseExpression:
     training = call.training
     if isinstance(training, cst.Name) and training.value == "True":
         return call.probability

@@ -177,7 +177,7 @@ class Inliner(StatementWalker):
         out: list[cst.BaseStatement] = [*prelude, *body[:-1]]
         if out and hasattr(out[0], "leading_lines"):
             # the comments above the call now sit above the inlined computation
-            out[0] = out[0].with_changes(leading_lines=statement.leading_lines)  # type: ignore[call-arg]
+            out[0] = out[0].with_changes(leading_lines=statement.leading_lines)
             replaced = replaced.with_changes(leading_lines=[])
         return [*out, replaced]
 

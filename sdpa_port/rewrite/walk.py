@@ -46,7 +46,7 @@ class StatementWalker:
             if isinstance(statement, cst.With):
                 return []
             body = [cst.SimpleStatementLine(body=[cst.Pass()])]
-        return [statement.with_changes(body=statement.body.with_changes(body=body))]  # type: ignore[arg-type]
+        return [statement.with_changes(body=statement.body.with_changes(body=body))]
 
     def other(self, statement: cst.BaseStatement) -> list[cst.BaseStatement]:
         return [statement]
