@@ -59,6 +59,12 @@ class InterfacePlan:
     dicts: dict[str, str] = field(default_factory=dict)  # dict name -> eager class, for `.get(..., eager)` lookups
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # classes dispatching to an eager function imported from another model's file -> that module
+    dispatching_elsewhere: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def edits(self) -> bool:
+        return bool(self.modules or self.flag_only)
 
 
 def port_interface_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen) -> PortResult:
@@ -75,6 +81,14 @@ def port_interface_style(module: cst.Module, facts: ModuleFacts, lines: Lines, f
         plan = plan_interface(module, facts, analyses, dispatching)
     except Refuse as error:
         return PortResult.refused(module.code, Style.INTERFACE, [error.placed(names[0] if names else "<module>")], names)
+    if not plan.edits:
+        sources = ", ".join(sorted(set(plan.dispatching_elsewhere.values())))
+        return PortResult(
+            Status.UNCHANGED,
+            module.code,
+            Style.INTERFACE,
+            f"already dispatches through ALL_ATTENTION_FUNCTIONS (eager functions from {sources})",
+        )
     new_module = apply_interface(module, facts, plan)
     new_source = new_module.code
     compile(new_source, "<sdpa-port>", "exec")
@@ -115,6 +129,11 @@ def plan_interface(
             raise Refuse.because(error.reason, error.where or analysis.class_name, error.line or line) from None
     for class_name, function_name in dispatching.items():
         if class_name in eager_names:
+            continue
+        source = _imported_from_model(facts, function_name)
+        if source is not None:
+            # a modular file reusing another model's eager function: the generated modeling file carries it
+            plan.dispatching_elsewhere[class_name] = source
             continue
         _check_eager_function(facts, class_name, function_name)
         _check_own_causality(facts, class_name)
@@ -479,6 +498,17 @@ def _check_own_causality(facts: ModuleFacts, class_name: str) -> None:
                     "receives are causal cannot be shown without running it",
                     class_name,
                 )
+
+
+def _imported_from_model(facts: ModuleFacts, function_name: str) -> str | None:
+    """The modeling module an eager function is imported from (`..llama.modeling_llama`), if it is imported."""
+    if function_name in facts.functions:
+        return None
+    qualified = facts.imports.aliases.get(function_name)
+    if qualified is None:
+        return None
+    module = qualified.rsplit(".", 1)[0]
+    return module if module.split(".")[-1].startswith(("modeling_", "modular_")) else None
 
 
 def _check_eager_function(facts: ModuleFacts, class_name: str, function_name: str) -> None:
