@@ -60,6 +60,10 @@ class ClassInfo:
         """buffer name -> expression registered with register_buffer / nn.Buffer"""
         return self._collect().buffers
 
+    def buffer_locals(self, name: str) -> dict[str, list[cst.BaseExpression]]:
+        """The local assignments of the method that registered buffer `name`: what its names stood for."""
+        return self._collect().buffer_locals.get(name, {})
+
     def attribute(self, name: str) -> cst.BaseExpression | None:
         """The single expression assigned to `self.<name>`, or None when absent or assigned several ways."""
         values = self._collect().attributes.get(name, [])
@@ -74,9 +78,21 @@ class _SelfAssignments(cst.CSTVisitor):
     def __init__(self) -> None:
         self.attributes: dict[str, list[cst.BaseExpression]] = {}
         self.buffers: dict[str, cst.BaseExpression] = {}
+        # the local assignments of the method that registered each buffer (`bias = torch.tril(...)` before it)
+        self.buffer_locals: dict[str, dict[str, list[cst.BaseExpression]]] = {}
+        self.locals: dict[str, list[cst.BaseExpression]] = {}
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.locals = {}
+
+    def register(self, name: str, value: cst.BaseExpression) -> None:
+        self.buffers[name] = value
+        self.buffer_locals[name] = self.locals
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
+            if isinstance(target.target, cst.Name):
+                self.locals.setdefault(target.target.value, []).append(node.value)
             name = _self_attribute(target.target)
             if name is not None:
                 self.attributes.setdefault(name, []).append(node.value)
@@ -84,7 +100,7 @@ class _SelfAssignments(cst.CSTVisitor):
                     "Buffer"
                 ):
                     if node.value.args:
-                        self.buffers[name] = node.value.args[0].value
+                        self.register(name, node.value.args[0].value)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         name = _self_attribute(node.target)
@@ -101,7 +117,7 @@ class _SelfAssignments(cst.CSTVisitor):
             and len(node.args) >= 2
             and isinstance(node.args[0].value, cst.SimpleString)
         ):
-            self.buffers[node.args[0].value.evaluated_value] = node.args[1].value  # type: ignore[index]
+            self.register(str(node.args[0].value.evaluated_value), node.args[1].value)
 
 
 def _assigning_methods(tree: ast.Module) -> dict[str, frozenset[str]]:
@@ -226,6 +242,12 @@ class ModuleFacts:
             if buffer in info.buffers:
                 return info.buffers[buffer]
         return None
+
+    def find_buffer_locals(self, class_name: str, buffer: str) -> dict[str, list[cst.BaseExpression]]:
+        for info in self.mro(class_name):
+            if buffer in info.buffers:
+                return info.buffer_locals(buffer)
+        return {}
 
     def is_subclass(self, class_name: str, base_suffix: str) -> bool:
         """True when the class derives (in-file or directly) from a class whose name ends with base_suffix."""

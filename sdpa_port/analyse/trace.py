@@ -925,9 +925,13 @@ class Tracer:
             raise _Poison(Code.FILL_VALUE, "a masking fill without a mask or a value", {cid})
         if not p.is_very_negative(fill, self.scope):
             raise _Poison(Code.FILL_VALUE, f"masked scores are set to `{_short(fill)}`, not to a large negative value", {cid})
-        causal = keep_where_true and self.is_causal_slice(condition)
+        negated = None if keep_where_true else self.negated(condition)
+        if negated is not None:  # `masked_fill(bias == 0, f)` keeps where `bias` is true
+            condition, keep_where_true = negated, True
+        diagonal = self.diagonal_slice(condition) if keep_where_true else None
+        causal = diagonal is Diagonal.CAUSAL
         absorbing = p.is_absorbing(fill, self.scope)
-        row_safe = causal or self.is_padding_condition(condition)
+        row_safe = diagonal is not None or self.is_padding_condition(condition)
         return Fill(self.detach(condition, cid), keep_where_true, self.detach(fill, cid), causal, absorbing, row_safe)
 
     def is_padding_condition(self, node: cst.BaseExpression) -> bool:
@@ -936,45 +940,47 @@ class Tracer:
         masks = {n for n in names if n in self.params and "mask" in n and not n.endswith("head_mask")}
         return bool(masks) and names <= masks | {"torch"}
 
-    def is_causal_slice(self, node: cst.BaseExpression, depth: int = 0) -> bool:
-        """`self.bias[:, :, k - q : k, :k]` where `bias` is registered as tril(ones(n, n)): bottom-right causal."""
+    def diagonal_slice(self, node: cst.BaseExpression, depth: int = 0) -> Diagonal | None:
+        """How a bottom-right slice `self.bias[:, :, k - q : k, :k]` of a lower-triangular buffer keeps the
+        diagonal: the whole lower triangle (causal), or a band below it (a sliding window); None otherwise."""
         if depth > 4:
-            return False
+            return None
         if isinstance(node, cst.Name):
             local = self.scope.local_value(node.value)
-            return local is not None and self.is_causal_slice(local, depth + 1)
+            return None if local is None else self.diagonal_slice(local, depth + 1)
         found = p.method_call(node, {"bool", "to"})
         if found is not None:
-            return self.is_causal_slice(found[0], depth + 1)
+            return self.diagonal_slice(found[0], depth + 1)
         if not isinstance(node, cst.Subscript):
-            return False
+            return None
         buffer = p.self_attribute_name(node.value)
         if buffer is None or self.class_name is None:
-            return False
+            return None
         registered = self.facts.find_buffer(self.class_name, buffer)
-        if registered is None or not _is_tril_of_ones(registered, self.scope):
-            return False
-        elements = node.slice
-        if len(elements) != 4:
-            return False
-        slices = [e.slice for e in elements if isinstance(e.slice, cst.Slice)]
-        if len(slices) != 4:
-            return False
-        first, second, rows, cols = slices
-        if any(part is not None for part in (first.lower, first.upper, second.lower, second.upper)):
-            return False
-        if rows.step is not None or cols.step is not None or cols.lower is not None:
-            return False
-        upper, lower = rows.upper, rows.lower
-        if upper is None or cols.upper is None or lower is None:
-            return False
-        if not upper.deep_equals(cols.upper):
-            return False
-        return (
-            isinstance(lower, cst.BinaryOperation)
-            and isinstance(lower.operator, cst.Subtract)
-            and lower.left.deep_equals(upper)
-        )
+        if registered is None:
+            return None
+        kind = buffer_diagonal(registered, self.facts.find_buffer_locals(self.class_name, buffer), self.scope)
+        if kind is None or not _bottom_right(node):
+            return None
+        return kind
+
+    def negated(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
+        """The condition a negation negates: `~x`, `x == 0`, `x.logical_not()`, `torch.logical_not(x)`."""
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
+            return node.expression
+        if (
+            isinstance(node, cst.Comparison)
+            and len(node.comparisons) == 1
+            and isinstance(node.comparisons[0].operator, cst.Equal)
+            and p.number(node.comparisons[0].comparator) == 0.0
+        ):
+            return node.left
+        found = p.method_call(node, {"logical_not"})
+        if found is not None and isinstance(node, cst.Call) and not node.args:
+            return found[0]
+        if isinstance(node, cst.Call) and self.scope.qualify(node.func) == "torch.logical_not" and len(node.args) == 1:
+            return node.args[0].value
+        return None
 
     def unknown_origin(self, node: cst.BaseExpression, softmax: p.SoftmaxCall, line: int) -> tuple[ChainVal, list[Op]]:
         if self.selected_start is not None:
@@ -1401,17 +1407,97 @@ def _only_not_none(test: cst.BaseExpression) -> set[str] | None:
     return None
 
 
-def _is_tril_of_ones(node: cst.BaseExpression, scope: p.Scope) -> bool:
-    found = p.method_call(node, {"view", "reshape", "bool", "to", "unsqueeze"})
-    while found is not None:
-        node = found[0]
+class Diagonal(enum.Enum):
+    """What a boolean buffer keeps around its diagonal (each query keeps at least itself in both)."""
+
+    CAUSAL = "causal"  # tril(ones): every key up to the query
+    BANDED = "banded"  # tril(ones) minus tril(ones, -w): a sliding window ending at the query
+
+
+def buffer_diagonal(
+    node: cst.BaseExpression,
+    locals_: dict[str, list[cst.BaseExpression]],
+    scope: p.Scope,
+    depth: int = 0,
+    resolving: frozenset[str] = frozenset(),
+) -> Diagonal | None:
+    """Read a registered buffer: `torch.tril(torch.ones(n, n))` (viewed, cast), or that XOR-ed with a tril shifted
+    below the diagonal (`bitwise_xor(bias, tril(bias, -window))`), following the locals of the registering method."""
+    if depth > 8:
+        return None
+    while True:
         found = p.method_call(node, {"view", "reshape", "bool", "to", "unsqueeze"})
-    if not isinstance(node, cst.Call) or scope.qualify(node.func) != "torch.tril":
+        if found is not None:
+            node = found[0]
+        elif isinstance(node, cst.Subscript) and all(
+            isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None")) for e in node.slice
+        ):
+            node = node.value  # `tril(...)[None, None]`
+        else:
+            break
+    if isinstance(node, cst.Name):
+        name = node.value
+        values = locals_.get(name, [])
+        if name in resolving:  # `bias = f(bias)`: inside it, `bias` is one of the assignments before it
+            values = [value for value in values if name not in p.walk_names(value)]
+        inner = resolving | {name}
+        kinds = [buffer_diagonal(value, locals_, scope, depth + 1, inner) for value in values]
+        if not kinds or any(kind is None for kind in kinds):
+            return None
+        return Diagonal.CAUSAL if all(kind is Diagonal.CAUSAL for kind in kinds) else Diagonal.BANDED
+    if not isinstance(node, cst.Call):
+        return None
+    qualified = scope.qualify(node.func)
+    if qualified == "torch.tril" and p.arg(node, 1, "diagonal") is None:
+        inner = p.arg(node, 0, "input")
+        return Diagonal.CAUSAL if isinstance(inner, cst.Call) and scope.qualify(inner.func) == "torch.ones" else None
+    if qualified == "torch.bitwise_xor" and len(node.args) == 2:
+        base, removed = node.args[0].value, node.args[1].value
+        if buffer_diagonal(base, locals_, scope, depth + 1, resolving) is None or not isinstance(removed, cst.Call):
+            return None
+        if scope.qualify(removed.func) != "torch.tril":
+            return None
+        shift = p.arg(removed, 1, "diagonal")
+        # a band: keys more than `window` before the query are removed; the diagonal stays when the shift is negative
+        if shift is None or not _strictly_below(shift):
+            return None
+        return Diagonal.BANDED
+    return None
+
+
+def _strictly_below(shift: cst.BaseExpression) -> bool:
+    """`-1`, `-w` for a configured window (a window size is at least 1): the removed tril lies below the diagonal."""
+    value = p.number(shift)
+    if value is not None:
+        return value <= -1
+    if isinstance(shift, cst.UnaryOperation) and isinstance(shift.operator, cst.Minus):
+        return isinstance(shift.expression, (cst.Attribute, cst.Name))
+    return False
+
+
+def _bottom_right(node: cst.Subscript) -> bool:
+    """`[:, :, k - q : k, :k]`: the last q rows of the first k columns (each query at its own position)."""
+    elements = node.slice
+    if len(elements) != 4:
         return False
-    if p.arg(node, 1, "diagonal") is not None:
+    slices = [e.slice for e in elements if isinstance(e.slice, cst.Slice)]
+    if len(slices) != 4:
         return False
-    inner = p.arg(node, 0, "input")
-    return isinstance(inner, cst.Call) and scope.qualify(inner.func) == "torch.ones"
+    first, second, rows, cols = slices
+    if any(part is not None for part in (first.lower, first.upper, second.lower, second.upper)):
+        return False
+    if rows.step is not None or cols.step is not None or cols.lower is not None:
+        return False
+    upper, lower = rows.upper, rows.lower
+    if upper is None or cols.upper is None or lower is None:
+        return False
+    if not upper.deep_equals(cols.upper):
+        return False
+    return (
+        isinstance(lower, cst.BinaryOperation)
+        and isinstance(lower.operator, cst.Subtract)
+        and lower.left.deep_equals(upper)
+    )
 
 
 def _contains_softmax(node: cst.CSTNode, scope: p.Scope) -> bool:

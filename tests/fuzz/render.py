@@ -460,10 +460,17 @@ def attention_class(spec: Spec, code: Code) -> None:
             for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
                 code.add(f"self.{name} = nn.Linear(config.hidden_size, config.hidden_size)")
             if spec.causal == "buffer":
-                code.add(
-                    f"self.register_buffer(\"bias\", torch.tril(torch.ones(({MAX_POSITIONS}, {MAX_POSITIONS}), "
-                    f"dtype=torch.bool)).view(1, 1, {MAX_POSITIONS}, {MAX_POSITIONS}), persistent=False)"
+                tril = (
+                    f"torch.tril(torch.ones(({MAX_POSITIONS}, {MAX_POSITIONS}), dtype=torch.bool))"
+                    f".view(1, 1, {MAX_POSITIONS}, {MAX_POSITIONS})"
                 )
+                if spec.buffer_form == "inline":
+                    code.add(f'self.register_buffer("bias", {tril}, persistent=False)')
+                else:
+                    code.add(f"bias = {tril}")
+                    if spec.buffer_form == "window":
+                        code.add("bias = torch.bitwise_xor(bias, torch.tril(bias, -3))  # a window of 3 keys")
+                    code.add('self.register_buffer("bias", bias, persistent=False)')
             code.add('self.register_buffer("masked_bias", torch.tensor(-1e4), persistent=False)')
             code.add(
                 'self.register_buffer("slopes", torch.tensor([2.0 ** -(i + 1) for i in range(self.num_heads)]), '

@@ -30,6 +30,7 @@ SCALE_GUARDS = ("none", "flag", "flag_else", "layer")  # where the scale is cond
 TERM_GUARDS = ("plain", "not_none", "flag")
 CAUSAL_SOURCES = ("mask", "buffer", "none")
 CAUSAL_SLICES = ("bottom_right", "top_left")
+BUFFER_FORMS = ("inline", "local", "window")
 FILL_FORMS = ("where", "masked_fill", "masked_fill_inplace", "where_inverted")
 FILL_VALUES = ("finfo_min", "tensor_finfo_min", "minus_1e4", "minus_inf", "masked_bias", "minus_1e9")
 CAUSAL_GUARDS = ("plain", "not_cross", "cross_pass_else", "cross_none_else", "flag")
@@ -73,6 +74,7 @@ class Spec:
     mask_style: str = "plain_helper"
     causal: str = "none"  # where causality comes from
     causal_slice: str = "bottom_right"
+    buffer_form: str = "inline"  # the causal buffer: registered inline, built in a local, or a sliding window
     fill_form: str = "where"
     fill_value: str = "finfo_min"
     causal_guard: str = "plain"
@@ -169,6 +171,7 @@ def draw(seed: int, family: str = "440") -> Spec:
         mask_style=mask_style,
         causal=causal,
         causal_slice=_pick(rng, CAUSAL_SLICES, (4, 1)),
+        buffer_form=_pick(rng, BUFFER_FORMS, (3, 1, 1)),
         fill_form=_pick(rng, FILL_FORMS),
         fill_value=_pick(rng, FILL_VALUES, (4, 2, 1, 1, 1, 1)),
         causal_guard=_pick(rng, CAUSAL_GUARDS, (4, 1, 1, 1, 1)) if not cross else _pick(rng, CAUSAL_GUARDS[1:4]),
@@ -225,7 +228,9 @@ def normalise(spec: Spec) -> Spec:
     if tuple(terms) != spec.terms:
         changes["terms"] = tuple(terms)
     if spec.causal != "buffer":
-        for name, default in (("causal_guard", "plain"), ("causal_slice", "bottom_right"), ("causal_after_terms", False)):
+        for name, default in (
+            ("causal_guard", "plain"), ("causal_slice", "bottom_right"), ("causal_after_terms", False), ("buffer_form", "inline")
+        ):
             if getattr(spec, name) != default:
                 changes[name] = default
     if spec.cross and spec.causal == "buffer" and spec.causal_guard in ("plain", "flag"):
