@@ -1440,8 +1440,8 @@ def buffer_diagonal(
         values = locals_.get(name, [])
         if name in resolving:  # `bias = f(bias)`: inside it, `bias` is one of the assignments before it
             values = [value for value in values if name not in p.walk_names(value)]
-        inner = resolving | {name}
-        kinds = [buffer_diagonal(value, locals_, scope, depth + 1, inner) for value in values]
+        deeper = resolving | {name}
+        kinds = [buffer_diagonal(value, locals_, scope, depth + 1, deeper) for value in values]
         if not kinds or any(kind is None for kind in kinds):
             return None
         return Diagonal.CAUSAL if all(kind is Diagonal.CAUSAL for kind in kinds) else Diagonal.BANDED
