@@ -28,8 +28,16 @@ MAXIMUM_FUNCTIONS = frozenset({"torch.max", "torch.maximum", "torch.clamp", "tor
 ZEROS_FUNCTIONS = frozenset({"torch.zeros", "torch.empty", "torch.zeros_like", "torch.empty_like"})
 SCALAR_TENSOR_FUNCTIONS = frozenset({"torch.full", "torch.tensor", "torch.as_tensor", "torch.scalar_tensor"})
 SCALAR_FUNCTIONS = frozenset(
-    {"math.sqrt", "math.pow", "math.log", "math.exp", "float", "int", "abs", "min", "max", "numpy.sqrt", "np.sqrt"}
+    {
+        "math.sqrt", "math.pow", "math.log", "math.exp", "float", "int", "abs", "min", "max", "numpy.sqrt", "np.sqrt",
+        # on numbers (0-d tensors), the same numbers: `torch.sqrt(torch.tensor(head_dim, dtype=torch.float32))`
+        "torch.sqrt", "torch.rsqrt", "torch.pow", "torch.exp", "torch.log",
+    }
 )
+# keywords that place or type a number without changing it
+PLACING_KEYWORDS = frozenset({"dtype", "device", "requires_grad"})
+# methods of a 0-d tensor that keep its number: dtype casts, moves and reading it out
+SCALAR_KEEPING_METHODS = frozenset({"to", "type", "type_as", "float", "double", "half", "bfloat16", "item", "detach"})
 CAST_METHODS = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double", "contiguous"})
 RESHAPE_METHODS = frozenset({"view", "reshape"})
 VERY_NEGATIVE_LIMIT = -1e4
@@ -225,7 +233,8 @@ def scalar(
     if isinstance(node, cst.Call):
         qualified = scope.qualify(node.func)
         if (qualified in SCALAR_FUNCTIONS or (qualified or "").endswith(".torch_float")) and not has_star_args(node):
-            if all(scalar(a.value, scope, depth + 1, attributes) is not None for a in node.args):
+            operands = [a for a in node.args if a.keyword is None or a.keyword.value not in PLACING_KEYWORDS]
+            if operands and all(scalar(a.value, scope, depth + 1, attributes) is not None for a in operands):
                 return Scalar(node)
             return None
         if qualified in SCALAR_TENSOR_FUNCTIONS:
@@ -238,6 +247,9 @@ def scalar(
                 wrapped = arg(node, 0, "data")
             return None if wrapped is None else scalar(wrapped, scope, depth + 1, attributes)
         # tensor.size(i) / x.dim() / len(...)
+        kept = method_call(node, SCALAR_KEEPING_METHODS)
+        if kept is not None and scalar(kept[0], scope, depth + 1, attributes) is not None:
+            return Scalar(node)  # `number_tensor.to(torch.get_default_dtype())`
         receiver = method_call(node, {"size", "dim", "numel", "item"})
         if receiver is not None:
             _, name = receiver

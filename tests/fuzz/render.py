@@ -80,6 +80,8 @@ def scale_factor(spec: Spec, n: Names) -> tuple[str, bool]:
         return f"math.sqrt({size})", True
     if form == "inplace_div":
         return f"math.sqrt({n.attr('head_dim')})", True
+    if form == "tensor_div":  # GPT-J's scale: a number in a 0-d tensor, cast to the default dtype
+        return n.attr("scale_attn"), True
     return "0.3", False
 
 
@@ -454,6 +456,10 @@ def attention_class(spec: Spec, code: Code) -> None:
             code.add("self.flag_terms = config.flag_terms")
             code.add("self.flag_causal = config.flag_causal")
             code.add("self.scaling = self.head_dim**-0.5")
+            code.add(
+                "self.scale_attn = torch.sqrt(torch.tensor(self.head_dim, dtype=torch.float32))"
+                ".to(torch.get_default_dtype())"
+            )
             code.add("self.dropout_p = config.attention_dropout")
             code.add("self.attn_dropout = nn.Dropout(config.attention_dropout)")
             code.add("self.softmax = nn.Softmax(dim=-1)")

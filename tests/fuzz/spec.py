@@ -25,7 +25,7 @@ HEAD_PRODUCTS = (
 )
 FLAT_PRODUCTS = ("bmm", "baddbmm_zero", "baddbmm_alpha", "bmm_method")
 SCALE_PLACES = ("scores", "none", "query", "after_terms", "alpha", "qk_quarter")
-SCALE_FORMS = ("sqrt_div", "attr_mul", "pow_div", "full_div", "size_div", "inplace_div", "literal_mul")
+SCALE_FORMS = ("sqrt_div", "attr_mul", "pow_div", "full_div", "size_div", "inplace_div", "literal_mul", "tensor_div")
 SCALE_GUARDS = ("none", "flag", "flag_else", "layer")  # where the scale is conditional
 TERM_GUARDS = ("plain", "not_none", "flag")
 CAUSAL_SOURCES = ("mask", "buffer", "none")

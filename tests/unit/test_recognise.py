@@ -255,3 +255,35 @@ def test_helper_method_site_and_head_mask_parameter() -> None:
     assert [h.method for h in analysis.helpers] == ["_attn"]
     assert analysis.head_mask_params == ("head_mask",)
     assert analysis.sites[0].method == "_attn"
+
+
+@pytest.mark.parametrize(
+    "init,scores",
+    [
+        # GPT-J / CodeGen: the square root of the head size in a 0-d tensor, cast to the default dtype
+        (
+            "self.scale_attn = torch.sqrt(torch.tensor(self.head_dim, dtype=torch.float32)).to(torch.get_default_dtype())",
+            "scores = torch.matmul(query, key.transpose(-1, -2)) / self.scale_attn",
+        ),
+        # GPT-NeoX-Japanese: baddbmm's alpha, one over such a tensor
+        (
+            "self.norm_factor = torch.sqrt(torch.tensor(self.head_dim, dtype=torch.float32)).to(torch.get_default_dtype())",
+            "scores = torch.matmul(query, key.transpose(-1, -2)) * (torch.tensor(1.0, dtype=self.norm_factor.dtype) / self.norm_factor)",
+        ),
+    ],
+)
+def test_numbers_in_tensors_are_scales(init: str, scores: str) -> None:
+    site = site_of(f"{scores}\nprobs = scores.softmax(dim=-1)\nreturn torch.matmul(probs, value)", init=INIT + "\nself.head_dim = 8\n" + init)
+    assert [s.where for s in site.scaling] == [ScaleSite.SCORES]
+
+
+@pytest.mark.parametrize(
+    "factor",
+    ["self.temperature", "torch.sqrt(self.temperature)", "torch.sqrt(query.abs().sum())"],
+)
+def test_tensors_that_are_not_numbers_are_not_scales(factor: str) -> None:
+    analysis = analyse(attention_module(
+        f"scores = torch.matmul(query, key.transpose(-1, -2)) * {factor}\nreturn torch.matmul(scores.softmax(dim=-1), value)",
+        init=INIT,
+    ))
+    assert analysis is not None and analysis.refusal is not None and analysis.refusal.code.code == "S102"
