@@ -25,6 +25,7 @@ BADDBMM_FUNCTIONS = frozenset({"torch.baddbmm"})
 EINSUM_FUNCTIONS = frozenset({"torch.einsum"})
 WHERE_FUNCTIONS = frozenset({"torch.where"})
 MAXIMUM_FUNCTIONS = frozenset({"torch.max", "torch.maximum", "torch.clamp", "torch.clamp_min"})
+CAT_FUNCTIONS = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
 ZEROS_FUNCTIONS = frozenset({"torch.zeros", "torch.empty", "torch.zeros_like", "torch.empty_like"})
 SCALAR_TENSOR_FUNCTIONS = frozenset({"torch.full", "torch.tensor", "torch.as_tensor", "torch.scalar_tensor"})
 SCALAR_FUNCTIONS = frozenset(
@@ -530,6 +531,21 @@ def cast_operand(term: cst.BaseExpression) -> str | None:
 
 
 DTYPE_CASTS = frozenset({"to", "type", "type_as"})
+
+
+def features_second_last(node: cst.BaseExpression) -> bool:
+    """`k.permute(0, 2, 3, 1)`: a permutation that puts the last (feature) dimension second to last, so the result is
+    a key laid out for `query @ key` (..., dim, length) without an explicit transpose."""
+    found = method_call(node, {"permute"})
+    if found is None:
+        return False
+    assert isinstance(node, cst.Call)
+    dims = [number(a.value) for a in node.args]
+    if len(dims) < 3 or any(d is None for d in dims) or any(a.keyword is not None or a.star for a in node.args):
+        return False
+    order = [int(d) % len(dims) for d in dims if d is not None]
+    last = len(order) - 1
+    return sorted(order) == list(range(len(order))) and order[-2] == last and order[-1] != last
 
 
 def reshape_args(node: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst.Arg]] | None:

@@ -62,7 +62,14 @@ class ScalarVal:
     """A local that holds a number on every path (e.g. a scale factor built up under conditions)."""
 
 
-Value = Union[ChainVal, ExprVal, ScalarVal]
+@dataclass(frozen=True)
+class AnyExpr:
+    """A local assigned differently on different paths: one of these expressions (e.g. a key extended by a cache)."""
+
+    nodes: tuple[cst.BaseExpression, ...]
+
+
+Value = Union[ChainVal, ExprVal, ScalarVal, AnyExpr]
 
 
 @dataclass(frozen=True)
@@ -259,6 +266,13 @@ class FunctionScope:
         value = self.env.get(name)
         return value.node if isinstance(value, ExprVal) else None
 
+    def local_values(self, name: str) -> tuple[cst.BaseExpression, ...]:
+        """What a local may hold: its one expression, or each of the expressions its paths assign."""
+        value = self.env.get(name)
+        if isinstance(value, ExprVal):
+            return (value.node,)
+        return value.nodes if isinstance(value, AnyExpr) else ()
+
     def local_is_scalar(self, name: str) -> bool:
         value = self.env.get(name)
         if isinstance(value, ScalarVal):
@@ -408,6 +422,9 @@ class Tracer:
             if not chains:
                 if all(v is not None and self.value_is_scalar(v) for v in values):
                     merged[name] = ScalarVal()
+                elif all(isinstance(v, (ExprVal, AnyExpr)) for v in values):
+                    nodes = [n for v in values for n in ((v.node,) if isinstance(v, ExprVal) else v.nodes)]  # type: ignore[union-attr]
+                    merged[name] = AnyExpr(tuple(dict.fromkeys(nodes)))
                 continue
             cids = {c.cid for c in chains}
             stages = {c.stage for c in chains}
@@ -507,6 +524,16 @@ class Tracer:
             return
         current = self.env.get(target.value)
         if not isinstance(current, ChainVal):
+            passed = (
+                isinstance(small.operator, cst.AddAssign)
+                and self.reads_only_weights(small.value)
+                and self.weights_passed_along(small.value)
+            )
+            if passed:  # `outputs += (attention_probs,)`: the weights are returned, as `return out, probs` does
+                self.keep_expression(small.value, line, small, allow_probs=True)
+                self.env.pop(target.value, None)
+                self.note_assignment([target.value])
+                return
             if self.chain_value_refs(small.value):
                 self.poison_reads(small.value, line, Code.SCORES_READ, f"the scores are folded into `{target.value}`")
             self.keep_expression(small.value, line, small)
@@ -865,17 +892,46 @@ class Tracer:
         key = p.transposed_last_two(inner, rank)
         if key is not None:
             return key
-        if isinstance(inner, cst.Name):
-            local = self.scope.local_value(inner.value)
-            if local is not None:
-                reshaped = p.reshape_args(local)
-                source = reshaped[0] if reshaped is not None else local
-                source, _ = _strip_casts(source, self.scope)
-                if p.transposed_last_two(source, None) is not None and (
-                    reshaped is None or _flattens_leading(reshaped[1])
-                ):
-                    return cst.parse_expression(f"{inner.value}.transpose(-1, -2)")
+        if self.transposed_key(inner):
+            last, second = (cst.UnaryOperation(cst.Minus(), cst.Integer(str(n))) for n in (1, 2))
+            return cst.Call(
+                func=cst.Attribute(value=primary(inner), attr=cst.Name("transpose")),
+                args=[cst.Arg(last), cst.Arg(second)],
+            )
         return None
+
+    def transposed_key(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """A key laid out (..., dim, length): a transpose of the last two dims or a permute putting the features second
+        to last, a leading-dims flatten of one, a cat along the last dim with such a part (cat forces the others into
+        the same layout), or a name that holds one on every path."""
+        if depth > 6:
+            return False
+        node, _ = _strip_casts(node, self.scope)
+        if p.transposed_last_two(node, None) is not None or p.features_second_last(node):
+            return True
+        reshaped = p.reshape_args(node)
+        if reshaped is not None:
+            return _flattens_leading(reshaped[1]) and self.transposed_key(reshaped[0], depth + 1)
+        if isinstance(node, cst.Call) and self.scope.qualify(node.func) in p.CAT_FUNCTIONS:
+            parts, dim = p.arg(node, 0, "tensors"), p.arg(node, 1, "dim")
+            if not isinstance(parts, (cst.Tuple, cst.List)) or dim is None:
+                return False
+            transposed = [e.value for e in parts.elements if self.transposed_key(e.value, depth + 1)]
+            return bool(transposed) and self.along_last(dim, transposed[0])
+        if isinstance(node, cst.Name):
+            values = self.scope.local_values(node.value)
+            return bool(values) and all(self.transposed_key(v, depth + 1) for v in values)
+        return False
+
+    def along_last(self, dim: cst.BaseExpression, part: cst.BaseExpression) -> bool:
+        """`dim` names the last dimension of `part`: -1, or its rank minus one when the rank can be read."""
+        value = p.number(dim)
+        if value is None:
+            return False
+        if value == -1:
+            return True
+        rank = self.rank_of(part)
+        return rank is not None and value == rank - 1
 
     def add_term(self, current: ChainVal, term: cst.BaseExpression, line: int) -> AddTerm:
         if current.stage != SCORES:

@@ -287,3 +287,31 @@ def test_tensors_that_are_not_numbers_are_not_scales(factor: str) -> None:
         init=INIT,
     ))
     assert analysis is not None and analysis.refusal is not None and analysis.refusal.code.code == "S102"
+
+
+@pytest.mark.parametrize(
+    "setup,product",
+    [
+        # bloom: keys permuted to (b, h, d, s), flattened to (b*h, d, s), extended by a cache along the last dim
+        (
+            "key = key.permute(0, 2, 3, 1).reshape(-1, key.size(-1), key.size(1))\nif head_mask is not None:\n    key = torch.cat((head_mask, key), dim=2)",
+            "torch.bmm(query.reshape(-1, query.size(-2), query.size(-1)), key)",
+        ),
+        ("key = key.permute(0, 2, 3, 1)", "torch.matmul(query, key)"),
+        ("", "query @ key.permute(0, 1, 3, 2)"),
+    ],
+)
+def test_keys_laid_out_for_the_product(setup: str, product: str) -> None:
+    body = f"{setup}\nscores = {product}\nprobs = scores.softmax(dim=-1)\nreturn torch.matmul(probs, value)".lstrip()
+    analysis = analyse(attention_module(body, init=INIT))
+    assert analysis is not None and analysis.refusal is None, analysis and analysis.refusal
+    assert analysis.sites[0].key.endswith((".transpose(-1, -2)", "key"))
+
+
+def test_a_key_concatenated_along_another_dim_is_not_a_transposed_key() -> None:
+    body = (
+        "key = key.permute(0, 2, 3, 1)\nif head_mask is not None:\n    key = torch.cat((head_mask, key), dim=1)\n"
+        "scores = torch.matmul(query, key)\nreturn torch.matmul(scores.softmax(dim=-1), value)"
+    )
+    analysis = analyse(attention_module(body, init=INIT))
+    assert analysis is None or analysis.refusal is not None
