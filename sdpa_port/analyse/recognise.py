@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import libcst as cst
+import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse import trace as t
-from sdpa_port.analyse.cstutil import code
+from sdpa_port.analyse.cstutil import code, replace_names
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.site import AttentionSite, CausalSource, Dropout, Layout, Scaling, ScaleSite, Term, TermKind
@@ -19,14 +20,45 @@ LineOf = Callable[[cst.CSTNode], int]
 
 
 @dataclass(frozen=True)
-class HelperCall:
-    """`self.<method>(...)` inside forward, where the method computes the attention."""
+class Helper:
+    """A function forward calls to compute the attention: a method (`self._attn(...)`), or a module-level function
+    (`attention_fn(self, q, k, v, mask)`) read as a method by naming its module parameter `self`."""
 
-    method: str
-    owner: str
+    name: str
+    owner: str  # the class defining the method, or "<module>"
+    function: cst.FunctionDef  # as a method: its first parameter is `self` when it takes the module
+    module_parameter: str | None  # a module-level function's parameter that receives `self`
+    is_method: bool
+
+    def as_method_call(self, call: cst.Call) -> cst.Call:
+        """A call of the helper as its method view binds it: without the argument that passes `self`."""
+        if self.is_method or self.module_parameter is None:
+            return call
+        kept = [a for a in call.args if not (isinstance(a.value, cst.Name) and a.value.value == "self")]
+        return call.with_changes(args=kept)
+
+    def calls(self, call: cst.Call) -> bool:
+        func = call.func
+        if self.is_method:
+            return m.matches(func, m.Attribute(value=m.Name("self"), attr=m.Name(self.name)))
+        return isinstance(func, cst.Name) and func.value == self.name
+
+
+@dataclass(frozen=True)
+class HelperCall:
+    """A call of a helper inside forward, where the helper computes the attention."""
+
+    helper: Helper
     call: cst.Call
     # helper parameter -> forward-level head-mask parameter name it receives
     head_mask_params: tuple[str, ...]
+
+    @property
+    def method(self) -> str:
+        return self.helper.name
+
+    def bound(self) -> dict[str, cst.BaseExpression] | None:
+        return bind_arguments(self.helper.function, self.helper.as_method_call(self.call))
 
 
 @dataclass(frozen=True)
@@ -89,15 +121,17 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
             if site.head_mask:
                 head_masks.append(site.head_mask)
     else:
-        for method, helper_owner, call, helper_result, candidate in helpers:
+        for helper, call, helper_result, candidate in helpers:
+            method = helper.name
             if candidate.poison is not None:
                 refusal = Refusal.of(candidate.poison, class_name, candidate.poison_line or candidate.start_line)
                 break
-            site = describe(facts, class_name, method, helper_owner, candidate, helper_result)
+            site = describe(facts, class_name, method, helper.owner, candidate, helper_result)
             sites.append(site)
             forward_heads: list[str] = []
             if site.head_mask:
-                bound = _argument_for(facts, class_name, method, call, site.head_mask)
+                binding = bind_arguments(helper.function, helper.as_method_call(call))
+                bound = None if binding is None else binding.get(site.head_mask)
                 roots = [n for n in p.walk_names(bound) if n in params] if bound is not None else []
                 if len(roots) != 1:
                     refusal = Refusal(
@@ -109,7 +143,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
                     break
                 forward_heads.append(roots[0])
                 head_masks.append(roots[0])
-            helper_calls.append(HelperCall(method, helper_owner, call, tuple(forward_heads)))
+            helper_calls.append(HelperCall(helper, call, tuple(forward_heads)))
     if refusal is None:
         for site in sites:
             if site.dropout is not None and site.dropout.conditional:
@@ -126,54 +160,90 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
 
 def _helper_calls(
     facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf
-) -> list[tuple[str, str, cst.Call, t.TraceResult, t.Candidate]]:
-    finder = _SelfCalls()
+) -> list[tuple[Helper, cst.Call, t.TraceResult, t.Candidate]]:
+    finder = _Calls()
     forward.body.visit(finder)
     out = []
-    cache: dict[str, tuple[str, t.TraceResult, list[t.Candidate]]] = {}
+    cache: dict[str, tuple[Helper, t.TraceResult, list[t.Candidate]] | None] = {}
     for call in finder.calls:
-        method = call.func.attr.value  # type: ignore[attr-defined]
-        if method == "forward":
+        key = code(call.func)
+        if key not in cache:
+            cache[key] = _traced_helper(facts, class_name, call, line_of)
+        found = cache[key]
+        if found is None:
             continue
-        if method not in cache:
-            found = facts.find_method(class_name, method)
-            if found is None:
-                continue
-            helper_owner, helper = found
-            helper_result = t.Tracer(facts, class_name, helper, line_of).run()
-            cache[method] = (helper_owner.name, helper_result, helper_result.attention())
-        helper_owner_name, helper_result, attention = cache[method]
+        helper, helper_result, attention = found
         if len(attention) == 1:
-            out.append((method, helper_owner_name, call, helper_result, attention[0]))
+            out.append((helper, call, helper_result, attention[0]))
         elif len(attention) > 1:
             bad = attention[1]
             bad.poisoned(Code.REPEATED, "the helper computes several attentions", bad.start_line)
-            out.append((method, helper_owner_name, call, helper_result, bad))
+            out.append((helper, call, helper_result, bad))
     return out
 
 
-class _SelfCalls(cst.CSTVisitor):
+def _traced_helper(
+    facts: ModuleFacts, class_name: str, call: cst.Call, line_of: LineOf
+) -> tuple[Helper, t.TraceResult, list[t.Candidate]] | None:
+    helper = helper_for(facts, class_name, call)
+    if helper is None:
+        return None
+    result = t.Tracer(facts, class_name, helper.function, line_of).run()
+    return helper, result, result.attention()
+
+
+def helper_for(facts: ModuleFacts, class_name: str, call: cst.Call) -> Helper | None:
+    """The method (`self.name(...)`) or module-level function (`name(...)`, perhaps given `self`) a call invokes."""
+    func = call.func
+    if m.matches(func, m.Attribute(value=m.Name("self"))):
+        name = func.attr.value  # type: ignore[attr-defined]
+        found = facts.find_method(class_name, name) if name != "forward" else None
+        return None if found is None else Helper(name, found[0].name, found[1], None, True)
+    if isinstance(func, cst.Name) and func.value in facts.functions:
+        return function_as_method(facts.functions[func.value], call)
+    return None
+
+
+def function_as_method(function: cst.FunctionDef, call: cst.Call) -> Helper | None:
+    """A module-level function read as a method: the parameter receiving `self` becomes `self`, first."""
+    params = function.params
+    if params.star_arg is not None and isinstance(params.star_arg, cst.Param) or params.posonly_params:
+        return None
+    positional = [a for a in call.args if a.keyword is None]
+    receiving: str | None = None
+    for index, argument in enumerate(call.args):
+        if isinstance(argument.value, cst.Name) and argument.value.value == "self":
+            if argument.keyword is not None:
+                receiving = argument.keyword.value
+            elif argument in positional and positional.index(argument) < len(params.params):
+                receiving = params.params[positional.index(argument)].name.value
+            break
+    if receiving is None:
+        view = function.with_changes(params=params.with_changes(params=[cst.Param(cst.Name("self")), *params.params]))
+        return Helper(function.name.value, "<module>", view, None, False)
+    if receiving in {"self"}:
+        ordered = [p for p in params.params if p.name.value == "self"] + [p for p in params.params if p.name.value != "self"]
+        return Helper(function.name.value, "<module>", function.with_changes(params=params.with_changes(params=ordered)), "self", False)
+    renamed_params = [p.with_changes(name=cst.Name("self")) for p in params.params if p.name.value == receiving]
+    others = [p for p in params.params if p.name.value != receiving]
+    body = replace_names(function.body, {receiving: cst.Name("self")})
+    view = function.with_changes(params=params.with_changes(params=[*renamed_params, *others]), body=body)
+    return Helper(function.name.value, "<module>", view, receiving, False)
+
+
+class _Calls(cst.CSTVisitor):
+    """Calls of methods on self and of plain names (candidate helpers), not inside nested functions."""
+
     def __init__(self) -> None:
         self.calls: list[cst.Call] = []
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+        if isinstance(func, cst.Name) or m.matches(func, m.Attribute(value=m.Name("self"))):
             self.calls.append(node)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         return False
-
-
-def _argument_for(
-    facts: ModuleFacts, class_name: str, method: str, call: cst.Call, parameter: str
-) -> cst.BaseExpression | None:
-    found = facts.find_method(class_name, method)
-    if found is None:
-        return None
-    _, helper = found
-    bound = bind_arguments(helper, call)
-    return None if bound is None else bound.get(parameter)
 
 
 def bind_arguments(helper: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression] | None:

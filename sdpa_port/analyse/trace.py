@@ -188,6 +188,8 @@ class KeepStmt:
     """A statement kept as written, with chain `.dtype`/`.device` reads and `.expand_as(chain)` replaced."""
 
     replacements: dict[cst.CSTNode, KeepAction]
+    # `scores.size(i)` / `scores.shape[i]` -> the query's size i, or None for the key length (the scores' last dim)
+    sizes: dict[cst.CSTNode, int | None] = field(default_factory=dict)
 
 
 StmtPlan = Union[ChainStmt, OutputStmt, KeepStmt]
@@ -1258,8 +1260,20 @@ class Tracer:
             value = self.env[name.value]
             assert isinstance(value, ChainVal)
             self.candidates[value.cid].poisoned(Code.SCORES_READ, f"the shape of the scores is read by `{_short(node)}`", line)
-        if replacements:
-            self.plans[key] = KeepStmt(replacements)
+        sizes: dict[cst.CSTNode, int | None] = {}
+        for read, name, index in finder.sizes:
+            value = self.env[name.value]
+            assert isinstance(value, ChainVal)
+            last = index == -1 or (value.rank is not None and index == value.rank - 1)
+            if not last and index >= 0 and value.rank is None:
+                self.candidates[value.cid].poisoned(
+                    Code.SCORES_READ, f"the shape of the scores is read by `{_short(node)}`, their rank unknown", line
+                )
+                continue
+            # the scores are (..., queries, keys): their leading sizes are the query's, the last the key length
+            sizes[read] = None if last else index
+        if replacements or sizes:
+            self.plans[key] = KeepStmt(replacements, sizes)
 
     # -------------------------------------------------------------- shapes
 
@@ -1450,6 +1464,31 @@ def _tests_not_none(test: cst.BaseExpression, name: str) -> bool:
     )
 
 
+def _size_read(node: cst.CSTNode) -> tuple[cst.Name, int] | None:
+    """`x.size(i)` or `x.shape[i]` with a literal index: (x, i)."""
+    if (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value == "size"
+        and isinstance(node.func.value, cst.Name)
+        and len(node.args) == 1
+        and node.args[0].keyword is None
+    ):
+        index = p.number(node.args[0].value)
+        return (node.func.value, int(index)) if index is not None and index == int(index) else None
+    if (
+        isinstance(node, cst.Subscript)
+        and isinstance(node.value, cst.Attribute)
+        and node.value.attr.value == "shape"
+        and isinstance(node.value.value, cst.Name)
+        and len(node.slice) == 1
+        and isinstance(node.slice[0].slice, cst.Index)
+    ):
+        index = p.number(node.slice[0].slice.value)
+        return (node.value.value, int(index)) if index is not None and index == int(index) else None
+    return None
+
+
 def _only_not_none(test: cst.BaseExpression) -> set[str] | None:
     """The names of a test made only of `x is not None` joined by `and`, else None."""
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
@@ -1594,6 +1633,7 @@ class _ChainReads(cst.CSTVisitor):
         self.attributes: list[cst.Attribute] = []
         self.expands: list[cst.Call] = []
         self.shapes: list[cst.Name] = []
+        self.sizes: list[tuple[cst.CSTNode, cst.Name, int]] = []  # `scores.size(i)`, `scores.shape[i]`
         self.plain: list[cst.Name] = []
 
     def is_chain(self, node: cst.CSTNode) -> bool:
@@ -1601,6 +1641,10 @@ class _ChainReads(cst.CSTVisitor):
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if node is self.exclude:
+            return False
+        size = _size_read(node)
+        if size is not None and self.is_chain(size[0]):
+            self.sizes.append((node, size[0], size[1]))
             return False
         if isinstance(node, cst.Attribute) and self.is_chain(node.value):
             if node.attr.value in ("dtype", "device"):

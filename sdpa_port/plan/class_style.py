@@ -18,7 +18,7 @@ from sdpa_port.analyse.cstutil import block_body, code, is_pass, one_per_line
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
-from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, bind_arguments
+from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
 from sdpa_port.analyse.site import TermKind
 from sdpa_port.analyse.selection import attention_dicts, supports_sdpa
 from sdpa_port.plan.gate import authors_refusal, selection_refusals
@@ -213,11 +213,10 @@ def _causal_when_none(facts: ModuleFacts, analysis: ClassAnalysis) -> str | None
     key, query = cst.parse_expression(site.key), cst.parse_expression(site.query)
     inner: tuple[cst.FunctionDef, dict[str, cst.BaseExpression]] | None = None
     if analysis.helpers:
-        helper = facts.find_method(analysis.class_name, analysis.helpers[0].method)
-        bound = bind_arguments(helper[1], analysis.helpers[0].call) if helper is not None else None
-        if helper is None or bound is None:
+        bound = analysis.helpers[0].bound()
+        if bound is None:
             return None
-        inner = (helper[1], bound)
+        inner = (analysis.helpers[0].helper.function, bound)
     cross = key_only_parameters(forward[1], key, query, inner)
     return CAUSAL_CONTRACT + "".join(f" and {p} is None" for p in cross)
 

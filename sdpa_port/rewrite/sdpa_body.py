@@ -210,6 +210,15 @@ class SdpaEmitter(StatementWalker):
         if not isinstance(plan, t.KeepStmt):
             return node
         mapping: dict[cst.CSTNode, cst.CSTNode] = {}
+        for found in nodes_in(node, plan.sizes):
+            index = plan.sizes[found]
+            if self.key is None:
+                raise Refuse(Code.SCORES_READ, "the scores' shape is read before the query-key product")
+            operand, dim = (self.query_root(), index) if index is not None else (primary(self.key), -2)
+            mapping[found] = cst.Call(
+                func=cst.Attribute(value=operand, attr=cst.Name("size")),
+                args=[cst.Arg(cst.Integer(str(dim)) if dim >= 0 else cst.UnaryOperation(cst.Minus(), cst.Integer(str(-dim))))],
+            )
         for found in nodes_in(node, plan.replacements):
             action = plan.replacements[found]
             if action is t.KeepAction.STRIP_EXPAND:

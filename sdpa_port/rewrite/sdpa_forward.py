@@ -12,7 +12,7 @@ from sdpa_port.analyse.masked_rows import masked_rows_reason
 from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, block_body, replace_names, replace_nodes
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import walk_names
-from sdpa_port.analyse.recognise import ClassAnalysis, bind_arguments
+from sdpa_port.analyse.recognise import ClassAnalysis, Helper, bind_arguments
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.rewrite.sdpa_body import EmitOptions, MaskContract, SdpaEmitter, SideNames, function_names
@@ -63,9 +63,7 @@ def build_sdpa_forward(
     special = specialise(forward, known)
     taken = function_names(special)
     for helper in analysis.helpers:
-        method = facts.find_method(analysis.class_name, helper.method)
-        if method is not None:
-            taken |= function_names(method[1])
+        taken |= function_names(helper.helper.function)
     options = EmitOptions(SideNames.avoiding(taken), contract)
     if not analysis.helpers:
         result, candidate = trace_sdpa_path(facts, analysis.class_name, special)
@@ -93,7 +91,7 @@ def inline_helpers(facts: ModuleFacts, analysis: ClassAnalysis, forward: cst.Fun
 
 
 class Inliner(StatementWalker):
-    """Replace `self.<helper>(...)` calls in forward by the helper's body (SDPA-rewritten when given options)."""
+    """Replace calls of the attention helpers in forward by their bodies (SDPA-rewritten when given options)."""
 
     def __init__(
         self,
@@ -107,17 +105,13 @@ class Inliner(StatementWalker):
         self.analysis = analysis
         self.options = options
         self.forward = forward
-        self.helpers = {h.method: h for h in analysis.helpers}
+        self.helpers = [h.helper for h in analysis.helpers]
         self.forward_names = function_names(forward)
         self.inlined = 0
         self.removed_reads: set[str] = set()
 
-    def line(self, statement: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
-        call = self.helper_call(statement)
-        return [statement] if call is None else self.inline(statement, call)
-
-    def helper_call(self, statement: cst.SimpleStatementLine) -> cst.Call | None:
-        finder = _HelperCalls(set(self.helpers))
+    def helper_call(self, statement: cst.SimpleStatementLine) -> tuple[Helper, cst.Call] | None:
+        finder = _HelperCalls(self.helpers)
         statement.visit(finder)
         if not finder.calls:
             return None
@@ -125,11 +119,14 @@ class Inliner(StatementWalker):
             raise Refuse(Code.HELPER_CALL, "an attention helper is called twice in one statement")
         return finder.calls[0]
 
-    def inline(self, statement: cst.SimpleStatementLine, call: cst.Call) -> list[cst.BaseStatement]:
-        method = call.func.attr.value  # type: ignore[attr-defined]
-        found = self.facts.find_method(self.analysis.class_name, method)
-        assert found is not None
-        _, helper = found
+    def line(self, statement: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
+        found = self.helper_call(statement)
+        return [statement] if found is None else self.inline(statement, *found)
+
+    def inline(self, statement: cst.SimpleStatementLine, target: Helper, original: cst.Call) -> list[cst.BaseStatement]:
+        method = target.name
+        helper = target.function
+        call = target.as_method_call(original)
         bound = bind_arguments(helper, call)
         if bound is None:
             raise Refuse(Code.HELPER_CALL, f"cannot match the arguments of the call to `{method}`")
@@ -172,7 +169,7 @@ class Inliner(StatementWalker):
         returned = final.body[0]
         assert isinstance(returned, cst.Return)
         value = returned.value if returned.value is not None else cst.Name("None")
-        replaced = replace_nodes(statement, {call: value})
+        replaced = replace_nodes(statement, {original: value})
         self.inlined += 1
         out: list[cst.BaseStatement] = [*prelude, *body[:-1]]
         if out and hasattr(out[0], "leading_lines"):
@@ -223,19 +220,15 @@ class Inliner(StatementWalker):
 
 
 class _HelperCalls(cst.CSTVisitor):
-    def __init__(self, names: set[str]) -> None:
-        self.names = names
-        self.calls: list[cst.Call] = []
+    def __init__(self, helpers: list[Helper]) -> None:
+        self.helpers = helpers
+        self.calls: list[tuple[Helper, cst.Call]] = []
 
     def visit_Call(self, node: cst.Call) -> None:
-        func = node.func
-        if (
-            isinstance(func, cst.Attribute)
-            and isinstance(func.value, cst.Name)
-            and func.value.value == "self"
-            and func.attr.value in self.names
-        ):
-            self.calls.append(node)
+        for helper in self.helpers:
+            if helper.calls(node):
+                self.calls.append((helper, node))
+                return
 
 
 def _is_final_return(statement: cst.BaseStatement) -> bool:

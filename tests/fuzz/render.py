@@ -221,12 +221,18 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
 
 
 def causal_lines(spec: Spec, n: Names, code: Code) -> None:
+    q_len, k_len = ("query_length", "key_length") if spec.lengths_from_scores else (n.q_len, n.k_len)
     if spec.causal_slice == "bottom_right":
-        slice_ = f"{n.attr('bias')}[:, :, {n.k_len} - {n.q_len} : {n.k_len}, :{n.k_len}]"
+        slice_ = f"{n.attr('bias')}[:, :, {k_len} - {q_len} : {k_len}, :{k_len}]"
     else:
-        slice_ = f"{n.attr('bias')}[:, :, :{n.q_len}, :{n.k_len}]"
+        slice_ = f"{n.attr('bias')}[:, :, :{q_len}, :{k_len}]"
 
     def body() -> None:
+        if spec.lengths_from_scores:
+            if n.flat:
+                code.add("query_length, key_length = attn_weights.size(1), attn_weights.size(-1)")
+            else:
+                code.add("query_length, key_length = attn_weights.size(-2), attn_weights.shape[-1]")
         code.add(f"causal_mask = {slice_}")
         in_heads(n, code, lambda: fill_statement(spec, n, "causal_mask", code))
 

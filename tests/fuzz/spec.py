@@ -75,6 +75,7 @@ class Spec:
     causal: str = "none"  # where causality comes from
     causal_slice: str = "bottom_right"
     buffer_form: str = "inline"  # the causal buffer: registered inline, built in a local, or a sliding window
+    lengths_from_scores: bool = False  # the causal slice reads the lengths from the scores' shape (CTRL's form)
     fill_form: str = "where"
     fill_value: str = "finfo_min"
     causal_guard: str = "plain"
@@ -172,6 +173,7 @@ def draw(seed: int, family: str = "440") -> Spec:
         causal=causal,
         causal_slice=_pick(rng, CAUSAL_SLICES, (4, 1)),
         buffer_form=_pick(rng, BUFFER_FORMS, (3, 1, 1)),
+        lengths_from_scores=rng.random() < 0.3,
         fill_form=_pick(rng, FILL_FORMS),
         fill_value=_pick(rng, FILL_VALUES, (4, 2, 1, 1, 1, 1)),
         causal_guard=_pick(rng, CAUSAL_GUARDS, (4, 1, 1, 1, 1)) if not cross else _pick(rng, CAUSAL_GUARDS[1:4]),
@@ -229,7 +231,8 @@ def normalise(spec: Spec) -> Spec:
         changes["terms"] = tuple(terms)
     if spec.causal != "buffer":
         for name, default in (
-            ("causal_guard", "plain"), ("causal_slice", "bottom_right"), ("causal_after_terms", False), ("buffer_form", "inline")
+            ("causal_guard", "plain"), ("causal_slice", "bottom_right"), ("causal_after_terms", False), ("buffer_form", "inline"),
+            ("lengths_from_scores", False),
         ):
             if getattr(spec, name) != default:
                 changes[name] = default

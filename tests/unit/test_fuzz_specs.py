@@ -65,3 +65,16 @@ def test_an_eager_assert_on_the_mask_keeps_the_full_masks() -> None:
     result = port_source(render(spec), filename="modeling_fuzz.py")
     assert "_for_sdpa" not in result.source
     assert any("without a None check" in w for w in result.warnings)
+
+
+def test_the_scores_shape_is_read_from_the_operands() -> None:
+    """`scores.size(-2)`/`scores.shape[-1]` in a kept statement become the query's size and the key's length."""
+    from dataclasses import replace
+
+    spec, _, _ = regression("1: a causal fill in an else branch")
+    source = port_source(render(replace(spec, lengths_from_scores=True)), filename="modeling_fuzz.py").source
+    sdpa = source[source.index("class FuzzSdpaAttention") :]
+    assert "query_length, key_length = (query).size(-2), key.size(-2)" in sdpa or (
+        "query_length, key_length = query.size(-2), key.size(-2)" in sdpa
+    ), sdpa
+    assert "attn_weights" not in sdpa.split("def forward")[1].split("return")[0].split("scaled_dot_product_attention")[0]
