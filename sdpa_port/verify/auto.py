@@ -132,12 +132,22 @@ def verify_pair(
     overrides: dict[str, Any] | None = None,
     generate: bool = True,
 ) -> list[Check]:
+    """Parity checks of `ported` against `original`: token models on padded ids (and greedy generation), any
+    other model on inputs synthesised from its forward signature and config (`drive.py`)."""
+    from sdpa_port.verify import drive
+
+    found, _ = drive.candidates(original, ported, model_classes(original))
     targets = pick_targets(original)
-    if targets is None:
-        return [Check("inputs", False, None, "no model class taking input_ids or pixel_values: cannot build a check")]
-    if targets.kind == "vision":
-        return verify_pixels(targets, ported)
-    config = tiny_config(targets.config_class, overrides)
+    if found and set(found[0].kinds) <= {"text"} and targets is not None and targets.kind != "vision":
+        return verify_tokens(targets, ported, overrides, generate)
+    return drive.verify_driven(original, ported)
+
+
+def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | None, generate: bool) -> list[Check]:
+    from sdpa_port.verify.configs import flag_fields
+
+    defaults = flag_fields(targets.config_class().to_dict())  # e.g. a default language, no attention weights
+    config = tiny_config(targets.config_class, {**defaults, **(overrides or {})})
     checks: list[Check] = []
     padded = "left" if targets.kind == "decoder" else "right"
     for padding in (padded, "none"):
@@ -146,6 +156,41 @@ def verify_pair(
                 targets.base, getattr(ported, targets.base.__name__), config, padding, kind=targets.kind
             )
         )
+    if any(c.name.endswith("sdpa executed") and not c.passed for c in checks):
+        checks = _explain_no_sdpa(checks, targets, ported, config)
     if generate and targets.lm is not None and targets.kind in ("decoder", "seq2seq"):
-        checks.extend(parity.check_generate(targets.lm, getattr(ported, targets.lm.__name__), config))
+        checks.extend(_generate(targets, ported, config))
     return checks
+
+
+def _generate(targets: Targets, ported: ModuleType, config: Any) -> list[Check]:
+    """Greedy decoding with cache; a model whose original cannot generate from token ids alone (it needs other
+    inputs, e.g. Pop2Piano's features) gets a note instead, its forward checks standing alone."""
+    assert targets.lm is not None
+    try:
+        return parity.check_generate(targets.lm, getattr(ported, targets.lm.__name__), config)
+    except Exception as error:
+        try:
+            model = parity.build(targets.lm, config, "eager")
+            parity.greedy(model, parity.make_batch(config, targets.kind, "none"), config, targets.kind)
+        except Exception as original_error:
+            why = f"{type(original_error).__name__}: {str(original_error)[:160]}"
+            return [Check(f"{targets.lm.__name__}[generate] not checked", True, None, f"the original cannot generate here: {why}")]
+        return [Check(f"{targets.lm.__name__}[generate]", False, None, f"the port raised {type(error).__name__}: {str(error)[:200]}")]
+
+
+def _explain_no_sdpa(checks: list[Check], targets: Targets, ported: ModuleType, config: Any) -> list[Check]:
+    import sys
+
+    from sdpa_port.verify.diagnose import why_no_sdpa
+
+    try:
+        model = parity.build(getattr(ported, targets.base.__name__), config, "sdpa")
+        batch = parity.make_batch(config, targets.kind, "none")
+        why = why_no_sdpa(model, lambda: model(**batch.inputs), sys.modules[targets.base.__module__], ported)
+    except Exception as error:
+        why = f"(no diagnosis: {type(error).__name__})"
+    return [
+        Check(c.name, c.passed, c.max_diff, f"{c.detail}: {why}") if c.name.endswith("sdpa executed") and not c.passed else c
+        for c in checks
+    ]

@@ -1,0 +1,69 @@
+"""Why a port built for SDPA ran no SDPA call: which attention classes the port changed, whether the model built
+them, whether they were called, and with what (imports torch)."""
+
+from __future__ import annotations
+
+import inspect
+from types import ModuleType
+from typing import Any, Callable
+
+
+def changed_classes(original: ModuleType, ported: ModuleType) -> dict[str, type]:
+    """Module classes of the port that are new (class style: `XxxSdpaAttention`) or whose forward changed
+    (interface style: the attention module dispatching through `ALL_ATTENTION_FUNCTIONS`)."""
+    import torch
+
+    out: dict[str, type] = {}
+    for name, value in vars(ported).items():
+        if not (isinstance(value, type) and issubclass(value, torch.nn.Module) and value.__module__ == ported.__name__):
+            continue
+        before = getattr(original, name, None)
+        if before is None:
+            out[name] = value
+            continue
+        new_forward = getattr(value.forward, "__code__", None)
+        old_forward = getattr(before.forward, "__code__", None)
+        if new_forward is not None and old_forward is not None and new_forward.co_code != old_forward.co_code:
+            out[name] = value
+    return out
+
+
+def why_no_sdpa(model: Any, run: Callable[[], Any], original: ModuleType, ported: ModuleType) -> str:
+    """One sentence on why running `model` (built for SDPA) made no SDPA call."""
+    classes = changed_classes(original, ported)
+    if not classes:
+        return "the port changes no module class"
+    names = ", ".join(sorted(classes))
+    instances = [m for m in model.modules() if type(m).__name__ in classes and type(m).__module__ == ported.__name__]
+    if not instances:
+        return f"the model builds none of the port's attention classes ({names}): its layers did not select them"
+    calls: list[dict[str, Any]] = []
+
+    def record(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            bound = inspect.signature(module.forward).bind(*args, **kwargs)
+            calls.append(dict(bound.arguments))
+        except TypeError:
+            calls.append(dict(kwargs))
+
+    handles = [m.register_forward_pre_hook(record, with_kwargs=True) for m in instances]
+    try:
+        run()
+    except Exception as error:
+        return f"running the model raised {type(error).__name__}: {error}"
+    finally:
+        for handle in handles:
+            handle.remove()
+    kinds = sorted({type(m).__name__ for m in instances})
+    if not calls:
+        return f"the model builds {', '.join(kinds)} but never calls them"
+    weights = sum(1 for c in calls if c.get("output_attentions"))
+    heads = sum(1 for c in calls if c.get("head_mask") is not None or c.get("layer_head_mask") is not None)
+    if weights == len(calls):
+        return (
+            f"{', '.join(kinds)} were called {len(calls)} time(s), always with output_attentions=True (their callers "
+            "ask for attention weights), so they fell back to eager"
+        )
+    if heads == len(calls):
+        return f"{', '.join(kinds)} were called {len(calls)} time(s), always with a head mask, so they fell back to eager"
+    return f"{', '.join(kinds)} were called {len(calls)} time(s) without reaching SDPA"
