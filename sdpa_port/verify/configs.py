@@ -237,6 +237,9 @@ def _changes(fields: dict[str, Any], level: Level, timm_available: bool) -> dict
             for name, value in shrunk.items():
                 if _HIDDEN_NAMES.match(name) or _FFN_NAMES.match(name) or name in ("d_kv", "rotary_dim"):
                     shrunk[name] = value * level.width
+        for name in ("attention_head_dim", "head_dim"):  # per-head width given apart from the hidden size (M-CTC-T)
+            if _int(fields.get(name)) and fields[name] > HIDDEN * level.width // HEADS:
+                shrunk[name] = HIDDEN * level.width // HEADS
         if _int(fields.get("projection_dim")) and fields["projection_dim"] > HIDDEN * level.width:
             shrunk["projection_dim"] = HIDDEN * level.width  # some models size rotary embeddings from it (CLVP)
         values.update({k: v for k, v in shrunk.items() if fields.get(k, object()) != v})
