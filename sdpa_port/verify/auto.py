@@ -1,7 +1,8 @@
 """Parity checks for any ported modeling file: pick its model classes, synthesise a tiny config, run the checks.
 
-Used by `--verify`, by the corpus-wide parity sweep and by the tests. Models whose inputs are not token ids
-(vision, audio) are reported as not checkable rather than guessed at.
+Used by `--verify`, by the census (scripts/census.py) and by the tests. Token models are checked on padded ids and
+by greedy generation; every other model on inputs synthesised from its forward signature and config (`drive.py`).
+A model the harness cannot drive gets a `not verified` line saying why, never a pass.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def pick_targets(original: ModuleType) -> Targets | None:
         return None
     takes_ids = [c for c in classes if "input_ids" in inspect.signature(c.forward).parameters]
     if not takes_ids:
-        return _pixel_targets(classes)
+        return None
     prefixes = {c.__name__[: -len("Model")] for c in takes_ids if c.__name__.endswith("Model")}
     base = next((c for c in takes_ids if c.__name__.endswith("Model") and c.__name__[:-5] in prefixes and not c.__name__.endswith(LM_SUFFIXES)), None)
     lm = next((c for c in takes_ids if c.__name__.endswith(LM_SUFFIXES) and _can_generate(c)), None)
@@ -77,45 +78,6 @@ def pick_targets(original: ModuleType) -> Targets | None:
     config = config_class()
     kind = parity.model_kind(config, lm or base)
     return Targets(config_class, base, lm, kind)
-
-
-def _pixel_targets(classes: list[type]) -> Targets | None:
-    """Image models: the base model taking `pixel_values`, checked without padding."""
-    takes_pixels = [c for c in classes if "pixel_values" in inspect.signature(c.forward).parameters]
-    base = next((c for c in takes_pixels if c.__name__.endswith("Model")), takes_pixels[0] if takes_pixels else None)
-    if base is None:
-        return None
-    config_class = config_class_of(base)
-    return Targets(config_class, base, None, "vision") if config_class is not None else None
-
-
-def pixel_batch(config: Any, seed: int = 1) -> parity.Batch:
-    import torch
-
-    size = getattr(config, "image_size", 32)
-    size = size[0] if isinstance(size, (list, tuple)) else size
-    channels = getattr(config, "num_channels", 3)
-    pixels = torch.randn(2, channels, size, size, generator=torch.Generator().manual_seed(seed))
-    return parity.Batch({"pixel_values": pixels}, torch.ones(2, 0, dtype=torch.long))
-
-
-def verify_pixels(targets: Targets, ported: ModuleType) -> list[Check]:
-    from sdpa_port.verify.checks import compare
-
-    # default-size configs and deep convolutional stacks: a milder sharpening and tolerances relative to the
-    # output magnitude (depth heads reach 1e8)
-    config = targets.config_class()
-    original = parity.build(targets.base, config, "eager")
-    parity.sharpen(original, gain=1.0)
-    state = original.state_dict()
-    eager = parity.build(getattr(ported, targets.base.__name__), config, "eager")
-    eager.load_state_dict(state)
-    sdpa = parity.build(getattr(ported, targets.base.__name__), config, "sdpa")
-    sdpa.load_state_dict(state)
-    batch = pixel_batch(config)
-    label = targets.base.__name__
-    unchanged = compare(original, eager, batch, f"{label}[pixels] eager unchanged", 1e-6, relative=True, expect_sdpa=False)
-    return unchanged + compare(original, sdpa, batch, f"{label}[pixels] sdpa == eager (relative)", 1e-4, relative=True)
 
 
 def _can_generate(model_class: type) -> bool:
@@ -138,8 +100,11 @@ def verify_pair(
 
     found, _ = drive.candidates(original, ported, model_classes(original))
     targets = pick_targets(original)
-    if found and set(found[0].kinds) <= {"text"} and targets is not None and targets.kind != "vision":
-        return verify_tokens(targets, ported, overrides, generate)
+    if found and set(found[0].kinds) <= {"text"} and targets is not None:
+        try:
+            return verify_tokens(targets, ported, overrides, generate)
+        except Exception as error:  # e.g. a model the single tiny config does not fit: the driver tries more
+            return [Check(f"{targets.base.__name__} token checks", True, None, f"raised {type(error).__name__}: {str(error)[:160]}; driven instead")] + drive.verify_driven(original, ported)
     return drive.verify_driven(original, ported)
 
 

@@ -243,8 +243,27 @@ def _changes(fields: dict[str, Any], level: Level, timm_available: bool) -> dict
         if _int(fields.get("projection_dim")) and fields["projection_dim"] > HIDDEN * level.width:
             shrunk["projection_dim"] = HIDDEN * level.width  # some models size rotary embeddings from it (CLVP)
         values.update({k: v for k, v in shrunk.items() if fields.get(k, object()) != v})
+        values.update(_backbone_stages(fields, values))
     values.update(input_fields(fields, level, timm_available))
     return values
+
+
+def _backbone_stages(fields: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """A backbone whose stages are its layers (a ViT backbone) keeps as many output stages as before, the last ones,
+    when its depth shrinks: `out_features` naming stage 24 of a two-layer model is rejected."""
+    layers, indices, names = values.get("num_hidden_layers"), fields.get("out_indices"), fields.get("stage_names")
+    if not (_int(layers) and isinstance(indices, (list, tuple)) and indices and isinstance(names, (list, tuple))):
+        return {}
+    if len(names) != fields.get("num_hidden_layers", -1) + 1:
+        return {}  # stages are not layers (ResNet, Swin): their names do not change with the depth
+    depth = max(layers, len(indices))
+    chosen = list(range(depth - len(indices) + 1, depth + 1))
+    return {
+        "num_hidden_layers": depth,
+        "out_indices": chosen,
+        "out_features": [f"stage{i}" for i in chosen],
+        "stage_names": ["stem"] + [f"stage{i}" for i in range(1, depth + 1)],
+    }
 
 
 def _is_sub_config(value: Any) -> bool:

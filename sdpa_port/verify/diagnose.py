@@ -67,3 +67,43 @@ def why_no_sdpa(model: Any, run: Callable[[], Any], original: ModuleType, ported
     if heads == len(calls):
         return f"{', '.join(kinds)} were called {len(calls)} time(s), always with a head mask, so they fell back to eager"
     return f"{', '.join(kinds)} were called {len(calls)} time(s) without reaching SDPA"
+
+
+class PortCalls:
+    """Counts calls of `torch.nn.functional.scaled_dot_product_attention` made from the code of one module (the
+    port) while active: a model's SDPA calls may come from sub-models of other files that support SDPA already
+    (ZoeDepth's BEiT backbone), which says nothing about the port."""
+
+    DEPTH = 8  # frames walked up from the call: the port's forward, or the interface function it calls
+
+    def __init__(self, module_name: str) -> None:
+        self.module_name = module_name
+        self.total = 0
+        self.from_port = 0
+
+    def __enter__(self) -> "PortCalls":
+        import torch.nn.functional as functional
+
+        self._functional = functional
+        self._original = functional.scaled_dot_product_attention
+        original, module_name = self._original, self.module_name
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            import sys
+
+            self.total += 1
+            frame = sys._getframe(1)
+            for _ in range(self.DEPTH):
+                if frame is None:
+                    break
+                if frame.f_globals.get("__name__") == module_name:
+                    self.from_port += 1
+                    break
+                frame = frame.f_back
+            return original(*args, **kwargs)
+
+        functional.scaled_dot_product_attention = counted
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._functional.scaled_dot_product_attention = self._original

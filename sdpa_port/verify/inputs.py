@@ -252,7 +252,10 @@ def _pixels(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
     frames = view.get(("num_frames",), "vision")
     if frames:
         return [TensorSpec("pixel_values", "normal", (BATCH, int(frames), channels, h, w)) for h, w in sizes], "video"
-    return [TensorSpec("pixel_values", "normal", (BATCH, channels, h, w)) for h, w in sizes], "image"
+    single = [TensorSpec("pixel_values", "normal", (BATCH, channels, h, w)) for h, w in sizes]
+    # last, image pairs (batch, 2, channels, height, width): keypoint matchers take two images per example
+    pairs = [TensorSpec("pixel_values", "normal", (BATCH, 2, channels, h, w)) for h, w in sizes]
+    return single + pairs, "image"
 
 
 def _image(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
