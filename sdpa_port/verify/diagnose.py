@@ -28,6 +28,19 @@ def changed_classes(original: ModuleType, ported: ModuleType) -> dict[str, type]
     return out
 
 
+SDPA_NAMES = {"scaled_dot_product_attention", "ALL_ATTENTION_FUNCTIONS"}
+
+
+def attention_classes(original: ModuleType, ported: ModuleType) -> list[str]:
+    """The changed classes whose forward calls SDPA or dispatches through the attention interface."""
+    out = []
+    for name, value in changed_classes(original, ported).items():
+        code = getattr(value.forward, "__code__", None)
+        if code is not None and SDPA_NAMES & set(code.co_names):
+            out.append(name)
+    return sorted(out)
+
+
 def why_no_sdpa(model: Any, run: Callable[[], Any], original: ModuleType, ported: ModuleType) -> str:
     """One sentence on why running `model` (built for SDPA) made no SDPA call."""
     classes = changed_classes(original, ported)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import math
 import re
 import warnings
@@ -26,7 +25,7 @@ import torch
 
 from sdpa_port.verify.checks import Batch, Check, count_sdpa_calls, model_kind
 from sdpa_port.verify.configs import LEVELS, Level, level_kwargs
-from sdpa_port.verify.diagnose import PortCalls, why_no_sdpa
+from sdpa_port.verify.diagnose import PortCalls, attention_classes, why_no_sdpa
 from sdpa_port.verify.inputs import ConfigView, Plan, TensorSpec, Unsupported, describe, plan_inputs
 
 EAGER_TOLERANCE = 1e-6
@@ -48,12 +47,6 @@ class Unverified(Check):
 
 def unverified(reason: str) -> Unverified:
     return Unverified(NOT_VERIFIED, False, None, reason)
-
-
-class MissingDependency(Exception):
-    def __init__(self, package: str, message: str) -> None:
-        super().__init__(message)
-        self.package = package
 
 
 _REQUIRES = re.compile(r"requires the (\S+?) library", re.IGNORECASE)
@@ -508,6 +501,10 @@ def check_driven(candidate: Candidate, driven: Driven, label: str) -> list[Check
         return [Check(f"{label} port builds", False, None, _short(error))]
     if note:
         driven.notes.append(note)
+    built = {type(m).__name__ for m in sdpa.modules() if type(m).__module__ == candidate.ported.__module__}
+    unbuilt = sorted(set(attention_classes(*_modules(candidate))) - built)
+    if unbuilt:
+        driven.notes.append(f"not built by this model, so not checked: {', '.join(unbuilt)}")
     paddings = ["none"] + ([driven.plan.padding_side] if driven.plan.mask else [])
     checks: list[Check] = []
     for padding in paddings:
@@ -578,7 +575,8 @@ def _outside_port(candidate: Candidate, driven: Driven, batch: Batch, got: Any) 
     try:
         reference = build(candidate.original, driven.config, None, driven.propagate, expect="eager")
         reference.load_state_dict(driven.state)
-        calls = count_sdpa_calls(lambda: results.append(forward(reference, batch))) if (results := []) == [] else 0
+        results: list[Any] = []
+        calls = count_sdpa_calls(lambda: results.append(forward(reference, batch)))
     except Exception:
         return ""
     if not calls:
