@@ -14,8 +14,9 @@ classed as verified, failed (a parity check failed, or the port raised), not ver
 drive the model: the line says why, e.g. a missing package) or error (the checks could not run, or the worker
 process died: a crash isolated by the batch pool, reported for that file while the batch goes on).
 
-Each worker gets an address-space limit (`--memory-gb`), so a model too large for the machine fails alone with a
-MemoryError instead of inviting the kernel's OOM killer; nothing is downloaded (HF_HUB_OFFLINE=1).
+Each process gets a data-size limit (`--memory-gb`), so a model too large for the machine fails alone with a
+memory error (reported as an error for that file) instead of inviting the kernel's OOM killer; nothing is
+downloaded (HF_HUB_OFFLINE=1).
 
 With `--out`, the release's section of that markdown file is replaced (or added), leaving other releases' sections.
 """
@@ -78,8 +79,10 @@ def copy_tree(package: Path, destination: Path, only: set[str] | None) -> int:
 
 
 def _limit_memory(gigabytes: float) -> None:
+    # the data limit (heap and private anonymous mappings, where tensors live), not the address space: torch's
+    # libraries and thread stacks reserve address space a long-lived worker never uses
     limit = int(gigabytes * 1024**3)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
 def run_tool(tree: Path, jobs: int, memory_gb: float, log) -> list[dict]:  # type: ignore[no-untyped-def]
@@ -268,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="markdown file whose section for this release is (re)written")
     parser.add_argument("--json", type=Path, help="also write the classified records here (JSON lines)")
     parser.add_argument("--only", help="comma-separated model folders (for a quick partial run)")
-    parser.add_argument("--memory-gb", type=float, default=8.0, help="address-space limit per process (0: none)")
+    parser.add_argument("--memory-gb", type=float, default=8.0, help="data-size limit per process (0: none)")
     arguments = parser.parse_args(argv)
 
     version, package = installed_transformers()

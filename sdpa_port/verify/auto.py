@@ -102,10 +102,34 @@ def verify_pair(
     targets = pick_targets(original)
     if found and set(found[0].kinds) <= {"text"} and targets is not None:
         try:
-            return verify_tokens(targets, ported, overrides, generate)
+            checks = verify_tokens(targets, ported, overrides, generate)
         except Exception as error:  # e.g. a model the single tiny config does not fit: the driver tries more
-            return [Check(f"{targets.base.__name__} token checks", True, None, f"raised {type(error).__name__}: {str(error)[:160]}; driven instead")] + drive.verify_driven(original, ported)
+            note = f"raised {type(error).__name__}: {str(error)[:160]}; driven instead"
+            return [Check(f"{targets.base.__name__} token checks", True, None, note)] + drive.verify_driven(original, ported)
+        covered = _built(targets, ported, overrides)
+        if set(drive.attention_classes(original, ported)) - covered:
+            # attention classes the token models do not build (a vision tower): driven through other classes
+            checks += drive.verify_driven(original, ported, covered=frozenset(covered))
+        return checks
     return drive.verify_driven(original, ported)
+
+
+def _built(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | None) -> set[str]:
+    """The port's classes the token models build for SDPA (on the meta device)."""
+    import copy
+
+    import torch
+
+    config = tiny_config(targets.config_class, overrides)
+    names: set[str] = set()
+    for model_class in filter(None, (targets.base, targets.lm)):
+        try:
+            with torch.device("meta"):
+                model = getattr(ported, model_class.__name__)._from_config(copy.deepcopy(config), attn_implementation="sdpa")
+        except Exception:
+            continue
+        names |= {type(m).__name__ for m in model.modules() if type(m).__module__ == ported.__name__}
+    return names
 
 
 def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | None, generate: bool) -> list[Check]:

@@ -94,11 +94,13 @@ class Level:
     spatial: bool = True  # image sizes
     lists: bool = True  # per-stage widths, depths and heads of hierarchical backbones
     width: int = 1  # widths times this (some models derive sizes that vanish at width 32, e.g. BROS's box embedding)
+    projections: bool = False  # projection sizes too (CLVP sizes rotary embeddings from them; X-CLIP ties them)
 
 
 LEVELS = (
     Level("tiny"),
-    Level("small", width=4),
+    Level("tiny, projections shrunk", projections=True),
+    Level("small", width=4, projections=True),
     Level("tiny, per-stage sizes kept", lists=False),
     Level("tiny, image size kept", lists=False, spatial=False),
     Level("default sizes", scalars=False, inputs=False, spatial=False, lists=False),
@@ -240,7 +242,7 @@ def _changes(fields: dict[str, Any], level: Level, timm_available: bool) -> dict
         for name in ("attention_head_dim", "head_dim"):  # per-head width given apart from the hidden size (M-CTC-T)
             if _int(fields.get(name)) and fields[name] > HIDDEN * level.width // HEADS:
                 shrunk[name] = HIDDEN * level.width // HEADS
-        if _int(fields.get("projection_dim")) and fields["projection_dim"] > HIDDEN * level.width:
+        if level.projections and _int(fields.get("projection_dim")) and fields["projection_dim"] > HIDDEN * level.width:
             shrunk["projection_dim"] = HIDDEN * level.width  # some models size rotary embeddings from it (CLVP)
         values.update({k: v for k, v in shrunk.items() if fields.get(k, object()) != v})
         values.update(_backbone_stages(fields, values))

@@ -488,8 +488,9 @@ def _with_missing_field(config: Any, error: AttributeError) -> Any | None:
 # ------------------------------------------------------------------ checks
 
 
-def check_driven(candidate: Candidate, driven: Driven, label: str) -> list[Check]:
-    """Port eager against original eager, port SDPA against original eager, SDPA executed; per padding."""
+def check_driven(candidate: Candidate, driven: Driven, label: str) -> tuple[list[Check], set[str]]:
+    """Port eager against original eager, port SDPA against original eager, SDPA executed; per padding. Also the
+    port's classes the SDPA model builds."""
     original = build(candidate.original, driven.config, "eager", driven.propagate)
     original.load_state_dict(driven.state)
     try:
@@ -498,13 +499,26 @@ def check_driven(candidate: Candidate, driven: Driven, label: str) -> list[Check
         sdpa, note = build_sdpa(candidate.ported, driven.config, driven.propagate)
         sdpa.load_state_dict(driven.state)
     except Exception as error:
-        return [Check(f"{label} port builds", False, None, _short(error))]
+        if _out_of_memory(error):
+            raise
+        return [Check(f"{label} port builds", False, None, _short(error))], set()
     if note:
         driven.notes.append(note)
-    built = {type(m).__name__ for m in sdpa.modules() if type(m).__module__ == candidate.ported.__module__}
-    unbuilt = sorted(set(attention_classes(*_modules(candidate))) - built)
-    if unbuilt:
-        driven.notes.append(f"not built by this model, so not checked: {', '.join(unbuilt)}")
+    # the port's classes this model exercises: those its SDPA forward calls
+    called: set[str] = set()
+    handles = [
+        m.register_forward_pre_hook(lambda module, args: called.add(type(module).__name__))
+        for m in sdpa.modules()
+        if type(m).__module__ == candidate.ported.__module__
+    ]
+    try:
+        return _compare_paddings(candidate, driven, label, original, eager, sdpa), called
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _compare_paddings(candidate: Candidate, driven: Driven, label: str, original: Any, eager: Any, sdpa: Any) -> list[Check]:
     paddings = ["none"] + ([driven.plan.padding_side] if driven.plan.mask else [])
     checks: list[Check] = []
     for padding in paddings:
@@ -517,6 +531,8 @@ def check_driven(candidate: Candidate, driven: Driven, label: str) -> list[Check
         try:
             eager_calls = count_sdpa_calls(lambda: got.append(forward(eager, batch)))
         except Exception as error:
+            if _out_of_memory(error):
+                raise
             checks.append(Check(f"{name} eager unchanged", False, None, f"raised {_short(error)}"))
         else:
             check = _judge(f"{name} eager unchanged", difference(expected, got[0], batch.keep), EAGER_TOLERANCE, EAGER_TOLERANCE)
@@ -530,6 +546,8 @@ def check_driven(candidate: Candidate, driven: Driven, label: str) -> list[Check
             with PortCalls(candidate.ported.__module__) as port_calls:
                 calls = count_sdpa_calls(lambda: results.append(forward(sdpa, batch)))
         except Exception as error:
+            if _out_of_memory(error):
+                raise
             checks.append(Check(f"{name} sdpa == eager", False, None, f"raised {_short(error)}"))
             continue
         check = _judge(f"{name} sdpa == eager", difference(expected, results[0], batch.keep), SDPA_TOLERANCE, RELATIVE_TOLERANCE)
@@ -658,29 +676,72 @@ def _drive_with_config(candidate: Candidate, config: Any, like: Driven) -> Drive
 # ------------------------------------------------------------------ the whole file
 
 
-def verify_driven(original: ModuleType, ported: ModuleType, classes: list[type] | None = None) -> list[Check]:
-    """Checks for the best class of the file the harness can drive; `Unverified` when none can be."""
+def verify_driven(
+    original: ModuleType, ported: ModuleType, classes: list[type] | None = None, covered: frozenset[str] = frozenset()
+) -> list[Check]:
+    """Checks for the best class of the file the harness can drive, then for further classes until every attention
+    class of the port has been built in a checked model; `Unverified` lines for what no driven model covers.
+
+    `covered`: attention classes already checked (by the token path); only classes building others are driven.
+    """
     from sdpa_port.verify.auto import model_classes
 
+    wanted = set(attention_classes(original, ported))
     found, reasons = candidates(original, ported, classes if classes is not None else model_classes(original))
     if not found:
         why = "; ".join(reasons[:4]) or "no model class"
         return [unverified(f"no model class whose inputs the harness can build: {why}")]
+    checks: list[Check] = []
     failures: list[Unverified] = []
-    for candidate in found[:3]:
+    done = set(covered)
+    for candidate in found:
+        if checks or covered:
+            if not wanted - done or len(checks) and len(failures) + len(checks) > 12:
+                break
+            builds = classes_built(candidate)
+            if builds is not None and not builds & (wanted - done):
+                continue
         driven = drive_original(candidate)
         if isinstance(driven, Unverified):
-            if driven.detail.startswith(f"{candidate.name}: needs "):
+            if driven.detail.startswith(f"{candidate.name}: needs ") and not checks and not covered:
                 return [driven]
             failures.append(driven)
+            if not checks and not covered and len(failures) >= 3:
+                break
             continue
         driven = reach_sdpa(candidate, driven)
         label = f"{candidate.name}[{'+'.join(candidate.kinds)}]"
         notes = [f"config: {driven.level.name}", f"inputs: {driven.plan.description}", f"gain {driven.gain:g}"]
-        checks = check_driven(candidate, driven, label)
-        detail = "; ".join(notes + driven.notes)
-        return [Check(f"{label} driven", True, None, detail)] + checks
-    return [failures[0]] if len(failures) == 1 else [unverified("; ".join(f.detail for f in failures))]
+        found_checks, built = check_driven(candidate, driven, label)
+        checks += [Check(f"{label} driven", True, None, "; ".join(notes + driven.notes))] + found_checks
+        done |= built
+    if not checks and not covered:
+        return [failures[0]] if len(failures) == 1 else [unverified("; ".join(f.detail for f in failures))]
+    missing = sorted(wanted - done)
+    if missing:
+        why = f" ({'; '.join(f.detail for f in failures)[:400]})" if failures else ""
+        checks.append(unverified(f"{', '.join(missing)} of the port: built by no model the harness could drive{why}"))
+    return checks
+
+
+def classes_built(candidate: Candidate) -> set[str] | None:
+    """The port's classes a candidate builds for SDPA at the tiny level, built on the meta device (no memory)."""
+    try:
+        config = config_at(candidate.config_class, LEVELS[0])
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                model = candidate.ported._from_config(copy.deepcopy(config), attn_implementation="sdpa")
+            except ValueError:
+                model = candidate.ported._from_config(copy.deepcopy(config))
+    except Exception:
+        return None
+    return {type(m).__name__ for m in model.modules() if type(m).__module__ == candidate.ported.__module__}
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """A failure of the machine, not of the port: the checks could not run (the edge reports an error)."""
+    return isinstance(error, MemoryError) or "can't allocate memory" in str(error) or "DefaultCPUAllocator" in str(error)
 
 
 def _short(error: BaseException) -> str:
