@@ -149,15 +149,17 @@ def classify(record: dict) -> Entry:
     lines = list(record.get("verification") or [])
     if record.get("verified"):
         return Entry(path, "ported", "verified", _driven(lines), record)
-    unverified = [line[len(NOT_VERIFIED):] for line in lines if line.startswith(NOT_VERIFIED)]
-    if unverified:
-        return Entry(path, "ported", "not verifiable", unverified[0], record)
     if lines and lines[0].startswith(COULD_NOT_RUN):
         return Entry(path, "ported", "error", lines[0], record)
     if not lines:
         return Entry(path, "ported", "error", "no verification lines in the record", record)
+    unverified = [line[len(NOT_VERIFIED):] for line in lines if line.startswith(NOT_VERIFIED)]
     failed = [line for line in lines if ": FAILED" in line]
-    return Entry(path, "ported", "failed", "; ".join(failed[:2]) or lines[0], record)
+    if failed:  # a failing check outweighs what could not be checked
+        return Entry(path, "ported", "failed", "; ".join(failed[:2] + [f"not verified: {u}" for u in unverified[:1]]), record)
+    if unverified:
+        return Entry(path, "ported", "not verifiable", unverified[0], record)
+    return Entry(path, "ported", "failed", lines[0], record)
 
 
 def _ports(path: str) -> bool:
@@ -175,6 +177,7 @@ def _first(reasons: list[str] | None) -> str:
 
 
 def _driven(lines: list[str]) -> str:
+    everything = [line.partition(" driven: ok")[0].strip() for line in lines if " driven: ok" in line]
     driven = next((line for line in lines if " driven: ok" in line), "")
     if driven:
         label, _, detail = driven.partition(" driven: ok")
@@ -184,6 +187,7 @@ def _driven(lines: list[str]) -> str:
         text += f" ({level.group(1)} config)" if level else ""
         # how the check reached SDPA, and what it could not cover, belong beside the verdict
         notes = [part.strip() for part in detail.split(";")[3:]]
+        notes += [f"also {label}" for label in everything[1:]]  # classes driven for attention the first did not call
         return "; ".join([text] + notes)
     base = lines[0].split("[", 1)[0] if lines else ""
     return f"{base} on token ids" if base else ""
