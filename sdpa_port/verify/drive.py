@@ -463,10 +463,19 @@ def _drive_at(candidate: Candidate, config: Any, level: Level, tried: list[str])
                 tried.append(f"[{level.name}] gain {gain}: {_short(error)}")
                 break
             if finite(output):
-                return Driven(config, level, gain, plan, {k: v.clone() for k, v in model.state_dict().items()})
+                state = {k: v.clone() for k, v in model.state_dict().items()}
+                return Driven(config, level, gain, plan, state, notes=_config_notes(candidate, config))
             tried.append(f"[{level.name}] {plan.description}: non-finite outputs at gain {gain}")
         return None  # this layout runs but never finitely: a smaller config will not help either
     return None
+
+
+def _config_notes(candidate: Candidate, config: Any) -> list[str]:
+    """What the check changed in the config beyond sizes, for the report."""
+    default = candidate.config_class()
+    if getattr(default, "use_timm_backbone", False) and getattr(config, "use_timm_backbone", True) is False:
+        return ["timm is not installed: the config's transformers backbone (use_timm_backbone=False)"]
+    return []
 
 
 # Fields some models read that their config classes do not define (checkpoints carry them in config.json): the
