@@ -26,7 +26,7 @@ def verify_port(input_path: Path, original_source: str, result: PortResult) -> V
     from sdpa_port.verify.auto import verify_pair
     from sdpa_port.verify.loader import load_source_in_package
 
-    package = f"transformers.models.{model_name(input_path)}"
+    package = package_of(input_path)
     with tempfile.TemporaryDirectory(prefix="sdpa-port-verify-") as directory:
         try:
             original = load_source_in_package(original_source, package, Path(directory), f"{input_path.stem}_original")
@@ -35,6 +35,17 @@ def verify_port(input_path: Path, original_source: str, result: PortResult) -> V
         except Exception as error:  # an import or run failure of user code is a failed verification
             return Verification(False, (f"could not run the checks: {type(error).__name__}: {error}",))
     return Verification(all(c.passed for c in checks), tuple(str(c) for c in checks))
+
+
+def package_of(input_path: Path) -> str:
+    """The transformers package a modeling file belongs to: its folder under `models/` (a model folder may hold
+    several modeling files, e.g. blip/modeling_blip_text.py), else the model named by the file."""
+    folder = input_path.parent
+    if folder.parent.name == "models":
+        return f"transformers.models.{folder.name}"
+    if folder.parent.name == "deprecated" and folder.parent.parent.name == "models":
+        return f"transformers.models.deprecated.{folder.name}"
+    return f"transformers.models.{model_name(input_path)}"
 
 
 def write_parity_test(input_path: Path, written: Path, result: PortResult, tests_dir: Path | None) -> Path | None:

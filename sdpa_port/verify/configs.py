@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 HIDDEN = 32
@@ -65,3 +66,207 @@ def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> 
     for name, value in (overrides or {}).items():
         setattr(config, name, value)
     return config
+
+
+# ------------------------------------------------------------------ configs for models driven by other inputs
+
+IMAGE = 64  # pixels a side, or four patches a side when patches are larger
+FRAMES = 4  # video frames (two tubelets where frames are grouped)
+CONV_LAYERS = 2  # convolutional feature encoders of audio models keep their first layers
+CONV_WIDTH = 32
+SPECTROGRAM_LENGTH = 64
+MEL_BINS = 32
+PREDICTION = 4  # time series: prediction length, and context length where the config leaves it unset
+CONTEXT = 8
+_CONV_STACKS = ("conv_dim", "conv_kernel", "conv_stride")
+_LIST_WIDTHS = re.compile(r"^(hidden_sizes|embed_dims?|hidden_dims|dims|channels|neck_hidden_sizes)$")
+_LIST_HEADS = re.compile(r"^(num_attention_heads|num_heads|heads)$")
+_LIST_DEPTHS = re.compile(r"^(depths|num_layers|layers)$")
+
+
+@dataclass(frozen=True)
+class Level:
+    """How far a config is shrunk for a model driven by images, audio or series; the driver tries them in order."""
+
+    name: str
+    scalars: bool = True  # widths, depths and heads given as integers (shrink_fields)
+    inputs: bool = True  # frames, convolution stacks, spectrogram and series lengths
+    spatial: bool = True  # image sizes
+    lists: bool = True  # per-stage widths, depths and heads of hierarchical backbones
+    width: int = 1  # widths times this (some models derive sizes that vanish at width 32, e.g. BROS's box embedding)
+    projections: bool = False  # projection sizes too (CLVP sizes rotary embeddings from them; X-CLIP ties them)
+
+
+LEVELS = (
+    Level("tiny"),
+    Level("tiny, projections shrunk", projections=True),
+    Level("small", width=4, projections=True),
+    Level("tiny, per-stage sizes kept", lists=False),
+    Level("tiny, image size kept", lists=False, spatial=False),
+    Level("default sizes", scalars=False, inputs=False, spatial=False, lists=False),
+)
+
+
+def input_fields(fields: dict[str, Any], level: Level, timm_available: bool = True) -> dict[str, Any]:
+    """Changes to one config level (name -> value) that keep a non-text model small and runnable, with the
+    `flag_fields` that matter at every level."""
+    values = flag_fields(fields, timm_available)
+    if level.inputs:
+        values.update(_input_sizes(fields))
+    if level.spatial:
+        values.update(_spatial(fields))
+    if level.lists:
+        values.update(_stage_lists(fields))
+    return values
+
+
+def flag_fields(fields: dict[str, Any], timm_available: bool = True) -> dict[str, Any]:
+    """Settings a check needs whatever the sizes: no pretrained backbone is ever loaded (nothing is downloaded);
+    attention weights are not requested (they force the eager fallback: ERNIE-M asks for them by default); a timm
+    backbone is replaced by the transformers one the config also offers when timm is not installed; a model that
+    needs a default language gets the first of its configured languages (X-MOD)."""
+    values: dict[str, Any] = {}
+    if fields.get("use_pretrained_backbone"):
+        values["use_pretrained_backbone"] = False
+    if fields.get("output_attentions"):
+        values["output_attentions"] = False
+    if fields.get("use_timm_backbone") and not timm_available:
+        values["use_timm_backbone"] = False
+        if fields.get("backbone") is not None and fields.get("backbone_config") is None:
+            values["backbone"] = None  # the config then builds its default transformers backbone
+    languages = fields.get("languages")
+    if "default_language" in fields and fields["default_language"] is None and isinstance(languages, (list, tuple)) and languages:
+        values["default_language"] = languages[0]
+    return values
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _input_sizes(fields: dict[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    featmap = fields.get("backbone_featmap_shape")
+    if isinstance(featmap, (list, tuple)) and len(featmap) == 4 and _int(featmap[-1]) and _int(fields.get("image_size")):
+        # hybrid ViTs size their patch grid from this feature map of a BiT backbone, whose output stride is 16 (a
+        # fact of the backbone, not in the config); ViT-hybrid's default config pairs a 24x24 map with 224 pixels
+        values["image_size"] = int(featmap[-1]) * 16
+    frames, tubelet = fields.get("num_frames"), fields.get("tubelet_size")
+    if _int(frames):
+        step = tubelet[0] if isinstance(tubelet, (list, tuple)) else tubelet
+        wanted = 2 * step if _int(step) and step > 1 else FRAMES
+        if frames > wanted:
+            values["num_frames"] = wanted
+    stacks = [fields.get(name) for name in _CONV_STACKS]
+    if all(isinstance(s, (list, tuple)) for s in stacks) and len({len(s) for s in stacks}) == 1 and len(stacks[0]) > CONV_LAYERS:
+        values["conv_dim"] = [min(int(d), CONV_WIDTH) for d in stacks[0][:CONV_LAYERS]]
+        values["conv_kernel"] = list(stacks[1][:CONV_LAYERS])
+        values["conv_stride"] = list(stacks[2][:CONV_LAYERS])
+        if _int(fields.get("num_feat_extract_layers")):
+            values["num_feat_extract_layers"] = CONV_LAYERS
+    if _int(fields.get("num_conv_pos_embeddings")) and fields["num_conv_pos_embeddings"] > 16:
+        values["num_conv_pos_embeddings"] = 16
+    if _int(fields.get("conv_channels")) and fields["conv_channels"] > 2 * CONV_WIDTH:
+        values["conv_channels"] = 2 * CONV_WIDTH
+    if _int(fields.get("num_mel_bins")) and _int(fields.get("max_length")) and fields["max_length"] > SPECTROGRAM_LENGTH:
+        # a fixed-length spectrogram (its patches are position-embedded): shorter, with fewer bins
+        values["max_length"] = SPECTROGRAM_LENGTH
+        values["num_mel_bins"] = min(fields["num_mel_bins"], MEL_BINS)
+    if "prediction_length" in fields and (fields["prediction_length"] is None or fields["prediction_length"] > 4 * PREDICTION):
+        values["prediction_length"] = PREDICTION
+    if "context_length" in fields and fields["context_length"] is None:
+        values["context_length"] = CONTEXT
+    return values
+
+
+def _spatial(fields: dict[str, Any]) -> dict[str, Any]:
+    if fields.get("backbone_featmap_shape"):
+        return {}  # the image size follows the feature map (see _input_sizes)
+    patch = fields.get("patch_size")
+    step = patch[0] if isinstance(patch, (list, tuple)) and patch and _int(patch[0]) else patch
+    wanted = max(4 * step, IMAGE) if _int(step) else IMAGE
+    values: dict[str, Any] = {}
+    for name in ("image_size", "max_img_size"):  # TVP pads its frames to max_img_size
+        size = fields.get(name)
+        if _int(size) and size > wanted:
+            values[name] = wanted
+        elif isinstance(size, (list, tuple)) and len(size) == 2 and all(_int(s) for s in size) and max(size) > wanted:
+            values[name] = [wanted, wanted]
+    if values.get("max_img_size") and _int(fields.get("visual_prompt_size")):
+        values["visual_prompt_size"] = min(fields["visual_prompt_size"], wanted // 8)  # a frame around the image
+    return values
+
+
+def _stage_lists(fields: dict[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    # group normalisation needs widths divisible by its groups
+    floor = max(16, fields["num_groups"]) if _int(fields.get("num_groups")) else 16
+    for name, value in fields.items():
+        if not (isinstance(value, (list, tuple)) and value and all(_int(v) for v in value)):
+            continue
+        if _LIST_WIDTHS.match(name) and min(value) > floor:
+            factor = min(value) // floor
+            values[name] = [max(v // factor, 1) for v in value]
+        elif _LIST_HEADS.match(name):
+            values[name] = [min(v, 2) for v in value]
+        elif _LIST_DEPTHS.match(name):
+            values[name] = [min(v, 1) for v in value]
+    return values
+
+
+def level_kwargs(config_dict: dict[str, Any], level: Level, timm_available: bool = True) -> dict[str, Any]:
+    """Keyword arguments that rebuild a config (given as `to_dict()`) at `level`.
+
+    Top-level fields are passed only where they change, so values the config derives in `__init__` are derived
+    again; sub-configs (dicts with a `model_type`) are passed whole with their changes, since a composite config's
+    defaults for them may differ from the sub-config class's own.
+    """
+    top = {k: v for k, v in config_dict.items() if not _is_sub_config(v)}
+    kwargs = _changes(top, level, timm_available)
+    for name, value in config_dict.items():
+        if _is_sub_config(value):
+            changed = level_kwargs(value, level, timm_available)
+            if changed:
+                kwargs[name] = {**value, **changed}
+    return kwargs
+
+
+def _changes(fields: dict[str, Any], level: Level, timm_available: bool) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if level.scalars:
+        shrunk = shrink_fields(fields)
+        if level.width > 1:
+            for name, value in shrunk.items():
+                if _HIDDEN_NAMES.match(name) or _FFN_NAMES.match(name) or name in ("d_kv", "rotary_dim"):
+                    shrunk[name] = value * level.width
+        for name in ("attention_head_dim", "head_dim"):  # per-head width given apart from the hidden size (M-CTC-T)
+            if _int(fields.get(name)) and fields[name] > HIDDEN * level.width // HEADS:
+                shrunk[name] = HIDDEN * level.width // HEADS
+        if level.projections and _int(fields.get("projection_dim")) and fields["projection_dim"] > HIDDEN * level.width:
+            shrunk["projection_dim"] = HIDDEN * level.width  # some models size rotary embeddings from it (CLVP)
+        values.update({k: v for k, v in shrunk.items() if fields.get(k, object()) != v})
+        values.update(_backbone_stages(fields, values))
+    values.update(input_fields(fields, level, timm_available))
+    return values
+
+
+def _backbone_stages(fields: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """A backbone whose stages are its layers (a ViT backbone) keeps as many output stages as before, the last ones,
+    when its depth shrinks: `out_features` naming stage 24 of a two-layer model is rejected."""
+    layers, indices, names = values.get("num_hidden_layers"), fields.get("out_indices"), fields.get("stage_names")
+    if not (_int(layers) and isinstance(indices, (list, tuple)) and indices and isinstance(names, (list, tuple))):
+        return {}
+    if len(names) != fields.get("num_hidden_layers", -1) + 1:
+        return {}  # stages are not layers (ResNet, Swin): their names do not change with the depth
+    depth = max(layers, len(indices))
+    chosen = list(range(depth - len(indices) + 1, depth + 1))
+    return {
+        "num_hidden_layers": depth,
+        "out_indices": chosen,
+        "out_features": [f"stage{i}" for i in chosen],
+        "stage_names": ["stem"] + [f"stage{i}" for i in range(1, depth + 1)],
+    }
+
+
+def _is_sub_config(value: Any) -> bool:
+    return isinstance(value, dict) and "model_type" in value

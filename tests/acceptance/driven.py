@@ -1,0 +1,57 @@
+"""Shared steps of the tests that drive models by their forward signature and config (verify/drive.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import load, modeling_path, original, sabotage, sabotage_interface
+
+from sdpa_port import Status, port_source
+
+
+def port_for_kind(model: str, kinds: str) -> str:
+    """The port of `model`; fails saying so when the tool no longer ports it (the test then needs another model
+    of the same input kind), never skips."""
+    result = port_source(modeling_path(model).read_text(encoding="utf-8"), filename=f"modeling_{model}.py")
+    if result.status is not Status.PORTED:
+        reasons = "; ".join(result.reasons[:2]) or result.detail
+        pytest.fail(
+            f"{model} is no longer ported ({result.status.value}: {reasons}); this test needs a ported model taking "
+            f"{kinds}: choose another one"
+        )
+    return result.source
+
+
+def verify(model: str, source: str, directory: Path, tag: str = "driven"):  # type: ignore[no-untyped-def]
+    from sdpa_port.verify.auto import verify_pair
+
+    return verify_pair(original(model), load(model, source, directory, tag))
+
+
+def assert_driven_and_passed(checks, kinds: str) -> None:  # type: ignore[no-untyped-def]
+    lines = [str(c) for c in checks]
+    driven = [c for c in checks if c.name.endswith(" driven")]
+    assert driven, "\n".join(lines)
+    assert f"[{kinds}]" in driven[0].name, "\n".join(lines)
+    failed = [str(c) for c in checks if not c.passed]
+    assert not failed, "\n".join(failed)
+    executed = [c for c in checks if c.name.endswith("sdpa executed")]
+    assert executed and all(c.passed for c in executed), "\n".join(lines)
+    compared = [c for c in checks if c.name.endswith("sdpa == eager")]
+    assert compared and all(c.max_diff is not None for c in compared), "\n".join(lines)
+
+
+def broken(model: str, source: str, kind: str) -> str:
+    interface = "attention_interface(" in source and "ALL_ATTENTION_FUNCTIONS" in source
+    return sabotage_interface(source, kind) if interface else sabotage(source, kind)
+
+
+def assert_sabotage_seen(checks, padded_only: bool = False) -> None:  # type: ignore[no-untyped-def]
+    lines = "\n".join(str(c) for c in checks)
+    assert not any(c.name == "not verified" for c in checks), lines
+    failed = [c for c in checks if c.name.endswith("sdpa == eager") and not c.passed]
+    assert failed, f"the sabotage went unnoticed:\n{lines}"
+    if padded_only:
+        assert all("unpadded" not in c.name for c in failed), lines

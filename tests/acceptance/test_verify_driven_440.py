@@ -1,0 +1,123 @@
+"""`--verify` drives 4.40.2 models by their forward signature and config: audio, mel features, boxes, region
+features, video, time series, ids with pixels; and says plainly when it cannot."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from driven import assert_driven_and_passed, assert_sabotage_seen, broken, port_for_kind, verify
+
+pytestmark = pytest.mark.tf440
+
+# one ported model per input kind; the bracket in the check names lists the kinds the harness built
+CASES = {
+    "wav2vec2": "audio",  # raw input_values sized from the convolution strides, padded by attention_mask
+    "audio_spectrogram_transformer": "spectrogram",  # input_values as a fixed-length spectrogram
+    "speech_to_text": "features+text",  # input_features and decoder_input_ids
+    "bros": "text+boxes",  # bbox
+    "lxmert": "text+regions",  # visual_feats, visual_pos
+    "videomae": "video",  # (batch, frames, channels, height, width)
+    "patchtst": "time-series",  # past_values, past_observed_mask, future_values
+    "time_series_transformer": "time-series",  # past and future values and time features, lags
+    "vilt": "text+image",  # ids and pixels
+    "detr": "image",  # a transformers backbone where timm is missing
+    "vit_mae": "image",  # random masking, drawn alike in every model
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("driven440")
+
+
+@pytest.mark.parametrize("model", CASES)
+def test_driven_models_verify(model: str, workdir: Path) -> None:
+    source = port_for_kind(model, CASES[model])
+    assert_driven_and_passed(verify(model, source, workdir), CASES[model])
+
+
+@pytest.mark.parametrize(
+    "model,kind",
+    [
+        ("wav2vec2", "scale"),
+        ("wav2vec2", "mask"),
+        ("speech_to_text", "scale"),
+        ("speech_to_text", "mask"),
+        ("bros", "scale"),
+        ("lxmert", "scale"),
+        ("videomae", "scale"),
+        ("patchtst", "scale"),
+        ("time_series_transformer", "scale"),
+        ("vilt", "mask"),
+        ("detr", "scale"),
+    ],
+)
+def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> None:
+    """A halved scale, or a dropped mask on padded inputs, fails the check of every new input kind."""
+    source = broken(model, port_for_kind(model, CASES[model]), kind)
+    assert_sabotage_seen(verify(model, source, workdir, f"sabotage_{kind}"))
+
+
+@pytest.mark.parametrize("model,package", [("layoutlmv2", "detectron2"), ("deta", "torchvision")])
+def test_a_missing_package_is_named_and_never_a_pass(model: str, package: str, workdir: Path) -> None:
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed here")
+    checks = verify(model, port_for_kind(model, "a missing package"), workdir)
+    assert len(checks) == 1 and not checks[0].passed, checks
+    assert str(checks[0]).startswith("not verified: "), str(checks[0])
+    assert f"needs {package}" in str(checks[0]).lower(), str(checks[0])
+
+
+@pytest.mark.parametrize("model", ["ernie_m", "mask2former"])
+def test_sdpa_never_reached_is_a_failure_that_says_why(model: str, workdir: Path) -> None:
+    """ERNIE-M's layers and Mask2Former's decoder layers ask their attention for weights on every call."""
+    checks = verify(model, port_for_kind(model, "tokens or pixels"), workdir)
+    executed = [c for c in checks if c.name.endswith("sdpa executed")]
+    assert executed and not any(c.passed for c in executed), [str(c) for c in checks]
+    assert "always with output_attentions=True" in executed[0].detail, executed[0]
+
+
+def test_verify_port_loads_a_second_file_of_a_model_folder(workdir: Path) -> None:
+    """verify_port (what --verify runs) loads data2vec/modeling_data2vec_audio.py inside transformers.models.data2vec
+    and passes the lines on."""
+    from harness import modeling_path
+
+    from sdpa_port import port_source
+    from sdpa_port.edge.after_port import verify_port
+
+    path = modeling_path("hubert").parents[1] / "data2vec" / "modeling_data2vec_audio.py"
+    source = path.read_text(encoding="utf-8")
+    report = verify_port(path, source, port_source(source, filename=str(path)))
+    assert report.passed, report.lines
+    assert any("Data2VecAudioModel[audio] driven: ok" in line for line in report.lines), report.lines
+
+
+def test_a_worker_dying_while_verifying_is_an_error_for_that_file_only(tmp_path: Path) -> None:
+    """A modeling file that kills its process when executed (as the OOM killer would): --verify executes it in a
+    worker; that file is an error, the batch goes on and verifies the others. (Run through the command line, as
+    the census does: the batch pool forks, which a test process that imported torch must not do.)"""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from harness import modeling_path
+
+    for model, tail in (("bert", "\nimport os\nos._exit(9)\n"), ("hubert", ""), ("vit", "")):
+        folder = tmp_path / "models" / model
+        folder.mkdir(parents=True)
+        (folder / f"modeling_{model}.py").write_text(modeling_path(model).read_text(encoding="utf-8") + tail)
+    root = Path(__file__).resolve().parents[2]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "sdpa_port", str(tmp_path / "models"), "--verify", "--check", "--json", "--jobs", "2"]
+    run = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600)
+    records = {Path(r["path"]).parent.name: r for r in map(json.loads, run.stdout.splitlines())}
+    assert records["bert"]["status"] == "error", records["bert"]
+    assert "the worker process died" in records["bert"]["reasons"][0]
+    for model in ("hubert", "vit"):
+        assert records[model]["status"] == "ported" and records[model]["verified"] is True, records[model]
+        assert any("driven: ok" in line for line in records[model]["verification"])
+    assert run.returncode == 2  # an error among the outcomes

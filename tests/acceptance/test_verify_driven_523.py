@@ -1,0 +1,68 @@
+"""`--verify` drives 5.23.0 models by their forward signature and config: boxes, region features, video, time
+series, ids with pixels or video; and says plainly when it cannot."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from driven import assert_driven_and_passed, assert_sabotage_seen, broken, port_for_kind, verify
+
+pytestmark = pytest.mark.tf523
+
+CASES = {
+    "bros": "text+boxes",  # bbox; BROS needs the wider "small" config level
+    "lxmert": "text+regions",  # visual_feats, visual_pos
+    "timesformer": "video",
+    "patchtsmixer": "time-series",  # attention is off at its defaults: the check switches self_attn on
+    "vilt": "text+image",
+    "tvp": "text+video",  # one example per batch; its ResNet backbone has no SDPA
+    "blip": "text+image",  # its text model (another file) has no SDPA
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("driven523")
+
+
+@pytest.mark.parametrize("model", CASES)
+def test_driven_models_verify(model: str, workdir: Path) -> None:
+    source = port_for_kind(model, CASES[model])
+    assert_driven_and_passed(verify(model, source, workdir), CASES[model])
+
+
+def test_attention_switched_on_by_a_config_flag_is_said(workdir: Path) -> None:
+    checks = verify("patchtsmixer", port_for_kind("patchtsmixer", "time-series"), workdir, "flag")
+    assert "config self_attn=True" in checks[0].detail, checks[0]
+
+
+@pytest.mark.parametrize(
+    "model,kind",
+    [("bros", "scale"), ("lxmert", "scale"), ("timesformer", "scale"), ("patchtsmixer", "scale"), ("vilt", "attn_mask"), ("tvp", "scale")],
+)
+def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> None:
+    """A halved scale, or a mask withheld from SDPA, fails the check of every new input kind."""
+    source = broken(model, port_for_kind(model, CASES[model]), kind)
+    assert_sabotage_seen(verify(model, source, workdir, f"sabotage_{kind}"))
+
+
+@pytest.mark.parametrize("model,package", [("layoutlmv2", "detectron2"), ("table_transformer", "timm")])
+def test_a_missing_package_is_named_and_never_a_pass(model: str, package: str, workdir: Path) -> None:
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed here")
+    checks = verify(model, port_for_kind(model, "a missing package"), workdir)
+    assert len(checks) == 1 and not checks[0].passed, checks
+    assert str(checks[0]).startswith("not verified: "), str(checks[0])
+    assert f"needs {package}" in str(checks[0]).lower(), str(checks[0])
+
+
+def test_sdpa_calls_of_other_files_do_not_count_for_the_port(workdir: Path) -> None:
+    """ZoeDepth's BEiT backbone runs SDPA; the ported patch-transformer attention is not built at the defaults (one
+    bin configuration): the check fails and says so, and says the output difference comes from the backbone."""
+    checks = verify("zoedepth", port_for_kind("zoedepth", "pixels"), workdir)
+    executed = [c for c in checks if c.name.endswith("sdpa executed")]
+    assert executed and not executed[0].passed, [str(c) for c in checks]
+    assert "0 from the port's attention" in executed[0].detail and "ZoeDepthSdpaMultiheadAttention" in executed[0].detail
