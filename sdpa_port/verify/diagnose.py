@@ -118,5 +118,5 @@ class PortCalls:
         functional.scaled_dot_product_attention = counted
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *_: Any) -> None:
         self._functional.scaled_dot_product_attention = self._original

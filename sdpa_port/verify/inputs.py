@@ -76,9 +76,6 @@ class ConfigView:
                     return value
         return default
 
-    def has(self, name: str, prefer: str | None = None) -> bool:
-        return self.get((name,), prefer) is not None
-
     def _order(self, prefer: str | None) -> Iterable[Mapping[str, Any]]:
         preferred = [self.subs[n] for n in SUB_CONFIG_ORDER.get(prefer or "", ()) if n in self.subs]
         yield from preferred

@@ -41,7 +41,7 @@ def test_the_input_planning_imports_no_torch() -> None:
 
 def test_describe_reads_names_and_required_arguments() -> None:
     def forward(self, pixel_values, input_ids=None, *args, **kwargs):  # type: ignore[no-untyped-def]
-        pass
+        return pixel_values, input_ids
 
     assert describe(forward) == (Param("pixel_values", True), Param("input_ids", False))
 
