@@ -149,9 +149,47 @@ def one_per_line(call: cst.Call) -> cst.Call:
     closing = cst.ParenthesizedWhitespace(
         first_line=cst.TrailingWhitespace(newline=cst.Newline()), indent=True, last_line=cst.SimpleWhitespace("")
     )
-    args = [arg.with_changes(comma=cst.Comma(whitespace_after=opening)) for arg in call.args[:-1]]
-    args.append(call.args[-1].with_changes(comma=cst.Comma(whitespace_after=closing)))
+    flat = [arg.with_changes(whitespace_after_arg=cst.SimpleWhitespace("")) for arg in call.args]
+    args = [arg.with_changes(comma=cst.Comma(whitespace_after=opening)) for arg in flat[:-1]]
+    args.append(flat[-1].with_changes(comma=cst.Comma(whitespace_after=closing)))
     return call.with_changes(whitespace_before_args=opening, args=args)
+
+
+def hugged(call: cst.Call) -> cst.Call:
+    """`f(a, b=1)` with its arguments on one line indented below the statement and the closing parenthesis on a
+    line of its own: the layout ruff and black try before one argument per line."""
+    if not call.args:
+        return call
+    opening = cst.ParenthesizedWhitespace(
+        first_line=cst.TrailingWhitespace(newline=cst.Newline()), indent=True, last_line=cst.SimpleWhitespace("    ")
+    )
+    closing = cst.ParenthesizedWhitespace(
+        first_line=cst.TrailingWhitespace(newline=cst.Newline()), indent=True, last_line=cst.SimpleWhitespace("")
+    )
+    last = call.args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=closing)
+    return call.with_changes(whitespace_before_args=opening, args=[*call.args[:-1], last])
+
+
+LINE_LENGTH = 119  # transformers' ruff line length
+
+
+def fits(statement: cst.BaseStatement, indent: int, limit: int = LINE_LENGTH) -> bool:
+    """Every line of `statement`, placed `indent` columns in, stays within `limit` columns."""
+    return all(indent + len(line) <= limit for line in code(statement).splitlines())
+
+
+def lay_out_call(
+    statement: cst.BaseStatement, call: cst.Call, indent: int, limit: int = LINE_LENGTH
+) -> cst.BaseStatement:
+    """`statement` with `call` (a node inside it) laid out as ruff format would: on one line when the statement
+    fits, else its arguments on one indented line, else one argument per line."""
+    for layout in (hugged, one_per_line):
+        if fits(statement, indent, limit):
+            break
+        laid = layout(call)
+        candidate = replace_nodes(statement, {call: laid})
+        statement, call = candidate, laid
+    return statement
 
 
 def replace_names(node: cst.CSTNode, mapping: Mapping[str, cst.BaseExpression]):  # type: ignore[no-untyped-def]

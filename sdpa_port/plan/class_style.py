@@ -25,7 +25,7 @@ from sdpa_port.plan.gate import authors_refusal, selection_refusals
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.render import render_module
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
-from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register
+from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register, sub_models
 from sdpa_port.rewrite.sdpa_body import MaskContract
 from sdpa_port.rewrite.sdpa_forward import ForwardPlan, build_sdpa_forward
 
@@ -282,6 +282,9 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
     for name in plan.flag_classes:
         module = flags.set_class_flag(module, [name], "_supports_sdpa")
         notes.append(f"{name}._supports_sdpa = True")
+    models = frozenset(n for n in facts.classes if facts.is_subclass(n, "PreTrainedModel"))
+    module, passed = sub_models.pass_implementation(module, models, models)
+    notes.extend(passed)
     module = imports.add_imports(module, facts.imports, needed)
     return module, notes
 

@@ -8,8 +8,9 @@ import textwrap
 import libcst as cst
 import pytest
 
+from sdpa_port.analyse.cstutil import lay_out_call
 from sdpa_port.analyse.names import ImportMap
-from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register
+from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register, sub_models
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.rewrite.specialise import Known, specialise
 
@@ -286,3 +287,71 @@ def test_primary_receivers(node: str, expected: str) -> None:
     from sdpa_port.analyse.cstutil import primary
 
     assert code(cst.Attribute(value=primary(cst.parse_expression(node)), attr=cst.Name("to"))) == expected
+
+
+# ---------------------------------------------------------------- sub-models
+
+
+def test_sub_models_built_with_the_parents_implementation() -> None:
+    module = cst.parse_module(
+        src(
+            """
+            class Outer(PreTrainedModel):
+                def __init__(self, config):
+                    super().__init__(config)
+                    self.text = TextModel(config.text_config)
+                    self.same = TextModel(config)
+                    self.own = TextModel(self.config)
+                    self.other = Unknown(config.text_config)
+                    if config.vision_config is not None:
+                        self.a_much_longer_attribute_name_for_the_vision_tower = VisionModelWithAVeryLongName(config.vision_config)
+
+                def forward(self, config):
+                    return TextModel(config.text_config)
+
+            class Plain(nn.Module):
+                def __init__(self, config):
+                    self.text = TextModel(config.text_config)
+            """
+        )
+    )
+    after, notes = sub_models.pass_implementation(
+        module, frozenset({"Outer"}), frozenset({"TextModel", "VisionModelWithAVeryLongName"})
+    )
+    assert after.code == src(
+        """
+        class Outer(PreTrainedModel):
+            def __init__(self, config):
+                super().__init__(config)
+                self.text = TextModel._from_config(config.text_config, attn_implementation=config._attn_implementation)
+                self.same = TextModel(config)
+                self.own = TextModel(self.config)
+                self.other = Unknown(config.text_config)
+                if config.vision_config is not None:
+                    self.a_much_longer_attribute_name_for_the_vision_tower = VisionModelWithAVeryLongName._from_config(
+                        config.vision_config, attn_implementation=config._attn_implementation
+                    )
+
+            def forward(self, config):
+                return TextModel(config.text_config)
+
+        class Plain(nn.Module):
+            def __init__(self, config):
+                self.text = TextModel(config.text_config)
+        """
+    )
+    assert notes == ["Outer builds TextModel with its own attention implementation"] + [
+        "Outer builds VisionModelWithAVeryLongName with its own attention implementation"
+    ]
+
+
+def test_lay_out_call_tries_one_line_then_hugged_then_one_per_line() -> None:
+    def laid(width: int) -> str:
+        statement = cst.parse_statement("x = f(alpha, beta=gamma)\n")
+        assert isinstance(statement, cst.SimpleStatementLine)
+        call = statement.body[0].value  # type: ignore[attr-defined]
+        return code(lay_out_call(statement, call, indent=0, limit=width))
+
+    assert laid(40) == "x = f(alpha, beta=gamma)\n"
+    assert laid(21) == "x = f(\n    alpha, beta=gamma\n)\n"
+    assert laid(20) == "x = f(\n    alpha,\n    beta=gamma,\n)\n"
