@@ -121,3 +121,19 @@ def test_a_worker_dying_while_verifying_is_an_error_for_that_file_only(tmp_path:
         assert records[model]["status"] == "ported" and records[model]["verified"] is True, records[model]
         assert any("driven: ok" in line for line in records[model]["verification"])
     assert run.returncode == 2  # an error among the outcomes
+
+
+@pytest.mark.parametrize("model", ["align", "clvp"])
+def test_composite_models_built_eager_run_no_sdpa_inside(
+    model: str, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A composite model builds its sub-models from sub-configs; each must take the parent's implementation (a
+    sub-model built on its own picks SDPA once its class supports it). Without the pass that hands it on, the
+    eager build of the port runs SDPA and verification fails."""
+    from sdpa_port.rewrite import sub_models
+
+    assert all(c.passed for c in verify(model, port_for_kind(model, "sub-configs"), workdir))
+    monkeypatch.setattr(sub_models, "pass_implementation", lambda module, composites, built: (module, []))
+    checks = verify(model, port_for_kind(model, "sub-configs"), workdir, "without_pass")
+    failed = [str(c) for c in checks if not c.passed]
+    assert failed and any("eager" in line for line in failed), [str(c) for c in checks]
