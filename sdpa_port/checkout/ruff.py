@@ -45,11 +45,13 @@ class Review:
     def clean(self) -> bool:
         return not self.findings and not self.reformatted
 
-    def lines(self) -> list[str]:
-        out = [f"{self.path}:{f}" for f in self.findings]
+    def lines(self, named: bool = True) -> list[str]:
+        """One line per finding (`path:line: CODE message`), and one for formatting; `named=False` drops the path."""
+        where = f"{self.path}:" if named else "line "
+        out = [f"{where}{f}" for f in self.findings]
         if self.reformatted:
             shown = ", ".join(str(n) for n in self.reformatted[:12]) + (" ..." if len(self.reformatted) > 12 else "")
-            out.append(f"{self.path}: ruff format would change line(s) {shown}")
+            out.append(f"{self.path + ': ' if named else ''}ruff format would change line(s) {shown}")
         return out
 
 

@@ -35,6 +35,10 @@ class Outcome:
     tests: Path | None = None
     verification: tuple[str, ...] = ()
     verify_failed: bool = False
+    original: str = field(default="", repr=False)  # the text before the port, when it was written
+    # "port" (asked for), "family" (ported because it copies ported code), "copies" (copies follow ported code)
+    kind: str = "port"
+    context: tuple[str, ...] = ()  # what the checkout step did in this file
 
     @property
     def status(self) -> Status:
@@ -100,7 +104,7 @@ def process(target: Target, options: RunOptions) -> Outcome:
         except OSError as error:
             message = f"{destination}: cannot write: {error.strerror or error}"
             return Outcome(path, PortResult(Status.ERROR, source, result.style, "write failed", reasons=(message,)), error=message)
-    return Outcome(path, result, written, diff, tests=tests, verification=verification)
+    return Outcome(path, result, written, diff, tests=tests, verification=verification, original=source if written else "")
 
 
 def unified_diff(before: str, after: str, name: str) -> str:
@@ -124,7 +128,8 @@ def run(
     """
     targets = list(targets)
     workers = min(jobs or available_cores(), len(targets))
-    in_order = _InOrder(progress)
+    checkout_step = options.write and options.output is None and _any_in_checkout(targets)
+    in_order = _InOrder(None if checkout_step else progress)
 
     def finished(index: int, outcome: Outcome) -> None:
         if advanced:
@@ -133,9 +138,35 @@ def run(
 
     work = partial(process, options=options)
     if workers <= 1:
-        return Summary(run_here(work, targets, _crashed, finished))
-    longest_first = sorted(range(len(targets)), key=lambda index: -_size(targets[index].path))
-    return Summary(run_in_processes(work, targets, workers, _crashed, finished, order=longest_first))
+        outcomes = run_here(work, targets, _crashed, finished)
+    else:
+        longest_first = sorted(range(len(targets)), key=lambda index: -_size(targets[index].path))
+        outcomes = run_in_processes(work, targets, workers, _crashed, finished, order=longest_first)
+    if checkout_step:
+        # the tree around the ports is judged once every port is written; outcomes are reported after that
+        from sdpa_port.edge.checkout_step import after_ports
+
+        try:
+            outcomes = after_ports(outcomes, options)
+        except Exception as error:  # the ports are written; the step around them must not hide that
+            warning = f"the checkout step failed: {type(error).__name__}: {error}"
+            outcomes = [_warned(o, warning) if o.written else o for o in outcomes]
+        for outcome in outcomes:
+            if progress:
+                progress(outcome)
+    return Summary(outcomes)
+
+
+def _warned(outcome: Outcome, warning: str) -> Outcome:
+    from dataclasses import replace
+
+    return replace(outcome, result=replace(outcome.result, warnings=outcome.result.warnings + (warning,)))
+
+
+def _any_in_checkout(targets: list[Target]) -> bool:
+    from sdpa_port.checkout.context import root_of
+
+    return any(root_of(target.path) is not None for target in targets)
 
 
 def _crashed(target: Target, why: str) -> Outcome:
