@@ -10,6 +10,7 @@ from typing import Callable, Iterable
 
 from sdpa_port.api import NOT_MODELING, port_source
 from sdpa_port.edge.files import InputError, Target, atomic_write, read_source
+from sdpa_port.edge.modular_step import carry_into_modular, generated_from_modular, modular_source_of
 from sdpa_port.edge.pool import available_cores, run_here, run_in_processes
 from sdpa_port.result import PortResult, Status, Style
 
@@ -39,6 +40,7 @@ class Outcome:
     # "port" (asked for), "family" (ported because it copies ported code), "copies" (copies follow ported code)
     kind: str = "port"
     context: tuple[str, ...] = ()  # what the checkout step did in this file
+    companions: tuple[tuple[Path, str], ...] = ()  # other files written with it (a modular source), with their old text
 
     @property
     def status(self) -> Status:
@@ -66,10 +68,17 @@ class Summary:
 
 def process(target: Target, options: RunOptions) -> Outcome:
     path = target.path
+    # a modular file is ported through the file generated from it; a generated file's port is carried back into it
+    generated = generated_from_modular(path)
+    modular = path if generated is not None else None
+    if generated is not None:
+        path = generated
     try:
         source = read_source(path)
     except InputError as error:
         return Outcome(path, PortResult(Status.ERROR, "", None, "bad input", reasons=(str(error),)), error=str(error))
+    if modular is None:
+        modular = modular_source_of(path, source)
     try:
         result = port_source(source, style=options.style, filename=str(path))
     except RecursionError:
@@ -79,9 +88,15 @@ def process(target: Target, options: RunOptions) -> Outcome:
         result = PortResult(Status.ERROR, source, None, "internal error", reasons=(message,))
     if target.explicit and result.status is Status.UNCHANGED and result.detail == NOT_MODELING:
         result = PortResult(Status.ERROR, source, None, "bad input", reasons=(f"{path}: {NOT_MODELING}",))
+    carried: tuple[Path, str, str] | None = None  # (modular file, its text, its new text)
+    context: tuple[str, ...] = ()
+    if modular is not None and result.status is Status.PORTED:
+        result, carried, context = carry_into_modular(modular, source, result, asked_for_modular=generated is not None)
     diff = ""
     if options.want_diff and result.status is Status.PORTED:
         diff = unified_diff(source, result.source, str(path))
+        if carried is not None:
+            diff += unified_diff(carried[1], carried[2], str(carried[0]))
     verification: tuple[str, ...] = ()
     if options.verify and result.status is Status.PORTED:
         from sdpa_port.edge.after_port import verify_port
@@ -97,6 +112,8 @@ def process(target: Target, options: RunOptions) -> Outcome:
         try:
             atomic_write(destination, result.source)
             written = destination
+            if carried is not None and options.output is None:
+                atomic_write(carried[0], carried[2])
             if options.tests:
                 from sdpa_port.edge.after_port import write_parity_test
 
@@ -104,7 +121,17 @@ def process(target: Target, options: RunOptions) -> Outcome:
         except OSError as error:
             message = f"{destination}: cannot write: {error.strerror or error}"
             return Outcome(path, PortResult(Status.ERROR, source, result.style, "write failed", reasons=(message,)), error=message)
-    return Outcome(path, result, written, diff, tests=tests, verification=verification, original=source if written else "")
+    return Outcome(
+        path,
+        result,
+        written,
+        diff,
+        tests=tests,
+        verification=verification,
+        original=source if written else "",
+        context=context,
+        companions=((carried[0], carried[1]),) if carried is not None and written else (),
+    )
 
 
 def unified_diff(before: str, after: str, name: str) -> str:
