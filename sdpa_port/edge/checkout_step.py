@@ -8,6 +8,8 @@ edit is carried into its modular source. Everything written here goes through `a
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from sdpa_port.api import port_source
 from sdpa_port.checkout.context import Checkout, find_checkout
 from sdpa_port.checkout.copies import find_markers
 from sdpa_port.checkout.family import FamilyResult, Ported, keep_consistent
-from sdpa_port.checkout.ruff import Ruff, RuffError, find_ruff
+from sdpa_port.checkout.ruff import Ruff, RuffError, changed_lines, find_ruff
 from sdpa_port.checkout.tree import Directory, Overlay
 from sdpa_port.edge.files import atomic_write
 from sdpa_port.edge.runner import Outcome, RunOptions
@@ -84,7 +86,10 @@ def _one_checkout(
         extra_warnings = lost + (warnings if position == 0 else ())
         final = family.edits.get(path, outcome.result.source)
         warned = replace(outcome.result, source=final, warnings=outcome.result.warnings + extra_warnings)
-        result[index] = replace(outcome, result=warned, context=notes)
+        result[index] = replace(outcome, result=warned, context=outcome.context + notes)
+    if checkout.converter is not None:
+        for index in indexes:
+            result[index] = _regenerated(checkout, result[index])
     if ruff is not None:
         for index in indexes:
             result[index] = _reviewed(ruff, checkout, result[index])
@@ -94,6 +99,36 @@ def _one_checkout(
         first = result[indexes[0]]
         result[indexes[0]] = replace(first, result=replace(first.result, warnings=first.result.warnings + (message,)))
     return extra
+
+
+def _regenerated(checkout: Checkout, outcome: Outcome) -> Outcome:
+    """Run the checkout's modular converter on the modular file the port was carried into: it must give back the
+    ported generated file. A different file is put back to the port and reported."""
+    if not outcome.companions or outcome.written is None:
+        return outcome
+    modular = outcome.companions[0][0]
+    ported = outcome.written.read_text(encoding="utf-8")
+    converter = checkout.converter
+    assert converter is not None
+    option = "--files_to_parse" if "--files_to_parse" in converter.read_text(encoding="utf-8") else "--files"
+    command = [sys.executable, str(converter), option, checkout.relative(modular)]
+    try:
+        completed = subprocess.run(command, cwd=checkout.root, capture_output=True, text=True, timeout=600, check=False)
+        regenerated = outcome.written.read_text(encoding="utf-8")
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return _warn(outcome, f"could not run {converter.name}: {error}")
+    if completed.returncode == 0 and regenerated == ported:
+        return replace(outcome, context=outcome.context + (f"{converter.name} regenerates this port from {modular.name}",))
+    atomic_write(outcome.written, ported)
+    if completed.returncode != 0:
+        why = (completed.stderr or completed.stdout).strip().splitlines()[-1:] or ["no output"]
+        return _warn(outcome, f"{converter.name} failed on {modular.name}: {why[0]}")
+    lines = changed_lines(ported, regenerated)
+    return _warn(outcome, f"{converter.name} regenerates a different file from {modular.name} (lines {lines[:8]}); the port was kept")
+
+
+def _warn(outcome: Outcome, warning: str) -> Outcome:
+    return replace(outcome, result=replace(outcome.result, warnings=outcome.result.warnings + (warning,)))
 
 
 def _family_outcome(path: Path, original: str, text: str, notes: tuple[str, ...], options: RunOptions) -> Outcome:
@@ -124,6 +159,9 @@ def _reviewed(ruff: Ruff, checkout: Checkout, outcome: Outcome) -> Outcome:
     try:
         text = outcome.written.read_text(encoding="utf-8") if outcome.written else outcome.result.source
         lines.extend(ruff.review(checkout.relative(outcome.path), outcome.original, text).lines(named=False))
+        for companion, before in outcome.companions:
+            after = companion.read_text(encoding="utf-8")
+            lines.extend(ruff.review(checkout.relative(companion), before, after).lines())
         if outcome.tests is not None:
             test = outcome.tests.read_text(encoding="utf-8")
             lines.extend(ruff.review(checkout.relative(outcome.tests), None, test).lines())

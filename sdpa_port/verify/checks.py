@@ -80,9 +80,7 @@ def without_dropout(config: Any) -> Any:
 
 
 def build(model_class: type, config: Any, attn_implementation: str, dtype: torch.dtype = torch.float32) -> Any:
-    import transformers
-
-    dtype_argument = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    dtype_argument = "dtype" if transformers_major() >= 5 else "torch_dtype"
     arguments = {"attn_implementation": attn_implementation, dtype_argument: dtype}
     model = model_class._from_config(fresh(config), **arguments)
     model.eval()
@@ -196,7 +194,13 @@ def max_difference(a: Any, b: Any, batch: Batch, relative: bool = False) -> floa
 def attention_weights(output: Any) -> dict[str, tuple[torch.Tensor, ...]]:
     """Every attention-weight output: `attentions`, or `encoder_`/`decoder_`/`cross_attentions` of seq2seq models."""
     items = output.items() if hasattr(output, "items") else ()
-    return {key: value for key, value in items if key.endswith("attentions") and value is not None}
+    return {key: value for key, value in items if key.endswith("attentions") and value}
+
+
+def transformers_major() -> int:
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
 
 
 @contextlib.contextmanager
