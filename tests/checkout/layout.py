@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# the sdpa-port under test, wherever it is imported from here (an editable install or a worktree on sys.path)
+TOOL = str(Path(__import__("sdpa_port").__file__).resolve().parents[1])
 
 
 @dataclass
@@ -29,7 +31,7 @@ class Timings:
         completed = subprocess.run(
             command,
             cwd=cwd,
-            env={**os.environ, **OFFLINE, "PYTHONPATH": str(cwd / "src"), **(env or {})},
+            env={**os.environ, **OFFLINE, "PYTHONPATH": os.pathsep.join([str(cwd / "src"), TOOL]), **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import Session, build_session
+from judge import emitted_outcomes, expected_failures, new_findings, reformatted, stale_markers
 from layout import snapshot
 from sdpa_port.checkout.copies import check_tree
 from sdpa_port.checkout.tree import Directory, Overlay
@@ -36,10 +37,6 @@ PREEXISTING = {
 }
 
 
-def expected_failure(table: dict[str, str]) -> list:  # type: ignore[type-arg]
-    return [pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=table[m])) if m in table else m for m in MODELS]
-
-
 @pytest.fixture(scope="module")
 def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
     return build_session("4.40.2", MODELS, tmp_path_factory.mktemp("checkout440"), repo_tests=True)
@@ -55,16 +52,12 @@ def test_port_is_written_with_its_test(session: Session, model: str) -> None:
 
 @pytest.mark.parametrize("model", MODELS)
 def test_pinned_ruff_finds_nothing_new(session: Session, model: str, ruff_for) -> None:  # type: ignore[no-untyped-def]
-    ruff = ruff_for(session)
-    found = [line for path, (before, after) in session.changed_by(model).items() for line in ruff.review(path, before, after).lines() if "ruff format" not in line]
-    assert found == []
+    assert new_findings(session, model, ruff_for(session)) == []
 
 
-@pytest.mark.parametrize("model", expected_failure(ENGINE_FORMAT))
+@pytest.mark.parametrize("model", expected_failures(MODELS, ENGINE_FORMAT))
 def test_pinned_ruff_formats_nothing(session: Session, model: str, ruff_for) -> None:  # type: ignore[no-untyped-def]
-    ruff = ruff_for(session)
-    reformatted = {path: ruff.review(path, before, after).reformatted for path, (before, after) in session.changed_by(model).items()}
-    assert {path: lines for path, lines in reformatted.items() if lines} == {}
+    assert reformatted(session, model, ruff_for(session)) == {}
 
 
 def test_emitted_tests_are_formatted_even_where_the_port_is_not(session: Session, ruff_for) -> None:  # type: ignore[no-untyped-def]
@@ -74,7 +67,7 @@ def test_emitted_tests_are_formatted_even_where_the_port_is_not(session: Session
 
 
 def test_no_stale_copied_from_markers_anywhere(session: Session, ruff_for) -> None:  # type: ignore[no-untyped-def]
-    found = check_tree(Directory(session.root), formatter=ruff_for(session).format_modules)
+    found = stale_markers(session, ruff_for(session))
     assert {(item.marker.path, item.marker.qualified) for item in found} == PREEXISTING, "\n".join(map(str, found))
 
 
@@ -99,12 +92,11 @@ def test_the_ruff_review_sees_an_unsorted_import(session: Session, ruff_for) -> 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_emitted_tests_pass(session: Session, model: str) -> None:
-    assert session.emitted is not None
-    mine = {t: s for t, s in session.emitted.outcomes.items() if f".{model}.test_sdpa_parity_{model}." in t}
-    assert mine and set(mine.values()) == {"passed"}, session.emitted.tail
+    mine = emitted_outcomes(session, model)
+    assert mine and set(mine.values()) == {"passed"}, session.emitted.tail if session.emitted else ""
 
 
-@pytest.mark.parametrize("model", expected_failure(ENGINE_REGRESSIONS))
+@pytest.mark.parametrize("model", expected_failures(MODELS, ENGINE_REGRESSIONS))
 def test_repository_tests_that_passed_still_pass(session: Session, model: str) -> None:
     assert session.repo_before is not None and session.repo_after is not None
     prefix = f"tests.models.{model}.test_modeling_{model}."
