@@ -85,7 +85,9 @@ def _one_checkout(
         )
         extra_warnings = lost + (warnings if position == 0 else ())
         final = family.edits.get(path, outcome.result.source)
-        warned = replace(outcome.result, source=final, warnings=outcome.result.warnings + extra_warnings)
+        # the engine's own word on removed markers is replaced by what holds in the whole tree
+        engine = tuple(w for w in outcome.result.warnings if not w.startswith("removed the `# Copied from"))
+        warned = replace(outcome.result, source=final, warnings=engine + extra_warnings)
         result[index] = replace(outcome, result=warned, context=outcome.context + notes)
     if checkout.converter is not None:
         for index in indexes:
