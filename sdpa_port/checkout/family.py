@@ -74,6 +74,7 @@ def keep_consistent(
     """
     baseline = _Baseline(base, formatter)
     result = FamilyResult(edits=dict(ported))
+    restored = _restore_markers(base, result, originals_removed or {})
     tried_port: set[str] = set(ported)
     stale: list[Inconsistency] = []
     for _ in range(MAX_ROUNDS):
@@ -111,11 +112,8 @@ def keep_consistent(
                 progressed = True
         if not progressed:
             break
-    tree = Overlay(base, result.edits)
-    if originals_removed:
-        _restore_markers(base, result, originals_removed, formatter)
-        tree = Overlay(base, result.edits)
-        stale = baseline.new(tree, copying(tree, result.edits))
+    if restored:
+        stale = _drop_restored(result, restored, stale)
     result.stale = stale
     result.preexisting = baseline.found
     return result
@@ -546,27 +544,45 @@ def _insert_before(module: cst.Module, top: str, statement: cst.SimpleStatementL
 # ------------------------------------------------------------------ markers a port removed
 
 
-def _restore_markers(
-    base: Sources, result: FamilyResult, removed: dict[str, list[str]], formatter: Formatter | None
-) -> None:
-    """Put back a removed marker where it holds in the final tree (its source was ported alike)."""
+def _restore_markers(base: Sources, result: FamilyResult, removed: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Put the markers a port removed back on their definitions, to be judged with the others (path -> markers)."""
+    restored: dict[str, list[str]] = {}
     for path, comments in removed.items():
         original = base.read(path)
         if path not in result.edits or original is None:
             continue
         for comment in comments:
             where = _marked_definition(original, comment)
-            restored = _add_marker(result.edits[path], where, comment) if where else None
-            if restored is None:
-                continue
-            trial = Overlay(base, {**result.edits, path: restored})
-            wanted = comment.strip()
-            lines = copies.split_lines(restored)
-            problems = {i.marker.line for i in copies.check_tree(trial, formatter, paths=[path])}
-            at = [n for n, line in enumerate(lines) if line.strip() == wanted]
-            if at and not problems.intersection(at):
-                result.edits[path] = restored
-                result.note(path, f"kept `{wanted}`: the copy still matches its ported source")
+            text = _add_marker(result.edits[path], where, comment) if where else None
+            if text is not None:
+                result.edits[path] = text
+                restored.setdefault(path, []).append(comment.strip())
+    return restored
+
+
+def _drop_restored(result: FamilyResult, restored: dict[str, list[str]], stale: list[Inconsistency]) -> list[Inconsistency]:
+    """Remove again the restored markers that do not hold; note the ones that do."""
+    remaining = []
+    dropped: dict[str, set[str]] = {}
+    for item in stale:
+        lines = copies.split_lines(result.edits.get(item.marker.path, ""))
+        text = lines[item.marker.line].strip() if item.marker.line < len(lines) else ""
+        if text in restored.get(item.marker.path, []):
+            dropped.setdefault(item.marker.path, set()).add(text)
+        else:
+            remaining.append(item)
+    for path, comments in restored.items():
+        for comment in comments:
+            if comment in dropped.get(path, set()):
+                result.edits[path] = _drop_marker(result.edits[path], comment)
+            else:
+                result.note(path, f"restored `{comment}` (the port had removed it): the copy matches its ported source")
+    return remaining
+
+
+def _drop_marker(text: str, comment: str) -> str:
+    lines = copies.split_lines(text)
+    return "".join(line for line in lines if line.strip() != comment)
 
 
 def _marked_definition(text: str, comment: str) -> tuple[str, str | None] | None:

@@ -78,10 +78,11 @@ def _one_checkout(
     for position, (index, outcome) in enumerate(zip(indexes, ports)):
         path = checkout.relative(outcome.path)
         notes = tuple(family.notes.get(path, ()))
+        final_lines = {line.strip() for line in family.edits.get(path, outcome.result.source).splitlines()}
         lost = tuple(
             f"removed `{marker.strip()}`: the port changed the copy and its source was not ported alike"
             for marker in removed[path]
-            if not any(marker.strip() in note for note in notes)
+            if not any(line.startswith(marker.strip().split(" with ")[0]) for line in final_lines)
         )
         extra_warnings = lost + (warnings if position == 0 else ())
         final = family.edits.get(path, outcome.result.source)

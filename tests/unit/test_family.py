@@ -195,3 +195,23 @@ def test_tester_groups_read_from_a_test_module() -> None:
         ("T5ModelTester", "T5ModelTester(self)", ("T5Model", "T5ForConditionalGeneration"), ("T5ForConditionalGeneration",)),
         ("T5EncoderOnlyModelTester", "T5EncoderOnlyModelTester(self, is_training=False)", ("T5EncoderModel",), ()),
     ]
+
+
+def test_a_marker_the_port_removed_comes_back_where_it_holds() -> None:
+    marker = "# Copied from transformers.models.alpha.modeling_alpha.AlphaAttention with Alpha->Beta"
+    beta_ported = (
+        ALPHA_AFTER.replace("Alpha", "Beta").replace("ALPHA", "BETA").replace("alpha", "beta")
+    )  # the engine ports beta alike, and drops the marker of the class it changed
+    base = Texts({ALPHA: ALPHA_BEFORE, BETA: BETA_TEXT})
+    result = keep_consistent(base, {ALPHA: ALPHA_AFTER, BETA: beta_ported}, refuse, originals_removed={BETA: [marker]})
+    assert result.stale == []
+    assert f"{marker},ALPHA->BETA\nclass BetaAttention" in result.edits[BETA]  # back, with the casing it needs
+    assert check_tree(Overlay(base, result.edits)) == []
+
+
+def test_a_removed_marker_that_does_not_hold_stays_removed() -> None:
+    marker = "# Copied from transformers.models.alpha.modeling_alpha.AlphaAttention with Alpha->Beta"
+    beta_ported = BETA_TEXT.replace(marker + "\n", "").replace("BetaSelfAttention(config)", "BetaSelfAttention(config) * 2")
+    base = Texts({ALPHA: ALPHA_BEFORE, BETA: BETA_TEXT})
+    result = keep_consistent(base, {BETA: beta_ported}, refuse, originals_removed={BETA: [marker]})
+    assert result.stale == [] and marker not in result.edits[BETA]
