@@ -32,7 +32,13 @@ from sdpa_port.checkout.copies import Formatter, Inconsistency, Replacement, app
 from sdpa_port.checkout.tree import Overlay, Sources, relative_module
 from sdpa_port.rewrite.imports import add_import_from
 
-FLAGS = ("_supports_sdpa", "_supports_flash_attn_2", "_supports_flash_attn", "_supports_flex_attn", "_supports_attention_backend")
+FLAGS = (
+    "_supports_sdpa",
+    "_supports_flash_attn_2",
+    "_supports_flash_attn",
+    "_supports_flex_attn",
+    "_supports_attention_backend",
+)
 MAX_ROUNDS = 6
 
 
@@ -95,7 +101,9 @@ def keep_consistent(
                     result.edits[path] = answer.source
                     result.family.append(path)
                     upstreams = sorted({item.marker.qualified for item in items})
-                    result.note(path, f"ported as family of {', '.join(upstreams)}: its copies of them changed with them")
+                    result.note(
+                        path, f"ported as family of {', '.join(upstreams)}: its copies of them changed with them"
+                    )
                     progressed = True
                     continue
                 result.note(path, f"could not port it with its upstream ({answer.detail})")
@@ -227,9 +235,13 @@ def _follow_plan(item: Inconsistency, tree: Sources, text: str, marker_only: boo
         code = apply_replacements(upstream.code, replacements)
         if _gains_flag(code, copied):
             return None
-        renamed = {apply_replacements(name, replacements): name for name in upstream_names.defined | upstream_names.imported}
+        renamed = {
+            apply_replacements(name, replacements): name for name in upstream_names.defined | upstream_names.imported
+        }
         missing = sorted(
-            name for name in _names_used(code) if name in renamed and name not in local_names.all and name not in _BUILTINS
+            name
+            for name in _names_used(code)
+            if name in renamed and name not in local_names.all and name not in _BUILTINS
         )
         dicts, imports, extra = [], [], ()
         for name in missing:
@@ -294,7 +306,9 @@ def dict_name(eager_class: str) -> str:
 def _apply_follow(text: str, follow: Follow, tree: Sources, formatter: Formatter | None) -> str | None:
     marker = follow.item.marker
     # the marker may have moved since it was found (an earlier edit of this file): find it again by its text
-    found = [m for m in copies.find_markers(marker.path, text) if (m.target, m.pattern) == (marker.target, marker.pattern)]
+    found = [
+        m for m in copies.find_markers(marker.path, text) if (m.target, m.pattern) == (marker.target, marker.pattern)
+    ]
     if not found:
         return None
     current = min(found, key=lambda m: abs(m.line - marker.line))
@@ -526,7 +540,11 @@ def _dict_statement(
             return None
         elements[-1] = elements[-1].with_changes(comma=original[-1].comma)
         return cst.SimpleStatementLine(
-            body=[assign.with_changes(targets=[cst.AssignTarget(cst.Name(name))], value=assign.value.with_changes(elements=elements))],
+            body=[
+                assign.with_changes(
+                    targets=[cst.AssignTarget(cst.Name(name))], value=assign.value.with_changes(elements=elements)
+                )
+            ],
             leading_lines=[cst.EmptyLine(), cst.EmptyLine()],
         )
     return None
@@ -560,7 +578,9 @@ def _restore_markers(base: Sources, result: FamilyResult, removed: dict[str, lis
     return restored
 
 
-def _drop_restored(result: FamilyResult, restored: dict[str, list[str]], stale: list[Inconsistency]) -> list[Inconsistency]:
+def _drop_restored(
+    result: FamilyResult, restored: dict[str, list[str]], stale: list[Inconsistency]
+) -> list[Inconsistency]:
     """Remove again the restored markers that do not hold; note the ones that do."""
     remaining = []
     dropped: dict[str, set[str]] = {}
@@ -576,7 +596,9 @@ def _drop_restored(result: FamilyResult, restored: dict[str, list[str]], stale: 
             if comment in dropped.get(path, set()):
                 result.edits[path] = _drop_marker(result.edits[path], comment)
             else:
-                result.note(path, f"restored `{comment}` (the port had removed it): the copy matches its ported source")
+                result.note(
+                    path, f"restored `{comment}` (the port had removed it): the copy matches its ported source"
+                )
     return remaining
 
 

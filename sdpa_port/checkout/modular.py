@@ -77,7 +77,11 @@ def _top_level(module: cst.Module) -> dict[str, Named]:
             out[statement.name.value] = statement
         elif isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
             small = statement.body[0]
-            if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+            if (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and isinstance(small.targets[0].target, cst.Name)
+            ):
                 out[small.targets[0].target.value] = statement
             elif isinstance(small, (cst.Import, cst.ImportFrom)):
                 out["import " + module.code_for_node(small)] = statement
@@ -165,7 +169,11 @@ def _new_imports(before: cst.Module, after: cst.Module) -> list[tuple[int, str, 
         for statement in module.body:
             if isinstance(statement, cst.SimpleStatementLine):
                 for small in statement.body:
-                    if isinstance(small, cst.ImportFrom) and small.module is not None and not isinstance(small.names, cst.ImportStar):
+                    if (
+                        isinstance(small, cst.ImportFrom)
+                        and small.module is not None
+                        and not isinstance(small.names, cst.ImportStar)
+                    ):
                         dotted = cst.Module([]).code_for_node(small.module)
                         out.update((len(small.relative), dotted, alias.evaluated_name) for alias in small.names)
         return out

@@ -58,7 +58,9 @@ def _one_checkout(
             return Ported(answer.source, answer.detail)
         return Ported(None, "; ".join(answer.reasons) or answer.detail)
 
-    family = keep_consistent(base, ported, port, ruff.format_modules if ruff else None, {p: r for p, r in removed.items() if r})
+    family = keep_consistent(
+        base, ported, port, ruff.format_modules if ruff else None, {p: r for p, r in removed.items() if r}
+    )
     extra: list[Outcome] = []
     for path, text in family.edits.items():
         if ported.get(path) == text:
@@ -73,7 +75,9 @@ def _one_checkout(
             extra.append(_family_outcome(destination, original, text, notes, options))
         else:
             result_here = PortResult(Status.PORTED, text, None, "copies follow their ported sources")
-            extra.append(Outcome(destination, result_here, written=destination, original=original, kind="copies", context=notes))
+            extra.append(
+                Outcome(destination, result_here, written=destination, original=original, kind="copies", context=notes)
+            )
     warnings = _warnings(family)
     for position, (index, outcome) in enumerate(zip(indexes, ports)):
         path = checkout.relative(outcome.path)
@@ -116,18 +120,25 @@ def _regenerated(checkout: Checkout, outcome: Outcome) -> Outcome:
     option = "--files_to_parse" if "--files_to_parse" in converter.read_text(encoding="utf-8") else "--files"
     command = [sys.executable, str(converter), option, checkout.relative(modular)]
     try:
-        completed = subprocess.run(command, cwd=checkout.root, capture_output=True, text=True, timeout=600, check=False)
+        completed = subprocess.run(
+            command, cwd=checkout.root, capture_output=True, text=True, timeout=600, check=False
+        )
         regenerated = outcome.written.read_text(encoding="utf-8")
     except (OSError, subprocess.TimeoutExpired) as error:
         return _warn(outcome, f"could not run {converter.name}: {error}")
     if completed.returncode == 0 and regenerated == ported:
-        return replace(outcome, context=outcome.context + (f"{converter.name} regenerates this port from {modular.name}",))
+        return replace(
+            outcome, context=outcome.context + (f"{converter.name} regenerates this port from {modular.name}",)
+        )
     atomic_write(outcome.written, ported)
     if completed.returncode != 0:
         why = (completed.stderr or completed.stdout).strip().splitlines()[-1:] or ["no output"]
         return _warn(outcome, f"{converter.name} failed on {modular.name}: {why[0]}")
     lines = changed_lines(ported, regenerated)
-    return _warn(outcome, f"{converter.name} regenerates a different file from {modular.name} (lines {lines[:8]}); the port was kept")
+    return _warn(
+        outcome,
+        f"{converter.name} regenerates a different file from {modular.name} (lines {lines[:8]}); the port was kept",
+    )
 
 
 def _warn(outcome: Outcome, warning: str) -> Outcome:

@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from layout import Timings, PytestRun, lay_out, run_pytest, sdist, snapshot  # noqa: E402
+from layout import PytestRun, Timings, lay_out, run_pytest, sdist, snapshot  # noqa: E402
 
 PINNED_RUFF = {"4.40.2": "0.1.5", "5.23.0": "0.14.10"}
 REPO_TEST_DESELECT = ["-k", "not test_pipeline_", "-p", "no:randomly"]  # pipeline tests download from the hub
@@ -90,9 +90,15 @@ def build_session(version: str, models: list[str], workdir: Path, repo_tests: bo
     root = lay_out(archive, workdir / f"transformers-{version}", overlay, models)
     session = Session(version, root, snapshot(root))
     session.timings.steps["lay out"] = time.perf_counter() - started
-    repo_paths = [f"tests/models/{m}/test_modeling_{m}.py" for m in models if (root / "tests/models" / m / f"test_modeling_{m}.py").is_file()]
+    repo_paths = [
+        f"tests/models/{m}/test_modeling_{m}.py"
+        for m in models
+        if (root / "tests/models" / m / f"test_modeling_{m}.py").is_file()
+    ]
     if repo_tests and repo_paths:
-        session.repo_before = run_pytest(session.timings, "repository tests before", root, repo_paths, workdir / "before.xml", REPO_TEST_DESELECT)
+        session.repo_before = run_pytest(
+            session.timings, "repository tests before", root, repo_paths, workdir / "before.xml", REPO_TEST_DESELECT
+        )
     for model in models:
         before = snapshot(root)
         path = f"src/transformers/models/{model}/modeling_{model}.py"
@@ -106,7 +112,9 @@ def build_session(version: str, models: list[str], workdir: Path, repo_tests: bo
     if emitted:
         session.emitted = run_pytest(session.timings, "emitted tests", root, emitted, workdir / "emitted.xml", [])
     if repo_tests and repo_paths:
-        session.repo_after = run_pytest(session.timings, "repository tests after", root, repo_paths, workdir / "after.xml", REPO_TEST_DESELECT)
+        session.repo_after = run_pytest(
+            session.timings, "repository tests after", root, repo_paths, workdir / "after.xml", REPO_TEST_DESELECT
+        )
     session.wall = time.perf_counter() - started
     _record(session)
     return session
@@ -121,13 +129,31 @@ def _record(session: Session) -> None:
         "version": session.version,
         "wall_s": round(session.wall, 1),
         "steps_s": {k: round(v, 1) for k, v in session.timings.steps.items()},
-        "ports": {m: {"returncode": p.returncode, "changed": sorted(p.changed), "output": p.output[-3000:]} for m, p in session.ports.items()},
+        "ports": {
+            m: {"returncode": p.returncode, "changed": sorted(p.changed), "output": p.output[-3000:]}
+            for m, p in session.ports.items()
+        },
         "emitted": session.emitted.outcomes if session.emitted else {},
         "repo_before": session.repo_before.outcomes if session.repo_before else {},
         "repo_after": session.repo_after.outcomes if session.repo_after else {},
         "repo_after_messages": session.repo_after.messages if session.repo_after else {},
+        "ruff": _ruff_lines(session),
     }
     (Path(directory) / f"checkout-{session.version}.json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+
+def _ruff_lines(session: Session) -> dict[str, dict[str, list[str]]]:
+    """What the pinned ruff says about each file each port changed (for the session's report)."""
+    from sdpa_port.checkout.ruff import Ruff
+
+    ruff = Ruff(shutil.which("ruff") or "ruff", session.root / "pyproject.toml", session.root)
+    out: dict[str, dict[str, list[str]]] = {}
+    for model, port in session.ports.items():
+        for path, (before, after) in port.changed.items():
+            lines = ruff.review(path, before, after).lines(named=False)
+            if lines:
+                out.setdefault(model, {})[path] = lines
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import Session
+
 from sdpa_port.checkout.copies import Inconsistency, check_tree
 from sdpa_port.checkout.ruff import Ruff
 from sdpa_port.checkout.tree import Directory
@@ -12,18 +12,27 @@ from sdpa_port.checkout.tree import Directory
 
 def expected_failures(models: list[str], table: dict[str, str]) -> list:  # type: ignore[type-arg]
     """`models` as parameters, those in `table` marked as strict expected failures with the table's reason."""
-    return [pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=table[m])) if m in table else m for m in models]
+    return [
+        pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=table[m])) if m in table else m for m in models
+    ]
 
 
 def new_findings(session: Session, model: str, ruff: Ruff) -> list[str]:
     """Lint findings the port of `model` (with everything it changed) adds over the files as they were."""
     changed = session.changed_by(model).items()
-    return [f"{path}:{finding}" for path, (before, after) in changed for finding in ruff.review(path, before, after).findings]
+    return [
+        f"{path}:{finding}"
+        for path, (before, after) in changed
+        for finding in ruff.review(path, before, after).findings
+    ]
 
 
 def reformatted(session: Session, model: str, ruff: Ruff) -> dict[str, tuple[int, ...]]:
     """The lines `ruff format` would change in the files the port of `model` changed or wrote."""
-    found = {path: ruff.review(path, before, after).reformatted for path, (before, after) in session.changed_by(model).items()}
+    found = {
+        path: ruff.review(path, before, after).reformatted
+        for path, (before, after) in session.changed_by(model).items()
+    }
     return {path: lines for path, lines in found.items() if lines}
 
 

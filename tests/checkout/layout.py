@@ -47,8 +47,19 @@ def sdist(version: str, cache: Path) -> Path:
     if not archive.is_file():
         cache.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", str(cache),
-             f"transformers=={version}"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "-q",
+                "-d",
+                str(cache),
+                f"transformers=={version}",
+            ],
             check=True,
         )
     return archive

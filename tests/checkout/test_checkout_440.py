@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import Session, build_session
 from judge import emitted_outcomes, expected_failures, new_findings, reformatted, stale_markers
 from layout import snapshot
+
 from sdpa_port.checkout.copies import check_tree
 from sdpa_port.checkout.tree import Directory, Overlay
 
@@ -31,9 +31,18 @@ ENGINE_REGRESSIONS = {
 # not holding in the release itself: clap's copy of BertEmbeddings.__init__ differs (persistent=True), and two
 # markers in gpt_neox's tests name test files the 4.40.2 overlay does not carry
 PREEXISTING = {
-    ("src/transformers/models/clap/modeling_clap.py", "transformers.models.bert.modeling_bert.BertEmbeddings.__init__"),
-    ("tests/models/gpt_neox/test_modeling_gpt_neox.py", "tests.models.llama.test_modeling_llama.LlamaModelTest.test_model_rope_scaling_from_config"),
-    ("tests/models/gpt_neox/test_modeling_gpt_neox.py", "tests.models.falcon.test_modeling_falcon.FalconModelTest.test_model_rope_scaling"),
+    (
+        "src/transformers/models/clap/modeling_clap.py",
+        "transformers.models.bert.modeling_bert.BertEmbeddings.__init__",
+    ),
+    (
+        "tests/models/gpt_neox/test_modeling_gpt_neox.py",
+        "tests.models.llama.test_modeling_llama.LlamaModelTest.test_model_rope_scaling_from_config",
+    ),
+    (
+        "tests/models/gpt_neox/test_modeling_gpt_neox.py",
+        "tests.models.falcon.test_modeling_falcon.FalconModelTest.test_model_rope_scaling",
+    ),
 }
 
 
@@ -63,7 +72,10 @@ def test_pinned_ruff_formats_nothing(session: Session, model: str, ruff_for) -> 
 def test_emitted_tests_are_formatted_even_where_the_port_is_not(session: Session, ruff_for) -> None:  # type: ignore[no-untyped-def]
     ruff = ruff_for(session)
     emitted = {p: t for m in MODELS for p, (_, t) in session.changed_by(m).items() if "/test_sdpa_parity_" in p}
-    assert emitted and {p: ruff.review(p, None, t).lines() for p, t in emitted.items() if not ruff.review(p, None, t).clean} == {}
+    assert (
+        emitted
+        and {p: ruff.review(p, None, t).lines() for p, t in emitted.items() if not ruff.review(p, None, t).clean} == {}
+    )
 
 
 def test_no_stale_copied_from_markers_anywhere(session: Session, ruff_for) -> None:  # type: ignore[no-untyped-def]
@@ -77,7 +89,9 @@ def test_the_marker_check_sees_a_stale_copy(session: Session) -> None:
     text = tree.read(path)
     assert text is not None and "CLAP_TEXT_SELF_ATTENTION_CLASSES[config._attn_implementation]" in text
     broken = text.replace("CLAP_TEXT_SELF_ATTENTION_CLASSES[config._attn_implementation]", "ClapTextSelfAttention", 1)
-    stale = [str(i) for i in check_tree(Overlay(tree, {path: broken}), paths=[path]) if "BertAttention" in i.marker.target]
+    stale = [
+        str(i) for i in check_tree(Overlay(tree, {path: broken}), paths=[path]) if "BertAttention" in i.marker.target
+    ]
     assert len(stale) == 1
 
 
@@ -102,7 +116,10 @@ def test_repository_tests_that_passed_still_pass(session: Session, model: str) -
     prefix = f"tests.models.{model}.test_modeling_{model}."
     passed = {t for t in session.repo_before.ids("passed") if t.startswith(prefix)}
     assert passed, session.repo_before.tail
-    broken = {t: session.repo_after.messages.get(t, session.repo_after.outcomes.get(t, "missing")) for t in passed - session.repo_after.ids("passed")}
+    broken = {
+        t: session.repo_after.messages.get(t, session.repo_after.outcomes.get(t, "missing"))
+        for t in passed - session.repo_after.ids("passed")
+    }
     assert broken == {}
 
 

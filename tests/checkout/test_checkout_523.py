@@ -4,7 +4,6 @@ port xglm, codegen and gptj in place, and switch_transformers through its modula
 from __future__ import annotations
 
 import pytest
-
 from conftest import Session, build_session
 from judge import emitted_outcomes, expected_failures, new_findings, reformatted, stale_markers
 
@@ -18,8 +17,14 @@ ENGINE_FORMAT = {
 }
 # not holding in the release itself: idefics2 and idefics3 copy CLIPAttention.__init__ without its is_causal line
 PREEXISTING = {
-    ("src/transformers/models/idefics2/modeling_idefics2.py", "transformers.models.clip.modeling_clip.CLIPAttention.__init__"),
-    ("src/transformers/models/idefics3/modeling_idefics3.py", "transformers.models.clip.modeling_clip.CLIPAttention.__init__"),
+    (
+        "src/transformers/models/idefics2/modeling_idefics2.py",
+        "transformers.models.clip.modeling_clip.CLIPAttention.__init__",
+    ),
+    (
+        "src/transformers/models/idefics3/modeling_idefics3.py",
+        "transformers.models.clip.modeling_clip.CLIPAttention.__init__",
+    ),
 }
 
 
@@ -32,7 +37,10 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
 def test_port_is_written_with_its_test(session: Session, model: str) -> None:
     port = session.ports[model]
     assert port.returncode == 0, port.output
-    expected = {f"src/transformers/models/{model}/modeling_{model}.py", f"tests/models/{model}/test_sdpa_parity_{model}.py"}
+    expected = {
+        f"src/transformers/models/{model}/modeling_{model}.py",
+        f"tests/models/{model}/test_sdpa_parity_{model}.py",
+    }
     if model in MODULAR:
         expected.add(f"src/transformers/models/{model}/modular_{model}.py")
     assert expected <= set(port.changed), port.output

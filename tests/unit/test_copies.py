@@ -88,7 +88,9 @@ def test_ignore_copy_blocks_are_left_out_on_both_sides() -> None:
 
 def test_end_copy_stops_the_copy() -> None:
     upstream = "def alpha_setup(model):\n    model.a = 1\n"
-    copy = "# Copied from transformers.models.alpha.modeling_alpha.alpha_setup\ndef beta_setup(model):\n    model.a = 1\n"
+    copy = (
+        "# Copied from transformers.models.alpha.modeling_alpha.alpha_setup\ndef beta_setup(model):\n    model.a = 1\n"
+    )
     assert check(copy + "    # End copy\n    model.b = 2\n", upstream) == []
     assert check(copy + "    model.b = 2\n", upstream) != []
 
@@ -107,7 +109,9 @@ def test_method_markers() -> None:
         """
     )
     assert check(copy) == []
-    assert check(copy.replace("config.beta_scale", "config.alpha_scale")) == [f"{B}:5: the copy differs from the source"]
+    assert check(copy.replace("config.beta_scale", "config.alpha_scale")) == [
+        f"{B}:5: the copy differs from the source"
+    ]
 
 
 def test_replacements_are_regular_expressions_applied_in_order() -> None:
@@ -129,7 +133,10 @@ def test_all_casing() -> None:
 def test_marker_text_round_trips() -> None:
     replacements = (Replacement("Bert", "ClapText"), Replacement("BERT", "CLAP_TEXT"))
     text = marker_text("    ", "models.bert.modeling_bert.BertAttention", replacements)
-    assert text == "    # Copied from transformers.models.bert.modeling_bert.BertAttention with Bert->ClapText,BERT->CLAP_TEXT"
+    assert (
+        text
+        == "    # Copied from transformers.models.bert.modeling_bert.BertAttention with Bert->ClapText,BERT->CLAP_TEXT"
+    )
     assert parse_replacements(text.split("BertAttention", 1)[1]) == replacements
 
 
@@ -163,7 +170,12 @@ def test_replaced_code_is_compared_after_formatting() -> None:
 
     def formatter(modules: list[str]) -> list[str]:
         calls.append(len(modules))
-        return [m.replace("(first_argument, second_argument, third", "(\n        first_argument, second_argument, third").replace("five=5)", "five=5\n    )") for m in modules]
+        return [
+            m.replace(
+                "(first_argument, second_argument, third", "(\n        first_argument, second_argument, third"
+            ).replace("five=5)", "five=5\n    )")
+            for m in modules
+        ]
 
     assert check(LONG_COPY, LONG_UPSTREAM, formatter=formatter) == [] and calls == [1]
     assert check(LONG_COPY, LONG_UPSTREAM, formatter=lambda modules: list(modules)) != []
@@ -174,7 +186,12 @@ def test_formatting_fallback_still_sees_comments() -> None:
     assert not same_up_to_formatting("x = f(a, b)  # one\n", "x = f(a, b)  # two\n")
 
 
-@pytest.mark.parametrize("upstream_change", ["def forward(self, x, y):", "    def extra(self):\n        pass\n\n    def forward(self, x):"])
+@pytest.mark.parametrize(
+    "upstream_change", ["def forward(self, x, y):", "    def extra(self):\n        pass\n\n    def forward(self, x):"]
+)
 def test_any_change_of_the_source_makes_the_copy_stale(upstream_change: str) -> None:
-    changed = UPSTREAM.replace("    def forward(self, x):", f"    {upstream_change.strip()}" if upstream_change.startswith("def") else upstream_change)
+    changed = UPSTREAM.replace(
+        "    def forward(self, x):",
+        f"    {upstream_change.strip()}" if upstream_change.startswith("def") else upstream_change,
+    )
     assert check(COPY, changed) != []

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import textwrap
 
+from sdpa_port.checkout import testers
 from sdpa_port.checkout.copies import check_tree
 from sdpa_port.checkout.family import Ported, dict_name, keep_consistent
-from sdpa_port.checkout import testers
 from sdpa_port.checkout.tree import Overlay, Texts
 
 ALPHA = "src/transformers/models/alpha/modeling_alpha.py"
@@ -19,7 +19,7 @@ def dedent(text: str) -> str:
 
 
 ALPHA_BEFORE = dedent(
-    '''
+    """
     from ...modeling_utils import PreTrainedModel
 
 
@@ -35,12 +35,12 @@ ALPHA_BEFORE = dedent(
 
     class AlphaPreTrainedModel(PreTrainedModel):
         base_model_prefix = "alpha"
-    '''
+    """
 )
 
 # what a class-style port of alpha looks like where it matters here
 ALPHA_AFTER = dedent(
-    '''
+    """
     from ...modeling_attn_mask_utils import _prepare_4d_attention_mask_for_sdpa
     from ...modeling_utils import PreTrainedModel
 
@@ -69,11 +69,11 @@ ALPHA_AFTER = dedent(
     class AlphaPreTrainedModel(PreTrainedModel):
         base_model_prefix = "alpha"
         _supports_sdpa = True
-    '''
+    """
 )
 
 BETA_TEXT = dedent(
-    '''
+    """
     from ...modeling_utils import PreTrainedModel
 
 
@@ -86,18 +86,18 @@ BETA_TEXT = dedent(
         def __init__(self, config):
             super().__init__()
             self.self = BetaSelfAttention(config)
-    '''
+    """
 )
 
 GAMMA_TEXT = dedent(
-    '''
+    """
     from ...modeling_utils import PreTrainedModel
 
 
     # Copied from transformers.models.alpha.modeling_alpha.AlphaPreTrainedModel with Alpha->Gamma,alpha->gamma
     class GammaPreTrainedModel(PreTrainedModel):
         base_model_prefix = "gamma"
-    '''
+    """
 )
 
 
@@ -110,7 +110,9 @@ def test_copies_follow_with_the_casing_replacement_the_dict_and_the_import() -> 
     result = keep_consistent(base, {ALPHA: ALPHA_AFTER}, refuse)
     assert result.stale == [] and result.family == []
     beta = result.edits[BETA]
-    assert "# Copied from transformers.models.alpha.modeling_alpha.AlphaAttention with Alpha->Beta,ALPHA->BETA\n" in beta
+    assert (
+        "# Copied from transformers.models.alpha.modeling_alpha.AlphaAttention with Alpha->Beta,ALPHA->BETA\n" in beta
+    )
     assert 'BETA_SELF_ATTENTION_CLASSES = {\n    "eager": BetaSelfAttention,\n}\n' in beta  # no sdpa class here
     assert "self.self = BETA_SELF_ATTENTION_CLASSES[config._attn_implementation](config)" in beta
     assert "from ...modeling_attn_mask_utils import _prepare_4d_attention_mask_for_sdpa\n" in beta
@@ -127,7 +129,9 @@ def test_without_the_follow_step_the_copy_is_stale() -> None:
 
 def test_a_copy_that_would_claim_sdpa_support_is_ported_with_its_family() -> None:
     base = Texts({ALPHA: ALPHA_BEFORE, GAMMA: GAMMA_TEXT})
-    ported_gamma = GAMMA_TEXT.replace('    base_model_prefix = "gamma"\n', '    base_model_prefix = "gamma"\n    _supports_sdpa = True\n')
+    ported_gamma = GAMMA_TEXT.replace(
+        '    base_model_prefix = "gamma"\n', '    base_model_prefix = "gamma"\n    _supports_sdpa = True\n'
+    )
     calls: list[str] = []
 
     def port(path: str, source: str) -> Ported:
@@ -148,7 +152,9 @@ def test_what_cannot_follow_nor_be_ported_is_reported_stale() -> None:
 
 
 def test_stale_markers_from_before_the_port_are_not_blamed_on_it() -> None:
-    drifted = BETA_TEXT.replace("self.self = BetaSelfAttention(config)", "self.self = BetaSelfAttention(config)  # mine")
+    drifted = BETA_TEXT.replace(
+        "self.self = BetaSelfAttention(config)", "self.self = BetaSelfAttention(config)  # mine"
+    )
     base = Texts({ALPHA: ALPHA_BEFORE, BETA: drifted})
     result = keep_consistent(base, {ALPHA: ALPHA_BEFORE}, refuse)
     assert result.stale == [] and len(result.preexisting) == 1
@@ -162,7 +168,7 @@ def test_dict_names_are_the_engines() -> None:
 
 def test_tester_groups_read_from_a_test_module() -> None:
     source = dedent(
-        '''
+        """
         class T5ModelTester:
             pass
 
@@ -188,11 +194,16 @@ def test_tester_groups_read_from_a_test_module() -> None:
 
         class T5IntegrationTest(unittest.TestCase):
             pass
-        '''
+        """
     )
     groups = testers.tester_groups(source)
     assert [(g.tester, g.call, g.model_classes, g.generative) for g in groups] == [
-        ("T5ModelTester", "T5ModelTester(self)", ("T5Model", "T5ForConditionalGeneration"), ("T5ForConditionalGeneration",)),
+        (
+            "T5ModelTester",
+            "T5ModelTester(self)",
+            ("T5Model", "T5ForConditionalGeneration"),
+            ("T5ForConditionalGeneration",),
+        ),
         ("T5EncoderOnlyModelTester", "T5EncoderOnlyModelTester(self, is_training=False)", ("T5EncoderModel",), ()),
     ]
 
@@ -211,7 +222,9 @@ def test_a_marker_the_port_removed_comes_back_where_it_holds() -> None:
 
 def test_a_removed_marker_that_does_not_hold_stays_removed() -> None:
     marker = "# Copied from transformers.models.alpha.modeling_alpha.AlphaAttention with Alpha->Beta"
-    beta_ported = BETA_TEXT.replace(marker + "\n", "").replace("BetaSelfAttention(config)", "BetaSelfAttention(config) * 2")
+    beta_ported = BETA_TEXT.replace(marker + "\n", "").replace(
+        "BetaSelfAttention(config)", "BetaSelfAttention(config) * 2"
+    )
     base = Texts({ALPHA: ALPHA_BEFORE, BETA: BETA_TEXT})
     result = keep_consistent(base, {BETA: beta_ported}, refuse, originals_removed={BETA: [marker]})
     assert result.stale == [] and marker not in result.edits[BETA]

@@ -143,4 +143,11 @@ def test_comments_inside_parentheses_stay() -> None:
 
 def test_member_order_by_type() -> None:
     names = ["logging", "ModelOutput", "DUMMY_INPUTS", "_private", "add2", "add10"]
-    assert sorted(names, key=imports.member_key) == ["DUMMY_INPUTS", "ModelOutput", "_private", "add2", "add10", "logging"]
+    assert sorted(names, key=imports.member_key) == [
+        "DUMMY_INPUTS",
+        "ModelOutput",
+        "_private",
+        "add2",
+        "add10",
+        "logging",
+    ]

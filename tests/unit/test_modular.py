@@ -67,17 +67,22 @@ def test_a_changed_method_of_an_inherited_class_becomes_an_override() -> None:
     ported = GENERATED.replace("        return x\n", "        return x * 2\n")
     carried = carry(MODULAR, GENERATED, ported)
     assert carried.source is not None
-    assert "class ChildAttention(ParentAttention):\n    def forward(self, x):\n        return x * 2\n" in carried.source
+    assert (
+        "class ChildAttention(ParentAttention):\n    def forward(self, x):\n        return x * 2\n" in carried.source
+    )
 
 
 def test_new_definitions_and_imports_follow() -> None:
     ported = "from ...modeling_attn_mask_utils import helper\n" + GENERATED.replace(
-        "\n\nclass ChildPreTrainedModel", '\n\nCHILD_CLASSES = {"eager": ChildAttention}\n\n\nclass ChildPreTrainedModel'
+        "\n\nclass ChildPreTrainedModel",
+        '\n\nCHILD_CLASSES = {"eager": ChildAttention}\n\n\nclass ChildPreTrainedModel',
     )
     carried = carry(MODULAR, GENERATED, ported)
     assert carried.source is not None
-    assert carried.source.index("class ChildAttention") < carried.source.index("CHILD_CLASSES = ") < carried.source.index(
-        "class ChildPreTrainedModel"
+    assert (
+        carried.source.index("class ChildAttention")
+        < carried.source.index("CHILD_CLASSES = ")
+        < carried.source.index("class ChildPreTrainedModel")
     )
     assert "from ...modeling_attn_mask_utils import helper\n" in carried.source
 
