@@ -100,6 +100,9 @@ def keep_consistent(
                 if answer.source is not None:
                     result.edits[path] = answer.source
                     result.family.append(path)
+                    lost = removed_markers(base.read(path) or text, answer.source, path)
+                    for where, comments in _restore_markers(base, result, {path: lost}).items():
+                        restored.setdefault(where, []).extend(comments)
                     upstreams = sorted({item.marker.qualified for item in items})
                     result.note(
                         path, f"ported as family of {', '.join(upstreams)}: its copies of them changed with them"
@@ -560,6 +563,27 @@ def _insert_before(module: cst.Module, top: str, statement: cst.SimpleStatementL
 
 
 # ------------------------------------------------------------------ markers a port removed
+
+
+def removed_markers(original: str, ported: str, path: str) -> list[str]:
+    """The marker lines of `original` that its port no longer has."""
+    kept = {line.strip() for line in ported.splitlines() if "Copied from" in line}
+    lines = copies.split_lines(original)
+    return [
+        lines[m.line].rstrip("\n") for m in copies.find_markers(path, original) if lines[m.line].strip() not in kept
+    ]
+
+
+def lost_markers(original: str, final: str, path: str) -> list[str]:
+    """The markers of `original` of which `final` keeps no form (not even with more replacements)."""
+    present = [line.strip() for line in final.splitlines() if "Copied from" in line]
+    lines = copies.split_lines(original)
+    out = []
+    for marker in copies.find_markers(path, original):
+        head = f"# Copied from {marker.qualified}"
+        if not any(line == head or line.startswith(head + " ") for line in present):
+            out.append(lines[marker.line].strip())
+    return out
 
 
 def _restore_markers(base: Sources, result: FamilyResult, removed: dict[str, list[str]]) -> dict[str, list[str]]:

@@ -15,8 +15,7 @@ from pathlib import Path
 
 from sdpa_port.api import port_source
 from sdpa_port.checkout.context import Checkout, find_checkout
-from sdpa_port.checkout.copies import find_markers
-from sdpa_port.checkout.family import FamilyResult, Ported, keep_consistent
+from sdpa_port.checkout.family import FamilyResult, Ported, keep_consistent, lost_markers, removed_markers
 from sdpa_port.checkout.ruff import Ruff, RuffError, changed_lines, find_ruff
 from sdpa_port.checkout.tree import Directory, Overlay
 from sdpa_port.edge.files import atomic_write
@@ -48,7 +47,7 @@ def _one_checkout(
 ) -> list[Outcome]:
     originals = {checkout.relative(o.path): o.original for o in ports}
     ported = {checkout.relative(o.path): o.result.source for o in ports}
-    removed = {path: _removed_markers(originals[path], ported[path], path) for path in ported}
+    removed = {path: removed_markers(originals[path], ported[path], path) for path in ported}
     ruff = find_ruff(checkout.ruff, checkout.ruff_config, checkout.root)
     base = Overlay(Directory(checkout.root), originals)
 
@@ -72,7 +71,7 @@ def _one_checkout(
             continue  # a restored marker: reported on the port's outcome below
         original = base.read(path) or ""
         if path in family.family:
-            extra.append(_family_outcome(destination, original, text, notes, options))
+            extra.append(_family_outcome(destination, original, text, notes + _lost(original, text, path), options))
         else:
             result_here = PortResult(Status.PORTED, text, None, "copies follow their ported sources")
             extra.append(
@@ -82,17 +81,9 @@ def _one_checkout(
     for position, (index, outcome) in enumerate(zip(indexes, ports)):
         path = checkout.relative(outcome.path)
         notes = tuple(family.notes.get(path, ()))
-        final_lines = {line.strip() for line in family.edits.get(path, outcome.result.source).splitlines()}
-        lost = tuple(
-            f"removed `{marker.strip()}`: the port changed the copy and its source was not ported alike"
-            for marker in removed[path]
-            if not any(line.startswith(marker.strip().split(" with ")[0]) for line in final_lines)
-        )
-        extra_warnings = lost + (warnings if position == 0 else ())
         final = family.edits.get(path, outcome.result.source)
-        # the engine's own word on removed markers is replaced by what holds in the whole tree
-        engine = tuple(w for w in outcome.result.warnings if not w.startswith("removed the `# Copied from"))
-        warned = replace(outcome.result, source=final, warnings=engine + extra_warnings)
+        extra_warnings = _lost(originals[path], final, path) + (warnings if position == 0 else ())
+        warned = replace(outcome.result, source=final, warnings=_engine_warnings(outcome.result) + extra_warnings)
         result[index] = replace(outcome, result=warned, context=outcome.context + notes)
     if checkout.converter is not None:
         for index in indexes:
@@ -147,7 +138,7 @@ def _warn(outcome: Outcome, warning: str) -> Outcome:
 
 def _family_outcome(path: Path, original: str, text: str, notes: tuple[str, ...], options: RunOptions) -> Outcome:
     answer = port_source(original, style=options.style, filename=str(path))
-    result = replace(answer, source=text)
+    result = replace(answer, source=text, warnings=_engine_warnings(answer))
     tests = None
     if options.tests:
         from sdpa_port.edge.after_port import write_parity_test
@@ -156,11 +147,16 @@ def _family_outcome(path: Path, original: str, text: str, notes: tuple[str, ...]
     return Outcome(path, result, written=path, tests=tests, original=original, kind="family", context=notes)
 
 
-def _removed_markers(original: str, ported: str, path: str) -> list[str]:
-    """The marker lines of `original` that its port no longer has."""
-    kept = {line.strip() for line in ported.splitlines() if "Copied from" in line}
-    lines = original.splitlines()
-    return [lines[m.line] for m in find_markers(path, original) if lines[m.line].strip() not in kept]
+def _lost(original: str, final: str, path: str) -> tuple[str, ...]:
+    return tuple(
+        f"removed `{marker}`: the port changed the copy and its source was not ported alike"
+        for marker in lost_markers(original, final, path)
+    )
+
+
+def _engine_warnings(result: PortResult) -> tuple[str, ...]:
+    """The engine's warnings but its word on removed markers, which the whole tree decides here."""
+    return tuple(w for w in result.warnings if not w.startswith("removed the `# Copied from"))
 
 
 def _warnings(family: FamilyResult) -> tuple[str, ...]:

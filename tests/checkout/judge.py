@@ -6,6 +6,7 @@ import pytest
 from conftest import Session
 
 from sdpa_port.checkout.copies import Inconsistency, check_tree
+from sdpa_port.checkout.family import lost_markers
 from sdpa_port.checkout.ruff import Ruff
 from sdpa_port.checkout.tree import Directory
 
@@ -44,3 +45,14 @@ def emitted_outcomes(session: Session, model: str) -> dict[str, str]:
     assert session.emitted is not None
     prefix = f"tests.models.{model}.test_sdpa_parity_{model}"
     return {t: s for t, s in session.emitted.outcomes.items() if t.startswith((prefix + ".", prefix + "::"))}
+
+
+def lost(session: Session, models: list[str]) -> dict[str, list[str]]:
+    """Markers of the original tree that no changed file keeps in any form."""
+    out = {}
+    for model in models:
+        for path, (before, after) in session.changed_by(model).items():
+            gone = lost_markers(session.pristine.get(path) or before or "", after, path) if before is not None else []
+            if gone:
+                out[path] = gone
+    return out

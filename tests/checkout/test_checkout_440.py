@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import Session, build_session
-from judge import emitted_outcomes, expected_failures, new_findings, reformatted, stale_markers
+from judge import emitted_outcomes, expected_failures, lost, new_findings, reformatted, stale_markers
 from layout import snapshot
 
 from sdpa_port.checkout.copies import check_tree
@@ -102,6 +102,10 @@ def test_the_ruff_review_sees_an_unsorted_import(session: Session, ruff_for) -> 
         "from ...utils import (", "from ...activations import ACT2FN\nfrom ...utils import (", 1
     )
     assert any(f.code == "I001" for f in ruff_for(session).review(path, text, unsorted).findings)
+
+
+def test_no_marker_of_the_tree_is_lost(session: Session) -> None:
+    assert lost(session, MODELS) == {}
 
 
 @pytest.mark.parametrize("model", MODELS)

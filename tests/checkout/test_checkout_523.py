@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import Session, build_session
-from judge import emitted_outcomes, expected_failures, new_findings, reformatted, stale_markers
+from judge import emitted_outcomes, expected_failures, lost, new_findings, reformatted, stale_markers
 
 pytestmark = pytest.mark.checkout523
 
@@ -70,6 +70,10 @@ def test_pinned_ruff_formats_nothing(session: Session, model: str, ruff_for) -> 
 def test_no_stale_copied_from_markers_anywhere(session: Session, ruff_for) -> None:  # type: ignore[no-untyped-def]
     found = stale_markers(session, ruff_for(session))
     assert {(item.marker.path, item.marker.qualified) for item in found} == PREEXISTING, "\n".join(map(str, found))
+
+
+def test_no_marker_of_the_tree_is_lost(session: Session) -> None:
+    assert lost(session, MODELS) == {}
 
 
 @pytest.mark.parametrize("model", MODELS)
