@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 PACKAGE = "src/transformers"
 MODEL_TESTS = "tests/models"
 CONVERTER = "utils/modular_model_converter.py"
-COPY_CHECKER = "utils/check_copies.py"
 
 
 @dataclass(frozen=True)
@@ -34,10 +33,6 @@ class Checkout:
     def tester_module(self, model: str) -> Path:
         """The repository's own test file for a model (`tests/models/bert/test_modeling_bert.py`)."""
         return self.model_tests(model) / f"test_modeling_{model}.py"
-
-    @property
-    def major(self) -> int | None:
-        return int(self.version.split(".")[0]) if self.version else None
 
 
 def root_of(path: Path) -> Path | None:
@@ -86,10 +81,3 @@ def package_version(init_py: str) -> str | None:
     found = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", init_py, re.MULTILINE)
     return found.group(1) if found else None
 
-
-def model_of(relative: str) -> str | None:
-    """`src/transformers/models/bert/modeling_bert.py` -> `bert`."""
-    parts = PurePosixPath(relative).parts
-    if len(parts) >= 5 and parts[:3] == ("src", "transformers", "models"):
-        return parts[-2]
-    return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -104,9 +104,9 @@ def statement_key(small: cst.Import | cst.ImportFrom) -> tuple[object, ...]:
     if isinstance(small, cst.Import):
         dotted = get_full_name_for_node(small.names[0].name) or ""
         return section(0, dotted), 0, 0, _natural(dotted)
-    dotted = get_full_name_for_node(small.module) if small.module is not None else ""
+    dotted = (get_full_name_for_node(small.module) if small.module is not None else None) or ""
     level = len(small.relative)
-    return section(level, dotted or ""), 1, -level, _natural(dotted or "")
+    return section(level, dotted), 1, -level, _natural(dotted)
 
 
 # ------------------------------------------------------------------ placing statements
@@ -126,7 +126,7 @@ def _import_of(statement: cst.CSTNode) -> cst.Import | cst.ImportFrom | None:
     return None
 
 
-def leading_block(body: list[cst.BaseStatement]) -> tuple[int, int]:
+def leading_block(body: Sequence[cst.BaseStatement]) -> tuple[int, int]:
     """(first, end) indexes of the import statements at the top of a module, after its docstring."""
     start = 0
     if body and isinstance(body[0], cst.SimpleStatementLine) and isinstance(body[0].body[0], cst.Expr):
@@ -198,6 +198,7 @@ def _with_name(
         return statement.with_changes(body=[_appended(small, obj)])
     aliases = [module.code_for_node(a.with_changes(comma=cst.MaybeSentinel.DEFAULT)) for a in small.names]
     aliases.insert(position, obj)
+    assert small.module is not None
     head = f"from {'.' * len(small.relative)}{get_full_name_for_node(small.module)} import "
     one_line = head + ", ".join(aliases)
     multi_line = small.lpar is not None and "\n" in module.code_for_node(small)
