@@ -7,6 +7,10 @@
 - tf523:  transformers 5.23.0 + torch 2.13.0 CPU: interface-style acceptance on real files, with parity, and the
           fuzzer's interface-style family.
 - corpus: every PyTorch modeling file of both releases, read from their wheels, ported in one batch.
+- checkout440: a contributor's transformers 4.40.2 checkout (sdist + the repository's tests at that tag), six models
+  ported in place with the CLI, then the repository's checks: pinned ruff, `# Copied from` consistency, the emitted
+  tests, and the models' own test files before and after.
+- checkout523: the same for a transformers 5.23.0 checkout (sdist), with a model generated from a modular file.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 
 import nox
 
-nox.options.sessions = ["unit", "tf440", "tf523", "corpus"]
+nox.options.sessions = ["unit", "tf440", "tf523", "corpus", "checkout440", "checkout523"]
 nox.options.reuse_existing_virtualenvs = True
 
 TORCH = "torch==2.13.0"  # installed first: a CPU build from this machine's disk, never a CUDA download
@@ -64,3 +68,31 @@ def corpus(session: nox.Session) -> None:
     for version in ("4.40.2", "5.23.0"):
         session.run("python", "-m", "pip", "download", "--no-deps", "-q", "-d", cache, f"transformers=={version}")
     _pytest(session, "tests/corpus", "-m", "corpus", "-q", env={"SDPA_PORT_WHEELS": cache, "SDPA_PORT_REQUIRE": "corpus"})
+
+
+# the checkouts' test dependencies (4.40.2's setup.py "testing" extra, the parts its model tests import)
+CHECKOUT_TEST_DEPS = ["parameterized", "pytest-timeout", "timeout-decorator", "psutil", "datasets"]
+# Transformers' own tests at v4.40.2, laid over the sdist (which ships none)
+TRANSFORMERS_TESTS = os.environ.get("SDPA_PORT_TRANSFORMERS_TESTS", "/work/shared/transformers-tests-4.40.2")
+
+
+def _checkout(session: nox.Session, version: str, ruff: str, extra: list[str], marker: str) -> None:
+    session.install(TORCH)
+    # the release's wheel brings the checkout's runtime dependencies; PYTHONPATH=src then runs the checkout itself
+    session.install(f"transformers=={version}", f"ruff=={ruff}", *extra, "-e", ".", PYTEST)
+    env = {
+        "SDPA_PORT_SDISTS": os.path.join(os.getcwd(), ".cache", "sdists"),
+        "SDPA_PORT_TRANSFORMERS_TESTS": TRANSFORMERS_TESTS,
+        "SDPA_PORT_REQUIRE": marker,
+    }
+    _pytest(session, "tests/checkout", "-m", marker, "-q", "-rxXf", env=env)
+
+
+@nox.session
+def checkout440(session: nox.Session) -> None:
+    _checkout(session, "4.40.2", "0.1.5", [*CHECKOUT_TEST_DEPS, "accelerate==0.30.1"], "checkout440")
+
+
+@nox.session
+def checkout523(session: nox.Session) -> None:
+    _checkout(session, "5.23.0", "0.14.10", [], "checkout523")

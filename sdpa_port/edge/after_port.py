@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdpa_port import __version__
+from sdpa_port.checkout.context import find_checkout
 from sdpa_port.edge.files import atomic_write
 from sdpa_port.emit.parity_test import model_name, render_parity_test
 from sdpa_port.result import PortResult
@@ -49,8 +50,16 @@ def package_of(input_path: Path) -> str:
 
 
 def write_parity_test(input_path: Path, written: Path, result: PortResult, tests_dir: Path | None) -> Path | None:
+    """Write the port's parity test; in a checkout, beside the model's own tests and built on its testers."""
     style = result.style.value if result.style else "auto"
-    emitted = render_parity_test(result.source, input_path, written, tests_dir, style, __version__)
+    checkout = find_checkout(input_path)
+    tester_source = None
+    if checkout is not None:
+        try:
+            tester_source = checkout.tester_module(model_name(input_path)).read_text(encoding="utf-8")
+        except OSError:
+            tester_source = None
+    emitted = render_parity_test(result.source, input_path, written, tests_dir, style, __version__, tester_source)
     if emitted is None:
         return None
     emitted.path.parent.mkdir(parents=True, exist_ok=True)

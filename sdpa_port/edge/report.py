@@ -25,7 +25,9 @@ def print_outcome(outcome: Outcome, show_diff: bool = False) -> None:
     path = str(outcome.path)
     if show_diff and outcome.diff:
         out(outcome.diff, nl=False)
-    if outcome.verify_failed:
+    if outcome.kind == "copies":
+        out(f"updated copies: {path}")
+    elif outcome.verify_failed:
         out(f"verification failed: {path} (nothing written)")
         for line in outcome.verification:
             if "FAILED" in line or "could not" in line:
@@ -34,7 +36,8 @@ def print_outcome(outcome: Outcome, show_diff: bool = False) -> None:
         where = f" -> {outcome.written}" if outcome.written and outcome.written != outcome.path else ""
         verb = "ported" if outcome.written else "would port"
         verified = " (verified)" if outcome.verification else ""
-        out(f"{verb}: {path}{where} ({', '.join(result.attention_classes)}){verified}")
+        family = " with its family" if outcome.kind == "family" else ""
+        out(f"{verb}{family}: {path}{where} ({', '.join(result.attention_classes)}){verified}")
         if outcome.tests:
             out(f"  parity tests: {outcome.tests}")
     elif result.status is Status.UNCHANGED:
@@ -45,6 +48,8 @@ def print_outcome(outcome: Outcome, show_diff: bool = False) -> None:
     else:
         for reason in result.reasons or (result.detail,):
             err(f"error: {reason}" if reason.startswith(path) else f"error: {path}: {reason}")
+    for note in outcome.context:
+        out(f"  {note}")
     for warning in result.warnings:
         err(f"warning: {path}: {warning}")
 
@@ -56,10 +61,13 @@ def print_summary(summary: Summary) -> None:
 
 def summary_lines(summary: Summary) -> list[str]:
     """Counts per outcome (ported, already supported, nothing to port, refused with its reasons, errors)."""
-    counts = Counter(o.status for o in summary.outcomes)
+    counts = Counter(o.status for o in summary.outcomes if o.kind != "copies")
     already = sum(1 for o in summary.outcomes if o.status is Status.UNCHANGED and "already" in o.result.detail)
+    family = sum(1 for o in summary.outcomes if o.kind == "family")
+    copies = sum(1 for o in summary.outcomes if o.kind == "copies")
     rows = [
-        ("ported", counts[Status.PORTED]),
+        ("ported", counts[Status.PORTED] - family),
+        *([("ported with their family", family), ("copies updated", copies)] if family or copies else []),
         ("already support SDPA", already),
         ("nothing to port", counts[Status.UNCHANGED] - already),
         ("refused", counts[Status.REFUSED]),

@@ -10,6 +10,7 @@ from typing import Callable, Iterable
 
 from sdpa_port.api import NOT_MODELING, port_source
 from sdpa_port.edge.files import InputError, Target, atomic_write, read_source
+from sdpa_port.edge.modular_step import carry_into_modular, generated_from_modular, modular_source_of
 from sdpa_port.edge.pool import available_cores, run_here, run_in_processes
 from sdpa_port.result import PortResult, Status, Style
 
@@ -35,6 +36,11 @@ class Outcome:
     tests: Path | None = None
     verification: tuple[str, ...] = ()
     verify_failed: bool = False
+    original: str = field(default="", repr=False)  # the text before the port, when it was written
+    # "port" (asked for), "family" (ported because it copies ported code), "copies" (copies follow ported code)
+    kind: str = "port"
+    context: tuple[str, ...] = ()  # what the checkout step did in this file
+    companions: tuple[tuple[Path, str], ...] = ()  # other files written with it (a modular source), with their old text
 
     @property
     def status(self) -> Status:
@@ -62,10 +68,17 @@ class Summary:
 
 def process(target: Target, options: RunOptions) -> Outcome:
     path = target.path
+    # a modular file is ported through the file generated from it; a generated file's port is carried back into it
+    generated = generated_from_modular(path)
+    modular = path if generated is not None else None
+    if generated is not None:
+        path = generated
     try:
         source = read_source(path)
     except InputError as error:
         return Outcome(path, PortResult(Status.ERROR, "", None, "bad input", reasons=(str(error),)), error=str(error))
+    if modular is None:
+        modular = modular_source_of(path, source)
     try:
         result = port_source(source, style=options.style, filename=str(path))
     except RecursionError:
@@ -75,9 +88,15 @@ def process(target: Target, options: RunOptions) -> Outcome:
         result = PortResult(Status.ERROR, source, None, "internal error", reasons=(message,))
     if target.explicit and result.status is Status.UNCHANGED and result.detail == NOT_MODELING:
         result = PortResult(Status.ERROR, source, None, "bad input", reasons=(f"{path}: {NOT_MODELING}",))
+    carried: tuple[Path, str, str] | None = None  # (modular file, its text, its new text)
+    context: tuple[str, ...] = ()
+    if modular is not None and result.status is Status.PORTED:
+        result, carried, context = carry_into_modular(modular, source, result, asked_for_modular=generated is not None)
     diff = ""
     if options.want_diff and result.status is Status.PORTED:
         diff = unified_diff(source, result.source, str(path))
+        if carried is not None:
+            diff += unified_diff(carried[1], carried[2], str(carried[0]))
     verification: tuple[str, ...] = ()
     if options.verify and result.status is Status.PORTED:
         from sdpa_port.edge.after_port import verify_port
@@ -93,6 +112,8 @@ def process(target: Target, options: RunOptions) -> Outcome:
         try:
             atomic_write(destination, result.source)
             written = destination
+            if carried is not None and options.output is None:
+                atomic_write(carried[0], carried[2])
             if options.tests:
                 from sdpa_port.edge.after_port import write_parity_test
 
@@ -100,7 +121,17 @@ def process(target: Target, options: RunOptions) -> Outcome:
         except OSError as error:
             message = f"{destination}: cannot write: {error.strerror or error}"
             return Outcome(path, PortResult(Status.ERROR, source, result.style, "write failed", reasons=(message,)), error=message)
-    return Outcome(path, result, written, diff, tests=tests, verification=verification)
+    return Outcome(
+        path,
+        result,
+        written,
+        diff,
+        tests=tests,
+        verification=verification,
+        original=source if written else "",
+        context=context,
+        companions=((carried[0], carried[1]),) if carried is not None and written else (),
+    )
 
 
 def unified_diff(before: str, after: str, name: str) -> str:
@@ -124,7 +155,8 @@ def run(
     """
     targets = list(targets)
     workers = min(jobs or available_cores(), len(targets))
-    in_order = _InOrder(progress)
+    checkout_step = options.write and options.output is None and _any_in_checkout(targets)
+    in_order = _InOrder(None if checkout_step else progress)
 
     def finished(index: int, outcome: Outcome) -> None:
         if advanced:
@@ -133,9 +165,35 @@ def run(
 
     work = partial(process, options=options)
     if workers <= 1:
-        return Summary(run_here(work, targets, _crashed, finished))
-    longest_first = sorted(range(len(targets)), key=lambda index: -_size(targets[index].path))
-    return Summary(run_in_processes(work, targets, workers, _crashed, finished, order=longest_first))
+        outcomes = run_here(work, targets, _crashed, finished)
+    else:
+        longest_first = sorted(range(len(targets)), key=lambda index: -_size(targets[index].path))
+        outcomes = run_in_processes(work, targets, workers, _crashed, finished, order=longest_first)
+    if checkout_step:
+        # the tree around the ports is judged once every port is written; outcomes are reported after that
+        from sdpa_port.edge.checkout_step import after_ports
+
+        try:
+            outcomes = after_ports(outcomes, options)
+        except Exception as error:  # the ports are written; the step around them must not hide that
+            warning = f"the checkout step failed: {type(error).__name__}: {error}"
+            outcomes = [_warned(o, warning) if o.written else o for o in outcomes]
+        for outcome in outcomes:
+            if progress:
+                progress(outcome)
+    return Summary(outcomes)
+
+
+def _warned(outcome: Outcome, warning: str) -> Outcome:
+    from dataclasses import replace
+
+    return replace(outcome, result=replace(outcome.result, warnings=outcome.result.warnings + (warning,)))
+
+
+def _any_in_checkout(targets: list[Target]) -> bool:
+    from sdpa_port.checkout.context import root_of
+
+    return any(root_of(target.path) is not None for target in targets)
 
 
 def _crashed(target: Target, why: str) -> Outcome:

@@ -1,5 +1,8 @@
 """Remove `# Copied from` markers from the definitions a port changed, unless the copy provably still matches.
 
+Each removal is a warning of the result (never silent); inside a checkout the edge puts a marker back where the
+whole tree shows it still holds.
+
 `make fix-copies` in transformers would otherwise overwrite the port with its (eager) source, and `make
 repo-consistency` would fail. Only the top-level definitions that differ between the original and the ported
 module are looked at; the markers are located with `ast` and removed from the libcst tree (which is parsed only
@@ -48,16 +51,17 @@ def reconcile_copied_from(
     decisions = decide(before, after, result.source, this_module(filename))
     stale = [d.marker for d in decisions if not d.kept]
     source = remove_markers(cst.parse_module(result.source), stale).code if stale else result.source
+    removed: list[str] = []
     for decision in decisions:
         marker = decision.marker
         if decision.kept:
             notes.append(f"kept the `# Copied from` marker on {marker.where}: it still matches {marker.copied.described}")
         else:
-            notes.append(
+            removed.append(
                 f"removed the `# Copied from {marker.copied.qualified}` marker on {marker.where}: "
                 "the port changed it, so it no longer matches its source"
             )
-    return replace(result, source=source, notes=result.notes + tuple(notes))
+    return replace(result, source=source, notes=result.notes + tuple(notes), warnings=result.warnings + tuple(removed))
 
 
 def this_module(filename: str | None) -> str | None:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import math
 import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
+
 
 SDPA_OP = "aten::scaled_dot_product_attention"
 SPECIAL_TOKENS = 3  # ids 0, 1 and 2 (pad, bos, eos in the tiny configs) are never drawn as inputs
@@ -48,7 +51,8 @@ def sharpen(model: torch.nn.Module, gain: float = 2.0, seed: int = 0) -> None:
         for module in model.modules():
             for name, parameter in module.named_parameters(recurse=False):
                 if parameter.dim() >= 2:
-                    std = 1.0 if isinstance(module, torch.nn.Embedding) else gain / math.sqrt(max(parameter.shape[-1], 1))
+                    fan_in = max(parameter.shape[-1], 1)
+                    std = 1.0 if isinstance(module, torch.nn.Embedding) else gain / math.sqrt(fan_in)
                     values = torch.randn(parameter.shape, generator=generator) * std
                 elif "bias" in name:
                     values = torch.randn(parameter.shape, generator=generator) * 0.5
@@ -63,18 +67,20 @@ def fresh(config: Any) -> Any:
 
 
 def without_dropout(config: Any) -> Any:
-    """A copy of the config with every dropout probability set to 0, for comparing gradients."""
+    """A copy of the config with every dropout and layer-drop probability set to 0, for comparing gradients.
+
+    Layer drop skips random layers in training, differently in the two models compared.
+    """
     config = fresh(config)
     for name, value in list(config.to_dict().items()):
-        if ("dropout" in name or "pdrop" in name or name.endswith("_drop")) and isinstance(value, float):
+        randomises = "dropout" in name or "pdrop" in name or name.endswith("_drop") or "layerdrop" in name
+        if randomises and isinstance(value, float):
             setattr(config, name, 0.0)
     return config
 
 
 def build(model_class: type, config: Any, attn_implementation: str, dtype: torch.dtype = torch.float32) -> Any:
-    import transformers
-
-    dtype_argument = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    dtype_argument = "dtype" if transformers_major() >= 5 else "torch_dtype"
     arguments = {"attn_implementation": attn_implementation, dtype_argument: dtype}
     model = model_class._from_config(fresh(config), **arguments)
     model.eval()
@@ -84,11 +90,19 @@ def build(model_class: type, config: Any, attn_implementation: str, dtype: torch
     return model
 
 
+def accepts(model_class: type, argument: str) -> bool:
+    return argument in inspect.signature(model_class.forward).parameters
+
+
 def model_kind(config: Any, model_class: type) -> str:
-    if getattr(config, "is_encoder_decoder", False):
+    """`seq2seq` when the forward takes decoder inputs (not every class of an encoder-decoder config does: a
+    standalone decoder `...ForCausalLM`, an encoder `...EncoderModel`), `decoder` for causal models, else `encoder`."""
+    if getattr(config, "is_encoder_decoder", False) and accepts(model_class, "decoder_input_ids"):
         return "seq2seq"
     name = model_class.__name__
     if "CausalLM" in name or "LMHead" in name or getattr(config, "is_decoder", False):
+        return "decoder"
+    if getattr(config, "is_encoder_decoder", False) and accepts(model_class, "encoder_hidden_states"):
         return "decoder"
     return "encoder"
 
@@ -103,8 +117,14 @@ class Batch:
     decoder_keep: torch.Tensor | None = None
 
 
-def make_batch(config: Any, kind: str, padding: str, batch: int = 2, length: int = 8, pad: int = 3, seed: int = 1) -> Batch:
-    """Random token ids; the last example padded on the left or the right, or no padding at all."""
+def make_batch(
+    config: Any, kind: str, padding: str, batch: int = 2, length: int = 8, pad: int = 3, seed: int = 1
+) -> Batch:
+    """Random token ids; the last example padded on the left or the right, or no padding at all.
+
+    Encoder-decoder inputs end each example with the end-of-sequence token (sequence classification heads pool the
+    decoder states at it, one per example) and give the decoder as many tokens as the encoder.
+    """
     generator = torch.Generator().manual_seed(seed)
     vocab = int(getattr(config, "vocab_size", 99))
     ids = torch.randint(SPECIAL_TOKENS, vocab, (batch, length), generator=generator)
@@ -118,9 +138,12 @@ def make_batch(config: Any, kind: str, padding: str, batch: int = 2, length: int
     inputs: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": mask}
     decoder_keep = None
     if kind == "seq2seq":
-        decoder_length = max(length - 2, 2)
-        inputs["decoder_input_ids"] = torch.randint(SPECIAL_TOKENS, vocab, (batch, decoder_length), generator=generator)
-        decoder_keep = torch.ones(batch, decoder_length, dtype=torch.long)
+        eos = getattr(config, "eos_token_id", None)
+        if isinstance(eos, int):
+            last = mask.sum(-1) - 1 + (mask.argmax(-1) if padding == "left" else 0)
+            ids[torch.arange(batch), last] = eos
+        inputs["decoder_input_ids"] = torch.randint(SPECIAL_TOKENS, vocab, (batch, length), generator=generator)
+        decoder_keep = torch.ones(batch, length, dtype=torch.long)
     return Batch(inputs, mask, decoder_keep)
 
 
@@ -128,7 +151,9 @@ def make_batch(config: Any, kind: str, padding: str, batch: int = 2, length: int
 
 
 def tensors(output: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    items = output.items() if hasattr(output, "items") else enumerate(output if isinstance(output, tuple) else [output])
+    items = (
+        output.items() if hasattr(output, "items") else enumerate(output if isinstance(output, tuple) else [output])
+    )
     for key, value in items:
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             yield str(key), value
@@ -146,8 +171,9 @@ def max_difference(a: Any, b: Any, batch: Batch, relative: bool = False) -> floa
         keep = None
         if left.dim() >= 2 and tuple(left.shape[:2]) == tuple(batch.keep.shape):
             keep = batch.keep
-        elif batch.decoder_keep is not None and left.dim() >= 2 and tuple(left.shape[:2]) == tuple(batch.decoder_keep.shape):
-            keep = batch.decoder_keep
+        elif batch.decoder_keep is not None and left.dim() >= 2:
+            if tuple(left.shape[:2]) == tuple(batch.decoder_keep.shape):
+                keep = batch.decoder_keep
         difference = (left.float() - right.float()).abs()
         scale = left.float().abs()
         if keep is not None:
@@ -163,6 +189,18 @@ def max_difference(a: Any, b: Any, batch: Batch, relative: bool = False) -> floa
     if compared == 0:
         raise ValueError("the outputs have no tensors in common to compare")
     return worst
+
+
+def attention_weights(output: Any) -> dict[str, tuple[torch.Tensor, ...]]:
+    """Every attention-weight output: `attentions`, or `encoder_`/`decoder_`/`cross_attentions` of seq2seq models."""
+    items = output.items() if hasattr(output, "items") else ()
+    return {key: value for key, value in items if key.endswith("attentions") and value}
+
+
+def transformers_major() -> int:
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
 
 
 @contextlib.contextmanager
@@ -239,6 +277,23 @@ def compare(
     if expect_sdpa:
         checks.append(Check(f"{name} sdpa executed", calls > 0, None, f"{calls} SDPA call(s)"))
     return checks
+
+
+BF16_ULPS = 2.0**-7  # two units in the last place of bfloat16 (8 significant bits), relative to the output scale
+
+
+def bf16_error(reference: Any, eager: Any, sdpa: Any, batch: Batch) -> tuple[float, float, float]:
+    """(SDPA's bf16 error, eager's bf16 error, the bound) against an fp32 reference, relative to its magnitude.
+
+    Both bf16 models round at every step; eager attention's own error measures what rounding costs this model on
+    these inputs. SDPA in bf16 passes when it is no more than twice as far from the fp32 result as eager in bf16,
+    plus two bf16 units: a wrong scale or a dropped term is many times that.
+    """
+    with torch.no_grad():
+        expected = reference(**batch.inputs)
+        eager_error = max_difference(expected, eager(**batch.inputs), batch, relative=True)
+        sdpa_error = max_difference(expected, sdpa(**batch.inputs), batch, relative=True)
+    return sdpa_error, eager_error, 2 * eager_error + BF16_ULPS
 
 
 def greedy(model: Any, batch: Batch, config: Any, kind: str, new_tokens: int = 6) -> torch.Tensor:

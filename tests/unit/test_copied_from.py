@@ -69,9 +69,10 @@ def test_stale_markers_removed_the_rest_kept(ported) -> None:  # type: ignore[no
     source, result = ported
     assert result.status is Status.PORTED
     assert _markers(source) - _markers(result.source) == {("TinyEncoderLayer", None), ("TinyEncoderModel", "forward")}
-    notes = "\n".join(result.notes)
-    assert f"removed the `# Copied from {BERT}.BertLayer` marker on TinyEncoderLayer" in notes
-    assert f"removed the `# Copied from {BERT}.BertModel.forward` marker on TinyEncoderModel.forward" in notes
+    notes = "\n".join(result.notes + result.warnings)
+    warnings = "\n".join(result.warnings)
+    assert f"removed the `# Copied from {BERT}.BertLayer` marker on TinyEncoderLayer" in warnings
+    assert f"removed the `# Copied from {BERT}.BertModel.forward` marker on TinyEncoderModel.forward" in warnings
     # TinyEncoderLayer.forward and the config were not touched; the attention class itself is unchanged in class style
     assert "TinyEncoderLayer.forward" not in notes and "TinyEncoderConfig" not in notes
 

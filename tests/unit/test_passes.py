@@ -220,7 +220,7 @@ def test_add_imports_extends_existing_line_or_adds_one() -> None:
         module, names, [("modeling_attn_mask_utils", "_prepare_4d_attention_mask_for_sdpa"), ("warnings", None)]
     )
     assert result.code == (
-        "import math\n\nimport torch\nimport warnings\n"
+        "import math\nimport warnings\n\nimport torch\n"
         "from ...modeling_attn_mask_utils import _prepare_4d_attention_mask, _prepare_4d_attention_mask_for_sdpa\n"
         "from ...modeling_utils import PreTrainedModel\n\nx = 1\n"
     )
@@ -231,7 +231,7 @@ def test_add_imports_extends_existing_line_or_adds_one() -> None:
 def test_add_imports_new_relative_line() -> None:
     module = cst.parse_module("import torch\nfrom ...modeling_utils import PreTrainedModel\n")
     result = imports.add_imports(module, ImportMap.of(module), [("modeling_attn_mask_utils", "f")])
-    assert result.code.endswith("from ...modeling_utils import PreTrainedModel\nfrom ...modeling_attn_mask_utils import f\n")
+    assert result.code.endswith("from ...modeling_attn_mask_utils import f\nfrom ...modeling_utils import PreTrainedModel\n")
 
 
 # ---------------------------------------------------------------- dead code

@@ -1,0 +1,82 @@
+"""Transformers 5.23.0 as a contributor's checkout (its sdist: the library and the common testers, no model tests):
+port xglm, codegen and gptj in place, and switch_transformers through its modular file, then judge the tree."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import Session, build_session
+from judge import emitted_outcomes, expected_failures, lost, new_findings, reformatted, stale_markers
+
+pytestmark = pytest.mark.checkout523
+
+MODELS = ["xglm", "codegen", "gptj", "switch_transformers"]
+MODULAR = {"switch_transformers"}
+
+ENGINE_FORMAT = {
+    "xglm": "the engine adds `config=None,` to XGLMAttention.__init__ at the indentation of the `def` line",
+}
+# not holding in the release itself: idefics2 and idefics3 copy CLIPAttention.__init__ without its is_causal line
+PREEXISTING = {
+    (
+        "src/transformers/models/idefics2/modeling_idefics2.py",
+        "transformers.models.clip.modeling_clip.CLIPAttention.__init__",
+    ),
+    (
+        "src/transformers/models/idefics3/modeling_idefics3.py",
+        "transformers.models.clip.modeling_clip.CLIPAttention.__init__",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
+    return build_session("5.23.0", MODELS, tmp_path_factory.mktemp("checkout523"), repo_tests=False)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_port_is_written_with_its_test(session: Session, model: str) -> None:
+    port = session.ports[model]
+    assert port.returncode == 0, port.output
+    expected = {
+        f"src/transformers/models/{model}/modeling_{model}.py",
+        f"tests/models/{model}/test_sdpa_parity_{model}.py",
+    }
+    if model in MODULAR:
+        expected.add(f"src/transformers/models/{model}/modular_{model}.py")
+    assert expected <= set(port.changed), port.output
+
+
+@pytest.mark.parametrize("model", sorted(MODULAR))
+def test_the_modular_file_carries_the_port(session: Session, model: str) -> None:
+    """Every line the port added to the generated file is in the modular file too (what regeneration reads)."""
+    changed = session.changed_by(model)
+    generated_before, generated_after = changed[f"src/transformers/models/{model}/modeling_{model}.py"]
+    modular_before, modular_after = changed[f"src/transformers/models/{model}/modular_{model}.py"]
+    added = set(generated_after.splitlines()) - set((generated_before or "").splitlines())
+    assert added and added <= set(modular_after.splitlines()) - set((modular_before or "").splitlines())
+    assert "warning" not in session.ports[model].output or "generated from" not in session.ports[model].output
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_pinned_ruff_finds_nothing_new(session: Session, model: str, ruff_for) -> None:  # type: ignore[no-untyped-def]
+    assert new_findings(session, model, ruff_for(session)) == []
+
+
+@pytest.mark.parametrize("model", expected_failures(MODELS, ENGINE_FORMAT))
+def test_pinned_ruff_formats_nothing(session: Session, model: str, ruff_for) -> None:  # type: ignore[no-untyped-def]
+    assert reformatted(session, model, ruff_for(session)) == {}
+
+
+def test_no_stale_copied_from_markers_anywhere(session: Session, ruff_for) -> None:  # type: ignore[no-untyped-def]
+    found = stale_markers(session, ruff_for(session))
+    assert {(item.marker.path, item.marker.qualified) for item in found} == PREEXISTING, "\n".join(map(str, found))
+
+
+def test_no_marker_of_the_tree_is_lost(session: Session) -> None:
+    assert lost(session, MODELS) == {}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_emitted_tests_pass(session: Session, model: str) -> None:
+    mine = emitted_outcomes(session, model)
+    assert "passed" in mine.values() and "failed" not in mine.values(), session.emitted.tail if session.emitted else ""
