@@ -90,8 +90,8 @@ def _one_checkout(
             result[index] = _regenerated(checkout, result[index])
     if ruff is not None:
         for index in indexes:
-            result[index] = _reviewed(ruff, checkout, result[index])
-        extra = [_reviewed(ruff, checkout, outcome) for outcome in extra]
+            result[index] = _reviewed(ruff, checkout, _formatted(ruff, checkout, result[index]))
+        extra = [_reviewed(ruff, checkout, _formatted(ruff, checkout, outcome)) for outcome in extra]
     elif checkout.ruff:
         message = f"ruff {checkout.ruff} (the checkout's pin) not found: install it to check the port's style"
         first = result[indexes[0]]
@@ -161,6 +161,30 @@ def _engine_warnings(result: PortResult) -> tuple[str, ...]:
 
 def _warnings(family: FamilyResult) -> tuple[str, ...]:
     return tuple(f"stale `# Copied from` marker: {item}" for item in family.stale)
+
+
+def _formatted(ruff: Ruff, checkout: Checkout, outcome: Outcome) -> Outcome:
+    """The written file (and its companions) formatted with the checkout's pinned ruff, when the file was formatted
+    with it before the port: then formatting changes only lines the port wrote, as a contributor's `make style`
+    would. A file that was not formatted before is left as written (the review reports what ruff would change)."""
+    files = [(outcome.written, outcome.original)] if outcome.written is not None else []
+    files.extend(outcome.companions)
+    for path, before in files:
+        if path is None or before is None:
+            continue
+        try:
+            relative = checkout.relative(path)
+            if ruff.format(relative, before) != before:
+                continue
+            text = path.read_text(encoding="utf-8")
+            formatted = ruff.format(relative, text)
+        except (RuffError, OSError) as error:
+            return _warn(outcome, f"could not format it with ruff {checkout.ruff}: {error}")
+        if formatted != text:
+            atomic_write(path, formatted)
+            if path == outcome.written:
+                outcome = replace(outcome, result=replace(outcome.result, source=formatted))
+    return outcome
 
 
 def _reviewed(ruff: Ruff, checkout: Checkout, outcome: Outcome) -> Outcome:

@@ -279,6 +279,7 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
         for swap in report.swapped:
             notes.append(f"mask helper for SDPA in {swap}")
         needed.extend(("modeling_attn_mask_utils", name) for name in sorted(report.needed_imports))
+        needed.extend(("utils", name) for name in sorted(report.needed_utils))
     for name in plan.flag_classes:
         module = flags.set_class_flag(module, [name], "_supports_sdpa")
         notes.append(f"{name}._supports_sdpa = True")

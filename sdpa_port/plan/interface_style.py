@@ -665,8 +665,14 @@ class _InitAttributes(cst.CSTTransformer):
                 )
                 last = params.params[-1] if params.params else None
                 if last is not None and isinstance(last.comma, cst.Comma):
+                    # a trailing comma (one parameter per line): the new one goes last, `last` takes the separator
+                    # the parameter before it has, so both sit at the parameters' indentation
+                    before = params.params[-2].comma if len(params.params) > 1 else None
+                    separator = before if isinstance(before, cst.Comma) else cst.Comma(
+                        whitespace_after=cst.SimpleWhitespace(" ")
+                    )
                     new_param = new_param.with_changes(comma=last.comma)
-                    params = params.with_changes(params=[*params.params, new_param])
+                    params = params.with_changes(params=[*params.params[:-1], last.with_changes(comma=separator), new_param])
                 elif last is not None:
                     params = params.with_changes(
                         params=[*params.params[:-1], last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), new_param]

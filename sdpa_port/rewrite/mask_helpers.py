@@ -30,6 +30,7 @@ class MaskSwapPlan:
 class MaskSwapReport:
     swapped: list[str] = field(default_factory=list)  # "Class.method: helper"
     needed_imports: set[str] = field(default_factory=set)
+    needed_utils: set[str] = field(default_factory=set)  # from the package's `utils`
     skipped: list[str] = field(default_factory=list)
 
 
@@ -86,7 +87,7 @@ class _Swap(ScopedTransformer):
             condition = self.fallback_condition()
             new_call = call.with_changes(func=cst.Name(CAUSAL + SDPA_SUFFIX))
         elif helper == PLAIN and self.plan.plain:
-            condition = 'self.config._attn_implementation == "sdpa"'
+            condition = 'self.config._attn_implementation == "sdpa"' + self.not_traced(arg(call, 0, "mask"))
             new_call = call.with_changes(func=cst.Name(PLAIN + SDPA_SUFFIX))
         elif helper == EXTENDED and self.plan.extended:
             mask = arg(call, 0, "attention_mask")
@@ -96,7 +97,7 @@ class _Swap(ScopedTransformer):
             dtype = arg(call, 3, "dtype") or expr("self.dtype")
             condition = (
                 f'self.config._attn_implementation == "sdpa" and not self.config.is_decoder and {mask.value}.dim() == 2'
-            )
+            ) + self.not_traced(mask)
             new_call = cst.Call(
                 func=cst.Name(PLAIN + SDPA_SUFFIX),
                 args=[
@@ -120,6 +121,15 @@ class _Swap(ScopedTransformer):
             orelse=cst.Else(body=cst.IndentedBlock(body=[eager_statement])),
             leading_lines=updated.leading_lines,
         )
+
+    def not_traced(self, mask: cst.BaseExpression | None) -> str:
+        """`_prepare_4d_attention_mask_for_sdpa` asks `torch.all(mask == 1)` before it checks for tracing, which
+        torch.fx cannot trace (transformers' `test_torch_fx`): a traced mask keeps the plain helper, whose float
+        mask SDPA takes as well."""
+        if not isinstance(mask, cst.Name):
+            return ""
+        self.report.needed_utils.add("is_torch_fx_proxy")
+        return f" and not is_torch_fx_proxy({mask.value})"
 
     def fallback_condition(self) -> str:
         """SDPA masks may be None for a causal layer; keep full masks where the layers fall back to eager."""

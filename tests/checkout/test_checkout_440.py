@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import Session, build_session
-from judge import emitted_outcomes, expected_failures, lost, new_findings, reformatted, stale_markers
+from judge import emitted_outcomes, lost, new_findings, reformatted, stale_markers
 from layout import snapshot
 
 from sdpa_port.checkout.copies import check_tree
@@ -15,19 +15,6 @@ pytestmark = pytest.mark.checkout440
 
 MODELS = ["t5", "bert", "gpt2", "mbart", "distilbert", "opt"]
 
-# Findings that come from code the porting engine generates (sdpa_port/plan, rewrite, templates/class_style), not
-# from this step: kept visible as strict expected failures until the engine changes.
-ENGINE_FORMAT = {
-    "t5": "generated T5SdpaAttention.forward and T5Layer*Attention.__init__ lines exceed 119 characters",
-    "bert": "generated sdpa_mask line, BertAttention.__init__ and BertModel.forward lines exceed 119 characters",
-    "gpt2": "generated torch.where(...).to(...) lines in GPT2SdpaAttention exceed 119 characters",
-    "mbart": "generated condition in MBartDecoder.forward exceeds 119 characters",
-}
-ENGINE_REGRESSIONS = {
-    model: "test_torch_fx*: the generated forward calls 4.40.2's _prepare_4d_attention_mask_for_sdpa under symbolic "
-    "tracing, whose `torch.all(mask == 1)` makes fx fail (TypeError: __bool__ should return bool)"
-    for model in ("bert", "t5")
-}
 # not holding in the release itself: clap's copy of BertEmbeddings.__init__ differs (persistent=True), and two
 # markers in gpt_neox's tests name test files the 4.40.2 overlay does not carry
 PREEXISTING = {
@@ -64,7 +51,7 @@ def test_pinned_ruff_finds_nothing_new(session: Session, model: str, ruff_for) -
     assert new_findings(session, model, ruff_for(session)) == []
 
 
-@pytest.mark.parametrize("model", expected_failures(MODELS, ENGINE_FORMAT))
+@pytest.mark.parametrize("model", MODELS)
 def test_pinned_ruff_formats_nothing(session: Session, model: str, ruff_for) -> None:  # type: ignore[no-untyped-def]
     assert reformatted(session, model, ruff_for(session)) == {}
 
@@ -114,7 +101,7 @@ def test_emitted_tests_pass(session: Session, model: str) -> None:
     assert mine and set(mine.values()) == {"passed"}, session.emitted.tail if session.emitted else ""
 
 
-@pytest.mark.parametrize("model", expected_failures(MODELS, ENGINE_REGRESSIONS))
+@pytest.mark.parametrize("model", MODELS)
 def test_repository_tests_that_passed_still_pass(session: Session, model: str) -> None:
     assert session.repo_before is not None and session.repo_after is not None
     prefix = f"tests.models.{model}.test_modeling_{model}."

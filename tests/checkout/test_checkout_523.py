@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import pytest
 from conftest import Session, build_session
-from judge import emitted_outcomes, expected_failures, lost, new_findings, reformatted, stale_markers
+from judge import emitted_outcomes, lost, new_findings, reformatted, stale_markers
 
 pytestmark = pytest.mark.checkout523
 
 MODELS = ["xglm", "codegen", "gptj", "switch_transformers"]
 MODULAR = {"switch_transformers"}
 
-ENGINE_FORMAT = {
-    "xglm": "the engine adds `config=None,` to XGLMAttention.__init__ at the indentation of the `def` line",
-}
 # not holding in the release itself: idefics2 and idefics3 copy CLIPAttention.__init__ without its is_causal line
 PREEXISTING = {
     (
@@ -62,7 +59,7 @@ def test_pinned_ruff_finds_nothing_new(session: Session, model: str, ruff_for) -
     assert new_findings(session, model, ruff_for(session)) == []
 
 
-@pytest.mark.parametrize("model", expected_failures(MODELS, ENGINE_FORMAT))
+@pytest.mark.parametrize("model", MODELS)
 def test_pinned_ruff_formats_nothing(session: Session, model: str, ruff_for) -> None:  # type: ignore[no-untyped-def]
     assert reformatted(session, model, ruff_for(session)) == {}
 
