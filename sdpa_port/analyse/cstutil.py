@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Callable, Container, Iterable, Mapping, Sequence
+from typing import Callable, Container, Iterable, Mapping, Sequence, TypeVar
 
 import libcst as cst
 import libcst.matchers as m
+
+N = TypeVar("N", bound=cst.CSTNode)
 
 _EMPTY_MODULE = cst.Module(body=[])
 
@@ -268,6 +270,20 @@ class NodesIn(cst.CSTVisitor):
         if node in self.wanted:
             self.found.append(node)
         return True
+
+
+def nodes_of_type(tree: cst.CSTNode, kind: type[N]) -> list[N]:
+    """Every node of type `kind` inside `tree`, not looking into nested functions, classes or lambdas."""
+    found: list[N] = []
+
+    class _Collect(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            if isinstance(node, kind):
+                found.append(node)
+            return node is tree or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+
+    tree.visit(_Collect())
+    return found
 
 
 def nodes_in(tree: cst.CSTNode, wanted: Container[cst.CSTNode]) -> list[cst.CSTNode]:

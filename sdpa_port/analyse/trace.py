@@ -19,7 +19,16 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
-from sdpa_port.analyse.cstutil import assigned_names, binary, block_body, code, if_branches, primary, replace_names
+from sdpa_port.analyse.cstutil import (
+    assigned_names,
+    binary,
+    block_body,
+    code,
+    if_branches,
+    nodes_of_type,
+    primary,
+    replace_names,
+)
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.refusals import Code, Reason
 
@@ -90,6 +99,9 @@ class View:
     rank_before: int | None
     rank_after: int | None
     heads: tuple[cst.BaseExpression, cst.BaseExpression] | None
+    # a regrouping of 3-D or 4-D scores into 5-D (`scores.view(b // w, w, h, q, k)` to add a per-window term) and
+    # the view back: the sizes given
+    shape: tuple[cst.BaseExpression, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -699,7 +711,12 @@ class Tracer:
                         f"the scores are viewed as `{_short(node)}`, a shape of the same rank that may regroup them",
                         {base.cid},
                     )
-                return base, [*ops, View(current.rank, after if after is not None else current.rank, heads)]
+                shape = None
+                if (current.rank, after) in ((3, 5), (4, 5), (5, 3), (5, 4)):
+                    shape = self.view_shape(node.args)
+                    if shape is None:
+                        raise _Poison(Code.LAYOUT, f"the scores are regrouped by `{_short(node)}`, a shape that cannot be read", {base.cid})
+                return base, [*ops, View(current.rank, after if after is not None else current.rank, heads, shape)]
             if name in p.CAST_METHODS:
                 return base, [*ops, Cast(name in ("float", "double") or _casts_to_float32(node, self.scope))]
             if name in ("masked_fill", "masked_fill_"):
@@ -1284,6 +1301,19 @@ class Tracer:
             return None
         return len(args)
 
+    def view_shape(self, args: Sequence[cst.Arg]) -> tuple[cst.BaseExpression, ...] | None:
+        """The sizes of `view(a, b, ...)` or `view((a, b, ...))`; None when starred or not written out."""
+        if any(a.star or a.keyword is not None for a in args):
+            return None
+        if len(args) == 1:
+            node = args[0].value
+            if isinstance(node, cst.Name):
+                node = self.scope.local_value(node.value) or node
+            if isinstance(node, (cst.Tuple, cst.List)) and not any(isinstance(e, cst.StarredElement) for e in node.elements):
+                return tuple(e.value for e in node.elements)
+            return None
+        return tuple(a.value for a in args)
+
     def tuple_length(self, node: cst.BaseExpression) -> int | None:
         if isinstance(node, (cst.Tuple, cst.List)):
             if any(isinstance(e, cst.StarredElement) for e in node.elements):
@@ -1321,6 +1351,47 @@ class Tracer:
         if found is not None:
             assert isinstance(node, cst.Call)
             return len(node.args) if all(not a.star for a in node.args) else None
+        return self.rank_returned(node, depth)
+
+    def rank_returned(self, node: cst.BaseExpression, depth: int) -> int | None:
+        """`self.split(x)`: the rank every `return` of that method gives, read from its last reshape or permute
+        (`transpose_for_scores`); None when the returns disagree or one cannot be read."""
+        if not (
+            isinstance(node, cst.Call)
+            and m.matches(node.func, m.Attribute(value=m.Name("self")))
+            and self.scope.class_name is not None
+        ):
+            return None
+        assert isinstance(node.func, cst.Attribute)
+        found = self.facts.find_method(self.scope.class_name, node.func.attr.value)
+        if found is None:
+            return None
+        values = [r.value for r in nodes_of_type(found[1].body, cst.Return)]
+        ranks = {self.rank_in_method(value, found[1], depth + 1) if value is not None else None for value in values}
+        return ranks.pop() if len(ranks) == 1 else None
+
+    def rank_in_method(self, node: cst.BaseExpression, method: cst.FunctionDef, depth: int) -> int | None:
+        if depth > 6:
+            return None
+        reshaped = p.reshape_args(node)
+        if reshaped is not None:  # sizes written out only: the names of this function are not the method's
+            sizes = reshaped[1]
+            return len(sizes) if len(sizes) > 1 and not any(a.star for a in sizes) else None
+        found = p.method_call(node, {"permute"})
+        if found is not None:
+            assert isinstance(node, cst.Call)
+            return len(node.args) if all(not a.star for a in node.args) else None
+        found = p.method_call(node, p.CAST_METHODS | {"transpose", "contiguous"})
+        if found is not None:
+            return self.rank_in_method(found[0], method, depth + 1)
+        if isinstance(node, cst.Name):
+            assigned = [
+                a.value
+                for a in nodes_of_type(method.body, cst.Assign)
+                if len(a.targets) == 1 and m.matches(a.targets[0].target, m.Name(node.value))
+            ]
+            ranks = {self.rank_in_method(value, method, depth + 1) for value in assigned}
+            return ranks.pop() if len(ranks) == 1 else None
         return None
 
     # -------------------------------------------------------------- output

@@ -50,6 +50,7 @@ class SideNames:
     is_causal: str = "sdpa_is_causal"
     query: str = "sdpa_query"
     key: str = "sdpa_key"
+    scores_shape: str = "scores_shape"
 
     @classmethod
     def avoiding(cls, taken: set[str]) -> "SideNames":
@@ -140,6 +141,8 @@ class SdpaEmitter(StatementWalker):
         self.start: t.Start | None = None
         self.probs_after_output = result.probs_names_after_output
         self.layout = self.decide_layout()
+        # the 5-D shape the scores are viewed as, and their rank before
+        self.regrouped: tuple[tuple[cst.BaseExpression, ...], int | None] | None = None
         # query and key are float32 copies: run SDPA in float32 and cast the result back, as eager does
         self.upcast = any(isinstance(op, t.Start) and op.operands_upcast for op, _, _ in candidate.ops)
         # names read by the statements the rewrite removed: their definitions may now be dead
@@ -150,7 +153,7 @@ class SdpaEmitter(StatementWalker):
     # -------------------------------------------------------------- layout
 
     def decide_layout(self) -> Layout:
-        ops = [op for op, _, _ in self.candidate.ops]
+        ops = _outside_regroupings([op for op, _, _ in self.candidate.ops])
         start = ops[0]
         assert isinstance(start, t.Start)
         output = ops[-1]
@@ -359,11 +362,20 @@ class SdpaEmitter(StatementWalker):
             case t.Scale():
                 return self.scale(op)
             case t.AddTerm():
-                term = op.term
-                if self.layout.heads is not None and op.rank == 3:
+                term, rank = op.term, op.rank
+                if self.regrouped is not None:
+                    term, rank = self.regrouped_term(term, self.regrouped[0]), self.regrouped[1]
+                if self.layout.heads is not None and rank == 3:
                     # a `(batch * heads, ...)` term (ALiBi through baddbmm) joins the per-head mask
                     term = unflatten(term, self.layout.heads)
                 return self.add_to_mask(term)
+            case t.View() if op.shape is not None and op.rank_after == 5:
+                return self.regroup(op.shape, op.rank_before)
+            case t.View() if self.regrouped is not None and op.rank_before == 5:
+                self.regrouped = None
+                return []
+            case t.Fill() | t.Guard() if self.regrouped is not None:
+                raise Refuse(Code.LAYOUT, "the scores are masked while regrouped into another shape")
             case t.Fill():
                 if op.causal and state.causal_fill is None:
                     state.causal_fill = op.fill
@@ -389,6 +401,30 @@ class SdpaEmitter(StatementWalker):
                 raise AssertionError("the product with V is emitted by output_statement")
             case _:
                 t.unreachable(op)
+
+    def regrouped_term(self, term: cst.BaseExpression, shape: tuple[cst.BaseExpression, ...]) -> cst.BaseExpression:
+        """A term added to the scores viewed as `shape` (`scores.view(shape) + term`, viewed back): the same term
+        on the scores' own shape, `(zeros(scores).view(shape) + term).view(scores)`; views keep the entries' order,
+        so the sum is unchanged. `scores_shape` is assigned where the regrouping starts."""
+        if self.query is None:
+            raise Refuse(Code.SCORES_READ, "the scores are regrouped before the query-key product")
+        scores_shape = cst.Name(self.names.scores_shape)
+        zeros = cst.Call(func=cst.Attribute(value=primary(self.query), attr=cst.Name("new_zeros")), args=[cst.Arg(scores_shape)])
+        viewed = cst.Call(
+            func=cst.Attribute(value=zeros, attr=cst.Name("view")),
+            args=[cst.Arg(size, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for size in shape[:-1]]
+            + [cst.Arg(shape[-1])],
+        )
+        summed = binary(viewed, cst.Add(), term)
+        return cst.Call(func=cst.Attribute(value=primary(summed), attr=cst.Name("view")), args=[cst.Arg(scores_shape)])
+
+    def regroup(self, shape: tuple[cst.BaseExpression, ...], rank: int | None) -> list[cst.BaseStatement]:
+        """Where the scores are regrouped: their shape, read from the query and the key."""
+        if self.query is None or self.key is None:
+            raise Refuse(Code.SCORES_READ, "the scores are regrouped before the query-key product")
+        self.regrouped = (shape, rank)
+        value = binary(_shape_slice(self.query, ":-1"), cst.Add(), _shape_slice(self.key, "-2:-1"))
+        return [_assign(self.names.scores_shape, value)]
 
     def start_chain(self, op: t.Start) -> list[cst.BaseStatement]:
         self.start = op
@@ -757,6 +793,54 @@ def _same_factors(a: list[tuple[cst.BaseExpression, bool]], b: list[tuple[cst.Ba
 
 def _binary(left: cst.BaseExpression, factor: cst.BaseExpression, divide: bool) -> cst.BinaryOperation:
     return binary(left, cst.Divide() if divide else cst.Multiply(), factor)
+
+
+def _shape_slice(node: cst.BaseExpression, bounds: str) -> cst.BaseExpression:
+    """`node.shape[<bounds>]` for bounds such as `:-1` or `-2:-1`."""
+    lower, upper = bounds.split(":")
+    shape = cst.Attribute(value=primary(node), attr=cst.Name("shape"))
+    return cst.Subscript(
+        value=shape, slice=[cst.SubscriptElement(cst.Slice(lower=_integer(lower), upper=_integer(upper)))]
+    )
+
+
+def _integer(text: str) -> cst.BaseExpression | None:
+    if not text:
+        return None
+    if text.startswith("-"):
+        return cst.UnaryOperation(cst.Minus(), cst.Integer(text[1:]))
+    return cst.Integer(text)
+
+
+def _outside_regroupings(ops: Sequence[t.Op]) -> list[t.Op]:
+    """`ops` without their regroupings, checked: scores may be viewed in 5-D only to add terms (scaling and casts
+    allowed), then viewed back to their rank with the same trailing sizes."""
+    out: list[t.Op] = []
+    opened: t.View | None = None
+    for op in ops:
+        if isinstance(op, t.View) and op.shape is not None and op.rank_after == 5 and opened is None:
+            opened = op
+            continue
+        if opened is not None:
+            assert opened.shape is not None
+            if isinstance(op, t.View):
+                rank = opened.rank_before or 4
+                back = op.shape
+                kept = rank - 1  # the sizes after the batch
+                if (
+                    op.rank_after != rank
+                    or back is None
+                    or [code(n) for n in back[-kept:]] != [code(n) for n in opened.shape[-kept:]]
+                ):
+                    raise Refuse(Code.LAYOUT, "the regrouped scores are viewed back to another shape")
+                opened = None
+                continue
+            if not isinstance(op, (t.AddTerm, t.Scale, t.Cast)):
+                raise Refuse(Code.LAYOUT, "the scores are regrouped into another shape across more than added terms")
+        out.append(op)
+    if opened is not None:
+        raise Refuse(Code.LAYOUT, "the regrouped scores are not viewed back before the softmax")
+    return out
 
 
 def unflatten(node: cst.BaseExpression, heads: tuple[cst.BaseExpression, cst.BaseExpression]) -> cst.BaseExpression:

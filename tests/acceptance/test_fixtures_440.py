@@ -13,6 +13,7 @@ CASES = [
     ("modeling_tiny_decoder.py", "TinyDecoderModel", "decoder", {}),
     ("modeling_tiny_decoder.py", "TinyDecoderModel", "decoder", {"scale_by_layer": True}),
     ("modeling_tiny_encoder.py", "TinyEncoderModel", "encoder", {}),
+    ("modeling_tiny_windows.py", "TinyWindowsModel", "encoder", {}),  # a per-window mask on regrouped scores
 ]
 
 

@@ -87,6 +87,16 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         "refused", "C304",
     ),
     "8b: an einsum over (batch, time, heads, dim)": (Spec(product="einsum_bthd"), "refused", "F601"),
+    # reach (issue 12): a term added while the scores are regrouped into windows, flat (b * h, q, k) scores
+    # included: the port crashed before the regrouped term was unflattened like other flat terms
+    "12a: a per-window term on regrouped flat scores": (
+        Spec(layout="flat", product="bmm", terms=(("mask", "not_none"), ("windowed", "plain"))),
+        "exact", None,
+    ),
+    "12b: a per-window term on regrouped scores, 5.x": (
+        Spec(family="523", mask_style="builder", terms=(("windowed", "flag"), ("mask", "not_none"))),
+        "exact", None,
+    ),
 }
 
 

@@ -197,6 +197,19 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
                 code.add(f"attn_weights = attn_weights + alibi.repeat(bsz, 1, 1)")
             else:
                 code.add("attn_weights = attn_weights + alibi")
+        elif kind == "windowed":
+            # a per-window term added with the scores regrouped into (batch // windows, windows, ...) (Swin's form)
+            heads = n.attr("num_heads")
+            code.add(f"windows = {n.attr('window_bias')}.shape[0]")
+            batch = "bsz" if n.flat else f"{n.query}.shape[0]"
+            code.add(
+                f"attn_weights = attn_weights.view({batch} // windows, windows, {heads}, {n.q_len}, {n.k_len})"
+                f" + {n.attr('window_bias')}.unsqueeze(0)"
+            )
+            if n.flat:
+                code.add(f"attn_weights = attn_weights.view(-1, {n.q_len}, {n.k_len})")
+            else:
+                code.add(f"attn_weights = attn_weights.view(-1, {heads}, {n.q_len}, {n.k_len})")
         elif kind == "relative":
             code.add(f"query_positions = torch.arange({n.q_len}, device=attn_weights.device) + ({n.k_len} - {n.q_len})")
             code.add(f"key_positions = torch.arange({n.k_len}, device=attn_weights.device)")
@@ -489,6 +502,7 @@ def attention_class(spec: Spec, code: Code) -> None:
                 "persistent=False)"
             )
             code.add(f"self.relative_embedding = nn.Embedding({2 * MAX_POSITIONS - 1}, self.head_dim)")
+            code.add("self.window_bias = nn.Parameter(2 * torch.randn(2, self.num_heads, 1, 1))")
             if spec.hazard == "param_scale":
                 code.add("self.temperature = nn.Parameter(torch.ones(1))")
         code.add("")
