@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 from conftest import Session
 
 from sdpa_port.checkout.copies import Inconsistency, check_tree
 from sdpa_port.checkout.family import lost_markers
 from sdpa_port.checkout.ruff import Ruff
 from sdpa_port.checkout.tree import Directory
-
-
-def expected_failures(models: list[str], table: dict[str, str]) -> list:  # type: ignore[type-arg]
-    """`models` as parameters, those in `table` marked as strict expected failures with the table's reason."""
-    return [
-        pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=table[m])) if m in table else m for m in models
-    ]
 
 
 def new_findings(session: Session, model: str, ruff: Ruff) -> list[str]:
