@@ -112,7 +112,7 @@ def plan_class_style(
             registrations.append((analysis, name, Registration(dict_of[analysis.class_name], create=False)))
             continue
         owners = facts.classes_calling({analysis.class_name})
-        sites = register.construction_sites(module, analysis.class_name, attention_names, owners)
+        sites = register.construction_sites(module, analysis.class_name, attention_names, owners, configured_classes(facts))
         if not sites:
             plan.warnings.append(f"{analysis.class_name} is not constructed in this file; it is left eager")
             continue
@@ -265,7 +265,7 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
             skip = frozenset({item.analysis.class_name, item.name})
             owners = facts.classes_calling({item.analysis.class_name})
             module, count = register.select_from_dict(
-                module, item.analysis.class_name, registration.dict_name, skip, owners
+                module, item.analysis.class_name, registration.dict_name, skip, owners, configured_classes(facts)
             )
             notes.append(f"created {registration.dict_name}; {count} construction(s) select from it")
         else:
@@ -369,6 +369,20 @@ class _FallbackArguments(cst.CSTTransformer):
 
 
 FALLBACK_ONE_LINE = 86  # `return super().forward(...)` indented three levels stays within 119 columns
+
+
+def configured_classes(facts: ModuleFacts) -> frozenset[str]:
+    """Classes whose methods can read the model's config as `self.config`: PreTrainedModels, and modules whose
+    `__init__` stores its `config` parameter there."""
+    out: set[str] = set()
+    for name in facts.classes:
+        if facts.is_subclass(name, "PreTrainedModel"):
+            out.add(name)
+            continue
+        values = facts.find_attribute_values(name, "config")
+        if values and all(isinstance(v, cst.Name) and v.value == "config" for v in values):
+            out.add(name)
+    return frozenset(out)
 
 
 def _with_fallback_arguments(statement: cst.BaseStatement, params: cst.Parameters) -> cst.BaseStatement:

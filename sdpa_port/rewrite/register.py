@@ -57,26 +57,52 @@ def create_dict(module: cst.Module, after: str, dict_name: str, entries: list[tu
 
 
 def select_from_dict(
-    module: cst.Module, class_name: str, dict_name: str, skip_classes: frozenset[str], owners: set[str]
+    module: cst.Module,
+    class_name: str,
+    dict_name: str,
+    skip_classes: frozenset[str],
+    owners: set[str],
+    configured: frozenset[str] = frozenset(),
 ) -> tuple[cst.Module, int]:
-    """`Cls(config, ...)` in `owners` becomes `DICT[config._attn_implementation](config, ...)`."""
-    transformer = _Select(class_name, dict_name, skip_classes)
+    """`Cls(config, ...)` in `owners` becomes `DICT[config._attn_implementation](config, ...)`; in a method of a
+    class in `configured` (it holds the model's config as `self.config`) without a `config` parameter, the key is
+    `self.config._attn_implementation`."""
+    transformer = _Select(class_name, dict_name, skip_classes, configured)
     result = transform_named(module, owners - skip_classes, transformer)
     return result, transformer.replaced
 
 
 def construction_sites(
-    module: cst.Module, class_name: str, skip_classes: frozenset[str], owners: set[str]
+    module: cst.Module,
+    class_name: str,
+    skip_classes: frozenset[str],
+    owners: set[str],
+    configured: frozenset[str] = frozenset(),
 ) -> list[tuple[str, bool]]:
-    """(enclosing class, has `config` in scope) for every `Cls(...)` call in `owners` outside skip_classes."""
-    finder = _Constructions(class_name, skip_classes)
+    """(enclosing class, a config is in scope) for every `Cls(...)` call in `owners` outside skip_classes: a
+    `config` parameter, or `self.config` in a method of a class in `configured`."""
+    finder = _Constructions(class_name, skip_classes, configured)
     transform_named(module, owners - skip_classes, finder)
     return finder.sites
 
 
-class _Select(ScopedTransformer):
-    def __init__(self, class_name: str, dict_name: str, skip_classes: frozenset[str]) -> None:
+class _ConfigScope(ScopedTransformer):
+    def __init__(self, configured: frozenset[str]) -> None:
         super().__init__()
+        self.configured = configured
+
+    def config_in_scope(self) -> str | None:
+        """The expression holding the config here: `config`, `self.config`, or None."""
+        if self.parameter_in_scope("config"):
+            return "config"
+        if self.owner in self.configured and self.functions and self.parameter_in_scope("self"):
+            return "self.config"
+        return None
+
+
+class _Select(_ConfigScope):
+    def __init__(self, class_name: str, dict_name: str, skip_classes: frozenset[str], configured: frozenset[str]) -> None:
+        super().__init__(configured)
         self.class_name = class_name
         self.dict_name = dict_name
         self.skip_classes = skip_classes
@@ -85,26 +111,27 @@ class _Select(ScopedTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         if not m.matches(updated.func, m.Name(self.class_name)) or self.owner in self.skip_classes:
             return updated
-        if not self.parameter_in_scope("config"):
+        config = self.config_in_scope()
+        if config is None:
             return updated
         self.replaced += 1
         selector = cst.Subscript(
             value=cst.Name(self.dict_name),
-            slice=[cst.SubscriptElement(cst.Index(cst.parse_expression("config._attn_implementation")))],
+            slice=[cst.SubscriptElement(cst.Index(cst.parse_expression(f"{config}._attn_implementation")))],
         )
         return updated.with_changes(func=selector)
 
 
-class _Constructions(ScopedTransformer):
-    """Collects (enclosing class, `config` in scope) for each construction; changes nothing."""
+class _Constructions(_ConfigScope):
+    """Collects (enclosing class, a config in scope) for each construction; changes nothing."""
 
-    def __init__(self, class_name: str, skip_classes: frozenset[str]) -> None:
-        super().__init__()
+    def __init__(self, class_name: str, skip_classes: frozenset[str], configured: frozenset[str]) -> None:
+        super().__init__(configured)
         self.class_name = class_name
         self.skip_classes = skip_classes
         self.sites: list[tuple[str, bool]] = []
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         if m.matches(original.func, m.Name(self.class_name)) and self.owner not in self.skip_classes:
-            self.sites.append((self.owner, self.parameter_in_scope("config")))
+            self.sites.append((self.owner, self.config_in_scope() is not None))
         return updated

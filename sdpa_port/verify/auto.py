@@ -129,7 +129,24 @@ def _built(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | Non
         except Exception:
             continue
         names |= {type(m).__name__ for m in model.modules() if type(m).__module__ == ported.__name__}
-    return names
+    return names | _called(targets, ported, config)
+
+
+def _called(targets: Targets, ported: ModuleType, config: Any) -> set[str]:
+    """The port's classes the SDPA base model runs on a short batch: some are built only when the forward sees its
+    inputs (BigBird switches to full attention on short sequences)."""
+    names: set[str] = set()
+    try:
+        model = parity.build(getattr(ported, targets.base.__name__), config, "sdpa")
+        for module in model.modules():
+            if type(module).__module__ == ported.__name__:
+                module.register_forward_pre_hook(lambda m, args: names.add(type(m).__name__))
+        batch = parity.make_batch(config, targets.kind, "none")
+        model(**batch.inputs)
+    except Exception:
+        return set()
+    # a module built during the forward had no hook: read the modules again
+    return names | {type(m).__name__ for m in model.modules() if type(m).__module__ == ported.__name__}
 
 
 def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | None, generate: bool) -> list[Check]:

@@ -361,3 +361,38 @@ def test_lay_out_call_tries_one_line_then_hugged_then_one_per_line() -> None:
     assert laid(40) == "x = f(alpha, beta=gamma)\n"
     assert laid(21) == "x = f(\n    alpha, beta=gamma\n)\n"
     assert laid(20) == "x = f(\n    alpha,\n    beta=gamma,\n)\n"
+
+
+SELECT_SELF_CONFIG = """
+class Switching(nn.Module):
+    def __init__(self, config):
+        self.config = config
+        self.attention = XAttention(config)
+
+    def switch(self, value):
+        self.attention = XAttention(self.config)
+
+
+def build(dim):
+    return XAttention(dim)
+"""
+
+
+def test_select_from_dict_through_self_config_in_a_configured_class() -> None:
+    """A module rebuilt in a method without a `config` parameter selects with the config it stored (BigBird's
+    `set_attention_type`); a class that does not store one is not configured, and nothing is selected there."""
+    module = cst.parse_module(src(SELECT_SELF_CONFIG))
+    configured = frozenset({"Switching"})
+    sites = register.construction_sites(module, "XAttention", frozenset({"XAttention"}), {"Switching"}, configured)
+    assert sites == [("Switching", True), ("Switching", True)]
+    assert register.construction_sites(module, "XAttention", frozenset({"XAttention"}), {"Switching"}) == [
+        ("Switching", True),
+        ("Switching", False),
+    ]
+    result, count = register.select_from_dict(
+        module, "XAttention", "X_CLASSES", frozenset({"XAttention"}), {"Switching"}, configured
+    )
+    assert count == 2
+    assert "self.attention = X_CLASSES[config._attn_implementation](config)" in result.code
+    assert "self.attention = X_CLASSES[self.config._attn_implementation](self.config)" in result.code
+    assert "return XAttention(dim)" in result.code

@@ -1,0 +1,41 @@
+"""Forms of eager attention the engine learned for issue 12, each on a real 4.40.2 file that needs it: the port
+verifies inside the release, and breaking the SDPA call (mask dropped or scale halved) is seen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from driven import assert_sabotage_seen, broken, port_for_kind, verify
+
+pytestmark = pytest.mark.tf440
+
+# model -> (the form it needs, the sabotage its inputs must reveal)
+CASES = {
+    "swin": ("a per-window mask added to scores regrouped as (batch // windows, windows, heads, q, k)", "mask"),
+    "big_bird": ("full attention rebuilt in set_attention_type, which has only self.config", "scale"),
+    "gptj": ("a scale held as a 0-d tensor: torch.sqrt(torch.tensor(head_dim)).to(dtype)", "scale"),
+    "bloom": ("keys transposed when split into heads, baddbmm with ALiBi", "scale"),
+    "gpt_neo": ("no scaling at all and a banded local causal buffer", "scale"),
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("reach440")
+
+
+@pytest.mark.parametrize("model", CASES)
+def test_form_ports_and_verifies(model: str, workdir: Path) -> None:
+    checks = verify(model, port_for_kind(model, CASES[model][0]), workdir)
+    lines = "\n".join(str(c) for c in checks)
+    assert checks and all(c.passed for c in checks), lines
+    executed = [c for c in checks if c.name.endswith("sdpa executed")]
+    assert executed and all(c.passed for c in executed), lines
+
+
+@pytest.mark.parametrize("model", CASES)
+def test_a_broken_port_of_the_form_is_seen(model: str, workdir: Path) -> None:
+    kind = CASES[model][1]
+    assert_sabotage_seen(verify(model, broken(model, port_for_kind(model, CASES[model][0]), kind), workdir, kind))
