@@ -19,6 +19,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.additive import additive_in
 from sdpa_port.analyse.cstutil import (
     assigned_names,
     binary,
@@ -49,6 +50,7 @@ class KeepAction(enum.Enum):
     DTYPE = "dtype"  # `scores.dtype` -> `query.dtype`
     DEVICE = "device"  # `scores.device` -> `query.device`
     STRIP_EXPAND = "strip_expand"  # `x.expand_as(scores)` -> `x` (broadcasting does it)
+    RESHAPE_AS = "reshape_as"  # `x.reshape_as(scores)` / `x.view_as(scores)` -> `x.reshape(<the scores' shape>)`
 
 
 # ------------------------------------------------------------------ values and operations
@@ -121,6 +123,9 @@ class AddTerm:
     rank: int | None
     # added whenever the term's operands are not None: no enclosing test other than `x is not None` of them
     always: bool = True
+    # the term is a call of a helper that adds to the scores it is given (`analyse/additive.py`): the argument at
+    # this index is to be zeros of the scores' shape (it holds `None` here)
+    scores_arg: int | None = None
 
 
 @dataclass(frozen=True)
@@ -749,8 +754,50 @@ class Tracer:
                     return base, [*ops, Guard(self.detach(bound, base.cid), p.is_absorbing(bound, self.scope))]
         refs = self.chain_value_refs(node)
         if refs:
+            added = self.additive_helper(node, line)
+            if added is not None:
+                return added
             raise _Poison(Code.SCORES_TRANSFORMED, f"the scores are passed to `{_short(node.func)}`", refs)
         raise _NotChain()
+
+    def additive_helper(self, node: cst.Call, line: int) -> tuple[ChainVal, list[Op]] | None:
+        """`helper(scores, ...)` where the helper (a function of this file or a method of the class) only adds
+        terms that do not depend on the scores: the term `helper(zeros, ...)`."""
+        function: cst.FunctionDef | None = None
+        skip = 0
+        if isinstance(node.func, cst.Name):
+            function = self.facts.functions.get(node.func.value)
+        elif m.matches(node.func, m.Attribute(value=m.Name("self"))) and self.scope.class_name is not None:
+            assert isinstance(node.func, cst.Attribute)
+            found = self.facts.find_method(self.scope.class_name, node.func.attr.value)
+            function, skip = (found[1], 1) if found is not None else (None, 0)
+        if function is None or any(a.star for a in node.args):
+            return None
+        chained = [i for i, a in enumerate(node.args) if self.chain_value_refs(a.value)]
+        if len(chained) != 1:
+            return None
+        index = chained[0]
+        argument = node.args[index]
+        params = [*function.params.posonly_params, *function.params.params][skip:]
+        if argument.keyword is not None:
+            parameter = argument.keyword.value
+        elif index < len(params):
+            parameter = params[index].name.value
+        else:
+            return None
+        shape = additive_in(function, parameter)
+        if shape is None:
+            return None
+        base, ops = self.decompose(argument.value, line)
+        current = self.advance(base, ops)
+        if current.stage is not SCORES:
+            return None
+        if shape.reshaped and (shape.rank is None or shape.rank != current.rank):
+            raise _Poison(Code.LAYOUT, f"`{_short(node.func)}` returns the scores in another shape", {base.cid})
+        args = list(node.args)
+        args[index] = argument.with_changes(value=cst.Name("None"))
+        term = self.detach(node.with_changes(args=args), base.cid)
+        return base, [*ops, AddTerm(term, current.rank, self.always_applied(term), scores_arg=index)]
 
     def decompose_binary(self, node: cst.BinaryOperation, line: int) -> tuple[ChainVal, list[Op]]:
         left_refs, right_refs = self.chain_or_start(node.left), self.chain_or_start(node.right)
@@ -1123,6 +1170,17 @@ class Tracer:
                 else:
                     for name in assigned_names(target_element.value):
                         self.env.pop(name, None)
+        elif len(targets) == 1 and isinstance(targets[0], cst.Tuple) and _unbound(value) is not None:
+            # `q, k, v = qkv.unbind(0)`: each name holds `qkv[i]`
+            source = _unbound(value)
+            assert source is not None
+            for index, element in enumerate(targets[0].elements):
+                if isinstance(element.value, cst.Name) and not isinstance(element, cst.StarredElement):
+                    item = cst.Subscript(value=primary(source), slice=[cst.SubscriptElement(cst.Index(cst.Integer(str(index))))])
+                    self.env[element.value.value] = ExprVal(item)
+                else:
+                    for name in assigned_names(element.value):
+                        self.env.pop(name, None)
         elif len(targets) == 1 and isinstance(targets[0], cst.Tuple) and _is_shape(value):
             # `batch, heads, length, dim = query.shape`: every name holds a number
             for name in names:
@@ -1219,11 +1277,22 @@ class Tracer:
             )
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
             return self.weights_passed_along(node.left, exclude) and self.weights_passed_along(node.right, exclude)
+        found = p.method_call(node, {"reshape", "view", "transpose", "permute", "contiguous"})
+        if found is not None and self.asked_for_weights():
+            # laid out for the caller under `if output_attentions:`, a path SDPA leaves to eager
+            assert isinstance(node, cst.Call)
+            return self.weights_passed_along(found[0], exclude) and not any(
+                self.chain_value_refs(a.value) for a in node.args
+            )
         if exclude is not None:
             finder = _ChainReads(self.env, exclude)
             node.visit(finder)
             return not finder.plain
         return not self.chain_value_refs(node)
+
+    def asked_for_weights(self) -> bool:
+        """An enclosing `if` tests `output_attentions` itself."""
+        return any(m.matches(test, m.Name("output_attentions")) for test in self.tests)
 
     def chain_value_refs(self, node: cst.CSTNode | None) -> set[int]:
         """Chains whose values an expression reads (`.dtype`, `.device`, shapes and `expand_as` excluded)."""
@@ -1266,6 +1335,16 @@ class Tracer:
             replacements[attribute] = KeepAction(attribute.attr.value)
         for call in finder.expands:
             replacements[call] = KeepAction.STRIP_EXPAND
+        for call, name in finder.reshapes:
+            value = self.env[name.value]
+            assert isinstance(value, ChainVal)
+            start = self.candidates[value.cid].start
+            if value.stage is not SCORES or start is None or value.rank != start.rank:
+                self.candidates[value.cid].poisoned(
+                    Code.SCORES_READ, f"`{_short(node)}` takes the shape of scores that changed layout", line
+                )
+                continue
+            replacements[call] = KeepAction.RESHAPE_AS
         for name in finder.plain:
             value = self.env[name.value]
             assert isinstance(value, ChainVal)
@@ -1351,6 +1430,20 @@ class Tracer:
         if found is not None:
             assert isinstance(node, cst.Call)
             return len(node.args) if all(not a.star for a in node.args) else None
+        if (
+            isinstance(node, cst.Subscript)
+            and len(node.slice) == 1
+            and isinstance(node.slice[0].slice, cst.Index)
+            and isinstance(node.slice[0].slice.value, cst.Integer)
+        ):
+            inner = self.rank_of(node.value, depth + 1)  # `x[0]` drops the first dimension
+            return inner - 1 if inner is not None else None
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Multiply, cst.Divide)):
+            # a tensor scaled by a number keeps its rank
+            for tensor, other in ((node.left, node.right), (node.right, node.left)):
+                if p.scalar(other, self.scope) is not None:
+                    return self.rank_of(tensor, depth + 1)
+            return None
         return self.rank_returned(node, depth)
 
     def rank_returned(self, node: cst.BaseExpression, depth: int) -> int | None:
@@ -1666,6 +1759,21 @@ def _bottom_right(node: cst.Subscript) -> bool:
     )
 
 
+def _unbound(value: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`x` of `x.unbind(0)` / `x.unbind(dim=0)` / `torch.unbind(x, 0)` (the first dimension only)."""
+    if not isinstance(value, cst.Call):
+        return None
+    dims = [a for a in value.args if a.keyword is None or a.keyword.value == "dim"]
+    if isinstance(value.func, cst.Attribute) and value.func.attr.value == "unbind":
+        if m.matches(value.func.value, m.Name("torch")):
+            source, dims = (dims[0].value, dims[1:]) if dims else (None, [])
+        else:
+            source = value.func.value
+        if source is not None and (not dims or m.matches(dims[0].value, m.Integer("0"))) and len(dims) <= 1:
+            return source
+    return None
+
+
 def _contains_softmax(node: cst.CSTNode, scope: p.Scope) -> bool:
     finder = _Softmaxes(scope)
     node.visit(finder)
@@ -1703,6 +1811,7 @@ class _ChainReads(cst.CSTVisitor):
         self.exclude = exclude
         self.attributes: list[cst.Attribute] = []
         self.expands: list[cst.Call] = []
+        self.reshapes: list[tuple[cst.Call, cst.Name]] = []  # `x.reshape_as(scores)`, `x.view_as(scores)`
         self.shapes: list[cst.Name] = []
         self.sizes: list[tuple[cst.CSTNode, cst.Name, int]] = []  # `scores.size(i)`, `scores.shape[i]`
         self.plain: list[cst.Name] = []
@@ -1730,6 +1839,12 @@ class _ChainReads(cst.CSTVisitor):
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
             if node.func.attr.value == "expand_as" and len(node.args) == 1 and self.is_chain(node.args[0].value):
                 self.expands.append(node)
+                node.func.value.visit(self)
+                return False
+            if node.func.attr.value in ("reshape_as", "view_as") and len(node.args) == 1 and self.is_chain(node.args[0].value):
+                target = node.args[0].value
+                assert isinstance(target, cst.Name)
+                self.reshapes.append((node, target))
                 node.func.value.visit(self)
                 return False
         if isinstance(node, cst.Name) and self.is_chain(node):

@@ -51,6 +51,7 @@ class SideNames:
     query: str = "sdpa_query"
     key: str = "sdpa_key"
     scores_shape: str = "scores_shape"
+    term: str = "sdpa_term"
 
     @classmethod
     def avoiding(cls, taken: set[str]) -> "SideNames":
@@ -227,6 +228,11 @@ class SdpaEmitter(StatementWalker):
             if action is t.KeepAction.STRIP_EXPAND:
                 assert isinstance(found, cst.Call) and isinstance(found.func, cst.Attribute)
                 mapping[found] = found.func.value
+            elif action is t.KeepAction.RESHAPE_AS:
+                assert isinstance(found, cst.Call) and isinstance(found.func, cst.Attribute)
+                mapping[found] = cst.Call(
+                    func=cst.Attribute(value=found.func.value, attr=cst.Name("reshape")), args=[cst.Arg(self.scores_shape())]
+                )
             else:
                 mapping[found] = cst.Attribute(value=self.query_root(), attr=cst.Name(action.value))
         return replace_nodes(node, mapping)
@@ -363,12 +369,16 @@ class SdpaEmitter(StatementWalker):
                 return self.scale(op)
             case t.AddTerm():
                 term, rank = op.term, op.rank
+                pre: list[cst.BaseStatement] = []
+                if op.scores_arg is not None:
+                    pre.append(_assign(self.names.scores_shape, self.scores_shape()))
+                    term = self.with_zero_scores(term, op.scores_arg)
                 if self.regrouped is not None:
                     term, rank = self.regrouped_term(term, self.regrouped[0]), self.regrouped[1]
                 if self.layout.heads is not None and rank == 3:
                     # a `(batch * heads, ...)` term (ALiBi through baddbmm) joins the per-head mask
                     term = unflatten(term, self.layout.heads)
-                return self.add_to_mask(term)
+                return [*pre, *self.add_to_mask(term)]
             case t.View() if op.shape is not None and op.rank_after == 5:
                 return self.regroup(op.shape, op.rank_before)
             case t.View() if self.regrouped is not None and op.rank_before == 5:
@@ -418,13 +428,30 @@ class SdpaEmitter(StatementWalker):
         summed = binary(viewed, cst.Add(), term)
         return cst.Call(func=cst.Attribute(value=primary(summed), attr=cst.Name("view")), args=[cst.Arg(scores_shape)])
 
+    def with_zero_scores(self, term: cst.BaseExpression, index: int) -> cst.BaseExpression:
+        """A call of a helper that adds to the scores it is given, given zeros of the scores' shape instead."""
+        assert isinstance(term, cst.Call)
+        if self.key is None:
+            raise Refuse(Code.SCORES_READ, "the scores are handed to a helper before the query-key product")
+        # the key has the scores' dtype and device, and is a plain name more often than the (scaled) query
+        zeros = cst.Call(
+            func=cst.Attribute(value=primary(self.key), attr=cst.Name("new_zeros")),
+            args=[cst.Arg(cst.Name(self.names.scores_shape))],
+        )
+        args = list(term.args)
+        args[index] = args[index].with_changes(value=zeros)
+        return term.with_changes(args=args)
+
     def regroup(self, shape: tuple[cst.BaseExpression, ...], rank: int | None) -> list[cst.BaseStatement]:
         """Where the scores are regrouped: their shape, read from the query and the key."""
-        if self.query is None or self.key is None:
-            raise Refuse(Code.SCORES_READ, "the scores are regrouped before the query-key product")
         self.regrouped = (shape, rank)
-        value = binary(_shape_slice(self.query, ":-1"), cst.Add(), _shape_slice(self.key, "-2:-1"))
-        return [_assign(self.names.scores_shape, value)]
+        return [_assign(self.names.scores_shape, self.scores_shape())]
+
+    def scores_shape(self) -> cst.BaseExpression:
+        """The shape of the query-key product, `query.shape[:-1] + key.shape[-2:-1]`."""
+        if self.query is None or self.key is None:
+            raise Refuse(Code.SCORES_READ, "the scores' shape is read before the query-key product")
+        return binary(_shape_slice(self.query, ":-1"), cst.Add(), _shape_slice(self.key, "-2:-1"))
 
     def start_chain(self, op: t.Start) -> list[cst.BaseStatement]:
         self.start = op
@@ -511,6 +538,11 @@ class SdpaEmitter(StatementWalker):
             state.mask = term if state.mask is None else binary(state.mask, cst.Add(), term)
             return []
         mask = cst.Name(self.names.mask)
+        named: list[cst.BaseStatement] = []
+        if state.mask_maybe_none and isinstance(term, cst.Call):
+            # `term if mask is None else mask + term` names a computed term once
+            named.append(_assign(self.names.term, term))
+            term = cst.Name(self.names.term)
         added = binary(mask, cst.Add(), term)
         if state.mask_maybe_none:
             value: cst.BaseExpression = cst.IfExp(
@@ -519,7 +551,7 @@ class SdpaEmitter(StatementWalker):
         else:
             value = added
         state.mask_maybe_none = False
-        return [_assign(self.names.mask, value)]
+        return [*named, _assign(self.names.mask, value)]
 
     def fill_mask(self, op: t.Fill) -> list[cst.BaseStatement]:
         """`where(keep, scores, fill)` / `masked_fill(masked, fill)` folded into the additive mask."""

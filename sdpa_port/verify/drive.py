@@ -16,6 +16,8 @@ import contextlib
 import copy
 import math
 import re
+import sys
+import textwrap
 import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -676,6 +678,49 @@ def reach_sdpa(candidate: Candidate, driven: Driven) -> Driven:
     return driven
 
 
+TERM_FLAGS_CHECKED = 2
+
+
+def term_flags(ported: ModuleType, original: ModuleType, config: Any) -> list[str]:
+    """Boolean config fields, off in `config`, that the port's attention classes read (`config.use_rel_pos`):
+    they switch optional terms of the scores on, which the checks must see as well."""
+    import ast
+    import inspect
+
+    from sdpa_port.verify.diagnose import attention_classes
+
+    read: set[str] = set()
+    for name in attention_classes(original, ported):
+        for klass in getattr(ported, name).__mro__:
+            if klass.__module__ != ported.__name__:
+                continue
+            try:
+                tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+            except (OSError, TypeError, SyntaxError):
+                continue
+            read |= {
+                node.attr
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "config"
+            }
+    return sorted(flag for flag in read if getattr(config, flag, None) is False)[:TERM_FLAGS_CHECKED]
+
+
+def _with_term_flags(candidate: Candidate, driven: Driven, label: str) -> list[Check]:
+    checks: list[Check] = []
+    ported, original = sys.modules[candidate.ported.__module__], sys.modules[candidate.original.__module__]
+    for flag in term_flags(ported, original, driven.config):
+        flipped = copy.deepcopy(driven.config)
+        setattr(flipped, flag, True)
+        trial = _drive_with_config(candidate, flipped, driven)
+        if trial is None:
+            checks.append(Check(f"{label}[{flag}=True] not checked", True, None, "the original cannot be driven so"))
+            continue
+        found, _ = check_driven(candidate, trial, f"{label}[{flag}=True]")
+        checks += found
+    return checks
+
+
 def _drive_with_config(candidate: Candidate, config: Any, like: Driven) -> Driven | None:
     tried: list[str] = []
     driven = _drive_at(candidate, config, like.level, tried)
@@ -724,6 +769,8 @@ def verify_driven(
         found_checks, built = check_driven(candidate, driven, label)
         checks += [Check(f"{label} driven", True, None, "; ".join(notes + driven.notes))] + found_checks
         done |= built
+        if len(checks) == len(found_checks) + 1:  # the first model driven: its optional attention terms too
+            checks += _with_term_flags(candidate, driven, label)
     if not checks and not covered:
         return [failures[0]] if len(failures) == 1 else [unverified("; ".join(f.detail for f in failures))]
     missing = sorted(wanted - done)

@@ -246,6 +246,8 @@ def _ids(name: str, length: int) -> Callable[..., tuple[Any, str]]:
 def _pixels(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
     channels = int(view.get(("num_channels", "num_image_channels", "in_channels", "in_chans"), "vision", 3))
     sizes = [image_size(view)]
+    if "prompt_pixel_values" in names:  # the image and its prompt are stacked along the height (SegGPT)
+        sizes = [(h // 2, w) for h, w in sizes]
     frames = view.get(("num_frames",), "vision")
     if frames:
         return [TensorSpec("pixel_values", "normal", (BATCH, int(frames), channels, h, w)) for h, w in sizes], "video"
@@ -258,6 +260,16 @@ def _pixels(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
 def _image(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
     specs, kind = _pixels(view, names, vocab)
     return [TensorSpec("image", spec.fill, spec.shape) for spec in specs], kind
+
+
+def _like_pixels(name: str) -> Callable[..., tuple[Any, str]]:
+    """A second image the size of `pixel_values` (SegGPT's prompt image and prompt mask)."""
+
+    def build(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
+        specs, kind = _pixels(view, names, vocab)
+        return [TensorSpec(name, spec.fill, spec.shape) for spec in specs if len(spec.shape) == 4], kind
+
+    return build
 
 
 def image_size(view: ConfigView) -> tuple[int, int]:
@@ -402,6 +414,8 @@ _BUILDERS: dict[str, Callable[..., tuple[Any, str]]] = {
     "decoder_input_ids": _ids("decoder_input_ids", DECODER_LENGTH),
     "pixel_values": _pixels,
     "image": _image,  # LayoutLMv2's page image
+    "prompt_pixel_values": _like_pixels("prompt_pixel_values"),
+    "prompt_masks": _like_pixels("prompt_masks"),
     "input_values": _input_values,
     "input_features": _input_features,
     "audio_values": _audio_values,

@@ -93,6 +93,10 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(layout="flat", product="bmm", terms=(("mask", "not_none"), ("windowed", "plain"))),
         "exact", None,
     ),
+    "12c: a helper function that adds to the scores it is given, flat scores": (
+        Spec(layout="flat", product="bmm", terms=(("helper", "flag"), ("mask", "not_none"))),
+        "exact", None,
+    ),
     "12b: a per-window term on regrouped scores, 5.x": (
         Spec(family="523", mask_style="builder", terms=(("windowed", "flag"), ("mask", "not_none"))),
         "exact", None,

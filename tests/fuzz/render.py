@@ -197,6 +197,8 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
                 code.add(f"attn_weights = attn_weights + alibi.repeat(bsz, 1, 1)")
             else:
                 code.add("attn_weights = attn_weights + alibi")
+        elif kind == "helper":
+            code.add(f"attn_weights = add_head_bias(attn_weights, {n.attr('head_bias')})")
         elif kind == "windowed":
             # a per-window term added with the scores regrouped into (batch // windows, windows, ...) (Swin's form)
             heads = n.attr("num_heads")
@@ -204,7 +206,7 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
             batch = "bsz" if n.flat else f"{n.query}.shape[0]"
             code.add(
                 f"attn_weights = attn_weights.view({batch} // windows, windows, {heads}, {n.q_len}, {n.k_len})"
-                f" + {n.attr('window_bias')}.unsqueeze(0)"
+                f" + {n.attr('window_bias')}[..., : {n.k_len}].unsqueeze(0)"
             )
             if n.flat:
                 code.add(f"attn_weights = attn_weights.view(-1, {n.q_len}, {n.k_len})")
@@ -502,7 +504,8 @@ def attention_class(spec: Spec, code: Code) -> None:
                 "persistent=False)"
             )
             code.add(f"self.relative_embedding = nn.Embedding({2 * MAX_POSITIONS - 1}, self.head_dim)")
-            code.add("self.window_bias = nn.Parameter(2 * torch.randn(2, self.num_heads, 1, 1))")
+            code.add(f"self.window_bias = nn.Parameter(2 * torch.randn(2, self.num_heads, 1, {MAX_POSITIONS}))")
+            code.add(f"self.head_bias = nn.Parameter(2 * torch.randn(self.num_heads, {MAX_POSITIONS}))")
             if spec.hazard == "param_scale":
                 code.add("self.temperature = nn.Parameter(torch.ones(1))")
         code.add("")
@@ -941,6 +944,18 @@ class FuzzConfig(PretrainedConfig):
 '''
 
 
+def helper_function(code: Code) -> None:
+    """A helper that adds a per-head, per-key bias to the scores it is given, whatever their layout (flat or per
+    head)."""
+    code.add(
+        "def add_head_bias(scores, bias):",
+        "    shape = scores.shape",
+        "    heads = bias.shape[0]",
+        "    scores = scores.view(-1, heads, scores.size(-2), shape[-1]) + bias[None, :, None, : shape[-1]]",
+        "    return scores.view(shape)",
+    )
+
+
 def render(spec: Spec) -> str:
     code = Code()
     if spec.family == "523":
@@ -949,6 +964,9 @@ def render(spec: Spec) -> str:
         header = HEADER
     code.lines.extend(header.format(description=spec.describe()).splitlines())
     code.add("", "")
+    if any(kind == "helper" for kind, _ in spec.terms):
+        helper_function(code)
+        code.add("", "")
     if spec.placement == "function":
         attention_function(spec, code)
         code.add("", "")

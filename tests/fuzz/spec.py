@@ -148,7 +148,7 @@ def draw(seed: int, family: str = "440") -> Spec:
         kinds.append(("mask", _pick(rng, TERM_GUARDS, (2, 3, 0.3))))
     elif mask_style == "manual_bool":
         kinds.append(("bool_mask", _pick(rng, ("plain", "not_none"), (1, 3))))
-    for kind in ("bias", "alibi", "relative", "windowed"):
+    for kind in ("bias", "alibi", "relative", "windowed", "helper"):
         if rng.random() < 0.18:
             kinds.append((kind, _pick(rng, TERM_GUARDS, (3, 1, 1))))
     rng.shuffle(kinds)

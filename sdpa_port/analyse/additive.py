@@ -1,0 +1,160 @@
+"""Functions that only add to the scores they are given: `f(scores, ...) == scores + f(zeros, ...)`.
+
+Decomposed relative positions (MViT2, SAM, ViTDet, SegGPT) are added to the scores by a helper that takes them as
+an argument: `attn.view(b, qh, qw, kh, kw) + rel_h[..., None] + rel_w[..., None, :]`, viewed back. Views keep the
+entries' order, so such a helper adds `f(zeros of the scores' shape, ...)` to the scores, a term SDPA takes in its
+mask. This module proves that shape of a helper (read-only analysis): the parameter flows to the returned value
+through views, reshapes and additions of values that do not depend on it, and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from sdpa_port.analyse.cstutil import block_body
+from sdpa_port.analyse.patterns import walk_names
+
+VIEWS = frozenset({"view", "reshape"})
+KEEPS = frozenset({"contiguous"})
+
+
+@dataclass(frozen=True)
+class Additive:
+    """`f` adds to its parameter; `rank` is the rank of what it returns when its last view writes the sizes out,
+    None when it returns the parameter's own shape (no view), `reshaped` whether a view was applied at all."""
+
+    rank: int | None
+    reshaped: bool
+
+
+META = frozenset({"shape", "dtype", "device", "ndim"})
+META_CALLS = frozenset({"size", "dim"})
+
+
+def additive_in(function: cst.FunctionDef, parameter: str) -> Additive | None:
+    """How `function` returns its `parameter` plus terms independent of it, or None when it may do anything else.
+
+    Reading the parameter's shape, dtype or device is allowed (zeros of its shape have the same); a view back to
+    the parameter's own shape (`x.view(shape)` with `shape = scores.shape`) returns it in that shape."""
+    reader = _Reader({parameter: Additive(None, False)})
+    body = list(block_body(function.body))
+    if body and _is_docstring(body[0]):
+        body = body[1:]
+    for statement in body:
+        if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+            small = statement.body[0]
+            if isinstance(small, cst.Return):
+                return reader.additive(small.value) if small.value is not None else None
+            if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                if not reader.assign(small.targets[0].target, small.value):
+                    return None
+                continue
+        if reader.reads(statement):
+            return None  # read or rebound under control flow, in place, or in an expression statement
+    return None  # no return of the parameter
+
+
+class _Reader:
+    def __init__(self, tainted: dict[str, Additive]) -> None:
+        self.tainted = tainted
+        self.shapes: set[str] = set()  # names holding the parameter's own shape
+
+    def reads(self, node: cst.CSTNode) -> bool:
+        """`node` reads a tainted value other than through its shape, dtype or device."""
+        finder = _ValueReads(set(self.tainted))
+        node.visit(finder)
+        return finder.found
+
+    def assign(self, target: cst.BaseExpression, value: cst.BaseExpression) -> bool:
+        reads = self.reads(value)
+        found = self.additive(value) if reads else None
+        shape = not reads and self.own_shape(value)
+        for name in walk_names(target):  # rebound: what the names held before no longer counts
+            self.tainted.pop(name, None)
+            self.shapes.discard(name)
+        if not reads:
+            if shape and isinstance(target, cst.Name):
+                self.shapes.add(target.value)
+            return True
+        if found is None or not isinstance(target, cst.Name):
+            return False
+        self.tainted[target.value] = found
+        return True
+
+    def own_shape(self, node: cst.BaseExpression) -> bool:
+        """`p.shape` / `p.size()` of a tainted value still in the parameter's shape, or a name holding one."""
+        if isinstance(node, cst.Name):
+            return node.value in self.shapes
+        if isinstance(node, cst.Attribute) and node.attr.value == "shape":
+            inner = node.value
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "size" and not node.args:
+            inner = node.func.value
+        else:
+            return False
+        found = self.tainted.get(inner.value) if isinstance(inner, cst.Name) else None
+        return found is not None and not found.reshaped
+
+    def additive(self, node: cst.BaseExpression) -> Additive | None:
+        if isinstance(node, cst.Name):
+            return self.tainted.get(node.value)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract)):
+            left, right = self.reads(node.left), self.reads(node.right)
+            if left and not right:
+                return self.additive(node.left)
+            if right and not left and isinstance(node.operator, cst.Add):
+                return self.additive(node.right)
+            return None
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            method = node.func.attr.value
+            if any(self.reads(a.value) for a in node.args):
+                return None
+            found = self.additive(node.func.value)
+            if found is None:
+                return None
+            if method in KEEPS and not node.args:
+                return found
+            if method in VIEWS:
+                if len(node.args) == 1 and not node.args[0].star and self.own_shape(node.args[0].value):
+                    return Additive(None, False)  # back to the parameter's shape
+                explicit = len(node.args) > 1 and not any(a.star or a.keyword for a in node.args)
+                return Additive(len(node.args) if explicit else None, True)
+        return None
+
+
+class _ValueReads(cst.CSTVisitor):
+    """Whether an expression reads one of `names` for its values (not only its shape, dtype or device)."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+        self.found = False
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return not (isinstance(node.value, cst.Name) and node.value.value in self.names and node.attr.value in META)
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        func = node.func
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value in META_CALLS
+            and isinstance(func.value, cst.Name)
+            and func.value.value in self.names
+        ):
+            for arg in node.args:
+                arg.visit(self)
+            return False
+        return True
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value in self.names:
+            self.found = True
+
+
+def _is_docstring(statement: cst.BaseStatement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
