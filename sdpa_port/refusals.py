@@ -42,7 +42,7 @@ class Code(enum.Enum):
     # W: wiring
     NO_CONFIG = ("W401", "the attention module is built where no config is in scope")
     SELECTION_KEY = ("W402", "the implementation is selected by something other than config._attn_implementation")
-    HEAD_MASK_INTERFACE = ("W403", "a head mask cannot pass through the attention interface")
+    HEAD_MASK_INTERFACE = ("W403", "an argument only eager can use (a head mask) cannot pass through the attention interface")
     HELPER_CALL = ("W404", "the attention helper is called in a way that cannot be inlined")
     EAGER_FUNCTION = ("W405", "the eager function the module dispatches to is not recognised")
     # A: the file's authors

@@ -10,7 +10,8 @@ import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse import trace as t
-from sdpa_port.analyse.cstutil import code, replace_names
+from sdpa_port.analyse.cross import is_cache_parameter, is_mask_parameter
+from sdpa_port.analyse.cstutil import code, nodes_of_type, replace_names
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.site import AttentionSite, CausalSource, Dropout, Layout, Scaling, ScaleSite, Term, TermKind
@@ -51,7 +52,7 @@ class HelperCall:
     helper: Helper
     call: cst.Call
     # helper parameter -> forward-level head-mask parameter name it receives
-    head_mask_params: tuple[str, ...]
+    eager_only_params: tuple[str, ...]
 
     @property
     def method(self) -> str:
@@ -67,7 +68,7 @@ class ClassAnalysis:
     sites: tuple[AttentionSite, ...]
     helpers: tuple[HelperCall, ...]
     refusal: Refusal | None
-    head_mask_params: tuple[str, ...]  # forward parameters that carry a head mask
+    eager_only_params: tuple[str, ...]  # forward parameters whose use only eager can take (head masks, optional terms)
     output_attentions: str | None  # the forward parameter asking for the weights
 
     @property
@@ -89,6 +90,43 @@ def attention_classes(facts: ModuleFacts, lines: Lines, only: frozenset[str] | N
         if analysis is not None:
             out.append(analysis)
     return out
+
+
+def _without_optional(
+    facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf
+) -> tuple[str, t.TraceResult, t.Candidate] | None:
+    """The trace of `forward` taking one optional argument (default None, tested with `is not None`) to be None,
+    when that leaves one attention computation SDPA can take."""
+    tested = {
+        node.left.value
+        for node in nodes_of_type(forward.body, cst.Comparison)
+        if isinstance(node.left, cst.Name)
+        and len(node.comparisons) == 1
+        and isinstance(node.comparisons[0].operator, cst.IsNot)
+        and m.matches(node.comparisons[0].comparator, m.Name("None"))
+    }
+    params = [*forward.params.params, *forward.params.kwonly_params]
+    # not the inputs every call passes (masks, caches, key/value states): falling back whenever they are given
+    # would leave SDPA unused
+    optional = [
+        param.name.value
+        for param in params
+        if param.name.value in tested
+        and param.default is not None
+        and m.matches(param.default, m.Name("None"))
+        and not is_mask_parameter(param.name.value)
+        and not is_cache_parameter(param.name.value)
+        and "states" not in param.name.value
+    ]
+    for parameter in optional[:MAX_OPTIONAL_TRIED]:
+        result = t.Tracer(facts, class_name, forward, line_of, known_none=frozenset({parameter})).run()
+        inline = result.attention()
+        if len(inline) == 1 and inline[0].poison is None:
+            return parameter, result, inline[0]
+    return None
+
+
+MAX_OPTIONAL_TRIED = 4
 
 
 def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> ClassAnalysis | None:
@@ -113,6 +151,13 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
         refusal = Refusal(Code.REPEATED, class_name, inline[1].start_line, "forward computes several attentions")
     elif inline:
         candidate = inline[0]
+        if candidate.poison is not None:
+            # a step SDPA cannot take may sit under `if extra is not None:` for an optional argument: the SDPA
+            # class then falls back to eager when that argument is given, as for a head mask
+            retried = _without_optional(facts, class_name, forward, line_of)
+            if retried is not None:
+                parameter, result, candidate = retried
+                head_masks.append(parameter)
         if candidate.poison is not None:
             refusal = Refusal.of(candidate.poison, class_name, candidate.poison_line or candidate.start_line)
         else:
@@ -153,7 +198,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
         sites=tuple(sites),
         helpers=tuple(helper_calls),
         refusal=refusal,
-        head_mask_params=tuple(dict.fromkeys(head_masks)),
+        eager_only_params=tuple(dict.fromkeys(head_masks)),
         output_attentions=output_attentions,
     )
 

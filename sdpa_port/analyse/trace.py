@@ -319,8 +319,11 @@ class Tracer:
         function: cst.FunctionDef,
         line_of: LineOf | None = None,
         selected_start: cst.CSTNode | None = None,
+        known_none: frozenset[str] = frozenset(),
     ) -> None:
         self.facts = facts
+        # parameters taken to be None: their `is not None` branches are not followed (the eager fallback runs them)
+        self.known_none = known_none
         self.class_name = class_name
         self.function = function
         self.line_of = line_of or (lambda node: 0)
@@ -403,9 +406,42 @@ class Tracer:
             for name in assigned_names(statement.target):
                 self.env.pop(name, None)
 
+    def decided(self, test: cst.BaseExpression | None) -> bool | None:
+        """Whether `P is None` / `P is not None` holds for a parameter P known to be None; None otherwise."""
+        if test is None or not self.known_none:
+            return None
+        if (
+            isinstance(test, cst.Comparison)
+            and isinstance(test.left, cst.Name)
+            and test.left.value in self.known_none
+            and len(test.comparisons) == 1
+            and m.matches(test.comparisons[0].comparator, m.Name("None"))
+        ):
+            operator = test.comparisons[0].operator
+            if isinstance(operator, cst.Is):
+                return True
+            if isinstance(operator, cst.IsNot):
+                return False
+        return None
+
     def if_statement(self, node: cst.If, depth: int) -> None:
         line = self.line_of(node)
         branches = if_branches(node)
+        if self.known_none:
+            kept: list[tuple[cst.BaseExpression | None, Sequence[cst.BaseStatement]]] = []
+            for test, body in branches:
+                decision = self.decided(test)
+                if decision is False:
+                    continue
+                kept.append((None, body) if decision is True else (test, body))
+                if decision is True:
+                    break
+            if not kept:
+                return
+            if kept[0][0] is None:  # the first branch left always runs
+                self.block(kept[0][1], depth)
+                return
+            branches = kept
         # raise-guards on the scores' shape or dtype disappear with the scores
         if len(branches) == 1 and self.chain_refs(branches[0][0]) and _only_raises(branches[0][1]):
             self.dropped_ifs.add(node)

@@ -151,8 +151,13 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     found = facts.find_method(analysis.class_name, "forward")
     assert found is not None
     forward = found[1]
-    if analysis.head_mask_params:
-        raise Refuse(Code.HEAD_MASK_INTERFACE, "a head mask cannot pass through the attention interface")
+    if analysis.eager_only_params:
+        names = ", ".join(f"`{name}`" for name in analysis.eager_only_params)
+        raise Refuse(
+            Code.HEAD_MASK_INTERFACE,
+            f"{names} leads to steps only the eager computation takes (a head mask, or a term SDPA cannot express); "
+            "the attention interface cannot fall back to eager for it",
+        )
     if analysis.helpers:
         forward = inline_helpers(facts, analysis, forward)
     result, candidate = trace_sdpa_path(facts, analysis.class_name, forward)

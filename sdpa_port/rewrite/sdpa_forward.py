@@ -58,7 +58,7 @@ def build_sdpa_forward(
     assert found is not None
     _, forward = found
     falsy = (analysis.output_attentions,) if analysis.output_attentions else ()
-    none = analysis.head_mask_params
+    none = analysis.eager_only_params
     known = Known(falsy=frozenset(falsy), none=frozenset(none))
     special = specialise(forward, known)
     taken = function_names(special)
@@ -130,10 +130,10 @@ class Inliner(StatementWalker):
         bound = bind_arguments(helper, call)
         if bound is None:
             raise Refuse(Code.HELPER_CALL, f"cannot match the arguments of the call to `{method}`")
-        head_mask_params = [
-            name for name, value in bound.items() if walk_names(value) & set(self.analysis.head_mask_params)
+        eager_only_params = [
+            name for name, value in bound.items() if walk_names(value) & set(self.analysis.eager_only_params)
         ]
-        special = specialise(helper, Known(none=frozenset(head_mask_params))) if self.options else helper
+        special = specialise(helper, Known(none=frozenset(eager_only_params))) if self.options else helper
         special = self.rename_collisions(special, bound, statement)
         params = [p for p in [*special.params.posonly_params, *special.params.params] if p.name.value != "self"]
         params += list(special.params.kwonly_params)

@@ -398,6 +398,12 @@ def chain(spec: Spec, n: Names, code: Code) -> None:
     softmax_lines(spec, n, code)
     if hazard == "post_softmax_term":
         code.add("attn_weights = attn_weights + 1e-3")
+    if hazard == "optional_renorm":
+        # SAM's attention_similarity: a second softmax only when the optional argument is given (never by the model
+        # here, so the SDPA class must fall back to eager exactly when it is)
+        code.add("if similarity is not None:")
+        with code.indent():
+            code.add("attn_weights = torch.softmax(attn_weights + similarity, dim=-1)")
     if hazard == "renorm":
         code.add("attn_weights = attn_weights / attn_weights.sum(dim=-1, keepdim=True)")
     if hazard != "dropout_before_softmax":
@@ -454,6 +460,8 @@ def chain_parameters(spec: Spec) -> list[str]:
         params.append("head_mask=None")
     if any(kind == "bias" for kind, _ in spec.terms):
         params.append("position_bias=None")
+    if spec.hazard == "optional_renorm":
+        params.append("similarity=None")
     return params
 
 
@@ -576,6 +584,8 @@ def attention_class(spec: Spec, code: Code) -> None:
                 arguments.append("head_mask")
             if any(kind == "bias" for kind, _ in spec.terms):
                 arguments.append("position_bias")
+            if spec.hazard == "optional_renorm":
+                arguments.append("similarity")
             if spec.placement == "forward":
                 chain(spec, n, code)
             elif spec.placement == "helper":

@@ -52,6 +52,7 @@ HAZARDS = (
     "zero_fill",
     "score_dependent_term",
     "authors_off",
+    "optional_renorm",
 )
 # a port of these is wrong even when eval-mode outputs agree: dropout on the scores only acts in training, and the
 # file's authors set `_supports_sdpa = False`

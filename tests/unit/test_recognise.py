@@ -253,7 +253,7 @@ def test_helper_method_site_and_head_mask_parameter() -> None:
     analysis = analyse(source)
     assert analysis is not None and analysis.refusal is None
     assert [h.method for h in analysis.helpers] == ["_attn"]
-    assert analysis.head_mask_params == ("head_mask",)
+    assert analysis.eager_only_params == ("head_mask",)
     assert analysis.sites[0].method == "_attn"
 
 
@@ -310,8 +310,28 @@ def test_keys_laid_out_for_the_product(setup: str, product: str) -> None:
 
 def test_a_key_concatenated_along_another_dim_is_not_a_transposed_key() -> None:
     body = (
-        "key = key.permute(0, 2, 3, 1)\nif head_mask is not None:\n    key = torch.cat((head_mask, key), dim=1)\n"
+        "key = key.permute(0, 2, 3, 1)\nif attention_mask is not None:\n    key = torch.cat((value, key), dim=1)\n"
         "scores = torch.matmul(query, key)\nreturn torch.matmul(scores.softmax(dim=-1), value)"
     )
     analysis = analyse(attention_module(body, init=INIT))
     assert analysis is None or analysis.refusal is not None
+
+
+def test_a_step_under_an_optional_argument_falls_back_to_eager() -> None:
+    """SAM's form: a second softmax when an optional argument is given; the SDPA class takes the other path and
+    falls back to eager when the argument is given. A step that stays on every path is still refused."""
+    body = (
+        "scores = torch.matmul(query, key.transpose(-1, -2))\nprobs = scores.softmax(dim=-1)\n"
+        "if similarity is not None:\n    probs = torch.softmax(probs + similarity, dim=-1)\n"
+        "return torch.matmul(probs, value)"
+    )
+    signature = "query, key, value, attention_mask=None, similarity=None"
+    analysis = analyse(attention_module(body, init=INIT, signature=signature))
+    assert analysis is not None and analysis.refusal is None and analysis.eager_only_params == ("similarity",)
+    always = body.replace("if similarity is not None:\n    probs", "probs")
+    analysis = analyse(attention_module(always, init=INIT, signature=signature))
+    assert analysis is not None and analysis.refusal is not None
+    # a mask is not optional in that sense: falling back whenever it is given would leave SDPA unused
+    masked = body.replace("similarity", "attention_mask")
+    analysis = analyse(attention_module(masked, init=INIT, signature=signature))
+    assert analysis is not None and analysis.refusal is not None
