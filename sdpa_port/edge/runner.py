@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
@@ -27,6 +27,12 @@ class RunOptions:
 
 
 @dataclass(frozen=True)
+class _Writes:
+    destination: Path
+    carried: tuple[Path, str, str] | None  # (modular file, its text, its new text)
+
+
+@dataclass(frozen=True)
 class Outcome:
     path: Path
     result: PortResult
@@ -41,6 +47,7 @@ class Outcome:
     kind: str = "port"
     context: tuple[str, ...] = ()  # what the checkout step did in this file
     companions: tuple[tuple[Path, str], ...] = ()  # other files written with it (a modular source), with their old text
+    writes: _Writes | None = field(default=None, repr=False)  # what is left to write (see write_out)
 
     @property
     def status(self) -> Status:
@@ -105,32 +112,39 @@ def process(target: Target, options: RunOptions) -> Outcome:
         verification = report.lines
         if not report.passed:
             return Outcome(path, result, None, diff, verification=verification, verify_failed=True)
-    written: Path | None = None
-    tests: Path | None = None
     if options.write and result.status is Status.PORTED:
-        destination = options.output or path
-        try:
-            atomic_write(destination, result.source)
-            written = destination
-            if carried is not None and options.output is None:
-                atomic_write(carried[0], carried[2])
-            if options.tests:
-                from sdpa_port.edge.after_port import write_parity_test
+        # written by the parent (write_out): a worker that dies after its work leaves nothing half-recorded, and the
+        # file is rerun from its original text
+        writes = _Writes(options.output or path, carried)
+        return Outcome(path, result, None, diff, verification=verification, original=source, context=context, writes=writes)
+    return Outcome(path, result, None, diff, verification=verification, context=context)
 
-                tests = write_parity_test(path, destination, result, options.tests_dir)
-        except OSError as error:
-            message = f"{destination}: cannot write: {error.strerror or error}"
-            return Outcome(path, PortResult(Status.ERROR, source, result.style, "write failed", reasons=(message,)), error=message)
-    return Outcome(
-        path,
-        result,
-        written,
-        diff,
+
+def write_out(outcome: Outcome, options: RunOptions) -> Outcome:
+    """Write what `process` left to write (the port, its modular source, its parity test); in the parent process."""
+    writes = outcome.writes
+    if writes is None:
+        return outcome
+    destination, carried, result = writes.destination, writes.carried, outcome.result
+    tests: Path | None = None
+    try:
+        atomic_write(destination, result.source)
+        if carried is not None and options.output is None:
+            atomic_write(carried[0], carried[2])
+        if options.tests:
+            from sdpa_port.edge.after_port import write_parity_test
+
+            tests = write_parity_test(outcome.path, destination, result, options.tests_dir)
+    except OSError as error:
+        message = f"{destination}: cannot write: {error.strerror or error}"
+        failed = PortResult(Status.ERROR, outcome.original, result.style, "write failed", reasons=(message,))
+        return Outcome(outcome.path, failed, error=message)
+    return replace(
+        outcome,
+        written=destination,
         tests=tests,
-        verification=verification,
-        original=source if written else "",
-        context=context,
-        companions=((carried[0], carried[1]),) if carried is not None and written else (),
+        writes=None,
+        companions=((carried[0], carried[1]),) if carried is not None else (),
     )
 
 
@@ -158,17 +172,21 @@ def run(
     checkout_step = options.write and options.output is None and _any_in_checkout(targets)
     in_order = _InOrder(None if checkout_step else progress)
 
+    done: dict[int, Outcome] = {}
+
     def finished(index: int, outcome: Outcome) -> None:
+        outcome = done[index] = write_out(outcome, options)
         if advanced:
             advanced(outcome)
         in_order.add(index, outcome)
 
     work = partial(process, options=options)
     if workers <= 1:
-        outcomes = run_here(work, targets, _crashed, finished)
+        run_here(work, targets, _crashed, finished)
     else:
         longest_first = sorted(range(len(targets)), key=lambda index: -_size(targets[index].path))
-        outcomes = run_in_processes(work, targets, workers, _crashed, finished, order=longest_first)
+        run_in_processes(work, targets, workers, _crashed, finished, order=longest_first)
+    outcomes = [done[index] for index in range(len(targets))]
     if checkout_step:
         # the tree around the ports is judged once every port is written; outcomes are reported after that
         from sdpa_port.edge.checkout_step import after_ports
@@ -185,8 +203,6 @@ def run(
 
 
 def _warned(outcome: Outcome, warning: str) -> Outcome:
-    from dataclasses import replace
-
     return replace(outcome, result=replace(outcome.result, warnings=outcome.result.warnings + (warning,)))
 
 

@@ -125,6 +125,23 @@ def test_a_dying_worker_process_fails_only_its_file(tmp_path: Path, monkeypatch)
     assert len(summary.outcomes) == len(discover([root]))
 
 
+def test_workers_leave_every_write_to_the_parent(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # a worker that wrote its port and then died with the pool would have its file rerun from the port itself
+    root = _tree(tmp_path)
+    writers = tmp_path / "writers"
+    real = runner.atomic_write
+
+    def write(path: Path, text: str) -> None:
+        with writers.open("a") as log:
+            log.write(f"{os.getpid()}\n")
+        real(path, text)
+
+    monkeypatch.setattr(runner, "atomic_write", write)
+    summary = run(discover([root]), NO_TESTS, jobs=2)
+    assert summary.count(Status.PORTED) >= 2
+    assert set(writers.read_text().split()) == {str(os.getpid())}
+
+
 def test_an_unwritable_target_is_an_error_for_that_file_only(tmp_path: Path) -> None:
     root = _tree(tmp_path)
     decoder = next(root.rglob("modeling_tiny_decoder.py"))
