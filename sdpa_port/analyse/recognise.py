@@ -12,6 +12,7 @@ from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cross import is_cache_parameter, is_mask_parameter
 from sdpa_port.analyse.cstutil import code, nodes_of_type, replace_names
+from sdpa_port.analyse.known import Known
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.site import AttentionSite, CausalSource, Dropout, Layout, Scaling, ScaleSite, Term, TermKind
@@ -70,6 +71,7 @@ class ClassAnalysis:
     refusal: Refusal | None
     eager_only_params: tuple[str, ...]  # forward parameters whose use only eager can take (head masks, optional terms)
     output_attentions: str | None  # the forward parameter asking for the weights
+    eager_only_flags: tuple[str, ...] = ()  # `self.` switches, off by default, whose branches only eager can take
 
     @property
     def ported(self) -> bool:
@@ -94,9 +96,10 @@ def attention_classes(facts: ModuleFacts, lines: Lines, only: frozenset[str] | N
 
 def _without_optional(
     facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf
-) -> tuple[str, t.TraceResult, t.Candidate] | None:
+) -> tuple[Known, t.TraceResult, t.Candidate] | None:
     """The trace of `forward` taking one optional argument (default None, tested with `is not None`) to be None,
-    when that leaves one attention computation SDPA can take."""
+    or one flag of the module that `__init__` sets to False (`self.save_attention`) to be false, when that leaves
+    one attention computation SDPA can take."""
     tested = {
         node.left.value
         for node in nodes_of_type(forward.body, cst.Comparison)
@@ -108,8 +111,8 @@ def _without_optional(
     params = [*forward.params.params, *forward.params.kwonly_params]
     # not the inputs every call passes (masks, caches, key/value states): falling back whenever they are given
     # would leave SDPA unused
-    optional = [
-        param.name.value
+    trials = [
+        Known(none=frozenset({param.name.value}))
         for param in params
         if param.name.value in tested
         and param.default is not None
@@ -118,12 +121,30 @@ def _without_optional(
         and not is_cache_parameter(param.name.value)
         and "states" not in param.name.value
     ]
-    for parameter in optional[:MAX_OPTIONAL_TRIED]:
-        result = t.Tracer(facts, class_name, forward, line_of, known_none=frozenset({parameter})).run()
+    trials += [Known(falsy=frozenset({flag})) for flag in _flags_off_by_default(facts, class_name, forward)]
+    for known in trials[:MAX_OPTIONAL_TRIED]:
+        result = t.Tracer(facts, class_name, forward, line_of, known=known).run()
         inline = result.attention()
         if len(inline) == 1 and inline[0].poison is None:
-            return parameter, result, inline[0]
+            return known, result, inline[0]
     return None
+
+
+def _flags_off_by_default(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[str]:
+    """`self.x` attributes that forward tests and that every assignment in the class sets to a literal False in
+    `__init__` or to a value elsewhere (a switch like BLIP-2's `save_attention`, turned on by a method)."""
+    tested = {
+        code(node)
+        for test in nodes_of_type(forward.body, cst.If)
+        for node in nodes_of_type(test.test, cst.Attribute)
+        if m.matches(node, m.Attribute(value=m.Name("self")))
+    }
+    out = []
+    for name in sorted(tested):
+        values = facts.find_attribute_values(class_name, name.removeprefix("self."))
+        if values and m.matches(values[0], m.Name("False")):
+            out.append(name)
+    return out
 
 
 MAX_OPTIONAL_TRIED = 4
@@ -144,6 +165,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
     refusal: Refusal | None = None
     sites: list[AttentionSite] = []
     head_masks: list[str] = []
+    flags: list[str] = []
     helper_calls: list[HelperCall] = []
     if inline and helpers:
         refusal = Refusal(Code.REPEATED, class_name, line_of(forward), "attention is computed both in forward and in a helper method")
@@ -156,8 +178,9 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
             # class then falls back to eager when that argument is given, as for a head mask
             retried = _without_optional(facts, class_name, forward, line_of)
             if retried is not None:
-                parameter, result, candidate = retried
-                head_masks.append(parameter)
+                known, result, candidate = retried
+                head_masks.extend(sorted(known.none))
+                flags.extend(sorted(known.falsy))
         if candidate.poison is not None:
             refusal = Refusal.of(candidate.poison, class_name, candidate.poison_line or candidate.start_line)
         else:
@@ -199,6 +222,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
         helpers=tuple(helper_calls),
         refusal=refusal,
         eager_only_params=tuple(dict.fromkeys(head_masks)),
+        eager_only_flags=tuple(flags),
         output_attentions=output_attentions,
     )
 

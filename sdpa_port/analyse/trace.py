@@ -20,6 +20,7 @@ import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.additive import additive_in
+from sdpa_port.analyse.known import Known, decide
 from sdpa_port.analyse.cstutil import (
     assigned_names,
     binary,
@@ -319,11 +320,11 @@ class Tracer:
         function: cst.FunctionDef,
         line_of: LineOf | None = None,
         selected_start: cst.CSTNode | None = None,
-        known_none: frozenset[str] = frozenset(),
+        known: Known = Known(),
     ) -> None:
         self.facts = facts
-        # parameters taken to be None: their `is not None` branches are not followed (the eager fallback runs them)
-        self.known_none = known_none
+        # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
+        self.known = known
         self.class_name = class_name
         self.function = function
         self.line_of = line_of or (lambda node: 0)
@@ -407,27 +408,15 @@ class Tracer:
                 self.env.pop(name, None)
 
     def decided(self, test: cst.BaseExpression | None) -> bool | None:
-        """Whether `P is None` / `P is not None` holds for a parameter P known to be None; None otherwise."""
-        if test is None or not self.known_none:
+        """What a branch test is on the SDPA path, when the known facts decide it."""
+        if test is None or self.known == Known():
             return None
-        if (
-            isinstance(test, cst.Comparison)
-            and isinstance(test.left, cst.Name)
-            and test.left.value in self.known_none
-            and len(test.comparisons) == 1
-            and m.matches(test.comparisons[0].comparator, m.Name("None"))
-        ):
-            operator = test.comparisons[0].operator
-            if isinstance(operator, cst.Is):
-                return True
-            if isinstance(operator, cst.IsNot):
-                return False
-        return None
+        return decide(test, self.known)
 
     def if_statement(self, node: cst.If, depth: int) -> None:
         line = self.line_of(node)
         branches = if_branches(node)
-        if self.known_none:
+        if self.known != Known():
             kept: list[tuple[cst.BaseExpression | None, Sequence[cst.BaseStatement]]] = []
             for test, body in branches:
                 decision = self.decided(test)

@@ -320,7 +320,8 @@ def _marks_causal_layers(facts: ModuleFacts, class_name: str) -> bool:
 def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
     forward = item.forward
     parts = [*item.fallback.falsy, *(f"{name} is not None" for name in item.fallback.none)]
-    texts = [f"`{name}=True`" for name in item.fallback.falsy] + [f"`{name}`" for name in item.fallback.none]
+    texts = [f"`{name}`" if "." in name else f"`{name}=True`" for name in item.fallback.falsy]
+    texts += [f"`{name}`" for name in item.fallback.none]
     rendered = render_module(
         "class_style/sdpa_class.py.jinja",
         name=item.name,

@@ -151,8 +151,8 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     found = facts.find_method(analysis.class_name, "forward")
     assert found is not None
     forward = found[1]
-    if analysis.eager_only_params:
-        names = ", ".join(f"`{name}`" for name in analysis.eager_only_params)
+    if analysis.eager_only_params or analysis.eager_only_flags:
+        names = ", ".join(f"`{name}`" for name in (*analysis.eager_only_params, *analysis.eager_only_flags))
         raise Refuse(
             Code.HEAD_MASK_INTERFACE,
             f"{names} leads to steps only the eager computation takes (a head mask, or a term SDPA cannot express); "

@@ -2,58 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence, Union
 
 import libcst as cst
-import libcst.matchers as m
 
 from sdpa_port.analyse.cstutil import all_assigned_names
+from sdpa_port.analyse.known import Known, decide
 
-
-@dataclass(frozen=True)
-class Known:
-    """Parameter facts that hold on the SDPA path (the eager fallback handles the other cases)."""
-
-    falsy: frozenset[str] = frozenset()
-    none: frozenset[str] = frozenset()
-
-
-Decision = Union[bool, None]
-
-
-def decide(test: cst.BaseExpression, known: Known) -> Decision:
-    """True/False when the test's value follows from the known facts, None otherwise."""
-    if isinstance(test, cst.Name):
-        if test.value in known.falsy or test.value in known.none:
-            return False
-        return None
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        inner = decide(test.expression, known)
-        return None if inner is None else not inner
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-        target = test.comparisons[0]
-        if isinstance(test.left, cst.Name) and m.matches(target.comparator, m.Name("None")):
-            if test.left.value in known.none:
-                if isinstance(target.operator, cst.Is):
-                    return True
-                if isinstance(target.operator, cst.IsNot):
-                    return False
-        return None
-    if isinstance(test, cst.BooleanOperation):
-        left, right = decide(test.left, known), decide(test.right, known)
-        if isinstance(test.operator, cst.And):
-            if left is False or right is False:
-                return False
-            if left is True and right is True:
-                return True
-            return None
-        if left is True or right is True:
-            return True
-        if left is False and right is False:
-            return False
-        return None
-    return None
+__all__ = ["Known", "decide", "specialise"]
 
 
 class _Specialise(cst.CSTTransformer):

@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from sdpa_port.verify import parity
-from sdpa_port.verify.configs import tiny_config
+from sdpa_port.verify.configs import config_class_of, tiny_config
 from sdpa_port.verify.parity import Check
 
 LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "MTModel")
@@ -41,23 +41,6 @@ def model_classes(module: ModuleType) -> list[type]:
         ):
             out.append(value)
     return out
-
-
-def config_class_of(model_class: type) -> type | None:
-    config_class = getattr(model_class, "config_class", None)
-    if isinstance(config_class, type):
-        return config_class
-    for klass in model_class.__mro__:
-        annotations = getattr(klass, "__annotations__", {})
-        candidate = annotations.get("config")
-        if isinstance(candidate, type):
-            return candidate
-        if isinstance(candidate, str):
-            module = inspect.getmodule(klass)
-            resolved = getattr(module, candidate, None)
-            if isinstance(resolved, type):
-                return resolved
-    return None
 
 
 def pick_targets(original: ModuleType) -> Targets | None:

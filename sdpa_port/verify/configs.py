@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -270,3 +271,42 @@ def _backbone_stages(fields: dict[str, Any], values: dict[str, Any]) -> dict[str
 
 def _is_sub_config(value: Any) -> bool:
     return isinstance(value, dict) and "model_type" in value
+
+
+def config_class_of(model_class: type) -> type | None:
+    """The config a model class is built from: its constructor's annotation when that names a config class (a
+    sub-model's own config, e.g. a Q-Former inside a composite whose shared `config_class` is the composite's),
+    else its `config_class`, else a `config` annotation."""
+    annotated = _init_annotation(model_class)
+    config_class = getattr(model_class, "config_class", None)
+    if annotated is not None and not (isinstance(config_class, type) and issubclass(config_class, annotated)):
+        return annotated  # more specific than config_class (a base class annotation such as PretrainedConfig is not)
+    if isinstance(config_class, type):
+        return config_class
+    for klass in model_class.__mro__:
+        annotations = getattr(klass, "__annotations__", {})
+        candidate = annotations.get("config")
+        if isinstance(candidate, type):
+            return candidate
+        if isinstance(candidate, str):
+            module = inspect.getmodule(klass)
+            resolved = getattr(module, candidate, None)
+            if isinstance(resolved, type):
+                return resolved
+    return None
+
+
+def _init_annotation(model_class: type) -> type | None:
+    init = model_class.__dict__.get("__init__")
+    if init is None:
+        return None
+    try:
+        parameter = inspect.signature(init).parameters.get("config")
+    except (TypeError, ValueError):
+        return None
+    annotation = getattr(parameter, "annotation", None)
+    if isinstance(annotation, str):
+        annotation = getattr(inspect.getmodule(model_class), annotation, None)
+    if isinstance(annotation, type) and hasattr(annotation, "to_dict") and hasattr(annotation, "model_type"):
+        return annotation
+    return None

@@ -90,7 +90,7 @@ class Candidate:
 
 def candidates(original: ModuleType, ported: ModuleType, classes: list[type]) -> tuple[list[Candidate], list[str]]:
     """Classes whose forward the harness can feed, best first, and why the others cannot be fed."""
-    from sdpa_port.verify.auto import config_class_of
+    from sdpa_port.verify.configs import config_class_of
 
     found: list[Candidate] = []
     reasons: list[str] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from sdpa_port import Status, port_source
+from sdpa_port import Status, Style, port_source
 
 DECODER = '''
 import torch
@@ -62,3 +62,21 @@ def test_causal_helper_kept_when_the_flag_stays_false() -> None:
     assert "_prepare_4d_causal_attention_mask_for_sdpa" not in unmarked.source
     assert "self.is_causal" not in unmarked.source.split("class TinySdpaAttention")[1].split("TINY_ATTENTION")[0]
     assert any("causal mask helper is kept" in w for w in unmarked.warnings)
+
+
+def test_eager_only_switches_fall_back_in_both_styles() -> None:
+    """A switch off by default whose branch hands the weights to a hook: the class-style port falls back to eager
+    while it is on; the interface style, which has no per-call fallback, refuses (W403)."""
+    hooked = DECODER.replace("{causal}", "").replace(
+        "        self.scaling = (embed_dim", "        self.save_attention = False\n        self.scaling = (embed_dim"
+    ).replace(
+        "        probs = scores.softmax(-1)\n",
+        "        probs = scores.softmax(-1)\n        if self.save_attention:\n            self.save_map(probs)\n",
+    )
+    ported = port_source(hooked, style=Style.CLASS)
+    assert ported.status is Status.PORTED, ported.reasons
+    sdpa_class = ported.source.split("class TinySdpaAttention")[1].split("TINY_ATTENTION")[0]
+    fallback = sdpa_class.split("return super().forward")[0]
+    assert "self.save_attention" in fallback
+    refused = port_source(hooked, style=Style.INTERFACE)
+    assert refused.status is Status.REFUSED and "W403" in " ".join(refused.reasons)

@@ -335,3 +335,18 @@ def test_a_step_under_an_optional_argument_falls_back_to_eager() -> None:
     masked = body.replace("similarity", "attention_mask")
     analysis = analyse(attention_module(masked, init=INIT, signature=signature))
     assert analysis is not None and analysis.refusal is not None
+
+
+def test_a_step_under_a_switch_off_by_default_falls_back_to_eager() -> None:
+    """BLIP-2's form: `if self.save_attention:` hands the weights to a method (a hook); __init__ sets the switch to
+    False, so the SDPA class takes the other path and falls back to eager while the switch is on. A switch that
+    __init__ turns on is not assumed off."""
+    body = (
+        "scores = torch.matmul(query, key.transpose(-1, -2))\nprobs = scores.softmax(dim=-1)\n"
+        "if self.save_attention:\n    self.save_attention_map(probs)\n"
+        "return torch.matmul(probs, value)"
+    )
+    analysis = analyse(attention_module(body, init=INIT + "self.save_attention = False\n"))
+    assert analysis is not None and analysis.refusal is None and analysis.eager_only_flags == ("self.save_attention",)
+    analysis = analyse(attention_module(body, init=INIT + "self.save_attention = True\n"))
+    assert analysis is not None and analysis.refusal is not None and analysis.eager_only_flags == ()

@@ -297,3 +297,43 @@ def test_level_kwargs_pass_changed_top_fields_and_whole_sub_configs() -> None:
     assert kwargs["vision_config"]["hidden_size"] == 32 and kwargs["vision_config"]["image_size"] == 64
     assert kwargs["vision_config"]["out_features"] == ["stage4"]
     assert level_kwargs(config, LEVELS[-1]) == {}
+
+
+
+class _Config:  # the two things a config class has that the rule looks for
+    model_type = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {}
+
+
+class CompositeConfig(_Config):
+    model_type = "composite"
+
+
+class PartConfig(_Config):
+    model_type = "part"
+
+
+class _PreTrained:
+    config_class = CompositeConfig
+
+
+class _PartModel(_PreTrained):
+    def __init__(self, config: PartConfig) -> None:  # a string under `from __future__ import annotations`
+        pass
+
+
+class _WholeModel(_PreTrained):
+    def __init__(self, config: object) -> None:
+        pass
+
+
+def test_a_sub_model_is_built_from_the_config_its_constructor_names() -> None:
+    """A Q-Former inside a composite inherits the composite's `config_class`; its constructor's annotation names
+    its own config. An annotation that is no config class does not override `config_class`."""
+    from sdpa_port.verify.configs import config_class_of
+
+    assert config_class_of(_PartModel) is PartConfig
+    assert config_class_of(_WholeModel) is CompositeConfig
+    assert config_class_of(_PreTrained) is CompositeConfig
