@@ -374,7 +374,9 @@ def describe(
         conditional = depth > 0
         match op:
             case t.Scale():
-                if not scaling and not seen_term and start.product.form is p.ProductForm.BADDBMM:
+                if op.per_query:
+                    where = ScaleSite.QUERY
+                elif not scaling and not seen_term and start.product.form is p.ProductForm.BADDBMM:
                     where = ScaleSite.PRODUCT
                 else:
                     where = ScaleSite.AFTER_TERMS if seen_term else ScaleSite.SCORES

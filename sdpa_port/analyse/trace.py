@@ -116,6 +116,8 @@ class Cast:
 class Scale:
     factor: cst.BaseExpression
     divide: bool
+    # a tensor the same for every key (its last dimension has size 1): it multiplies the query instead of scale=
+    per_query: bool = False
 
 
 @dataclass(frozen=True)
@@ -1046,7 +1048,14 @@ class Tracer:
         if current.stage == SCORES:
             scalar = p.scalar(factor, self.scope)
             if scalar is None:
-                raise _Poison(Code.SCALE_NOT_A_NUMBER, f"the scores are scaled by `{_short(factor)}`, which is not provably a number", {current.cid})
+                if not self.chain_value_refs(factor) and p.constant_along_last(factor, self.scope):
+                    return Scale(self.detach(factor, current.cid), divide, per_query=True)
+                raise _Poison(
+                    Code.SCALE_NOT_A_NUMBER,
+                    f"the scores are scaled by `{_short(factor)}`, which is not provably a number nor a tensor the same "
+                    "for every key",
+                    {current.cid},
+                )
             return Scale(self.detach(scalar.node, current.cid), divide)
         if current.stage == PROBS and not divide:
             root = _root_param(factor, self.params)
@@ -1469,6 +1478,9 @@ class Tracer:
                 if p.scalar(other, self.scope) is not None:
                     return self.rank_of(tensor, depth + 1)
             return None
+        if isinstance(node, cst.Call) and self.scope.qualify(node.func) in p.SHAPE_KEEPING_FUNCTIONS:
+            operand = p.arg(node, 0, "input")  # `normalize(q, dim=-1)` (cosine attention) keeps q's shape
+            return None if operand is None else self.rank_of(operand, depth + 1)
         return self.rank_returned(node, depth)
 
     def rank_returned(self, node: cst.BaseExpression, depth: int) -> int | None:

@@ -92,6 +92,14 @@ class InterfaceEmitter(SdpaEmitter):
     def apply(self, op: t.Op) -> list[cst.BaseStatement]:
         if isinstance(op, t.Fill):
             return self.fill_mask(op)  # a causal buffer is an additive term like any other here
+        if isinstance(op, t.Scale) and op.per_query:
+            # the interface takes one number as `scaling`; a tensor factor would have to move onto the query that
+            # every implementation (eager included) receives
+            raise Refuse(
+                Code.SCALE_NOT_A_NUMBER,
+                f"the scores are scaled by the tensor `{code(op.factor)}`: the attention interface takes a number as "
+                "`scaling` (the class style scales the query instead)",
+            )
         return super().apply(op)
 
     def floor_mask(self, op: t.Guard) -> list[cst.BaseStatement]:

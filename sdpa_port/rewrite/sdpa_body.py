@@ -469,6 +469,16 @@ class SdpaEmitter(StatementWalker):
     def scale(self, op: t.Scale) -> list[cst.BaseStatement]:
         state = self.state
         out: list[cst.BaseStatement] = []
+        if op.per_query:
+            # (q @ k.T) * f == (q * f) @ k.T for a factor the same along the keys; terms added before would be scaled
+            if state.scale_var or state.mask_var or state.mask is not None or state.causal_fill is not None:
+                raise Refuse(
+                    Code.SCALE_NOT_A_NUMBER,
+                    f"the scores are scaled by the tensor `{code(op.factor)}` after other terms or under a condition",
+                )
+            out.append(_assign(self.names.query, _binary(self.query_root(), op.factor, op.divide)))
+            self.query = cst.Name(self.names.query)
+            return out
         if state.scale_var:
             out.append(_assign(self.names.scale, _binary(cst.Name(self.names.scale), op.factor, op.divide)))
         else:

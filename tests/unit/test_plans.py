@@ -80,3 +80,26 @@ def test_eager_only_switches_fall_back_in_both_styles() -> None:
     assert "self.save_attention" in fallback
     refused = port_source(hooked, style=Style.INTERFACE)
     assert refused.status is Status.REFUSED and "W403" in " ".join(refused.reasons)
+
+
+def test_a_per_head_factor_multiplies_the_query() -> None:
+    """Scores times a parameter of shape (heads, 1, 1) become SDPA on the query times it, with scale=1.0; a factor
+    added after the mask would scale the mask too, so that order is refused rather than guessed."""
+    per_head = DECODER.replace("{causal}", "").replace(
+        "        self.scaling = (embed_dim // num_heads) ** -0.5\n",
+        "        self.logit_scale = nn.Parameter(torch.ones((num_heads, 1, 1)))\n",
+    )
+    scaled = per_head.replace(
+        "scores = torch.matmul(query * self.scaling, key.transpose(-1, -2))",
+        "scores = torch.matmul(query, key.transpose(-1, -2)) * self.logit_scale.exp()",
+    )
+    ported = port_source(scaled, style=Style.CLASS)
+    assert ported.status is Status.PORTED, ported.reasons
+    assert "sdpa_query = query * self.logit_scale.exp()" in ported.source
+    assert "scale=1.0" in ported.source
+    late = per_head.replace(
+        "scores = torch.matmul(query * self.scaling, key.transpose(-1, -2))",
+        "scores = torch.matmul(query, key.transpose(-1, -2))",
+    ).replace("        probs = scores.softmax(-1)\n", "        probs = (scores * self.logit_scale).softmax(-1)\n")
+    refused = port_source(late, style=Style.CLASS)
+    assert refused.status is Status.REFUSED and "S102" in " ".join(refused.reasons)

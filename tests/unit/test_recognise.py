@@ -15,7 +15,7 @@ self.dropout = nn.Dropout(config.attention_dropout)
 self.p = config.attention_dropout
 self.register_buffer("bias", torch.tril(torch.ones((8, 8), dtype=torch.bool)).view(1, 1, 8, 8), persistent=False)
 self.softmax = nn.Softmax(dim=-1)
-self.temperature = nn.Parameter(torch.ones(1))
+self.temperature = nn.Parameter(torch.ones(8))  # one per key: not a scale
 """
 
 
@@ -350,3 +350,20 @@ def test_a_step_under_a_switch_off_by_default_falls_back_to_eager() -> None:
     assert analysis is not None and analysis.refusal is None and analysis.eager_only_flags == ("self.save_attention",)
     analysis = analyse(attention_module(body, init=INIT + "self.save_attention = True\n"))
     assert analysis is not None and analysis.refusal is not None and analysis.eager_only_flags == ()
+
+
+def test_a_tensor_factor_the_same_for_every_key_scales_the_query() -> None:
+    """Swin V2's cosine attention: scores times a per-head parameter of shape (heads, 1, 1), clamped and
+    exponentiated; `(q @ k.T) * f == (q * f) @ k.T` since f is the same along the keys. A factor that varies along
+    the keys (last dimension not 1) is refused, and so is one whose shape cannot be read."""
+    body = (
+        "scale = torch.clamp(self.logit_scale, max=4.6).exp()\n"
+        "scores = torch.matmul(nn.functional.normalize(query, dim=-1), nn.functional.normalize(key, dim=-1).transpose(-1, -2))\n"
+        "scores = scores * scale\nprobs = scores.softmax(dim=-1)\nreturn torch.matmul(probs, value)"
+    )
+    per_head = INIT + "self.logit_scale = nn.Parameter(torch.log(10 * torch.ones((4, 1, 1))))\n"
+    site = site_of(body, init=per_head)
+    assert [(s.where, s.expression) for s in site.scaling] == [(ScaleSite.QUERY, "scale")]
+    for init in (per_head.replace("(4, 1, 1)", "(4, 1, 8)"), INIT + "self.logit_scale = nn.Parameter(torch.randn(shape))\n"):
+        analysis = analyse(attention_module(body, init=init))
+        assert analysis is not None and analysis.refusal is not None and analysis.refusal.code.value[0] == "S102"
