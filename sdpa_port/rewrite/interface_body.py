@@ -89,6 +89,9 @@ class InterfaceEmitter(SdpaEmitter):
             return set()
         return super().chain_kinds(node)
 
+    def whole_chain_branch(self, node: cst.If) -> cst.If | cst.Else | None:
+        return None  # the computation moves into the eager function whole; a branch of it is not extracted
+
     def apply(self, op: t.Op) -> list[cst.BaseStatement]:
         if isinstance(op, t.Fill):
             return self.fill_mask(op)  # a causal buffer is an additive term like any other here

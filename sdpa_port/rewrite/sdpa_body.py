@@ -241,6 +241,19 @@ class SdpaEmitter(StatementWalker):
         if node in self.dropped_ifs:
             self.removed_reads |= walk_names(node)
             return []
+        whole = self.whole_chain_branch(node)
+        if whole is not None:
+            # the product, its masks and the product with V all in one branch (the others compute the output some
+            # other way, e.g. with xformers in training): only that branch changes
+            kept: list[tuple[cst.If | cst.Else, list[cst.BaseStatement]]] = []
+            for current in if_chain(node):
+                if current is whole:
+                    self.not_none.append(not_none_names(current.test) if isinstance(current, cst.If) else set())
+                    kept.append((current, self.block(block_body(current.body))))
+                    self.not_none.pop()
+                else:
+                    kept.append((current, list(block_body(current.body))))
+            return [rebuild_if(kept, lambda branch: self.keep(branch.test, self.plans.get(branch.test)))]
         touched = self.chain_kinds(node)
         guarded = self.none_guarded_term(node, touched)
         if guarded is not None:
@@ -267,6 +280,17 @@ class SdpaEmitter(StatementWalker):
             return pre
         rebuilt = rebuild_if(branches, lambda branch: self.keep(branch.test, self.plans.get(branch.test)))
         return [*pre, rebuilt]
+
+    def whole_chain_branch(self, node: cst.If) -> cst.If | cst.Else | None:
+        """The one branch of an if-chain holding every chain statement, from the product to the product with V
+        (when the chain starts before the `if`, the branches share it and are handled as a whole)."""
+        holding = [branch for branch in if_chain(node) if self.plans_in(branch.body)]
+        if len(holding) != 1 or (isinstance(holding[0], cst.If) and self.plans_in(holding[0].test)):
+            return None
+        plans = self.plans_in(holding[0].body)
+        starts = any(isinstance(op, t.Start) for plan in plans if isinstance(plan, t.ChainStmt) for op in plan.ops)
+        ends = any(isinstance(plan, t.OutputStmt) for plan in plans)
+        return holding[0] if starts and ends else None
 
     def merge(self, ends: list[_State], node: cst.If) -> _State:
         """One state after the branches; branches that leave a known side value differently are refused.
