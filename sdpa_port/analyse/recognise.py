@@ -155,9 +155,10 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
     if found is None:
         return None
     owner, forward = found
-    result = t.Tracer(facts, class_name, forward, line_of).run()
+    tracer = t.Tracer(facts, class_name, forward, line_of)
+    result = tracer.run()
     inline = result.attention()
-    helpers = _helper_calls(facts, class_name, forward, line_of)
+    helpers = _helper_calls(facts, class_name, forward, line_of, tracer)
     params = result.params
     output_attentions = "output_attentions" if "output_attentions" in params else None
     if not inline and not helpers:
@@ -228,16 +229,18 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
 
 
 def _helper_calls(
-    facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf
+    facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf, caller: t.Tracer
 ) -> list[tuple[Helper, cst.Call, t.TraceResult, t.Candidate]]:
     finder = _Calls()
     forward.body.visit(finder)
     out = []
-    cache: dict[str, tuple[Helper, t.TraceResult, list[t.Candidate]] | None] = {}
+    cache: dict[tuple[str, frozenset[str]], tuple[Helper, t.TraceResult, list[t.Candidate]] | None] = {}
     for call in finder.calls:
-        key = code(call.func)
+        helper = helper_for(facts, class_name, call)
+        keys = key_layout_params(helper, call, caller) if helper is not None else frozenset()
+        key = (code(call.func), keys)
         if key not in cache:
-            cache[key] = _traced_helper(facts, class_name, call, line_of)
+            cache[key] = _traced_helper(facts, class_name, call, line_of, keys)
         found = cache[key]
         if found is None:
             continue
@@ -252,13 +255,22 @@ def _helper_calls(
 
 
 def _traced_helper(
-    facts: ModuleFacts, class_name: str, call: cst.Call, line_of: LineOf
+    facts: ModuleFacts, class_name: str, call: cst.Call, line_of: LineOf, keys: frozenset[str]
 ) -> tuple[Helper, t.TraceResult, list[t.Candidate]] | None:
     helper = helper_for(facts, class_name, call)
     if helper is None:
         return None
-    result = t.Tracer(facts, class_name, helper.function, line_of).run()
+    result = t.Tracer(facts, class_name, helper.function, line_of, key_params=keys).run()
     return helper, result, result.attention()
+
+
+def key_layout_params(helper: Helper, call: cst.Call, caller: t.Tracer) -> frozenset[str]:
+    """The helper's parameters that this call passes a key laid out (..., dim, length), as the caller's trace
+    reads its argument (`self.split_heads(key, k=True)` permuting the features second to last)."""
+    bound = bind_arguments(helper.function, helper.as_method_call(call))
+    if bound is None:
+        return frozenset()
+    return frozenset(name for name, value in bound.items() if caller.transposed_key(value))
 
 
 def helper_for(facts: ModuleFacts, class_name: str, call: cst.Call) -> Helper | None:

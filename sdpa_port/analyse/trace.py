@@ -28,6 +28,8 @@ from sdpa_port.analyse.cstutil import (
     code,
     if_branches,
     nodes_of_type,
+    parenthesized,
+    precedence,
     primary,
     replace_names,
 )
@@ -323,8 +325,12 @@ class Tracer:
         line_of: LineOf | None = None,
         selected_start: cst.CSTNode | None = None,
         known: Known = Known(),
+        key_params: frozenset[str] = frozenset(),
     ) -> None:
         self.facts = facts
+        # parameters every caller passes a key laid out (..., dim, length) (`self._attn(q, self.split_heads(k,
+        # k=True), v)`): `q @ k` on them is a product with the key transposed
+        self.key_params = key_params
         # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
         self.known = known
         self.class_name = class_name
@@ -831,6 +837,11 @@ class Tracer:
         operator = node.operator
         if not left_refs and not right_refs:
             raise _NotChain()
+        blend = self.blend(node)
+        if blend is not None:
+            kept, condition, fill = blend
+            base, ops = self.decompose(kept, line)
+            return base, [*ops, self.fill(condition, fill, True, line, base.cid)]
         if isinstance(operator, cst.Add):
             if left_refs and right_refs:
                 return self.add_two_chains(node, line)
@@ -854,6 +865,48 @@ class Tracer:
             current = self.advance(base, ops)
             return base, [*ops, self.scale_or_head_mask(current, other, isinstance(operator, cst.Divide), line)]
         raise _Poison(Code.SCORES_COMBINED, f"the scores are combined with `{code(operator).strip()}`", left_refs | right_refs)
+
+    def blend(self, node: cst.BinaryOperation) -> tuple[cst.BaseExpression, cst.BaseExpression, cst.BaseExpression] | None:
+        """`scores * b + v * (1 - b)` (or `- c * (1 - b)`), GPT's TensorFlow-era masking, with `b` a slice of a
+        lower-triangular buffer of ones (every entry 0 or 1): exactly `torch.where(b.bool(), scores, v)` for finite
+        scores. Gives (the scores' expression, the condition, the fill)."""
+        if not isinstance(node.operator, (cst.Add, cst.Subtract)):
+            return None
+        kept = _times(node.left)
+        masked = _times(node.right)
+        if kept is None or masked is None:
+            return None
+        for scores, weight in (kept, kept[::-1]):
+            if not self.chain_or_start(scores) or self.chain_value_refs(weight):
+                continue
+            for value, complement in (masked, masked[::-1]):
+                if self.chain_value_refs(value) or not _one_minus(complement, weight):
+                    continue
+                if isinstance(node.operator, cst.Subtract):
+                    value = cst.UnaryOperation(cst.Minus(), value if precedence(value) >= 12 else parenthesized(value))
+                if self.diagonal_slice(weight) is None and not self.ones_buffer_slice(weight):
+                    return None
+                condition = cst.Call(func=cst.Attribute(value=primary(weight), attr=cst.Name("bool")))
+                return scores, condition, value
+        return None
+
+    def ones_buffer_slice(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """A slice of a registered buffer built as a triangle of ones (entries 0 or 1), sliced anywhere."""
+        if depth > 4:
+            return False
+        if isinstance(node, cst.Name):
+            local = self.scope.local_value(node.value)
+            return local is not None and self.ones_buffer_slice(local, depth + 1)
+        found = p.method_call(node, p.CAST_METHODS | {"bool"})
+        if found is not None:
+            return self.ones_buffer_slice(found[0], depth + 1)
+        if not isinstance(node, cst.Subscript) or self.class_name is None:
+            return False
+        buffer = p.self_attribute_name(node.value)
+        registered = self.facts.find_buffer(self.class_name, buffer) if buffer is not None else None
+        if registered is None or buffer is None:
+            return False
+        return buffer_diagonal(registered, self.facts.find_buffer_locals(self.class_name, buffer), self.scope) is not None
 
     def add_two_chains(self, node: cst.BinaryOperation, line: int) -> tuple[ChainVal, list[Op]]:
         """`scores + relative_scores`: the chain that continues is the older one; the other is an additive term."""
@@ -1013,8 +1066,35 @@ class Tracer:
             return bool(transposed) and self.along_last(dim, transposed[0])
         if isinstance(node, cst.Name):
             values = self.scope.local_values(node.value)
-            return bool(values) and all(self.transposed_key(v, depth + 1) for v in values)
-        return False
+            if not values:
+                return node.value in self.key_params
+            return all(self.transposed_key(v, depth + 1) for v in values)
+        returned = self.returned_for(node)
+        return bool(returned) and all(v is not None and p.features_second_last(v) for v in returned)
+
+    def returned_for(self, node: cst.BaseExpression) -> list[cst.BaseExpression | None]:
+        """What `self.method(x, k=True)` may return: the method's returns on the paths its literal boolean
+        arguments (and defaults) leave open (`split_heads(key, k=True)` returns the key permuted to (b, h, d, s))."""
+        if not (
+            isinstance(node, cst.Call)
+            and m.matches(node.func, m.Attribute(value=m.Name("self")))
+            and self.scope.class_name is not None
+            and not p.has_star_args(node)
+        ):
+            return []
+        assert isinstance(node.func, cst.Attribute)
+        found = self.facts.find_method(self.scope.class_name, node.func.attr.value)
+        if found is None:
+            return []
+        method = found[1]
+        params = [param for param in method.params.params if param.name.value != "self"]
+        flags: dict[str, bool] = {}
+        for index, param in enumerate(params):
+            given = p.arg(node, index, param.name.value)
+            value = given if given is not None else param.default
+            if isinstance(value, cst.Name) and value.value in ("True", "False"):
+                flags[param.name.value] = value.value == "True"
+        return _open_returns(block_body(method.body), flags)
 
     def along_last(self, dim: cst.BaseExpression, part: cst.BaseExpression) -> bool:
         """`dim` names the last dimension of `part`: -1, or its rank minus one when the rank can be read."""
@@ -1104,7 +1184,7 @@ class Tracer:
         if isinstance(node, cst.Name):
             local = self.scope.local_value(node.value)
             return None if local is None else self.diagonal_slice(local, depth + 1)
-        found = p.method_call(node, {"bool", "to"})
+        found = p.method_call(node, p.CAST_METHODS | {"bool"})  # a cast keeps the 0/1 entries
         if found is not None:
             return self.diagonal_slice(found[0], depth + 1)
         if not isinstance(node, cst.Subscript):
@@ -1614,6 +1694,47 @@ def _only_raises(body: Sequence[cst.BaseStatement]) -> bool:
 def _short(node: cst.CSTNode, limit: int = 70) -> str:
     text = " ".join(code(node).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _open_returns(body: Sequence[cst.BaseStatement], flags: dict[str, bool]) -> list[cst.BaseExpression | None]:
+    """The returned values on paths that `if name:` tests of the boolean `flags` do not close (every return on an
+    undecided path counts)."""
+    out: list[cst.BaseExpression | None] = []
+    for statement in body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Return):
+                    out.append(small.value)
+                    return out
+        elif isinstance(statement, cst.If):
+            test = statement.test
+            decided = flags.get(test.value) if isinstance(test, cst.Name) else None
+            if decided is not False:
+                out += _open_returns(block_body(statement.body), flags)
+            if decided is not True and statement.orelse is not None:
+                orelse = statement.orelse
+                rest = [orelse] if isinstance(orelse, cst.If) else block_body(orelse.body)
+                out += _open_returns(rest, flags)
+        else:
+            out += [small.value for small in nodes_of_type(statement, cst.Return)]
+    return out
+
+
+def _times(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """The two factors of a product `a * b`."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        return node.left, node.right
+    return None
+
+
+def _one_minus(node: cst.BaseExpression, weight: cst.BaseExpression) -> bool:
+    """`1 - weight` (or `1.0 - weight`), the weight written the same way."""
+    return (
+        isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.Subtract)
+        and p.number(node.left) == 1.0
+        and code(node.right) == code(weight)
+    )
 
 
 def _strip_casts(node: cst.BaseExpression, scope: p.Scope) -> tuple[cst.BaseExpression, bool]:

@@ -29,17 +29,17 @@ class ForwardPlan:
 
 
 def trace_sdpa_path(
-    facts: ModuleFacts, class_name: str, function: cst.FunctionDef
+    facts: ModuleFacts, class_name: str, function: cst.FunctionDef, key_params: frozenset[str] = frozenset()
 ) -> tuple[t.TraceResult, t.Candidate]:
     """Trace a specialised function and select its single attention chain."""
-    discovery = t.Tracer(facts, class_name, function).run()
+    discovery = t.Tracer(facts, class_name, function, key_params=key_params).run()
     attention = discovery.attention()
     if len(attention) != 1:
         raise Refuse(Code.REPEATED, f"expected one attention computation on the SDPA path, found {len(attention)}")
     candidate = attention[0]
     if candidate.poison is not None:
         raise Refuse.because(candidate.poison, line=candidate.poison_line)
-    selected = t.Tracer(facts, class_name, function, selected_start=candidate.start_node).run()
+    selected = t.Tracer(facts, class_name, function, selected_start=candidate.start_node, key_params=key_params).run()
     chosen = [c for c in selected.candidates if c.start_node is candidate.start_node]
     if len(chosen) != 1 or chosen[0].stage != t.OUT or chosen[0].poison is not None:
         if chosen and chosen[0].poison:
@@ -109,6 +109,14 @@ class Inliner(StatementWalker):
         self.forward_names = function_names(forward)
         self.inlined = 0
         self.removed_reads: set[str] = set()
+        self._caller: t.Tracer | None = None
+
+    def caller(self) -> t.Tracer:
+        """forward's trace, to read the arguments it passes (the layout of a key)."""
+        if self._caller is None:
+            self._caller = t.Tracer(self.facts, self.analysis.class_name, self.forward)
+            self._caller.run()
+        return self._caller
 
     def helper_call(self, statement: cst.SimpleStatementLine) -> tuple[Helper, cst.Call] | None:
         finder = _HelperCalls(self.helpers)
@@ -153,7 +161,8 @@ class Inliner(StatementWalker):
                 cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)])
             )
         if self.options is not None:
-            result, candidate = trace_sdpa_path(self.facts, self.analysis.class_name, special)
+            keys = frozenset(name for name, value in bound.items() if self.caller().transposed_key(value))
+            result, candidate = trace_sdpa_path(self.facts, self.analysis.class_name, special, keys)
             emitter = SdpaEmitter(result, candidate, self.with_aliases(self.options, bound))
             body = emitter.block(block_body(special.body))
             self.removed_reads |= emitter.removed_reads | set(bound)

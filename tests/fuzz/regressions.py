@@ -104,6 +104,11 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
     # a tensor factor the same for every key (Swin V2's per-head logit scale) multiplies the query in the class
     # style; the interface style lost it (eager changed by 0.36) and now refuses
     "12d: a parameter scale before the terms": (Spec(hazard="param_scale", terms=(("mask", "not_none"),)), "exact", None),
+    # GPT's TensorFlow-era causal masking, `s * b + f * (1 - b)` with b a 0/1 triangle: exactly a replacing fill
+    "12f: a blended causal buffer": (
+        Spec(causal="buffer", fill_form="blend", fill_value="minus_1e4", terms=(("mask", "not_none"),)),
+        "exact", None,
+    ),
     "12e: a parameter scale in the interface style": (
         Spec(family="523", mask_style="builder", hazard="param_scale", terms=(("mask", "not_none"),)),
         "refused", "S102",

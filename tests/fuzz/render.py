@@ -136,6 +136,13 @@ def fill_statement(spec: Spec, n: Names, keep: str, code: Code) -> None:
     """Mask the scores where `keep` is False, in the spec's form."""
     value = fill_value(spec, n)
     form = spec.fill_form
+    if form == "blend" and keep == "causal_mask" and spec.fill_value != "minus_inf":
+        # GPT's TensorFlow-era masking: the scores times a 0/1 buffer plus the fill times its complement
+        code.add("causal_weight = causal_mask.float()")
+        code.add(f"attn_weights = attn_weights * causal_weight + {value} * (1 - causal_weight)")
+        return
+    if form == "blend":
+        form = "where"
     if form == "where" or (form == "masked_fill_inplace" and value.startswith("torch.tensor")):
         if spec.fill_value in ("finfo_min", "minus_1e4", "minus_1e9", "minus_inf"):
             code.add(f"mask_value = torch.full([], {value}, dtype=attn_weights.dtype, device=attn_weights.device)")

@@ -103,3 +103,104 @@ def test_a_per_head_factor_multiplies_the_query() -> None:
     ).replace("        probs = scores.softmax(-1)\n", "        probs = (scores * self.logit_scale).softmax(-1)\n")
     refused = port_source(late, style=Style.CLASS)
     assert refused.status is Status.REFUSED and "S102" in " ".join(refused.reasons)
+
+
+GPT_TF_ERA = '''
+import math
+
+import torch
+from torch import nn
+
+from ...modeling_utils import PreTrainedModel
+
+
+class OldAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        n = config.n_positions
+        self.register_buffer("bias", torch.tril(torch.ones(n, n)).view(1, 1, n, n), persistent=False)
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.split_size = config.n_embd
+
+    def _attn(self, q, k, v, attention_mask=None):
+        w = torch.matmul(q, k)
+        w = w / math.sqrt(v.size(-1))
+        nd, ns = w.size(-2), w.size(-1)
+        b = self.bias[:, :, ns - nd : ns, :ns]
+        w = w * b - 1e4 * (1 - b)
+        if attention_mask is not None:
+            w = w + attention_mask
+        w = nn.functional.softmax(w, dim=-1)
+        return torch.matmul(w, v)
+
+    def split_heads(self, x, k=False):
+        x = x.view(*x.size()[:-1], self.n_head, x.size(-1) // self.n_head)
+        if k:
+            return x.permute(0, 2, 3, 1)
+        else:
+            return x.permute(0, 2, 1, 3)
+
+    def forward(self, x, attention_mask=None):
+        query, key, value = self.c_attn(x).split(self.split_size, dim=2)
+        query = self.split_heads(query)
+        key = self.split_heads(key, k=True)
+        value = self.split_heads(value)
+        return self._attn(query, key, value, attention_mask)
+
+
+class OldPreTrainedModel(PreTrainedModel):
+    base_model_prefix = "old"
+
+
+class OldModel(OldPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.attn = OldAttention(config)
+'''
+
+
+def test_a_key_split_by_a_flagged_method_and_a_blended_causal_buffer() -> None:
+    """GPT-2's original form: `split_heads(key, k=True)` returns the key as (b, h, d, s) on the path its literal
+    argument opens, so `q @ k` is a product with the key transposed; `w * b - 1e4 * (1 - b)` with b a slice of a
+    triangle of ones is a causal fill. A top-left slice may leave a real token's row without keys once lengths
+    differ, and -1e4 does not absorb the scores: refused (M202). A weight that is no 0/1 buffer stays a scale."""
+    ported = port_source(GPT_TF_ERA, style=Style.CLASS)
+    assert ported.status is Status.PORTED, ported.reasons
+    sdpa_call = ported.source.split("scaled_dot_product_attention(")[1].split(")\n")[0]
+    assert "k.transpose(-1, -2)" in sdpa_call and "is_causal=sdpa_is_causal" in sdpa_call
+    assert "torch.where(b.bool()" in ported.source
+    top_left = GPT_TF_ERA.replace("self.bias[:, :, ns - nd : ns, :ns]", "self.bias[:, :, :nd, :ns]")
+    refused = port_source(top_left, style=Style.CLASS)
+    assert refused.status is Status.REFUSED and "M202" in " ".join(refused.reasons)
+    unflagged = GPT_TF_ERA.replace("key = self.split_heads(key, k=True)", "key = self.split_heads(key)")
+    assert port_source(unflagged, style=Style.CLASS).status is Status.REFUSED
+    weighted = GPT_TF_ERA.replace("b = self.bias[:, :, ns - nd : ns, :ns]", "b = attention_mask")
+    assert port_source(weighted, style=Style.CLASS).status is Status.REFUSED
+
+
+def test_a_chain_wholly_inside_one_branch_changes_only_that_branch() -> None:
+    """Open-Llama's form: xformers in training, the eager computation in the else branch. Only the branch holding
+    the whole chain (product to product with V) is rewritten; the other is kept as written."""
+    branched = DECODER.replace("{causal}", "").replace(
+        "        scores = torch.matmul(query * self.scaling, key.transpose(-1, -2))\n"
+        "        if attention_mask is not None:\n"
+        "            scores = scores + attention_mask\n"
+        "        probs = scores.softmax(-1)\n"
+        "        return torch.matmul(probs, value), probs\n",
+        "        if self.training and xformers is not None:\n"
+        "            weights = None\n"
+        "            output = xformers.attention(query, key, value)\n"
+        "        else:\n"
+        "            weights = torch.matmul(query * self.scaling, key.transpose(-1, -2))\n"
+        "            if attention_mask is not None:\n"
+        "                weights = weights + attention_mask\n"
+        "            weights = weights.softmax(-1)\n"
+        "            output = torch.matmul(weights, value)\n"
+        "        return output, weights\n",
+    ).replace("from torch import nn\n", "from torch import nn\n\nxformers = None\n")
+    ported = port_source(branched, style=Style.CLASS)
+    assert ported.status is Status.PORTED, ported.reasons
+    sdpa_class = ported.source.split("class TinySdpaAttention")[1].split("TINY_ATTENTION")[0]
+    assert "output = xformers.attention(query, key, value)" in sdpa_class
+    assert "scaled_dot_product_attention" in sdpa_class.split("else:")[1]
