@@ -382,8 +382,10 @@ def describe(
     query_scale = start.query_scale
     if query_scale is not None:
         scaling.append(Scaling(ScaleSite.QUERY, code(query_scale[0]), query_scale[1], False))
+    # depths count from the product's own: a computation wholly inside one branch is unconditional within it
+    start_depth = min((depth for _, depth, _ in candidate.ops), default=0)
     for op, depth, line in candidate.ops:
-        conditional = depth > 0
+        conditional = depth > start_depth
         match op:
             case t.Scale():
                 if op.per_query:

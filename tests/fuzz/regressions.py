@@ -109,6 +109,12 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(causal="buffer", fill_form="blend", fill_value="minus_1e4", terms=(("mask", "not_none"),)),
         "exact", None,
     ),
+    # Open-Llama: the eager computation in the else branch of a training-only kernel, its dropout included (the
+    # dropout counted as conditional before depths were taken from the product's own)
+    "12g: the computation in one branch of another kernel": (
+        Spec(alternative=True, dropout="module", terms=(("mask", "not_none"),)),
+        "exact", None,
+    ),
     "12e: a parameter scale in the interface style": (
         Spec(family="523", mask_style="builder", hazard="param_scale", terms=(("mask", "not_none"),)),
         "refused", "S102",

@@ -367,6 +367,20 @@ def dropout_lines(spec: Spec, n: Names, code: Code) -> None:
 
 def chain(spec: Spec, n: Names, code: Code) -> None:
     """From the query-key product to `attn_output` (and `attn_weights` holding the probabilities)."""
+    if spec.alternative:
+        # another kernel in training (never taken by the eval-mode judge), the eager computation otherwise
+        code.add(f"if {n.attr('training')} and getattr(torch, 'fused_attention_kernel', None) is not None:")
+        with code.indent():
+            code.add("attn_weights = None")
+            code.add(f"attn_output = torch.fused_attention_kernel({n.query}, {n.key}, {n.value})")
+        code.add("else:")
+        with code.indent():
+            eager_chain(spec, n, code)
+    else:
+        eager_chain(spec, n, code)
+
+
+def eager_chain(spec: Spec, n: Names, code: Code) -> None:
     if spec.mask_assert:
         code.add("assert attention_mask is not None")
     if n.flat:

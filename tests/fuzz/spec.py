@@ -96,6 +96,8 @@ class Spec:
     wiring: str = "dict"
     hazard: str = "none"
     config_stored: bool = True  # `self.config = config` in the attention's __init__
+    # the chain in the else branch of another kernel used in training (Open-Llama's xformers path)
+    alternative: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -194,6 +196,7 @@ def draw(seed: int, family: str = "440") -> Spec:
         wiring=_pick(rng, WIRINGS, (6, 4, 0.5, 0.5)),
         hazard=hazard,
         config_stored=rng.random() < 0.7,
+        alternative=rng.random() < 0.1,
     )
     return normalise(spec)
 
