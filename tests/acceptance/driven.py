@@ -14,7 +14,7 @@ from sdpa_port import Status, port_source
 def port_for_kind(model: str, kinds: str) -> str:
     """The port of `model`; fails saying so when the tool no longer ports it (the test then needs another model
     of the same input kind), never skips."""
-    result = port_source(modeling_path(model).read_text(encoding="utf-8"), filename=f"modeling_{model}.py")
+    result = port_source(modeling_path(model).read_text(encoding="utf-8"), filename=modeling_path(model).name)
     if result.status is not Status.PORTED:
         reasons = "; ".join(result.reasons[:2]) or result.detail
         pytest.fail(

@@ -26,11 +26,20 @@ class Case:
 def modeling_path(model: str) -> Path:
     import transformers
 
-    return Path(transformers.__file__).parent / "models" / model / f"modeling_{model}.py"
+    return Path(transformers.__file__).parent / "models" / model / f"modeling_{_stem(model)}.py"
+
+
+def _stem(model: str) -> str:
+    """`deprecated/open_llama` -> `open_llama` (models moved under deprecated/ keep their file names)."""
+    return model.rsplit("/", 1)[-1]
+
+
+def _package(model: str) -> str:
+    return "transformers.models." + model.replace("/", ".")
 
 
 def port_file(model: str) -> str:
-    result = port_source(modeling_path(model).read_text(encoding="utf-8"), filename=f"modeling_{model}.py")
+    result = port_source(modeling_path(model).read_text(encoding="utf-8"), filename=f"modeling_{_stem(model)}.py")
     assert result.status is Status.PORTED, (result.status, result.detail, result.reasons)
     return result.source
 
@@ -38,11 +47,11 @@ def port_file(model: str) -> str:
 def load(model: str, source: str, directory: Path, tag: str = "port"):  # type: ignore[no-untyped-def]
     from sdpa_port.verify.loader import load_source_in_package
 
-    return load_source_in_package(source, f"transformers.models.{model}", directory, f"modeling_{model}_{tag}")
+    return load_source_in_package(source, _package(model), directory, f"modeling_{_stem(model)}_{tag}")
 
 
 def original(model: str):  # type: ignore[no-untyped-def]
-    return importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+    return importlib.import_module(f"{_package(model)}.modeling_{_stem(model)}")
 
 
 def record(report: str, key: str, value: Any) -> None:

@@ -18,6 +18,11 @@ CASES = {
     "gptj": ("a scale held as a 0-d tensor: torch.sqrt(torch.tensor(head_dim)).to(dtype)", "scale"),
     "bloom": ("keys transposed when split into heads, baddbmm with ALiBi", "scale"),
     "gpt_neo": ("no scaling at all and a banded local causal buffer", "scale"),
+    "swinv2": ("cosine attention scaled by a per-head parameter of shape (heads, 1, 1)", "scale"),
+    "deprecated/open_llama": ("the computation in the else branch of an xformers training path", "scale"),
+    "blip_2": ("weights handed to a hook while a switch off by default is on", "scale"),
+    "instructblip": ("a Q-Former built from its own config inside a composite", "scale"),
+    "altclip": ("a vision attention only the vision model builds with SDPA", "scale"),
 }
 
 
