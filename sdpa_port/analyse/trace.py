@@ -603,8 +603,15 @@ class Tracer:
             return
         operator = small.operator
         try:
-            if isinstance(operator, cst.AddAssign):
-                ops: list[Op] = [self.add_term(current, small.value, line)]
+            younger = self.chain_or_start(small.value)
+            if isinstance(operator, cst.AddAssign) and younger and all(cid > current.cid for cid in younger):
+                # `scores += relative_scores` (another product, e.g. the query times position embeddings): as for
+                # `scores + relative_scores`, the younger chain is an additive term
+                for cid in younger:
+                    self.candidates[cid].absorbed = True
+                ops: list[Op] = [AddTerm(small.value, current.rank)]
+            elif isinstance(operator, cst.AddAssign):
+                ops = [self.add_term(current, small.value, line)]
             elif isinstance(operator, (cst.MultiplyAssign, cst.DivideAssign)):
                 ops = [self.scale_or_head_mask(current, small.value, isinstance(operator, cst.DivideAssign), line)]
             else:

@@ -367,3 +367,15 @@ def test_a_tensor_factor_the_same_for_every_key_scales_the_query() -> None:
     for init in (per_head.replace("(4, 1, 1)", "(4, 1, 8)"), INIT + "self.logit_scale = nn.Parameter(torch.randn(shape))\n"):
         analysis = analyse(attention_module(body, init=init))
         assert analysis is not None and analysis.refusal is not None and analysis.refusal.code.value[0] == "S102"
+
+
+def test_relative_scores_added_in_place_are_a_term() -> None:
+    """SpeechT5's form: `scores += relative` where `relative` is another product (the query times position
+    embeddings); like `scores + relative`, the younger product is an additive term of the older chain."""
+    body = (
+        "scores = torch.matmul(query, key.transpose(-1, -2))\n"
+        "relative = torch.matmul(query, position_bias.transpose(-2, -1))\n"
+        "scores += relative\nprobs = scores.softmax(dim=-1)\nreturn torch.matmul(probs, value)"
+    )
+    site = site_of(body, signature="query, key, value, position_bias, attention_mask=None")
+    assert [t.expression for t in site.terms] == ["relative"]
