@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 import libcst.matchers as m
 
+from sdpa_port.analyse.calls import always_asks_for_weights
 from sdpa_port.analyse.cross import key_only_parameters
 from sdpa_port.analyse.cstutil import block_body, code, is_pass, one_per_line
 from sdpa_port.analyse.lines import Lines
@@ -108,6 +109,10 @@ def plan_class_style(
     registrations: list[tuple[ClassAnalysis, str, Registration]] = []
     for analysis in analyses:
         name = sdpa_class_name(analysis.class_name, facts)
+        inert = _always_asked_for_weights(facts, analysis)
+        if inert is not None:
+            reasons.append(inert)
+            continue
         if analysis.class_name in dict_of:
             registrations.append((analysis, name, Registration(dict_of[analysis.class_name], create=False)))
             continue
@@ -158,6 +163,25 @@ def plan_class_style(
         )
     plan.flag_classes = facts.pretrained_roots
     return plan
+
+
+def _always_asked_for_weights(facts: ModuleFacts, analysis: ClassAnalysis) -> Refusal | None:
+    """The SDPA class falls back to eager when asked for the weights; if every call asks, the port is inert."""
+    parameter = analysis.output_attentions
+    found = facts.find_method(analysis.class_name, "forward")
+    if parameter is None or found is None:
+        return None
+    positional = [p.name.value for p in (*found[1].params.posonly_params, *found[1].params.params)]
+    position = positional.index(parameter) - 1 if parameter in positional[1:] else None
+    if not always_asks_for_weights(facts, analysis.class_name, parameter, position):
+        return None
+    return Refusal(
+        Code.ALWAYS_WEIGHTS,
+        analysis.class_name,
+        0,
+        f"every call of the modules built from it passes `{parameter}=True`, so its SDPA class would always fall "
+        "back to the eager computation",
+    )
 
 
 @dataclass(frozen=True)
