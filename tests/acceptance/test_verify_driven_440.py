@@ -71,13 +71,25 @@ def test_a_missing_package_is_named_and_never_a_pass(model: str, package: str, w
     assert f"needs {package}" in str(checks[0]).lower(), str(checks[0])
 
 
-@pytest.mark.parametrize("model", ["ernie_m", "mask2former"])
-def test_sdpa_never_reached_is_a_failure_that_says_why(model: str, workdir: Path) -> None:
-    """ERNIE-M's layers and Mask2Former's decoder layers ask their attention for weights on every call."""
+def test_sdpa_never_reached_is_a_failure_that_says_why(workdir: Path) -> None:
+    """ERNIE-M's layers ask their attention for weights on every call, through a layer parameter defaulting to True
+    (which the static W406 check does not follow): --verify says so."""
+    model = "ernie_m"
     checks = verify(model, port_for_kind(model, "tokens or pixels"), workdir)
     executed = [c for c in checks if c.name.endswith("sdpa executed")]
     assert executed and not any(c.passed for c in executed), [str(c) for c in checks]
     assert "always with output_attentions=True" in executed[0].detail, executed[0]
+
+
+def test_every_call_asking_for_weights_is_refused_before_porting() -> None:
+    """Mask2Former's decoder layer passes output_attentions=True to its self-attention on every call: W406."""
+    from harness import modeling_path
+
+    from sdpa_port import Status, port_source
+
+    path = modeling_path("mask2former")
+    result = port_source(path.read_text(encoding="utf-8"), filename=path.name)
+    assert result.status is Status.REFUSED and "[W406]" in " ".join(result.reasons), result.reasons
 
 
 def test_verify_port_loads_a_second_file_of_a_model_folder(workdir: Path) -> None:
