@@ -324,8 +324,11 @@ def _input_features(view: ConfigView, names: set[str], vocab: int) -> tuple[Any,
     if isinstance(positions, int) and 0 < 2 * positions <= 4096 and 2 * positions != FEATURE_FRAMES:
         lengths.append(2 * positions)  # encoders that insist on their full input length (two stride-2 convolutions)
     alternatives = []
+    image = view.get(("spec_size",), "audio")  # a spectrogram resized as an image: (batch, channels, frames, bins)
     for width in widths:
         for length in lengths:
+            if isinstance(image, int) and image > 0:
+                alternatives.append(TensorSpec("input_features", "normal", (BATCH, 1, length, width)))
             alternatives.append(TensorSpec("input_features", "normal", (BATCH, length, width)))
             alternatives.append(TensorSpec("input_features", "normal", (BATCH, width, length)))
     return alternatives, "features"

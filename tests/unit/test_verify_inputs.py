@@ -149,6 +149,14 @@ def test_mel_features_offer_both_layouts() -> None:
     assert "decoder_input_ids" in shapes(only(seq2seq))
 
 
+def test_a_spectrogram_resized_as_an_image_is_four_dimensional() -> None:
+    """CLAP's audio encoder reads (batch, channels, frames, mel bins), resized to its `spec_size`."""
+    image = plan_inputs(params("input_features"), ConfigView.of({"num_mel_bins": 64, "spec_size": 256}))
+    assert isinstance(image, list) and shapes(image[0])["input_features"] == (2, 1, 32, 64)
+    plain = plan_inputs(params("input_features"), ConfigView.of({"num_mel_bins": 64}))
+    assert isinstance(plain, list) and all(len(shapes(p)["input_features"]) == 3 for p in plain)
+
+
 def test_boxes_are_valid() -> None:
     plans = plan_inputs(params("input_ids", "bbox", "attention_mask"), ConfigView.of({"max_2d_position_embeddings": 1024}))
     assert isinstance(plans, list)
