@@ -34,6 +34,8 @@ from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions,
 from sdpa_port.rewrite.sdpa_body import SideNames, function_names
 from sdpa_port.rewrite.sdpa_forward import inline_helpers, trace_sdpa_path
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
+from sdpa_port.rewrite.thread_kwargs import Threading, fresh_name, plan_threading, thread_kwargs, with_star_kwargs
+from sdpa_port.plan.key_statements import key_statements
 
 CAUSAL_BUILDER = "create_causal_mask"
 BIDIRECTIONAL_BUILDER = "create_bidirectional_mask"
@@ -61,6 +63,7 @@ class InterfacePlan:
     warnings: list[str] = field(default_factory=list)
     # classes dispatching to an eager function imported from another model's file -> that module
     dispatching_elsewhere: dict[str, str] = field(default_factory=dict)
+    threading: Threading | None = None  # how the models' **kwargs reach the moved modules
 
     @property
     def edits(self) -> bool:
@@ -141,6 +144,12 @@ def plan_interface(
         if not facts.find_attribute_values(class_name, "is_causal"):
             plan.causal_for_flag_only[class_name] = causality.for_class(class_name, mask_param=True)
     eager_classes = {p.class_name for p in plan.modules}
+    if plan.modules:
+        plan.threading = plan_threading(facts, eager_classes, eager_classes)
+        plan.warnings.extend(
+            f"kwargs do not reach the attention interface ({problem}); `_supports_attention_backend` is not set"
+            for problem in plan.threading.problems
+        )
     for dict_name, entries in attention_dicts(facts).items():
         if entries["eager"] in eager_classes:
             plan.dicts[dict_name] = entries["eager"]
@@ -191,16 +200,14 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
                 "is given",
                 line=line,
             )
-    moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result)
+    moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result) | key_statements(forward, result, start)
     cross = key_only_parameters(forward, start.key, start.query)
     has_causal = bool(facts.find_attribute_values(analysis.class_name, "is_causal"))
     if has_causal:
         _check_own_causality(facts, analysis.class_name)
         _check_causal_attribute(facts, analysis.class_name, causality, mask_param is not None)
     causal_value = None if has_causal else causality.for_class(analysis.class_name, mask_param is not None)
-    causal_kwarg = (
-        "self.is_causal and " + self_attention_test(cross) if cross and not causality.from_callers else None
-    )
+    causal_test = self_attention_test(cross) if cross and not causality.from_callers else None
     kwargs = forward.params.star_kwarg.name.value if isinstance(forward.params.star_kwarg, cst.Param) else None
     if "output_attentions" in params:
         weights_requested: str | None = "output_attentions"
@@ -209,16 +216,20 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     else:
         weights_requested = None
     taken = function_names(forward)
+    # the caller's keyword arguments (paged cache, its indices, is_causal, position_ids) go on to the implementation
+    added_kwargs = None if kwargs is not None else fresh_name("kwargs", taken)
+    kwargs = kwargs or added_kwargs
     options = InterfaceOptions(
         names=SideNames.avoiding(taken),
         eager_name=eager_name,
         mask_param=mask_param,
-        causal_kwarg=causal_kwarg,
+        causal_test=causal_test,
         forward_kwargs=kwargs,
         moved=moved,
         module_names=facts.top_level_names,
         taken=frozenset(taken),
         weights_requested=weights_requested,
+        position_ids="position_ids" in params,
     )
     statements, part = eager_body(forward, result, candidate, options)
     emitter = InterfaceEmitter(result, candidate, options)
@@ -235,6 +246,8 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     body = remove_dead(body, emitter.removed_reads, facts.imports)
     body = _bind_handed_values(forward, result, part.free, body)
     new_forward = forward.with_changes(body=forward.body.with_changes(body=body))
+    if added_kwargs is not None:
+        new_forward = with_star_kwargs(new_forward, added_kwargs)
     eager = _eager_function(facts, eager_name, statements, part.free, analysis)
     store_config = not facts.find_attribute_values(analysis.class_name, "config")
     init = facts.find_method(analysis.class_name, "__init__")
@@ -592,9 +605,17 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
         owners = _classes_reading(facts, dict_name)
         module = transform_named(module, owners, _DictLookup(dict_name, eager_class))
         plan.notes.append(f"{dict_name} lookups fall back to {eager_class} for every other implementation")
+    threading = plan.threading
+    if threading is not None:
+        module, threaded = thread_kwargs(module, threading)
+        plan.notes.extend(threaded)
     for root in facts.pretrained_roots:
         module = flags.set_class_flag(module, [root], "_supports_sdpa")
         plan.notes.append(f"{root}._supports_sdpa = True")
+        if threading is not None and threading.complete:
+            # every layer hands its callers' kwargs to the implementation, as vLLM's and other backends require
+            module = flags.set_class_flag(module, [root], "_supports_attention_backend")
+            plan.notes.append(f"{root}._supports_attention_backend = True")
     return imports.add_imports(module, facts.imports, needed)
 
 

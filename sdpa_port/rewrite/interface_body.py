@@ -35,12 +35,16 @@ class InterfaceOptions:
     names: SideNames
     eager_name: str
     mask_param: str | None  # the forward name holding the attention mask passed positionally
-    causal_kwarg: str | None  # code for an explicit is_causal= argument, when the module serves cross-attention too
+    # code true for self-attention calls (`key_value_states is None`), when the module serves cross-attention too:
+    # the dispatch then passes an explicit is_causal= (taken out of the caller's kwargs)
+    causal_test: str | None
     forward_kwargs: str | None  # forward's **kwargs name, passed on to the implementation
     moved: frozenset[cst.CSTNode] = frozenset()  # statements that belong to the eager computation (operand upcasts)
     module_names: frozenset[str] = frozenset()  # top-level names of the file (visible inside the eager function)
     taken: frozenset[str] = frozenset()  # names of the forward being rewritten
     weights_requested: str | None = None  # code that is true when the caller asks for attention weights
+    # forward names `position_ids`: hand them on, as kernels that locate the cache position need them
+    position_ids: bool = False
 
 
 @dataclass
@@ -117,6 +121,12 @@ class InterfaceEmitter(SdpaEmitter):
             )
         return super().floor_mask(op)
 
+    def if_statement(self, node: cst.If) -> list[cst.BaseStatement]:
+        if node in self.interface.moved:
+            self.removed_reads |= walk_names(node)
+            return []
+        return super().if_statement(node)
+
     def line(self, statement: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
         kept = [small for small in statement.body if small not in self.interface.moved]
         if not kept:
@@ -148,6 +158,9 @@ class InterfaceEmitter(SdpaEmitter):
                 value = unflatten(value, layout.heads)
         weights = sorted(self.probs_after_output - self.assigned_by(small))
         output_name = _fresh("attention_output", self.taken())
+        extra = [(parameter_name(name), name) for name in self.eager.free]
+        if self.interface.position_ids and "position_ids" not in {keyword for keyword, _ in extra}:
+            extra.append(("position_ids", "position_ids"))
         dispatch = render_statements(
             "interface_style/dispatch.py.jinja",
             eager=self.interface.eager_name,
@@ -159,15 +172,15 @@ class InterfaceEmitter(SdpaEmitter):
             mask=self.interface.mask_param or "None",
             dropout=code(self.dropout) if self.dropout is not None else "0.0",
             scaling=code(self.scale_expression()),
-            is_causal=self.interface.causal_kwarg or "",
+            is_causal=self.interface.causal_test or "",
+            causal_variable=_fresh("dispatch_is_causal", self.taken()),
             position_bias=bias,
-            extra=[(parameter_name(name), name) for name in self.eager.free],
+            extra=extra,
             kwargs=self.interface.forward_kwargs or "",
             weights_requested=self.interface.weights_requested or "",
             mask_variable=_fresh("dispatch_mask", self.taken()),
             query_root=code(primary(self.query)),
             key_root=code(primary(self.key)),
-            causal=self.interface.causal_kwarg or "self.is_causal",
         )
         out.extend(dispatch)
         for name in weights[1:]:
@@ -223,6 +236,8 @@ class _Filter(StatementWalker):
         return [statement.with_changes(body=kept)] if kept else []
 
     def if_statement(self, node: cst.If) -> list[cst.BaseStatement]:
+        if node in self.moved:
+            return [node]
         return [] if node in self.dropped_ifs else super().if_statement(node)
 
     def compound(self, statement: cst.With | cst.For | cst.While) -> list[cst.BaseStatement]:

@@ -30,10 +30,11 @@ class Check:
     passed: bool
     max_diff: float | None = None
     detail: str = ""
+    skipped: bool = False  # not run here (a missing optional package); `detail` says why
 
     def __str__(self) -> str:
         diff = f" max|diff|={self.max_diff:.3g}" if self.max_diff is not None else ""
-        state = "ok" if self.passed else "FAILED"
+        state = "skipped" if self.skipped else "ok" if self.passed else "FAILED"
         return f"{self.name}: {state}{diff}{' ' + self.detail if self.detail else ''}"
 
 

@@ -1,0 +1,313 @@
+"""Serving and export checks for ported decoders: what models already on the attention interface support.
+
+- continuous batching (`generate_batch`, paged cache) gives each prompt's greedy `generate` tokens;
+- a kernel registered through `AttentionInterface` is called in every layer, with `position_ids`, and gives the same
+  tokens;
+- `torch.export` with a static cache (`transformers.integrations.executorch`) gives the original's tokens;
+- where `executorch` is importable, the exported program lowered to XNNPACK and run from its `.pte` buffer gives
+  the eager logits (skipped with the reason otherwise).
+
+Like `checks.py`, this module imports only the standard library, torch and transformers (and executorch when it is
+there), so an emitted test can carry its text after that of `checks.py`; the one import from `checks` below is
+then dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from sdpa_port.verify.checks import Check, build, sharpen
+
+PROMPTS = ((5, 6, 7, 8, 9), (10, 11, 12), (13, 14, 15, 16, 17, 18, 19))
+NEW_TOKENS = 5
+PROBE = "sdpa_port_probe"  # the name the kernel check registers
+LOGITS_TOLERANCE = 1e-4  # ExecuTorch (XNNPACK, fp32) against the same program run eagerly
+
+
+@dataclass
+class Models:
+    """The original's eager model (sharpened) and its weights, for building ported models alike."""
+
+    original: Any
+    state: dict[str, torch.Tensor]
+    config: Any
+
+
+def reference(original_class: type, config: Any, gain: float = 2.0) -> Models:
+    original = build(original_class, config, "eager")
+    sharpen(original, gain)
+    return Models(original, original.state_dict(), config)
+
+
+def ported_model(ported_class: type, models: Models, implementation: str) -> Any:
+    model = build(ported_class, models.config, implementation)
+    model.load_state_dict(models.state)
+    return model
+
+
+def greedy_tokens(model: Any, prompts: tuple[tuple[int, ...], ...] = PROMPTS, new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+    """Each prompt alone, greedy, exactly `new_tokens` new tokens."""
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            generated = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                num_beams=1,
+                pad_token_id=0,
+            )
+            out.append(generated[0, len(prompt) :].tolist())
+    return out
+
+
+def _same(name: str, expected: list[list[int]], got: list[list[int]], detail: str = "") -> Check:
+    same = expected == got
+    text = detail if same else f"{detail} expected {expected}, got {got}".strip()
+    return Check(name, same, None, text)
+
+
+# ------------------------------------------------------------------ continuous batching
+
+
+def continuous_batching_tokens(model: Any, prompts: tuple[tuple[int, ...], ...], new_tokens: int) -> list[list[int]]:
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    generation = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    # a small paged cache: every prompt is prefilled in one packed batch, then decoded together
+    paged = ContinuousBatchingConfig(
+        page_size=16, num_blocks=16, max_batch_tokens=64, max_requests_per_batch=4, use_async_batching=False
+    )
+    with torch.no_grad():
+        outputs = model.generate_batch(
+            inputs=[list(p) for p in prompts], generation_config=generation, continuous_batching_config=paged, warmup=False
+        )
+    by_prompt = {tuple(o.prompt_ids): list(o.generated_tokens) for o in outputs.values()}
+    return [by_prompt.get(tuple(p), []) for p in prompts]
+
+
+def check_continuous_batching(
+    original_class: type, ported_class: type, config: Any, implementation: str = "sdpa", models: Models | None = None
+) -> list[Check]:
+    """`generate_batch` (paged cache, packed prompts) of the port against each prompt's greedy `generate` of the
+    original. `implementation` "eager" runs transformers' `paged|eager`."""
+    models = models or reference(original_class, config)
+    expected = greedy_tokens(models.original)
+    model = ported_model(ported_class, models, implementation)
+    name = f"{ported_class.__name__}[continuous batching, {implementation}] tokens == generate"
+    try:
+        got = continuous_batching_tokens(model, PROMPTS, NEW_TOKENS)
+    except Exception as error:  # the port's own code failing under a paged cache is the finding
+        return [Check(name, False, None, f"{type(error).__name__}: {error}")]
+    return [_same(name, expected, got, f"{len(PROMPTS)} prompts")]
+
+
+# ------------------------------------------------------------------ a registered kernel
+
+
+@dataclass
+class KernelCalls:
+    modules: list[int]
+    with_positions: int = 0
+    without_positions: int = 0
+    position_bias: int = 0
+
+
+def probe_kernel(record: KernelCalls) -> Callable[..., Any]:
+    """SDPA behind a kernel registered by name, recording what each call receives."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def probe(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
+        record.modules.append(id(module))
+        if kwargs.get("position_ids") is not None:
+            record.with_positions += 1
+        else:
+            record.without_positions += 1
+        if kwargs.get("position_bias") is not None:
+            record.position_bias += 1
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    return probe
+
+
+def register_probe(record: KernelCalls, name: str = PROBE) -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(name, probe_kernel(record))
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])  # it takes SDPA's masks
+
+
+def attention_layers(config: Any) -> int:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(getattr(text, "num_hidden_layers"))
+
+
+def check_registered_kernel(
+    original_class: type, ported_class: type, config: Any, models: Models | None = None
+) -> list[Check]:
+    """A kernel registered through `AttentionInterface` and selected by name: called once per layer and step, always
+    with `position_ids`, and the tokens of the original."""
+    models = models or reference(original_class, config)
+    expected = greedy_tokens(models.original)
+    record = KernelCalls([])
+    register_probe(record)
+    model = ported_model(ported_class, models, PROBE)
+    label = f"{ported_class.__name__}[registered kernel]"
+    with torch.no_grad():
+        model(input_ids=torch.tensor([PROMPTS[0]]))
+    layers = attention_layers(config)
+    called = len(set(record.modules))
+    checks = [Check(f"{label} called in every layer", called == layers, None, f"{called} of {layers} layers")]
+    got = greedy_tokens(model)
+    calls = record.with_positions + record.without_positions
+    checks.append(
+        Check(
+            f"{label} receives position_ids",
+            record.without_positions == 0 and calls > 0,
+            None,
+            f"{record.with_positions} of {calls} calls",
+        )
+    )
+    checks.append(_same(f"{label} tokens == generate", expected, got))
+    return checks
+
+
+# ------------------------------------------------------------------ torch.export with a static cache
+
+
+def exportable(model: Any, max_cache_len: int) -> Any:
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    model.generation_config.use_cache = True
+    model.generation_config.cache_implementation = "static"
+    model.generation_config.cache_config = {"batch_size": 1, "max_cache_len": max_cache_len}
+    return TorchExportableModuleWithStaticCache(model)
+
+
+def export_static(model: Any, max_cache_len: int, strict: bool = True) -> Any:
+    """The decode step (one token, its cache position) exported with a static cache, as ExecuTorch takes it."""
+    wrapper = exportable(model, max_cache_len)
+    with torch.no_grad():
+        return torch.export.export(
+            wrapper,
+            args=(),
+            kwargs={"input_ids": torch.tensor([[1]]), "cache_position": torch.tensor([0])},
+            strict=strict,
+        )
+
+
+def exported_tokens(program: Any, prompts: tuple[tuple[int, ...], ...], new_tokens: int) -> list[list[int]]:
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    out = []
+    for prompt in prompts:
+        tokens = TorchExportableModuleWithStaticCache.generate(program, torch.tensor([prompt]), new_tokens)
+        out.append(tokens[0, len(prompt) :].tolist())
+    return out
+
+
+def max_cache_length(prompts: tuple[tuple[int, ...], ...] = PROMPTS, new_tokens: int = NEW_TOKENS) -> int:
+    return max(len(p) for p in prompts) + new_tokens + 1
+
+
+def check_static_export(
+    original_class: type, ported_class: type, config: Any, implementation: str = "sdpa", models: Models | None = None
+) -> list[Check]:
+    """`torch.export` (strict) of the port with a static cache; its program decodes the original's tokens."""
+    models = models or reference(original_class, config)
+    expected = greedy_tokens(models.original)
+    model = ported_model(ported_class, models, implementation)
+    name = f"{ported_class.__name__}[torch.export, static cache, {implementation}] tokens == generate"
+    try:
+        program = export_static(model, max_cache_length())
+    except Exception as error:  # an export failure of the port's code is the finding
+        return [Check(name, False, None, f"export failed: {type(error).__name__}: {str(error).splitlines()[0]}")]
+    return [_same(name, expected, exported_tokens(program, PROMPTS, NEW_TOKENS))]
+
+
+# ------------------------------------------------------------------ ExecuTorch
+
+
+def executorch_missing() -> str | None:
+    """Why the ExecuTorch check cannot run here, or None."""
+    try:
+        import executorch.runtime  # noqa: F401
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner  # noqa: F401
+        from executorch.exir import to_edge_transform_and_lower  # noqa: F401
+    except ImportError as error:
+        return f"executorch is not importable ({error})"
+    return None
+
+
+def lower_to_xnnpack(program: Any) -> bytes:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    return bytes(to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
+
+
+def load_pte(buffer: bytes) -> Any:
+    from executorch.runtime import Runtime
+
+    return Runtime.get().load_program(buffer).load_method("forward")
+
+
+def check_executorch(
+    original_class: type, ported_class: type, config: Any, implementation: str = "sdpa", models: Models | None = None
+) -> list[Check]:
+    """The static-cache program lowered to XNNPACK and run from its `.pte` buffer by ExecuTorch's runtime: its logits
+    at every step of a prompt and its greedy continuation equal those of the same module run eagerly."""
+    name = f"{ported_class.__name__}[ExecuTorch XNNPACK .pte] logits == eager"
+    missing = executorch_missing()
+    if missing is not None:
+        return [Check(name, True, None, missing, skipped=True)]
+    models = models or reference(original_class, config)
+    model = ported_model(ported_class, models, implementation)
+    length = max_cache_length()
+    try:
+        method = load_pte(lower_to_xnnpack(export_static(model, length)))
+    except Exception as error:
+        return [Check(name, False, None, f"lowering failed: {type(error).__name__}: {str(error).splitlines()[0]}")]
+    eager = exportable(ported_model(ported_class, models, implementation), length)
+    worst = 0.0
+    tokens = list(PROMPTS[0])
+    with torch.no_grad():
+        for position in range(len(PROMPTS[0]) + NEW_TOKENS - 1):
+            ids, where = torch.tensor([[tokens[position]]]), torch.tensor([position])
+            expected = eager(input_ids=ids, cache_position=where)
+            got = method.execute([ids, where])[0]
+            worst = max(worst, float((expected - got).abs().max()))
+            if position + 1 >= len(tokens):
+                tokens.append(int(expected[0, -1].argmax()))
+    return [Check(name, worst <= LOGITS_TOLERANCE, worst, f"{len(tokens) - 1} steps")]
+
+
+def decode_latency(step: Callable[[], Any], repeats: int = 50) -> float:
+    """Median seconds of one call of `step` (a decode step), after two warm-up calls."""
+    for _ in range(2):
+        step()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - started)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def serving_checks(original_class: type, ported_class: type, config: Any) -> list[Check]:
+    """Every serving and export check, sharing one reference model."""
+    models = reference(original_class, config)
+    checks: list[Check] = []
+    for check in (check_continuous_batching, check_registered_kernel, check_static_export, check_executorch):
+        checks.extend(check(original_class, ported_class, config, models=models))  # type: ignore[operator]
+    return checks
