@@ -36,6 +36,7 @@ from sdpa_port.rewrite.sdpa_forward import inline_helpers, trace_sdpa_path
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 from sdpa_port.rewrite.thread_kwargs import Threading, fresh_name, plan_threading, thread_kwargs, with_star_kwargs
 from sdpa_port.plan.key_statements import key_statements
+from sdpa_port.rewrite.export_positions import shift_ranges, shifted_ranges
 
 CAUSAL_BUILDER = "create_causal_mask"
 BIDIRECTIONAL_BUILDER = "create_bidirectional_mask"
@@ -64,6 +65,8 @@ class InterfacePlan:
     # classes dispatching to an eager function imported from another model's file -> that module
     dispatching_elsewhere: dict[str, str] = field(default_factory=dict)
     threading: Threading | None = None  # how the models' **kwargs reach the moved modules
+    # (class, line) of `torch.arange(past, n + past)` position ranges, rewritten so that a static cache exports
+    shifted_ranges: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def edits(self) -> bool:
@@ -145,6 +148,7 @@ def plan_interface(
             plan.causal_for_flag_only[class_name] = causality.for_class(class_name, mask_param=True)
     eager_classes = {p.class_name for p in plan.modules}
     if plan.modules:
+        plan.shifted_ranges = shifted_ranges(facts)
         plan.threading = plan_threading(facts, eager_classes, eager_classes)
         plan.warnings.extend(
             f"kwargs do not reach the attention interface ({problem}); `_supports_attention_backend` is not set"
@@ -605,6 +609,12 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
         owners = _classes_reading(facts, dict_name)
         module = transform_named(module, owners, _DictLookup(dict_name, eager_class))
         plan.notes.append(f"{dict_name} lookups fall back to {eager_class} for every other implementation")
+    if plan.shifted_ranges:
+        module = shift_ranges(module, {owner for owner, _ in plan.shifted_ranges})
+        plan.notes.extend(
+            f"{owner} line {line}: torch.arange(past, n + past) -> torch.arange(n) + past (exports with a static cache)"
+            for owner, line in plan.shifted_ranges
+        )
     threading = plan.threading
     if threading is not None:
         module, threaded = thread_kwargs(module, threading)
