@@ -37,6 +37,7 @@ from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 from sdpa_port.rewrite.thread_kwargs import Threading, fresh_name, plan_threading, thread_kwargs, with_star_kwargs
 from sdpa_port.plan.key_statements import key_statements
 from sdpa_port.rewrite.export_positions import shift_ranges, shifted_ranges
+from sdpa_port.rewrite.alibi_masks import AlibiFacts, accept_4d_masks, alibi_builders
 
 CAUSAL_BUILDER = "create_causal_mask"
 BIDIRECTIONAL_BUILDER = "create_bidirectional_mask"
@@ -52,6 +53,7 @@ class ModulePlan:
     store_config: bool  # `self.config = config` is missing
     add_config_parameter: bool  # __init__ has no `config` parameter: add one and pass it at constructions
     is_causal: str | None  # expression to assign in __init__, None when the class already sets it
+    position_bias: bool = False  # the dispatch passes additive terms (ALiBi, relative positions) as position_bias
 
 
 @dataclass
@@ -67,6 +69,18 @@ class InterfacePlan:
     threading: Threading | None = None  # how the models' **kwargs reach the moved modules
     # (class, line) of `torch.arange(past, n + past)` position ranges, rewritten so that a static cache exports
     shifted_ranges: list[tuple[str, int]] = field(default_factory=list)
+    alibi: AlibiFacts | None = None  # ALiBi builders reading 2-D masks
+
+    @property
+    def attention_backend(self) -> bool:
+        """`_supports_attention_backend`: every layer hands its callers' kwargs and position_ids to the
+        implementation, and nothing the implementation may ignore (position_bias) carries the model's own terms."""
+        return (
+            self.threading is not None
+            and self.threading.complete
+            and not any(module.position_bias for module in self.modules)
+            and not (self.alibi is not None and self.alibi.unknown)
+        )
 
     @property
     def edits(self) -> bool:
@@ -149,6 +163,19 @@ def plan_interface(
     eager_classes = {p.class_name for p in plan.modules}
     if plan.modules:
         plan.shifted_ranges = shifted_ranges(facts)
+        plan.alibi = alibi_builders(facts)
+        plan.warnings.extend(
+            f"`{name}` (line {line}) builds ALiBi from a 2-D mask and was not recognised: continuous batching's 4-D "
+            "masks fail there"
+            for name, line in plan.alibi.unknown
+        )
+        plan.warnings.extend(
+            f"{p.class_name} hands its additive terms (ALiBi, relative positions) over as `position_bias`: sdpa, flex "
+            "and eager apply them, kernels that ignore it (transformers' paged|eager for continuous batching, "
+            "ExecuTorch's custom_sdpa, vLLM's) would silently drop them; `_supports_attention_backend` is not set"
+            for p in plan.modules
+            if p.position_bias
+        )
         plan.threading = plan_threading(facts, eager_classes, eager_classes)
         plan.warnings.extend(
             f"kwargs do not reach the attention interface ({problem}); `_supports_attention_backend` is not set"
@@ -266,7 +293,9 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
                 Code.NO_CONFIG,
                 f"built in {', '.join(missing)} without a `config` in scope, so the implementation cannot be selected",
             )
-    return ModulePlan(analysis.class_name, new_forward, eager, store_config, add_parameter, causal_value)
+    return ModulePlan(
+        analysis.class_name, new_forward, eager, store_config, add_parameter, causal_value, emitter.position_bias
+    )
 
 
 def _bind_handed_values(
@@ -615,6 +644,9 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
             f"{owner} line {line}: torch.arange(past, n + past) -> torch.arange(n) + past (exports with a static cache)"
             for owner, line in plan.shifted_ranges
         )
+    for builder in plan.alibi.builders if plan.alibi is not None else ():
+        module = accept_4d_masks(module, builder)
+        plan.notes.append(f"`{builder.function}` also takes 4-D masks (continuous batching)")
     threading = plan.threading
     if threading is not None:
         module, threaded = thread_kwargs(module, threading)
@@ -622,7 +654,7 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
     for root in facts.pretrained_roots:
         module = flags.set_class_flag(module, [root], "_supports_sdpa")
         plan.notes.append(f"{root}._supports_sdpa = True")
-        if threading is not None and threading.complete:
+        if plan.attention_backend:
             # every layer hands its callers' kwargs to the implementation, as vLLM's and other backends require
             module = flags.set_class_flag(module, [root], "_supports_attention_backend")
             plan.notes.append(f"{root}._supports_attention_backend = True")

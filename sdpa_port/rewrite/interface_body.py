@@ -68,6 +68,7 @@ class InterfaceEmitter(SdpaEmitter):
         self.interface = options
         self.eager = EagerPart()
         self.dispatched = False
+        self.position_bias = False  # the dispatch hands additive terms over as `position_bias`
 
     # the attention mask goes to the implementation positionally; only the other terms fold into position_bias
     def add_to_mask(self, term: cst.BaseExpression) -> list[cst.BaseStatement]:
@@ -183,6 +184,7 @@ class InterfaceEmitter(SdpaEmitter):
             key_root=code(primary(self.key)),
         )
         out.extend(dispatch)
+        self.position_bias = bool(bias)
         for name in weights[1:]:
             out.append(cst.parse_statement(f"{name} = {weights[0]}"))
         converted: cst.BaseExpression = cst.parse_expression(f"{output_name}.transpose(1, 2)")

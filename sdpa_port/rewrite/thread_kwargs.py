@@ -15,10 +15,13 @@ from typing import TypeVar
 import libcst as cst
 import libcst.matchers as m
 
+from sdpa_port.analyse.cstutil import block_body
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.render import render_statements
 from sdpa_port.rewrite.targeted import transform_named
 
 _Item = TypeVar("_Item", cst.Param, cst.Arg)
+_Statement = TypeVar("_Statement", cst.SimpleStatementLine, cst.For, cst.If, cst.With)
 
 # keys transformers' callers put into a model's kwargs (TransformersKwargs, continuous batching's PagedAttentionArgs)
 CARRIED = frozenset(
@@ -64,6 +67,29 @@ def with_star_kwargs(function: cst.FunctionDef, name: str) -> cst.FunctionDef:
     return function.with_changes(params=params.with_changes(params=plain, star_kwarg=star))
 
 
+def with_position_ids(forward: cst.FunctionDef, before: cst.BaseStatement) -> cst.FunctionDef:
+    """A `position_ids=None` parameter, and llama's default for it built before the statement `before`."""
+    taken = _names(forward)
+    past = fresh_name("past_seen_tokens", taken)
+    defaults = render_statements("interface_style/position_ids.py.jinja", past=past)
+    body: list[cst.BaseStatement] = []
+    for statement in block_body(forward.body):
+        if statement is before:
+            body.extend(defaults)
+        body.append(statement)
+    parameter = cst.Param(
+        name=cst.Name("position_ids"),
+        annotation=cst.Annotation(cst.parse_expression("torch.LongTensor | None")),
+        default=cst.Name("None"),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(" "), whitespace_after=cst.SimpleWhitespace(" ")),
+    )
+    params, (parameter,) = separated([*forward.params.params], [parameter])
+    return forward.with_changes(
+        params=forward.params.with_changes(params=[*params, parameter]),
+        body=forward.body.with_changes(body=body),
+    )
+
+
 def separated(items: list[_Item], added: list[_Item]) -> tuple[list[_Item], list[_Item]]:
     """`items` and `added` laid out as one list continuing `items`: the separators between items go between the
     added ones too, and a trailing comma (or none) stays at the end."""
@@ -99,6 +125,8 @@ class Threading:
     parameters: dict[str, set[str]] = field(default_factory=dict)  # class -> named parameters of its forward
     problems: list[str] = field(default_factory=list)
     reached: set[str] = field(default_factory=set)  # attention classes some model forward reaches
+    # base models (their forward calls the layers) without `position_ids`: they get the parameter and llama's default
+    position_defaults: set[str] = field(default_factory=set)
 
     @property
     def complete(self) -> bool:
@@ -140,6 +168,17 @@ def plan_threading(facts: ModuleFacts, attention: set[str], forwards_with_kwargs
             problem = _clash(call, _parameter_names(forward), _star_kwargs(forward))
             if problem:
                 plan.problems.append(f"{owner}.forward line {call.line}: {problem}")
+    for name, sites in calls.items():
+        found = facts.find_method(name, "forward")
+        assert found is not None
+        layers = any(not any(facts.is_subclass(c, "PreTrainedModel") for c in call.callees) for call in sites)
+        if not (facts.is_subclass(name, "PreTrainedModel") and layers) or "position_ids" in plan.parameters[name]:
+            continue
+        if {"inputs_embeds", "past_key_values"} <= _names(found[1].body) and "position_ids" not in _names(found[1]):
+            plan.position_defaults.add(found[0].name)
+            plan.parameters[name].add("position_ids")
+        else:
+            plan.problems.append(f"{found[0].name}.forward has no position_ids to hand to the attention modules")
     for name in sorted(attention - plan.reached):
         plan.problems.append(f"no model forward in this file is shown to call `{name}`")
     for name in sorted(attention - forwards_with_kwargs):
@@ -303,39 +342,68 @@ def thread_kwargs(module: cst.Module, plan: Threading) -> tuple[cst.Module, list
     """Apply the plan; returns the new module and a note per edited forward."""
     notes: list[str] = []
     for owner, members in sorted(plan.owners.items()):
-        transformer = _ThreadForward(members, plan)
+        transformer = _ThreadForward(members, plan, owner in plan.position_defaults)
         module = transform_named(module, {owner}, transformer)
         if transformer.threaded:
             passed = " and position_ids" if transformer.positions else ""
             notes.append(f"{owner}.forward passes **kwargs{passed} on ({transformer.threaded} call(s))")
+        if owner in plan.position_defaults:
+            notes.append(f"{owner}.forward takes position_ids (by default the positions after the cache, as llama's)")
     return module, notes
 
 
 class _ThreadForward(cst.CSTTransformer):
     """In a class's `forward`: calls of submodules leading to attention get `**kwargs` (and `position_ids=`)."""
 
-    def __init__(self, members: dict[str, frozenset[str]], plan: Threading) -> None:
+    def __init__(self, members: dict[str, frozenset[str]], plan: Threading, default_positions: bool) -> None:
         self.loops = _Loops(members)
         self.plan = plan
+        self.default_positions = default_positions
         self.functions: list[cst.FunctionDef] = []
         self.threaded = 0
         self.positions = 0
+        self.calls_seen = 0
+        self.first_call: cst.BaseStatement | None = None
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.functions.append(node)
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
         self.functions.pop()
-        if not self.functions and updated.name.value == "forward" and self.threaded and _star_kwargs(updated) is None:
-            return with_star_kwargs(updated, "kwargs")
+        if self.functions or updated.name.value != "forward":
+            return updated
+        if self.default_positions and self.first_call is not None:
+            updated = with_position_ids(updated, self.first_call)
+        if self.threaded and _star_kwargs(updated) is None:
+            updated = with_star_kwargs(updated, "kwargs")
         return updated
 
-    def visit_For(self, node: cst.For) -> None:
-        self.loops.enter(node)
+    def leave_SimpleStatementLine(
+        self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+    ) -> cst.SimpleStatementLine:
+        return self._mark(original, updated)
 
     def leave_For(self, original: cst.For, updated: cst.For) -> cst.For:
         self.loops.leave()
+        return self._mark(original, updated)
+
+    def leave_If(self, original: cst.If, updated: cst.If) -> cst.If:
+        return self._mark(original, updated)
+
+    def leave_With(self, original: cst.With, updated: cst.With) -> cst.With:
+        return self._mark(original, updated)
+
+    def _mark(self, original: _Statement, updated: _Statement) -> _Statement:
+        """Remember the top-level statement of forward holding the first threaded call (the defaults go before)."""
+        if self.calls_seen and self.first_call is None and self._top_level(original):
+            self.first_call = updated
         return updated
+
+    def _top_level(self, statement: cst.CSTNode) -> bool:
+        return bool(self.functions) and any(s is statement for s in block_body(self.functions[0].body))
+
+    def visit_For(self, node: cst.For) -> None:
+        self.loops.enter(node)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         if len(self.functions) != 1 or self.functions[0].name.value != "forward":
@@ -343,8 +411,9 @@ class _ThreadForward(cst.CSTTransformer):
         callees = self.loops.callees(original)
         if callees is None or not callees & self.plan.reaching:
             return updated
+        self.calls_seen += 1
         forward = self.functions[0]
-        named = _parameter_names(forward)
+        named = _parameter_names(forward) | ({"position_ids"} if self.default_positions else set())
         star = _star_kwargs(forward)
         call = _describe(original, callees, 0)
         if _clash(call, named, star) is not None:

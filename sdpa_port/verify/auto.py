@@ -149,6 +149,10 @@ def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any
         checks = _explain_no_sdpa(checks, targets, ported, config)
     if generate and targets.lm is not None and targets.kind in ("decoder", "seq2seq"):
         checks.extend(_generate(targets, ported, config))
+    if generate and targets.lm is not None and targets.kind == "decoder":
+        from sdpa_port.verify.serving import serving_checks_for  # continuous batching, kernels, export, ExecuTorch
+
+        checks.extend(serving_checks_for(ported, targets.lm, config))
     return checks
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Callable
 
 import torch
@@ -177,7 +178,8 @@ def check_registered_kernel(
             f"{record.with_positions} of {calls} calls",
         )
     )
-    checks.append(_same(f"{label} tokens == generate", expected, got))
+    bias = f", position_bias in {record.position_bias}" if record.position_bias else ""
+    checks.append(_same(f"{label} tokens == generate", expected, got, f"{calls} calls{bias}"))
     return checks
 
 
@@ -313,9 +315,29 @@ def decode_latency(step: Callable[[], Any], repeats: int = 50) -> float:
 
 
 def serving_checks(original_class: type, ported_class: type, config: Any) -> list[Check]:
-    """Every serving and export check, sharing one reference model."""
+    """Every serving and export check of a ported decoder, sharing one reference model.
+
+    Continuous batching runs with sdpa and with transformers' `paged|eager`; the latter ignores `position_bias`, so
+    for a port handing its ALiBi or relative positions over that way it is reported as skipped, with the reason.
+    """
     models = reference(original_class, config)
-    checks: list[Check] = []
-    for check in (check_continuous_batching, check_registered_kernel, check_static_export, check_executorch):
-        checks.extend(check(original_class, ported_class, config, models=models))  # type: ignore[operator]
+    checks = check_continuous_batching(original_class, ported_class, config, "sdpa", models=models)
+    kernel = check_registered_kernel(original_class, ported_class, config, models=models)
+    name = f"{ported_class.__name__}[continuous batching, eager] tokens == generate"
+    if any("position_bias" in c.detail for c in kernel):
+        checks.append(Check(name, True, None, "transformers' paged|eager ignores position_bias", skipped=True))
+    else:
+        checks.extend(check_continuous_batching(original_class, ported_class, config, "eager", models=models))
+    checks.extend(kernel)
+    checks.extend(check_static_export(original_class, ported_class, config, models=models))
+    checks.extend(check_executorch(original_class, ported_class, config, models=models))
     return checks
+
+
+def serving_checks_for(ported: ModuleType, lm_class: type, config: Any) -> list[Check]:
+    """The serving checks of an interface-style port (transformers 5) of a decoder; none for other ports."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5 or not hasattr(ported, "ALL_ATTENTION_FUNCTIONS"):
+        return []
+    return serving_checks(lm_class, getattr(ported, lm_class.__name__), config)
