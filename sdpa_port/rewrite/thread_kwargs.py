@@ -157,8 +157,12 @@ def plan_threading(facts: ModuleFacts, attention: set[str], forwards_with_kwargs
         found = facts.find_method(name, "forward")
         if found is not None:
             plan.parameters[name] = _parameter_names(found[1])
-    for root in (name for name in calls if facts.is_subclass(name, "PreTrainedModel")):
-        plan.reached |= _reachable(root, calls) & attention
+    roots = {name for name in calls if facts.is_subclass(name, "PreTrainedModel")}
+    on_paths = set(roots)
+    for root in roots:
+        on_paths |= _reachable(root, calls)
+    plan.reached = on_paths & attention
+    calls = {name: sites for name, sites in calls.items() if name in on_paths}
     for name, sites in calls.items():
         found = facts.find_method(name, "forward")
         assert found is not None

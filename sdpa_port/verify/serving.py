@@ -195,16 +195,23 @@ def exportable(model: Any, max_cache_len: int) -> Any:
     return TorchExportableModuleWithStaticCache(model)
 
 
+class DecodeStep(torch.nn.Module):
+    """The static-cache wrapper with positional inputs `(input_ids, cache_position)`, as ExecuTorch's runtime
+    passes them."""
+
+    def __init__(self, wrapper: torch.nn.Module) -> None:
+        super().__init__()
+        self.wrapper = wrapper
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> Any:
+        return self.wrapper(input_ids=input_ids, cache_position=cache_position)
+
+
 def export_static(model: Any, max_cache_len: int, strict: bool = True) -> Any:
     """The decode step (one token, its cache position) exported with a static cache, as ExecuTorch takes it."""
-    wrapper = exportable(model, max_cache_len)
+    step = DecodeStep(exportable(model, max_cache_len))
     with torch.no_grad():
-        return torch.export.export(
-            wrapper,
-            args=(),
-            kwargs={"input_ids": torch.tensor([[1]]), "cache_position": torch.tensor([0])},
-            strict=strict,
-        )
+        return torch.export.export(step, args=(torch.tensor([[1]]), torch.tensor([0])), strict=strict)
 
 
 def static_decode(step: Callable[[torch.Tensor, torch.Tensor], Any], prompt: tuple[int, ...], new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
@@ -227,7 +234,7 @@ def static_decode(step: Callable[[torch.Tensor, torch.Tensor], Any], prompt: tup
 def exported_tokens(program: Any, prompts: tuple[tuple[int, ...], ...], new_tokens: int) -> list[list[int]]:
     module = program.module()
     return [
-        static_decode(lambda ids, position: module(input_ids=ids, cache_position=position), prompt, new_tokens)[0]
+        static_decode(lambda ids, position: module(ids, position), prompt, new_tokens)[0]
         for prompt in prompts
     ]
 
