@@ -11,6 +11,8 @@
   ported in place with the CLI, then the repository's checks: pinned ruff, `# Copied from` consistency, the emitted
   tests, and the models' own test files before and after.
 - checkout523: the same for a transformers 5.23.0 checkout (sdist), with a model generated from a modular file.
+- serving: transformers 5.23.0 + torch 2.13.0 CPU + executorch 1.5.1: the ported decoders lowered to XNNPACK and run
+          from their `.pte` (continuous batching, kernels and static-cache export run in tf523).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import os
 
 import nox
 
-nox.options.sessions = ["unit", "tf440", "tf523", "corpus", "checkout440", "checkout523"]
+nox.options.sessions = ["unit", "tf440", "tf523", "corpus", "checkout440", "checkout523", "serving"]
 nox.options.reuse_existing_virtualenvs = True
 
 TORCH = "torch==2.13.0"  # installed first: a CPU build from this machine's disk, never a CUDA download
+EXECUTORCH = "executorch==1.5.1"  # pinned beside torch 2.13.0 (it brings torchao)
 PYTEST = "pytest>=7"
 
 
@@ -96,3 +99,17 @@ def checkout440(session: nox.Session) -> None:
 @nox.session
 def checkout523(session: nox.Session) -> None:
     _checkout(session, "5.23.0", "0.14.10", [], "checkout523")
+
+
+@nox.session
+def serving(session: nox.Session) -> None:
+    session.install(TORCH)
+    session.install(EXECUTORCH, "transformers==5.23.0", "-e", ".", PYTEST)
+    _pytest(
+        session,
+        "tests/acceptance/test_serving_523.py",
+        "-m",
+        "tf523 and executorch",
+        "-q",
+        env={"SDPA_PORT_REQUIRE": "tf523,executorch"},
+    )

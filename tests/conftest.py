@@ -44,7 +44,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    required = os.environ.get("SDPA_PORT_REQUIRE")
+    required_all = set(os.environ.get("SDPA_PORT_REQUIRE", "").split(","))
+    if "executorch" in required_all and importlib.util.find_spec("executorch") is None:
+        raise pytest.UsageError("SDPA_PORT_REQUIRE names executorch, which is not installed (nox -s serving)")
+    required = next((r for r in required_all if r in ENVIRONMENTS or r == "corpus"), None)
     installed = None
     checked = False
     corpus_problem: str | None = None

@@ -231,7 +231,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
                 "is given",
                 line=line,
             )
-    moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result) | key_statements(forward, result, start)
+    moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result) | key_statements(forward, result, candidate)
     cross = key_only_parameters(forward, start.key, start.query)
     has_causal = bool(facts.find_attribute_values(analysis.class_name, "is_causal"))
     if has_causal:

@@ -16,9 +16,12 @@ from sdpa_port.analyse.cstutil import assigned_names, block_body, if_chain
 from sdpa_port.analyse.patterns import walk_names
 
 
-def key_statements(forward: cst.FunctionDef, result: t.TraceResult, start: t.Start) -> frozenset[cst.CSTNode]:
+def key_statements(forward: cst.FunctionDef, result: t.TraceResult, candidate: t.Candidate) -> frozenset[cst.CSTNode]:
     """Assignments computed from the key operand, and `if ...: raise` checks reading them, between the key's last
-    assignment and the product with V, whose values forward itself does not read elsewhere."""
+    assignment and the product with V, whose values forward itself does not read elsewhere (the dispatch reads what
+    the chain's operations hand over: terms, scale, dropout, operands)."""
+    start = candidate.start
+    assert start is not None
     keys = walk_names(start.key) - {"self"}
     walked = list(_walk(block_body(forward.body)))
     output = next((i for i, node in enumerate(walked) if isinstance(result.plans.get(node), t.OutputStmt)), None)
@@ -45,6 +48,8 @@ def key_statements(forward: cst.FunctionDef, result: t.TraceResult, start: t.Sta
     # a moved value that forward still reads afterwards (outside the chain and the moved statements) must stay
     first = walked.index(moved[0])
     values = {name for node in moved for name in _targets(node)}
+    if values & _handed_over(candidate):
+        return frozenset()
     inside = {inner for node in moved if isinstance(node, cst.If) for inner in _walk([node])}
     for node in walked[first:]:
         if node in inside or isinstance(result.plans.get(node), (t.ChainStmt, t.OutputStmt)):
@@ -73,6 +78,40 @@ def _targets(node: cst.CSTNode) -> set[str]:
     if isinstance(node, (cst.AugAssign, cst.AnnAssign)):
         return set(assigned_names(node.target))
     return set()
+
+
+def _handed_over(candidate: t.Candidate) -> set[str]:
+    """Names the dispatch in forward reads through the chain's operations."""
+    names: set[str] = set()
+    for op, _, _ in candidate.ops:
+        parts: list[cst.CSTNode | None] = []
+        match op:
+            case t.Start():
+                parts = [op.query, op.key, op.query_scale[0] if op.query_scale else None]
+            case t.View():
+                parts = list(op.heads or ())
+            case t.Scale():
+                parts = [op.factor]
+            case t.AddTerm():
+                parts = [op.term]
+            case t.Fill():
+                parts = [op.condition, op.fill]
+            case t.Guard():
+                parts = [op.bound]
+            case t.Dropout():
+                parts = [op.call.probability, op.call.training]
+            case t.HeadMask():
+                parts = [op.operand]
+            case t.Output():
+                parts = [op.value]
+            case t.Cast() | t.Softmax():
+                parts = []
+            case _:
+                t.unreachable(op)
+        for part in parts:
+            if part is not None:
+                names |= walk_names(part)
+    return names
 
 
 def _reads(node: cst.CSTNode) -> set[str]:

@@ -279,10 +279,23 @@ def lower_to_xnnpack(program: Any) -> bytes:
     return bytes(to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
 
 
-def load_pte(buffer: bytes) -> Any:
+@dataclass
+class Pte:
+    """A loaded `.pte`: the method keeps pointing into the program and its buffer, so all three stay together."""
+
+    buffer: bytes
+    program: Any
+    method: Any
+
+    def __call__(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> Any:
+        return self.method.execute([input_ids, cache_position])[0]
+
+
+def load_pte(buffer: bytes) -> Pte:
     from executorch.runtime import Runtime
 
-    return Runtime.get().load_program(buffer).load_method("forward")
+    program = Runtime.get().load_program(buffer)
+    return Pte(buffer, program, program.load_method("forward"))
 
 
 def check_executorch(
@@ -298,12 +311,12 @@ def check_executorch(
     model = ported_model(ported_class, models, implementation)
     length = max_cache_length()
     try:
-        method = load_pte(lower_to_xnnpack(export_static(model, length)))
+        pte = load_pte(lower_to_xnnpack(export_static(model, length)))
     except Exception as error:
         return [Check(name, False, None, f"lowering failed: {type(error).__name__}: {str(error).splitlines()[0]}")]
     eager = exportable(ported_model(ported_class, models, implementation), length)
     _, expected = static_decode(lambda ids, position: eager(input_ids=ids, cache_position=position), PROMPTS[0], NEW_TOKENS)
-    _, got = static_decode(lambda ids, position: method.execute([ids, position])[0], PROMPTS[0], NEW_TOKENS)
+    _, got = static_decode(pte, PROMPTS[0], NEW_TOKENS)
     worst = max(float((a - b).abs().max()) for a, b in zip(expected, got))
     return [Check(name, worst <= LOGITS_TOLERANCE, worst, f"{len(got)} decode steps")]
 
