@@ -178,7 +178,7 @@ def plan_interface(
         )
         plan.threading = plan_threading(facts, eager_classes, eager_classes)
         plan.warnings.extend(
-            f"kwargs do not reach the attention interface ({problem}); `_supports_attention_backend` is not set"
+            f"{problem}; `_supports_attention_backend` is not set"
             for problem in plan.threading.problems
         )
     for dict_name, entries in attention_dicts(facts).items():

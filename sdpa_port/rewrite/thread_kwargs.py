@@ -15,7 +15,7 @@ from typing import TypeVar
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import block_body
+from sdpa_port.analyse.cstutil import all_assigned_names, block_body
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.render import render_statements
 from sdpa_port.rewrite.targeted import transform_named
@@ -178,11 +178,17 @@ def plan_threading(facts: ModuleFacts, attention: set[str], forwards_with_kwargs
         layers = any(not any(facts.is_subclass(c, "PreTrainedModel") for c in call.callees) for call in sites)
         if not (facts.is_subclass(name, "PreTrainedModel") and layers) or "position_ids" in plan.parameters[name]:
             continue
-        if {"inputs_embeds", "past_key_values"} <= _names(found[1].body) and "position_ids" not in _names(found[1]):
+        # llama's default reads the embeddings and the cache: forward must compute the embeddings when not given
+        computed = all_assigned_names(block_body(found[1].body))
+        cached = "past_key_values" in _names(found[1].body)
+        if "inputs_embeds" in computed and cached and "position_ids" not in _names(found[1]):
             plan.position_defaults.add(found[0].name)
             plan.parameters[name].add("position_ids")
-        else:
-            plan.problems.append(f"{found[0].name}.forward has no position_ids to hand to the attention modules")
+        elif cached:
+            plan.problems.append(
+                f"{found[0].name}.forward builds no position_ids for the attention modules (kernels find the cache "
+                "position in them)"
+            )
     for name in sorted(attention - plan.reached):
         plan.problems.append(f"no model forward in this file is shown to call `{name}`")
     for name in sorted(attention - forwards_with_kwargs):

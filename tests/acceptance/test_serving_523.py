@@ -104,16 +104,23 @@ def test_the_attention_backend_flag_is_set(model: str, ported) -> None:  # type:
 
 
 def test_the_checks_see_an_unthreaded_port(tmp_path: Path) -> None:
-    """The serving checks fail on a port whose layers drop the kwargs (the 5.23.0 ports before threading)."""
+    """The serving checks fail on a port whose dispatch drops the kwargs (the 5.23.0 ports before threading)."""
     import libcst as cst
 
     from sdpa_port.verify import serving
 
     class DropKwargs(cst.CSTTransformer):
-        def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg | cst.RemovalSentinel:
-            if updated_node.star == "**" and cst.Module([]).code_for_node(updated_node.value) == "kwargs":
-                return cst.RemoveFromParent()
-            return updated_node
+        """`attention_interface(...)` without `**kwargs` and `position_ids=`, as the ports were."""
+
+        def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+            if not (isinstance(updated_node.func, cst.Name) and updated_node.func.value == "attention_interface"):
+                return updated_node
+            kept = [
+                a
+                for a in updated_node.args
+                if a.star != "**" and not (a.keyword is not None and a.keyword.value == "position_ids")
+            ]
+            return updated_node.with_changes(args=kept)
 
     broken = cst.parse_module(port_file("codegen")).visit(DropKwargs()).code
     module = load("codegen", broken, tmp_path, tag="unthreaded")
