@@ -2,11 +2,13 @@
 
 - enum members that typer offers as command-line choices;
 - functions of `sdpa_port/verify/checks.py` that emitted parity tests call (the file travels into them as text);
-- enum members built from the source's text (`KeepAction(attribute.attr.value)`).
+- enum members built from the source's text (`KeepAction(attribute.attr.value)`);
+- what libcst and transformers read: visitor metadata declarations, generation-config fields.
 """
 
 from sdpa_port.analyse.trace import KeepAction
 from sdpa_port.bench.cli import Clock, Malloc, Padding
+from sdpa_port.rewrite.thread_kwargs import _CallFinder
 from sdpa_port.verify import checks
 
 KeepAction.DTYPE
@@ -20,3 +22,7 @@ checks.without_dropout
 checks.sdpa_backends
 checks.gradients
 checks.gradient_difference
+_CallFinder.METADATA_DEPENDENCIES
+_.use_cache  # generation_config fields transformers' static-cache export reads
+_.cache_implementation
+_.cache_config

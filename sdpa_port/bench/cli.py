@@ -108,6 +108,14 @@ def bench(
         str, typer.Option("--phases", help="Comma-separated: forward, prefill, decode (the last two for decoders only).")
     ] = "forward,prefill,decode",
     memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Measure peak memory in child processes.")] = True,
+    executorch: Annotated[
+        bool,
+        typer.Option(
+            "--executorch/--no-executorch",
+            help="Decoders: also time prefill and decode of the SDPA model exported with a static cache and run by "
+            "ExecuTorch (XNNPACK); needs executorch, --batch 1, no padding.",
+        ),
+    ] = False,
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write a PNG plot (needs matplotlib).")] = True,
     hidden: Annotated[int, typer.Option("--hidden", min=8, help="Hidden size of the random-init model.")] = 256,
     layers: Annotated[int, typer.Option("--layers", min=1, help="Layers (encoder and decoder each).")] = 4,
@@ -151,6 +159,7 @@ def bench(
         memory=memory,
         phases=parse_phases(phases),
         size=Size(hidden=hidden, layers=layers, heads=heads, ffn=ffn, vocab=vocab),
+        executorch=executorch,
     )
     try:
         result = run_benchmark(

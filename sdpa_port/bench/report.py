@@ -20,6 +20,7 @@ HEADER = (
     "sdpa MiB",
     "mem sdpa/eager",
 )
+EXECUTORCH_HEADER = ("executorch ms", "sdpa/executorch")
 
 
 def _mib(value: int | None) -> str:
@@ -43,17 +44,25 @@ def row_cells(row: Row) -> tuple[str, ...]:
     )
 
 
+def executorch_cells(row: Row) -> tuple[str, ...]:
+    if row.executorch_s is None:
+        return ("-", "-")
+    return (f"{row.executorch_s * 1e3:.3f}", f"{row.sdpa_s / row.executorch_s:.2f}")
+
+
 def table(result: BenchResult, markdown: bool = False) -> str:
-    """The rows ordered by device, phase, length; aligned text, or a Markdown table."""
+    """The rows ordered by device, phase, length; aligned text, or a Markdown table. Runs with ExecuTorch add its
+    latency and its speed-up over the SDPA model in PyTorch."""
     order = {"forward": 0, "prefill": 1, "decode": 2}
     rows = sorted(result.rows, key=lambda r: (r.device, order[r.phase.value], r.length))
-    cells = [HEADER] + [row_cells(r) for r in rows]
+    header = HEADER + (EXECUTORCH_HEADER if result.settings.executorch else ())
+    cells = [header] + [row_cells(r) + (executorch_cells(r) if result.settings.executorch else ()) for r in rows]
     if markdown:
-        lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(HEADER) - 2)) + "|"]
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|"]
         lines += ["| " + " | ".join(c) + " |" for c in cells[1:]]
         return "\n".join(lines)
-    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
-    return "\n".join("  ".join(c[i].rjust(widths[i]) for i in range(len(HEADER))) for c in cells)
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c[i].rjust(widths[i]) for i in range(len(header))) for c in cells)
 
 
 def headline(result: BenchResult) -> str:

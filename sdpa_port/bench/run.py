@@ -113,6 +113,7 @@ def measure_length(
             f"    eager {eager_s * 1e3:.2f} ms, sdpa {sdpa_s * 1e3:.2f} ms ({clock}, min of {len(found['eager'].cpu)}), "
             f"x{eager_s / sdpa_s:.2f} (paired median x{paired:.2f})"
         )
+    executorch = executorch_times(models["sdpa"], ref, settings, device, length, steps, phases)
     peaks: dict[str, int | None] = {name: None for name in IMPLEMENTATIONS}
     if settings.memory and Phase.FORWARD in phases:
         steps.next(f"{device} peak memory L={length} (child processes)")
@@ -135,9 +136,27 @@ def measure_length(
                 sdpa_wall_s=found["sdpa"].wall_s,
                 paired_speedup=measure.paired_speedup(found["eager"], found["sdpa"], clock),
                 rounds=len(found["eager"].cpu),
+                executorch_s=executorch.get(phase),
             )
         )
     return rows
+
+
+def executorch_times(
+    model: Any, ref: ModelRef, settings: Settings, device: str, length: int, steps: Steps, phases: tuple[Phase, ...]
+) -> dict[Phase, float]:
+    """Prefill and decode of the SDPA model exported and run by ExecuTorch (decoders on CPU, with --executorch)."""
+    if not settings.executorch or ref.kind is not Kind.DECODER or device != "cpu":
+        return {}
+    from sdpa_port.bench.executorch import ExecutorchUnavailable, executorch_latencies
+
+    steps.say(f"    executorch L={length}: export, lower to XNNPACK, run the .pte")
+    try:
+        found = executorch_latencies(model, length, settings)
+    except ExecutorchUnavailable as error:
+        raise BenchError(f"executorch: {error}") from None
+    steps.say("    " + ", ".join(f"executorch {p.value} {s * 1e3:.3f} ms" for p, s in found.items()))
+    return {phase: seconds for phase, seconds in found.items() if phase in phases}
 
 
 def run_benchmark(

@@ -53,6 +53,8 @@ class Settings:
     phases: tuple[str, ...] = ("forward", "prefill", "decode")  # those that apply to the model's kind are run
     size: Size = field(default_factory=Size)
     seed: int = 0
+    # decoders: also time the SDPA model exported with a static cache, lowered to XNNPACK, run by ExecuTorch
+    executorch: bool = False
 
     def padding_side(self, kind: Kind) -> str:
         if self.padding != "auto":
@@ -131,6 +133,7 @@ class Row:
     sdpa_wall_s: float | None = None
     paired_speedup: float | None = None  # median over rounds of eager/SDPA time within a round
     rounds: int | None = None  # timed rounds behind the minima
+    executorch_s: float | None = None  # the exported SDPA model run from its .pte (wall time; prefill and decode)
 
     @property
     def speedup(self) -> float:
@@ -157,6 +160,7 @@ class Row:
             "sdpa_wall_s": self.sdpa_wall_s,
             "paired_speedup": self.paired_speedup,
             "rounds": self.rounds,
+            "executorch_s": self.executorch_s,
         }
 
     @staticmethod
@@ -173,6 +177,7 @@ class Row:
             sdpa_wall_s=data.get("sdpa_wall_s"),
             paired_speedup=data.get("paired_speedup"),
             rounds=data.get("rounds"),
+            executorch_s=data.get("executorch_s"),
         )
 
 

@@ -14,7 +14,6 @@ then dropped.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable
@@ -189,6 +188,10 @@ def check_registered_kernel(
 def exportable(model: Any, max_cache_len: int) -> Any:
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
+    if getattr(model, "generation_config", None) is None:  # a base model: the wrapper returns its hidden states
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig()
     model.generation_config.use_cache = True
     model.generation_config.cache_implementation = "static"
     model.generation_config.cache_config = {"batch_size": 1, "max_cache_len": max_cache_len}
@@ -207,11 +210,12 @@ class DecodeStep(torch.nn.Module):
         return self.wrapper(input_ids=input_ids, cache_position=cache_position)
 
 
-def export_static(model: Any, max_cache_len: int, strict: bool = True) -> Any:
-    """The decode step (one token, its cache position) exported with a static cache, as ExecuTorch takes it."""
+def export_static(model: Any, max_cache_len: int, strict: bool = True, length: int = 1) -> Any:
+    """A step of `length` tokens (one: the decode step) exported with a static cache, as ExecuTorch takes it."""
     step = DecodeStep(exportable(model, max_cache_len))
+    example = (torch.ones(1, length, dtype=torch.long), torch.arange(length))
     with torch.no_grad():
-        return torch.export.export(step, args=(torch.tensor([[1]]), torch.tensor([0])), strict=strict)
+        return torch.export.export(step, args=example, strict=strict)
 
 
 def static_decode(step: Callable[[torch.Tensor, torch.Tensor], Any], prompt: tuple[int, ...], new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
@@ -319,19 +323,6 @@ def check_executorch(
     _, got = static_decode(pte, PROMPTS[0], NEW_TOKENS)
     worst = max(float((a - b).abs().max()) for a, b in zip(expected, got))
     return [Check(name, worst <= LOGITS_TOLERANCE, worst, f"{len(got)} decode steps")]
-
-
-def decode_latency(step: Callable[[], Any], repeats: int = 50) -> float:
-    """Median seconds of one call of `step` (a decode step), after two warm-up calls."""
-    for _ in range(2):
-        step()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - started)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def serving_checks(original_class: type, ported_class: type, config: Any) -> list[Check]:

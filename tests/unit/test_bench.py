@@ -151,6 +151,23 @@ def test_table_has_one_line_per_row() -> None:
     assert report.stem_of(_result("auto")) == "bench_modeling_x_tf4.40.2_pad-auto"
 
 
+def test_executorch_latency_round_trips_and_adds_columns(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    result = _result()
+    rows = (result.rows[0], replace(result.rows[2], executorch_s=0.0005))
+    with_executorch = replace(result, rows=rows, settings=replace(result.settings, executorch=True))
+    path = tmp_path / "r.json"
+    report.write_json(with_executorch, path)
+    assert report.read_json(path) == with_executorch
+    lines = report.table(with_executorch).splitlines()
+    assert lines[0].split()[-2:] == ["executorch", "ms"] or "executorch ms" in lines[0]
+    decode = next(line for line in lines if "decode" in line)
+    assert decode.split()[-2:] == ["0.500", "2.00"]  # 0.5 ms, SDPA's 1 ms over it
+    assert next(line for line in lines if "forward" in line).split()[-2:] == ["-", "-"]
+    assert "executorch" not in report.table(result)
+
+
 def _compare_module() -> ModuleType:
     spec = importlib.util.spec_from_file_location("bench_compare", ROOT / "scripts" / "bench_compare.py")
     assert spec and spec.loader
