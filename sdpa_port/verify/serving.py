@@ -325,6 +325,70 @@ def check_executorch(
     return [Check(name, worst <= LOGITS_TOLERANCE, worst, f"{len(got)} decode steps")]
 
 
+CUSTOM_SDPA = "custom_sdpa"
+
+
+def custom_sdpa_forward(
+    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+    scaling: float | None = None, **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """ExecuTorch's `llama::custom_sdpa` behind the attention interface, the way optimum-executorch registers it:
+    static cache only, causal, the start position read from `position_ids` (the mask and `position_bias` are not
+    read)."""
+    max_seq_len = key.shape[2]
+    dtype = query.dtype
+    query, key, value = (t.transpose(1, 2).to(torch.float32) for t in (query, key, value))
+    kwargs.pop("is_causal", None)
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        raise ValueError("custom_sdpa needs position_ids to find the start position in the static cache")
+    start = position_ids[0][0].item()
+    torch._check_is_size(start)
+    torch._check(start < max_seq_len)
+    output = torch.ops.llama.custom_sdpa(query, key, value, start, None, 0.0, bool(module.is_causal), scaling)
+    return output.to(dtype), None
+
+
+def register_custom_sdpa() -> None:
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (registers torch.ops.llama)
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(CUSTOM_SDPA, custom_sdpa_forward)
+    AttentionMaskInterface.register(CUSTOM_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+def check_custom_sdpa(
+    original_class: type, ported_class: type, config: Any, models: Models | None = None
+) -> list[Check]:
+    """ExecuTorch's custom SDPA registered as optimum-executorch does, on a static cache: the original's tokens.
+
+    The kernel reads neither the mask nor `position_bias`: a port handing ALiBi or relative positions over that way
+    is not claimed (skipped with the reason)."""
+    name = f"{ported_class.__name__}[ExecuTorch custom_sdpa, static cache] tokens == generate"
+    missing = executorch_missing()
+    if missing is not None:
+        return [Check(name, True, None, missing, skipped=True)]
+    models = models or reference(original_class, config)
+    record = KernelCalls([])
+    register_probe(record)
+    with torch.no_grad():
+        ported_model(ported_class, models, PROBE)(input_ids=torch.tensor([PROMPTS[0]]))
+    if record.position_bias:
+        return [Check(name, True, None, "custom_sdpa ignores position_bias (ALiBi, relative positions): not supported", skipped=True)]
+    register_custom_sdpa()
+    expected = greedy_tokens(models.original)
+    wrapper = exportable(ported_model(ported_class, models, CUSTOM_SDPA), max_cache_length())
+    try:
+        got = [
+            static_decode(lambda ids, position: wrapper(input_ids=ids, cache_position=position), prompt, NEW_TOKENS)[0]
+            for prompt in PROMPTS
+        ]
+    except Exception as error:  # the kernel failing on the port's arguments is the finding
+        return [Check(name, False, None, f"{type(error).__name__}: {str(error).splitlines()[0]}")]
+    return [_same(name, expected, got)]
+
+
 def serving_checks(original_class: type, ported_class: type, config: Any) -> list[Check]:
     """Every serving and export check of a ported decoder, sharing one reference model.
 
@@ -342,6 +406,7 @@ def serving_checks(original_class: type, ported_class: type, config: Any) -> lis
     checks.extend(kernel)
     checks.extend(check_static_export(original_class, ported_class, config, models=models))
     checks.extend(check_executorch(original_class, ported_class, config, models=models))
+    checks.extend(check_custom_sdpa(original_class, ported_class, config, models=models))
     return checks
 
 

@@ -3,7 +3,8 @@
 Continuous batching (paged cache, packed prompts) gives each prompt's greedy tokens; a kernel registered through
 `AttentionInterface` is called in every layer with `position_ids`; `torch.export` with a static cache decodes the
 original's tokens; with executorch installed (`nox -s serving`), the program lowered to XNNPACK and run from its
-`.pte` buffer gives the eager logits. llama, already on the interface upstream, is the control.
+`.pte` buffer gives the eager logits, and ExecuTorch's custom_sdpa registered as optimum-executorch does gives the
+original's tokens (not claimed for bloom, whose ALiBi it would drop).
 """
 
 from __future__ import annotations
@@ -96,6 +97,20 @@ def test_executorch_pte_matches_eager_logits(model: str, ported) -> None:  # typ
     if missing is not None:
         pytest.skip(missing)
     _assert(serving.check_executorch(*_classes(model, ported)), model)
+
+
+@pytest.mark.executorch
+@pytest.mark.parametrize("model", LM)
+def test_executorch_custom_sdpa_registered_as_optimum_executorch_does(model: str, ported) -> None:  # type: ignore[no-untyped-def]
+    """The kernel finds the cache position in position_ids; it ignores position_bias, so bloom is not claimed."""
+    from sdpa_port.verify import serving
+
+    missing = serving.executorch_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    checks = serving.check_custom_sdpa(*_classes(model, ported))
+    _assert(checks, model)
+    assert checks[0].skipped == (model in BIAS), checks[0]
 
 
 @pytest.mark.parametrize("model", [m for m in LM if m not in BIAS])
