@@ -14,9 +14,11 @@ then dropped.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -86,12 +88,41 @@ def continuous_batching_tokens(model: Any, prompts: tuple[tuple[int, ...], ...],
     paged = ContinuousBatchingConfig(
         page_size=16, num_blocks=16, max_batch_tokens=64, max_requests_per_batch=4, use_async_batching=False
     )
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_batching() as errors:
         outputs = model.generate_batch(
             inputs=[list(p) for p in prompts], generation_config=generation, continuous_batching_config=paged, warmup=False
         )
     by_prompt = {tuple(o.prompt_ids): list(o.generated_tokens) for o in outputs.values()}
+    if errors and not any(by_prompt.values()):
+        # the manager logs a failing forward and returns empty requests: that error is the finding
+        raise BatchingFailed(errors[0])
     return [by_prompt.get(tuple(p), []) for p in prompts]
+
+
+class BatchingFailed(RuntimeError):
+    """The generation loop of continuous batching failed; the message is its error."""
+
+
+@contextlib.contextmanager
+def _quiet_batching() -> Iterator[list[str]]:
+    """Continuous batching's logger (psutil notices, eos warnings) kept off stderr; its errors collected.
+
+    A filter on the logger itself, since the generation loop swaps its handlers for tqdm's while it runs."""
+    from transformers.generation.continuous_batching.utils import logger
+
+    errors: list[str] = []
+
+    def collect(record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            errors.append(f"{type(error).__name__}: {error}")
+        return False
+
+    logger.addFilter(collect)
+    try:
+        yield errors
+    finally:
+        logger.removeFilter(collect)
 
 
 def check_continuous_batching(
@@ -105,7 +136,9 @@ def check_continuous_batching(
     name = f"{ported_class.__name__}[continuous batching, {implementation}] tokens == generate"
     try:
         got = continuous_batching_tokens(model, PROMPTS, NEW_TOKENS)
-    except Exception as error:  # the port's own code failing under a paged cache is the finding
+    except BatchingFailed as error:  # the port's own code failing under a paged cache is the finding
+        return [Check(name, False, None, str(error))]
+    except Exception as error:
         return [Check(name, False, None, f"{type(error).__name__}: {error}")]
     return [_same(name, expected, got, f"{len(PROMPTS)} prompts")]
 
