@@ -162,7 +162,12 @@ def plan_interface(
             plan.causal_for_flag_only[class_name] = causality.for_class(class_name, mask_param=True)
     eager_classes = {p.class_name for p in plan.modules}
     if plan.modules:
-        plan.shifted_ranges = shifted_ranges(facts)
+        plan.shifted_ranges, unshifted = shifted_ranges(facts)
+        plan.warnings.extend(
+            f"{owner} line {line}: a position range starts at a length that is a tensor with a static cache, and is "
+            "not of an integer dtype, so it is left as it is: torch.export fails there"
+            for owner, line in unshifted
+        )
         plan.alibi = alibi_builders(facts)
         plan.warnings.extend(
             f"`{name}` (line {line}) builds ALiBi from a 2-D mask and was not recognised: continuous batching's 4-D "

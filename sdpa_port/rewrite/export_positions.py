@@ -18,33 +18,37 @@ from sdpa_port.rewrite.targeted import transform_named
 INTEGER_DTYPES = frozenset({"long", "int64", "int32", "int"})
 
 
-def shifted_ranges(facts: ModuleFacts) -> list[tuple[str, int]]:
-    """(class, line) of every `torch.arange(start, stop + start, dtype=<int>)` in the model classes."""
-    found: list[tuple[str, int]] = []
+def shifted_ranges(facts: ModuleFacts) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(class, line) of every `torch.arange(start, stop + start)` in the model classes: those of an integer dtype
+    (rewritten), and the others (reported: with a static cache `start` is a tensor, which export cannot start at)."""
+    integer: list[tuple[str, int]] = []
+    other: list[tuple[str, int]] = []
     if facts.tree is None:
-        return found
+        return integer, other
     for node in facts.tree.body:
         if isinstance(node, ast.ClassDef) and facts.is_subclass(node.name, "PreTrainedModel"):
             for inner in ast.walk(node):
                 if isinstance(inner, ast.Call) and _shifted(inner) is not None:
-                    found.append((node.name, inner.lineno))
-    return found
+                    (integer if _integer_dtype(inner) else other).append((node.name, inner.lineno))
+    return integer, other
+
+
+def _integer_dtype(call: ast.Call) -> bool:
+    keywords = {k.arg: k.value for k in call.keywords}
+    dtype = keywords.get("dtype")
+    return not set(keywords) - {"dtype", "device"} and (
+        isinstance(dtype, ast.Attribute) and dtype.attr in INTEGER_DTYPES and isinstance(dtype.value, ast.Name)
+    )
 
 
 def _shifted(call: ast.Call) -> ast.expr | None:
-    """The length of a shifted integer range, or None."""
+    """The length of a range started at a name and ending at that name plus a length, or None."""
     if not (
         isinstance(call.func, ast.Attribute)
         and call.func.attr == "arange"
         and isinstance(call.func.value, ast.Name)
         and call.func.value.id == "torch"
         and len(call.args) == 2
-    ):
-        return None
-    keywords = {k.arg: k.value for k in call.keywords}
-    dtype = keywords.get("dtype")
-    if set(keywords) - {"dtype", "device"} or not (
-        isinstance(dtype, ast.Attribute) and dtype.attr in INTEGER_DTYPES and isinstance(dtype.value, ast.Name)
     ):
         return None
     start, stop = call.args

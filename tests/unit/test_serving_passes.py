@@ -256,10 +256,13 @@ def test_position_ranges_started_at_the_past_length_export() -> None:
     assert "position_ids = torch.arange(inputs_embeds.shape[1], dtype=torch.long) + past_key_values_length" in model
 
 
-def test_a_float_range_is_not_shifted() -> None:
+def test_a_float_range_is_not_shifted_but_reported_by_line() -> None:
     source = CROSS.replace("dtype=torch.long", "dtype=torch.float32")
-    model = _function(_port(source), "TinyModel")
+    result = port_source(source, style="interface")
+    model = _function(result.source, "TinyModel")
     assert "torch.arange(past_key_values_length, inputs_embeds.shape[1] + past_key_values_length" in model
+    line = source.splitlines().index("            position_ids = torch.arange(") + 1
+    assert any(w.startswith(f"TinyModel line {line}: a position range") for w in result.warnings), result.warnings
 
 
 ALIBI = '''
