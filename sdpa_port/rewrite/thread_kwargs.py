@@ -9,7 +9,8 @@ the threading is then incomplete.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import ast
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import libcst as cst
@@ -148,7 +149,9 @@ def plan_threading(facts: ModuleFacts, attention: set[str], forwards_with_kwargs
             found = facts.find_method(name, "forward")
             if name in plan.reaching or found is None:
                 continue
-            sites = [c for c in _calls(found[1], members[name]) if c.callees & plan.reaching]
+            sites = [
+                c for c in _calls(found[1], members[name], _def_line(facts, found[0].name)) if c.callees & plan.reaching
+            ]
             if sites:
                 calls[name] = sites
                 plan.reaching.add(name)
@@ -302,11 +305,22 @@ def _describe(call: cst.Call, callees: frozenset[str], line: int) -> _Call:
     return _Call(line, callees, keywords, star)
 
 
-def _calls(forward: cst.FunctionDef, members: dict[str, frozenset[str]]) -> list[_Call]:
-    """Calls of submodules in forward: `self.x(...)`, and `layer(...)` for a loop over `self.x`."""
+def _calls(forward: cst.FunctionDef, members: dict[str, frozenset[str]], def_line: int = 0) -> list[_Call]:
+    """Calls of submodules in forward: `self.x(...)`, and `layer(...)` for a loop over `self.x`; their lines count
+    from `def_line`, the line of forward's `def` in the file."""
     finder = _CallFinder(members)
     cst.MetadataWrapper(cst.Module(body=[forward])).visit(finder)
-    return finder.calls
+    return [replace(call, line=call.line + def_line) for call in finder.calls]
+
+
+def _def_line(facts: ModuleFacts, owner: str) -> int:
+    """The line of `def forward` of a top-level class, from the file's ast."""
+    for node in facts.tree.body if facts.tree is not None else ():
+        if isinstance(node, ast.ClassDef) and node.name == owner:
+            for inner in node.body:
+                if isinstance(inner, ast.FunctionDef) and inner.name == "forward":
+                    return inner.lineno
+    return 0
 
 
 class _CallFinder(cst.CSTVisitor):
@@ -315,6 +329,11 @@ class _CallFinder(cst.CSTVisitor):
     def __init__(self, members: dict[str, frozenset[str]]) -> None:
         self.loops = _Loops(members)
         self.calls: list[_Call] = []
+        self.def_line = 1  # the line of `def` in the wrapped function (lines are counted from there)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if node.name.value == "forward":
+            self.def_line = self.get_metadata(cst.metadata.PositionProvider, node.name).start.line
 
     def visit_For(self, node: cst.For) -> None:
         self.loops.enter(node)
@@ -325,7 +344,7 @@ class _CallFinder(cst.CSTVisitor):
     def visit_Call(self, node: cst.Call) -> None:
         callees = self.loops.callees(node)
         if callees is not None:
-            line = self.get_metadata(cst.metadata.PositionProvider, node).start.line
+            line = self.get_metadata(cst.metadata.PositionProvider, node).start.line - self.def_line
             self.calls.append(_describe(node, callees, line))
 
 
