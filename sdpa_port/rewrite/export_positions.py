@@ -1,4 +1,4 @@
-"""`torch.arange(past, length + past, dtype=<int>)` -> `torch.arange(length, dtype=<int>) + past` in the models' code.
+"""`torch.arange(past, length + past, dtype=<int>)` -> `torch.arange(length, dtype=<int>) + past` in the file's classes.
 
 With a static cache the past length is a tensor; `torch.export` cannot start a range at a traced value (it would
 read it with `.item()`), but it exports a range of the traced length shifted by it. For integer dtypes the two are
@@ -19,14 +19,14 @@ INTEGER_DTYPES = frozenset({"long", "int64", "int32", "int"})
 
 
 def shifted_ranges(facts: ModuleFacts) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-    """(class, line) of every `torch.arange(start, stop + start)` in the model classes: those of an integer dtype
+    """(class, line) of every `torch.arange(start, stop + start)` in the classes: those of an integer dtype
     (rewritten), and the others (reported: with a static cache `start` is a tensor, which export cannot start at)."""
     integer: list[tuple[str, int]] = []
     other: list[tuple[str, int]] = []
     if facts.tree is None:
         return integer, other
     for node in facts.tree.body:
-        if isinstance(node, ast.ClassDef) and facts.is_subclass(node.name, "PreTrainedModel"):
+        if isinstance(node, ast.ClassDef):
             for inner in ast.walk(node):
                 if isinstance(inner, ast.Call) and _shifted(inner) is not None:
                     (integer if _integer_dtype(inner) else other).append((node.name, inner.lineno))
@@ -86,12 +86,13 @@ class _ShiftRanges(cst.CSTTransformer):
             return updated
         arguments = [positional[1].with_changes(value=length), *(a for a in updated.args if a.keyword is not None)]
         shortened = updated.with_changes(args=arguments)
+        # parenthesised: the range may be the object of a method call (`torch.arange(...).expand(...)`)
         return cst.BinaryOperation(
             left=shortened,
-            operator=cst.Add(
-                whitespace_before=cst.SimpleWhitespace(" "), whitespace_after=cst.SimpleWhitespace(" ")
-            ),
+            operator=cst.Add(whitespace_before=cst.SimpleWhitespace(" "), whitespace_after=cst.SimpleWhitespace(" ")),
             right=start,
+            lpar=[cst.LeftParen()],
+            rpar=[cst.RightParen()],
         )
 
 

@@ -93,8 +93,8 @@ def continuous_batching_tokens(model: Any, prompts: tuple[tuple[int, ...], ...],
             inputs=[list(p) for p in prompts], generation_config=generation, continuous_batching_config=paged, warmup=False
         )
     by_prompt = {tuple(o.prompt_ids): list(o.generated_tokens) for o in outputs.values()}
-    if errors and not any(by_prompt.values()):
-        # the manager logs a failing forward and returns empty requests: that error is the finding
+    if errors:
+        # the manager logs a failing forward and returns the requests as far as they got: that error is the finding
         raise BatchingFailed(errors[0])
     return [by_prompt.get(tuple(p), []) for p in prompts]
 

@@ -260,6 +260,16 @@ def test_position_ranges_started_at_the_past_length_export() -> None:
     assert "position_ids = torch.arange(inputs_embeds.shape[1], dtype=torch.long) + past_key_values_length" in model
 
 
+def test_a_shifted_range_keeps_the_method_called_on_it() -> None:
+    source = CROSS.replace(
+        "dtype=torch.long\n            )",
+        "dtype=torch.long\n            ).expand(2, -1)",
+    )
+    assert ".expand(2, -1)" in source
+    model = _function(_port(source), "TinyModel")
+    assert "(torch.arange(inputs_embeds.shape[1], dtype=torch.long) + past_key_values_length).expand(2, -1)" in model
+
+
 def test_a_float_range_is_not_shifted_but_reported_by_line() -> None:
     source = CROSS.replace("dtype=torch.long", "dtype=torch.float32")
     result = port_source(source, style="interface")
