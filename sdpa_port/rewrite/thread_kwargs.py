@@ -140,6 +140,12 @@ def plan_threading(facts: ModuleFacts, attention: set[str], forwards_with_kwargs
     `forwards_with_kwargs`: attention classes whose (rewritten) forward takes `**kwargs`.
     """
     members = {name: _members(facts, name) for name in facts.classes}
+    for own in members.values():  # `self.model.decoder(...)`: one attribute further down
+        for attribute, classes in list(own.items()):
+            for held in classes:
+                for inner, inner_classes in members[held].items():
+                    if "." not in inner:
+                        own[f"{attribute}.{inner}"] = own.get(f"{attribute}.{inner}", frozenset()) | inner_classes
     plan = Threading(reaching=set(attention))
     calls: dict[str, list[_Call]] = {}
     changed = True
@@ -187,11 +193,22 @@ def plan_threading(facts: ModuleFacts, attention: set[str], forwards_with_kwargs
         if "inputs_embeds" in computed and cached and "position_ids" not in _names(found[1]):
             plan.position_defaults.add(found[0].name)
             plan.parameters[name].add("position_ids")
+            for line in _positions_from_cache_length(facts, found[0].name):
+                plan.problems.append(
+                    f"{found[0].name}.forward line {line}: positions come from the cache length, which continuous "
+                    "batching's packed prompts do not have (it hands position_ids over)"
+                )
         elif cached:
             plan.problems.append(
                 f"{found[0].name}.forward builds no position_ids for the attention modules (kernels find the cache "
                 "position in them)"
             )
+    for name in sorted(facts.classes):
+        holds = set().union(*members[name].values()) if members[name] else set()
+        if facts.is_subclass(name, "PreTrainedModel") and holds & plan.reaching and name not in calls:
+            found = facts.find_method(name, "forward")
+            if found is not None:
+                plan.problems.append(f"{found[0].name}.forward calls its layers in a way not followed here")
     for name in sorted(attention - plan.reached):
         plan.problems.append(f"no model forward in this file is shown to call `{name}`")
     for name in sorted(attention - forwards_with_kwargs):
@@ -287,6 +304,9 @@ class _Loops:
 
     def callees(self, call: cst.Call) -> frozenset[str] | None:
         attribute = _self_attribute(call.func)
+        if attribute is None and isinstance(call.func, cst.Attribute):
+            outer = _self_attribute(call.func.value)
+            attribute = f"{outer}.{call.func.attr.value}" if outer is not None else None
         if attribute is not None and attribute in self.members:
             return self.members[attribute]
         if isinstance(call.func, cst.Name):
@@ -311,6 +331,22 @@ def _calls(forward: cst.FunctionDef, members: dict[str, frozenset[str]], def_lin
     finder = _CallFinder(members)
     cst.MetadataWrapper(cst.Module(body=[forward])).visit(finder)
     return [replace(call, line=call.line + def_line) for call in finder.calls]
+
+
+def _positions_from_cache_length(facts: ModuleFacts, owner: str) -> list[int]:
+    """Lines of forward's calls handing a past length on (`self.embed_positions(x, past_key_values_length=n)`)."""
+    lines: list[int] = []
+    for node in facts.tree.body if facts.tree is not None else ():
+        if isinstance(node, ast.ClassDef) and node.name == owner:
+            for inner in node.body:
+                if isinstance(inner, ast.FunctionDef) and inner.name == "forward":
+                    lines.extend(
+                        call.lineno
+                        for call in ast.walk(inner)
+                        if isinstance(call, ast.Call)
+                        and any(k.arg and "past" in k.arg and "length" in k.arg for k in call.keywords)
+                    )
+    return lines
 
 
 def _def_line(facts: ModuleFacts, owner: str) -> int:
