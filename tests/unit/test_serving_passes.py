@@ -154,7 +154,11 @@ def test_threading_plan_names_what_it_cannot_reach() -> None:
     facts = ModuleFacts.of(module, ast.parse(source))
     plan = plan_threading(facts, {"TinyAttention"}, {"TinyAttention"})
     assert not plan.complete
-    assert plan.problems == ["no model forward in this file is shown to call `TinyAttention`"]
+    assert plan.problems == [
+        "TinyForCausalLM.forward calls its layers in a way not followed here",
+        "TinyModel.forward calls its layers in a way not followed here",
+        "no model forward in this file is shown to call `TinyAttention`",
+    ]
     unchanged, notes = thread_kwargs(module, plan)
     assert notes == [] and unchanged.code == source
 
