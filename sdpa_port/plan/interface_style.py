@@ -34,7 +34,14 @@ from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions,
 from sdpa_port.rewrite.sdpa_body import SideNames, function_names
 from sdpa_port.rewrite.sdpa_forward import inline_helpers, trace_sdpa_path
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
-from sdpa_port.rewrite.thread_kwargs import Threading, fresh_name, plan_threading, thread_kwargs, with_star_kwargs
+from sdpa_port.rewrite.thread_kwargs import (
+    Threading,
+    fresh_name,
+    plan_threading,
+    separated,
+    thread_kwargs,
+    with_star_kwargs,
+)
 from sdpa_port.plan.key_statements import key_statements
 from sdpa_port.rewrite.export_positions import shift_ranges, shifted_ranges
 from sdpa_port.rewrite.alibi_masks import AlibiFacts, accept_4d_masks, alibi_builders
@@ -736,22 +743,9 @@ class _InitAttributes(cst.CSTTransformer):
                     default=cst.Name("None"),
                     equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
                 )
-                last = params.params[-1] if params.params else None
-                if last is not None and isinstance(last.comma, cst.Comma):
-                    # a trailing comma (one parameter per line): the new one goes last, `last` takes the separator
-                    # the parameter before it has, so both sit at the parameters' indentation
-                    before = params.params[-2].comma if len(params.params) > 1 else None
-                    separator = before if isinstance(before, cst.Comma) else cst.Comma(
-                        whitespace_after=cst.SimpleWhitespace(" ")
-                    )
-                    new_param = new_param.with_changes(comma=last.comma)
-                    params = params.with_changes(params=[*params.params[:-1], last.with_changes(comma=separator), new_param])
-                elif last is not None:
-                    params = params.with_changes(
-                        params=[*params.params[:-1], last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), new_param]
-                    )
-                else:
-                    params = params.with_changes(params=[new_param])
+                # laid out like the parameters before it (one per line stays one per line)
+                kept, (new_param,) = separated([*params.params], [new_param])
+                params = params.with_changes(params=[*kept, new_param])
             added.append(cst.parse_statement("self.config = config"))
         if self.is_causal is not None:
             causal = self.is_causal
