@@ -185,11 +185,17 @@ def plan_threading(facts: ModuleFacts, attention: set[str], forwards_with_kwargs
         found = facts.find_method(name, "forward")
         assert found is not None
         layers = any(not any(facts.is_subclass(c, "PreTrainedModel") for c in call.callees) for call in sites)
-        if not (facts.is_subclass(name, "PreTrainedModel") and layers) or "position_ids" in plan.parameters[name]:
+        if not (facts.is_subclass(name, "PreTrainedModel") and layers):
             continue
         # llama's default reads the embeddings and the cache: forward must compute the embeddings when not given
         computed = all_assigned_names(block_body(found[1].body))
         cached = "past_key_values" in _names(found[1].body)
+        if "position_ids" in plan.parameters[name]:
+            if cached and "position_ids" not in computed:
+                plan.problems.append(
+                    f"{found[0].name}.forward hands position_ids on only when its caller gives them (it builds none)"
+                )
+            continue
         if "inputs_embeds" in computed and cached and "position_ids" not in _names(found[1]):
             plan.position_defaults.add(found[0].name)
             plan.parameters[name].add("position_ids")
