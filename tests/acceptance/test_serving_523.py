@@ -22,6 +22,7 @@ LM = {
     "codegen": "CodeGenForCausalLM",
     "gptj": "GPTJForCausalLM",
     "bloom": "BloomForCausalLM",
+    "gpt_neox_japanese": "GPTNeoXJapaneseForCausalLM",
 }
 BIAS = {"bloom"}  # hands ALiBi over as position_bias
 
@@ -116,6 +117,27 @@ def test_executorch_custom_sdpa_registered_as_optimum_executorch_does(model: str
 @pytest.mark.parametrize("model", [m for m in LM if m not in BIAS])
 def test_the_attention_backend_flag_is_set(model: str, ported) -> None:  # type: ignore[no-untyped-def]
     assert getattr(ported[model], LM[model])._supports_attention_backend is True
+
+
+@pytest.mark.parametrize(
+    "model,reason",
+    [
+        ("trocr", "positions come from the cache length"),
+        ("rembert", "hands position_ids on only when its caller gives them"),
+        ("roformer", "builds no position_ids"),
+        ("gpt_neo", "position_bias"),
+    ],
+)
+def test_decoders_that_would_fail_a_check_are_not_flagged(model: str, reason: str) -> None:
+    """TrOCR places tokens by the cache length (continuous batching packs prompts), RemBERT leaves position_ids None,
+    RoFormer has none, GPT-Neo hands its local-attention window over as position_bias: warned, never flagged."""
+    from harness import modeling_path
+
+    from sdpa_port import port_source
+
+    result = port_source(modeling_path(model).read_text(encoding="utf-8"))
+    assert "_supports_attention_backend" not in result.source
+    assert any(reason in w for w in result.warnings), result.warnings
 
 
 def test_the_checks_see_an_unthreaded_port(tmp_path: Path) -> None:
