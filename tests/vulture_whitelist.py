@@ -8,7 +8,7 @@
 
 from sdpa_port.analyse.trace import KeepAction
 from sdpa_port.bench.cli import Clock, Malloc, Padding
-from sdpa_port.rewrite.thread_kwargs import _CallFinder
+from sdpa_port.plan.threading import _CallFinder
 from sdpa_port.verify import checks
 
 KeepAction.DTYPE

@@ -34,14 +34,9 @@ from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions,
 from sdpa_port.rewrite.sdpa_body import SideNames, function_names
 from sdpa_port.rewrite.sdpa_forward import inline_helpers, trace_sdpa_path
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
-from sdpa_port.rewrite.thread_kwargs import (
-    Threading,
-    fresh_name,
-    plan_threading,
-    separated,
-    thread_kwargs,
-    with_star_kwargs,
-)
+from sdpa_port.plan.threading import plan_threading
+from sdpa_port.rewrite.layout import fresh_name, separated, with_star_kwargs
+from sdpa_port.rewrite.thread_kwargs import Threading, thread_kwargs
 from sdpa_port.plan.key_statements import key_statements
 from sdpa_port.rewrite.export_positions import shift_ranges, shifted_ranges
 from sdpa_port.rewrite.alibi_masks import AlibiFacts, accept_4d_masks, alibi_builders

@@ -19,7 +19,7 @@ from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.render import render_statements
 from sdpa_port.rewrite.targeted import transform_named
-from sdpa_port.rewrite.thread_kwargs import fresh_name
+from sdpa_port.rewrite.layout import fresh_name
 
 
 @dataclass(frozen=True)

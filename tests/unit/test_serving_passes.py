@@ -12,7 +12,9 @@ import pytest
 
 from sdpa_port import Status, port_source
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.rewrite.thread_kwargs import plan_threading, separated, thread_kwargs, with_star_kwargs
+from sdpa_port.plan.threading import plan_threading
+from sdpa_port.rewrite.layout import separated, with_star_kwargs
+from sdpa_port.rewrite.thread_kwargs import thread_kwargs
 
 MODEL = textwrap.dedent(
     '''

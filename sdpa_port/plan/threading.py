@@ -1,0 +1,203 @@
+"""Plan the threading of `**kwargs` (and `position_ids`) from the model classes down to the attention modules.
+
+Which forwards lie on a path from a PreTrainedModel subclass to a moved attention module (calls of `self.x(...)`,
+`self.x.y(...)`, and of loop variables over `self.layers`), which of their calls would clash with the kwargs, which
+base models build no `position_ids` (they get llama's default) and why a file cannot claim to be an attention-backend
+citizen: every problem names its line.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+
+import libcst as cst
+
+from sdpa_port.analyse.cstutil import all_assigned_names, block_body
+from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.rewrite.thread_kwargs import (
+    SubmoduleCall,
+    Submodules,
+    Threading,
+    clash,
+    describe_call,
+    names_in,
+    parameter_names,
+    star_kwargs,
+)
+
+
+def plan_threading(facts: ModuleFacts, attention: set[str], forwards_with_kwargs: set[str]) -> Threading:
+    """Which forwards pass `**kwargs` on, from the PreTrainedModel subclasses down to the `attention` classes.
+
+    `forwards_with_kwargs`: attention classes whose (rewritten) forward takes `**kwargs`.
+    """
+    members = {name: _members(facts, name) for name in facts.classes}
+    for own in members.values():  # `self.model.decoder(...)`: one attribute further down
+        for attribute, classes in list(own.items()):
+            for held in classes:
+                for inner, inner_classes in members[held].items():
+                    if "." not in inner:
+                        own[f"{attribute}.{inner}"] = own.get(f"{attribute}.{inner}", frozenset()) | inner_classes
+    plan = Threading(reaching=set(attention))
+    calls: dict[str, list[SubmoduleCall]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for name in facts.classes:
+            found = facts.find_method(name, "forward")
+            if name in plan.reaching or found is None:
+                continue
+            sites = [
+                c for c in _calls(found[1], members[name], _def_line(facts, found[0].name)) if c.callees & plan.reaching
+            ]
+            if sites:
+                calls[name] = sites
+                plan.reaching.add(name)
+                changed = True
+    for name in plan.reaching:
+        found = facts.find_method(name, "forward")
+        if found is not None:
+            plan.parameters[name] = parameter_names(found[1])
+    roots = {name for name in calls if facts.is_subclass(name, "PreTrainedModel")}
+    on_paths = set(roots)
+    for root in roots:
+        on_paths |= _reachable(root, calls)
+    plan.reached = on_paths & attention
+    calls = {name: sites for name, sites in calls.items() if name in on_paths}
+    for name, sites in calls.items():
+        found = facts.find_method(name, "forward")
+        assert found is not None
+        owner, forward = found[0].name, found[1]
+        plan.owners[owner] = members[name]
+        for call in sites:
+            problem = clash(call, parameter_names(forward), star_kwargs(forward))
+            if problem:
+                plan.problems.append(f"{owner}.forward line {call.line}: {problem}")
+    for name, sites in calls.items():
+        found = facts.find_method(name, "forward")
+        assert found is not None
+        layers = any(not any(facts.is_subclass(c, "PreTrainedModel") for c in call.callees) for call in sites)
+        if not (facts.is_subclass(name, "PreTrainedModel") and layers):
+            continue
+        # llama's default reads the embeddings and the cache: forward must compute the embeddings when not given
+        computed = all_assigned_names(block_body(found[1].body))
+        cached = "past_key_values" in names_in(found[1].body)
+        if "position_ids" in plan.parameters[name]:
+            if cached and "position_ids" not in computed:
+                plan.problems.append(
+                    f"{found[0].name}.forward hands position_ids on only when its caller gives them (it builds none)"
+                )
+            continue
+        if "inputs_embeds" in computed and cached and "position_ids" not in names_in(found[1]):
+            plan.position_defaults.add(found[0].name)
+            plan.parameters[name].add("position_ids")
+            for line in _positions_from_cache_length(facts, found[0].name):
+                plan.problems.append(
+                    f"{found[0].name}.forward line {line}: positions come from the cache length, which continuous "
+                    "batching's packed prompts do not have (it hands position_ids over)"
+                )
+        elif cached:
+            plan.problems.append(
+                f"{found[0].name}.forward builds no position_ids for the attention modules (kernels find the cache "
+                "position in them)"
+            )
+    for name in sorted(facts.classes):
+        holds = set().union(*members[name].values()) if members[name] else set()
+        if facts.is_subclass(name, "PreTrainedModel") and holds & plan.reaching and name not in calls:
+            found = facts.find_method(name, "forward")
+            if found is not None:
+                plan.problems.append(f"{found[0].name}.forward calls its layers in a way not followed here")
+    for name in sorted(attention - plan.reached):
+        plan.problems.append(f"no model forward in this file is shown to call `{name}`")
+    for name in sorted(attention - forwards_with_kwargs):
+        plan.problems.append(f"`{name}.forward` takes no **kwargs")
+    return plan
+
+
+def _reachable(root: str, calls: dict[str, list["SubmoduleCall"]]) -> set[str]:
+    seen: set[str] = set()
+    stack = [root]
+    while stack:
+        current = stack.pop()
+        for call in calls.get(current, []):
+            for callee in call.callees - seen:
+                seen.add(callee)
+                stack.append(callee)
+    return seen
+
+
+def _members(facts: ModuleFacts, class_name: str) -> dict[str, frozenset[str]]:
+    """attribute -> in-file classes it may hold (`self.attn = Attn(...)`, a ModuleList of them, a dict lookup)."""
+    out: dict[str, frozenset[str]] = {}
+    for info in reversed(facts.mro(class_name)):
+        for attribute, values in info.attributes.items():
+            classes: set[str] = set()
+            for value in values:
+                for name in names_in(value):
+                    if name in facts.classes:
+                        classes.add(name)
+                    elif name in facts.dicts:
+                        classes |= {n for n in names_in(facts.dicts[name]) if n in facts.classes}
+            if classes:
+                out[attribute] = frozenset(classes)
+    return out
+
+
+def _calls(forward: cst.FunctionDef, members: dict[str, frozenset[str]], def_line: int = 0) -> list[SubmoduleCall]:
+    """Calls of submodules in forward: `self.x(...)`, and `layer(...)` for a loop over `self.x`; their lines count
+    from `def_line`, the line of forward's `def` in the file."""
+    finder = _CallFinder(members)
+    cst.MetadataWrapper(cst.Module(body=[forward])).visit(finder)
+    return [dataclasses.replace(call, line=call.line + def_line) for call in finder.calls]
+
+
+def _positions_from_cache_length(facts: ModuleFacts, owner: str) -> list[int]:
+    """Lines of forward's calls handing a past length on (`self.embed_positions(x, past_key_values_length=n)`)."""
+    lines: list[int] = []
+    for node in facts.tree.body if facts.tree is not None else ():
+        if isinstance(node, ast.ClassDef) and node.name == owner:
+            for inner in node.body:
+                if isinstance(inner, ast.FunctionDef) and inner.name == "forward":
+                    lines.extend(
+                        call.lineno
+                        for call in ast.walk(inner)
+                        if isinstance(call, ast.Call)
+                        and any(k.arg and "past" in k.arg and "length" in k.arg for k in call.keywords)
+                    )
+    return lines
+
+
+def _def_line(facts: ModuleFacts, owner: str) -> int:
+    """The line of `def forward` of a top-level class, from the file's ast."""
+    for node in facts.tree.body if facts.tree is not None else ():
+        if isinstance(node, ast.ClassDef) and node.name == owner:
+            for inner in node.body:
+                if isinstance(inner, ast.FunctionDef) and inner.name == "forward":
+                    return inner.lineno
+    return 0
+
+
+class _CallFinder(cst.CSTVisitor):
+    METADATA_DEPENDENCIES = (cst.metadata.PositionProvider,)
+
+    def __init__(self, members: dict[str, frozenset[str]]) -> None:
+        self.loops = Submodules(members)
+        self.calls: list[SubmoduleCall] = []
+        self.def_line = 1  # the line of `def` in the wrapped function (lines are counted from there)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if node.name.value == "forward":
+            self.def_line = self.get_metadata(cst.metadata.PositionProvider, node.name).start.line
+
+    def visit_For(self, node: cst.For) -> None:
+        self.loops.enter(node)
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self.loops.leave()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        callees = self.loops.callees(node)
+        if callees is not None:
+            line = self.get_metadata(cst.metadata.PositionProvider, node).start.line - self.def_line
+            self.calls.append(describe_call(node, callees, line))
