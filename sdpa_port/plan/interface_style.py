@@ -20,6 +20,7 @@ from sdpa_port.analyse.cross import key_only_parameters, self_attention_test
 from sdpa_port.analyse.cstutil import block_body, code, expr, is_pass, rebase_config
 from sdpa_port.analyse.flow import bound_before
 from sdpa_port.analyse.lines import Lines
+from sdpa_port.analyse.mask_changes import extended_mask, forward_of
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import cast_operand, walk_names
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
@@ -191,6 +192,16 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
                 "is given",
                 line=line,
             )
+    own_forward = forward_of(facts.tree, [info.name for info in facts.mro(analysis.class_name)]) if facts.tree else None
+    extended = extended_mask(own_forward, mask_param) if own_forward is not None and mask_param else None
+    if extended is not None:
+        raise Refuse(
+            Code.MASK_EXTENDED,
+            f"`{mask_param}` is concatenated with a tensor of the module's own before it reaches the scores; "
+            "transformers builds the mask per implementation (boolean or None for sdpa), so the result is right "
+            "for eager alone",
+            line=extended,
+        )
     moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result)
     cross = key_only_parameters(forward, start.key, start.query)
     has_causal = bool(facts.find_attribute_values(analysis.class_name, "is_causal"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import textwrap
 
 import libcst as cst
@@ -9,6 +10,7 @@ import pytest
 
 from sdpa_port import Status, port_source
 from sdpa_port.analyse.cstutil import code, one_per_line, rebase_config
+from sdpa_port.analyse.mask_changes import extended_mask
 
 
 @pytest.mark.parametrize(
@@ -80,3 +82,22 @@ def test_a_nested_config_attribute_reaches_init_intact() -> None:
     assert result.status is Status.PORTED, result.reasons
     assert "        self.is_causal = self.config.text_config.is_decoder\n" in result.source
     assert "text_self" not in result.source
+
+
+def test_a_mask_concatenated_with_the_modules_own_tensor_is_found() -> None:
+    """MVP's prompt keys: `torch.cat([prompt_mask, attention_mask])` is written for eager's float mask (M204)."""
+    function = ast.parse(
+        textwrap.dedent(
+            """
+            def forward(self, hidden_states, attention_mask=None, prompt=None):
+                if prompt is not None and attention_mask is not None:
+                    prompt_mask = torch.zeros(1, 1, 1, prompt.shape[1])
+                    attention_mask = torch.cat([prompt_mask, attention_mask], dim=-1)
+                causal_mask = attention_mask[:, :, :, :4]
+                attention_mask = attention_mask.to(hidden_states.dtype)
+            """
+        )
+    ).body[0]
+    assert isinstance(function, ast.FunctionDef)
+    assert extended_mask(function, "attention_mask") == 5
+    assert extended_mask(function, "prompt") is None
