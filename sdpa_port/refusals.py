@@ -34,6 +34,7 @@ class Code(enum.Enum):
     FILL_VALUE = ("M201", "masked scores are set to a value that does not mask them out")
     MASKED_ROWS = ("M202", "a row whose every key is masked would come out differently")
     MASK_PER_IMPLEMENTATION = ("M203", "the mask is applied with a masking fill, but transformers builds it per implementation")
+    MASK_EXTENDED = ("M204", "the mask is extended in the module, but transformers builds it per implementation")
     # C: causality
     CAUSAL_BY_USE = ("C301", "whether the module is causal depends on where it is used")
     CAUSAL_PINNED = ("C302", "the module is built with a literal is_causal=True")

@@ -35,6 +35,8 @@ SCALAR_FUNCTIONS = frozenset(
         "torch.sqrt", "torch.rsqrt", "torch.pow", "torch.exp", "torch.log",
     }
 )
+# functions whose result is a Python number whatever they are given (or they raise): math.sqrt(n) of any n
+NUMBER_FUNCTIONS = frozenset({"math.sqrt", "math.pow", "math.log", "math.exp", "float", "int"})
 # keywords that place or type a number without changing it
 PLACING_KEYWORDS = frozenset({"dtype", "device", "requires_grad"})
 # methods of a 0-d tensor that keep its number: dtype casts, moves and reading it out
@@ -233,6 +235,8 @@ def scalar(
         return Scalar(node.with_changes(expression=operand))
     if isinstance(node, cst.Call):
         qualified = scope.qualify(node.func)
+        if qualified in NUMBER_FUNCTIONS and not has_star_args(node):
+            return Scalar(node)
         if (qualified in SCALAR_FUNCTIONS or (qualified or "").endswith(".torch_float")) and not has_star_args(node):
             operands = [a for a in node.args if a.keyword is None or a.keyword.value not in PLACING_KEYWORDS]
             if operands and all(scalar(a.value, scope, depth + 1, attributes) is not None for a in operands):

@@ -20,15 +20,19 @@ from sdpa_port.analyse.cross import key_only_parameters, self_attention_test
 from sdpa_port.analyse.cstutil import block_body, code, expr, is_pass, rebase_config
 from sdpa_port.analyse.flow import bound_before
 from sdpa_port.analyse.lines import Lines
+from sdpa_port.analyse.mask_changes import extended_mask, forward_of
+from sdpa_port.analyse.mask_flow import MaskFlow
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import cast_operand, walk_names
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
 from sdpa_port.discover.screen import Screen
 from sdpa_port.analyse.selection import attention_dicts
+from sdpa_port.plan.causal_sites import PARAMETER, CausalSites, check_pinned, decide_sites, dispatched_mask
 from sdpa_port.render import render_module
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import flags, imports, insert_classes, register
+from sdpa_port.rewrite.causal_sites import pass_is_causal
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions, eager_body, parameter_name
 from sdpa_port.rewrite.sdpa_body import SideNames, function_names
@@ -56,6 +60,7 @@ class ModulePlan:
     add_config_parameter: bool  # __init__ has no `config` parameter: add one and pass it at constructions
     is_causal: str | None  # expression to assign in __init__, None when the class already sets it
     position_bias: bool = False  # the dispatch passes additive terms (ALiBi, relative positions) as position_bias
+    causal_sites: CausalSites | None = None  # __init__ takes `is_causal`, these sites pass True
 
 
 @dataclass
@@ -63,6 +68,7 @@ class InterfacePlan:
     modules: list[ModulePlan] = field(default_factory=list)
     flag_only: list[str] = field(default_factory=list)  # classes already on the interface, given is_causal
     causal_for_flag_only: dict[str, str] = field(default_factory=dict)
+    flag_only_sites: dict[str, CausalSites] = field(default_factory=dict)
     dicts: dict[str, str] = field(default_factory=dict)  # dict name -> eager class, for `.get(..., eager)` lookups
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -158,10 +164,17 @@ def plan_interface(
             plan.dispatching_elsewhere[class_name] = source
             continue
         _check_eager_function(facts, class_name, function_name)
-        _check_own_causality(facts, class_name)
+        found = causality.flow.modules.method(class_name, "forward")
+        mask_param = dispatched_mask(found[1]) if found is not None else None
+        _check_own_causality(causality, class_name, mask_param, ())
         plan.flag_only.append(class_name)
         if not facts.find_attribute_values(class_name, "is_causal"):
-            plan.causal_for_flag_only[class_name] = causality.for_class(class_name, mask_param=True)
+            causal_value, causal_sites = causality.decide(class_name, mask_param, ())
+            if causal_sites is not None:
+                plan.flag_only_sites[class_name] = causal_sites
+            else:
+                assert causal_value is not None
+                plan.causal_for_flag_only[class_name] = causal_value
     eager_classes = {p.class_name for p in plan.modules}
     if plan.modules:
         plan.shifted_ranges, unshifted = shifted_ranges(facts)
@@ -238,13 +251,26 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
                 "is given",
                 line=line,
             )
+    own_forward = forward_of(facts.tree, [info.name for info in facts.mro(analysis.class_name)]) if facts.tree else None
+    extended = extended_mask(own_forward, mask_param) if own_forward is not None and mask_param else None
+    if extended is not None:
+        raise Refuse(
+            Code.MASK_EXTENDED,
+            f"`{mask_param}` is concatenated with a tensor of the module's own before it reaches the scores; "
+            "transformers builds the mask per implementation (boolean or None for sdpa), so the result is right "
+            "for eager alone",
+            line=extended,
+        )
     moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result) | key_statements(forward, result, candidate)
     cross = key_only_parameters(forward, start.key, start.query)
     has_causal = bool(facts.find_attribute_values(analysis.class_name, "is_causal"))
+    causal_value: str | None = None
+    causal_sites: CausalSites | None = None
     if has_causal:
-        _check_own_causality(facts, analysis.class_name)
+        _check_own_causality(causality, analysis.class_name, mask_param, cross)
         _check_causal_attribute(facts, analysis.class_name, causality, mask_param is not None)
-    causal_value = None if has_causal else causality.for_class(analysis.class_name, mask_param is not None)
+    else:
+        causal_value, causal_sites = causality.decide(analysis.class_name, mask_param, cross)
     causal_test = self_attention_test(cross) if cross and not causality.from_callers else None
     kwargs = forward.params.star_kwarg.name.value if isinstance(forward.params.star_kwarg, cst.Param) else None
     if "output_attentions" in params:
@@ -301,7 +327,14 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
                 f"built in {', '.join(missing)} without a `config` in scope, so the implementation cannot be selected",
             )
     return ModulePlan(
-        analysis.class_name, new_forward, eager, store_config, add_parameter, causal_value, emitter.position_bias
+        analysis.class_name,
+        new_forward,
+        eager,
+        store_config,
+        add_parameter,
+        causal_value,
+        position_bias=emitter.position_bias,
+        causal_sites=causal_sites,
     )
 
 
@@ -430,6 +463,7 @@ class Causality:
     self_attention: str | None  # "True", "False", "config.is_decoder"; None when ambiguous
     from_callers: bool  # some caller passes is_causal= explicitly through **kwargs
     several_towers: bool  # token and non-token (pixel/audio) models share the file
+    flow: MaskFlow = field(compare=False, repr=False)  # the masks reaching each construction, read on demand
 
     @classmethod
     def of(cls, facts: ModuleFacts) -> "Causality":
@@ -454,7 +488,21 @@ class Causality:
                     if names & {"pixel_values", "input_features", "input_values"}:
                         inputs.add("other")
             towers = len(inputs) > 1
-        return cls(self_attention_causality(facts), from_callers, towers)
+        return cls(self_attention_causality(facts), from_callers, towers, MaskFlow(facts))
+
+    def decide(
+        self, class_name: str, mask_param: str | None, key_only: tuple[str, ...]
+    ) -> tuple[str | None, CausalSites | None]:
+        """`self.is_causal` for the class: one value for every instance, or, where the file builds both kinds of
+        self-attention mask, a constructor parameter and the sites that pass True (every site decided by the masks
+        that reach it, else C301 naming the first that is not)."""
+        try:
+            return self.for_class(class_name, mask_param is not None), None
+        except Refuse as error:
+            if error.reason.code is not Code.CAUSAL_BY_USE or mask_param is None:
+                raise
+        sites = decide_sites(self.flow, class_name, mask_param, key_only)
+        return ("False", None) if not sites.causal else (None, sites)
 
     def for_class(self, class_name: str, mask_param: bool) -> str:
         if not mask_param:
@@ -535,27 +583,17 @@ def _dispatching_classes(facts: ModuleFacts) -> dict[str, str]:
     return out
 
 
-def _check_own_causality(facts: ModuleFacts, class_name: str) -> None:
-    """A module the file itself builds with a literal `is_causal=True` is causal whatever mask it receives.
+def _check_own_causality(
+    causality: Causality, class_name: str, mask_param: str | None, key_only: tuple[str, ...]
+) -> None:
+    """A module the file builds with a literal `is_causal=True` is causal whatever mask it receives.
 
     SDPA applies that flag whenever the mask handed over is None (no padding), where eager applies the mask alone;
-    unless the mask comes from a causal builder the two disagree (BridgeTower's cross-modal layers do). The flag
-    may follow the configuration (`is_causal=config.is_decoder`), not be pinned to True.
+    unless every mask reaching the module through that construction comes from the causal builder, the two disagree
+    (BridgeTower's cross-modal layers do). The flag may follow the configuration (`is_causal=config.is_decoder`), not
+    be pinned to True.
     """
-    if facts.tree is None:
-        return
-    for node in ast.walk(facts.tree):
-        # the class itself, or a wrapper that hands `is_causal` on to it (`BridgeTowerAttention(..., is_causal=True)`)
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id[:1].isupper()):
-            continue
-        for keyword in node.keywords:
-            if keyword.arg == "is_causal" and isinstance(keyword.value, ast.Constant) and keyword.value.value is True:
-                raise Refuse(
-                    Code.CAUSAL_PINNED,
-                    f"`{node.func.id}` is built with `is_causal=True` at line {node.lineno}; whether the masks it "
-                    "receives are causal cannot be shown without running it",
-                    class_name,
-                )
+    check_pinned(causality.flow, class_name, mask_param, key_only)
 
 
 def _imported_from_model(facts: ModuleFacts, function_name: str) -> str | None:
@@ -622,8 +660,10 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
     for item in plan.modules:
         module = transform_named(module, {item.class_name}, _ReplaceMethod("forward", item.forward))
         init_owner = _init_owner(facts, item.class_name)
-        if item.store_config or item.is_causal is not None:
-            module = transform_named(module, {init_owner}, _InitAttributes(item.store_config, item.is_causal))
+        if item.store_config or item.is_causal is not None or item.causal_sites is not None:
+            causal = PARAMETER if item.causal_sites is not None else item.is_causal
+            init = _InitAttributes(item.store_config, causal, causal_parameter=item.causal_sites is not None)
+            module = transform_named(module, {init_owner}, init)
         if item.add_config_parameter:
             owners = facts.classes_calling({item.class_name})
             transformer = _PassConfig(item.class_name)
@@ -633,6 +673,8 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
         plan.notes.append(f"{item.class_name} dispatches through ALL_ATTENTION_FUNCTIONS with {item.eager.name.value}")
         if item.is_causal is not None:
             plan.notes.append(f"{item.class_name}.is_causal = {item.is_causal}")
+        if item.causal_sites is not None:
+            module = _pass_causal(module, item.causal_sites, plan.notes)
     # eager functions go right before the first class that uses them
     for item in plan.modules:
         module = _insert_before(module, item.class_name, item.eager)
@@ -641,6 +683,11 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
         if causal is not None:
             module = transform_named(module, {_init_owner(facts, class_name)}, _InitAttributes(False, causal))
             plan.notes.append(f"{class_name}.is_causal = {causal}")
+        sites = plan.flag_only_sites.get(class_name)
+        if sites is not None:
+            init = _InitAttributes(False, PARAMETER, causal_parameter=True)
+            module = transform_named(module, {_init_owner(facts, class_name)}, init)
+            module = _pass_causal(module, sites, plan.notes)
     for dict_name, eager_class in plan.dicts.items():
         owners = _classes_reading(facts, dict_name)
         module = transform_named(module, owners, _DictLookup(dict_name, eager_class))
@@ -666,6 +713,18 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
             module = flags.set_class_flag(module, [root], "_supports_attention_backend")
             plan.notes.append(f"{root}._supports_attention_backend = True")
     return imports.add_imports(module, facts.imports, needed)
+
+
+def _pass_causal(module: cst.Module, sites: CausalSites, notes: list[str]) -> cst.Module:
+    module, count = pass_is_causal(module, sites.class_name, [site.key for site in sites.causal])
+    assert count >= len(sites.causal), "planning checked every causal site builds the class by name"
+    notes.append(
+        f"{sites.class_name} takes `is_causal` (default False); "
+        + ", ".join(site.name for site in sites.causal)
+        + " pass(es) `is_causal=True`"
+    )
+    notes.extend(sites.notes())
+    return module
 
 
 def _init_owner(facts: ModuleFacts, class_name: str) -> str:
@@ -714,11 +773,13 @@ class _ReplaceMethod(cst.CSTTransformer):
 
 
 class _InitAttributes(cst.CSTTransformer):
-    """Give `__init__` a `config=None` parameter stored as `self.config`, and/or set `self.is_causal`."""
+    """Give `__init__` a `config=None` parameter stored as `self.config`, and/or set `self.is_causal` (from an
+    `is_causal=False` parameter added for it when `causal_parameter`)."""
 
-    def __init__(self, add_config: bool, is_causal: str | None) -> None:
+    def __init__(self, add_config: bool, is_causal: str | None, causal_parameter: bool = False) -> None:
         self.add_config = add_config
         self.is_causal = is_causal
+        self.causal_parameter = causal_parameter
         self.depth = 0
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -733,15 +794,10 @@ class _InitAttributes(cst.CSTTransformer):
         added: list[cst.BaseStatement] = []
         if self.add_config:
             if "config" not in names:
-                new_param = cst.Param(
-                    name=cst.Name("config"),
-                    default=cst.Name("None"),
-                    equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-                )
-                # laid out like the parameters before it (one per line stays one per line)
-                kept, (new_param,) = separated([*params.params], [new_param])
-                params = params.with_changes(params=[*kept, new_param])
+                params = _with_parameter(params, "config", "None")
             added.append(cst.parse_statement("self.config = config"))
+        if self.causal_parameter and "is_causal" not in names:
+            params = _with_parameter(params, "is_causal", "False", keyword_only=isinstance(params.star_arg, cst.Param))
         if self.is_causal is not None:
             causal = self.is_causal
             value = cst.parse_expression(causal)
@@ -750,15 +806,26 @@ class _InitAttributes(cst.CSTTransformer):
             target = cst.Attribute(value=cst.Name("self"), attr=cst.Name("is_causal"))
             added.append(cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(target)], value=value)]))
         body = list(block_body(updated.body))
-        position = len(body)
-        for index, statement in enumerate(body):
-            if _is_super_init(statement):
-                position = index + 1
-                break
-        if position == len(body):
+        position = next((index + 1 for index, statement in enumerate(body) if _is_super_init(statement)), None)
+        if position is None:
             position = 0 if not body or not _is_docstring(body[0]) else 1
         body[position:position] = added
         return updated.with_changes(params=params, body=updated.body.with_changes(body=body))
+
+
+def _with_parameter(params: cst.Parameters, name: str, default: str, keyword_only: bool = False) -> cst.Parameters:
+    """`name=default` added after the positional-or-keyword parameters, or after the keyword-only ones."""
+    new_param = cst.Param(
+        name=cst.Name(name),
+        default=cst.parse_expression(default),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+    if keyword_only:
+        kwonly, (new_param,) = separated([*params.kwonly_params], [new_param])
+        return params.with_changes(kwonly_params=[*kwonly, new_param])
+    # laid out like the parameters before it: one per line stays one per line, a trailing comma stays last
+    kept, (new_param,) = separated([*params.params], [new_param])
+    return params.with_changes(params=[*kept, new_param])
 
 
 def _is_super_init(statement: cst.BaseStatement) -> bool:

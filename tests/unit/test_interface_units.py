@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import textwrap
 
 import libcst as cst
@@ -9,6 +10,7 @@ import pytest
 
 from sdpa_port import Status, port_source
 from sdpa_port.analyse.cstutil import code, one_per_line, rebase_config
+from sdpa_port.analyse.mask_changes import extended_mask
 
 
 @pytest.mark.parametrize(
@@ -80,3 +82,91 @@ def test_a_nested_config_attribute_reaches_init_intact() -> None:
     assert result.status is Status.PORTED, result.reasons
     assert "        self.is_causal = self.config.text_config.is_decoder\n" in result.source
     assert "text_self" not in result.source
+
+
+def test_a_mask_concatenated_with_the_modules_own_tensor_is_found() -> None:
+    """MVP's prompt keys: `torch.cat([prompt_mask, attention_mask])` is written for eager's float mask (M204)."""
+    function = ast.parse(
+        textwrap.dedent(
+            """
+            def forward(self, hidden_states, attention_mask=None, prompt=None):
+                if prompt is not None and attention_mask is not None:
+                    prompt_mask = torch.zeros(1, 1, 1, prompt.shape[1])
+                    attention_mask = torch.cat([prompt_mask, attention_mask], dim=-1)
+                causal_mask = attention_mask[:, :, :, :4]
+                attention_mask = attention_mask.to(hidden_states.dtype)
+            """
+        )
+    ).body[0]
+    assert isinstance(function, ast.FunctionDef)
+    assert extended_mask(function, "attention_mask") == 5
+    assert extended_mask(function, "prompt") is None
+
+
+PROMPT_KEYS = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    from transformers.masking_utils import create_bidirectional_mask
+    from transformers.modeling_utils import PreTrainedModel
+
+
+    class TinyAttention(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.scaling = config.head_dim**-0.5
+            self.prompt = nn.Parameter(torch.zeros(1, 1, 4, config.head_dim))
+
+        def forward(self, hidden_states, attention_mask=None, **kwargs):
+            query = key = value = hidden_states[:, None]
+            key = torch.cat([self.prompt.expand(key.shape[0], -1, -1, -1), key], dim=2)
+            value = torch.cat([self.prompt.expand(value.shape[0], -1, -1, -1), value], dim=2)
+            if attention_mask is not None:
+                prompt_mask = torch.zeros(attention_mask.shape[0], 1, query.shape[2], 4)
+                attention_mask = torch.cat([prompt_mask, attention_mask], dim=-1)
+            scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling
+            if attention_mask is not None:
+                scores = scores + attention_mask
+            probs = scores.softmax(dim=-1)
+            return torch.matmul(probs, value)
+
+
+    class TinyPreTrainedModel(PreTrainedModel):
+        base_model_prefix = "model"
+
+
+    class TinyModel(TinyPreTrainedModel):
+        def __init__(self, config):
+            super().__init__(config)
+            self.attention = TinyAttention(config)
+
+        def forward(self, inputs_embeds, attention_mask=None):
+            mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+            return self.attention(inputs_embeds, mask)
+    """
+)
+PROMPT_MASK = (
+    "        if attention_mask is not None:\n"
+    "            prompt_mask = torch.zeros(attention_mask.shape[0], 1, query.shape[2], 4)\n"
+    "            attention_mask = torch.cat([prompt_mask, attention_mask], dim=-1)\n"
+)
+
+
+def test_a_mask_the_module_concatenates_is_refused_in_interface_style() -> None:
+    """M204: the module's zeros for its prompt keys are eager's float format; SDPA gets a boolean mask or None."""
+    result = port_source(PROMPT_KEYS, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED, result.reasons
+    assert [r.code.code for r in result.refusals] == ["M204"], result.reasons
+    line = PROMPT_KEYS.splitlines().index("            attention_mask = torch.cat([prompt_mask, attention_mask], dim=-1)")
+    assert result.refusals[0].line == line + 1
+    assert "`attention_mask` is concatenated with a tensor of the module's own" in result.reasons[0]
+    assert result.source == PROMPT_KEYS
+
+
+def test_the_same_module_without_the_concatenation_ports() -> None:
+    """The control for M204: the prompt keys alone (a mask the module does not touch) port."""
+    assert PROMPT_KEYS.count(PROMPT_MASK) == 1
+    result = port_source(PROMPT_KEYS.replace(PROMPT_MASK, ""), filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons

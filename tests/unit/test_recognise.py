@@ -277,6 +277,15 @@ def test_numbers_in_tensors_are_scales(init: str, scores: str) -> None:
     assert [s.where for s in site.scaling] == [ScaleSite.SCORES]
 
 
+def test_what_math_returns_is_a_number() -> None:
+    """math.sqrt of anything is a Python float or raises: FastSpeech2-Conformer's head size read from a dict
+    (`self.num_heads = module_config["num_attention_heads"]`) scales by a number."""
+    init = INIT + '\nself.dim_key = config.hidden_size // settings["heads"]\n'
+    scores = "scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(self.dim_key)"
+    site = site_of(f"{scores}\nprobs = scores.softmax(dim=-1)\nreturn torch.matmul(probs, value)", init=init)
+    assert [(s.where, s.expression) for s in site.scaling] == [(ScaleSite.SCORES, "math.sqrt(self.dim_key)")]
+
+
 @pytest.mark.parametrize(
     "factor",
     ["self.temperature", "torch.sqrt(self.temperature)", "torch.sqrt(query.abs().sum())"],

@@ -1,0 +1,48 @@
+"""Where a module extends the mask it receives before adding it to the scores (read-only).
+
+transformers builds the mask for each implementation (a float mask for eager, a boolean one or None for sdpa, a
+padding mask for flash); code that concatenates it with a tensor of its own (MVP's zeros for prompt keys) is written
+for the eager format only.
+"""
+
+from __future__ import annotations
+
+import ast
+
+CONCATENATIONS = ("cat", "concat", "concatenate")
+
+
+def forward_of(tree: ast.Module, classes: list[str]) -> ast.FunctionDef | None:
+    """The `forward` of the first of `classes` (a class and its in-file bases, in order) that defines one."""
+    nodes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    for name in classes:
+        for item in nodes[name].body if name in nodes else []:
+            if isinstance(item, ast.FunctionDef) and item.name == "forward":
+                return item
+    return None
+
+
+def extended_mask(function: ast.FunctionDef, mask_param: str) -> int | None:
+    """The line where `mask_param` is reassigned to a concatenation holding it, or None."""
+    for node in ast.walk(function):
+        if not (isinstance(node, ast.Assign) and any(_names(t, mask_param) for t in node.targets)):
+            continue
+        value = node.value
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, (ast.Attribute, ast.Name))
+            and (value.func.attr if isinstance(value.func, ast.Attribute) else value.func.id) in CONCATENATIONS
+            and value.args
+            and isinstance(value.args[0], (ast.List, ast.Tuple))
+            and any(_names(element, mask_param) for element in value.args[0].elts)
+            and len(value.args[0].elts) > 1
+        ):
+            return node.lineno
+    return None
+
+
+def _names(node: ast.expr, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+__all__ = ["extended_mask", "forward_of"]

@@ -1,0 +1,159 @@
+"""Decide `is_causal` per construction of an attention class, from the masks the mask flow shows reach it.
+
+transformers 5.x gives a module used both ways an `is_causal` constructor argument and passes `is_causal=True` where
+it is built for causal masks (BART's decoder self-attention) and nothing elsewhere (its encoder, every
+cross-attention). A site is decided when every mask reaching it comes from one kind of builder; a file with a site
+that is not stays refused, with the site named.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Sequence
+
+from sdpa_port.analyse.mask_flow import MaskFlow, SiteMasks
+from sdpa_port.analyse.module_sites import Construction, Site
+from sdpa_port.refusals import Code, Refuse
+
+PARAMETER = "is_causal"
+
+
+@dataclass(frozen=True)
+class CausalSites:
+    """An attention class that takes `is_causal` (default False), and the sites that pass `is_causal=True`."""
+
+    class_name: str
+    causal: tuple[Site, ...]
+    decided: tuple[SiteMasks, ...]  # every site, with the masks that decided it
+
+    def notes(self) -> list[str]:
+        return [
+            f"{masks.site.name} (line {masks.site.line}) builds {self.class_name} with is_causal="
+            f"{'True' if masks.causal else 'False'}: {masks.why()}"
+            for masks in self.decided
+        ]
+
+
+def _classes(flow: MaskFlow, class_name: str) -> set[str]:
+    """The class and its in-file subclasses: all run the forward that reads `self.is_causal`."""
+    return {class_name} | flow.modules.subclasses(class_name)
+
+
+def _unfollowed(flow: MaskFlow, classes: set[str]) -> Construction | None:
+    return next((c for c in flow.modules.constructions() if c.class_name in classes and c.site is None), None)
+
+
+def decide_sites(flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str]) -> CausalSites:
+    """Every site of `class_name` decided from its masks; raises C301 naming the first site that is not."""
+    ambiguous = "the file builds causal and bidirectional self-attention masks"
+    classes = _classes(flow, class_name)
+    outside = _unfollowed(flow, classes)
+    if outside is not None:
+        raise Refuse(
+            Code.CAUSAL_BY_USE,
+            f"{ambiguous}, and `{outside.class_name}` is built at line {outside.line} outside a module attribute, so "
+            "the masks it receives cannot be followed",
+            class_name,
+        )
+    decided: list[SiteMasks] = []
+    causal: list[Site] = []
+    init = flow.modules.method(class_name, "__init__")
+    for site in flow.modules.sites_of(classes):
+        masks = flow.site_masks(site, class_name, mask_param, key_only)
+        if masks.causal is None:
+            raise Refuse(
+                Code.CAUSAL_BY_USE,
+                f"{ambiguous}; whether `{site.name}` (built at line {site.line}) is causal cannot be shown: {masks.why()}",
+                class_name,
+            )
+        decided.append(masks)
+        if not masks.causal:
+            continue
+        own_init = {flow.modules.method(name, "__init__") == init for name in site.classes if name in classes}
+        if not site.direct or own_init != {True} or not set(site.classes) <= classes:
+            raise Refuse(
+                Code.CAUSAL_BY_USE,
+                f"{ambiguous}; `{site.name}` (line {site.line}) receives causal masks, but it is not built by calling "
+                f"`{class_name}` by name, so `is_causal=True` cannot be passed there",
+                class_name,
+            )
+        causal.append(site)
+    if causal and not _takes_new_parameter(init[1] if init is not None else None):
+        raise Refuse(
+            Code.CAUSAL_BY_USE,
+            f"{ambiguous}; `{causal[0].name}` receives causal masks, but `{class_name}` has no `__init__` of its own "
+            "that can take an `is_causal` keyword (none in this file, `*args`, or an `is_causal` it does not store)",
+            class_name,
+        )
+    return CausalSites(class_name, tuple(causal), tuple(decided))
+
+
+def _takes_new_parameter(init: ast.FunctionDef | None) -> bool:
+    if init is None:
+        return False
+    args = init.args
+    names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+    return args.vararg is None and PARAMETER not in names
+
+
+def check_pinned(flow: MaskFlow, class_name: str, mask_param: str | None, key_only: Sequence[str]) -> None:
+    """A construction passing a literal `is_causal=True` that builds `class_name` (itself, or a module holding it)
+    stands only when every mask reaching `class_name` through it is causal; otherwise C302 names it."""
+    classes = _classes(flow, class_name)
+    for pinned in flow.modules.constructions():
+        if not pinned.pinned:
+            continue
+        built = pinned.class_name
+        inside = set(flow.modules.mro(built)) | {n for c in flow.modules.contained(built) for n in flow.modules.mro(c)}
+        sites = [
+            s
+            for s in flow.modules.sites_of(classes)
+            if s.owner in inside or (pinned.site is not None and s == pinned.site)
+        ]
+        if not sites and built not in classes:
+            continue
+        start = f"`{built}` is built with `is_causal=True` at line {pinned.line}"
+        if pinned.site is None or mask_param is None:
+            why = "it is not assigned to a module attribute" if pinned.site is None else "the module takes no mask"
+            raise Refuse(
+                Code.CAUSAL_PINNED,
+                f"{start}; whether the masks it receives are causal cannot be shown: {why}",
+                class_name,
+            )
+        restrict = None if built in classes else (built, pinned.site.key)
+        for site in sites:
+            if built in classes and site != pinned.site:
+                continue
+            masks = flow.site_masks(site, class_name, mask_param, key_only, restrict)
+            if masks.causal is True:
+                continue
+            through = f" (`{pinned.site.name}`)" + (
+                f", and builds `{class_name}` at `{site.name}`" if site != pinned.site else ""
+            )
+            not_causal = masks.not_causal()
+            if not_causal is not None:
+                detail = f"{start}{through}, but masks that are not causal reach it: {not_causal}"
+            else:
+                detail = f"{start}{through}; whether the masks it receives are causal cannot be shown: {masks.why()}"
+            raise Refuse(Code.CAUSAL_PINNED, detail, class_name)
+
+
+def dispatched_mask(function: ast.FunctionDef) -> str | None:
+    """The forward parameter a module already on the interface hands over as its mask:
+    `attention_interface(self, query, key, value, <mask>, ...)`."""
+    params = {a.arg for a in [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs]}
+    for node in ast.walk(function):
+        if (
+            isinstance(node, ast.Call)
+            and len(node.args) >= 5
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == "self"
+            and isinstance(node.args[4], ast.Name)
+            and node.args[4].id in params
+        ):
+            return node.args[4].id
+    return None
+
+
+__all__ = ["PARAMETER", "CausalSites", "check_pinned", "decide_sites", "dispatched_mask"]

@@ -1,0 +1,84 @@
+"""Pass `is_causal=True` to an attention class where it is built for causal masks (`self.attr = Cls(...)`)."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.rewrite.targeted import transform_named
+
+
+def pass_is_causal(module: cst.Module, class_name: str, sites: Iterable[tuple[str, str]]) -> tuple[cst.Module, int]:
+    """`Cls(...)` assigned to each `(owner, attribute)` site gains `is_causal=True`; the count of calls changed."""
+    by_owner: dict[str, set[str]] = {}
+    for owner, attribute in sites:
+        by_owner.setdefault(owner, set()).add(attribute)
+    count = 0
+    for owner, attributes in sorted(by_owner.items()):
+        transformer = _PassCausal(class_name, frozenset(attributes))
+        module = transform_named(module, {owner}, transformer)
+        count += transformer.count
+    return module, count
+
+
+def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
+    """The call with `name=value` added last, laid out like its other arguments (one per line stays one per line)."""
+    new = cst.Arg(
+        value=value,
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+    args = list(call.args)
+    if args:
+        last = args[-1]
+        if isinstance(last.comma, cst.Comma):
+            new = new.with_changes(comma=last.comma)
+            if len(args) > 1 and isinstance(args[0].comma, cst.Comma):
+                args[-1] = last.with_changes(comma=args[0].comma)
+        else:
+            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(args=[*args, new])
+
+
+class _PassCausal(cst.CSTTransformer):
+    def __init__(self, class_name: str, attributes: frozenset[str]) -> None:
+        self.class_name = class_name
+        self.attributes = attributes
+        self.inside = 0
+        self.count = 0
+
+    def _site(self, target: cst.BaseExpression) -> bool:
+        return m.matches(target, m.Attribute(value=m.Name("self"))) and (
+            isinstance(target, cst.Attribute) and target.attr.value in self.attributes
+        )
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) == 1 and self._site(node.targets[0].target):
+            self.inside += 1
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        if len(original.targets) == 1 and self._site(original.targets[0].target):
+            self.inside -= 1
+        return updated
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if self._site(node.target):
+            self.inside += 1
+
+    def leave_AnnAssign(self, original: cst.AnnAssign, updated: cst.AnnAssign) -> cst.AnnAssign:
+        if self._site(original.target):
+            self.inside -= 1
+        return updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not self.inside or not m.matches(updated.func, m.Name(self.class_name)):
+            return updated
+        if any(a.keyword is not None and a.keyword.value == "is_causal" for a in updated.args):
+            return updated
+        self.count += 1
+        return with_keyword(updated, "is_causal", cst.Name("True"))
+
+
+__all__ = ["pass_is_causal", "with_keyword"]

@@ -1,0 +1,249 @@
+"""`is_causal` decided per construction of an attention class (transformers 5.x style), without torch: the plan
+(`plan/causal_sites.py`) and the pass (`rewrite/causal_sites.py`) as before/after pairs."""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+import pytest
+from causal_sources import ATTENTION, HEADER, RUNTIME_FLAG, SEQ2SEQ, replaced, src
+
+from sdpa_port import Status, port_source
+from sdpa_port.rewrite.causal_sites import pass_is_causal
+
+# ---------------------------------------------------------------- the port
+
+
+def test_the_class_takes_is_causal_and_only_the_causal_site_passes_true() -> None:
+    result = port_source(SEQ2SEQ, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    tree = ast.parse(result.source)
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    init = next(n for n in classes["TinyAttention"].body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    assert [a.arg for a in init.args.args][-1] == "is_causal" and ast.unparse(init.args.defaults[-1]) == "False"
+    assert "self.is_causal = is_causal" in ast.unparse(init)
+    built = {
+        f"{name}.{ast.unparse(node.targets[0])}": ast.unparse(node.value)
+        for name in ("TinyEncoderLayer", "TinyDecoderLayer")
+        for node in ast.walk(classes[name])
+        if isinstance(node, ast.Assign) and ast.unparse(node.value).startswith("TinyAttention(")
+    }
+    assert built == {
+        "TinyEncoderLayer.self.self_attn": "TinyAttention(config)",
+        "TinyDecoderLayer.self.self_attn": "TinyAttention(config, layer_idx=layer_idx, is_causal=True)",
+        "TinyDecoderLayer.self.encoder_attn": "TinyAttention(config, layer_idx=layer_idx)",
+    }
+    assert any("TinyDecoderLayer.self_attn (line" in note and "is_causal=True" in note for note in result.notes)
+
+
+def test_the_port_is_idempotent() -> None:
+    once = port_source(SEQ2SEQ, filename="modeling_tiny.py")
+    twice = port_source(once.source, filename="modeling_tiny.py")
+    assert twice.status is Status.UNCHANGED and twice.source == once.source
+
+
+def test_a_site_it_cannot_decide_is_named_in_the_refusal() -> None:
+    result = port_source(RUNTIME_FLAG, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED
+    assert [r.code.code for r in result.refusals] == ["C301"]
+    assert "`TinyModel.attention` (built at line" in result.reasons[0], result.reasons
+    assert "`create_causal_mask`" in result.reasons[0] and "`create_bidirectional_mask`" in result.reasons[0]
+
+
+def test_a_causal_site_built_through_an_alias_is_refused() -> None:
+    source = replaced(
+        SEQ2SEQ,
+        "        self.self_attn = TinyAttention(config, layer_idx=layer_idx)",
+        "        attention_class = TinyAttention\n        self.self_attn = attention_class(config, layer_idx=layer_idx)",
+    )
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED and "is_causal=True` cannot be passed there" in result.reasons[0]
+
+
+# ---------------------------------------------------------------- a literal is_causal=True
+
+
+PINNED = (
+    HEADER
+    + "\n\n"
+    + replaced(
+        ATTENTION,
+        "    def __init__(self, config, layer_idx=None):\n        super().__init__()\n",
+        "    def __init__(self, config, layer_idx=None, is_causal=False):\n        super().__init__()\n        self.is_causal = is_causal\n",
+    )
+    + "\n\n"
+    + src(
+        """
+    class TinyBlock(nn.Module):
+        def __init__(self, config, is_causal=False):
+            super().__init__()
+            self.attn = TinyAttention(config, is_causal=is_causal)
+
+        def forward(self, hidden_states, attention_mask=None):
+            return self.attn(hidden_states, attention_mask=attention_mask)
+
+
+    class TinyPreTrainedModel(PreTrainedModel):
+        base_model_prefix = "model"
+
+
+    class TinyCausalModel(TinyPreTrainedModel):
+        def __init__(self, config):
+            super().__init__(config)
+            self.blocks = nn.ModuleList([TinyBlock(config, is_causal=True) for _ in range(2)])
+
+        def forward(self, inputs_embeds, attention_mask=None):
+            mask = BUILDER(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+            for block in self.blocks:
+                inputs_embeds = block(inputs_embeds, mask)
+            return inputs_embeds
+
+
+    class TinyFullModel(TinyPreTrainedModel):
+        def __init__(self, config):
+            super().__init__(config)
+            self.blocks = nn.ModuleList([TinyBlock(config) for _ in range(2)])
+
+        def forward(self, inputs_embeds, attention_mask=None):
+            mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+            for block in self.blocks:
+                inputs_embeds = block(inputs_embeds, mask)
+            return inputs_embeds
+    """
+    )
+)
+
+
+def test_a_literal_is_causal_true_stands_when_only_causal_masks_reach_it_through_that_construction() -> None:
+    """TinyBlock is built causal by one model and not by the other; only the masks of the first count."""
+    result = port_source(PINNED.replace("BUILDER", "create_causal_mask"), filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+
+
+def test_a_literal_is_causal_true_reached_by_bidirectional_masks_is_refused() -> None:
+    result = port_source(PINNED.replace("BUILDER", "create_bidirectional_mask"), filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["C302"]
+    assert "`TinyBlock` is built with `is_causal=True` at line" in result.reasons[0]
+    assert "(`TinyCausalModel.blocks`), and builds `TinyAttention` at `TinyBlock.attn`" in result.reasons[0]
+    assert "masks that are not causal reach it: `create_bidirectional_mask`" in result.reasons[0]
+
+
+# ---------------------------------------------------------------- the pass
+
+
+PASS = [
+    (
+        """
+        class Layer(nn.Module):
+            def __init__(self, config, i):
+                super().__init__()
+                self.self_attn = Attention(config, layer_idx=i)
+                self.cross_attn = Attention(config, layer_idx=i)
+                self.stack = nn.ModuleList([
+                    Attention(
+                        config,
+                        layer_idx=j,
+                    )
+                    for j in range(2)
+                ])
+                other = Attention(config)
+        """,
+        """
+        class Layer(nn.Module):
+            def __init__(self, config, i):
+                super().__init__()
+                self.self_attn = Attention(config, layer_idx=i, is_causal=True)
+                self.cross_attn = Attention(config, layer_idx=i)
+                self.stack = nn.ModuleList([
+                    Attention(
+                        config,
+                        layer_idx=j,
+                        is_causal=True,
+                    )
+                    for j in range(2)
+                ])
+                other = Attention(config)
+        """,
+    ),
+    (  # no change: already passed, or another class
+        """
+        class Layer(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.self_attn = Attention(config, is_causal=False)
+                self.stack = Other(config)
+        """,
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize("before,after", PASS)
+def test_pass_is_causal(before: str, after: str | None) -> None:
+    module, count = pass_is_causal(
+        cst.parse_module(src(before)), "Attention", [("Layer", "self_attn"), ("Layer", "stack")]
+    )
+    assert module.code == src(after if after is not None else before)
+    assert count == (2 if after is not None else 0)
+
+
+INIT = [
+    (
+        """
+        class Attention(nn.Module):
+            def __init__(self, config, layer_idx=None):
+                super().__init__()
+                self.layer_idx = layer_idx
+        """,
+        """
+        class Attention(nn.Module):
+            def __init__(self, config, layer_idx=None, is_causal=False):
+                super().__init__()
+                self.is_causal = is_causal
+                self.layer_idx = layer_idx
+        """,
+    ),
+    (  # one parameter per line
+        """
+        class Attention(nn.Module):
+            def __init__(
+                self,
+                config,
+                layer_idx=None,
+            ):
+                super().__init__()
+        """,
+        """
+        class Attention(nn.Module):
+            def __init__(
+                self,
+                config,
+                layer_idx=None,
+                is_causal=False,
+            ):
+                super().__init__()
+                self.is_causal = is_causal
+        """,
+    ),
+]
+
+
+@pytest.mark.parametrize("before,after", INIT)
+def test_init_takes_is_causal(before: str, after: str) -> None:
+    from sdpa_port.plan.interface_style import _InitAttributes
+
+    module = cst.parse_module(src(before)).visit(_InitAttributes(False, "is_causal", causal_parameter=True))
+    assert module.code == src(after)
+
+
+def test_a_class_whose_init_cannot_take_is_causal_is_refused() -> None:
+    source = replaced(
+        SEQ2SEQ,
+        "    def __init__(self, config, layer_idx=None):\n        super().__init__()\n        self.scaling",
+        "    def __init__(self, config, *args, layer_idx=None):\n        super().__init__()\n        self.scaling",
+    )
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED and "that can take an `is_causal` keyword" in result.reasons[0], (
+        result.reasons
+    )
