@@ -29,7 +29,7 @@ import libcst as cst
 
 from sdpa_port.checkout import copies
 from sdpa_port.checkout.copies import Formatter, Inconsistency, Replacement, apply_replacements, marker_text
-from sdpa_port.checkout.tree import Overlay, Sources, relative_module
+from sdpa_port.checkout.tree import Overlay, Sources, module_path, relative_module
 from sdpa_port.rewrite.imports import add_import_from
 
 FLAGS = (
@@ -93,6 +93,9 @@ def keep_consistent(
             text = tree.read(path)
             assert text is not None
             is_port = path in tried_port and path in result.edits
+            if is_port and _port_upstreams(base, tree, result, port, items, restored, tried_port):
+                progressed = True  # judged again next round, with the upstream ported too
+                continue
             plan = [_follow_plan(item, tree, text, marker_only=is_port) for item in items]
             if any(p is None for p in plan) and path not in tried_port:
                 tried_port.add(path)
@@ -600,6 +603,43 @@ def _restore_markers(base: Sources, result: FamilyResult, removed: dict[str, lis
                 result.edits[path] = text
                 restored.setdefault(path, []).append(comment.strip())
     return restored
+
+
+def _port_upstreams(
+    base: Sources,
+    tree: Sources,
+    result: FamilyResult,
+    port: Porter,
+    items: list[Inconsistency],
+    restored: dict[str, list[str]],
+    tried: set[str],
+) -> bool:
+    """A port changed definitions that copy another file's (the port threads what the upstream does not yet): port
+    the upstream too, so that the restored marker holds again rather than being lost (codegen's blocks copy
+    GPT-J's). True when an upstream was ported."""
+    lines = {item.marker.path: copies.split_lines(result.edits.get(item.marker.path, "")) for item in items}
+    ported_any = False
+    for item in items:
+        marker_line = lines[item.marker.path][item.marker.line].strip() if item.marker.line < len(lines[item.marker.path]) else ""
+        if marker_line not in restored.get(item.marker.path, []) or item.marker.test:
+            continue
+        found = module_path(item.marker.target, tree)
+        if found is None or found[0] in tried:
+            continue
+        upstream = found[0]
+        tried.add(upstream)
+        answer = port(upstream, base.read(upstream) or "")
+        if answer.source is None:
+            result.note(item.marker.path, f"could not port its upstream {upstream} ({answer.detail})")
+            continue
+        result.edits[upstream] = answer.source
+        result.family.append(upstream)
+        lost = removed_markers(base.read(upstream) or "", answer.source, upstream)
+        for where, comments in _restore_markers(base, result, {upstream: lost}).items():
+            restored.setdefault(where, []).extend(comments)
+        result.note(upstream, f"ported as the upstream of {item.marker.path}, whose copies of it the port changed")
+        ported_any = True
+    return ported_any
 
 
 def _drop_restored(

@@ -228,3 +228,22 @@ def test_a_removed_marker_that_does_not_hold_stays_removed() -> None:
     base = Texts({ALPHA: ALPHA_BEFORE, BETA: BETA_TEXT})
     result = keep_consistent(base, {BETA: beta_ported}, refuse, originals_removed={BETA: [marker]})
     assert result.stale == [] and marker not in result.edits[BETA]
+
+
+def test_the_upstream_of_a_changed_copy_is_ported_so_the_marker_holds() -> None:
+    """Porting beta alone changes its copy of AlphaAttention while alpha is not ported yet: alpha is ported too
+    (codegen's blocks copy GPT-J's), and the marker the port removed comes back. Without a porter that can port
+    alpha, the marker stays removed."""
+    marker = "# Copied from transformers.models.alpha.modeling_alpha.AlphaAttention with Alpha->Beta"
+    beta_ported = ALPHA_AFTER.replace("Alpha", "Beta").replace("ALPHA", "BETA").replace("alpha", "beta")
+    base = Texts({ALPHA: ALPHA_BEFORE, BETA: BETA_TEXT})
+
+    def port_alpha(path: str, source: str) -> Ported:
+        return Ported(ALPHA_AFTER, "ported") if path == ALPHA else Ported(None, "refused for the test")
+
+    result = keep_consistent(base, {BETA: beta_ported}, port_alpha, originals_removed={BETA: [marker]})
+    assert result.edits[ALPHA] == ALPHA_AFTER and ALPHA in result.family
+    assert f"{marker},ALPHA->BETA\nclass BetaAttention" in result.edits[BETA]
+    assert check_tree(Overlay(base, result.edits)) == []
+    alone = keep_consistent(base, {BETA: beta_ported}, refuse, originals_removed={BETA: [marker]})
+    assert ALPHA not in alone.edits and "Copied from" not in alone.edits[BETA].split("class BetaAttention")[0]
