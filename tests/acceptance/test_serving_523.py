@@ -169,3 +169,17 @@ def test_the_checks_see_an_unthreaded_port(tmp_path: Path) -> None:
     kernel = serving.check_registered_kernel(original_class, getattr(module, LM["codegen"]), config)
     assert not batching[0].passed
     assert not next(c for c in kernel if "position_ids" in c.name).passed
+
+
+def test_what_a_port_does_not_claim_is_reported_not_failed(tmp_path: Path) -> None:
+    """RemBERT's port sets no _supports_attention_backend (its base model names position_ids but never builds
+    them): --verify reports its continuous batching failure as not claimed instead of failing the port; xglm,
+    which claims it, is judged."""
+    from sdpa_port.verify import serving
+    from sdpa_port.verify.configs import tiny_config
+
+    rembert = load("rembert", port_file("rembert"), tmp_path, tag="unclaimed")
+    original_class = getattr(original("rembert"), "RemBertForCausalLM")
+    checks = serving.serving_checks(original_class, rembert.RemBertForCausalLM, tiny_config(original_class.config_class))
+    assert all(c.passed for c in checks), [str(c) for c in checks]
+    assert any(c.skipped and "not claimed" in c.detail for c in checks), [str(c) for c in checks]
