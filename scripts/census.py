@@ -231,6 +231,17 @@ def markdown(release: str, entries: list[Entry], command: str, seconds: float) -
     out += [f"### verified ({len(chosen)})", "", "| file | driven as |", "|---|---|"]
     out += [f"| `{e.path}` | {_cell(e.reason)} |" for e in chosen]
     out.append("")
+    refused = [e for e in entries if e.status == "refused"]
+    if refused:
+        codes = {e.path: _codes(e.record) for e in refused}
+        per_code = collections.Counter(code for found in codes.values() for code in found)
+        out += [f"### refused ({len(refused)})", "", "Files per refusal code (a file may have several; see "]
+        out[-1] += "[refusals.md](refusals.md)):"
+        out += ["", "| code | files |", "|---|---:|"]
+        out += [f"| {code} | {count} |" for code, count in sorted(per_code.items())]
+        out += ["", "| file | codes | first reason |", "|---|---|---|"]
+        out += [f"| `{e.path}` | {', '.join(codes[e.path])} | {_cell(e.reason, 240)} |" for e in refused]
+        out.append("")
     errors = [e for e in entries if e.status == "error"]
     if errors:
         out += [f"### errors while porting ({len(errors)})", "", "| file | why |", "|---|---|"]
@@ -238,6 +249,12 @@ def markdown(release: str, entries: list[Entry], command: str, seconds: float) -
         out.append("")
     out.append(f"<!-- /census {release} -->")
     return "\n".join(out) + "\n"
+
+
+def _codes(record: dict | None) -> list[str]:
+    """The refusal codes of a file's record, in order, each once."""
+    found = [r.get("code", "") for r in (record or {}).get("refusals") or []]
+    return list(dict.fromkeys(code for code in found if code)) or ["-"]
 
 
 def _cell(text: str, limit: int = 400) -> str:
