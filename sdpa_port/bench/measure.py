@@ -79,9 +79,14 @@ def accepts(model: Any, argument: str) -> bool:
 
 
 def detect_kind(model_class: type, config: Any) -> Kind:
-    """Seq2seq from the config; otherwise a decoder when position 0 ignores later tokens (a causal probe)."""
-    if getattr(config, "is_encoder_decoder", False):
-        return Kind.SEQ2SEQ
+    """verify's model_kind (one rule for both), with a causal probe for the classes it cannot tell from their name
+    and config: a decoder when position 0 ignores later tokens."""
+    from sdpa_port.verify.checks import model_kind
+
+    return Kind(model_kind(config, model_class, causal=lambda: _causal_probe(model_class, config)))
+
+
+def _causal_probe(model_class: type, config: Any) -> bool:
     probe = copy.deepcopy(config)
     model = build_model(model_class, probe, "eager", "cpu", 0)
     vocab = int(getattr(config, "vocab_size", 100))
@@ -92,7 +97,7 @@ def detect_kind(model_class: type, config: Any) -> Kind:
     with torch.inference_mode():
         a = first_tensor(model(input_ids=first))
         b = first_tensor(model(input_ids=second))
-    return Kind.DECODER if torch.equal(a[:, 0], b[:, 0]) else Kind.ENCODER
+    return bool(torch.equal(a[:, 0], b[:, 0]))
 
 
 def first_tensor(output: Any) -> torch.Tensor:

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -95,15 +95,20 @@ def accepts(model_class: type, argument: str) -> bool:
     return argument in inspect.signature(model_class.forward).parameters
 
 
-def model_kind(config: Any, model_class: type) -> str:
+def model_kind(config: Any, model_class: type, causal: Callable[[], bool] | None = None) -> str:
     """`seq2seq` when the forward takes decoder inputs (not every class of an encoder-decoder config does: a
-    standalone decoder `...ForCausalLM`, an encoder `...EncoderModel`), `decoder` for causal models, else `encoder`."""
+    standalone decoder `...ForCausalLM`, an encoder `...EncoderModel`), `decoder` for causal models, else `encoder`.
+
+    The one rule for both the parity checks and the benchmarks. `causal`, when given, settles the classes whose name
+    and config say nothing (a base model such as `GPT2Model`) by running them (the benchmark's probe)."""
     if getattr(config, "is_encoder_decoder", False) and accepts(model_class, "decoder_input_ids"):
         return "seq2seq"
     name = model_class.__name__
     if "CausalLM" in name or "LMHead" in name or getattr(config, "is_decoder", False):
         return "decoder"
     if getattr(config, "is_encoder_decoder", False) and accepts(model_class, "encoder_hidden_states"):
+        return "decoder"
+    if causal is not None and causal():
         return "decoder"
     return "encoder"
 
