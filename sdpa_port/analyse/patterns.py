@@ -124,77 +124,69 @@ def number(node: cst.BaseExpression) -> float | None:
     return None
 
 
-def is_very_negative(node: cst.BaseExpression, scope: Scope, depth: int = 0) -> bool:
+INFINITIES = frozenset({"math.inf", "torch.inf", "numpy.inf", "np.inf"})
+
+
+def is_very_negative(node: cst.BaseExpression, scope: Scope) -> bool:
     """A fill value that masks a score out: finfo(...).min, -inf, -finfo(...).max, or a literal <= -1e4."""
-    if depth > 6:
+    leaf = _fill_value(node, scope)
+    if leaf is None:
         return False
-    value = number(node)
+    value = number(leaf)
     if value is not None:
         return value <= VERY_NEGATIVE_LIMIT
-    qualified = scope.qualify(node)
-    if qualified in {"math.inf", "torch.inf", "numpy.inf", "np.inf"}:
-        return False
-    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
-        inner = node.expression
-        if scope.qualify(inner) in {"math.inf", "torch.inf", "numpy.inf", "np.inf"}:
-            return True
-        if isinstance(inner, cst.Attribute) and inner.attr.value == "max" and _is_finfo(inner.value, scope):
-            return True
-        return False
-    if isinstance(node, cst.Attribute) and node.attr.value == "min" and _is_finfo(node.value, scope):
-        return True
-    if isinstance(node, cst.Call):
-        qualified = scope.qualify(node.func)
-        if qualified in SCALAR_TENSOR_FUNCTIONS:
-            wrapped = arg(node, 1 if qualified == "torch.full" else 0, "fill_value" if qualified == "torch.full" else "data")
-            return wrapped is not None and is_very_negative(wrapped, scope, depth + 1)
-        receiver = method_call(node, {"to", "type", "type_as"})
-        if receiver is not None:
-            return is_very_negative(receiver[0], scope, depth + 1)
-    if isinstance(node, cst.Name):
-        local = scope.local_value(node.value)
-        return local is not None and is_very_negative(local, scope, depth + 1)
-    attribute = self_attribute_name(node)
-    if attribute is not None:
-        value_node = scope.self_attribute(attribute)
-        return value_node is not None and is_very_negative(value_node, scope, depth + 1)
-    return False
+    return _minus_infinity_or_extreme(leaf, scope)
 
 
-def is_absorbing(node: cst.BaseExpression, scope: Scope, depth: int = 0) -> bool:
+def is_absorbing(node: cst.BaseExpression, scope: Scope) -> bool:
     """A fill value F with s + F == F for every realistic score s: -inf, finfo(dtype).min, -finfo(dtype).max, <= -1e30.
 
     Replacing a score by such a value and adding the value to it give the same softmax, even in a row where every
     key is masked; for a merely very negative value (-1e4, -1e9) they differ there.
     """
-    if depth > 6:
+    leaf = _fill_value(node, scope)
+    if leaf is None:
         return False
-    value = number(node)
+    value = number(leaf)
     if value is not None:
         return value <= ABSORBING_LIMIT
+    return _minus_infinity_or_extreme(leaf, scope)
+
+
+def _minus_infinity_or_extreme(node: cst.BaseExpression, scope: Scope) -> bool:
+    """-inf, -finfo(...).max or finfo(...).min."""
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
         inner = node.expression
-        if scope.qualify(inner) in {"math.inf", "torch.inf", "numpy.inf", "np.inf"}:
+        if scope.qualify(inner) in INFINITIES:
             return True
         return isinstance(inner, cst.Attribute) and inner.attr.value == "max" and _is_finfo(inner.value, scope)
-    if isinstance(node, cst.Attribute) and node.attr.value == "min" and _is_finfo(node.value, scope):
-        return True
+    return isinstance(node, cst.Attribute) and node.attr.value == "min" and _is_finfo(node.value, scope)
+
+
+def _fill_value(node: cst.BaseExpression, scope: Scope, depth: int = 0) -> cst.BaseExpression | None:
+    """The expression a fill value stands for, followed through 0-d tensor constructors, dtype casts, locals and
+    `self.` attributes; None where one of those cannot be followed."""
+    if depth > 6:
+        return None
     if isinstance(node, cst.Call):
         qualified = scope.qualify(node.func)
         if qualified in SCALAR_TENSOR_FUNCTIONS:
             wrapped = arg(node, 1 if qualified == "torch.full" else 0, "fill_value" if qualified == "torch.full" else "data")
-            return wrapped is not None and is_absorbing(wrapped, scope, depth + 1)
+            return None if wrapped is None else _fill_value(wrapped, scope, depth + 1)
         receiver = method_call(node, {"to", "type", "type_as"})
         if receiver is not None:
-            return is_absorbing(receiver[0], scope, depth + 1)
+            return _fill_value(receiver[0], scope, depth + 1)
+        return node
     if isinstance(node, cst.Name):
+        if scope.qualify(node) in INFINITIES:
+            return node
         local = scope.local_value(node.value)
-        return local is not None and is_absorbing(local, scope, depth + 1)
+        return None if local is None else _fill_value(local, scope, depth + 1)
     attribute = self_attribute_name(node)
     if attribute is not None:
-        value_node = scope.self_attribute(attribute)
-        return value_node is not None and is_absorbing(value_node, scope, depth + 1)
-    return False
+        value = scope.self_attribute(attribute)
+        return None if value is None else _fill_value(value, scope, depth + 1)
+    return node
 
 
 def _is_finfo(node: cst.BaseExpression, scope: Scope) -> bool:
