@@ -891,29 +891,11 @@ class Tracer:
                     continue
                 if isinstance(node.operator, cst.Subtract):
                     value = cst.UnaryOperation(cst.Minus(), value if precedence(value) >= 12 else parenthesized(value))
-                if self.diagonal_slice(weight) is None and not self.ones_buffer_slice(weight):
+                if self.triangle_slice(weight) is None:
                     return None
                 condition = cst.Call(func=cst.Attribute(value=primary(weight), attr=cst.Name("bool")))
                 return scores, condition, value
         return None
-
-    def ones_buffer_slice(self, node: cst.BaseExpression, depth: int = 0) -> bool:
-        """A slice of a registered buffer built as a triangle of ones (entries 0 or 1), sliced anywhere."""
-        if depth > 4:
-            return False
-        if isinstance(node, cst.Name):
-            local = self.scope.local_value(node.value)
-            return local is not None and self.ones_buffer_slice(local, depth + 1)
-        found = p.method_call(node, p.CAST_METHODS | {"bool"})
-        if found is not None:
-            return self.ones_buffer_slice(found[0], depth + 1)
-        if not isinstance(node, cst.Subscript) or self.class_name is None:
-            return False
-        buffer = p.self_attribute_name(node.value)
-        registered = self.facts.find_buffer(self.class_name, buffer) if buffer is not None else None
-        if registered is None or buffer is None:
-            return False
-        return buffer_diagonal(registered, self.facts.find_buffer_locals(self.class_name, buffer), self.scope) is not None
 
     def add_two_chains(self, node: cst.BinaryOperation, line: int) -> tuple[ChainVal, list[Op]]:
         """`scores + relative_scores`: the chain that continues is the older one; the other is an additive term."""
@@ -1183,17 +1165,23 @@ class Tracer:
         masks = {n for n in names if n in self.params and "mask" in n and not n.endswith("head_mask")}
         return bool(masks) and names <= masks | {"torch"}
 
-    def diagonal_slice(self, node: cst.BaseExpression, depth: int = 0) -> Diagonal | None:
+    def diagonal_slice(self, node: cst.BaseExpression) -> Diagonal | None:
         """How a bottom-right slice `self.bias[:, :, k - q : k, :k]` of a lower-triangular buffer keeps the
         diagonal: the whole lower triangle (causal), or a band below it (a sliding window); None otherwise."""
+        found = self.triangle_slice(node)
+        return found[0] if found is not None and _bottom_right(found[1]) else None
+
+    def triangle_slice(self, node: cst.BaseExpression, depth: int = 0) -> tuple[Diagonal, cst.Subscript] | None:
+        """A slice, sliced anywhere, of a registered buffer built as a triangle of ones (entries 0 or 1), through
+        locals and casts: what the buffer keeps, and the slice."""
         if depth > 4:
             return None
         if isinstance(node, cst.Name):
             local = self.scope.local_value(node.value)
-            return None if local is None else self.diagonal_slice(local, depth + 1)
+            return None if local is None else self.triangle_slice(local, depth + 1)
         found = p.method_call(node, p.CAST_METHODS | {"bool"})  # a cast keeps the 0/1 entries
         if found is not None:
-            return self.diagonal_slice(found[0], depth + 1)
+            return self.triangle_slice(found[0], depth + 1)
         if not isinstance(node, cst.Subscript):
             return None
         buffer = p.self_attribute_name(node.value)
@@ -1203,9 +1191,7 @@ class Tracer:
         if registered is None:
             return None
         kind = buffer_diagonal(registered, self.facts.find_buffer_locals(self.class_name, buffer), self.scope)
-        if kind is None or not _bottom_right(node):
-            return None
-        return kind
+        return None if kind is None else (kind, node)
 
     def negated(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """The condition a negation negates: `~x`, `x == 0`, `x.logical_not()`, `torch.logical_not(x)`."""
