@@ -140,17 +140,26 @@ def rebase_config(node: cst.BaseExpression, to_self: bool) -> cst.BaseExpression
     return result
 
 
+def _broken_parentheses() -> tuple[cst.ParenthesizedWhitespace, cst.ParenthesizedWhitespace]:
+    """The whitespace after `(` and before `)` of a call broken over lines: a newline, then one level deeper
+    (after the opening) or back at the statement's indentation (before the closing)."""
+
+    def line_then(indent: str) -> cst.ParenthesizedWhitespace:
+        return cst.ParenthesizedWhitespace(
+            first_line=cst.TrailingWhitespace(newline=cst.Newline()),
+            indent=True,
+            last_line=cst.SimpleWhitespace(indent),
+        )
+
+    return line_then("    "), line_then("")
+
+
 def one_per_line(call: cst.Call) -> cst.Call:
     """`f(a, b=1)` laid out with one argument per line and a trailing comma (the "magic trailing comma" layout
     ruff and black keep), indented one level below the statement that holds the call."""
     if not call.args:
         return call
-    opening = cst.ParenthesizedWhitespace(
-        first_line=cst.TrailingWhitespace(newline=cst.Newline()), indent=True, last_line=cst.SimpleWhitespace("    ")
-    )
-    closing = cst.ParenthesizedWhitespace(
-        first_line=cst.TrailingWhitespace(newline=cst.Newline()), indent=True, last_line=cst.SimpleWhitespace("")
-    )
+    opening, closing = _broken_parentheses()
     flat = [arg.with_changes(whitespace_after_arg=cst.SimpleWhitespace("")) for arg in call.args]
     args = [arg.with_changes(comma=cst.Comma(whitespace_after=opening)) for arg in flat[:-1]]
     args.append(flat[-1].with_changes(comma=cst.Comma(whitespace_after=closing)))
@@ -162,12 +171,7 @@ def hugged(call: cst.Call) -> cst.Call:
     line of its own: the layout ruff and black try before one argument per line."""
     if not call.args:
         return call
-    opening = cst.ParenthesizedWhitespace(
-        first_line=cst.TrailingWhitespace(newline=cst.Newline()), indent=True, last_line=cst.SimpleWhitespace("    ")
-    )
-    closing = cst.ParenthesizedWhitespace(
-        first_line=cst.TrailingWhitespace(newline=cst.Newline()), indent=True, last_line=cst.SimpleWhitespace("")
-    )
+    opening, closing = _broken_parentheses()
     last = call.args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=closing)
     return call.with_changes(whitespace_before_args=opening, args=[*call.args[:-1], last])
 
