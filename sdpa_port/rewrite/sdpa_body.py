@@ -329,17 +329,11 @@ class SdpaEmitter(StatementWalker):
         state = self.state
         if touched != {Side.MASK} or node.orelse is not None or state.mask is not None or state.mask_var:
             return None
-        test = node.test
-        if not (
-            isinstance(test, cst.Comparison)
-            and isinstance(test.left, cst.Name)
-            and len(test.comparisons) == 1
-            and isinstance(test.comparisons[0].operator, cst.IsNot)
-            and isinstance(test.comparisons[0].comparator, cst.Name)
-            and test.comparisons[0].comparator.value == "None"
-        ):
+        # a single `x is not None` (not joined with others by `and`)
+        guarded = not_none_names(node.test) if isinstance(node.test, cst.Comparison) else set()
+        if not guarded:
             return None
-        name = test.left.value
+        (name,) = guarded
         ops = [op for plan in self.plans_in(node) if isinstance(plan, t.ChainStmt) for op in plan.ops]
         terms = [op for op in ops if not isinstance(op, (t.View, t.Cast))]
         if len(terms) != 1 or not isinstance(terms[0], t.AddTerm):
