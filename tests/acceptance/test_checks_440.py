@@ -1,0 +1,85 @@
+"""The verifying checks themselves, on a real port inside transformers 4.40.2: the bf16 bound must pass a correct port
+on every input drawn and fail one that is subtly wrong, else the emitted tests are flaky or blind."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from harness import load, port_file
+
+pytestmark = pytest.mark.tf440
+
+DRAWS = 24  # weights and inputs drawn with these seeds; the largest-difference statistic failed 7 of 160 such draws
+
+
+@contextmanager
+def halved_bias() -> Iterator[None]:
+    """SDPA with the finite part of a float `attn_mask` halved (T5's position bias at half strength)."""
+    import torch
+
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def halved(query, key, value, attn_mask=None, **options):  # type: ignore[no-untyped-def]
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = torch.where(attn_mask < -1e3, attn_mask, attn_mask * 0.5)
+        return original(query, key, value, attn_mask=attn_mask, **options)
+
+    torch.nn.functional.scaled_dot_product_attention = halved
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+
+
+def test_the_bf16_bound_passes_a_correct_t5_port_on_every_draw_and_fails_a_halved_bias(tmp_path: Path) -> None:
+    import torch
+
+    from sdpa_port.verify import checks
+    from sdpa_port.verify.configs import tiny_config
+
+    module = load("t5", port_file("t5"), tmp_path)
+    config = tiny_config(module.T5Config)
+    model_class = module.T5ForConditionalGeneration
+    kind = checks.model_kind(config, model_class)
+    passed, caught = [], []
+    for seed in range(DRAWS):
+        eager = checks.build(model_class, config, "eager")
+        checks.sharpen(eager, seed=seed)
+        sdpa = checks.build(model_class, config, "sdpa")
+        sdpa.load_state_dict(eager.state_dict())
+        reference = copy.deepcopy(eager).to(torch.bfloat16).float()
+        eager, sdpa = eager.to(torch.bfloat16), sdpa.to(torch.bfloat16)
+        batch = checks.make_batch(config, kind, "left" if seed % 2 else "right", seed=seed)
+        error, eager_error, bound = checks.bf16_error(reference, eager, sdpa, batch)
+        passed.append((seed, round(error / bound, 2)))
+        with halved_bias():
+            caught.append((seed, round(checks.bf16_error(reference, eager, sdpa, batch)[0] / bound, 2)))
+    assert all(ratio <= 1 for _, ratio in passed), f"a correct port failed (error / bound): {passed}"
+    assert all(ratio > 1 for _, ratio in caught), f"a halved bias passed (error / bound): {caught}"
+
+
+def test_the_bf16_bound_on_a_layer_and_which_outputs_are_attention_weights() -> None:
+    import torch
+
+    from sdpa_port.verify import checks
+
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(8, 8)
+    batch = checks.Batch({"input": torch.randn(2, 3, 8)}, torch.ones(2, 3))
+    eager = torch.nn.Linear(8, 8).to(torch.bfloat16)
+    eager.load_state_dict(reference.state_dict())
+    wrong = torch.nn.Linear(8, 8).to(torch.bfloat16)  # other weights: far outside bf16 rounding
+
+    def run(model):  # type: ignore[no-untyped-def]
+        return lambda input: {"out": model(input.to(next(model.parameters()).dtype))}
+
+    sdpa_error, eager_error, bound = checks.bf16_error(run(reference), run(eager), run(eager), batch)
+    assert sdpa_error == eager_error <= bound
+    assert checks.bf16_error(run(reference), run(eager), run(wrong), batch)[0] > bound
+    output = {"encoder_attentions": (torch.ones(1),), "decoder_attentions": (), "logits": torch.ones(1)}
+    assert list(checks.attention_weights(output)) == ["encoder_attentions"]
