@@ -179,8 +179,9 @@ def _always_asked_for_weights(facts: ModuleFacts, analysis: ClassAnalysis) -> Re
         Code.ALWAYS_WEIGHTS,
         analysis.class_name,
         0,
-        f"every call of the modules built from it passes `{parameter}=True`, so its SDPA class would always fall "
-        "back to the eager computation",
+        f"every call of the modules built from it asks for the weights (`{parameter}` is True there: passed as True, "
+        "left at a default of True, or passed on from a caller's parameter that always is), so its SDPA class would "
+        "always fall back to the eager computation",
     )
 
 

@@ -72,22 +72,34 @@ def test_a_missing_package_is_named_and_never_a_pass(model: str, package: str, w
 
 
 def test_sdpa_never_reached_is_a_failure_that_says_why(workdir: Path) -> None:
-    """ERNIE-M's layers ask their attention for weights on every call, through a layer parameter defaulting to True
-    (which the static W406 check does not follow): --verify says so."""
+    """ERNIE-M's layers ask their attention for weights on every call through a layer parameter defaulting to True;
+    written as a call (`bool(1)`), the static W406 check cannot read that default and the port is written, so
+    --verify must say that SDPA never ran and why."""
+    from harness import modeling_path
+
+    from sdpa_port import Status, port_source
+
     model = "ernie_m"
-    checks = verify(model, port_for_kind(model, "tokens or pixels"), workdir)
+    path = modeling_path(model)
+    default = "output_attentions: Optional[bool] = True"
+    source = path.read_text(encoding="utf-8").replace(default, "output_attentions=bool(1)")
+    result = port_source(source, filename=path.name)
+    assert result.status is Status.PORTED, (result.status, result.reasons)
+    checks = verify(model, result.source, workdir)
     executed = [c for c in checks if c.name.endswith("sdpa executed")]
     assert executed and not any(c.passed for c in executed), [str(c) for c in checks]
     assert "always with output_attentions=True" in executed[0].detail, executed[0]
 
 
-def test_every_call_asking_for_weights_is_refused_before_porting() -> None:
-    """Mask2Former's decoder layer passes output_attentions=True to its self-attention on every call: W406."""
+@pytest.mark.parametrize("model", ["mask2former", "ernie_m"])
+def test_every_call_asking_for_weights_is_refused_before_porting(model: str) -> None:
+    """Mask2Former's decoder layer passes output_attentions=True to its self-attention on every call; ERNIE-M's
+    layer defaults it to True and its encoder never passes it: W406."""
     from harness import modeling_path
 
     from sdpa_port import Status, port_source
 
-    path = modeling_path("mask2former")
+    path = modeling_path(model)
     result = port_source(path.read_text(encoding="utf-8"), filename=path.name)
     assert result.status is Status.REFUSED and "[W406]" in " ".join(result.reasons), result.reasons
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import textwrap
+from pathlib import Path
+
+import pytest
 
 from sdpa_port import Status, Style, port_source
 
@@ -204,3 +206,49 @@ def test_a_chain_wholly_inside_one_branch_changes_only_that_branch() -> None:
     sdpa_class = ported.source.split("class TinySdpaAttention")[1].split("TINY_ATTENTION")[0]
     assert "output = xformers.attention(query, key, value)" in sdpa_class
     assert "scaled_dot_product_attention" in sdpa_class.split("else:")[1]
+
+
+ENCODER = (Path(__file__).resolve().parents[2] / "fixtures" / "class_style" / "modeling_tiny_encoder.py").read_text()
+LAYER_FORWARD = "    def forward(self, hidden_states, attention_mask=None):\n"
+LAYER_CALL = "self.attention(hidden_states, attention_mask)[0]"
+MODEL_CALL = "layer(hidden_states, extended_attention_mask)"
+ATTENTION_FORWARD = "def forward(self, hidden_states, attention_mask=None, output_attentions=False):"
+
+
+def _encoder(layer_forward: str = LAYER_FORWARD, layer_call: str = LAYER_CALL, model_call: str = MODEL_CALL,
+             attention_default: str = "False") -> str:
+    source = ENCODER.replace(LAYER_FORWARD, layer_forward).replace(LAYER_CALL, layer_call)
+    source = source.replace(MODEL_CALL, model_call)
+    return source.replace(ATTENTION_FORWARD, ATTENTION_FORWARD.replace("=False)", f"={attention_default})"))
+
+
+ASKS = "    def forward(self, hidden_states, attention_mask=None, output_attentions=True):\n"
+PASSES_ON = "self.attention(hidden_states, attention_mask, output_attentions)[0]"
+
+
+@pytest.mark.parametrize(
+    "source,always",
+    [
+        # the layer's own parameter defaults to True and the model never passes it (ERNIE-M)
+        (_encoder(ASKS, PASSES_ON), True),
+        (_encoder(ASKS, PASSES_ON.replace("output_attentions)", "output_attentions=output_attentions)")), True),
+        (_encoder(ASKS, PASSES_ON, MODEL_CALL.replace(")", ", output_attentions=True)")), True),
+        # the attention's own default is True and no call passes anything
+        (_encoder(attention_default="True"), True),
+        # a caller that can say False, a rebound parameter, or keyword arguments passed on: SDPA may run
+        (_encoder(ASKS, PASSES_ON, MODEL_CALL.replace(")", ", output_attentions=False)")), False),
+        (_encoder(ASKS + "        output_attentions = output_attentions and not self.training\n", PASSES_ON), False),
+        (_encoder(
+            "    def forward(self, hidden_states, attention_mask=None, **kwargs):\n",
+            "self.attention(hidden_states, attention_mask, **kwargs)[0]",
+            attention_default="True",
+        ), False),
+        (_encoder(), False),
+    ],
+)
+def test_weights_asked_on_every_path_refuse_the_inert_port(source: str, always: bool) -> None:
+    result = port_source(source, filename="modeling_tiny_encoder.py")
+    if always:
+        assert result.status is Status.REFUSED and "[W406]" in " ".join(result.reasons), result.reasons
+    else:
+        assert result.status is Status.PORTED, (result.status, result.reasons)
