@@ -96,11 +96,13 @@ class Level:
     lists: bool = True  # per-stage widths, depths and heads of hierarchical backbones
     width: int = 1  # widths times this (some models derive sizes that vanish at width 32, e.g. BROS's box embedding)
     projections: bool = False  # projection sizes too (CLVP sizes rotary embeddings from them; X-CLIP ties them)
+    tied: bool = False  # any size equal to a shrunk hidden size, or half of one, shrinks with it (SAM's channels)
 
 
 LEVELS = (
     Level("tiny"),
     Level("tiny, projections shrunk", projections=True),
+    Level("tiny, sizes tied to hidden sizes", projections=True, tied=True),
     Level("small", width=4, projections=True),
     Level("tiny, per-stage sizes kept", lists=False),
     Level("tiny, image size kept", lists=False, spatial=False),
@@ -222,14 +224,63 @@ def level_kwargs(config_dict: dict[str, Any], level: Level, timm_available: bool
     again; sub-configs (dicts with a `model_type`) are passed whole with their changes, since a composite config's
     defaults for them may differ from the sub-config class's own.
     """
+    kwargs = _level_kwargs(config_dict, level, timm_available)
+    if level.tied:
+        ties = _hidden_ties(config_dict, kwargs)
+        if ties:
+            kwargs = _tie(config_dict, kwargs, ties)
+    return kwargs
+
+
+def _level_kwargs(config_dict: dict[str, Any], level: Level, timm_available: bool) -> dict[str, Any]:
     top = {k: v for k, v in config_dict.items() if not _is_sub_config(v)}
     kwargs = _changes(top, level, timm_available)
     for name, value in config_dict.items():
         if _is_sub_config(value):
-            changed = level_kwargs(value, level, timm_available)
+            changed = _level_kwargs(value, level, timm_available)
             if changed:
                 kwargs[name] = {**value, **changed}
     return kwargs
+
+
+def _hidden_ties(config_dict: dict[str, Any], kwargs: dict[str, Any]) -> dict[int, int]:
+    """Old size -> new size for every hidden size the level shrank (at any depth), and their halves; empty when one
+    old size would get two new ones."""
+    ties: dict[int, set[int]] = {}
+
+    def collect(old: dict[str, Any], new: dict[str, Any]) -> None:
+        for name, value in new.items():
+            before = old.get(name)
+            if isinstance(value, dict) and isinstance(before, dict):
+                collect(before, value)
+            elif isinstance(name, str) and _HIDDEN_NAMES.match(name) and _int(before) and _int(value) and before != value:
+                ties.setdefault(before, set()).add(value)
+                if before % 2 == 0 and value % 2 == 0:
+                    ties.setdefault(before // 2, set()).add(value // 2)
+
+    collect(config_dict, kwargs)
+    if any(len(values) > 1 for values in ties.values()):
+        return {}
+    return {old: next(iter(values)) for old, values in ties.items()}
+
+
+def _tie(config_dict: dict[str, Any], kwargs: dict[str, Any], ties: dict[int, int]) -> dict[str, Any]:
+    tied = dict(kwargs)
+    for name, value in config_dict.items():
+        if name in _TIE_EXCLUDED:
+            continue
+        current = tied.get(name, value)
+        if _is_sub_config(current):
+            changed = _tie(value, {k: v for k, v in current.items() if v != value.get(k)}, ties)
+            if changed:
+                tied[name] = {**value, **changed}
+        elif name not in kwargs and _int(value) and value in ties:
+            tied[name] = ties[value]
+    return tied
+
+
+# sizes of the inputs and vocabularies, not widths
+_TIE_EXCLUDED = frozenset({"image_size", "patch_size", "vocab_size", "max_position_embeddings", "num_channels"})
 
 
 def _changes(fields: dict[str, Any], level: Level, timm_available: bool) -> dict[str, Any]:

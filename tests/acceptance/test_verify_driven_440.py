@@ -25,6 +25,7 @@ CASES = {
     "vilt": "text+image",  # ids and pixels
     "detr": "image",  # a transformers backbone where timm is missing
     "vit_mae": "image",  # random masking, drawn alike in every model
+    "sam": "image",  # the vision neck's channels are the prompt decoder's width: sizes tied across sub-configs
 }
 
 

@@ -345,3 +345,27 @@ def test_a_sub_model_is_built_from_the_config_its_constructor_names() -> None:
     assert config_class_of(_PartModel) is PartConfig
     assert config_class_of(_WholeModel) is CompositeConfig
     assert config_class_of(_PreTrained) is CompositeConfig
+
+
+def test_a_tied_level_shrinks_sizes_equal_to_a_shrunk_hidden_size_across_sub_configs() -> None:
+    """SAM: the vision neck's `output_channels` (256) must equal the prompt encoder's and mask decoder's hidden size
+    (256 -> 32), and the positional features are half of it; the earlier levels leave both and fail to drive."""
+    config = {
+        "model_type": "sam",
+        "vision_config": {"model_type": "", "hidden_size": 768, "output_channels": 256, "num_pos_feats": 128, "image_size": 1024},
+        "prompt_encoder_config": {"model_type": "", "hidden_size": 256, "image_size": 1024},
+        "mask_decoder_config": {"model_type": "", "hidden_size": 256, "iou_head_hidden_dim": 256, "num_multimask_outputs": 3},
+    }
+    (tied,) = [level for level in LEVELS if level.tied]
+    assert LEVELS.index(tied) > 0 and not LEVELS[0].tied
+    untied = level_kwargs(config, LEVELS[0])
+    assert untied["vision_config"]["output_channels"] == 256
+    kwargs = level_kwargs(config, tied)
+    vision, decoder = kwargs["vision_config"], kwargs["mask_decoder_config"]
+    assert (vision["hidden_size"], vision["output_channels"], vision["num_pos_feats"]) == (32, 32, 16)
+    assert (decoder["hidden_size"], decoder["iou_head_hidden_dim"], decoder["num_multimask_outputs"]) == (32, 32, 3)
+    assert vision["image_size"] == kwargs["prompt_encoder_config"]["image_size"] == 64  # an input size, not a width
+    # 64 is a hidden size (-> 32) and half of one (128 -> 32, half 16): ambiguous, so nothing is tied
+    clash = {"model_type": "x", "hidden_size": 128, "a_config": {"model_type": "", "d_model": 64, "channels": 64}}
+    assert level_kwargs(clash, tied) == level_kwargs(clash, LEVELS[1])
+    assert level_kwargs(clash, tied)["a_config"]["channels"] == 64
