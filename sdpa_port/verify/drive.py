@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import torch
 
-from sdpa_port.verify.checks import Batch, Check, count_sdpa_calls, model_kind
+from sdpa_port.verify.checks import DOUBLE_TOLERANCE, Batch, Check, count_sdpa_calls, model_kind
 from sdpa_port.verify.configs import LEVELS, Level, level_kwargs
 from sdpa_port.verify.diagnose import PortCalls, attention_classes, why_no_sdpa
 from sdpa_port.verify.inputs import ConfigView, Plan, TensorSpec, Unsupported, describe, plan_inputs
@@ -33,7 +33,6 @@ from sdpa_port.verify.inputs import ConfigView, Plan, TensorSpec, Unsupported, d
 EAGER_TOLERANCE = 1e-6
 SDPA_TOLERANCE = 1e-4
 RELATIVE_TOLERANCE = 1e-5  # of the largest output magnitude, for outputs far beyond unit scale
-DOUBLE_TOLERANCE = 1e-9  # in float64, where the same computation differs by rounding of about 1e-16
 MAX_PARAMETERS = 300_000_000  # three fp32 copies of the model are held at once
 GAINS = (2.0, 1.0, 0.5)  # sharpening; milder where the original overflows (deep stacks without normalisation)
 PAD = {"input_ids": 3}  # padded positions of the last example; other sequences lose a quarter
