@@ -34,15 +34,18 @@ def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None)
 
 
 VULTURE = "vulture==2.14"
+RUFF = "ruff==0.14.10"
 MYPY = "mypy==2.4.1"
 UNUSED = ["--min-confidence", "60", "--ignore-names", "visit_*,leave_*,on_visit,on_leave,__package__,pytestmark,pytest_*"]
 
 
 @nox.session
 def unit(session: nox.Session) -> None:
-    session.install("-e", ".", PYTEST, VULTURE, MYPY)
+    session.install("-e", ".", PYTEST, VULTURE, MYPY, RUFF)
     _pytest(session, "tests/unit", "-q")
     session.run("mypy")  # strict on the pure core (pyproject's [tool.mypy])
+    # pyflakes' checks: unused imports and locals, undefined names (the whitelist names vulture's findings as `_`)
+    session.run("ruff", "check", "--select", "F", "sdpa_port", "tests", "scripts", "--exclude", "tests/vulture_whitelist.py")
     # no dead code: whatever the package defines is used by the package, its tests or its scripts
     session.run(
         "vulture", "sdpa_port", "tests", "scripts", "tests/vulture_whitelist.py", *UNUSED,

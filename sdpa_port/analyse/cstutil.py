@@ -300,8 +300,11 @@ def rebuild_if(
     branches: Sequence[tuple["cst.If | cst.Else", Sequence[cst.BaseStatement]]],
     test_of: "Callable[[cst.If], cst.BaseExpression] | None" = None,
 ) -> cst.If:
-    """An if/elif/else chain from its branches and new bodies (an empty body becomes `pass`)."""
+    """An if/elif/else chain from its branches and new bodies (an empty body becomes `pass`; an `else` left empty
+    is dropped)."""
     rebuilt: cst.If | cst.Else | None = None
+    if branches and isinstance(branches[-1][0], cst.Else) and not branches[-1][1]:
+        branches = branches[:-1]
     for branch, body in reversed(branches):
         suite = branch.body.with_changes(body=list(body) or [cst.SimpleStatementLine(body=[cst.Pass()])])
         if isinstance(branch, cst.Else):

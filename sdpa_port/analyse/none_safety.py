@@ -5,7 +5,6 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.module_facts import ModuleFacts
 
 
 def mask_parameters(function: cst.FunctionDef) -> list[str]:

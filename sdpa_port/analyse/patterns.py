@@ -153,6 +153,12 @@ def is_absorbing(node: cst.BaseExpression, scope: Scope) -> bool:
     return _minus_infinity_or_extreme(leaf, scope)
 
 
+def fill_number(node: cst.BaseExpression, scope: Scope) -> float | None:
+    """The number a fill value stands for (`0.0`, `torch.scalar_tensor(0, ...)`), or None."""
+    leaf = _fill_value(node, scope)
+    return None if leaf is None else number(leaf)
+
+
 def _minus_infinity_or_extreme(node: cst.BaseExpression, scope: Scope) -> bool:
     """-inf, -finfo(...).max or finfo(...).min."""
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
@@ -176,6 +182,8 @@ def _fill_value(node: cst.BaseExpression, scope: Scope, depth: int = 0) -> cst.B
         receiver = method_call(node, {"to", "type", "type_as"})
         if receiver is not None:
             return _fill_value(receiver[0], scope, depth + 1)
+        if qualified == "float" and len(node.args) == 1 and not isinstance(node.args[0].value, cst.SimpleString):
+            return _fill_value(node.args[0].value, scope, depth + 1)  # `float(torch.finfo(dtype).min)`: the same number
         return node
     if isinstance(node, cst.Name):
         if scope.qualify(node) in INFINITIES:
@@ -419,6 +427,7 @@ class DropoutCall:
     # expression for SDPA's dropout_p when training, and the expression that says whether it is active
     probability: cst.BaseExpression
     training: cst.BaseExpression
+    module: str | None = None  # the `self.` attribute holding the Dropout module, when it is one
 
 
 def dropout_call(node: cst.BaseExpression, scope: Scope) -> DropoutCall | None:
@@ -438,10 +447,34 @@ def dropout_call(node: cst.BaseExpression, scope: Scope) -> DropoutCall | None:
         return DropoutCall(operand, probability, training)
     attribute = self_attribute_name(node.func)
     if attribute is not None and len(node.args) == 1:
-        value = scope.self_attribute(attribute)
-        if isinstance(value, cst.Call) and scope.qualify(value.func) in DROPOUT_MODULES:
-            probability = cst.parse_expression(f"self.{attribute}.p")
-            return DropoutCall(node.args[0].value, probability, cst.parse_expression("self.training"))
+        values = [a for v in scope.self_attribute_values(attribute) for a in _alternatives(v)]
+        modules = [v for v in values if isinstance(v, cst.Call) and scope.qualify(v.func) in DROPOUT_MODULES]
+        nones = [v for v in values if isinstance(v, cst.Name) and v.value == "None"]
+        if modules and len(modules) + len(nones) == len(values):
+            # a module `__init__` leaves None without dropout (CPM-Ant): called, it is the Dropout; its rate is 0.0
+            # where it is None, which SDPA's `dropout_p` must read without calling it
+            text = f"self.{attribute}.p" if not nones else f"(self.{attribute}.p if self.{attribute} is not None else 0.0)"
+            probability = cst.parse_expression(text)
+            return DropoutCall(node.args[0].value, probability, cst.parse_expression("self.training"), attribute)
+    return None
+
+
+def _alternatives(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The values a conditional expression may give (`nn.Dropout(p) if p else None`: both arms)."""
+    if isinstance(node, cst.IfExp):
+        return _alternatives(node.body) + _alternatives(node.orelse)
+    return [node]
+
+
+def optional_module_test(test: cst.BaseExpression) -> str | None:
+    """The attribute `X` of an `if self.X is not None` test, alone."""
+    if (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.IsNot)
+        and m.matches(test.comparisons[0].comparator, m.Name("None"))
+    ):
+        return self_attribute_name(test.left)
     return None
 
 

@@ -371,6 +371,7 @@ def describe(
     terms: list[Term] = []
     seen_term = False
     guards = 0
+    zero_rows = False
     softmax = ""
     upcast = start.upcast
     dropout: Dropout | None = None
@@ -406,6 +407,8 @@ def describe(
                 terms.append(Term(kind, code(op.condition), conditional, line))
             case t.Guard():
                 guards += 1
+            case t.ZeroRows():
+                zero_rows = True
             case t.Softmax():
                 call = op.call
                 dim = code(call.dim) if call.dim is not None else "-1"
@@ -447,6 +450,7 @@ def describe(
         dropout=dropout,
         head_mask=head_mask,
         guards=guards,
+        zero_rows=zero_rows,
         causal=causal,
         returns_weights=bool(result.probs_names_after_output),
     )

@@ -90,6 +90,7 @@ class AttentionSite:
     guards: int  # floors on the scores (clamps to finfo.min), moved onto the mask
     causal: CausalSource
     returns_weights: bool
+    zero_rows: bool = False  # the probabilities are zeroed at masked keys: rows masked whole give 0
 
     @property
     def scale_summary(self) -> str:
@@ -109,4 +110,6 @@ class AttentionSite:
             lines.append(f"  + {term.kind.value}: {term.expression}{' (conditional)' if term.conditional else ''}")
         dropout = self.dropout.probability if self.dropout else "none"
         lines.append(f"  softmax: {self.softmax}; dropout: {dropout}; head mask: {self.head_mask or 'none'}")
+        if self.zero_rows:
+            lines.append("  rows whose every key is masked: 0")
         return "\n".join(lines)

@@ -143,6 +143,20 @@ class Fill:
     absorbing: bool = True
     # every real query row keeps a key this fill leaves alone: a padding mask parameter or a bottom-right causal slice
     row_safe: bool = True
+    # where the fill happened: the enclosing branches, and how often each name of the condition had been assigned
+    path: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+    bindings: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class ZeroRows:
+    """Probabilities set to 0 where an earlier absorbing fill masked the scores (`softmax(...).masked_fill(m, 0)`).
+
+    Entries the fill masked are already exactly 0 after the softmax unless the row has no other key; so the only
+    change is that a row whose every key is masked gives 0 (eager: NaN or uniform, then 0)."""
+
+    condition: cst.BaseExpression
+    keep_where_true: bool
 
 
 @dataclass(frozen=True)
@@ -177,7 +191,7 @@ class Output:
     rank: int | None
 
 
-Op = Union[Start, View, Cast, Scale, AddTerm, Fill, Guard, Softmax, Dropout, HeadMask, Output]
+Op = Union[Start, View, Cast, Scale, AddTerm, Fill, ZeroRows, Guard, Softmax, Dropout, HeadMask, Output]
 
 
 def unreachable(value: NoReturn) -> NoReturn:
@@ -346,6 +360,8 @@ class Tracer:
         self.current_line = 0
         self.tests: list[cst.BaseExpression] = []
         self.branches = 0  # enclosing if/elif/else branches (`tests` holds the tests of the if/elif ones)
+        self.path: list[tuple[int, int]] = []  # (id of the `if`, branch index) of the enclosing branches
+        self.assignments: dict[str, int] = {}  # how often each name has been assigned so far
         self.output_seen = False
         self.probs_after_output: set[str] = set()
         self.params = tuple(param.name.value for param in _all_params(function.params))
@@ -449,13 +465,15 @@ class Tracer:
         start_env = dict(self.env)
         results: list[dict[str, Value]] = []
         has_else = branches[-1][0] is None
-        for test, body in branches:
+        for index, (test, body) in enumerate(branches):
             self.env.clear()
             self.env.update(start_env)
             if test is not None:
                 self.tests.append(test)
             self.branches += 1
+            self.path.append((id(node), index))
             self.block(body, depth + 1)
+            self.path.pop()
             self.branches -= 1
             if test is not None:
                 self.tests.pop()
@@ -765,7 +783,7 @@ class Tracer:
             if name in p.CAST_METHODS:
                 return base, [*ops, Cast(name in ("float", "double") or _casts_to_float32(node, self.scope))]
             if name in ("masked_fill", "masked_fill_"):
-                return base, [*ops, self.fill(p.arg(node, 0, "mask"), p.arg(node, 1, "value"), False, line, base.cid)]
+                return base, [*ops, self.fill(p.arg(node, 0, "mask"), p.arg(node, 1, "value"), False, line, base.cid, ops)]
             if name in ("clamp", "clamp_min"):
                 bound = p.arg(node, 0, "min")
                 upper = p.arg(node, 1, "max")
@@ -778,13 +796,13 @@ class Tracer:
                 raise _Poison(Code.SCORES_READ, "the scores decide their own mask", self.chain_value_refs(condition))
             if self.chain_or_start(when_true) and not self.chain_value_refs(when_false):
                 base, ops = self.decompose(when_true, line)
-                return base, [*ops, self.fill(condition, when_false, True, line, base.cid)]
+                return base, [*ops, self.fill(condition, when_false, True, line, base.cid, ops)]
             if self.chain_or_start(when_false) and not self.chain_value_refs(when_true):
                 base, ops = self.decompose(when_false, line)
-                return base, [*ops, self.fill(condition, when_true, False, line, base.cid)]
+                return base, [*ops, self.fill(condition, when_true, False, line, base.cid, ops)]
         if qualified == "torch.masked_fill" and len(node.args) == 3:
             base, ops = self.decompose(node.args[0].value, line)
-            return base, [*ops, self.fill(node.args[1].value, node.args[2].value, False, line, base.cid)]
+            return base, [*ops, self.fill(node.args[1].value, node.args[2].value, False, line, base.cid, ops)]
         if qualified in p.MAXIMUM_FUNCTIONS:
             operand = p.arg(node, 0, "input")
             bound = p.arg(node, 1, "min" if "clamp" in (qualified or "") else "other")
@@ -848,7 +866,7 @@ class Tracer:
         if blend is not None:
             kept, condition, fill = blend
             base, ops = self.decompose(kept, line)
-            return base, [*ops, self.fill(condition, fill, True, line, base.cid)]
+            return base, [*ops, self.fill(condition, fill, True, line, base.cid, ops)]
         if isinstance(operator, cst.Add):
             if left_refs and right_refs:
                 return self.add_two_chains(node, line)
@@ -1145,9 +1163,15 @@ class Tracer:
         keep_where_true: bool,
         line: int,
         cid: int,
-    ) -> Fill:
+        pending: Sequence[Op] = (),
+    ) -> Fill | ZeroRows:
+        """A masking fill of the scores; after the softmax (`pending`, the ops of the expression so far, may hold
+        it), a zeroing of the probabilities where an earlier fill masked the scores."""
         if condition is None or fill is None:
             raise _Poison(Code.FILL_VALUE, "a masking fill without a mask or a value", {cid})
+        candidate = self.candidates[cid]
+        if candidate.stage == PROBS or any(isinstance(op, Softmax) for op in pending):
+            return self.zero_rows(condition, fill, keep_where_true, cid, pending)
         if not p.is_very_negative(fill, self.scope):
             raise _Poison(Code.FILL_VALUE, f"masked scores are set to `{_short(fill)}`, not to a large negative value", {cid})
         negated = None if keep_where_true else self.negated(condition)
@@ -1157,7 +1181,62 @@ class Tracer:
         causal = diagonal is Diagonal.CAUSAL
         absorbing = p.is_absorbing(fill, self.scope)
         row_safe = diagonal is not None or self.is_padding_condition(condition)
-        return Fill(self.detach(condition, cid), keep_where_true, self.detach(fill, cid), causal, absorbing, row_safe)
+        detached = self.detach(condition, cid)
+        return Fill(
+            detached, keep_where_true, self.detach(fill, cid), causal, absorbing, row_safe,
+            path=tuple(self.path), bindings=self.bindings_of(detached),
+        )
+
+    def bindings_of(self, node: cst.BaseExpression) -> tuple[tuple[str, int], ...]:
+        return tuple(sorted((name, self.assignments.get(name, 0)) for name in p.walk_names(node)))
+
+    def zero_rows(
+        self,
+        condition: cst.BaseExpression,
+        fill: cst.BaseExpression,
+        keep_where_true: bool,
+        cid: int,
+        pending: Sequence[Op],
+    ) -> ZeroRows:
+        """`softmax(masked).masked_fill(mask, 0)`: exact on SDPA as zeroed output rows where `mask` masks every key,
+        when the scores were masked by `mask` with an absorbing value, in the same or an enclosing branch, with no
+        name of it reassigned since, and nothing else masks the scores (another mask could empty the rest of a
+        row, whose probabilities at `mask` would then not be 0 before the zeroing)."""
+        if p.fill_number(fill, self.scope) != 0:
+            raise _Poison(Code.FILL_VALUE, f"the probabilities are set to `{_short(fill)}` after the softmax", {cid})
+        negated = None if keep_where_true else self.negated(condition)
+        if negated is not None:  # as `fill` reads it: `masked_fill(~keep, 0)` keeps where `keep` is true
+            condition, keep_where_true = negated, True
+        detached = self.detach(condition, cid)
+        ops = [op for op, _, _ in self.candidates[cid].ops] + list(pending)
+        fills = [op for op in ops if isinstance(op, Fill)]
+        masks = [op for op in ops if isinstance(op, Guard)] + [
+            op for op in ops if isinstance(op, AddTerm) and any("mask" in n for n in p.walk_names(op.term))
+        ]
+        matched = [f for f in fills if f.keep_where_true == keep_where_true and f.condition.deep_equals(detached)]
+        if not matched or not matched[0].absorbing:
+            raise _Poison(
+                Code.FILL_VALUE,
+                f"the probabilities are set to 0 where `{_short(condition)}` holds, which is not where the scores were "
+                "masked with a value that absorbs them",
+                {cid},
+            )
+        first = matched[0]
+        if len(fills) > 1 or masks:
+            raise _Poison(
+                Code.MASKED_ROWS,
+                f"the probabilities are set to 0 where `{_short(condition)}` masked the scores, but other masks may "
+                "mask the rest of a row, whose probabilities there would not be 0",
+                {cid},
+            )
+        if first.bindings != self.bindings_of(detached) or tuple(self.path[: len(first.path)]) != first.path:
+            raise _Poison(
+                Code.FILL_VALUE,
+                f"the probabilities are set to 0 where `{_short(condition)}` holds, but that mask may differ from the "
+                "one the scores were masked with (reassigned, or masked in another branch)",
+                {cid},
+            )
+        return ZeroRows(detached, keep_where_true)
 
     def is_padding_condition(self, node: cst.BaseExpression) -> bool:
         """A condition read from the mask parameters only (`~attention_mask`, `mask == 0`, `mask.bool()`)."""
@@ -1246,11 +1325,25 @@ class Tracer:
     def record(self, base: ChainVal, ops: Sequence[Op], depth: int, line: int) -> None:
         candidate = self.candidates[base.cid]
         for op in ops:
-            candidate.ops.append((op, depth, line))
+            # `if self.dropout is not None: p = self.dropout(p)` drops out whenever the module exists: unconditional
+            guarded = isinstance(op, Dropout) and self.guards_module(op.call.module)
+            candidate.ops.append((op, depth - 1 if guarded else depth, line))
             if isinstance(op, Softmax):
                 candidate.stage = PROBS
 
+    def guards_module(self, module: str | None) -> bool:
+        """The innermost branch is the `if` of `if self.<module> is not None`."""
+        return (
+            module is not None
+            and bool(self.tests)
+            and bool(self.path)
+            and self.path[-1][1] == 0
+            and p.optional_module_test(self.tests[-1]) == module
+        )
+
     def note_assignment(self, names: Sequence[str]) -> None:
+        for name in names:
+            self.assignments[name] = self.assignments.get(name, 0) + 1
         for candidate in self.candidates:
             if candidate.stage != OUT:
                 candidate.names_assigned_after_start.update(names)

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from sdpa_port.bench.spec import MAX_ROUNDS, Kind, ModelRef, Phase, Settings, Timing, paired_speedup
+from sdpa_port.bench.spec import MAX_ROUNDS, Kind, ModelRef, Phase, Settings, Timing
 
 SPECIAL_TOKENS = 3  # ids below this are never drawn (pad, bos, eos in most configs)
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from sdpa_port.bench.config import bench_config_kwargs
 from sdpa_port.bench.environment import describe, load_average
-from sdpa_port.bench.spec import IMPLEMENTATIONS, BenchResult, Kind, ModelRef, Phase, Row, Settings
+from sdpa_port.bench.spec import IMPLEMENTATIONS, BenchResult, Kind, ModelRef, Phase, Row, Settings, paired_speedup
 from sdpa_port.bench.target import Prepared, prepare
 
 Progress = Callable[[str], None]
@@ -108,7 +108,7 @@ def measure_length(
         found = measure.time_interleaved(timed, settings.runs, settings.warmup, device, settings.min_time)
         timings[phase] = found
         eager_s, sdpa_s = _pick(found["eager"], clock), _pick(found["sdpa"], clock)
-        paired = measure.paired_speedup(found["eager"], found["sdpa"], clock)
+        paired = paired_speedup(found["eager"], found["sdpa"], clock)
         steps.say(
             f"    eager {eager_s * 1e3:.2f} ms, sdpa {sdpa_s * 1e3:.2f} ms ({clock}, min of {len(found['eager'].cpu)}), "
             f"x{eager_s / sdpa_s:.2f} (paired median x{paired:.2f})"
@@ -134,7 +134,7 @@ def measure_length(
                 peaks["sdpa"] if memory else None,
                 eager_wall_s=found["eager"].wall_s,
                 sdpa_wall_s=found["sdpa"].wall_s,
-                paired_speedup=measure.paired_speedup(found["eager"], found["sdpa"], clock),
+                paired_speedup=paired_speedup(found["eager"], found["sdpa"], clock),
                 rounds=len(found["eager"].cpu),
                 executorch_s=executorch.get(phase),
             )

@@ -17,7 +17,7 @@ import libcst.matchers as m
 
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cross import key_only_parameters, self_attention_test
-from sdpa_port.analyse.cstutil import block_body, code, expr, is_pass, rebase_config
+from sdpa_port.analyse.cstutil import block_body, code, is_pass, rebase_config
 from sdpa_port.analyse.flow import bound_before
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.mask_changes import extended_mask, forward_of
@@ -29,7 +29,7 @@ from sdpa_port.discover.screen import Screen
 from sdpa_port.analyse.selection import attention_dicts
 from sdpa_port.plan.causal_sites import PARAMETER, CausalSites, check_pinned, decide_sites, dispatched_mask
 from sdpa_port.render import render_module
-from sdpa_port.refusals import Code, Refuse, Refusal
+from sdpa_port.refusals import Code, Refuse
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import flags, imports, insert_classes, register
 from sdpa_port.rewrite.causal_sites import pass_is_causal

@@ -98,6 +98,8 @@ def _handed_over(candidate: t.Candidate) -> set[str]:
                 parts = [op.condition, op.fill]
             case t.Guard():
                 parts = [op.bound]
+            case t.ZeroRows():
+                parts = [op.condition]
             case t.Dropout():
                 parts = [op.call.probability, op.call.training]
             case t.HeadMask():

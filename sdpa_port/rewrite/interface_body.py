@@ -15,9 +15,9 @@ from typing import Sequence
 import libcst as cst
 
 from sdpa_port.analyse import trace as t
-from sdpa_port.analyse.cstutil import assigned_names, block_body, code, rebuild_if, replace_names, replace_nodes
+from sdpa_port.analyse.cstutil import assigned_names, block_body, code, replace_names, replace_nodes
 from sdpa_port.analyse.patterns import cast_operand, walk_names
-from sdpa_port.render import render_module, render_statements
+from sdpa_port.render import render_statements
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.analyse.cstutil import primary
 from sdpa_port.rewrite.sdpa_body import EmitOptions, SdpaEmitter, Side, SideNames, unflatten
@@ -100,6 +100,13 @@ class InterfaceEmitter(SdpaEmitter):
     def apply(self, op: t.Op) -> list[cst.BaseStatement]:
         if isinstance(op, t.Fill):
             return self.fill_mask(op)  # a causal buffer is an additive term like any other here
+        if isinstance(op, t.ZeroRows):
+            raise Refuse(
+                Code.MASKED_ROWS,
+                f"the probabilities are set to 0 where `{code(op.condition)}` masked the scores, so a row masked whole "
+                "gives 0; the attention implementations do not, and the dispatch has no step after them that zeroes "
+                "those rows (the class style has)",
+            )
         if isinstance(op, t.Scale) and op.per_query:
             # the interface takes one number as `scaling`; a tensor factor would have to move onto the query that
             # every implementation (eager included) receives

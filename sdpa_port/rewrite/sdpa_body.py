@@ -28,7 +28,7 @@ from sdpa_port.analyse.cstutil import (
     rebuild_if,
     replace_nodes,
 )
-from sdpa_port.analyse.patterns import DropoutCall, cast_operand, walk_names
+from sdpa_port.analyse.patterns import DropoutCall, cast_operand, optional_module_test, walk_names
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.rewrite.walk import StatementWalker
@@ -40,6 +40,7 @@ class Side(enum.Enum):
     SCALE = "scale"  # SDPA's scale=
     MASK = "mask"  # the additive float mask
     CAUSAL = "causal"  # a pending causal-buffer condition
+    ZERO_ROWS = "zero_rows"  # query rows whose every key is masked, whose output is then 0
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class SideNames:
     key: str = "sdpa_key"
     scores_shape: str = "scores_shape"
     term: str = "sdpa_term"
+    zero_rows: str = "sdpa_zero_rows"
 
     @classmethod
     def avoiding(cls, taken: set[str]) -> "SideNames":
@@ -73,6 +75,14 @@ class Layout:
     flatten_output: bool
 
 
+class ZeroRowsState(enum.Enum):
+    """Whether the path so far computed which query rows to zero (`sdpa_zero_rows`)."""
+
+    ABSENT = "absent"
+    SET = "set"
+    MAYBE = "maybe"  # in some branches only: the variable may still be None
+
+
 @dataclass
 class _State:
     """The side values at one point of the walk; Known expressions until a branch forces variables."""
@@ -86,6 +96,8 @@ class _State:
     causal: cst.BaseExpression | None = None  # condition of a causal-buffer fill, while known
     causal_var: bool = False
     causal_fill: cst.BaseExpression | None = None
+    zero_rows: ZeroRowsState = ZeroRowsState.ABSENT
+    zero_rows_var: bool = False  # `sdpa_zero_rows = None` is emitted before a branch that may set it
 
     def copy(self) -> "_State":
         return replace(self, scale_factors=list(self.scale_factors))
@@ -308,6 +320,13 @@ class SdpaEmitter(StatementWalker):
                 )
         merged = first.copy()
         merged.mask_maybe_none = any(s.mask_maybe_none for s in ends)
+        zero_rows = {s.zero_rows for s in ends}
+        if len(zero_rows) > 1:
+            if not merged.zero_rows_var:
+                raise Refuse(
+                    Code.CONDITIONAL, "the rows to zero are computed in some branches only", line=self.line_in(node)
+                )
+            merged.zero_rows = ZeroRowsState.MAYBE
         fills = [s.causal_fill for s in ends if s.causal_fill is not None]
         if fills:
             if not all(fill.deep_equals(fills[0]) for fill in fills):
@@ -365,7 +384,11 @@ class SdpaEmitter(StatementWalker):
                         kinds.add(Side.CAUSAL if op.causal and self.state.causal_fill is None else Side.MASK)
                     elif isinstance(op, t.Guard):
                         kinds.add(Side.MASK)
+                    elif isinstance(op, t.ZeroRows):
+                        kinds.add(Side.ZERO_ROWS)
                     elif isinstance(op, t.Dropout):
+                        if _guards_own_module(node, op):
+                            continue  # `if self.dropout is not None: p = self.dropout(p)`: its rate reads as 0.0
                         raise Refuse(Code.DROPOUT, "dropout is applied to the probabilities only under a condition")
         return kinds
 
@@ -414,6 +437,8 @@ class SdpaEmitter(StatementWalker):
                 return self.fill_mask(op)
             case t.Guard():
                 return self.floor_mask(op)
+            case t.ZeroRows():
+                return self.zero_rows(op)
             case t.Dropout():
                 if self.dropout is not None:
                     raise Refuse(Code.DROPOUT, "dropout is applied twice to the probabilities")
@@ -513,6 +538,26 @@ class SdpaEmitter(StatementWalker):
                 state.mask = _binary(state.mask, op.factor, op.divide)
         return out
 
+    def zero_rows(self, op: t.ZeroRows) -> list[cst.BaseStatement]:
+        """The query rows whose every key the condition masks, computed where the probabilities were zeroed (its
+        names may change later); the output is zeroed there after the SDPA call."""
+        if self.regrouped is not None:
+            raise Refuse(Code.LAYOUT, "the probabilities are zeroed while the scores are regrouped into another shape")
+        keyword = cst.Arg(
+            cst.Name("True"),
+            keyword=cst.Name("keepdim"),
+            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+        )
+        method = "any" if op.keep_where_true else "all"
+        rows: cst.BaseExpression = cst.Call(
+            func=cst.Attribute(value=primary(op.condition), attr=cst.Name(method)),
+            args=[cst.Arg(cst.UnaryOperation(cst.Minus(), cst.Integer("1")), comma=_COMMA), keyword],
+        )
+        if op.keep_where_true:
+            rows = cst.UnaryOperation(cst.BitInvert(), rows)
+        self.state.zero_rows = ZeroRowsState.SET
+        return [_assign(self.names.zero_rows, rows)]
+
     def floor_mask(self, op: t.Guard) -> list[cst.BaseStatement]:
         """`max(scores + mask, bound)` is `scores + max(mask, bound)` for an absorbing bound (scores + bound == bound).
 
@@ -589,7 +634,10 @@ class SdpaEmitter(StatementWalker):
         dtype_target = self.query_root()
 
         def where(current: cst.BaseExpression | None) -> cst.BaseExpression:
-            base: cst.BaseExpression = current if current is not None else cst.Float("0.0")
+            # zeros of the query's dtype, not `0.0`: a Python number makes the result float32, which cannot hold
+            # `finfo(float64).min`
+            zero = cst.Call(func=cst.Attribute(value=dtype_target, attr=cst.Name("new_zeros")), args=[cst.Arg(cst.Tuple([]))])
+            base: cst.BaseExpression = current if current is not None else zero
             if op.keep_where_true:
                 args = [op.condition, base, op.fill]
             else:
@@ -632,6 +680,10 @@ class SdpaEmitter(StatementWalker):
             out.append(_assign(self.names.causal, state.causal if state.causal is not None else cst.Name("None")))
             state.causal = None
             state.causal_var = True
+        if Side.ZERO_ROWS in kinds and not state.zero_rows_var:
+            if state.zero_rows is ZeroRowsState.ABSENT:
+                out.append(_assign(self.names.zero_rows, cst.Name("None")))
+            state.zero_rows_var = True
         return out
 
     def materialize_for(self, assigned: set[str]) -> list[cst.BaseStatement]:
@@ -739,6 +791,7 @@ class SdpaEmitter(StatementWalker):
                 args=[cst.Arg(cst.Attribute(value=primary(plan.output.value), attr=cst.Name("dtype")))],
             )
         new_small = replace_nodes(small, {plan.output.node: call})
+        zeroing = self.zero_output(small, plan)
         own = self.assigned_by(small)
         weights = [_assign(name, cst.Name("None")) for name in sorted(self.probs_after_output - own)]
         self.removed_reads.update(self.probs_after_output - own)
@@ -748,9 +801,36 @@ class SdpaEmitter(StatementWalker):
             out.append(line.with_changes(body=[new_small]))
         else:
             out.append(line.with_changes(body=[new_small]))
+            out.extend(zeroing)
             out.extend(weights)
         self.removed_reads |= walk_names(plan.output.node) - walk_names(plan.output.value)
         return out
+
+    def zero_output(self, small: cst.BaseSmallStatement, plan: t.OutputStmt) -> list[cst.BaseStatement]:
+        """`out = out.masked_fill(sdpa_zero_rows, 0.0)` after `out = <product with V>`: the rows eager zeroed."""
+        state = self.state.zero_rows
+        if state is ZeroRowsState.ABSENT:
+            return []
+        single = (
+            isinstance(small, cst.Assign)
+            and len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+            and small.value is plan.output.node
+        )
+        if not single:
+            raise Refuse(
+                Code.LAYOUT,
+                "the probabilities are zeroed where every key is masked, and the product with V is not assigned to a "
+                "name on its own, where the zeroing could follow it",
+            )
+        assert isinstance(small, cst.Assign) and isinstance(small.targets[0].target, cst.Name)
+        name = small.targets[0].target.value
+        zeroed = cst.Call(
+            func=cst.Attribute(value=cst.Name(name), attr=cst.Name("masked_fill")),
+            args=[cst.Arg(cst.Name(self.names.zero_rows), comma=_COMMA), cst.Arg(cst.Float("0.0"))],
+        )
+        statement = _assign(name, zeroed)
+        return [_if_not_none(self.names.zero_rows, statement) if state is ZeroRowsState.MAYBE else statement]
 
     def finalize_causal(self, out: list[cst.BaseStatement]) -> str:
         """Emit the causal-buffer decision; return the `is_causal=` argument code ('' when always False)."""
@@ -803,6 +883,18 @@ class SdpaEmitter(StatementWalker):
 
 
 # ------------------------------------------------------------------ small builders
+
+_COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+
+
+def _guards_own_module(node: cst.CSTNode, op: t.Dropout) -> bool:
+    """An `if self.X is not None` (no other branch) around dropout by the module `self.X` itself."""
+    return (
+        isinstance(node, cst.If)
+        and node.orelse is None
+        and op.call.module is not None
+        and optional_module_test(node.test) == op.call.module
+    )
 
 
 def _assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:

@@ -14,6 +14,7 @@ CASES = [
     ("modeling_tiny_decoder.py", "TinyDecoderModel", "decoder", {"scale_by_layer": True}),
     ("modeling_tiny_encoder.py", "TinyEncoderModel", "encoder", {}),
     ("modeling_tiny_windows.py", "TinyWindowsModel", "encoder", {}),  # a per-window mask on regrouped scores
+    ("modeling_tiny_zeroed.py", "TinyZeroedModel", "encoder", {}),  # probabilities zeroed after the softmax
 ]
 
 

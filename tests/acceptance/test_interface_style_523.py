@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import Case, load, original, port_file, record, sabotage
+from harness import Case, load, original, port_file, record
 
 pytestmark = pytest.mark.tf523
 

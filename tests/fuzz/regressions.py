@@ -115,6 +115,21 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(alternative=True, dropout="module", terms=(("mask", "not_none"),)),
         "exact", None,
     ),
+    # CPM-Ant and FastSpeech2 zero the probabilities again where the scores were masked: a row with no key gives 0;
+    # with a top-left slice and a cache real rows lose every key, so the zeroing decides their output
+    "12h: probabilities zeroed where the causal fill masked": (
+        Spec(causal="buffer", mask_style="none", terms=(), fill_form="masked_fill", zero_masked=True),
+        "exact", None,
+    ),
+    "12i: probabilities zeroed, top-left slice with a cache": (
+        Spec(causal="buffer", causal_slice="top_left", cache=True, mask_style="none", terms=(), fill_value="finfo_min",
+             zero_masked=True),
+        "exact", None,
+    ),
+    "12j: probabilities zeroed beside another mask": (
+        Spec(causal="buffer", mask_style="manual_float", terms=(("mask", "plain"),), zero_masked=True),
+        "refused", "M202",
+    ),
     "12e: a parameter scale in the interface style": (
         Spec(family="523", mask_style="builder", hazard="param_scale", terms=(("mask", "not_none"),)),
         "refused", "S102",

@@ -201,7 +201,7 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
                 f"alibi = {n.attr('slopes')}[:, None, None] * torch.arange({n.k_len}, device=attn_weights.device)[None, None, :]"
             )
             if n.flat:
-                code.add(f"attn_weights = attn_weights + alibi.repeat(bsz, 1, 1)")
+                code.add("attn_weights = attn_weights + alibi.repeat(bsz, 1, 1)")
             else:
                 code.add("attn_weights = attn_weights + alibi")
         elif kind == "helper":
@@ -417,6 +417,11 @@ def eager_chain(spec: Spec, n: Names, code: Code) -> None:
     if hazard == "dropout_before_softmax":
         code.add(f"attn_weights = {n.attr('attn_dropout')}(attn_weights)")
     softmax_lines(spec, n, code)
+    if spec.zero_masked:
+        if spec.fill_form in ("masked_fill", "masked_fill_inplace"):
+            code.add("attn_weights = attn_weights.masked_fill(~causal_mask, 0.0)")
+        else:
+            code.add("attn_weights = torch.where(causal_mask, attn_weights, 0.0)")
     if hazard == "post_softmax_term":
         code.add("attn_weights = attn_weights + 1e-3")
     if hazard == "optional_renorm":
@@ -443,7 +448,7 @@ def eager_chain(spec: Spec, n: Names, code: Code) -> None:
     v = n.value
     if hazard == "loop":
         code.add("chunks = []")
-        code.add(f"for start in range(0, attn_weights.size(-2), 4):")
+        code.add("for start in range(0, attn_weights.size(-2), 4):")
         with code.indent():
             code.add(f"chunks.append(torch.matmul(attn_weights[..., start : start + 4, :], {v}))")
         code.add("attn_output = torch.cat(chunks, dim=-2)")

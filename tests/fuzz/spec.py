@@ -98,6 +98,8 @@ class Spec:
     config_stored: bool = True  # `self.config = config` in the attention's __init__
     # the chain in the else branch of another kernel used in training (Open-Llama's xformers path)
     alternative: bool = False
+    # the probabilities zeroed again where the causal fill masked the scores (CPM-Ant's, FastSpeech2's form)
+    zero_masked: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -197,6 +199,7 @@ def draw(seed: int, family: str = "440") -> Spec:
         hazard=hazard,
         config_stored=rng.random() < 0.7,
         alternative=rng.random() < 0.1,
+        zero_masked=rng.random() < 0.15,  # drawn last: the draws of the fields above keep their seeds
     )
     return normalise(spec)
 
@@ -262,6 +265,9 @@ def normalise(spec: Spec) -> Spec:
         changes["terms"] = tuple((k, g) for k, g in changes.get("terms", spec.terms) if k != "relative")
     if spec.product == "einsum_bthd" and spec.layout == "heads" and spec.placement == "function":
         changes["placement"] = "forward"
+    zeroable = spec.causal == "buffer" and spec.causal_guard == "plain" and changes.get("layout", spec.layout) == "heads"
+    if spec.zero_masked and not zeroable:
+        changes["zero_masked"] = False  # the zeroing reads `causal_mask` where the causal fill defined it, per head
     return replace(spec, **changes) if changes else spec
 
 

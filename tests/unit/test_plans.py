@@ -252,3 +252,70 @@ def test_weights_asked_on_every_path_refuse_the_inert_port(source: str, always: 
         assert result.status is Status.REFUSED and "[W406]" in " ".join(result.reasons), result.reasons
     else:
         assert result.status is Status.PORTED, (result.status, result.reasons)
+
+
+ZEROED = (Path(__file__).resolve().parents[2] / "fixtures" / "class_style" / "modeling_tiny_zeroed.py").read_text()
+FILL = "            scores = scores.masked_fill(masked, torch.finfo(scores.dtype).min)\n"
+ZERO = "            probs = torch.softmax(scores, dim=-1).masked_fill(masked, 0.0)\n"
+
+
+@pytest.mark.parametrize(
+    "change,refusal",
+    [
+        # zeroed where another mask holds, or where the scores got a value that does not absorb them
+        ((ZERO, ZERO.replace("masked_fill(masked", "masked_fill(~masked")), "M201"),
+        ((FILL, FILL.replace("torch.finfo(scores.dtype).min", "-1e4")), "M201"),
+        # the mask changes between the fill and the zeroing
+        ((ZERO, "            masked = masked.flip(-1)\n" + ZERO), "M201"),
+        # another mask may empty the rest of a row, whose probabilities at `masked` are then not 0 before zeroing
+        ((FILL, FILL + "            scores = scores + attention_mask\n"), "M202"),
+        # zeroed outside the branch that masked the scores
+        ((ZERO, "            probs = torch.softmax(scores, dim=-1)\n"), None),
+    ],
+)
+def test_probabilities_zeroed_at_the_masked_keys(change: tuple[str, str], refusal: str | None) -> None:
+    """`softmax(scores.masked_fill(m, finfo.min)).masked_fill(m, 0)`: rows with no key give 0; on SDPA the output
+    rows where `m` masks every key are zeroed. Any other mask, value or order is refused, not guessed."""
+    source = ZEROED.replace(*change)
+    assert source != ZEROED
+    if change[1].endswith("probs = torch.softmax(scores, dim=-1)\n"):
+        # the zeroing moves after the `if`, where the scores may not have been masked
+        source = source.replace("        probs = self.dropout(probs)\n", "        probs = probs.masked_fill(masked, 0.0)\n        probs = self.dropout(probs)\n")
+        refusal = "M201"
+    if "attention_mask" in change[1]:
+        source = source.replace("def forward(self, hidden_states, masked=None, output_attentions=False):", "def forward(self, hidden_states, masked=None, attention_mask=None, output_attentions=False):")
+    result = port_source(source, filename="modeling_tiny_zeroed.py")
+    assert result.status is Status.REFUSED and f"[{refusal}]" in " ".join(result.reasons), result.reasons
+
+
+def test_probabilities_kept_where_a_mask_holds_and_zeroed_elsewhere() -> None:
+    """`torch.where(keep, probs, 0)` after `torch.where(keep, scores, finfo.min)`: rows where no key is kept."""
+    source = ZEROED.replace(FILL, "            keep = ~masked\n            scores = torch.where(keep, scores, torch.finfo(scores.dtype).min)\n")
+    source = source.replace(ZERO, "            probs = torch.where(keep, torch.softmax(scores, dim=-1), 0.0)\n")
+    result = port_source(source, filename="modeling_tiny_zeroed.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert "sdpa_zero_rows = ~keep.any(-1, keepdim=True)" in result.source
+    assert "context = context.masked_fill(sdpa_zero_rows, 0.0)" in result.source
+    # the interface style has no step after the implementations to zero the rows: refused, the class style ports
+    local = ZEROED.replace(FILL, "            strict = torch.ones(length, length, dtype=torch.bool).triu()\n" + FILL)
+    local = local.replace(FILL, FILL.replace("(masked,", "(strict,")).replace(ZERO, ZERO.replace("(masked,", "(strict,"))
+    refused = port_source(local, filename="modeling_tiny_zeroed.py", style=Style.INTERFACE)
+    assert refused.status is Status.REFUSED and "dispatch has no step after them" in " ".join(refused.reasons)
+    assert port_source(local, filename="modeling_tiny_zeroed.py", style=Style.CLASS).status is Status.PORTED
+
+
+def test_a_dropout_module_that_may_be_none_and_a_fill_given_as_a_float() -> None:
+    """CPM-Ant keeps `self.dropout = None` without dropout and calls it under `if self.dropout is not None`;
+    FastSpeech2 fills with `float(torch.finfo(dtype).min)`. Both are exact: a rate of 0.0 where the module is None,
+    and the same number."""
+    source = ZEROED.replace("        self.dropout = nn.Dropout(0.0)\n", "        self.dropout = nn.Dropout(0.1) if config.num_hidden_layers > 1 else None\n")
+    source = source.replace("        probs = self.dropout(probs)\n", "        if self.dropout is not None:\n            probs = self.dropout(probs)\n")
+    source = source.replace("torch.finfo(scores.dtype).min)", "float(torch.finfo(scores.dtype).min))")
+    assert source.count("float(torch.finfo") == 1 and "if self.dropout is not None" in source
+    result = port_source(source, filename="modeling_tiny_zeroed.py")
+    assert result.status is Status.PORTED, result.reasons
+    # parenthesised: `a if b else 0.0 if self.training else 0.0` would drop out in evaluation
+    assert "dropout_p=(self.dropout.p if self.dropout is not None else 0.0) if self.training else 0.0" in result.source
+    guarded = source.replace("        if self.dropout is not None:\n", "        if self.training:\n")
+    refused = port_source(guarded, filename="modeling_tiny_zeroed.py")
+    assert refused.status is Status.REFUSED and "[S112]" in " ".join(refused.reasons), refused.reasons
