@@ -362,16 +362,28 @@ def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
     template_forward = body[-1]
     assert isinstance(template_forward, cst.FunctionDef)
     prelude = [_with_fallback_arguments(s, forward.params) for s in block_body(template_forward.body) if not is_pass(s)]
+    statements = list(forward.body.body)
+    # the eager forward's docstring stays first, before the fallback (a string after code documents nothing)
+    docstring = statements[:1] if statements and _is_docstring(statements[0]) else []
     new_forward = template_forward.with_changes(
         params=forward.params,
         whitespace_before_params=forward.whitespace_before_params,
         returns=forward.returns,
         decorators=forward.decorators,
         asynchronous=forward.asynchronous,
-        body=template_forward.body.with_changes(body=[*prelude, *forward.body.body]),
+        body=template_forward.body.with_changes(body=[*docstring, *prelude, *statements[len(docstring) :]]),
     )
     body[-1] = new_forward
     return node.with_changes(body=node.body.with_changes(body=body))
+
+
+def _is_docstring(statement: cst.CSTNode) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
 
 
 def _source(analysis: ClassAnalysis) -> str:

@@ -319,3 +319,16 @@ def test_a_dropout_module_that_may_be_none_and_a_fill_given_as_a_float() -> None
     guarded = source.replace("        if self.dropout is not None:\n", "        if self.training:\n")
     refused = port_source(guarded, filename="modeling_tiny_zeroed.py")
     assert refused.status is Status.REFUSED and "[S112]" in " ".join(refused.reasons), refused.reasons
+
+
+def test_the_eager_forward_docstring_stays_first_in_the_sdpa_forward() -> None:
+    documented = ENCODER.replace(
+        "        batch, length, _ = hidden_states.shape\n",
+        '        """Self-attention with a learned distance bias."""\n        batch, length, _ = hidden_states.shape\n',
+        1,
+    )
+    result = port_source(documented, filename="modeling_tiny_encoder.py")
+    assert result.status is Status.PORTED, result.reasons
+    forward = result.source.split("class TinyEncoderSdpaSelfAttention")[1].split("    def forward(")[1]
+    body = forward.split("):\n", 1)[1].lstrip()
+    assert body.startswith('"""Self-attention with a learned distance bias."""\n        if output_attentions:'), body[:200]
