@@ -19,6 +19,7 @@ _HEAD_NAMES = re.compile(r"^(num_attention_heads|n_heads?|num_heads|(encoder|dec
 _HIDDEN_NAMES = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim|word_embed_proj_dim|embedding_size|dim)$")
 _FFN_NAMES = re.compile(r"^(intermediate_size|(encoder|decoder)_ffn_dim|ffn_dim|d_ff|n_inner|hidden_dim|inner_dim)$")
 _POSITION_NAMES = re.compile(r"^(max_position_embeddings|n_positions|n_ctx|max_seq_len|max_sequence_length)$")
+LATENTS = 4  # a perceiver resampler's outputs per image: the image placeholders in the token ids
 _TOKEN_NAMES = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id", "cls_token_id")
 
 
@@ -47,6 +48,10 @@ def shrink_fields(fields: dict[str, Any]) -> dict[str, Any]:
             values[name] = POSITIONS
         elif name == "vocab_size":
             values[name] = VOCAB
+        elif name in ("image_token_id", "image_token_index") and current is not None and current >= VOCAB:
+            values[name] = VOCAB - 1  # the image placeholder stays a token of the tiny vocabulary
+        elif name == "resampler_n_latents" and current is not None and current > LATENTS:
+            values[name] = LATENTS
         elif name == "d_kv":
             values[name] = HIDDEN // HEADS
         elif name in ("rotary_dim",) and current is not None:

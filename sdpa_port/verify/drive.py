@@ -279,7 +279,10 @@ def _tensor(spec: TensorSpec, generator: torch.Generator) -> torch.Tensor:
     shape = spec.shape
     if spec.fill == "ids":
         low = min(spec.low, max(spec.high - 1, 0))
-        return torch.randint(low, max(spec.high, low + 1), shape, generator=generator)
+        ids = torch.randint(low, max(spec.high, low + 1), shape, generator=generator)
+        if spec.placeholders:
+            ids[:, 1 : 1 + spec.placeholders] = spec.placeholder
+        return ids
     if spec.fill == "normal":
         return torch.randn(shape, generator=generator)
     if spec.fill == "uniform":

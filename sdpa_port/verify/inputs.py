@@ -107,6 +107,10 @@ class TensorSpec:
     low: int = 0
     dtype: str = "float"  # float | long | bool
     cardinality: tuple[int, ...] = ()
+    # ids: `placeholders` copies of the token `placeholder` from position 1 on (the image tokens a multimodal model
+    # replaces by image features), the other ids drawn below it
+    placeholder: int = -1
+    placeholders: int = 0
 
 
 @dataclass(frozen=True)
@@ -186,15 +190,15 @@ def plan_inputs(params: Sequence[Param], view: ConfigView, *, decoder: bool = Fa
         taken = ", ".join(p.name for p in params[:6])
         return Unsupported(f"forward takes no input the harness can build (takes {taken}, ...)")
     mask = None
-    if "attention_mask" in names and sequence is not None:
-        length = _axis_length(options, sequence)
-        if length:
-            add("attention_mask", TensorSpec("attention_mask", "ones", (BATCH, length), dtype="long"))
-            mask = "attention_mask"
+    if "attention_mask" in names and sequence is not None and _axis_length(options, sequence):
+        mask = "attention_mask"
     if batch != BATCH:
         options = [[replace(spec, shape=(batch, *spec.shape[1:])) for spec in alternatives] for alternatives in options]
     plans = []
     for combination in itertools.islice(itertools.product(*options), MAX_ALTERNATIVES):
+        if mask is not None:  # as long as this combination's sequence (alternatives may differ in length)
+            padded = next(spec for spec in combination if spec.name == sequence)
+            combination = (*combination, TensorSpec(mask, "ones", padded.shape[:2], dtype="long"))
         described = ", ".join(f"{t.name}{list(t.shape)}{'' if t.dtype == 'float' else ' ' + t.dtype}" for t in combination)
         plans.append(
             Plan(
@@ -241,6 +245,35 @@ def _ids(name: str, length: int) -> Callable[..., tuple[Any, str]]:
         return TensorSpec(name, "ids", (BATCH, length), high=vocab, low=3, dtype="long"), "text"
 
     return build
+
+
+def _text_ids(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
+    """Token ids; with pixels, a model that replaces an image token by image features gets those tokens, as many as
+    its features per image (a resampler's latents, or one per patch) times one or two images."""
+    plain, kind = _ids("input_ids", TEXT_LENGTH)(view, names, vocab)
+    token = view.get(("image_token_id", "image_token_index"))
+    if "pixel_values" not in names or not isinstance(token, int) or not 0 < token < vocab:
+        return plain, kind
+    per_image = image_features(view)
+    if not per_image:
+        return plain, kind
+    out = []
+    for images in (1, 2):  # pixel_values as (batch, channels, h, w), or with an images axis
+        count = images * per_image
+        out.append(replace(plain, shape=(BATCH, TEXT_LENGTH + count), high=token, placeholder=token, placeholders=count))
+    return out, kind
+
+
+def image_features(view: ConfigView) -> int | None:
+    """How many features a multimodal model makes of one image: its resampler's latents, else one per patch."""
+    latents = view.get(("resampler_n_latents", "num_query_tokens", "image_seq_length"), "vision")
+    if isinstance(latents, int) and latents > 0:
+        return latents
+    patch = view.get(("patch_size",), "vision")
+    if isinstance(patch, int) and patch > 0:
+        height, width = image_size(view)
+        return (height // patch) * (width // patch)
+    return None
 
 
 def _pixels(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
@@ -413,7 +446,7 @@ def _static_real(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, st
 
 
 _BUILDERS: dict[str, Callable[..., tuple[Any, str]]] = {
-    "input_ids": _ids("input_ids", TEXT_LENGTH),
+    "input_ids": _text_ids,
     "decoder_input_ids": _ids("decoder_input_ids", DECODER_LENGTH),
     "pixel_values": _pixels,
     "image": _image,  # LayoutLMv2's page image

@@ -26,6 +26,7 @@ CASES = {
     "detr": "image",  # a transformers backbone where timm is missing
     "vit_mae": "image",  # random masking, drawn alike in every model
     "sam": "image",  # the vision neck's channels are the prompt decoder's width: sizes tied across sub-configs
+    "idefics2": "text+image",  # image placeholder tokens, one per resampler latent and image; images per example
 }
 
 
@@ -54,6 +55,8 @@ def test_driven_models_verify(model: str, workdir: Path) -> None:
         ("time_series_transformer", "scale"),
         ("vilt", "mask"),
         ("detr", "scale"),
+        ("idefics2", "scale"),
+        ("sam", "scale"),
     ],
 )
 def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> None:

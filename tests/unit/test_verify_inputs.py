@@ -369,3 +369,32 @@ def test_a_tied_level_shrinks_sizes_equal_to_a_shrunk_hidden_size_across_sub_con
     clash = {"model_type": "x", "hidden_size": 128, "a_config": {"model_type": "", "d_model": 64, "channels": 64}}
     assert level_kwargs(clash, tied) == level_kwargs(clash, LEVELS[1])
     assert level_kwargs(clash, tied)["a_config"]["channels"] == 64
+
+
+def test_image_placeholder_tokens_as_many_as_the_features_of_one_or_two_images() -> None:
+    """Idefics2 replaces each `image_token_id` in the ids by one of its resampler's latents per image: the ids carry
+    that many placeholders (other ids drawn below the token), the mask follows each alternative's length."""
+    view = ConfigView.of(
+        {
+            "image_token_id": 98,
+            "text_config": {"model_type": "t", "vocab_size": 99},
+            "vision_config": {"model_type": "v", "image_size": 32, "patch_size": 8},
+            "perceiver_config": {"model_type": "p", "resampler_n_latents": 4},
+        }
+    )
+    plans = plan_inputs(params("input_ids", "attention_mask", "pixel_values"), view)
+    assert isinstance(plans, list)
+    found = {(shapes(p)["input_ids"], shapes(p)["pixel_values"]) for p in plans}
+    assert ((2, 12), (2, 2, 3, 32, 32)) in found and ((2, 16), (2, 2, 3, 32, 32)) in found
+    for plan in plans:
+        ids = plan.spec("input_ids")
+        assert ids is not None and ids.placeholder == 98 and ids.high == 98
+        assert ids.placeholders == ids.shape[1] - 8 and shapes(plan)["attention_mask"] == ids.shape
+    # one feature per patch without a resampler; no image token (or one outside the vocabulary): plain ids
+    patches = ConfigView.of({"image_token_index": 5, "vocab_size": 99, "image_size": 32, "patch_size": 8})
+    counts = {p.spec("input_ids").placeholders for p in plan_inputs(params("input_ids", "pixel_values"), patches)}  # type: ignore[union-attr]
+    assert counts == {16, 32}
+    plain = plan_inputs(params("input_ids", "pixel_values"), ConfigView.of({"image_token_id": 32001, "vocab_size": 99}))
+    assert {p.spec("input_ids").placeholders for p in plain} == {0}  # type: ignore[union-attr]
+    tiny = level_kwargs({"model_type": "x", "image_token_id": 32001, "perceiver_config": {"model_type": "p", "resampler_n_latents": 64}}, LEVELS[0])
+    assert tiny["image_token_id"] == 98 and tiny["perceiver_config"]["resampler_n_latents"] == 4
