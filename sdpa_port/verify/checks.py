@@ -203,19 +203,43 @@ def max_difference(a: Any, b: Any, batch: Batch, relative: bool = False) -> floa
     return worst
 
 
+MIN_POSITIONS = 8  # a median over fewer positions is as much a matter of chance as the largest difference
+BF16_LENGTH = 24  # tokens per example for the bf16 check: the median runs over about 45 positions, not 13
+
+
 def typical_error(a: Any, b: Any, batch: Batch) -> float:
     """The median over positions of each position's difference norm, relative to the output's RMS norm per position;
     the largest over the outputs. A rounding that breaks a near tie of a sharp softmax moves a few positions a lot;
-    a wrong scale or term moves most of them, and so the median."""
-    worst = 0.0
+    a wrong scale or term moves most of them, and so the median. Outputs of fewer than MIN_POSITIONS positions (the
+    pooled logits of a classifier) count only when no output has more."""
+    found: list[tuple[int, float]] = []
     for left, right in compared(a, b, batch):
         left, right = (left.flatten(1), right.flatten(1)) if left.dim() > 1 else (left[:, None], right[:, None])
         difference = (left - right).norm(dim=1)
         if not torch.isfinite(difference).all():
             return math.inf
         scale = max(float(left.norm(dim=1).pow(2).mean().sqrt()), 1e-12)
-        worst = max(worst, float(difference.median()) / scale)
-    return worst
+        found.append((left.shape[0], float(difference.median()) / scale))
+    enough = [error for rows, error in found if rows >= MIN_POSITIONS]
+    return max(enough or [error for _, error in found])
+
+
+def with_last_hidden_states(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The model's float outputs, and the last of each `*hidden_states` tuple (asked for where the forward takes
+    `output_hidden_states`): a classifier's pooled logits are a handful of numbers, its last hidden state has a
+    position per token."""
+    forward = getattr(model, "forward", model)
+    try:
+        takes = "output_hidden_states" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    output = model(**inputs, output_hidden_states=True) if takes else model(**inputs)
+    out = dict(tensors(output))
+    items = output.items() if hasattr(output, "items") else ()
+    for key, value in items:
+        if str(key).endswith("hidden_states") and isinstance(value, tuple) and value and torch.is_tensor(value[-1]):
+            out[f"{key}[-1]"] = value[-1]
+    return out
 
 
 def attention_weights(output: Any) -> dict[str, tuple[torch.Tensor, ...]]:
@@ -321,9 +345,9 @@ def bf16_error(reference: Any, eager: Any, sdpa: Any, batch: Batch) -> tuple[flo
     bias term moves it.
     """
     with torch.no_grad():
-        expected = reference(**batch.inputs)
-        eager_error = typical_error(expected, eager(**batch.inputs), batch)
-        sdpa_error = typical_error(expected, sdpa(**batch.inputs), batch)
+        expected = with_last_hidden_states(reference, batch.inputs)
+        eager_error = typical_error(expected, with_last_hidden_states(eager, batch.inputs), batch)
+        sdpa_error = typical_error(expected, with_last_hidden_states(sdpa, batch.inputs), batch)
     return sdpa_error, eager_error, 2 * eager_error + BF16_ULPS
 
 
