@@ -268,9 +268,8 @@ Written by `scripts/census.py` (one section per release; rerun it to refresh a s
 ports, `--verify` loads the original and the port inside the installed transformers and compares, on a tiny
 random-init config with sharpened weights and inputs synthesised from the model's forward signature and config:
 the port's eager outputs against the original's (1e-6), the port's SDPA outputs against the original's eager
-outputs (1e-4, or 1e-5 of the output magnitude for large outputs; where float32 rounding tips a comparison or an
-argmax, the same comparison in float64 within 1e-9 decides, and the detail says so), and that SDPA really ran.
-"not verifiable" means the harness could not drive the model (the reason is given) and is never counted as a pass.
+outputs (1e-4, or 1e-5 of the output magnitude for large outputs), and that SDPA really ran. "not verifiable" means
+the harness could not drive the model (the reason is given) and is never counted as a pass.
 
 """
 

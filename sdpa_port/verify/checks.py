@@ -330,7 +330,6 @@ def compare(
     return checks
 
 
-DOUBLE_TOLERANCE = 1e-9  # in float64, where one computation done two ways differs by rounding of about 1e-16
 BF16_ULPS = 2.0**-7  # two units in the last place of bfloat16 (8 significant bits), relative to the output scale
 
 

@@ -11,7 +11,6 @@ import math
 from typing import Any
 
 from sdpa_port.verify.checks import (  # noqa: F401  (re-exported for callers)
-    DOUBLE_TOLERANCE,
     SDPA_OP,
     Batch,
     Check,
@@ -60,25 +59,21 @@ def check_forward(
         if relative.passed:
             sdpa[0] = Check(sdpa[0].name, True, sdpa[0].max_diff, f"(relative {relative.max_diff:.2g})")
     if not sdpa[0].passed and sdpa[0].max_diff is not None and math.isfinite(sdpa[0].max_diff):
-        sdpa[0] = settled_in_double(sdpa[0], original, ported_sdpa, batch)
+        sdpa[0] = with_double_figure(sdpa[0], original, ported_sdpa, batch)
     return checks + sdpa
 
 
-def settled_in_double(check: Check, original: Any, ported_sdpa: Any, batch: Batch) -> Check:
-    """A float32 failure the same comparison in float64 clears: float32 rounding tipped a discrete step of the model
-    (a threshold, a rounded duration); a wrong scale or term differs in any precision. Otherwise the float64
-    figure joins the failure's detail."""
+def with_double_figure(check: Check, original: Any, ported_sdpa: Any, batch: Batch) -> Check:
+    """A float32 failure with the same comparison in float64 beside it (rounding amplified by the model shrinks by
+    orders of magnitude there, a wrong computation does not); the float32 result alone decides."""
     inputs = {k: v.double() if v.is_floating_point() else v for k, v in batch.inputs.items()}
     try:
         double = compare(
-            copy.deepcopy(original).double(), copy.deepcopy(ported_sdpa).double(), Batch(inputs, batch.keep, batch.decoder_keep),
-            check.name, DOUBLE_TOLERANCE, expect_sdpa=False,
+            copy.deepcopy(original).double(), copy.deepcopy(ported_sdpa).double(),
+            Batch(inputs, batch.keep, batch.decoder_keep), check.name, 0.0, expect_sdpa=False,
         )[0]
     except Exception as error:  # a model that cannot run in float64
         return Check(check.name, False, check.max_diff, f"{check.detail} (float64 comparison not possible: {type(error).__name__})".strip())
-    if double.passed:
-        detail = f"in float64 max|diff|={double.max_diff:.3g}; float32 rounding tipped a discrete step (float32: {check.detail})"
-        return Check(check.name, True, check.max_diff, detail)
     return Check(check.name, False, check.max_diff, f"{check.detail} (in float64: max|diff|={double.max_diff:.3g})".strip())
 
 
