@@ -153,6 +153,21 @@ def is_absorbing(node: cst.BaseExpression, scope: Scope) -> bool:
     return _minus_infinity_or_extreme(leaf, scope)
 
 
+def is_minus_infinity(node: cst.BaseExpression, scope: Scope) -> bool:
+    """-inf itself (`float("-inf")`, `-math.inf`, a 0-d tensor of it): below every finite score, however masked."""
+    leaf = _fill_value(node, scope)
+    if leaf is None:
+        return False
+    value = number(leaf)
+    if value is not None:
+        return value == float("-inf")
+    return (
+        isinstance(leaf, cst.UnaryOperation)
+        and isinstance(leaf.operator, cst.Minus)
+        and scope.qualify(leaf.expression) in INFINITIES
+    )
+
+
 def fill_number(node: cst.BaseExpression, scope: Scope) -> float | None:
     """The number a fill value stands for (`0.0`, `torch.scalar_tensor(0, ...)`), or None."""
     leaf = _fill_value(node, scope)

@@ -1222,6 +1222,10 @@ class Tracer:
                 {cid},
             )
         first = matched[0]
+        if not p.is_minus_infinity(first.fill, self.scope):
+            # a finite fill (finfo.min) gives a masked key weight exp(-s) against keys another term pushed to about
+            # finfo.min too: an additive term handed in as a parameter may carry such a mask (T5's position_bias)
+            masks += [op for op in ops if isinstance(op, AddTerm) and isinstance(op.term, cst.Name) and op.term.value in self.params]
         if len(fills) > 1 or masks:
             raise _Poison(
                 Code.MASKED_ROWS,

@@ -130,6 +130,15 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(causal="buffer", mask_style="manual_float", terms=(("mask", "plain"),), zero_masked=True),
         "refused", "M202",
     ),
+    # a term handed in as a parameter may carry a mask (T5's position_bias): beside a finite fill the zeroing decides
+    "12k: probabilities zeroed beside a parameter term, finite fill": (
+        Spec(causal="buffer", mask_style="none", terms=(("bias", "plain"),), fill_value="finfo_min", zero_masked=True),
+        "refused", "M202",
+    ),
+    "12l: probabilities zeroed beside a parameter term, -inf fill": (
+        Spec(causal="buffer", mask_style="none", terms=(("bias", "plain"),), fill_value="minus_inf", zero_masked=True),
+        "exact", None,
+    ),
     "12e: a parameter scale in the interface style": (
         Spec(family="523", mask_style="builder", hazard="param_scale", terms=(("mask", "not_none"),)),
         "refused", "S102",

@@ -288,6 +288,20 @@ def test_probabilities_zeroed_at_the_masked_keys(change: tuple[str, str], refusa
     assert result.status is Status.REFUSED and f"[{refusal}]" in " ".join(result.reasons), result.reasons
 
 
+def test_a_parameter_term_beside_a_finite_fill_may_carry_a_mask() -> None:
+    """A term handed in as a parameter (T5 folds its padding mask into `position_bias`) may push keys to about
+    finfo.min: beside a finfo.min fill, the masked keys then keep weight until the zeroing, so the port is refused;
+    beside a -inf fill they are exactly 0 whatever the term holds (CPM-Ant), so it ports."""
+    with_term = ZEROED.replace(FILL, FILL + "            scores = scores + position_bias\n").replace(
+        "def forward(self, hidden_states, masked=None, output_attentions=False):",
+        "def forward(self, hidden_states, masked=None, position_bias=None, output_attentions=False):",
+    )
+    refused = port_source(with_term, filename="modeling_tiny_zeroed.py")
+    assert refused.status is Status.REFUSED and "[M202]" in " ".join(refused.reasons), refused.reasons
+    infinite = with_term.replace("torch.finfo(scores.dtype).min)", 'float("-inf"))')
+    assert port_source(infinite, filename="modeling_tiny_zeroed.py").status is Status.PORTED
+
+
 def test_probabilities_kept_where_a_mask_holds_and_zeroed_elsewhere() -> None:
     """`torch.where(keep, probs, 0)` after `torch.where(keep, scores, finfo.min)`: rows where no key is kept."""
     source = ZEROED.replace(FILL, "            keep = ~masked\n            scores = torch.where(keep, scores, torch.finfo(scores.dtype).min)\n")
