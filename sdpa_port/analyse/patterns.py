@@ -7,6 +7,7 @@ typed description or None. Nothing here looks at source text.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -129,13 +130,8 @@ INFINITIES = frozenset({"math.inf", "torch.inf", "numpy.inf", "np.inf"})
 
 def is_very_negative(node: cst.BaseExpression, scope: Scope) -> bool:
     """A fill value that masks a score out: finfo(...).min, -inf, -finfo(...).max, or a literal <= -1e4."""
-    leaf = _fill_value(node, scope)
-    if leaf is None:
-        return False
-    value = number(leaf)
-    if value is not None:
-        return value <= VERY_NEGATIVE_LIMIT
-    return _minus_infinity_or_extreme(leaf, scope)
+    value = fill_number(node, scope)
+    return value is not None and value <= VERY_NEGATIVE_LIMIT
 
 
 def is_absorbing(node: cst.BaseExpression, scope: Scope) -> bool:
@@ -144,44 +140,37 @@ def is_absorbing(node: cst.BaseExpression, scope: Scope) -> bool:
     Replacing a score by such a value and adding the value to it give the same softmax, even in a row where every
     key is masked; for a merely very negative value (-1e4, -1e9) they differ there.
     """
-    leaf = _fill_value(node, scope)
-    if leaf is None:
-        return False
-    value = number(leaf)
-    if value is not None:
-        return value <= ABSORBING_LIMIT
-    return _minus_infinity_or_extreme(leaf, scope)
+    value = fill_number(node, scope)
+    return value is not None and value <= ABSORBING_LIMIT
 
 
 def is_minus_infinity(node: cst.BaseExpression, scope: Scope) -> bool:
     """-inf itself (`float("-inf")`, `-math.inf`, a 0-d tensor of it): below every finite score, however masked."""
-    leaf = _fill_value(node, scope)
-    if leaf is None:
-        return False
-    value = number(leaf)
-    if value is not None:
-        return value == float("-inf")
-    return (
-        isinstance(leaf, cst.UnaryOperation)
-        and isinstance(leaf.operator, cst.Minus)
-        and scope.qualify(leaf.expression) in INFINITIES
-    )
+    return fill_number(node, scope) == -math.inf
+
+
+# finfo(dtype).min or -finfo(dtype).max, of the scores' dtype: absorbing in that dtype, yet finite
+_FINFO_EXTREME = -1e38
 
 
 def fill_number(node: cst.BaseExpression, scope: Scope) -> float | None:
-    """The number a fill value stands for (`0.0`, `torch.scalar_tensor(0, ...)`), or None."""
+    """The number a fill value stands for (`0.0`, `torch.scalar_tensor(0, ...)`, -inf for `-math.inf`,
+    _FINFO_EXTREME for `torch.finfo(dtype).min`), or None."""
     leaf = _fill_value(node, scope)
-    return None if leaf is None else number(leaf)
-
-
-def _minus_infinity_or_extreme(node: cst.BaseExpression, scope: Scope) -> bool:
-    """-inf, -finfo(...).max or finfo(...).min."""
-    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
-        inner = node.expression
+    if leaf is None:
+        return None
+    value = number(leaf)
+    if value is not None:
+        return value
+    if isinstance(leaf, cst.UnaryOperation) and isinstance(leaf.operator, cst.Minus):
+        inner = leaf.expression
         if scope.qualify(inner) in INFINITIES:
-            return True
-        return isinstance(inner, cst.Attribute) and inner.attr.value == "max" and _is_finfo(inner.value, scope)
-    return isinstance(node, cst.Attribute) and node.attr.value == "min" and _is_finfo(node.value, scope)
+            return -math.inf
+        if isinstance(inner, cst.Attribute) and inner.attr.value == "max" and _is_finfo(inner.value, scope):
+            return _FINFO_EXTREME
+    if isinstance(leaf, cst.Attribute) and leaf.attr.value == "min" and _is_finfo(leaf.value, scope):
+        return _FINFO_EXTREME
+    return None
 
 
 def _fill_value(node: cst.BaseExpression, scope: Scope, depth: int = 0) -> cst.BaseExpression | None:
