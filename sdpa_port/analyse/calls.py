@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.module_sites import ModuleCall, ModuleSites
+from sdpa_port.analyse.module_sites import ModuleCall, ModuleSites, parameter_default
 
 
 def always_asks_for_weights(facts: ModuleFacts, class_name: str, parameter: str, position: int | None) -> bool:
@@ -26,7 +26,7 @@ def _always_true(
     sites: ModuleSites, class_name: str, parameter: str, position: int | None, seen: frozenset[str]
 ) -> bool:
     found = sites.method(class_name, "forward")
-    default = _default(found[1], parameter) if found is not None else None
+    default = parameter_default(found[1], parameter) if found is not None else None
     calls = [use for use in sites.uses if class_name in use.classes]
     return bool(calls) and all(
         _passes_true(sites, call, parameter, position, default, seen | {class_name}) for call in calls
@@ -74,14 +74,6 @@ def _forwarded_true(sites: ModuleSites, context: tuple[str, str], name: str, see
     position = positional.index(name) - 1 if name in positional[1:] else None
     built = [c for c in sorted(sites.subclasses(owner)) if (sites.method(c, "forward") or ("",))[0] == owner]
     return bool(built) and all(_always_true(sites, c, name, position, seen) for c in built)
-
-
-def _default(function: ast.FunctionDef, parameter: str) -> ast.expr | None:
-    arguments = function.args
-    positional = [*arguments.posonlyargs, *arguments.args]
-    defaults = dict(zip([p.arg for p in positional[len(positional) - len(arguments.defaults) :]], arguments.defaults))
-    defaults.update({p.arg: d for p, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
-    return defaults.get(parameter)
 
 
 def _rebinds(function: ast.FunctionDef, name: str) -> bool:

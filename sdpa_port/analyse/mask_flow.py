@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.module_sites import ModuleCall, ModuleSites, Site
+from sdpa_port.analyse.module_sites import ModuleCall, ModuleSites, Site, parameter_default
 
 CAUSAL_BUILDER = "create_causal_mask"
 BIDIRECTIONAL_BUILDER = "create_bidirectional_mask"
@@ -643,23 +643,10 @@ def _bound(use: ModuleCall, function: ast.FunctionDef, param: str) -> ast.expr |
             return use.args[index]
     if any(k.arg is None for k in use.keywords):
         return Origin(Kind.UNKNOWN, line, f"`**` keywords, which may hold `{param}`")
-    default = _default(function, param)
+    default = parameter_default(function, param)
     if isinstance(default, ast.Constant) and default.value is None:
         return Origin(Kind.NONE, line)
     return Origin(Kind.UNKNOWN, line, f"`{param}`, not passed")
-
-
-def _default(function: ast.FunctionDef, param: str) -> ast.expr | None:
-    args = function.args
-    positional = [*args.posonlyargs, *args.args]
-    offset = len(positional) - len(args.defaults)
-    for index, arg in enumerate(positional):
-        if arg.arg == param:
-            return args.defaults[index - offset] if index >= offset else None
-    for arg, default in zip(args.kwonlyargs, args.kw_defaults):
-        if arg.arg == param:
-            return default
-    return None
 
 
 def _header_nodes(statement: ast.stmt) -> Iterator[ast.AST]:

@@ -370,6 +370,20 @@ class ModuleSites:
         return self._escapes.get(site, [])
 
 
+def parameter_default(function: ast.FunctionDef, param: str) -> ast.expr | None:
+    """The default of a function's parameter, None when it has none (or no such parameter)."""
+    args = function.args
+    positional = [*args.posonlyargs, *args.args]
+    offset = len(positional) - len(args.defaults)
+    for index, arg in enumerate(positional):
+        if arg.arg == param:
+            return args.defaults[index - offset] if index >= offset else None
+    for arg, default in zip(args.kwonlyargs, args.kw_defaults):
+        if arg.arg == param:
+            return default
+    return None
+
+
 def _is_checkpoint(func: ast.expr) -> bool:
     name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
     return name in CHECKPOINTS
