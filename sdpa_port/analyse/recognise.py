@@ -417,7 +417,9 @@ def describe(
             case t.Cast():
                 upcast = upcast or op.upcast
             case t.Dropout():
-                dropout = Dropout(code(op.call.probability), conditional)
+                # inside its own `if self.dropout is not None:`, the dropout is as conditional as that `if`
+                own_depth = depth - 1 if op.guard is not None else depth
+                dropout = Dropout(code(op.call.probability), own_depth > start_depth)
             case t.HeadMask():
                 head_mask = op.root
             case t.View():

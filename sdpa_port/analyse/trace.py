@@ -175,6 +175,9 @@ class Softmax:
 @dataclass(frozen=True)
 class Dropout:
     call: p.DropoutCall
+    # the test of an innermost `if self.dropout is not None:` around it, where `self.dropout` is the module called:
+    # the dropout happens whenever the module exists, so that branch is no condition on it
+    guard: cst.BaseExpression | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -743,7 +746,7 @@ class Tracer:
         if dropout is not None and self.chain_refs(dropout.operand):
             base, ops = self.decompose(dropout.operand, line)
             self.require(base, ops, PROBS, "dropout", line, Code.DROPOUT)
-            return base, [*ops, Dropout(dropout)]
+            return base, [*ops, Dropout(dropout, self.module_guard(dropout.module))]
         if isinstance(node, cst.Call):
             return self.decompose_call(node, line)
         if isinstance(node, cst.BinaryOperation):
@@ -1329,21 +1332,15 @@ class Tracer:
     def record(self, base: ChainVal, ops: Sequence[Op], depth: int, line: int) -> None:
         candidate = self.candidates[base.cid]
         for op in ops:
-            # `if self.dropout is not None: p = self.dropout(p)` drops out whenever the module exists: unconditional
-            guarded = isinstance(op, Dropout) and self.guards_module(op.call.module)
-            candidate.ops.append((op, depth - 1 if guarded else depth, line))
+            candidate.ops.append((op, depth, line))
             if isinstance(op, Softmax):
                 candidate.stage = PROBS
 
-    def guards_module(self, module: str | None) -> bool:
-        """The innermost branch is the `if` of `if self.<module> is not None`."""
-        return (
-            module is not None
-            and bool(self.tests)
-            and bool(self.path)
-            and self.path[-1][1] == 0
-            and p.optional_module_test(self.tests[-1]) == module
-        )
+    def module_guard(self, module: str | None) -> cst.BaseExpression | None:
+        """The test of the innermost branch when it is the `if` of `if self.<module> is not None`."""
+        if module is None or not self.tests or not self.path or self.path[-1][1] != 0:
+            return None
+        return self.tests[-1] if p.optional_module_test(self.tests[-1]) == module else None
 
     def note_assignment(self, names: Sequence[str]) -> None:
         for name in names:

@@ -28,7 +28,7 @@ from sdpa_port.analyse.cstutil import (
     rebuild_if,
     replace_nodes,
 )
-from sdpa_port.analyse.patterns import DropoutCall, cast_operand, optional_module_test, walk_names
+from sdpa_port.analyse.patterns import DropoutCall, cast_operand, walk_names
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.rewrite.walk import StatementWalker
@@ -387,7 +387,7 @@ class SdpaEmitter(StatementWalker):
                     elif isinstance(op, t.ZeroRows):
                         kinds.add(Side.ZERO_ROWS)
                     elif isinstance(op, t.Dropout):
-                        if _guards_own_module(node, op):
+                        if isinstance(node, cst.If) and node.test is op.guard:
                             continue  # `if self.dropout is not None: p = self.dropout(p)`: its rate reads as 0.0
                         raise Refuse(Code.DROPOUT, "dropout is applied to the probabilities only under a condition")
         return kinds
@@ -465,7 +465,7 @@ class SdpaEmitter(StatementWalker):
         zeros = cst.Call(func=cst.Attribute(value=primary(self.query), attr=cst.Name("new_zeros")), args=[cst.Arg(scores_shape)])
         viewed = cst.Call(
             func=cst.Attribute(value=zeros, attr=cst.Name("view")),
-            args=[cst.Arg(size, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for size in shape[:-1]]
+            args=[cst.Arg(size, comma=_COMMA) for size in shape[:-1]]
             + [cst.Arg(shape[-1])],
         )
         summed = binary(viewed, cst.Add(), term)
@@ -543,11 +543,7 @@ class SdpaEmitter(StatementWalker):
         names may change later); the output is zeroed there after the SDPA call."""
         if self.regrouped is not None:
             raise Refuse(Code.LAYOUT, "the probabilities are zeroed while the scores are regrouped into another shape")
-        keyword = cst.Arg(
-            cst.Name("True"),
-            keyword=cst.Name("keepdim"),
-            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-        )
+        keyword = _keyword("keepdim", cst.Name("True"))
         method = "any" if op.keep_where_true else "all"
         rows: cst.BaseExpression = cst.Call(
             func=cst.Attribute(value=primary(op.condition), attr=cst.Name(method)),
@@ -887,14 +883,8 @@ class SdpaEmitter(StatementWalker):
 _COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 
-def _guards_own_module(node: cst.CSTNode, op: t.Dropout) -> bool:
-    """An `if self.X is not None` (no other branch) around dropout by the module `self.X` itself."""
-    return (
-        isinstance(node, cst.If)
-        and node.orelse is None
-        and op.call.module is not None
-        and optional_module_test(node.test) == op.call.module
-    )
+def _keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
+    return cst.Arg(value, keyword=cst.Name(name), equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
 
 
 def _assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
@@ -929,7 +919,7 @@ def not_none_names(test: cst.BaseExpression) -> set[str]:
 def _clamp(mask: cst.BaseExpression, bound: cst.BaseExpression) -> cst.Call:
     return cst.Call(
         func=cst.Attribute(value=primary(mask), attr=cst.Name("clamp")),
-        args=[cst.Arg(bound, keyword=cst.Name("min"), equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))],
+        args=[_keyword("min", bound)],
     )
 
 

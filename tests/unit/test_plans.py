@@ -333,6 +333,14 @@ def test_a_dropout_module_that_may_be_none_and_a_fill_given_as_a_float() -> None
     guarded = source.replace("        if self.dropout is not None:\n", "        if self.training:\n")
     refused = port_source(guarded, filename="modeling_tiny_zeroed.py")
     assert refused.status is Status.REFUSED and "[S112]" in " ".join(refused.reasons), refused.reasons
+    # the module's own test inside another condition is still a condition
+    nested = source.replace(
+        "        if self.dropout is not None:\n            probs = self.dropout(probs)\n",
+        "        if self.training:\n            if self.dropout is not None:\n                probs = self.dropout(probs)\n",
+    )
+    assert nested != source
+    refused = port_source(nested, filename="modeling_tiny_zeroed.py")
+    assert refused.status is Status.REFUSED and "[S112]" in " ".join(refused.reasons), refused.reasons
 
 
 def test_the_eager_forward_docstring_stays_first_in_the_sdpa_forward() -> None:
