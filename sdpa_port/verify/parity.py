@@ -6,7 +6,6 @@ The building blocks live in `checks.py` (the code the emitted tests carry); this
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
@@ -23,9 +22,7 @@ from sdpa_port.verify.checks import (  # noqa: F401  (re-exported for callers)
     model_kind,
     sharpen,
 )
-
-
-RELATIVE_TOLERANCE = 1e-5  # of the largest output magnitude, for outputs far beyond unit scale
+from sdpa_port.verify.drive import RELATIVE_TOLERANCE, in_double
 
 
 def check_forward(
@@ -59,22 +56,10 @@ def check_forward(
         if relative.passed:
             sdpa[0] = Check(sdpa[0].name, True, sdpa[0].max_diff, f"(relative {relative.max_diff:.2g})")
     if not sdpa[0].passed and sdpa[0].max_diff is not None and math.isfinite(sdpa[0].max_diff):
-        sdpa[0] = with_double_figure(sdpa[0], original, ported_sdpa, batch)
+        # the same comparison in float64 beside it, as for driven models; float32 alone decides
+        note = in_double(original, ported_sdpa, batch)
+        sdpa[0] = Check(sdpa[0].name, False, sdpa[0].max_diff, f"{sdpa[0].detail} {note}".strip())
     return checks + sdpa
-
-
-def with_double_figure(check: Check, original: Any, ported_sdpa: Any, batch: Batch) -> Check:
-    """A float32 failure with the same comparison in float64 beside it (rounding amplified by the model shrinks by
-    orders of magnitude there, a wrong computation does not); the float32 result alone decides."""
-    inputs = {k: v.double() if v.is_floating_point() else v for k, v in batch.inputs.items()}
-    try:
-        double = compare(
-            copy.deepcopy(original).double(), copy.deepcopy(ported_sdpa).double(),
-            Batch(inputs, batch.keep, batch.decoder_keep), check.name, 0.0, expect_sdpa=False,
-        )[0]
-    except Exception as error:  # a model that cannot run in float64
-        return Check(check.name, False, check.max_diff, f"{check.detail} (float64 comparison not possible: {type(error).__name__})".strip())
-    return Check(check.name, False, check.max_diff, f"{check.detail} (in float64: max|diff|={double.max_diff:.3g})".strip())
 
 
 def check_generate(
