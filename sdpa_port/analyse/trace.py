@@ -362,8 +362,8 @@ class Tracer:
         self.returns: list[cst.Return] = []
         self.current_line = 0
         self.tests: list[cst.BaseExpression] = []
-        self.branches = 0  # enclosing if/elif/else branches (`tests` holds the tests of the if/elif ones)
-        self.path: list[tuple[int, int]] = []  # (id of the `if`, branch index) of the enclosing branches
+        # (id of the `if`, branch index) of the enclosing if/elif/else branches; `tests` holds the if/elif tests
+        self.path: list[tuple[int, int]] = []
         self.assignments: dict[str, int] = {}  # how often each name has been assigned so far
         self.output_seen = False
         self.probs_after_output: set[str] = set()
@@ -473,11 +473,9 @@ class Tracer:
             self.env.update(start_env)
             if test is not None:
                 self.tests.append(test)
-            self.branches += 1
             self.path.append((id(node), index))
             self.block(body, depth + 1)
             self.path.pop()
-            self.branches -= 1
             if test is not None:
                 self.tests.pop()
             results.append(dict(self.env))
@@ -1125,7 +1123,7 @@ class Tracer:
 
     def always_applied(self, term: cst.BaseExpression) -> bool:
         """Only `x is not None` tests of the term's own names enclose it (an `else` branch counts as a condition)."""
-        if len(self.tests) != self.branches:
+        if len(self.tests) != len(self.path):
             return False
         names = p.walk_names(term)
         for test in self.tests:
