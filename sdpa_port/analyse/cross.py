@@ -74,6 +74,28 @@ def key_only_parameters(
     With `helper` (the method computing the attention and the arguments `function` binds to its parameters), `key`
     and `query` are read in the helper and followed back through its locals and parameters into `function`.
     """
+    extra = _key_side_parameters(function, key, query, helper)
+    return tuple(sorted(p for p in extra if not is_cache_parameter(p) and not is_mask_parameter(p)))
+
+
+def keys_aligned(
+    function: cst.FunctionDef,
+    key: cst.BaseExpression,
+    query: cst.BaseExpression,
+    helper: tuple[cst.FunctionDef, dict[str, cst.BaseExpression]] | None = None,
+) -> bool:
+    """The keys read no parameter the queries do not, caches included (masks aside): self-attention over the call's
+    own positions, key j at position j. (A module that shortened its keys, pooling them from the same input, would
+    pass this test; none such also slices a causal buffer.)"""
+    return all(is_mask_parameter(p) for p in _key_side_parameters(function, key, query, helper))
+
+
+def _key_side_parameters(
+    function: cst.FunctionDef,
+    key: cst.BaseExpression,
+    query: cst.BaseExpression,
+    helper: tuple[cst.FunctionDef, dict[str, cst.BaseExpression]] | None,
+) -> set[str]:
     key_names, query_names = walk_names(key), walk_names(query)
     if helper is not None:
         inner, bound = helper
@@ -83,10 +105,7 @@ def key_only_parameters(
         query_names = _argument_names(_reached(query_names, inner_deps, inner_params), bound)
     params = parameters_of(function)
     deps = dependencies(function, params)
-    keys = _reached(key_names, deps, params)
-    queries = _reached(query_names, deps, params)
-    extra = keys - queries
-    return tuple(sorted(p for p in extra if not is_cache_parameter(p) and not is_mask_parameter(p)))
+    return _reached(key_names, deps, params) - _reached(query_names, deps, params)
 
 
 def _argument_names(parameters: set[str], bound: dict[str, cst.BaseExpression]) -> set[str]:
@@ -102,4 +121,4 @@ def self_attention_test(parameters: tuple[str, ...]) -> str:
     return " and ".join(f"{p} is None" for p in parameters) or "True"
 
 
-__all__ = ["key_only_parameters", "self_attention_test", "dependencies", "is_cache_parameter", "is_mask_parameter"]
+__all__ = ["key_only_parameters", "keys_aligned", "self_attention_test", "dependencies", "is_cache_parameter", "is_mask_parameter"]

@@ -11,8 +11,10 @@ the softmax of the scores. Two ways make the fold exact anyway:
   (each real token keeps at least itself and the other real tokens) or a bottom-right aligned causal slice (each
   token keeps itself).
 
-A top-left causal slice (`bias[:, :, :q, :k]`) with a key/value cache lets a real token's row lose every key to
-left padding; a condition the tool cannot place may do anything. With a fill that does not absorb, those refuse.
+A top-left causal slice (`bias[:, :, :q, :k]`) keeps each row's own position, and so the token itself, only when
+the keys are the call's own positions (`aligned`: no cache, no other source); with a key/value cache a real token's
+row may lose every key to left padding. A condition the tool cannot place may do anything. With a fill that does
+not absorb, those refuse.
 """
 
 from __future__ import annotations
@@ -22,13 +24,18 @@ from sdpa_port.analyse.cstutil import code
 from sdpa_port.refusals import Code, Reason
 
 
-def masked_rows_reason(candidate: t.Candidate) -> tuple[Reason, int] | None:
+def row_safe(fill: t.Fill, aligned: bool) -> bool:
+    """Every real query row keeps a key this fill leaves alone (`aligned`: the keys are the queries' positions)."""
+    return fill.row_safe or (aligned and fill.top_left)
+
+
+def masked_rows_reason(candidate: t.Candidate, aligned: bool) -> tuple[Reason, int] | None:
     """The reason (and line) folding this chain's fills into an additive mask is not exact, or None when it is."""
     fills = [(op, line) for op, _, line in candidate.ops if isinstance(op, t.Fill)]
     loose = [(op, line) for op, line in fills if not op.absorbing]
     if not loose:
         return None
-    unsafe = [(op, line) for op, line in fills if not op.row_safe]
+    unsafe = [(op, line) for op, line in fills if not row_safe(op, aligned)]
     if not unsafe:
         return None
     fill, line = loose[0]

@@ -522,10 +522,11 @@ def product(node: cst.BaseExpression, scope: Scope) -> Product | None:
         return Product(form, receiver[0], node.args[0].value, 3 if form is ProductForm.BMM else None)
     if qualified in EINSUM_FUNCTIONS:
         spec_node = arg(node, 0, "equation")
-        if not isinstance(spec_node, cst.SimpleString) or len(node.args) != 3:
+        operands = _einsum_operands(node)
+        if not isinstance(spec_node, cst.SimpleString) or operands is None:
             return None
         spec = str(spec_node.evaluated_value).replace(" ", "")
-        return Product(ProductForm.EINSUM, node.args[1].value, node.args[2].value, None, spec=spec)
+        return Product(ProductForm.EINSUM, operands[0], operands[1], None, spec=spec)
     if qualified in BADDBMM_FUNCTIONS or method_call(node, {"baddbmm"}) is not None:
         if qualified in BADDBMM_FUNCTIONS:
             initial = arg(node, 0, "input")
@@ -538,6 +539,19 @@ def product(node: cst.BaseExpression, scope: Scope) -> Product | None:
         beta = _keyword(node, "beta")
         alpha = _keyword(node, "alpha")
         return Product(ProductForm.BADDBMM, left, right, 3, alpha=alpha, beta=beta, initial=initial)
+    return None
+
+
+def _einsum_operands(call: cst.Call) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """The two operands of `einsum(spec, a, b)` or of `einsum(spec, [a, b])` (a list or tuple of exactly two)."""
+    if any(a.keyword is not None for a in call.args):
+        return None
+    if len(call.args) == 3:
+        return call.args[1].value, call.args[2].value
+    if len(call.args) == 2 and isinstance(call.args[1].value, (cst.List, cst.Tuple)):
+        elements = call.args[1].value.elements
+        if len(elements) == 2 and all(isinstance(e, cst.Element) for e in elements):
+            return elements[0].value, elements[1].value
     return None
 
 

@@ -143,6 +143,9 @@ class Fill:
     absorbing: bool = True
     # every real query row keeps a key this fill leaves alone: a padding mask parameter or a bottom-right causal slice
     row_safe: bool = True
+    # the condition is a top-left slice `bias[:, :, :q, :k]` of a lower-triangular buffer: each row keeps its own
+    # position, hence a real token itself, when the keys are the queries' own positions (no cache, no other source)
+    top_left: bool = False
     # where the fill happened: the enclosing branches, and how often each name of the condition had been assigned
     path: tuple[tuple[int, int], ...] = field(default=(), compare=False)
     bindings: tuple[tuple[str, int], ...] = field(default=(), compare=False)
@@ -1178,13 +1181,15 @@ class Tracer:
         negated = None if keep_where_true else self.negated(condition)
         if negated is not None:  # `masked_fill(bias == 0, f)` keeps where `bias` is true
             condition, keep_where_true = negated, True
-        diagonal = self.diagonal_slice(condition) if keep_where_true else None
+        triangle = self.triangle_slice(condition) if keep_where_true else None
+        diagonal = triangle[0] if triangle is not None and _bottom_right(triangle[1]) else None
+        top_left = triangle is not None and _top_left(triangle[1])
         causal = diagonal is Diagonal.CAUSAL
         absorbing = p.is_absorbing(fill, self.scope)
         row_safe = diagonal is not None or self.is_padding_condition(condition)
         detached = self.detach(condition, cid)
         return Fill(
-            detached, keep_where_true, self.detach(fill, cid), causal, absorbing, row_safe,
+            detached, keep_where_true, self.detach(fill, cid), causal, absorbing, row_safe, top_left,
             path=tuple(self.path), bindings=self.bindings_of(detached),
         )
 
@@ -1248,12 +1253,6 @@ class Tracer:
         names = p.walk_names(node)
         masks = {n for n in names if n in self.params and "mask" in n and not n.endswith("head_mask")}
         return bool(masks) and names <= masks | {"torch"}
-
-    def diagonal_slice(self, node: cst.BaseExpression) -> Diagonal | None:
-        """How a bottom-right slice `self.bias[:, :, k - q : k, :k]` of a lower-triangular buffer keeps the
-        diagonal: the whole lower triangle (causal), or a band below it (a sliding window); None otherwise."""
-        found = self.triangle_slice(node)
-        return found[0] if found is not None and _bottom_right(found[1]) else None
 
     def triangle_slice(self, node: cst.BaseExpression, depth: int = 0) -> tuple[Diagonal, cst.Subscript] | None:
         """A slice, sliced anywhere, of a registered buffer built as a triangle of ones (entries 0 or 1), through
@@ -1975,6 +1974,17 @@ def _strictly_below(shift: cst.BaseExpression) -> bool:
     if isinstance(shift, cst.UnaryOperation) and isinstance(shift.operator, cst.Minus):
         return isinstance(shift.expression, (cst.Attribute, cst.Name))
     return False
+
+
+def _top_left(node: cst.Subscript) -> bool:
+    """`[:, :, :q, :k]`: the first q rows of the first k columns (row i is position i, keys start at position 0)."""
+    slices = [e.slice for e in node.slice if isinstance(e.slice, cst.Slice)]
+    if len(node.slice) != 4 or len(slices) != 4:
+        return False
+    first, second, rows, cols = slices
+    if any(part is not None for part in (first.lower, first.upper, second.lower, second.upper)):
+        return False
+    return all(s.lower is None and s.step is None and s.upper is not None for s in (rows, cols))
 
 
 def _bottom_right(node: cst.Subscript) -> bool:

@@ -22,6 +22,7 @@ from sdpa_port.analyse.flow import bound_before
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.mask_changes import extended_mask, forward_of
 from sdpa_port.analyse.mask_flow import MaskFlow
+from sdpa_port.analyse.masked_rows import row_safe
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import cast_operand, walk_names
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
@@ -36,7 +37,7 @@ from sdpa_port.rewrite.causal_sites import pass_is_causal
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions, eager_body, parameter_name
 from sdpa_port.rewrite.sdpa_body import SideNames, function_names
-from sdpa_port.rewrite.sdpa_forward import inline_helpers, trace_sdpa_path
+from sdpa_port.rewrite.sdpa_forward import inline_helpers, keys_aligned_in, trace_sdpa_path
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 from sdpa_port.plan.threading import plan_threading
 from sdpa_port.rewrite.layout import fresh_name, separated, with_star_kwargs
@@ -220,13 +221,14 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         )
     if analysis.helpers:
         forward = inline_helpers(facts, analysis, forward)
-    result, candidate = trace_sdpa_path(facts, analysis.class_name, forward)
+    aligned = keys_aligned_in(facts, analysis)
+    result, candidate = trace_sdpa_path(facts, analysis.class_name, forward, aligned=aligned)
     start = candidate.start
     assert start is not None
     params = result.params
     mask_param = _mask_parameter(candidate, params)
     for op, _, line in candidate.ops:
-        if isinstance(op, t.Fill) and mask_param is not None and not op.row_safe:
+        if isinstance(op, t.Fill) and mask_param is not None and not row_safe(op, aligned):
             # transformers' sdpa combines a boolean attention mask with position_bias by replacement
             # (`where(mask, bias, min)`), not by addition: even an absorbing fill then differs in a row that
             # loses every key

@@ -8,6 +8,7 @@ from typing import Sequence
 import libcst as cst
 
 from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.cross import keys_aligned
 from sdpa_port.analyse.masked_rows import masked_rows_reason
 from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, block_body, replace_names, replace_nodes
 from sdpa_port.analyse.module_facts import ModuleFacts
@@ -29,9 +30,13 @@ class ForwardPlan:
 
 
 def trace_sdpa_path(
-    facts: ModuleFacts, class_name: str, function: cst.FunctionDef, key_params: frozenset[str] = frozenset()
+    facts: ModuleFacts,
+    class_name: str,
+    function: cst.FunctionDef,
+    key_params: frozenset[str] = frozenset(),
+    aligned: bool = False,
 ) -> tuple[t.TraceResult, t.Candidate]:
-    """Trace a specialised function and select its single attention chain."""
+    """Trace a specialised function and select its single attention chain (`aligned`: see `keys_aligned_in`)."""
     discovery = t.Tracer(facts, class_name, function, key_params=key_params).run()
     attention = discovery.attention()
     if len(attention) != 1:
@@ -45,10 +50,27 @@ def trace_sdpa_path(
         if chosen and chosen[0].poison:
             raise Refuse.because(chosen[0].poison, line=chosen[0].poison_line)
         raise Refuse(Code.UNRECOGNISED, "the attention chain changed on re-trace")
-    unsafe = masked_rows_reason(chosen[0])
+    unsafe = masked_rows_reason(chosen[0], aligned)
     if unsafe is not None:
         raise Refuse.because(unsafe[0], line=unsafe[1])
     return selected, chosen[0]
+
+
+def keys_aligned_in(facts: ModuleFacts, analysis: ClassAnalysis) -> bool:
+    """Every site's keys are the call's own positions (`cross.keys_aligned`), followed into a helper's arguments."""
+    found = facts.find_method(analysis.class_name, "forward")
+    if found is None or not analysis.sites:
+        return False
+    inner: tuple[cst.FunctionDef, dict[str, cst.BaseExpression]] | None = None
+    if analysis.helpers:
+        bound = analysis.helpers[0].bound()
+        if bound is None:
+            return False
+        inner = (analysis.helpers[0].helper.function, bound)
+    return all(
+        keys_aligned(found[1], cst.parse_expression(site.key), cst.parse_expression(site.query), inner)
+        for site in analysis.sites
+    )
 
 
 def build_sdpa_forward(
@@ -66,7 +88,7 @@ def build_sdpa_forward(
         taken |= function_names(helper.helper.function)
     options = EmitOptions(SideNames.avoiding(taken), contract)
     if not analysis.helpers:
-        result, candidate = trace_sdpa_path(facts, analysis.class_name, special)
+        result, candidate = trace_sdpa_path(facts, analysis.class_name, special, aligned=keys_aligned_in(facts, analysis))
         emitter = SdpaEmitter(result, candidate, options)
         body = emitter.block(block_body(special.body))
         removable = emitter.removed_reads
@@ -141,7 +163,12 @@ class Inliner(StatementWalker):
         eager_only_params = [
             name for name, value in bound.items() if walk_names(value) & set(self.analysis.eager_only_params)
         ]
-        special = specialise(helper, Known(none=frozenset(eager_only_params))) if self.options else helper
+        # the SDPA forward has already returned when a flag asking for eager is set: the parameters bound to one are
+        # false in the helper too
+        flags = {self.analysis.output_attentions, *self.analysis.eager_only_flags} - {None}
+        falsy = frozenset(name for name, value in bound.items() if isinstance(value, cst.Name) and value.value in flags)
+        known = Known(none=frozenset(eager_only_params), falsy=falsy)
+        special = specialise(helper, known) if self.options else helper
         special = self.rename_collisions(special, bound, statement)
         params = [p for p in [*special.params.posonly_params, *special.params.params] if p.name.value != "self"]
         params += list(special.params.kwonly_params)
@@ -162,7 +189,8 @@ class Inliner(StatementWalker):
             )
         if self.options is not None:
             keys = frozenset(name for name, value in bound.items() if self.caller().transposed_key(value))
-            result, candidate = trace_sdpa_path(self.facts, self.analysis.class_name, special, keys)
+            aligned = keys_aligned_in(self.facts, self.analysis)
+            result, candidate = trace_sdpa_path(self.facts, self.analysis.class_name, special, keys, aligned)
             emitter = SdpaEmitter(result, candidate, self.with_aliases(self.options, bound))
             body = emitter.block(block_body(special.body))
             self.removed_reads |= emitter.removed_reads | set(bound)

@@ -115,6 +115,18 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(alternative=True, dropout="module", terms=(("mask", "not_none"),)),
         "exact", None,
     ),
+    # OpenAI GPT: a top-left slice keeps each row's own position while the keys are the call's own (no cache, no
+    # other source), so even a -1e4 fill, which does not absorb, leaves every real token a key (was refused M202)
+    "12m: a -1e4 blended top-left causal slice without a cache": (
+        Spec(causal="buffer", causal_slice="top_left", fill_form="blend", fill_value="minus_1e4",
+             mask_style="manual_float", terms=(("mask", "not_none"),)),
+        "exact", None,
+    ),
+    "12n: a -1e4 top-left causal slice without a cache, 5.x": (
+        Spec(family="523", causal="buffer", causal_slice="top_left", fill_value="minus_1e4", mask_style="builder",
+             terms=(("mask", "not_none"),)),
+        "exact", None,
+    ),
     # CPM-Ant and FastSpeech2 zero the probabilities again where the scores were masked: a row with no key gives 0;
     # with a top-left slice and a cache real rows lose every key, so the zeroing decides their output
     "12h: probabilities zeroed where the causal fill masked": (

@@ -165,16 +165,35 @@ class OldModel(OldPreTrainedModel):
 def test_a_key_split_by_a_flagged_method_and_a_blended_causal_buffer() -> None:
     """GPT-2's original form: `split_heads(key, k=True)` returns the key as (b, h, d, s) on the path its literal
     argument opens, so `q @ k` is a product with the key transposed; `w * b - 1e4 * (1 - b)` with b a slice of a
-    triangle of ones is a causal fill. A top-left slice may leave a real token's row without keys once lengths
-    differ, and -1e4 does not absorb the scores: refused (M202). A weight that is no 0/1 buffer stays a scale."""
+    triangle of ones is a causal fill. A top-left slice keeps each row's own position, so a real token keeps itself
+    while the keys are the call's own positions; with a cache a real token's row may lose every key to left padding,
+    and -1e4 does not absorb the scores: refused (M202). A weight that is no 0/1 buffer stays a scale."""
     ported = port_source(GPT_TF_ERA, style=Style.CLASS)
     assert ported.status is Status.PORTED, ported.reasons
     sdpa_call = ported.source.split("scaled_dot_product_attention(")[1].split(")\n")[0]
     assert "k.transpose(-1, -2)" in sdpa_call and "is_causal=sdpa_is_causal" in sdpa_call
     assert "torch.where(b.bool()" in ported.source
     top_left = GPT_TF_ERA.replace("self.bias[:, :, ns - nd : ns, :ns]", "self.bias[:, :, :nd, :ns]")
-    refused = port_source(top_left, style=Style.CLASS)
+    assert port_source(top_left, style=Style.CLASS).status is Status.PORTED
+    cached = top_left.replace(
+        "def forward(self, x, attention_mask=None):", "def forward(self, x, attention_mask=None, layer_past=None):"
+    ).replace(
+        "        value = self.split_heads(value)\n        return",
+        "        value = self.split_heads(value)\n"
+        "        if layer_past is not None:\n"
+        "            key = torch.cat((layer_past[0], key), dim=-1)\n"
+        "            value = torch.cat((layer_past[1], value), dim=-2)\n"
+        "        return",
+    )
+    assert "layer_past[0]" in cached
+    refused = port_source(cached, style=Style.CLASS)
     assert refused.status is Status.REFUSED and "M202" in " ".join(refused.reasons)
+    other_keys = top_left.replace("def forward(self, x, attention_mask=None):", "def forward(self, x, attention_mask=None, memory=None):").replace(
+        "query, key, value = self.c_attn(x).split(self.split_size, dim=2)",
+        "query, key, value = self.c_attn(x).split(self.split_size, dim=2)\n        key = key if memory is None else memory",
+    )
+    assert "memory is None" in other_keys
+    assert "M202" in " ".join(port_source(other_keys, style=Style.CLASS).reasons)
     unflagged = GPT_TF_ERA.replace("key = self.split_heads(key, k=True)", "key = self.split_heads(key)")
     assert port_source(unflagged, style=Style.CLASS).status is Status.REFUSED
     weighted = GPT_TF_ERA.replace("b = self.bias[:, :, ns - nd : ns, :ns]", "b = attention_mask")
