@@ -60,6 +60,8 @@ def test_plain_site_facts() -> None:
         "torch.matmul(query, key.transpose(2, 3))",
         "torch.matmul(query, key.permute(0, 1, 3, 2))",
         'torch.einsum("bhqd,bhkd->bhqk", query, key)',
+        'torch.einsum("bhqd,bhkd->bhqk", [query, key])',  # operands as one list (CvT) or tuple
+        'torch.einsum("bhqd,bhkd->bhqk", (query, key))',
         "query.matmul(key.mT)",
     ],
 )
