@@ -109,3 +109,44 @@ def test_the_bf16_bound_reads_a_classifier_by_its_last_hidden_state(tmp_path: Pa
         error, _, bound = checks.bf16_error(reference, eager.to(torch.bfloat16), sdpa.to(torch.bfloat16), batch)
         ratios.append(round(error / bound, 2))
     assert all(ratio <= 1 for ratio in ratios), ratios
+
+
+def test_rounding_excuses_only_what_a_smooth_model_makes_of_rounding_in_its_attention() -> None:
+    """`within_rounding` (amplifying models such as CvT): a difference no larger than the model's response to changing
+    its attention outputs by a few units in the last place passes; a larger one fails; and a model whose outputs
+    do not respond in proportion (a threshold) is never excused, however small the difference."""
+    import torch
+
+    from sdpa_port.verify.checks import Batch
+    from sdpa_port.verify.drive import Difference, forward, within_rounding
+
+    class Attend(torch.nn.Module):  # stands for the attention module the port replaces
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.softmax(-1)
+
+    class Amplifying(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attend = Attend()
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (self.attend(x) * 1e6,)
+
+    class Thresholded(Amplifying):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return ((self.attend(x) > 0.1).float(),)
+
+    batch = Batch({"x": torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(0))}, torch.ones(2, 0))
+    smooth = Amplifying()
+    expected = forward(smooth, batch)
+    response = within_rounding(smooth, batch, {"Attend"}, expected, Difference(0.0, 0.0, 1))
+    assert response.excused and "within rounding" in response.note
+    moved = response.rounding
+    assert 0.0 < moved and response.probe > 100 * moved
+    assert within_rounding(smooth, batch, {"Attend"}, expected, Difference(moved / 2, 0.0, 1)).excused
+    beyond = within_rounding(smooth, batch, {"Attend"}, expected, Difference(moved * 2, 0.0, 1))
+    assert not beyond.excused and "beyond rounding" in beyond.note
+    assert not within_rounding(smooth, batch, {"Other"}, expected, Difference(0.0, 0.0, 1)).excused
+    step = Thresholded()
+    judged = within_rounding(step, batch, {"Attend"}, forward(step, batch), Difference(0.0, 0.0, 1))
+    assert not judged.excused and "not in proportion" in judged.note
