@@ -37,6 +37,8 @@ CAUSAL_CONTRACT = "self.is_causal"
 class Registration:
     dict_name: str
     create: bool  # the dict does not exist yet
+    # classes built where no config is in scope that receive the implementation's name (`register.IMPLEMENTATION`)
+    threaded: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -121,19 +123,12 @@ def plan_class_style(
         if not sites:
             plan.warnings.append(f"{analysis.class_name} is not constructed in this file; it is left eager")
             continue
-        missing = [owner for owner, has_config in sites if not has_config]
-        if missing:
-            reasons.append(
-                Refusal(
-                    Code.NO_CONFIG,
-                    analysis.class_name,
-                    0,
-                    f"built in {', '.join(sorted(set(missing)))} without a `config` in scope, so the "
-                    "implementation cannot be selected",
-                )
-            )
+        threaded = _threading(module, facts, analysis.class_name, attention_names, sites)
+        if isinstance(threaded, str):
+            reasons.append(Refusal(Code.NO_CONFIG, analysis.class_name, 0, threaded))
             continue
-        registrations.append((analysis, name, Registration(dict_name_for(analysis.class_name, facts), create=True)))
+        registration = Registration(dict_name_for(analysis.class_name, facts), create=True, threaded=threaded)
+        registrations.append((analysis, name, registration))
     if reasons:
         return PortResult.refused(module.code, Style.CLASS, reasons, names)
     built = _build_forwards(facts, registrations, contracts)
@@ -163,6 +158,53 @@ def plan_class_style(
         )
     plan.flag_classes = facts.pretrained_roots
     return plan
+
+
+MAX_THREADING = 4  # classes between the attention module and a config
+
+
+def _threading(
+    module: cst.Module,
+    facts: ModuleFacts,
+    class_name: str,
+    attention_names: frozenset[str],
+    sites: list[register.Construction],
+) -> frozenset[str] | str:
+    """The classes that must bring the implementation's name down to where `class_name` is built without a config
+    in scope (each takes `attn_implementation="eager"` in its `__init__`), or why it cannot be brought.
+
+    A class qualifies when it builds the module in its `__init__`, and every construction of it in the file does
+    too, with a config in scope or in another class that qualifies; a class the file never builds is built by
+    code the tool cannot see, which would keep the eager default."""
+    threaded: set[str] = set()
+    pending = [site for site in sites if not site.has_config]
+    while pending:
+        site = pending.pop()
+        if not site.in_init or facts.is_subclass(site.owner, "PreTrainedModel"):
+            return (
+                f"built in {site.owner} outside its `__init__` without a `config` in scope, so the implementation "
+                "cannot be selected"
+            )
+        if site.owner in threaded:
+            continue
+        init = facts.find_method(site.owner, "__init__")
+        if init is None or register.IMPLEMENTATION in {p.name.value for p in _all_params(init[1].params)}:
+            return f"built in {site.owner}, whose `__init__` cannot take the implementation's name"
+        threaded.add(site.owner)
+        if len(threaded) > MAX_THREADING:
+            return f"built more than {MAX_THREADING} constructions away from a `config`, so the implementation cannot be selected"
+        owners = facts.classes_calling({site.owner}) - {site.owner}
+        built = register.construction_sites(module, site.owner, attention_names, owners, configured_classes(facts))
+        if not built:
+            return f"built in {site.owner} without a `config` in scope, and this file never builds {site.owner}"
+        pending.extend(b for b in built if not b.has_config)
+    return frozenset(threaded)
+
+
+def _all_params(params: cst.Parameters) -> list[cst.Param]:
+    star = [params.star_arg] if isinstance(params.star_arg, cst.Param) else []
+    kwargs = [params.star_kwarg] if params.star_kwarg is not None else []
+    return [*params.posonly_params, *params.params, *star, *params.kwonly_params, *kwargs]
 
 
 def _always_asked_for_weights(facts: ModuleFacts, analysis: ClassAnalysis) -> Refusal | None:
@@ -289,10 +331,15 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
             )
             skip = frozenset({item.analysis.class_name, item.name})
             owners = facts.classes_calling({item.analysis.class_name})
+            configured = configured_classes(facts)
             module, count = register.select_from_dict(
-                module, item.analysis.class_name, registration.dict_name, skip, owners, configured_classes(facts)
+                module, item.analysis.class_name, registration.dict_name, skip, owners, configured, registration.threaded
             )
             notes.append(f"created {registration.dict_name}; {count} construction(s) select from it")
+            if registration.threaded:
+                callers = facts.classes_calling(registration.threaded)
+                module = register.thread_implementation(module, registration.threaded, callers, configured)
+                notes.append(f"the implementation's name passed down through {', '.join(sorted(registration.threaded))}")
         else:
             module = register.add_dict_entry(module, registration.dict_name, "sdpa", item.name)
             notes.append(f'registered "sdpa": {item.name} in {registration.dict_name}')

@@ -322,7 +322,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     if add_parameter:
         owners = facts.classes_calling({analysis.class_name}) - {analysis.class_name}
         sites = register.construction_sites(facts.module, analysis.class_name, frozenset({analysis.class_name}), owners)
-        missing = sorted({owner for owner, has_config in sites if not has_config})
+        missing = sorted({site.owner for site in sites if not site.has_config})
         if missing:
             raise Refuse(
                 Code.NO_CONFIG,

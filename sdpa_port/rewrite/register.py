@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.rewrite.insert_classes import insert_after
+from sdpa_port.rewrite.layout import append_arguments, keyword_argument, separated
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 
 
@@ -63,13 +66,23 @@ def select_from_dict(
     skip_classes: frozenset[str],
     owners: set[str],
     configured: frozenset[str] = frozenset(),
+    threaded: frozenset[str] = frozenset(),
 ) -> tuple[cst.Module, int]:
     """`Cls(config, ...)` in `owners` becomes `DICT[config._attn_implementation](config, ...)`; in a method of a
     class in `configured` (it holds the model's config as `self.config`) without a `config` parameter, the key is
-    `self.config._attn_implementation`."""
-    transformer = _Select(class_name, dict_name, skip_classes, configured)
+    `self.config._attn_implementation`; in the `__init__` of a class in `threaded`, its `attn_implementation`."""
+    transformer = _Select(class_name, dict_name, skip_classes, configured, threaded)
     result = transform_named(module, owners - skip_classes, transformer)
     return result, transformer.replaced
+
+
+def thread_implementation(
+    module: cst.Module, threaded: frozenset[str], owners: set[str], configured: frozenset[str]
+) -> cst.Module:
+    """Each class in `threaded` (built where no config is in scope) takes `attn_implementation="eager"` in its
+    `__init__`, and every construction of one in `owners` passes on the implementation in scope there."""
+    module = transform_named(module, threaded, _AddImplementationParameter(threaded))
+    return transform_named(module, owners, _PassImplementation(threaded, configured))
 
 
 def construction_sites(
@@ -78,7 +91,7 @@ def construction_sites(
     skip_classes: frozenset[str],
     owners: set[str],
     configured: frozenset[str] = frozenset(),
-) -> list[tuple[str, bool]]:
+) -> list[Construction]:
     """(enclosing class, a config is in scope) for every `Cls(...)` call in `owners` outside skip_classes: a
     `config` parameter, or `self.config` in a method of a class in `configured`."""
     finder = _Constructions(class_name, skip_classes, configured)
@@ -86,10 +99,23 @@ def construction_sites(
     return finder.sites
 
 
+IMPLEMENTATION = "attn_implementation"  # the parameter threaded classes receive the implementation's name in
+
+
+def in_init_of(transformer: ScopedTransformer, class_name: str) -> bool:
+    """Directly in `class_name.__init__` (not in a function nested there)."""
+    return (
+        transformer.classes == [class_name]
+        and len(transformer.functions) == 1
+        and transformer.functions[0].name.value == "__init__"
+    )
+
+
 class _ConfigScope(ScopedTransformer):
-    def __init__(self, configured: frozenset[str]) -> None:
+    def __init__(self, configured: frozenset[str], threaded: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.configured = configured
+        self.threaded = threaded
 
     def config_in_scope(self) -> str | None:
         """The expression holding the config here: `config`, `self.config`, or None."""
@@ -99,10 +125,27 @@ class _ConfigScope(ScopedTransformer):
             return "self.config"
         return None
 
+    def implementation_in_scope(self) -> cst.BaseExpression | None:
+        """The expression naming the selected implementation here: the config's, or the parameter a threaded class
+        receives it in."""
+        config = self.config_in_scope()
+        if config is not None:
+            return cst.Attribute(cst.parse_expression(config), cst.Name("_attn_implementation"))
+        if self.owner in self.threaded and in_init_of(self, self.owner):
+            return cst.Name(IMPLEMENTATION)
+        return None
+
 
 class _Select(_ConfigScope):
-    def __init__(self, class_name: str, dict_name: str, skip_classes: frozenset[str], configured: frozenset[str]) -> None:
-        super().__init__(configured)
+    def __init__(
+        self,
+        class_name: str,
+        dict_name: str,
+        skip_classes: frozenset[str],
+        configured: frozenset[str],
+        threaded: frozenset[str] = frozenset(),
+    ) -> None:
+        super().__init__(configured, threaded)
         self.class_name = class_name
         self.dict_name = dict_name
         self.skip_classes = skip_classes
@@ -111,14 +154,11 @@ class _Select(_ConfigScope):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         if not m.matches(updated.func, m.Name(self.class_name)) or self.owner in self.skip_classes:
             return updated
-        config = self.config_in_scope()
-        if config is None:
+        implementation = self.implementation_in_scope()
+        if implementation is None:
             return updated
         self.replaced += 1
-        selector = cst.Subscript(
-            value=cst.Name(self.dict_name),
-            slice=[cst.SubscriptElement(cst.Index(cst.parse_expression(f"{config}._attn_implementation")))],
-        )
+        selector = cst.Subscript(value=cst.Name(self.dict_name), slice=[cst.SubscriptElement(cst.Index(implementation))])
         return updated.with_changes(func=selector)
 
 
@@ -129,9 +169,70 @@ class _Constructions(_ConfigScope):
         super().__init__(configured)
         self.class_name = class_name
         self.skip_classes = skip_classes
-        self.sites: list[tuple[str, bool]] = []
+        self.sites: list[Construction] = []
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         if m.matches(original.func, m.Name(self.class_name)) and self.owner not in self.skip_classes:
-            self.sites.append((self.owner, self.config_in_scope() is not None))
+            self.sites.append(Construction(self.owner, self.config_in_scope() is not None, in_init_of(self, self.owner)))
         return updated
+
+
+class Construction(NamedTuple):
+    """A `Cls(...)` call: the enclosing class, whether a config is in scope, whether it sits in that class's
+    `__init__` itself (where a parameter could bring the implementation's name)."""
+
+    owner: str
+    has_config: bool
+    in_init: bool
+
+
+class _AddImplementationParameter(cst.CSTTransformer):
+    def __init__(self, threaded: frozenset[str]) -> None:
+        self.threaded = threaded
+        self.classes: list[str] = []
+        self.depth = 0
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.classes.pop()
+        return updated
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.depth += 1
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self.depth -= 1
+        if self.depth or len(self.classes) != 1 or self.classes[0] not in self.threaded or updated.name.value != "__init__":
+            return updated
+        params = updated.params
+        parameter = cst.Param(
+            cst.Name(IMPLEMENTATION),
+            default=cst.SimpleString('"eager"'),
+            equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+        )
+        if params.kwonly_params:
+            kwonly, added = separated([*params.kwonly_params], [parameter])
+            return updated.with_changes(params=params.with_changes(kwonly_params=[*kwonly, *added]))
+        if isinstance(params.star_arg, cst.Param):
+            laid, added = separated([*params.params, params.star_arg], [parameter])
+            return updated.with_changes(
+                params=params.with_changes(params=laid[:-1], star_arg=laid[-1], kwonly_params=added)
+            )
+        plain, added = separated([*params.params], [parameter])
+        return updated.with_changes(params=params.with_changes(params=[*plain, *added]))
+
+
+class _PassImplementation(_ConfigScope):
+    def __init__(self, threaded: frozenset[str], configured: frozenset[str]) -> None:
+        super().__init__(configured, threaded)
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        if not isinstance(updated.func, cst.Name) or updated.func.value not in self.threaded:
+            return updated
+        implementation = self.implementation_in_scope()
+        if implementation is None:
+            return updated
+        argument = keyword_argument(IMPLEMENTATION, implementation)
+        return updated.with_changes(args=append_arguments(list(updated.args), [argument]))

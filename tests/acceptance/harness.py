@@ -77,11 +77,13 @@ class _Sabotage(cst.CSTTransformer):
         self.count += 1
         if self.kind == "mask":
             return updated.with_changes(args=[a for a in updated.args if not (a.keyword and a.keyword.value == "attn_mask")])
-        if self.kind == "scale":
+        if self.kind in ("scale", "slight"):
+            factor = "0.5" if self.kind == "scale" else "0.999"
             args = []
             for a in updated.args:
                 if a.keyword and a.keyword.value == "scale":
-                    a = a.with_changes(value=cst.parse_expression(f"({cst.Module([]).code_for_node(a.value)}) * 0.5"))
+                    code = cst.Module([]).code_for_node(a.value)
+                    a = a.with_changes(value=cst.parse_expression(f"({code}) * {factor}"))
                 args.append(a)
             return updated.with_changes(args=args)
         if self.kind == "output":
@@ -90,7 +92,8 @@ class _Sabotage(cst.CSTTransformer):
 
 
 def sabotage(source: str, kind: str) -> str:
-    """The port with every SDPA call broken: `mask` drops attn_mask, `scale` halves it, `output` adds 1e-2."""
+    """The port with every SDPA call broken: `mask` drops attn_mask, `scale` halves it, `slight` takes 0.1 % off
+    it, `output` adds 1e-2."""
     transformer = _Sabotage(kind)
     result = cst.parse_module(source).visit(transformer)
     assert transformer.count > 0, "no SDPA call to sabotage"

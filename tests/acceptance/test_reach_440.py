@@ -23,6 +23,11 @@ CASES = {
     "blip_2": ("weights handed to a hook while a switch off by default is on", "scale"),
     "instructblip": ("a Q-Former built from its own config inside a composite", "scale"),
     "altclip": ("a vision attention only the vision model builds with SDPA", "scale"),
+    "openai": ("a -1e4 blend with a top-left causal slice while the keys are the call's own positions", "scale"),
+    "ctrl": ("attention built where no config is in scope: the implementation's name passed down", "scale"),
+    # an amplifying model (outputs move 5e-3 for a 1e-6 change of the attention outputs): judged against that
+    # response; 0.1 % off the scale moves them by about 0.5
+    "cvt": ("einsum operands as one list, constructors threaded, outputs amplifying rounding", "slight"),
 }
 
 

@@ -373,3 +373,73 @@ def test_the_eager_forward_docstring_stays_first_in_the_sdpa_forward() -> None:
     forward = result.source.split("class TinyEncoderSdpaSelfAttention")[1].split("    def forward(")[1]
     body = forward.split("):\n", 1)[1].lstrip()
     assert body.startswith('"""Self-attention with a learned distance bias."""\n        if output_attentions:'), body[:200]
+
+
+THREADED = '''
+import torch
+from torch import nn
+
+from ...modeling_utils import PreTrainedModel
+
+
+class TinyAttention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.scaling = (dim // heads) ** -0.5
+
+    def forward(self, query, key, value, attention_mask=None):
+        scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        return torch.matmul(scores.softmax(dim=-1), value)
+
+
+class TinyBlock(nn.Module):
+    def __init__(self, dim, heads, *extra):
+        super().__init__()
+        self.attention = TinyAttention(dim, heads)
+
+
+class TinyLayer(nn.Module):
+    def __init__(
+        self,
+        dim,
+        heads,
+    ):
+        super().__init__()
+        self.block = TinyBlock(dim, heads)
+
+
+class TinyPreTrainedModel(PreTrainedModel):
+    base_model_prefix = "model"
+
+
+class TinyModel(TinyPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.layers = nn.ModuleList([TinyLayer(config.hidden_size, config.heads) for _ in range(2)])
+'''
+
+
+def test_the_implementation_is_passed_down_to_attention_built_without_a_config() -> None:
+    """CvT and CTRL build their attention modules from sizes, a few constructors below the one holding the config:
+    each class between takes `attn_implementation="eager"` (keyword-only after `*args`, layout kept) and passes it on;
+    the class holding the config passes `config._attn_implementation`. Built outside `__init__`, or by a class the
+    file never builds (its callers are out of sight and would keep the eager default), refused W401."""
+    ported = port_source(THREADED, style=Style.CLASS)
+    assert ported.status is Status.PORTED, ported.reasons
+    code = ported.source
+    assert 'def __init__(self, dim, heads, *extra, attn_implementation="eager"):' in code
+    assert "        heads,\n        attn_implementation=\"eager\",\n    ):" in code
+    assert "self.attention = TINY_ATTENTION_CLASSES[attn_implementation](dim, heads)" in code
+    assert "self.block = TinyBlock(dim, heads, attn_implementation=attn_implementation)" in code
+    assert "TinyLayer(config.hidden_size, config.heads, attn_implementation=config._attn_implementation)" in code
+    outside = THREADED.replace(
+        "        self.block = TinyBlock(dim, heads)", "        self.block = None\n\n    def build(self, dim, heads):\n        self.block = TinyBlock(dim, heads)"
+    )
+    refused = port_source(outside, style=Style.CLASS)
+    assert refused.status is Status.REFUSED and "W401" in " ".join(refused.reasons)
+    assert "outside its `__init__`" in " ".join(refused.reasons)
+    unbuilt = THREADED.replace("TinyLayer(config.hidden_size, config.heads)", "nn.Identity()")
+    refused = port_source(unbuilt, style=Style.CLASS)
+    assert refused.status is Status.REFUSED and "never builds TinyLayer" in " ".join(refused.reasons)
