@@ -24,8 +24,33 @@ class Known:
 Decision = Union[bool, None]
 
 
+def negated_comparison(test: cst.BaseExpression) -> cst.Comparison | None:
+    """`a != b` for `a == b` and the reverse; None for any other test."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return None
+    target = test.comparisons[0]
+    if isinstance(target.operator, cst.Equal):
+        operator: cst.BaseCompOp = cst.NotEqual(
+            whitespace_before=target.operator.whitespace_before, whitespace_after=target.operator.whitespace_after
+        )
+    elif isinstance(target.operator, cst.NotEqual):
+        operator = cst.Equal(
+            whitespace_before=target.operator.whitespace_before, whitespace_after=target.operator.whitespace_after
+        )
+    else:
+        return None
+    return test.with_changes(comparisons=[target.with_changes(operator=operator)])
+
+
 def decide(test: cst.BaseExpression, known: Known) -> Decision:
-    """True/False when the test's value follows from the known facts, None otherwise."""
+    """True/False when the test's value follows from the known facts, None otherwise. A known falsy comparison
+    (`self.landmarks != self.seq_len`) also decides its negation."""
+    negated = negated_comparison(test)
+    if negated is not None:
+        if code(test) in known.falsy:
+            return False
+        if code(negated) in known.falsy:
+            return True
     if isinstance(test, cst.Name):
         if test.value in known.falsy or test.value in known.none:
             return False

@@ -12,7 +12,7 @@ from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cross import is_cache_parameter, is_mask_parameter
 from sdpa_port.analyse.cstutil import code, nodes_of_type, replace_names
-from sdpa_port.analyse.known import Known
+from sdpa_port.analyse.known import Known, negated_comparison
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.site import AttentionSite, CausalSource, Dropout, Layout, Scaling, ScaleSite, Term, TermKind
@@ -130,6 +130,33 @@ def _without_optional(
     return None
 
 
+def _one_branch(
+    facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf
+) -> tuple[Known, t.TraceResult, t.Candidate] | None:
+    """Several attentions, one per side of a test of the module's own settings (`if self.num_landmarks ==
+    self.seq_len:` exact attention, else an approximation): the trace taking the side with the one attention SDPA
+    can take, known through the comparison that sends the SDPA class back to eager otherwise."""
+    for test in nodes_of_type(forward.body, cst.If):
+        negated = negated_comparison(test.test)
+        if negated is None or not _settings_only(test.test):
+            continue
+        for other_side in (negated, test.test):
+            known = Known(falsy=frozenset({code(other_side)}))
+            result = t.Tracer(facts, class_name, forward, line_of, known=known).run()
+            inline = result.attention()
+            if len(inline) == 1 and inline[0].poison is None:
+                return known, result, inline[0]
+    return None
+
+
+def _settings_only(test: cst.BaseExpression) -> bool:
+    """A test that reads nothing but `self.` attributes and literals (no argument, no tensor it computes)."""
+    names = [n for n in nodes_of_type(test, cst.Name)]
+    attributes = nodes_of_type(test, cst.Attribute)
+    selfs = [a for a in attributes if m.matches(a.value, m.Name("self"))]
+    return bool(selfs) and all(n.value == "self" or any(n is a.attr for a in attributes) for n in names)
+
+
 def _flags_off_by_default(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[str]:
     """`self.x` attributes that forward tests and that every assignment in the class sets to a literal False in
     `__init__` or to a value elsewhere (a switch like BLIP-2's `save_attention`, turned on by a method)."""
@@ -171,7 +198,16 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
     if inline and helpers:
         refusal = Refusal(Code.REPEATED, class_name, line_of(forward), "attention is computed both in forward and in a helper method")
     elif len(inline) > 1:
-        refusal = Refusal(Code.REPEATED, class_name, inline[1].start_line, "forward computes several attentions")
+        chosen = _one_branch(facts, class_name, forward, line_of)
+        if chosen is None:
+            refusal = Refusal(Code.REPEATED, class_name, inline[1].start_line, "forward computes several attentions")
+        else:
+            known, result, candidate = chosen
+            flags.extend(sorted(known.falsy))
+            site = describe(facts, class_name, "forward", owner.name, candidate, result)
+            sites.append(site)
+            if site.head_mask:
+                head_masks.append(site.head_mask)
     elif inline:
         candidate = inline[0]
         if candidate.poison is not None:

@@ -27,6 +27,7 @@ CASES = {
     "ctrl": ("attention built where no config is in scope: the implementation's name passed down", "scale"),
     # an amplifying model (outputs move 5e-3 for a 1e-6 change of the attention outputs): judged against that
     # response; 0.1 % off the scale moves them by about 0.5
+    "nystromformer": ("exact attention beside a Nystrom approximation, chosen by the module's settings", "scale"),
     "cvt": ("einsum operands as one list, constructors threaded, outputs amplifying rounding", "slight"),
 }
 

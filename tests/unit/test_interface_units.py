@@ -170,3 +170,15 @@ def test_the_same_module_without_the_concatenation_ports() -> None:
     assert PROMPT_KEYS.count(PROMPT_MASK) == 1
     result = port_source(PROMPT_KEYS.replace(PROMPT_MASK, ""), filename="modeling_tiny.py")
     assert result.status is Status.PORTED, result.reasons
+
+
+def test_a_known_false_comparison_decides_its_negation_too() -> None:
+    import libcst as cst
+
+    from sdpa_port.analyse.known import Known, decide
+
+    known = Known(falsy=frozenset({"self.a != self.b"}))
+    assert decide(cst.parse_expression("self.a == self.b"), known) is True
+    assert decide(cst.parse_expression("self.a != self.b"), known) is False
+    assert decide(cst.parse_expression("self.a == self.c"), known) is None
+    assert decide(cst.parse_expression("not self.a == self.b"), known) is False

@@ -443,3 +443,64 @@ def test_the_implementation_is_passed_down_to_attention_built_without_a_config()
     unbuilt = THREADED.replace("TinyLayer(config.hidden_size, config.heads)", "nn.Identity()")
     refused = port_source(unbuilt, style=Style.CLASS)
     assert refused.status is Status.REFUSED and "never builds TinyLayer" in " ".join(refused.reasons)
+
+
+LANDMARKS = '''
+import math
+
+import torch
+from torch import nn
+
+from ...modeling_utils import PreTrainedModel
+
+
+class TinyAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.num_landmarks = config.num_landmarks
+        self.seq_len = config.seq_len
+
+    def forward(self, query, key, value, attention_mask=None, output_attentions=False):
+        query = query / math.sqrt(math.sqrt(self.head_dim))
+        key = key / math.sqrt(math.sqrt(self.head_dim))
+        if self.num_landmarks == self.seq_len:
+            scores = torch.matmul(query, key.transpose(-1, -2))
+            if attention_mask is not None:
+                scores = scores + attention_mask
+            probs = nn.functional.softmax(scores, dim=-1)
+            context = torch.matmul(probs, value)
+        else:
+            landmarks = key.reshape(key.shape[0], key.shape[1], self.num_landmarks, -1, self.head_dim).mean(dim=-2)
+            kernel = nn.functional.softmax(torch.matmul(query, landmarks.transpose(-1, -2)), dim=-1)
+            probs = nn.functional.softmax(torch.matmul(landmarks, key.transpose(-1, -2)), dim=-1)
+            context = torch.matmul(kernel, torch.matmul(probs, value))
+        return (context, probs) if output_attentions else (context,)
+
+
+class TinyLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attention = TinyAttention(config)
+
+
+class TinyPreTrainedModel(PreTrainedModel):
+    base_model_prefix = "model"
+'''
+
+
+def test_an_exact_attention_beside_an_approximation_chosen_by_the_modules_settings() -> None:
+    """Nystromformer computes exact attention when its landmarks cover the sequence (`self.num_landmarks ==
+    self.seq_len`, the default) and an approximation otherwise: the SDPA class takes the exact side and falls back
+    to eager on the other. A test that reads an argument (the input's length) cannot be checked before the
+    computation: several attentions, refused (S109)."""
+    ported = port_source(LANDMARKS, style=Style.CLASS)
+    assert ported.status is Status.PORTED, ported.reasons
+    assert "if output_attentions or self.num_landmarks != self.seq_len:" in ported.source
+    sdpa_forward = ported.source.split("class TinySdpaAttention")[1]
+    assert "landmarks" not in sdpa_forward.split("falling back")[1].split("TINY_ATTENTION_CLASSES")[0].replace(
+        "self.num_landmarks", ""
+    )
+    by_length = LANDMARKS.replace("if self.num_landmarks == self.seq_len:", "if key.shape[2] == self.seq_len:")
+    refused = port_source(by_length, style=Style.CLASS)
+    assert refused.status is Status.REFUSED and "S109" in " ".join(refused.reasons)
