@@ -641,7 +641,9 @@ def _bound(use: ModuleCall, function: ast.FunctionDef, param: str) -> ast.expr |
             return Origin(Kind.UNKNOWN, line, f"`*{_short(use.args[starred])}`, which may hold `{param}`")
         if index < len(use.args):
             return use.args[index]
-    if any(k.arg is None for k in use.keywords):
+    spread = [k.value for k in use.keywords if k.arg is None]
+    typed = "mask" in param and all(isinstance(v, ast.Name) and v.id == use.typed_kwargs for v in spread)
+    if spread and not typed:
         return Origin(Kind.UNKNOWN, line, f"`**` keywords, which may hold `{param}`")
     default = parameter_default(function, param)
     if isinstance(default, ast.Constant) and default.value is None:

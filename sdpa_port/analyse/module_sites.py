@@ -67,6 +67,35 @@ class ModuleCall:
     args: tuple[ast.expr, ...]
     keywords: tuple[ast.keyword, ...]
     context: tuple[str, str]  # (class defining the method, method)
+    # the calling method's `**kwargs` when annotated as transformers' typed kwargs, which hold no mask
+    typed_kwargs: str | None = None
+
+
+MASKLESS_KWARGS = frozenset({"TransformersKwargs", "FlashAttentionKwargs"})  # TypedDicts without a mask among their keys
+
+
+def typed_kwargs(function: ast.FunctionDef) -> str | None:
+    """`kwargs` for `**kwargs: Unpack[TransformersKwargs]` (or FlashAttentionKwargs): keys known, none a mask."""
+    kwarg = function.args.kwarg
+    annotation = kwarg.annotation if kwarg is not None else None
+    if not isinstance(annotation, ast.Subscript):
+        return None
+    outer, inner = annotation.value, annotation.slice
+    outer_name = outer.id if isinstance(outer, ast.Name) else outer.attr if isinstance(outer, ast.Attribute) else None
+    inner_name = inner.id if isinstance(inner, ast.Name) else inner.attr if isinstance(inner, ast.Attribute) else None
+    if outer_name != "Unpack" or inner_name not in MASKLESS_KWARGS:
+        return None
+    assert kwarg is not None
+    for node in ast.walk(function):  # keys the method adds or a new binding would void the annotation
+        if isinstance(node, ast.Name) and node.id == kwarg.arg and not isinstance(node.ctx, ast.Load):
+            return None
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == kwarg.arg:
+            if not isinstance(node.ctx, ast.Load):
+                return None
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == kwarg.arg:
+            if node.attr in ("update", "setdefault", "__setitem__"):
+                return None
+    return kwarg.arg
 
 
 @dataclass(frozen=True)
@@ -339,7 +368,9 @@ class ModuleSites:
                 func_call, args, keywords = call
                 for ref in held:
                     if ref.element and ref.site is not None:
-                        found.append(ModuleCall(ref.site, ref.classes, func_call, args, keywords, context))
+                        found.append(
+                            ModuleCall(ref.site, ref.classes, func_call, args, keywords, context, typed_kwargs(function))
+                        )
                 continue
             if _harmless(node, parent, parents):
                 continue

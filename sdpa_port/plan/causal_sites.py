@@ -97,9 +97,16 @@ def _takes_new_parameter(init: ast.FunctionDef | None) -> bool:
     return args.vararg is None and PARAMETER not in names
 
 
-def check_pinned(flow: MaskFlow, class_name: str, mask_param: str | None, key_only: Sequence[str]) -> None:
+def check_pinned(
+    flow: MaskFlow, class_name: str, mask_param: str | None, key_only: Sequence[str], unpinnable: bool = False
+) -> list[Construction]:
     """A construction passing a literal `is_causal=True` that builds `class_name` (itself, or a module holding it)
-    stands only when every mask reaching `class_name` through it is causal; otherwise C302 names it."""
+    stands only when every mask reaching `class_name` through it is causal; otherwise C302 names it.
+
+    With `unpinnable` (nothing in the file reads `is_causal` and no implementation but eager is supported yet, so
+    the flag has never changed a result), a construction that only bidirectional masks or none reach is returned
+    instead: passing `is_causal=False` there keeps every implementation to what eager computes."""
+    unpinned: list[Construction] = []
     classes = _classes(flow, class_name)
     for pinned in flow.modules.constructions():
         if not pinned.pinned:
@@ -122,10 +129,15 @@ def check_pinned(flow: MaskFlow, class_name: str, mask_param: str | None, key_on
                 class_name,
             )
         restrict = None if built in classes else (built, pinned.site.key)
-        for site in sites:
-            if built in classes and site != pinned.site:
-                continue
-            masks = flow.site_masks(site, class_name, mask_param, key_only, restrict)
+        reached = [
+            (site, flow.site_masks(site, class_name, mask_param, key_only, restrict))
+            for site in sites
+            if not (built in classes and site != pinned.site)
+        ]
+        if unpinnable and reached and all(masks.causal is False for _, masks in reached):
+            unpinned.append(pinned)
+            continue
+        for site, masks in reached:
             if masks.causal is True:
                 continue
             through = f" (`{pinned.site.name}`)" + (
@@ -137,6 +149,7 @@ def check_pinned(flow: MaskFlow, class_name: str, mask_param: str | None, key_on
             else:
                 detail = f"{start}{through}; whether the masks it receives are causal cannot be shown: {masks.why()}"
             raise Refuse(Code.CAUSAL_PINNED, detail, class_name)
+    return unpinned
 
 
 def dispatched_mask(function: ast.FunctionDef) -> str | None:

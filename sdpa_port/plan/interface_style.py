@@ -24,6 +24,7 @@ from sdpa_port.analyse.mask_changes import extended_mask, forward_of
 from sdpa_port.analyse.mask_flow import MaskFlow
 from sdpa_port.analyse.masked_rows import row_safe
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.module_sites import Construction
 from sdpa_port.analyse.patterns import cast_operand, walk_names
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
 from sdpa_port.discover.screen import Screen
@@ -33,7 +34,7 @@ from sdpa_port.render import render_module
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import flags, imports, insert_classes, register
-from sdpa_port.rewrite.causal_sites import pass_is_causal
+from sdpa_port.rewrite.causal_sites import pass_is_causal, unpin_is_causal
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions, eager_body, parameter_name
 from sdpa_port.rewrite.sdpa_body import SideNames, function_names
@@ -70,6 +71,7 @@ class InterfacePlan:
     flag_only: list[str] = field(default_factory=list)  # classes already on the interface, given is_causal
     causal_for_flag_only: dict[str, str] = field(default_factory=dict)
     flag_only_sites: dict[str, CausalSites] = field(default_factory=dict)
+    unpinned: list[Construction] = field(default_factory=list)  # `is_causal=True` that becomes False
     dicts: dict[str, str] = field(default_factory=dict)  # dict name -> eager class, for `.get(..., eager)` lookups
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -176,6 +178,7 @@ def plan_interface(
             else:
                 assert causal_value is not None
                 plan.causal_for_flag_only[class_name] = causal_value
+    plan.unpinned = list(causality.unpinned)
     eager_classes = {p.class_name for p in plan.modules}
     if plan.modules:
         plan.shifted_ranges, unshifted = shifted_ranges(facts)
@@ -466,6 +469,10 @@ class Causality:
     from_callers: bool  # some caller passes is_causal= explicitly through **kwargs
     several_towers: bool  # token and non-token (pixel/audio) models share the file
     flow: MaskFlow = field(compare=False, repr=False)  # the masks reaching each construction, read on demand
+    # nothing in the file reads `is_causal` and only eager is supported: a literal `is_causal=True` has never
+    # changed a result, and may become False where only bidirectional masks reach (`check_pinned`)
+    unpinnable: bool = False
+    unpinned: list[Construction] = field(default_factory=list, compare=False)
 
     @classmethod
     def of(cls, facts: ModuleFacts) -> "Causality":
@@ -490,7 +497,8 @@ class Causality:
                     if names & {"pixel_values", "input_features", "input_values"}:
                         inputs.add("other")
             towers = len(inputs) > 1
-        return cls(self_attention_causality(facts), from_callers, towers, MaskFlow(facts))
+        unpinnable = tree is not None and not _reads_is_causal(tree) and not _other_implementations(facts)
+        return cls(self_attention_causality(facts), from_callers, towers, MaskFlow(facts), unpinnable)
 
     def decide(
         self, class_name: str, mask_param: str | None, key_only: tuple[str, ...]
@@ -526,6 +534,29 @@ class Causality:
                 class_name,
             )
         return self.self_attention
+
+
+OTHER_IMPLEMENTATIONS = ("_supports_flash_attn", "_supports_flash_attn_2", "_supports_flex_attn", "_supports_attention_backend")
+
+
+def _reads_is_causal(tree: ast.Module) -> bool:
+    """Code that reads an `is_causal` attribute (`self.is_causal`, `getattr(m, "is_causal")`), stores aside."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == PARAMETER and isinstance(node.ctx, ast.Load):
+            return True
+        if isinstance(node, ast.Constant) and node.value == PARAMETER:
+            return True
+    return False
+
+
+def _other_implementations(facts: ModuleFacts) -> bool:
+    """A model class already claims an implementation other than eager (which reads `is_causal`)."""
+    for root in facts.pretrained_roots:
+        for flag in OTHER_IMPLEMENTATIONS:
+            value = facts.classes[root].class_vars.get(flag)
+            if value is not None and not (isinstance(value, cst.Name) and value.value == "False"):
+                return True
+    return False
 
 
 def self_attention_causality(facts: ModuleFacts) -> str | None:
@@ -595,7 +626,9 @@ def _check_own_causality(
     (BridgeTower's cross-modal layers do). The flag may follow the configuration (`is_causal=config.is_decoder`), not
     be pinned to True.
     """
-    check_pinned(causality.flow, class_name, mask_param, key_only)
+    for construction in check_pinned(causality.flow, class_name, mask_param, key_only, causality.unpinnable):
+        if construction.site is not None and construction not in causality.unpinned:
+            causality.unpinned.append(construction)
 
 
 def _imported_from_model(facts: ModuleFacts, function_name: str) -> str | None:
@@ -703,6 +736,15 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
     for builder in plan.alibi.builders if plan.alibi is not None else ():
         module = accept_4d_masks(module, builder)
         plan.notes.append(f"`{builder.function}` also takes 4-D masks (continuous batching)")
+    for construction in plan.unpinned:
+        assert construction.site is not None
+        module, count = unpin_is_causal(module, construction.class_name, construction.site.key)
+        assert count == 1, "planning followed this construction to its site"
+        plan.notes.append(
+            f"{construction.site.name} (line {construction.line}) builds {construction.class_name} with "
+            "is_causal=False: only bidirectional masks reach it, the eager computation never read the flag, and the "
+            "other implementations would have made it causal"
+        )
     threading = plan.threading
     if threading is not None:
         module, threaded = thread_kwargs(module, threading)

@@ -23,6 +23,13 @@ def pass_is_causal(module: cst.Module, class_name: str, sites: Iterable[tuple[st
     return module, count
 
 
+def unpin_is_causal(module: cst.Module, class_name: str, site: tuple[str, str]) -> tuple[cst.Module, int]:
+    """`Cls(..., is_causal=True)` assigned to the `(owner, attribute)` site passes `is_causal=False`; the count."""
+    transformer = _PassCausal(class_name, frozenset({site[1]}), unpin=True)
+    module = transform_named(module, {site[0]}, transformer)
+    return module, transformer.count
+
+
 def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
     """The call with `name=value` added last, laid out like its other arguments (one per line stays one per line)."""
     new = cst.Arg(
@@ -43,9 +50,10 @@ def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
 
 
 class _PassCausal(cst.CSTTransformer):
-    def __init__(self, class_name: str, attributes: frozenset[str]) -> None:
+    def __init__(self, class_name: str, attributes: frozenset[str], unpin: bool = False) -> None:
         self.class_name = class_name
         self.attributes = attributes
+        self.unpin = unpin
         self.inside = 0
         self.count = 0
 
@@ -75,10 +83,17 @@ class _PassCausal(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         if not self.inside or not m.matches(updated.func, m.Name(self.class_name)):
             return updated
+        if self.unpin:
+            pinned = m.Arg(keyword=m.Name("is_causal"), value=m.Name("True"))
+            if not any(m.matches(a, pinned) for a in updated.args):
+                return updated
+            self.count += 1
+            args = [a.with_changes(value=cst.Name("False")) if m.matches(a, pinned) else a for a in updated.args]
+            return updated.with_changes(args=args)
         if any(a.keyword is not None and a.keyword.value == "is_causal" for a in updated.args):
             return updated
         self.count += 1
         return with_keyword(updated, "is_causal", cst.Name("True"))
 
 
-__all__ = ["pass_is_causal", "with_keyword"]
+__all__ = ["pass_is_causal", "unpin_is_causal", "with_keyword"]

@@ -20,6 +20,7 @@ CASES = {
     "vilt": "text+image",
     "tvp": "text+video",  # one example per batch; its ResNet backbone has no SDPA
     "blip": "text+image",  # its text model (another file) has no SDPA
+    "cvt": "image",  # class style in 5.x too: amplifies rounding, judged against its response to it
 }
 
 
@@ -66,3 +67,15 @@ def test_sdpa_calls_of_other_files_do_not_count_for_the_port(workdir: Path) -> N
     executed = [c for c in checks if c.name.endswith("sdpa executed")]
     assert executed and not executed[0].passed, [str(c) for c in checks]
     assert "0 from the port's attention" in executed[0].detail and "ZoeDepthSdpaMultiheadAttention" in executed[0].detail
+
+
+def test_a_pinned_is_causal_that_only_bidirectional_masks_reach_becomes_false(workdir: Path) -> None:
+    """BridgeTower's cross-modal self-attention is built with `is_causal=True` and given bidirectional masks or
+    none; eager never read the flag. The port passes False there and verifies; with True put back, SDPA makes the
+    unpadded batch causal and the check fails."""
+    source = port_for_kind("bridgetower", "text+image")
+    unpinned = "self.attention = BridgeTowerAttention(config, is_causal=False, layer_idx=layer_idx)"
+    assert unpinned in source
+    assert_driven_and_passed(verify("bridgetower", source, workdir), "text+image")
+    pinned = source.replace(unpinned, unpinned.replace("is_causal=False", "is_causal=True"))
+    assert_sabotage_seen(verify("bridgetower", pinned, workdir, "pinned"))

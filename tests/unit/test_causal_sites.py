@@ -121,9 +121,29 @@ def test_a_literal_is_causal_true_stands_when_only_causal_masks_reach_it_through
     assert result.status is Status.PORTED, result.reasons
 
 
-def test_a_literal_is_causal_true_reached_by_bidirectional_masks_is_refused() -> None:
+def test_a_literal_is_causal_true_reached_only_by_bidirectional_masks_becomes_false() -> None:
+    """BridgeTower's cross-modal layers: built with `is_causal=True`, given bidirectional masks. Eager never read the
+    flag, and no other implementation was supported, so it never changed a result; SDPA would apply it where the
+    mask is None: the port passes `is_causal=False` there, and says so."""
     result = port_source(PINNED.replace("BUILDER", "create_bidirectional_mask"), filename="modeling_tiny.py")
-    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["C302"]
+    assert result.status is Status.PORTED, result.reasons
+    assert "self.blocks = nn.ModuleList([TinyBlock(config, is_causal=False) for _ in range(2)])" in result.source
+    assert any("TinyCausalModel.blocks" in note and "is_causal=False" in note for note in result.notes), result.notes
+
+
+def test_a_literal_is_causal_true_that_already_matters_is_refused_when_bidirectional_masks_reach_it() -> None:
+    """A file that reads the flag, or already supports flash attention (which reads it), keeps its construction;
+    bidirectional masks reaching it are refused (C302)."""
+    bidirectional = PINNED.replace("BUILDER", "create_bidirectional_mask")
+    reads = bidirectional.replace(
+        "        self.attn = TinyAttention(config, is_causal=is_causal)\n",
+        "        self.attn = TinyAttention(config, is_causal=is_causal)\n        self.causal = self.attn.is_causal\n",
+    )
+    flash = bidirectional.replace('    base_model_prefix = "model"\n', '    base_model_prefix = "model"\n    _supports_flash_attn = True\n')
+    for source in (reads, flash):
+        assert source != bidirectional
+        result = port_source(source, filename="modeling_tiny.py")
+        assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["C302"], result.reasons
     assert "`TinyBlock` is built with `is_causal=True` at line" in result.reasons[0]
     assert "(`TinyCausalModel.blocks`), and builds `TinyAttention` at `TinyBlock.attn`" in result.reasons[0]
     assert "masks that are not causal reach it: `create_bidirectional_mask`" in result.reasons[0]

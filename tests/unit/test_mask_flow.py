@@ -157,3 +157,54 @@ def test_a_mask_parameter_of_a_top_level_model_comes_from_outside() -> None:
     site = next(s for s in flow.modules.sites_of(["TinyAttention"]) if s.owner == "TinyDecoderModel")
     masks = flow.site_masks(site, "TinyAttention", "attention_mask")
     assert masks.causal is None and "callers outside this file" in masks.why()
+
+
+@pytest.mark.parametrize(
+    "signature,before,kind",
+    [
+        # transformers' typed kwargs have no mask among their keys: the parameter keeps its None default
+        ("**kwargs: Unpack[TransformersKwargs]", "", Kind.NONE),
+        ("**kwargs: Unpack[FlashAttentionKwargs]", "", Kind.NONE),
+        ("**kwargs", "", Kind.UNKNOWN),
+        ("**kwargs: Unpack[SomeKwargs]", "", Kind.UNKNOWN),
+        # a key the method adds voids the annotation
+        ("**kwargs: Unpack[TransformersKwargs]", 'kwargs["attention_mask"] = mask', Kind.UNKNOWN),
+        ("**kwargs: Unpack[TransformersKwargs]", "kwargs.update(attention_mask=mask)", Kind.UNKNOWN),
+    ],
+)
+def test_typed_kwargs_hold_no_mask(signature: str, before: str, kind: Kind) -> None:
+    """A layer handing its `**kwargs` on (BridgeTower's cross-modal layers): annotated as transformers' typed
+    kwargs and never written to, they cannot bring a mask, so the attention's mask is the parameter's default."""
+    source = (
+        HEADER
+        + "\n\n"
+        + ATTENTION
+        + "\n\n"
+        + src(
+            f"""
+        class TinyLayer(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.attention = TinyAttention(config)
+
+            def forward(self, hidden_states, {signature}):
+                return self.attention(hidden_states, **kwargs)
+
+
+        class TinyPreTrainedModel(PreTrainedModel):
+            base_model_prefix = "model"
+
+
+        class TinyModel(TinyPreTrainedModel):
+            def __init__(self, config):
+                super().__init__(config)
+                self.layer = TinyLayer(config)
+
+            def forward(self, inputs_embeds, attention_mask=None, **kwargs):
+                return self.layer(inputs_embeds, **kwargs)
+        """
+        )
+    )
+    header = f"def forward(self, hidden_states, {signature}):\n"
+    source = source.replace(header, header + f"        {before or 'pass'}\n")
+    assert verdicts(source)["TinyLayer.attention"][1] == frozenset({kind})
