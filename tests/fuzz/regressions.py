@@ -127,6 +127,19 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
              terms=(("mask", "not_none"),)),
         "exact", None,
     ),
+    # Nystromformer: exact attention when the landmarks cover the sequence, an approximation otherwise (was refused
+    # S109 "several attentions"); the judge also runs the approximation's side, where the SDPA class falls back
+    "12o: exact attention beside an approximation chosen by the module's settings": (
+        Spec(settings_branch=True, terms=(("mask", "not_none"),)),
+        "exact", None,
+    ),
+    "12p: exact attention beside an approximation, 5.x": (
+        Spec(family="523", settings_branch=True, mask_style="builder"),
+        "refused", "W403",
+    ),
+    # CvT, CTRL: the layer builds the attention from a `cfg` it was handed, no `config` in scope (was refused W401):
+    # the implementation's name is passed down from the model
+    "12q: attention built where no config is in scope": (Spec(wiring="direct_no_config"), "exact", None),
     # CPM-Ant and FastSpeech2 zero the probabilities again where the scores were masked: a row with no key gives 0;
     # with a top-left slice and a cache real rows lose every key, so the zeroing decides their output
     "12h: probabilities zeroed where the causal fill masked": (

@@ -7,7 +7,7 @@ key/value cache and cross-attention. It uses relative imports, so it is loaded i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spec import Spec
 
@@ -376,6 +376,15 @@ def chain(spec: Spec, n: Names, code: Code) -> None:
         code.add("else:")
         with code.indent():
             eager_chain(spec, n, code)
+    elif spec.settings_branch:
+        # exact attention where the module's settings say so (Nystromformer's landmarks covering the sequence), an
+        # approximation (here: capped scores) otherwise; the config flag switches to the approximation
+        code.add(f"if {n.attr('landmarks')} == {n.attr('seq_len')}:")
+        with code.indent():
+            eager_chain(spec, n, code)
+        code.add("else:")
+        with code.indent():
+            eager_chain(replace(spec, hazard="softcap"), n, code)
     else:
         eager_chain(spec, n, code)
 
@@ -510,6 +519,9 @@ def attention_class(spec: Spec, code: Code) -> None:
             code.add("self.flag_scale = config.flag_scale")
             code.add("self.flag_terms = config.flag_terms")
             code.add("self.flag_causal = config.flag_causal")
+            if spec.settings_branch:
+                code.add("self.seq_len = 16")
+                code.add("self.landmarks = 16 + int(config.flag_landmarks)")
             code.add("self.scaling = self.head_dim**-0.5")
             code.add(
                 "self.scale_attn = torch.sqrt(torch.tensor(self.head_dim, dtype=torch.float32))"
@@ -963,6 +975,7 @@ class FuzzConfig(PretrainedConfig):
         flag_scale=False,
         flag_terms=False,
         flag_causal=False,
+        flag_landmarks=False,
         attn_impl="eager",
         pad_token_id=0,
         **kwargs,
@@ -975,6 +988,7 @@ class FuzzConfig(PretrainedConfig):
         self.flag_scale = flag_scale
         self.flag_terms = flag_terms
         self.flag_causal = flag_causal
+        self.flag_landmarks = flag_landmarks
         self.attn_impl = attn_impl
         super().__init__(pad_token_id=pad_token_id, **kwargs)
 '''

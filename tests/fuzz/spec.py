@@ -100,6 +100,8 @@ class Spec:
     alternative: bool = False
     # the probabilities zeroed again where the causal fill masked the scores (CPM-Ant's, FastSpeech2's form)
     zero_masked: bool = False
+    # the chain under `if self.landmarks == self.seq_len:`, an approximation in the else branch (Nystromformer)
+    settings_branch: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -121,6 +123,8 @@ class Spec:
             out.append("flag_terms")
         if self.causal == "buffer" and self.causal_guard == "flag":
             out.append("flag_causal")
+        if self.settings_branch:
+            out.append("flag_landmarks")
         return out
 
     def describe(self) -> str:
@@ -199,7 +203,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         hazard=hazard,
         config_stored=rng.random() < 0.7,
         alternative=rng.random() < 0.1,
-        zero_masked=rng.random() < 0.15,  # drawn last: the draws of the fields above keep their seeds
+        zero_masked=rng.random() < 0.15,  # drawn late: the draws of the fields above keep their seeds
+        settings_branch=rng.random() < 0.1,  # drawn last, likewise
     )
     return normalise(spec)
 
@@ -268,6 +273,8 @@ def normalise(spec: Spec) -> Spec:
     zeroable = spec.causal == "buffer" and spec.causal_guard == "plain" and changes.get("layout", spec.layout) == "heads"
     if spec.zero_masked and not zeroable:
         changes["zero_masked"] = False  # the zeroing reads `causal_mask` where the causal fill defined it, per head
+    if spec.settings_branch and (spec.alternative or spec.hazard != "none"):
+        changes["settings_branch"] = False  # one branching of the chain at a time; the approximation is a hazard's
     return replace(spec, **changes) if changes else spec
 
 
