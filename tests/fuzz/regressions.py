@@ -86,6 +86,15 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(family="523", is_causal_attr=True, mask_style="builder"),
         "refused", "C304",
     ),
+    # BridgeTower's cross-modal layers: `is_causal=True` at the construction, bidirectional masks (was refused C302)
+    "5.x F: a literal is_causal=True only bidirectional masks reach": (
+        Spec(family="523", pinned_causal=True, mask_style="builder"),
+        "exact", None,
+    ),
+    "5.x G: a literal is_causal=True causal masks reach": (
+        Spec(family="523", pinned_causal=True, causal="mask", mask_style="builder", cache=True),
+        "exact", None,
+    ),
     "8b: an einsum over (batch, time, heads, dim)": (Spec(product="einsum_bthd"), "refused", "F601"),
     # reach (issue 12): a term added while the scores are regrouped into windows, flat (b * h, q, k) scores
     # included: the port crashed before the regrouped term was unflattened like other flat terms

@@ -504,9 +504,12 @@ def attention_class(spec: Spec, code: Code) -> None:
     n = names_for(spec, "self")
     code.add("class FuzzAttention(nn.Module):")
     with code.indent():
-        code.add("def __init__(self, config, is_cross_attention=False, layer_idx=None):")
+        pinned = ", is_causal=False" if spec.pinned_causal else ""
+        code.add(f"def __init__(self, config, is_cross_attention=False, layer_idx=None{pinned}):")
         with code.indent():
             code.add("super().__init__()")
+            if spec.pinned_causal:
+                code.add("self.is_causal = is_causal")
             if spec.config_stored:
                 code.add("self.config = config")
             code.add("self.num_heads = config.num_attention_heads")
@@ -714,7 +717,8 @@ def layer_class_523(spec: Spec, code: Code) -> None:
         with code.indent():
             code.add("super().__init__()")
             code.add("self.norm = nn.LayerNorm(config.hidden_size)")
-            code.add("self.attn = FuzzAttention(config, layer_idx=layer_idx)")
+            pinned = ", is_causal=True" if spec.pinned_causal else ""
+            code.add(f"self.attn = FuzzAttention(config, layer_idx=layer_idx{pinned})")
             if spec.cross:
                 code.add("self.cross_norm = nn.LayerNorm(config.hidden_size)")
                 code.add("self.crossattention = FuzzAttention(config, is_cross_attention=True, layer_idx=layer_idx)")

@@ -102,6 +102,8 @@ class Spec:
     zero_masked: bool = False
     # the chain under `if self.landmarks == self.seq_len:`, an approximation in the else branch (Nystromformer)
     settings_branch: bool = False
+    # 5.x: the layer builds its self-attention with a literal `is_causal=True` (BridgeTower's cross-modal layers)
+    pinned_causal: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -204,7 +206,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         config_stored=rng.random() < 0.7,
         alternative=rng.random() < 0.1,
         zero_masked=rng.random() < 0.15,  # drawn late: the draws of the fields above keep their seeds
-        settings_branch=rng.random() < 0.1,  # drawn last, likewise
+        settings_branch=rng.random() < 0.1,  # drawn late, likewise
+        pinned_causal=rng.random() < 0.15,  # drawn last
     )
     return normalise(spec)
 
@@ -273,6 +276,8 @@ def normalise(spec: Spec) -> Spec:
     zeroable = spec.causal == "buffer" and spec.causal_guard == "plain" and changes.get("layout", spec.layout) == "heads"
     if spec.zero_masked and not zeroable:
         changes["zero_masked"] = False  # the zeroing reads `causal_mask` where the causal fill defined it, per head
+    if spec.pinned_causal and (spec.family != "523" or spec.is_causal_attr):
+        changes["pinned_causal"] = False  # a 5.x construction keyword; `self.is_causal = True` is the other form
     if spec.settings_branch and (spec.alternative or spec.hazard != "none"):
         changes["settings_branch"] = False  # one branching of the chain at a time; the approximation is a hazard's
     return replace(spec, **changes) if changes else spec
