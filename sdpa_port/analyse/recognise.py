@@ -78,6 +78,29 @@ class ClassAnalysis:
         return self.refusal is None and bool(self.sites)
 
 
+@dataclass(frozen=True)
+class Operands:
+    """A site's key and query expressions, and where they are read: in `forward`, or in the helper method computing
+    the attention (with the arguments `forward` binds to its parameters)."""
+
+    key: cst.BaseExpression
+    query: cst.BaseExpression
+    helper: tuple[cst.FunctionDef, dict[str, cst.BaseExpression]] | None
+
+
+def site_operands(analysis: "ClassAnalysis") -> list[Operands] | None:
+    """The operands of every site of the class; None when the helper's arguments cannot be bound."""
+    helper: tuple[cst.FunctionDef, dict[str, cst.BaseExpression]] | None = None
+    if analysis.helpers:
+        bound = analysis.helpers[0].bound()
+        if bound is None:
+            return None
+        helper = (analysis.helpers[0].helper.function, bound)
+    return [
+        Operands(cst.parse_expression(site.key), cst.parse_expression(site.query), helper) for site in analysis.sites
+    ]
+
+
 def attention_classes(facts: ModuleFacts, lines: Lines, only: frozenset[str] | None = None) -> list[ClassAnalysis]:
     """Every class whose forward computes eager attention (itself or through a helper method).
 

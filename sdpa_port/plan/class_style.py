@@ -19,7 +19,7 @@ from sdpa_port.analyse.cstutil import block_body, code, is_pass, one_per_line
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
-from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
+from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, site_operands
 from sdpa_port.analyse.site import TermKind
 from sdpa_port.analyse.selection import attention_dicts, supports_sdpa
 from sdpa_port.plan.gate import authors_refusal, selection_refusals
@@ -276,15 +276,11 @@ def _causal_when_none(facts: ModuleFacts, analysis: ClassAnalysis) -> str | None
         return None
     forward = facts.find_method(analysis.class_name, "forward")
     assert forward is not None
-    site = analysis.sites[0]
-    key, query = cst.parse_expression(site.key), cst.parse_expression(site.query)
-    inner: tuple[cst.FunctionDef, dict[str, cst.BaseExpression]] | None = None
-    if analysis.helpers:
-        bound = analysis.helpers[0].bound()
-        if bound is None:
-            return None
-        inner = (analysis.helpers[0].helper.function, bound)
-    cross = key_only_parameters(forward[1], key, query, inner)
+    operands = site_operands(analysis)
+    if operands is None:
+        return None
+    first = operands[0]
+    cross = key_only_parameters(forward[1], first.key, first.query, first.helper)
     return CAUSAL_CONTRACT + "".join(f" and {p} is None" for p in cross)
 
 

@@ -186,25 +186,15 @@ class Construction(NamedTuple):
     in_init: bool
 
 
-class _AddImplementationParameter(cst.CSTTransformer):
+class _AddImplementationParameter(ScopedTransformer):
     def __init__(self, threaded: frozenset[str]) -> None:
+        super().__init__()
         self.threaded = threaded
-        self.classes: list[str] = []
-        self.depth = 0
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes.append(node.name.value)
-
-    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
-        self.classes.pop()
-        return updated
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.depth += 1
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        self.depth -= 1
-        if self.depth or len(self.classes) != 1 or self.classes[0] not in self.threaded or updated.name.value != "__init__":
+        threaded_init = self.owner in self.threaded and in_init_of(self, self.owner)
+        updated = super().leave_FunctionDef(original, updated)
+        if not threaded_init:
             return updated
         params = updated.params
         parameter = cst.Param(

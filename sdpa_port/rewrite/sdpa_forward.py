@@ -13,7 +13,7 @@ from sdpa_port.analyse.masked_rows import masked_rows_reason
 from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, block_body, replace_names, replace_nodes
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import walk_names
-from sdpa_port.analyse.recognise import ClassAnalysis, Helper, bind_arguments
+from sdpa_port.analyse.recognise import ClassAnalysis, Helper, bind_arguments, site_operands
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.rewrite.sdpa_body import EmitOptions, MaskContract, SdpaEmitter, SideNames, function_names
@@ -59,18 +59,10 @@ def trace_sdpa_path(
 def keys_aligned_in(facts: ModuleFacts, analysis: ClassAnalysis) -> bool:
     """Every site's keys are the call's own positions (`cross.keys_aligned`), followed into a helper's arguments."""
     found = facts.find_method(analysis.class_name, "forward")
-    if found is None or not analysis.sites:
+    operands = site_operands(analysis)
+    if found is None or not operands:
         return False
-    inner: tuple[cst.FunctionDef, dict[str, cst.BaseExpression]] | None = None
-    if analysis.helpers:
-        bound = analysis.helpers[0].bound()
-        if bound is None:
-            return False
-        inner = (analysis.helpers[0].helper.function, bound)
-    return all(
-        keys_aligned(found[1], cst.parse_expression(site.key), cst.parse_expression(site.query), inner)
-        for site in analysis.sites
-    )
+    return all(keys_aligned(found[1], o.key, o.query, o.helper) for o in operands)
 
 
 def build_sdpa_forward(

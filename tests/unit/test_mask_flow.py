@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import textwrap
 
 import libcst as cst
 import pytest
@@ -50,6 +51,49 @@ def test_a_site_receiving_both_kinds_is_undecided() -> None:
     assert found["TinyDecoderModel.attention"] == (True, frozenset({Kind.CAUSAL}))
 
 
+LAYER_FORWARD = """
+def forward(self, hidden_states, attention_mask=None):
+    return self.attention(hidden_states, attention_mask=attention_mask)
+"""
+
+
+def layered(call: str, layer_forward: str = LAYER_FORWARD) -> str:
+    """A model whose layers hold the attention: the model builds a causal mask and runs each layer with `call`."""
+    forward = textwrap.indent(src(layer_forward), " " * 4)
+    return (
+        HEADER
+        + "\n\n"
+        + ATTENTION
+        + "\n\n"
+        + src(
+            f"""
+        class TinyLayer(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.attention = TinyAttention(config)
+
+        {{forward}}
+
+        class TinyPreTrainedModel(PreTrainedModel):
+            base_model_prefix = "model"
+
+
+        class TinyModel(TinyPreTrainedModel):
+            def __init__(self, config):
+                super().__init__(config)
+                self.layers = nn.ModuleList([TinyLayer(config) for _ in range(2)])
+
+            def forward(self, inputs_embeds, attention_mask=None, **kwargs):
+                mask = create_causal_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+                hidden_states = inputs_embeds
+                for layer in self.layers:
+                    hidden_states = {call}
+                return hidden_states
+        """
+        ).replace("{forward}", forward)
+    )
+
+
 @pytest.mark.parametrize(
     "call,kind",
     [
@@ -68,40 +112,7 @@ def test_a_site_receiving_both_kinds_is_undecided() -> None:
     ],
 )
 def test_call_forms(call: str, kind: Kind) -> None:
-    source = (
-        HEADER
-        + "\n\n"
-        + ATTENTION
-        + "\n\n"
-        + src(
-            f"""
-        class TinyLayer(nn.Module):
-            def __init__(self, config):
-                super().__init__()
-                self.attention = TinyAttention(config)
-
-            def forward(self, hidden_states, attention_mask=None):
-                return self.attention(hidden_states, attention_mask=attention_mask)
-
-
-        class TinyPreTrainedModel(PreTrainedModel):
-            base_model_prefix = "model"
-
-
-        class TinyModel(TinyPreTrainedModel):
-            def __init__(self, config):
-                super().__init__(config)
-                self.layers = nn.ModuleList([TinyLayer(config) for _ in range(2)])
-
-            def forward(self, inputs_embeds, attention_mask=None, **kwargs):
-                mask = create_causal_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
-                hidden_states = inputs_embeds
-                for layer in self.layers:
-                    hidden_states = {call}
-                return hidden_states
-        """
-        )
-    )
+    source = layered(call)
     assert verdicts(source)["TinyLayer.attention"][1] == frozenset({kind})
 
 
@@ -175,36 +186,10 @@ def test_a_mask_parameter_of_a_top_level_model_comes_from_outside() -> None:
 def test_typed_kwargs_hold_no_mask(signature: str, before: str, kind: Kind) -> None:
     """A layer handing its `**kwargs` on (BridgeTower's cross-modal layers): annotated as transformers' typed
     kwargs and never written to, they cannot bring a mask, so the attention's mask is the parameter's default."""
-    source = (
-        HEADER
-        + "\n\n"
-        + ATTENTION
-        + "\n\n"
-        + src(
-            f"""
-        class TinyLayer(nn.Module):
-            def __init__(self, config):
-                super().__init__()
-                self.attention = TinyAttention(config)
-
-            def forward(self, hidden_states, {signature}):
-                return self.attention(hidden_states, **kwargs)
-
-
-        class TinyPreTrainedModel(PreTrainedModel):
-            base_model_prefix = "model"
-
-
-        class TinyModel(TinyPreTrainedModel):
-            def __init__(self, config):
-                super().__init__(config)
-                self.layer = TinyLayer(config)
-
-            def forward(self, inputs_embeds, attention_mask=None, **kwargs):
-                return self.layer(inputs_embeds, **kwargs)
-        """
-        )
-    )
-    header = f"def forward(self, hidden_states, {signature}):\n"
-    source = source.replace(header, header + f"        {before or 'pass'}\n")
+    layer_forward = f"""
+def forward(self, hidden_states, {signature}):
+    {before or "pass"}
+    return self.attention(hidden_states, **kwargs)
+"""
+    source = layered("layer(hidden_states, **kwargs)", layer_forward)
     assert verdicts(source)["TinyLayer.attention"][1] == frozenset({kind})
