@@ -8,7 +8,7 @@ import libcst as cst
 
 from sdpa_port.analyse.lines import Lines, top_level_starts
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.discover.eager_sites import find_eager_attention
+from sdpa_port.discover.eager_sites import find_eager_attention, undispatched_sites
 from sdpa_port.discover.modular import note_modular_origin
 from sdpa_port.discover.screen import Screen, screen
 from sdpa_port.plan.class_style import ClassStylePlan, apply_class_style, plan_class_style
@@ -35,7 +35,14 @@ def port_source(source: str, *, style: Style | str = Style.AUTO, filename: str |
         return PortResult(Status.UNCHANGED, source, None, NOT_MODELING)
     chosen = (Style.INTERFACE if first.interface_machinery else Style.CLASS) if style is Style.AUTO else style
     if first.supports_sdpa:
-        return PortResult(Status.UNCHANGED, source, chosen, "already supports SDPA")
+        kept = undispatched_sites(tree)
+        warnings = (
+            ("eager attention the file keeps beside its SDPA support (not ported): "
+             + ", ".join(f"{site.where} (line {site.line})" for site in kept),)
+            if kept
+            else ()
+        )
+        return PortResult(Status.UNCHANGED, source, chosen, "already supports SDPA", warnings=warnings)
     if not first.softmax_classes and not first.uses_attention_interface:
         return _unrecognised(tree, PortResult(Status.UNCHANGED, source, chosen, NO_ATTENTION))
     try:

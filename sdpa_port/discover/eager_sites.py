@@ -34,6 +34,19 @@ def find_eager_attention(tree: ast.Module) -> list[EagerSite]:
     return out
 
 
+def undispatched_sites(tree: ast.Module) -> list[EagerSite]:
+    """The eager attention of a file that is not an implementation it dispatches to: module-level functions handed
+    around as values (`attention_interface = eager_attention_forward`, `get_interface(..., eager_attention_forward)`)
+    are the eager implementation itself."""
+    called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    handed = {
+        node.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and id(node) not in called
+    }
+    return [site for site in find_eager_attention(tree) if "." in site.where or site.where not in handed]
+
+
 def _is_product(node: ast.AST) -> bool:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
         return True

@@ -504,3 +504,47 @@ def test_an_exact_attention_beside_an_approximation_chosen_by_the_modules_settin
     by_length = LANDMARKS.replace("if self.num_landmarks == self.seq_len:", "if key.shape[2] == self.seq_len:")
     refused = port_source(by_length, style=Style.CLASS)
     assert refused.status is Status.REFUSED and "S109" in " ".join(refused.reasons)
+
+
+SUPPORTED_WITH_A_TOWER = '''
+import torch
+from torch import nn
+
+from ...modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+
+
+def eager_attention_forward(module, query, key, value, attention_mask, scaling, **kwargs):
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    return torch.matmul(scores.softmax(dim=-1), value), None
+
+
+class TinyAttention(nn.Module):
+    def forward(self, query, key, value, attention_mask=None):
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        return interface(self, query, key, value, attention_mask, scaling=1.0)
+
+
+class TinyVisionAttention(nn.Module):
+    def forward(self, query, key, value):
+        probs = torch.softmax(torch.matmul(query, key.transpose(-1, -2)), dim=-1)
+        return torch.matmul(probs, value)
+
+
+class TinyPreTrainedModel(PreTrainedModel):
+    _supports_sdpa = True
+'''
+
+
+def test_a_file_that_supports_sdpa_names_the_eager_attention_it_keeps() -> None:
+    """A vision tower computed by hand beside a language model on the attention interface: the file is left as it
+    is, and the tower is named (the eager function the interface falls back to is not)."""
+    result = port_source(SUPPORTED_WITH_A_TOWER)
+    assert result.status is Status.UNCHANGED and result.detail == "already supports SDPA"
+    assert len(result.warnings) == 1 and "TinyVisionAttention.forward (line 23)" in result.warnings[0], result.warnings
+    assert "eager_attention_forward" not in result.warnings[0]
+    without_tower = SUPPORTED_WITH_A_TOWER.split("class TinyVisionAttention")[0] + "class TinyPreTrainedModel" + (
+        SUPPORTED_WITH_A_TOWER.split("class TinyPreTrainedModel")[1]
+    )
+    assert port_source(without_tower).warnings == ()
