@@ -132,8 +132,9 @@ def plan_class_style(
     if reasons:
         return PortResult.refused(module.code, Style.CLASS, reasons, names)
     built = _build_forwards(facts, registrations, contracts)
-    if isinstance(built, list) and contracts and not _none_safe(built, contracts):
-        # an SDPA forward reads its mask where None would break it: keep the eager mask helpers (full masks)
+    if isinstance(built, list) and contracts and not _none_safe(facts, built, contracts):
+        # an SDPA forward, or the eager forward it falls back to, reads its mask where None would break it: keep
+        # the eager mask helpers (full masks)
         plan.warnings.append("mask helpers are kept: an attention module reads its mask without a None check")
         contracts, swaps = {}, MaskSwaps()
         built = _build_forwards(facts, registrations, contracts)
@@ -301,13 +302,38 @@ def _build_forwards(
     return out
 
 
-def _none_safe(built: list[SdpaClassPlan], contracts: dict[str, MaskContract]) -> bool:
-    """Every generated SDPA forward copes with a None mask wherever it reads one."""
-    return all(
-        safe_for_none(item.forward, set(contracts[item.analysis.class_name].nullable))
-        for item in built
-        if item.analysis.class_name in contracts
-    )
+def _none_safe(facts: ModuleFacts, built: list[SdpaClassPlan], contracts: dict[str, MaskContract]) -> bool:
+    """Every generated SDPA forward copes with a None mask wherever it reads one, and so does the eager forward it
+    falls back to under a condition the models' mask helpers do not see (`super().forward(...)` is then handed the
+    SDPA helper's mask; for `output_attentions` and head masks the swapped helpers build full masks themselves)."""
+    for item in built:
+        contract = contracts.get(item.analysis.class_name)
+        if contract is None:
+            continue
+        nullable = set(contract.nullable)
+        if not safe_for_none(item.forward, nullable):
+            return False
+        unseen = item.analysis.eager_only_flags + tuple(
+            name for name in item.analysis.eager_only_params if not name.endswith("head_mask")
+        )
+        if unseen and not _eager_none_safe(facts, item.analysis, nullable):
+            return False
+    return True
+
+
+def _eager_none_safe(facts: ModuleFacts, analysis: ClassAnalysis, nullable: set[str]) -> bool:
+    """The eager forward, and each helper it hands the mask to, copes with a None mask."""
+    found = facts.find_method(analysis.class_name, "forward")
+    if found is None or not safe_for_none(found[1], nullable):
+        return False
+    for call in analysis.helpers:
+        bound = call.bound()
+        if bound is None:
+            return False
+        names = {name for name, value in bound.items() if isinstance(value, cst.Name) and value.value in nullable}
+        if names and not safe_for_none(call.helper.function, names):
+            return False
+    return True
 
 
 def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePlan) -> tuple[cst.Module, list[str]]:

@@ -123,6 +123,9 @@ def inputs_for(spec: Spec) -> list[Inputs]:
     if spec.output_attentions:
         out.append(Inputs("output_attentions", {"input_ids": ids, "attention_mask": left, "output_attentions": True},
                           left.bool()))
+        # the SDPA class falls back to eager, handed what the SDPA mask helpers build: None without padding
+        out.append(Inputs("output_attentions, no padding",
+                          {"input_ids": ids, "attention_mask": ones, "output_attentions": True}, ones.bool()))
     return out
 
 
@@ -305,8 +308,13 @@ def judge(spec: Spec, transform: Callable[[str], str] | None = None) -> Verdict:
 class Tally:
     counts: dict[str, int] = field(default_factory=dict)
     failures: list[tuple[Spec, Verdict]] = field(default_factory=list)
+    by: str | None = None  # a spec field to split the counts by
+    split: dict[tuple[str, str], int] = field(default_factory=dict)  # (field value, verdict) -> count
 
     def add(self, spec: Spec, verdict: Verdict) -> None:
         self.counts[verdict.kind] = self.counts.get(verdict.kind, 0) + 1
+        if self.by is not None:
+            key = (repr(getattr(spec, self.by)), verdict.kind)
+            self.split[key] = self.split.get(key, 0) + 1
         if verdict.failed or verdict.kind == "invalid":
             self.failures.append((spec, verdict))

@@ -146,6 +146,14 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(family="523", settings_branch=True, mask_style="builder"),
         "refused", "W403",
     ),
+    # found by the fuzzer (seed 8290): the SDPA class falls back to an eager forward that adds the mask without a
+    # None check, handed the None the SDPA mask helper builds for an unpadded batch (TypeError); such a fallback
+    # now keeps the eager helpers, as an SDPA forward reading the mask unguarded does
+    "12r: a fallback to an eager forward that reads the mask without a None check": (
+        Spec(settings_branch=True, terms=(("mask", "plain"),), mask_style="causal_helper", causal="mask",
+             is_causal_attr=True),
+        "exact", None,
+    ),
     # CvT, CTRL: the layer builds the attention from a `cfg` it was handed, no `config` in scope (was refused W401):
     # the implementation's name is passed down from the model
     "12q: attention built where no config is in scope": (Spec(wiring="direct_no_config"), "exact", None),

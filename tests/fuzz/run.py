@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import fields
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -46,8 +47,8 @@ def seeds_from(text: str) -> list[int]:
     return out
 
 
-def run_seeds(seeds: list[int], jobs: int, progress: bool = True, family: str = "440") -> Tally:
-    tally = Tally()
+def run_seeds(seeds: list[int], jobs: int, progress: bool = True, family: str = "440", by: str | None = None) -> Tally:
+    tally = Tally(by=by)
     started = time.monotonic()
     if jobs <= 1:
         _init()
@@ -85,9 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--shrink", action="store_true", help="reduce each failure to a minimal spec")
     parser.add_argument("--out", type=Path, default=None, help="write failing (shrunk) files here")
+    parser.add_argument(
+        "--by", choices=[f.name for f in fields(Spec) if f.name != "seed"], default=None,
+        help="also count the verdicts per value of this spec field (an axis)",
+    )
     args = parser.parse_args(argv)
-    tally = run_seeds(seeds_from(args.seeds), args.jobs, family=args.family)
+    tally = run_seeds(seeds_from(args.seeds), args.jobs, family=args.family, by=args.by)
     print("verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.counts.items())))
+    for value in sorted({value for value, _ in tally.split}):
+        counts = ", ".join(f"{kind} {n}" for (v, kind), n in sorted(tally.split.items()) if v == value)
+        print(f"  {args.by}={value}: {counts}")
     failed = 0
     for spec, verdict in sorted(tally.failures, key=lambda item: item[0].seed):
         if verdict.kind != "invalid":
