@@ -87,7 +87,7 @@ class _Swap(ScopedTransformer):
             condition = self.fallback_condition()
             new_call = call.with_changes(func=cst.Name(CAUSAL + SDPA_SUFFIX))
         elif helper == PLAIN and self.plan.plain:
-            condition = 'self.config._attn_implementation == "sdpa"' + self.not_traced(arg(call, 0, "mask"))
+            condition = self.fallback_condition() + self.not_traced(arg(call, 0, "mask"))
             new_call = call.with_changes(func=cst.Name(PLAIN + SDPA_SUFFIX))
         elif helper == EXTENDED and self.plan.extended:
             mask = arg(call, 0, "attention_mask")
@@ -96,7 +96,7 @@ class _Swap(ScopedTransformer):
                 return updated
             dtype = arg(call, 3, "dtype") or expr("self.dtype")
             condition = (
-                f'self.config._attn_implementation == "sdpa" and not self.config.is_decoder and {mask.value}.dim() == 2'
+                f"{self.fallback_condition()} and not self.config.is_decoder and {mask.value}.dim() == 2"
             ) + self.not_traced(mask)
             new_call = cst.Call(
                 func=cst.Name(PLAIN + SDPA_SUFFIX),
@@ -132,7 +132,8 @@ class _Swap(ScopedTransformer):
         return f" and not is_torch_fx_proxy({mask.value})"
 
     def fallback_condition(self) -> str:
-        """SDPA masks may be None for a causal layer; keep full masks where the layers fall back to eager."""
+        """SDPA masks may be None; keep full masks where the layers fall back to eager (asked for the weights, or
+        given a head mask), whose computation may add the mask unguarded, as transformers' own ports do."""
         parts = ['self.config._attn_implementation == "sdpa"']
         params = self.functions[-1].params
         names = [p.name.value for p in [*params.posonly_params, *params.params, *params.kwonly_params]]
