@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import errno
 import importlib.util
+import json
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from sdpa_port.discover.screen import screen
 
 
 class InputError(Exception):
@@ -50,12 +54,16 @@ def is_pytorch_modeling_file(path: Path) -> bool:
 def discover(paths: list[Path]) -> list[Target]:
     """Expand directories into their PyTorch modeling and modular files (sorted); files are taken as given.
 
-    A file reached twice (named and inside a named directory) is processed once, where it first appears.
+    A directory holding a remote-code model (a `config.json` with an `auto_map`) also yields the modules the map
+    names (`modelling_RW.py`) and the modules they import from their own directory (`attention.py`, `blocks.py`),
+    where those define PyTorch code. A file reached twice (named and inside a named directory) is processed once,
+    where it first appears.
     """
     out: list[Target] = []
     for path in paths:
         if path.is_dir():
-            found = sorted(p for p in path.rglob("mod*_*.py") if is_pytorch_modeling_file(p) and p.is_file())
+            named = {p for p in path.rglob("mod*_*.py") if is_pytorch_modeling_file(p) and p.is_file()}
+            found = sorted(named | followed_modules(path))
             if not found:
                 raise InputError(f"{path}: no PyTorch modeling files (modeling_*.py) in this directory")
             out.extend(Target(p, explicit=False) for p in found)
@@ -74,6 +82,72 @@ def discover(paths: list[Path]) -> list[Target]:
             seen.add(key)
             unique.append(target)
     return unique
+
+
+def followed_modules(directory: Path) -> set[Path]:
+    """The PyTorch modules of the remote-code models under `directory`: those each `config.json`'s `auto_map` names,
+    and, transitively, the modules they import from their own directory (`from .attention import ...`)."""
+    pending: list[Path] = []
+    for config in directory.rglob("config.json"):
+        for module in _auto_map_modules(config):
+            candidate = config.parent / f"{module}.py"
+            if candidate.is_file():
+                pending.append(candidate)
+    seen: set[Path] = set()
+    out: set[Path] = set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        tree = _parsed(current)
+        if tree is None:
+            continue
+        if screen(tree).modeling:
+            out.add(current)
+        for name in _sibling_imports(tree):
+            sibling = current.parent / f"{name}.py"
+            if sibling.is_file():
+                pending.append(sibling)
+    return out
+
+
+def _auto_map_modules(config: Path) -> set[str]:
+    """`{"AutoModel": "modelling_RW.RWModel", "AutoTokenizer": ["tok.T", null]}` -> {"modelling_RW", "tok"}."""
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return set()
+    mapping = data.get("auto_map") if isinstance(data, dict) else None
+    if not isinstance(mapping, dict):
+        return set()
+    out: set[str] = set()
+    for value in mapping.values():
+        for reference in value if isinstance(value, list) else [value]:
+            if isinstance(reference, str) and "." in reference:
+                module = reference.split("--")[-1].rsplit(".", 1)[0]  # "repo--module.Class" names another repo's
+                if module.isidentifier():
+                    out.add(module)
+    return out
+
+
+def _parsed(path: Path) -> ast.Module | None:
+    try:
+        return ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _sibling_imports(tree: ast.Module) -> set[str]:
+    """Modules of the same directory a file imports: `from .attention import x`, `from . import blocks`."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module is not None:
+                out.add(node.module.split(".")[0])
+            else:
+                out.update(alias.name for alias in node.names)
+    return out
 
 
 def resolve_model_name(name: str) -> Target | None:

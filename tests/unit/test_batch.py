@@ -221,3 +221,30 @@ def test_progress_bar_on_a_terminal_counts_files(tmp_path: Path) -> None:
     bar.advance(runner.Outcome(Path("b.py"), done))
     bar.close()
     assert "2/2" in stream.getvalue()
+
+
+def test_a_remote_code_directory_is_followed_from_its_auto_map(tmp_path: Path) -> None:
+    """A `trust_remote_code` repository names its modules in `config.json`'s `auto_map` (`modelling_RW.py`), and they
+    import their attention from siblings (`attention.py`, `from . import blocks`): directory mode takes every one
+    that holds PyTorch code, not the configuration module nor a file nothing imports."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "config.json").write_text(
+        '{"auto_map": {"AutoConfig": "configuration_RW.RWConfig", "AutoModel": "modelling_RW.RWModel",'
+        ' "AutoTokenizer": ["other/repo--tokenizer.Tok", null]}}',
+        encoding="utf-8",
+    )
+    (repo / "configuration_RW.py").write_text("from transformers import PretrainedConfig\n", encoding="utf-8")
+    (repo / "modelling_RW.py").write_text(
+        "import torch\nfrom .attention import Attention\nfrom . import blocks\nfrom .configuration_RW import RWConfig\n",
+        encoding="utf-8",
+    )
+    (repo / "attention.py").write_text("import torch\nfrom .rotary import rotate\n", encoding="utf-8")
+    (repo / "rotary.py").write_text("import torch\n", encoding="utf-8")
+    (repo / "blocks.py").write_text("from torch import nn\n", encoding="utf-8")
+    (repo / "unrelated.py").write_text("import torch\n", encoding="utf-8")
+    found = sorted(target.path.name for target in discover([repo]))
+    assert found == ["attention.py", "blocks.py", "modelling_RW.py", "rotary.py"]
+    (repo / "config.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(Exception, match="no PyTorch modeling files"):
+        discover([repo])
