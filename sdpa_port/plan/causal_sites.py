@@ -89,6 +89,16 @@ def decide_sites(flow: MaskFlow, class_name: str, mask_param: str, key_only: Seq
     return CausalSites(class_name, tuple(causal), tuple(decided))
 
 
+def every_site_causal(flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str]) -> bool:
+    """Every construction of the class is followed and receives causal masks alone: one `is_causal = True` for all
+    its instances holds, however they are built (through a dict of classes too)."""
+    classes = _classes(flow, class_name)
+    if _unfollowed(flow, classes) is not None:
+        return False
+    sites = list(flow.modules.sites_of(classes))
+    return bool(sites) and all(flow.site_masks(site, class_name, mask_param, key_only).causal is True for site in sites)
+
+
 def _takes_new_parameter(init: ast.FunctionDef | None) -> bool:
     if init is None:
         return False
@@ -169,4 +179,4 @@ def dispatched_mask(function: ast.FunctionDef) -> str | None:
     return None
 
 
-__all__ = ["PARAMETER", "CausalSites", "check_pinned", "decide_sites", "dispatched_mask"]
+__all__ = ["PARAMETER", "CausalSites", "check_pinned", "decide_sites", "dispatched_mask", "every_site_causal"]

@@ -29,7 +29,14 @@ from sdpa_port.analyse.patterns import cast_operand, walk_names
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
 from sdpa_port.discover.screen import Screen
 from sdpa_port.analyse.selection import attention_dicts
-from sdpa_port.plan.causal_sites import PARAMETER, CausalSites, check_pinned, decide_sites, dispatched_mask
+from sdpa_port.plan.causal_sites import (
+    PARAMETER,
+    CausalSites,
+    check_pinned,
+    decide_sites,
+    dispatched_mask,
+    every_site_causal,
+)
 from sdpa_port.render import render_module
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
@@ -509,8 +516,10 @@ class Causality:
         try:
             return self.for_class(class_name, mask_param is not None), None
         except Refuse as error:
-            if error.reason.code is not Code.CAUSAL_BY_USE or mask_param is None:
+            if error.reason.code not in (Code.CAUSAL_BY_USE, Code.TOWERS) or mask_param is None:
                 raise
+        if every_site_causal(self.flow, class_name, mask_param, key_only):
+            return "True", None
         sites = decide_sites(self.flow, class_name, mask_param, key_only)
         return ("False", None) if not sites.causal else (None, sites)
 

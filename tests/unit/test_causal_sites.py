@@ -267,3 +267,38 @@ def test_a_class_whose_init_cannot_take_is_causal_is_refused() -> None:
     assert result.status is Status.REFUSED and "that can take an `is_causal` keyword" in result.reasons[0], (
         result.reasons
     )
+
+
+def test_towers_sharing_a_module_are_decided_per_construction() -> None:
+    """Token and pixel towers in one file: the class holds no flag of its own, so each construction gets what its
+    masks say (the text model's, causal, passes `is_causal=True`; the vision model's, given no mask, does not)."""
+    from test_refusal_docs import source_of
+
+    towers = source_of("C303").replace("        self.is_causal = True\n", "")
+    result = port_source(towers, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    vision, text = result.source.split("class TinyModel(")
+    assert "self.attention = TinyAttention(config)\n" in vision.split("class TinyVisionModel(")[1]
+    assert "self.attention = TinyAttention(config, is_causal=True)" in text
+
+
+def test_a_module_only_causal_masks_reach_is_causal_however_it_is_built() -> None:
+    """Git: its text attention is built through a dict of classes (no keyword can be passed there), in a file that
+    also holds a vision tower; every construction receives causal masks alone, so `self.is_causal = True` holds for
+    all of them."""
+    from test_refusal_docs import source_of
+
+    towers = source_of("C303").replace("        self.is_causal = True\n", "")
+    vision_start = towers.index("class TinyVisionModel(")
+    model_start = towers.index("class TinyModel(")
+    through_dict = (
+        towers[:vision_start]
+        + towers[model_start:].replace(
+            "self.attention = TinyAttention(config)", "self.attention = TINY_CLASSES[config._attn_implementation](config)"
+        )
+        + "\n\nTINY_CLASSES = {\"eager\": TinyAttention}\n"
+        + "\n\n" + towers[vision_start:model_start].replace("TinyAttention(config)", "nn.Identity()")
+    )
+    result = port_source(through_dict, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert "self.is_causal = True" in result.source
