@@ -21,6 +21,7 @@ CASES = {
     "tvp": "text+video",  # one example per batch; its ResNet backbone has no SDPA
     "blip": "text+image",  # its text model (another file) has no SDPA
     "cvt": "image",  # class style in 5.x too: amplifies rounding, judged against its response to it
+    "git": "text+image",  # a text and a vision tower in one file; the text attention is causal however it is built
 }
 
 
@@ -42,7 +43,10 @@ def test_attention_switched_on_by_a_config_flag_is_said(workdir: Path) -> None:
 
 @pytest.mark.parametrize(
     "model,kind",
-    [("bros", "scale"), ("lxmert", "scale"), ("timesformer", "scale"), ("patchtsmixer", "scale"), ("vilt", "attn_mask"), ("tvp", "scale")],
+    [
+        ("bros", "scale"), ("lxmert", "scale"), ("timesformer", "scale"), ("patchtsmixer", "scale"), ("vilt", "attn_mask"),
+        ("tvp", "scale"), ("git", "scale"),
+    ],
 )
 def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> None:
     """A halved scale, or a mask withheld from SDPA, fails the check of every new input kind."""
