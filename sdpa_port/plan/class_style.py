@@ -305,7 +305,8 @@ def _build_forwards(
 def _none_safe(facts: ModuleFacts, built: list[SdpaClassPlan], contracts: dict[str, MaskContract]) -> bool:
     """Every generated SDPA forward copes with a None mask wherever it reads one, and so does the eager forward it
     falls back to under a condition the models' mask helpers do not see (`super().forward(...)` is then handed the
-    SDPA helper's mask; for `output_attentions` and head masks the swapped helpers build full masks themselves)."""
+    SDPA helper's mask; for `output_attentions` and head masks the swapped helpers build full masks themselves). Such
+    a fallback never takes a None that means "causal": eager would read it as no mask."""
     for item in built:
         contract = contracts.get(item.analysis.class_name)
         if contract is None:
@@ -316,6 +317,9 @@ def _none_safe(facts: ModuleFacts, built: list[SdpaClassPlan], contracts: dict[s
         unseen = item.analysis.eager_only_flags + tuple(
             name for name in item.analysis.eager_only_params if not name.endswith("head_mask")
         )
+        if unseen and contract.causal_when_none is not None:
+            # a None mask means "causal" to the SDPA forward; to the eager one it means no mask at all
+            return False
         if unseen and not _eager_none_safe(facts, item.analysis, nullable):
             return False
     return True

@@ -165,6 +165,13 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(terms=(("mask", "plain"),), mask_style="extended"),
         "exact", None,
     ),
+    # found by the fuzzer (seed 294): with the causal helper swapped, the eager fallback of the approximation's side
+    # got None, which the SDPA forward reads as "causal" and eager as no mask: the fallback became bidirectional
+    # (2.65). A fallback the mask helpers do not see now keeps the full masks of a causal helper
+    "12u: a fallback the mask helpers do not see, causal helper": (
+        Spec(mask_style="causal_helper", causal="mask", is_causal_attr=True, settings_branch=True),
+        "exact", None,
+    ),
     # CvT, CTRL: the layer builds the attention from a `cfg` it was handed, no `config` in scope (was refused W401):
     # the implementation's name is passed down from the model
     "12q: attention built where no config is in scope": (Spec(wiring="direct_no_config"), "exact", None),
