@@ -148,8 +148,28 @@ def plan_class_style(
         )
     causal = swaps.causal and all(c.causal_when_none is not None for c in contracts.values())
     model_classes = frozenset(n for n in facts.classes if facts.is_subclass(n, "PreTrainedModel"))
+    unguarded = mask_helpers.unguarded_helpers(
+        module,
+        facts.imports,
+        model_classes,
+        _helper_callers(facts),
+        weights=any(item.analysis.output_attentions for item in plan.classes) and _passes(facts, "output_attentions"),
+        heads=any(n.endswith("head_mask") for item in plan.classes for n in item.analysis.eager_only_params)
+        and _passes(facts, "head_mask"),
+    )
+    if unguarded:
+        # a layer falling back to eager there would get the SDPA helper's None: keep that helper's full masks
+        plan.warnings.append(
+            "mask helpers kept where the calling method cannot tell that the layers fall back to eager: "
+            + ", ".join(sorted(unguarded))
+        )
+    causal = causal and mask_helpers.CAUSAL not in unguarded
+    plain = mask_helpers.PLAIN not in unguarded
     plan.masks = mask_helpers.MaskSwapPlan(
-        causal=causal, plain=swaps.plain and bool(contracts), extended=swaps.extended and bool(contracts), classes=model_classes
+        causal=causal,
+        plain=swaps.plain and bool(contracts) and plain,
+        extended=swaps.extended and bool(contracts) and plain,
+        classes=model_classes,
     )
     if swaps.causal and not causal:
         plan.warnings.append(
@@ -340,6 +360,26 @@ def _eager_none_safe(facts: ModuleFacts, analysis: ClassAnalysis, nullable: set[
     return True
 
 
+def _passes(facts: ModuleFacts, suffix: str) -> bool:
+    """Some call in the file hands on an argument of that name (`output_attentions=...`, `layer_head_mask`): the
+    layers may then be asked for what only eager gives. A file that never passes one leaves the defaults."""
+    if facts.tree is None:
+        return True
+    for node in ast.walk(facts.tree):
+        if isinstance(node, ast.Call):
+            if any(k.arg is not None and k.arg.endswith(suffix) for k in node.keywords):
+                return True
+            if any(isinstance(a, ast.Name) and a.id.endswith(suffix) for a in node.args):
+                return True
+    return False
+
+
+def _helper_callers(facts: ModuleFacts) -> set[str]:
+    return facts.classes_calling({mask_helpers.CAUSAL, mask_helpers.PLAIN}) | facts.classes_calling(
+        {mask_helpers.EXTENDED}, attribute_of_self=True
+    )
+
+
 def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePlan) -> tuple[cst.Module, list[str]]:
     notes: list[str] = []
     needed: list[tuple[str, str | None]] = []
@@ -370,10 +410,7 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
             module = register.add_dict_entry(module, registration.dict_name, "sdpa", item.name)
             notes.append(f'registered "sdpa": {item.name} in {registration.dict_name}')
     if plan.masks is not None:
-        callers = facts.classes_calling({mask_helpers.CAUSAL, mask_helpers.PLAIN}) | facts.classes_calling(
-            {mask_helpers.EXTENDED}, attribute_of_self=True
-        )
-        module, report = mask_helpers.swap_mask_helpers(module, facts.imports, plan.masks, callers)
+        module, report = mask_helpers.swap_mask_helpers(module, facts.imports, plan.masks, _helper_callers(facts))
         for swap in report.swapped:
             notes.append(f"mask helper for SDPA in {swap}")
         needed.extend(("modeling_attn_mask_utils", name) for name in sorted(report.needed_imports))

@@ -44,6 +44,23 @@ def swap_mask_helpers(
     return result, report
 
 
+def unguarded_helpers(
+    module: cst.Module, imports: ImportMap, classes: frozenset[str], callers: set[str], weights: bool, heads: bool
+) -> set[str]:
+    """The helpers called (in `classes`) where the swap's guard cannot keep full masks for layers falling back to
+    eager: asked for the weights (`weights`) or given a head mask (`heads`) while the calling method has no such
+    parameter to test."""
+    finder = _HelperCalls(imports, MaskSwapPlan(True, True, True, classes), MaskSwapReport())
+    transform_named(module, callers & classes, finder)
+    out: set[str] = set()
+    for helper, params in finder.calls:
+        if weights and "output_attentions" not in params:
+            out.add(helper)
+        if heads and not any(name.endswith("head_mask") for name in params):
+            out.add(helper)
+    return out
+
+
 class _Swap(ScopedTransformer):
     def __init__(self, imports: ImportMap, plan: MaskSwapPlan, report: MaskSwapReport) -> None:
         super().__init__()
@@ -143,3 +160,25 @@ class _Swap(ScopedTransformer):
             if name.endswith("head_mask"):
                 parts.append(f"{name} is None")
         return " and ".join(parts)
+
+
+class _HelperCalls(_Swap):
+    """Records (helper, parameters of the calling method) for each call the swap would rewrite; changes nothing."""
+
+    def __init__(self, imports: ImportMap, plan: MaskSwapPlan, report: MaskSwapReport) -> None:
+        super().__init__(imports, plan, report)
+        self.calls: list[tuple[str, frozenset[str]]] = []
+
+    def leave_SimpleStatementLine(
+        self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+    ) -> cst.BaseStatement:
+        if len(updated.body) != 1 or not self.classes or not self.functions or self.classes[0] not in self.plan.classes:
+            return updated
+        small = updated.body[0]
+        if isinstance(small, (cst.Assign, cst.AnnAssign)) and isinstance(small.value, cst.Call):
+            helper = self.helper_of(small.value)
+            if helper is not None:
+                params = self.functions[-1].params
+                names = frozenset(p.name.value for p in [*params.posonly_params, *params.params, *params.kwonly_params])
+                self.calls.append((PLAIN if helper == EXTENDED else helper, names))
+        return updated

@@ -548,3 +548,27 @@ def test_a_file_that_supports_sdpa_names_the_eager_attention_it_keeps() -> None:
         SUPPORTED_WITH_A_TOWER.split("class TinyPreTrainedModel")[1]
     )
     assert port_source(without_tower).warnings == ()
+
+
+def test_a_mask_helper_called_where_the_fallbacks_cannot_be_seen_keeps_its_full_masks() -> None:
+    """Layers asked for the weights (or given a head mask) fall back to eager, which must get the full masks the
+    swap's guard keeps for them; a helper called in a method without those parameters cannot tell, and a None there
+    would read as "no mask" to eager where SDPA reads "causal": it keeps the eager helper, with a warning."""
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures"
+    source = (fixtures / "class_style" / "modeling_tiny_decoder.py").read_text()
+    assert "_prepare_4d_causal_attention_mask_for_sdpa" in port_source(source).source
+    moved = source.replace(
+        "        attention_mask = _prepare_4d_causal_attention_mask(attention_mask, input_ids.shape, hidden_states, 0)\n",
+        "        attention_mask = self._causal_mask(attention_mask, input_ids.shape, hidden_states)\n",
+    ).replace(
+        "    def forward(self, input_ids, attention_mask=None, head_mask=None, output_attentions=False):\n",
+        "    def _causal_mask(self, attention_mask, shape, hidden_states):\n"
+        "        mask = _prepare_4d_causal_attention_mask(attention_mask, shape, hidden_states, 0)\n"
+        "        return mask\n\n"
+        "    def forward(self, input_ids, attention_mask=None, head_mask=None, output_attentions=False):\n",
+    )
+    assert "def _causal_mask" in moved and "self._causal_mask(" in moved
+    result = port_source(moved)
+    assert result.status is Status.PORTED, result.reasons
+    assert "_for_sdpa" not in result.source
+    assert any("mask helpers kept" in w and "_prepare_4d_causal_attention_mask" in w for w in result.warnings), result.warnings
