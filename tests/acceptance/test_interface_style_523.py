@@ -120,15 +120,18 @@ def test_files_already_on_the_interface_get_is_causal_and_the_flag(model: str, b
         _assert(checks, "interface-523-flag", model)
 
 
-def test_a_module_pinned_causal_is_refused() -> None:
-    """BridgeTower builds cross-modal attention with is_causal=True; with the flag alone SDPA drifts from eager."""
+def test_a_module_pinned_causal_that_only_bidirectional_masks_reach_is_unpinned() -> None:
+    """BridgeTower builds cross-modal attention with is_causal=True; with the flag alone SDPA would drift from eager
+    (refused before). Eager never read the flag and only bidirectional masks reach it: the port passes False there
+    and says why (`test_verify_driven_523` verifies it and sees the flag put back)."""
     from harness import modeling_path
 
     from sdpa_port import Status, port_source
 
     result = port_source(modeling_path("bridgetower").read_text(encoding="utf-8"))
-    assert result.status is Status.REFUSED
-    assert "is built with `is_causal=True`" in result.reasons[0]
+    assert result.status is Status.PORTED, result.reasons
+    assert "BridgeTowerAttention(config, is_causal=False, layer_idx=layer_idx)" in result.source
+    assert any("only bidirectional masks reach it" in note for note in result.notes), result.notes
 
 
 def test_a_registered_kernel_is_called_by_ported_models(ported) -> None:  # type: ignore[no-untyped-def]
