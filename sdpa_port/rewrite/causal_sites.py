@@ -7,6 +7,7 @@ from typing import Iterable
 import libcst as cst
 import libcst.matchers as m
 
+from sdpa_port.rewrite.layout import append_arguments, keyword_argument
 from sdpa_port.rewrite.targeted import transform_named
 
 
@@ -28,25 +29,6 @@ def unpin_is_causal(module: cst.Module, class_name: str, site: tuple[str, str]) 
     transformer = _PassCausal(class_name, frozenset({site[1]}), unpin=True)
     module = transform_named(module, {site[0]}, transformer)
     return module, transformer.count
-
-
-def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
-    """The call with `name=value` added last, laid out like its other arguments (one per line stays one per line)."""
-    new = cst.Arg(
-        value=value,
-        keyword=cst.Name(name),
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-    )
-    args = list(call.args)
-    if args:
-        last = args[-1]
-        if isinstance(last.comma, cst.Comma):
-            new = new.with_changes(comma=last.comma)
-            if len(args) > 1 and isinstance(args[0].comma, cst.Comma):
-                args[-1] = last.with_changes(comma=args[0].comma)
-        else:
-            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return call.with_changes(args=[*args, new])
 
 
 class _PassCausal(cst.CSTTransformer):
@@ -93,7 +75,9 @@ class _PassCausal(cst.CSTTransformer):
         if any(a.keyword is not None and a.keyword.value == "is_causal" for a in updated.args):
             return updated
         self.count += 1
-        return with_keyword(updated, "is_causal", cst.Name("True"))
+        return updated.with_changes(
+            args=append_arguments(list(updated.args), [keyword_argument("is_causal", cst.Name("True"))])
+        )
 
 
-__all__ = ["pass_is_causal", "unpin_is_causal", "with_keyword"]
+__all__ = ["pass_is_causal", "unpin_is_causal"]
