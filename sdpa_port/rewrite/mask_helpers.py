@@ -85,20 +85,32 @@ class _Swap(ScopedTransformer):
             return EXTENDED
         return None
 
+    def helper_statement(
+        self, statement: cst.SimpleStatementLine
+    ) -> tuple[cst.Assign | cst.AnnAssign, cst.Call, str] | None:
+        """`x = <helper>(...)` in a method of a planned class: the assignment, the call, the helper."""
+        if len(statement.body) != 1 or not self.classes or not self.functions:
+            return None
+        if self.classes[0] not in self.plan.classes:
+            return None
+        small = statement.body[0]
+        if not isinstance(small, (cst.Assign, cst.AnnAssign)) or not isinstance(small.value, cst.Call):
+            return None
+        helper = self.helper_of(small.value)
+        return None if helper is None else (small, small.value, helper)
+
+    def parameter_names(self) -> list[str]:
+        """The parameters of the method being visited."""
+        params = self.functions[-1].params
+        return [p.name.value for p in [*params.posonly_params, *params.params, *params.kwonly_params]]
+
     def leave_SimpleStatementLine(
         self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
     ) -> cst.BaseStatement:
-        if len(updated.body) != 1 or not self.classes or not self.functions:
+        found = self.helper_statement(updated)
+        if found is None:
             return updated
-        if self.classes[0] not in self.plan.classes:
-            return updated
-        small = updated.body[0]
-        if not isinstance(small, (cst.Assign, cst.AnnAssign)) or not isinstance(small.value, cst.Call):
-            return updated
-        call = small.value
-        helper = self.helper_of(call)
-        if helper is None:
-            return updated
+        small, call, helper = found
         where = f"{self.classes[0]}.{self.functions[-1].name.value}"
         if helper == CAUSAL and self.plan.causal:
             condition = self.fallback_condition()
@@ -152,8 +164,7 @@ class _Swap(ScopedTransformer):
         """SDPA masks may be None; keep full masks where the layers fall back to eager (asked for the weights, or
         given a head mask), whose computation may add the mask unguarded, as transformers' own ports do."""
         parts = ['self.config._attn_implementation == "sdpa"']
-        params = self.functions[-1].params
-        names = [p.name.value for p in [*params.posonly_params, *params.params, *params.kwonly_params]]
+        names = self.parameter_names()
         if "output_attentions" in names:
             parts.append("not output_attentions")
         for name in names:
@@ -172,13 +183,8 @@ class _HelperCalls(_Swap):
     def leave_SimpleStatementLine(
         self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
     ) -> cst.BaseStatement:
-        if len(updated.body) != 1 or not self.classes or not self.functions or self.classes[0] not in self.plan.classes:
-            return updated
-        small = updated.body[0]
-        if isinstance(small, (cst.Assign, cst.AnnAssign)) and isinstance(small.value, cst.Call):
-            helper = self.helper_of(small.value)
-            if helper is not None:
-                params = self.functions[-1].params
-                names = frozenset(p.name.value for p in [*params.posonly_params, *params.params, *params.kwonly_params])
-                self.calls.append((PLAIN if helper == EXTENDED else helper, names))
+        found = self.helper_statement(updated)
+        if found is not None:
+            helper = found[2]
+            self.calls.append((PLAIN if helper == EXTENDED else helper, frozenset(self.parameter_names())))
         return updated
