@@ -29,6 +29,25 @@ def with_star_kwargs(function: cst.FunctionDef, name: str) -> cst.FunctionDef:
     return function.with_changes(params=params.with_changes(params=plain, star_kwarg=star))
 
 
+def with_keyword_parameter(function: cst.FunctionDef, name: str, default: cst.BaseExpression) -> cst.FunctionDef:
+    """`def f(a, b)` -> `def f(a, b, name=default)` (keyword-only after `*args`), keeping the parameters' layout."""
+    params = function.params
+    parameter = cst.Param(cst.Name(name), default=default, equal=tight_equal())
+    if params.kwonly_params:
+        kwonly, added = separated([*params.kwonly_params], [parameter])
+        return function.with_changes(params=params.with_changes(kwonly_params=[*kwonly, *added]))
+    if isinstance(params.star_arg, cst.Param):
+        laid, added = separated([*params.params, params.star_arg], [parameter])
+        return function.with_changes(params=params.with_changes(params=laid[:-1], star_arg=laid[-1], kwonly_params=added))
+    plain, added = separated([*params.params], [parameter])
+    return function.with_changes(params=params.with_changes(params=[*plain, *added]))
+
+
+def tight_equal() -> cst.AssignEqual:
+    """`=` without spaces, as keyword arguments and parameter defaults are written."""
+    return cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
 def separated(items: list[_Item], added: list[_Item]) -> tuple[list[_Item], list[_Item]]:
     """`items` and `added` laid out as one list continuing `items`: the separators between items go between the
     added ones too, and a trailing comma (or none) stays at the end."""
@@ -54,11 +73,7 @@ def _comma(item: _Item, comma: cst.Comma | cst.MaybeSentinel) -> _Item:
 
 
 def keyword_argument(name: str, value: cst.BaseExpression) -> cst.Arg:
-    return cst.Arg(
-        value=value,
-        keyword=cst.Name(name),
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-    )
+    return cst.Arg(value=value, keyword=cst.Name(name), equal=tight_equal())
 
 
 def append_arguments(args: list[cst.Arg], added: list[cst.Arg]) -> list[cst.Arg]:

@@ -8,7 +8,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.rewrite.insert_classes import insert_after
-from sdpa_port.rewrite.layout import append_arguments, keyword_argument, separated
+from sdpa_port.rewrite.layout import append_arguments, keyword_argument, with_keyword_parameter
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 
 
@@ -196,22 +196,7 @@ class _AddImplementationParameter(ScopedTransformer):
         updated = super().leave_FunctionDef(original, updated)
         if not threaded_init:
             return updated
-        params = updated.params
-        parameter = cst.Param(
-            cst.Name(IMPLEMENTATION),
-            default=cst.SimpleString('"eager"'),
-            equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-        )
-        if params.kwonly_params:
-            kwonly, added = separated([*params.kwonly_params], [parameter])
-            return updated.with_changes(params=params.with_changes(kwonly_params=[*kwonly, *added]))
-        if isinstance(params.star_arg, cst.Param):
-            laid, added = separated([*params.params, params.star_arg], [parameter])
-            return updated.with_changes(
-                params=params.with_changes(params=laid[:-1], star_arg=laid[-1], kwonly_params=added)
-            )
-        plain, added = separated([*params.params], [parameter])
-        return updated.with_changes(params=params.with_changes(params=[*plain, *added]))
+        return with_keyword_parameter(updated, IMPLEMENTATION, cst.SimpleString('"eager"'))
 
 
 class _PassImplementation(_ConfigScope):
