@@ -174,7 +174,7 @@ def _one_branch(
 
 def _settings_only(test: cst.BaseExpression) -> bool:
     """A test that reads nothing but `self.` attributes and literals (no argument, no tensor it computes)."""
-    names = [n for n in nodes_of_type(test, cst.Name)]
+    names = nodes_of_type(test, cst.Name)
     attributes = nodes_of_type(test, cst.Attribute)
     selfs = [a for a in attributes if m.matches(a.value, m.Name("self"))]
     return bool(selfs) and all(n.value == "self" or any(n is a.attr for a in attributes) for n in names)
@@ -220,28 +220,20 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
     helper_calls: list[HelperCall] = []
     if inline and helpers:
         refusal = Refusal(Code.REPEATED, class_name, line_of(forward), "attention is computed both in forward and in a helper method")
-    elif len(inline) > 1:
-        chosen = _one_branch(facts, class_name, forward, line_of)
-        if chosen is None:
-            refusal = Refusal(Code.REPEATED, class_name, inline[1].start_line, "forward computes several attentions")
-        else:
-            known, result, candidate = chosen
-            flags.extend(sorted(known.falsy))
-            site = describe(facts, class_name, "forward", owner.name, candidate, result)
-            sites.append(site)
-            if site.head_mask:
-                head_masks.append(site.head_mask)
     elif inline:
-        candidate = inline[0]
-        if candidate.poison is not None:
-            # a step SDPA cannot take may sit under `if extra is not None:` for an optional argument: the SDPA
-            # class then falls back to eager when that argument is given, as for a head mask
-            retried = _without_optional(facts, class_name, forward, line_of)
+        candidate: t.Candidate | None = inline[0] if len(inline) == 1 else None
+        if candidate is None or candidate.poison is not None:
+            # several attentions may sit on the two sides of a test of the module's settings, and a step SDPA cannot
+            # take under `if extra is not None:` for an optional argument: the SDPA class then falls back to eager
+            # on the other side, or when that argument is given, as for a head mask
+            retried = (_one_branch if candidate is None else _without_optional)(facts, class_name, forward, line_of)
             if retried is not None:
                 known, result, candidate = retried
                 head_masks.extend(sorted(known.none))
                 flags.extend(sorted(known.falsy))
-        if candidate.poison is not None:
+        if candidate is None:
+            refusal = Refusal(Code.REPEATED, class_name, inline[1].start_line, "forward computes several attentions")
+        elif candidate.poison is not None:
             refusal = Refusal.of(candidate.poison, class_name, candidate.poison_line or candidate.start_line)
         else:
             site = describe(facts, class_name, "forward", owner.name, candidate, result)
