@@ -80,10 +80,7 @@ def typed_kwargs(function: ast.FunctionDef) -> str | None:
     annotation = kwarg.annotation if kwarg is not None else None
     if not isinstance(annotation, ast.Subscript):
         return None
-    outer, inner = annotation.value, annotation.slice
-    outer_name = outer.id if isinstance(outer, ast.Name) else outer.attr if isinstance(outer, ast.Attribute) else None
-    inner_name = inner.id if isinstance(inner, ast.Name) else inner.attr if isinstance(inner, ast.Attribute) else None
-    if outer_name != "Unpack" or inner_name not in MASKLESS_KWARGS:
+    if _last_name(annotation.value) != "Unpack" or _last_name(annotation.slice) not in MASKLESS_KWARGS:
         return None
     assert kwarg is not None
     for node in ast.walk(function):  # keys the method adds or a new binding would void the annotation
@@ -415,9 +412,13 @@ def parameter_default(function: ast.FunctionDef, param: str) -> ast.expr | None:
     return None
 
 
+def _last_name(node: ast.expr) -> str:
+    """`x` for `x` and for `a.b.x`; "" for anything else."""
+    return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+
+
 def _is_checkpoint(func: ast.expr) -> bool:
-    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-    return name in CHECKPOINTS
+    return _last_name(func) in CHECKPOINTS
 
 
 def _self_assignment(node: ast.AST) -> tuple[str, ast.expr] | None:

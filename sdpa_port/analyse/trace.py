@@ -1976,32 +1976,33 @@ def _strictly_below(shift: cst.BaseExpression) -> bool:
     return False
 
 
-def _top_left(node: cst.Subscript) -> bool:
-    """`[:, :, :q, :k]`: the first q rows of the first k columns (row i is position i, keys start at position 0)."""
+def _rows_and_columns(node: cst.Subscript) -> tuple[cst.Slice, cst.Slice] | None:
+    """`[:, :, rows, columns]` with the batch and head dimensions whole, and both last slices without a step."""
     slices = [e.slice for e in node.slice if isinstance(e.slice, cst.Slice)]
     if len(node.slice) != 4 or len(slices) != 4:
-        return False
+        return None
     first, second, rows, cols = slices
     if any(part is not None for part in (first.lower, first.upper, second.lower, second.upper)):
-        return False
-    return all(s.lower is None and s.step is None and s.upper is not None for s in (rows, cols))
+        return None
+    if rows.step is not None or cols.step is not None:
+        return None
+    return rows, cols
+
+
+def _top_left(node: cst.Subscript) -> bool:
+    """`[:, :, :q, :k]`: the first q rows of the first k columns (row i is position i, keys start at position 0)."""
+    found = _rows_and_columns(node)
+    return found is not None and all(s.lower is None and s.upper is not None for s in found)
 
 
 def _bottom_right(node: cst.Subscript) -> bool:
     """`[:, :, k - q : k, :k]`: the last q rows of the first k columns (each query at its own position)."""
-    elements = node.slice
-    if len(elements) != 4:
+    found = _rows_and_columns(node)
+    if found is None:
         return False
-    slices = [e.slice for e in elements if isinstance(e.slice, cst.Slice)]
-    if len(slices) != 4:
-        return False
-    first, second, rows, cols = slices
-    if any(part is not None for part in (first.lower, first.upper, second.lower, second.upper)):
-        return False
-    if rows.step is not None or cols.step is not None or cols.lower is not None:
-        return False
+    rows, cols = found
     upper, lower = rows.upper, rows.lower
-    if upper is None or cols.upper is None or lower is None:
+    if cols.lower is not None or upper is None or cols.upper is None or lower is None:
         return False
     if not upper.deep_equals(cols.upper):
         return False
