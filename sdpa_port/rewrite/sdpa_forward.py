@@ -124,6 +124,7 @@ class Inliner(StatementWalker):
         self.inlined = 0
         self.removed_reads: set[str] = set()
         self._caller: t.Tracer | None = None
+        self._aligned: bool | None = None
 
     def caller(self) -> t.Tracer:
         """forward's trace, to read the arguments it passes (the layout of a key)."""
@@ -181,8 +182,9 @@ class Inliner(StatementWalker):
             )
         if self.options is not None:
             keys = frozenset(name for name, value in bound.items() if self.caller().transposed_key(value))
-            aligned = keys_aligned_in(self.facts, self.analysis)
-            result, candidate = trace_sdpa_path(self.facts, self.analysis.class_name, special, keys, aligned)
+            if self._aligned is None:  # a fact of the class, the same for every inlined call
+                self._aligned = keys_aligned_in(self.facts, self.analysis)
+            result, candidate = trace_sdpa_path(self.facts, self.analysis.class_name, special, keys, self._aligned)
             emitter = SdpaEmitter(result, candidate, self.with_aliases(self.options, bound))
             body = emitter.block(block_body(special.body))
             self.removed_reads |= emitter.removed_reads | set(bound)
