@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.names import ImportMap
 from sdpa_port.analyse.module_sites import ModuleCall, ModuleSites, Site, parameter_default
 
 CAUSAL_BUILDER = "create_causal_mask"
@@ -29,6 +30,9 @@ class Kind(enum.Enum):
     CONDITIONAL = "a mask builder chosen by a condition"
     NONE = "no mask"
     UNKNOWN = "a mask of unknown origin"
+    # followed for derivation only (`MaskFlow(derive=True)`): anything computed from a mask built per implementation
+    PER_IMPLEMENTATION = "a value computed from a mask built per implementation"
+    INPUT = "the model's own inputs"
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class Origin:
             return f"a builder chosen by `{self.detail}` (line {self.line})"
         if self.kind is Kind.NONE:
             return f"no mask (line {self.line})"
+        if self.kind is Kind.PER_IMPLEMENTATION:
+            return f"`{self.detail}` (line {self.line}), built per implementation"
         return f"{self.detail} (line {self.line})" if self.line else self.detail
 
 
@@ -146,10 +152,32 @@ Restriction = tuple[str, tuple[str, str]]  # (class, site): its forward is reach
 
 
 class MaskFlow:
-    """The mask flow of one file, computed on demand and kept."""
+    """The mask flow of one file, computed on demand and kept.
 
-    def __init__(self, facts: ModuleFacts) -> None:
+    With `derive`, a value follows every mask it is computed from (`mask.to(dtype)`, `1.0 - mask`, what a method of
+    the module returns from it), a call of anything that builds masks per implementation (the builders, the 4.x
+    `_prepare_4d_*` helpers, a function or method of the file reading `_attn_implementation`) gives
+    `Kind.PER_IMPLEMENTATION`, the parameters of a model's forward are `Kind.INPUT`, and what modules return (hidden
+    states) carries no mask: the question answered is whether a parameter can hold anything built per
+    implementation, not which builder built it.
+    """
+
+    def __init__(self, facts: ModuleFacts, derive: bool = False) -> None:
+        self.derive = derive
+        self.imports = facts.imports
         self.modules = ModuleSites(facts)
+        self.per_implementation = _per_implementation_functions(self.modules.tree, facts.imports)
+        # attributes of a module set outside `__init__`: state a derivation cannot follow
+        self.stateful = frozenset(
+            name
+            for class_name in self.modules.classes
+            for function in self.modules.methods(class_name)
+            if function.name != "__init__"
+            for node in ast.walk(function)
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+            for name in [_self_attribute(node)]
+            if name is not None
+        )
         self._flows: dict[tuple[str, str], _Flow] = {}
         self._reading: set[tuple[str, str]] = set()
         self._params: dict[tuple[str, str, str, Restriction | None], frozenset[Origin]] = {}
@@ -218,7 +246,7 @@ class MaskFlow:
     def _argument_origins(
         self, use: ModuleCall, function: ast.FunctionDef, param: str, state: _State, restrict: Restriction | None
     ) -> frozenset[Origin]:
-        bound = _bound(use, function, param)
+        bound = _bound(use, function, param, self.derive)
         if isinstance(bound, Origin):
             return frozenset({bound})
         values = _Evaluator(self, use.context, state).value(bound)
@@ -311,9 +339,8 @@ class MaskFlow:
                 out.add(Origin(Kind.UNKNOWN, escape, f"`{site.name}`, used in a way not followed"))
         for name in sorted(runs):
             if self.modules.is_pretrained(name):
-                out.add(
-                    Origin(Kind.UNKNOWN, line, f"`{param}` of `{name}.forward`, which callers outside this file pass")
-                )
+                kind = Kind.INPUT if self.derive else Kind.UNKNOWN
+                out.add(Origin(kind, line, f"`{param}` of `{name}.forward`, which callers outside this file pass"))
                 break
         return out
 
@@ -339,6 +366,8 @@ class _Reader:
         env: dict[str, _Values] = {}
         for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
             env[arg.arg] = frozenset({_Param(arg.arg)})
+        if self.flows.derive and arg_names(self.function)[:1] == ["self"]:
+            env["self"] = frozenset()  # the module: no mask
         self.block(self.function.body, _State(env, frozenset()))
 
     def block(self, statements: Sequence[ast.stmt], state: _State | None) -> _State | None:
@@ -375,6 +404,9 @@ class _Reader:
             return self.assign(node.target, node.value, state)
         if isinstance(node, ast.AugAssign):
             self.record(node.value, state)
+            if self.flows.derive:
+                changed = self.value(node.target, state) | self.value(node.value, state)
+                return _bind(state, _stored_names(node.target), changed)
             return _bind(state, _stored_names(node.target), _unknown(node, "a mask changed in place"))
         if isinstance(node, ast.Expr):
             self.record(node.value, state)
@@ -395,7 +427,8 @@ class _Reader:
             self.record(node.iter if isinstance(node, ast.For) else node.test, state)
             current = state
             if isinstance(node, ast.For):
-                current = _bind(current, _stored_names(node.target), _unknown(node, "a loop variable"))
+                items = self.value(node.iter, state) if self.flows.derive else _unknown(node, "a loop variable")
+                current = _bind(current, _stored_names(node.target), items)
             for _ in range(4):
                 after = self.block(node.body, current)
                 joined = _join(current, after)
@@ -454,8 +487,13 @@ class _Reader:
             return [self.value(e, state) for e in value.elts]
         if isinstance(value, ast.Call):
             method = _own_method_call(value)
-            if method is not None:
-                return _Evaluator(self.flows, self.context, state).returned(value, method, count)
+            evaluator = _Evaluator(self.flows, self.context, state)
+            own = method is not None and self.flows.modules.method(self.context[0], method) is not None
+            if own and not (self.flows.derive and evaluator.per_implementation(value, method) is not None):
+                assert method is not None
+                return evaluator.returned(value, method, count)
+        if self.flows.derive:
+            return [self.value(value, state)] * count
         return [unknown] * count
 
 
@@ -478,6 +516,8 @@ class _Evaluator:
                 return frozenset({_Builder(Kind.CAUSAL, line)})
             if node.id == BIDIRECTIONAL_BUILDER:
                 return frozenset({_Builder(Kind.BIDIRECTIONAL, line)})
+            if self.flows.derive:
+                return frozenset()  # a global, a builtin or `self`: no mask of this call
             return _unknown(node, f"`{node.id}`")
         if isinstance(node, ast.IfExp):
             body, orelse = self.value(node.body), self.value(node.orelse)
@@ -494,11 +534,29 @@ class _Evaluator:
             return body | orelse
         if isinstance(node, ast.Call):
             return self.call(node)
+        if self.flows.derive and _self_attribute(node) in self.flows.stateful:
+            return _unknown(node, f"`{_short(node)}`, set outside `__init__`")
+        if self.flows.derive:
+            return self._parts(node)
         return _unknown(node, f"`{_short(node)}`")
+
+    def _parts(self, node: ast.AST) -> _Values:
+        """Derivation: the values of every expression `node` is computed from."""
+        out: set[_Value] = set()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.expr):
+                out |= self.value(child)
+            elif isinstance(child, (ast.keyword, ast.comprehension)):
+                out |= self._parts(child)
+        return frozenset(out)
 
     def call(self, node: ast.Call) -> _Values:
         line = node.lineno
         method = _own_method_call(node)
+        if self.flows.derive:
+            built = self.per_implementation(node, method)
+            if built is not None:
+                return frozenset({Origin(Kind.PER_IMPLEMENTATION, line, built)})
         if method is not None and self.flows.modules.method(self.context[0], method) is not None:
             return self.returned(node, method, 0)[0]
         functions = self.value(node.func) if isinstance(node.func, (ast.Name, ast.IfExp)) else frozenset()
@@ -508,7 +566,33 @@ class _Evaluator:
                 assert isinstance(function, _Builder)
                 out.add(Origin(function.kind, line, function.condition))
             return frozenset(out)
+        if self.flows.derive:
+            if method is not None or isinstance(node.func, ast.Name) and node.func.id in self.state.env:
+                return frozenset()  # a module of this one (`self.layer(...)`, a loop over layers): hidden states
+            arguments = self._parts(ast.Tuple(elts=[*node.args], ctx=ast.Load()))
+            arguments |= frozenset(v for k in node.keywords for v in self.value(k.value))
+            if isinstance(node.func, ast.Attribute):  # `mask.to(dtype)`, `torch.cat(...)`
+                arguments |= self.value(node.func.value)
+            return arguments
         return _unknown(node, f"`{_short(node.func)}(...)`")
+
+    def per_implementation(self, node: ast.Call, method: str | None) -> str | None:
+        """The name of what `node` calls when that builds masks per implementation."""
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if name is None:
+            return None
+        if method is not None:
+            found = self.flows.modules.method(self.context[0], method)
+            if found is not None:
+                return method if reads_implementation(found[1]) else None
+            return method if method in PER_IMPLEMENTATION_HELPERS else None
+        if isinstance(func, ast.Name) and name in self.state.env:
+            return None
+        if name in PER_IMPLEMENTATION_HELPERS or name in self.flows.per_implementation:
+            return name
+        qualified = self.flows.imports.aliases.get(name, "") if isinstance(func, ast.Name) else ""
+        return name if any(part in qualified for part in MASK_MODULES) else None
 
     def returned(self, call: ast.Call, method: str, count: int) -> list[_Values]:
         """What `self.<method>(...)` returns (each of `count` unpacked values, or the whole when 0), its parameters
@@ -543,12 +627,57 @@ class _Evaluator:
             if not isinstance(value, _Param):
                 out.add(value)
                 continue
-            bound = _bound(use, function, value.name)
+            bound = _bound(use, function, value.name, self.flows.derive)
             out |= {bound} if isinstance(bound, Origin) else self.value(bound)
         return out
 
 
 # ------------------------------------------------------------------ small helpers
+
+# what builds masks per implementation, called by name: transformers' 5.x builders, the 4.x helpers (swapped for
+# their `_for_sdpa` variants by a class-style port) and the models' own builders reading `_attn_implementation`
+PER_IMPLEMENTATION_HELPERS = frozenset(
+    {
+        "create_causal_mask",
+        "create_bidirectional_mask",
+        "create_sliding_window_causal_mask",
+        "create_chunked_causal_mask",
+        "create_masks_for_generate",
+        "_prepare_4d_causal_attention_mask",
+        "_prepare_4d_attention_mask",
+        "_prepare_4d_causal_attention_mask_for_sdpa",
+        "_prepare_4d_attention_mask_for_sdpa",
+        "get_extended_attention_mask",
+        "_update_causal_mask",
+        "_update_full_mask",
+        "_update_cross_attn_mask",
+    }
+)
+MASK_MODULES = ("masking_utils", "modeling_attn_mask_utils")
+
+
+def reads_implementation(function: ast.AST) -> bool:
+    return any(
+        isinstance(n, ast.Attribute) and n.attr in ("_attn_implementation", "attn_implementation")
+        or isinstance(n, ast.Name) and n.id in PER_IMPLEMENTATION_HELPERS
+        for n in ast.walk(function)
+    )
+
+
+def _per_implementation_functions(tree: ast.Module, imports: ImportMap) -> frozenset[str]:
+    """The file's module-level functions that read the implementation or call what builds masks per implementation
+    (one level: enough for a helper wrapping a builder)."""
+    out: set[str] = set()
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        called = {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        if reads_implementation(node) or any(
+            any(part in imports.aliases.get(name, "") for part in MASK_MODULES) for name in called
+        ):
+            out.add(node.name)
+    return frozenset(out)
+
 
 
 def _unknown(node: ast.AST, why: str) -> _Values:
@@ -625,12 +754,13 @@ def _is_nonnull(bound: ast.expr | Origin, state: _State) -> bool:
     return isinstance(bound, ast.Name) and bound.id in state.nonnull
 
 
-def _bound(use: ModuleCall, function: ast.FunctionDef, param: str) -> ast.expr | Origin:
+def _bound(use: ModuleCall, function: ast.FunctionDef, param: str, derive: bool = False) -> ast.expr | Origin:
     """The argument a call binds to `param` of `function` (a method: `self` is not passed), or the origin of the
-    value it gets otherwise (its None default, or unknown)."""
+    value it gets otherwise (its None default, any constant default when deriving, or unknown)."""
     line = use.call.lineno
     args = function.args
-    positional = [a.arg for a in [*args.posonlyargs, *args.args]][1:]
+    static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in function.decorator_list)
+    positional = [a.arg for a in [*args.posonlyargs, *args.args]][0 if static else 1 :]
     for keyword in use.keywords:
         if keyword.arg == param:
             return keyword.value
@@ -642,13 +772,20 @@ def _bound(use: ModuleCall, function: ast.FunctionDef, param: str) -> ast.expr |
         if index < len(use.args):
             return use.args[index]
     spread = [k.value for k in use.keywords if k.arg is None]
-    typed = "mask" in param and all(isinstance(v, ast.Name) and v.id == use.typed_kwargs for v in spread)
-    if spread and not typed:
+    typed = all(isinstance(v, ast.Name) and v.id == use.typed_kwargs for v in spread)
+    if spread and typed and derive:
+        # the caller's own typed keywords, never written to: what the model's callers passed
+        return Origin(Kind.INPUT, line, f"`**{use.typed_kwargs}`")
+    if spread and not (typed and "mask" in param):
         return Origin(Kind.UNKNOWN, line, f"`**` keywords, which may hold `{param}`")
     default = parameter_default(function, param)
-    if isinstance(default, ast.Constant) and default.value is None:
+    if isinstance(default, ast.Constant) and (default.value is None or derive):
         return Origin(Kind.NONE, line)
     return Origin(Kind.UNKNOWN, line, f"`{param}`, not passed")
+
+
+def arg_names(function: ast.FunctionDef) -> list[str]:
+    return [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
 
 
 def _header_nodes(statement: ast.stmt) -> Iterator[ast.AST]:
@@ -664,6 +801,13 @@ def _header_nodes(statement: ast.stmt) -> Iterator[ast.AST]:
 
 def _stored_names(target: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def _self_attribute(node: ast.AST) -> str | None:
+    """`self.<name>`: the name."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
 
 
 def _own_method_call(node: ast.Call) -> str | None:
@@ -684,4 +828,4 @@ def _calls_method(node: ast.Call, method: str, by_self: bool, by_super: bool) ->
     return by_self and isinstance(func.value, ast.Name) and func.value.id == "self"
 
 
-__all__ = ["Kind", "MaskFlow", "Origin", "SiteMasks"]
+__all__ = ["Kind", "MaskFlow", "Origin", "SiteMasks", "reads_implementation"]

@@ -184,12 +184,13 @@ class ModuleSites:
         for class_name in self.classes:
             for function in self.methods(class_name):
                 aliases = _class_aliases(function, self.classes)
+                stored = self._stored_locals(function, aliases)
                 for node in ast.walk(function):
                     target_value = _self_assignment(node)
                     if target_value is None:
                         continue
                     attribute, value = target_value
-                    built = self._built(value, aliases)
+                    built = stored.get(value.id) if isinstance(value, ast.Name) else self._built(value, aliases)
                     if built is None:
                         continue
                     classes, container, direct, calls = built
@@ -217,6 +218,50 @@ class ModuleSites:
                 names = self._constructed_by(node.func, {})
                 for name in names:
                     self._constructions.append(Construction(name, node.lineno, None, _causal_argument(node)))
+
+    def _stored_locals(
+        self, function: ast.FunctionDef, aliases: Mapping[str, frozenset[str]]
+    ) -> dict[str, tuple[frozenset[str], bool, bool, list[tuple[ast.Call, frozenset[str]]]]]:
+        """Local names a method binds only to modules it builds and reads only to store them on `self` (or to set
+        their attributes): `attention = Cls(...)` (in each branch), `attention.query = ...`, `self.x = attention`.
+        Such a module is built at the site `self.x`."""
+        assigned: dict[str, list[ast.expr]] = {}
+        for node in ast.walk(function):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        assigned.setdefault(target.id, []).append(node.value)
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr, ast.For, ast.With, ast.comprehension)):
+                for inner in ast.walk(node.target if not isinstance(node, ast.With) else node):
+                    if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Store):
+                        assigned.setdefault(inner.id, []).append(inner)  # bound otherwise: not followed
+        allowed: set[int] = set()
+        for node in ast.walk(function):
+            stored_value = _self_assignment(node)
+            if stored_value is not None and isinstance(stored_value[1], ast.Name):
+                allowed.add(id(stored_value[1]))
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name):
+                allowed.add(id(node.value))
+        out: dict[str, tuple[frozenset[str], bool, bool, list[tuple[ast.Call, frozenset[str]]]]] = {}
+        for name, values in assigned.items():
+            parts = [self._built(v, aliases) if isinstance(v, ast.expr) and not isinstance(v, ast.Name) else None
+                     for v in values]
+            if any(p is None or p[1] for p in parts):
+                continue
+            reads = [
+                n for n in ast.walk(function)
+                if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+            ]
+            if not reads or any(id(n) not in allowed for n in reads):
+                continue
+            found = [p for p in parts if p is not None]
+            out[name] = (
+                frozenset().union(*(p[0] for p in found)),
+                False,
+                all(p[2] for p in found),
+                [c for p in found for c in p[3]],
+            )
+        return out
 
     def _constructed_by(self, func: ast.expr, aliases: Mapping[str, frozenset[str]]) -> frozenset[str]:
         """The in-file classes a call of `func` builds: `Cls`, an alias of classes, or `DICT[key]` of classes."""
