@@ -23,6 +23,7 @@ from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, site_o
 from sdpa_port.analyse.site import TermKind
 from sdpa_port.analyse.selection import attention_dicts, supports_sdpa
 from sdpa_port.plan.gate import authors_refusal, selection_refusals
+from sdpa_port.plan.kept_eager import split_refused
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.render import render_module
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
@@ -95,13 +96,16 @@ def plan_class_style(
     if not analyses:
         return PortResult(Status.UNCHANGED, module.code, Style.CLASS, NO_ATTENTION)
     names = tuple(a.class_name for a in analyses)
-    refusals = [a.refusal for a in analyses if a.refusal is not None]
-    if refusals:
-        return PortResult.refused(module.code, Style.CLASS, refusals, names)
+    split = split_refused(facts, analyses)
+    if split.standing:
+        return PortResult.refused(module.code, Style.CLASS, split.standing, names)
+    analyses = split.ported
+    names = tuple(a.class_name for a in analyses)
     gate = [r for r in (authors_refusal(facts),) if r is not None] + selection_refusals(facts, frozenset(names))
     if gate:
         return PortResult.refused(module.code, Style.CLASS, gate, names)
     plan = ClassStylePlan()
+    plan.warnings.extend(split.warnings())
     dicts = attention_dicts(facts)
     dict_of = {entries["eager"]: name for name, entries in dicts.items()}
     attention_names = frozenset(names)

@@ -47,6 +47,7 @@ from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions,
 from sdpa_port.rewrite.sdpa_body import SideNames, function_names
 from sdpa_port.rewrite.sdpa_forward import inline_helpers, keys_aligned_in, trace_sdpa_path
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
+from sdpa_port.plan.kept_eager import split_refused
 from sdpa_port.plan.threading import plan_threading
 from sdpa_port.rewrite.layout import fresh_name, separated, with_star_kwargs
 from sdpa_port.rewrite.thread_kwargs import Threading, thread_kwargs
@@ -109,9 +110,10 @@ def port_interface_style(module: cst.Module, facts: ModuleFacts, lines: Lines, f
     """The interface port of a file `port_source` has screened (it answers files already supporting SDPA)."""
     analyses = attention_classes(facts, lines, first.softmax_classes)
     names = tuple(a.class_name for a in analyses)
-    refusals = [a.refusal for a in analyses if a.refusal is not None]
-    if refusals:
-        return PortResult.refused(module.code, Style.INTERFACE, refusals, names)
+    split = split_refused(facts, analyses)
+    if split.standing:
+        return PortResult.refused(module.code, Style.INTERFACE, split.standing, names)
+    analyses = split.ported
     dispatching = _dispatching_classes(facts)
     if not analyses and not dispatching:
         return PortResult(Status.UNCHANGED, module.code, Style.INTERFACE, NO_ATTENTION)
@@ -119,6 +121,7 @@ def port_interface_style(module: cst.Module, facts: ModuleFacts, lines: Lines, f
         plan = plan_interface(module, facts, analyses, dispatching)
     except Refuse as error:
         return PortResult.refused(module.code, Style.INTERFACE, [error.placed(names[0] if names else "<module>")], names)
+    plan.warnings[:0] = split.warnings()
     if not plan.edits:
         sources = ", ".join(sorted(set(plan.dispatching_elsewhere.values())))
         return PortResult(

@@ -23,6 +23,10 @@ CASES = {
     "switch_transformers": Case(
         "SwitchTransformersModel", "SwitchTransformersForConditionalGeneration", {"num_experts": 2, "expert_capacity": 8}
     ),
+    # a refused block-sparse attention beside a full one, which is ported (the sparse one stays eager)
+    "big_bird": Case("BigBirdModel"),
+    # likewise Longformer's sliding-window encoder attention beside BART's decoder attention
+    "led": Case("LEDModel", overrides={"attention_window": 4}),
 }
 
 
@@ -80,7 +84,9 @@ def test_greedy_generation(model: str, ported) -> None:  # type: ignore[no-untyp
     _assert(checks, "interface-523", model)
 
 
-@pytest.mark.parametrize("model,kind", [("bloom", "mask"), ("codegen", "scale"), ("rembert", "output")])
+@pytest.mark.parametrize(
+    "model,kind", [("bloom", "mask"), ("codegen", "scale"), ("rembert", "output"), ("big_bird", "scale"), ("led", "scale")]
+)
 def test_parity_sees_sabotage(model: str, kind: str, workdir: Path, ported) -> None:  # type: ignore[no-untyped-def]
     """Sabotaging the SDPA path (ALiBi dropped, scale halved, output shifted) must fail the parity check."""
     from sdpa_port.verify import parity
@@ -169,3 +175,44 @@ def test_a_registered_kernel_is_called_by_ported_models(ported) -> None:  # type
         record("registered-kernel", model, {"calls": len(calls) - before, "max_diff": difference})
         assert len(calls) - before == config.num_hidden_layers, calls
         assert difference <= 1e-4
+
+
+def test_the_attention_left_eager_computes_as_before(ported) -> None:  # type: ignore[no-untyped-def]
+    """BigBird's block-sparse attention stays eager (S111) while its full attention is ported: configured
+    block-sparse, the ported model loaded for sdpa gives the original's eager outputs exactly, and runs no SDPA."""
+    import torch
+
+    from harness import modeling_path
+    from sdpa_port import port_source
+    from sdpa_port.verify.configs import tiny_config
+
+    result = port_source(modeling_path("big_bird").read_text(encoding="utf-8"))
+    assert any("BigBirdBlockSparseAttention stays eager" in w and "[S111]" in w for w in result.warnings), result.warnings
+    overrides = {"attention_type": "block_sparse", "block_size": 2, "num_random_blocks": 1, "max_position_embeddings": 64}
+    base = original("big_bird").BigBirdModel
+    torch.manual_seed(0)
+    reference = base._from_config(tiny_config(base.config_class, overrides), attn_implementation="eager").eval()
+    port = getattr(ported["big_bird"][1], "BigBirdModel")
+    model = port._from_config(tiny_config(base.config_class, overrides), attn_implementation="sdpa").eval()
+    model.load_state_dict(reference.state_dict())
+    assert type(model.encoder.layer[0].attention.self).__name__ == "BigBirdBlockSparseAttention"
+    ids = torch.randint(3, 90, (2, 32))
+    mask = torch.ones_like(ids)
+    mask[0, 24:] = 0
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = counted
+    try:
+        with torch.no_grad():
+            expected = reference(input_ids=ids, attention_mask=mask).last_hidden_state
+            got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = real
+    assert model.encoder.layer[0].attention.self.__class__.__name__ == "BigBirdBlockSparseAttention"
+    assert not calls
+    assert torch.equal(expected, got)
