@@ -13,7 +13,7 @@ import dataclasses
 
 import libcst as cst
 
-from sdpa_port.analyse.cstutil import all_assigned_names, block_body
+from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, block_body, nodes_of_type
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.rewrite.thread_kwargs import (
     SubmoduleCall,
@@ -84,7 +84,7 @@ def plan_threading(facts: ModuleFacts, attention: set[str], forwards_with_kwargs
         computed = all_assigned_names(block_body(found[1].body))
         cached = "past_key_values" in names_in(found[1].body)
         if "position_ids" in plan.parameters[name]:
-            if cached and "position_ids" not in computed:
+            if cached and not _builds(found[1], "position_ids"):
                 plan.problems.append(
                     f"{found[0].name}.forward hands position_ids on only when its caller gives them (it builds none)"
                 )
@@ -113,6 +113,16 @@ def plan_threading(facts: ModuleFacts, attention: set[str], forwards_with_kwargs
     for name in sorted(attention - forwards_with_kwargs):
         plan.problems.append(f"`{name}.forward` takes no **kwargs")
     return plan
+
+
+def _builds(function: cst.FunctionDef, name: str) -> bool:
+    """`function` assigns `name` a value computed without it (`position_ids = cache_position.unsqueeze(0)`), not one
+    only passing it through (`..., position_ids, ... = self._pad(position_ids=position_ids)` keeps a None)."""
+    for node in nodes_of_type(function.body, cst.Assign):
+        targets = {n for t in node.targets for n in assigned_names(t.target)}
+        if name in targets and name not in names_in(node.value):
+            return True
+    return False
 
 
 def _reachable(root: str, calls: dict[str, list["SubmoduleCall"]]) -> set[str]:

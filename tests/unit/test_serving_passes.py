@@ -307,3 +307,18 @@ def test_alibi_from_a_2d_mask_also_takes_4d_masks_and_position_bias_withholds_th
     assert "position_bias=" in result.source
     assert "_supports_attention_backend" not in result.source
     assert any("position_bias" in w and "silently drop" in w for w in result.warnings)
+
+
+def test_position_ids_only_passed_through_are_not_built() -> None:
+    """`..., position_ids = self.pad(..., position_ids)` hands on the caller's None: the model builds no positions
+    (BigBird's block-size padding), so the flag is withheld and the warning says why; a fresh value builds them."""
+    built = "        if position_ids is None:\n            position_ids = torch.arange(\n"
+    assert CROSS.count(built) == 1
+    source = CROSS.replace(
+        built, "        inputs_embeds, position_ids = self.pad(inputs_embeds, position_ids)\n        if False:\n            unused = torch.arange(\n"
+    )
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert any("hands position_ids on only when its caller gives them" in w for w in result.warnings), result.warnings
+    assert "_supports_attention_backend" not in result.source
+    assert not any("hands position_ids on only" in w for w in port_source(CROSS, filename="modeling_tiny.py").warnings)
