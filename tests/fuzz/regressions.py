@@ -199,6 +199,20 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(causal="buffer", mask_style="none", terms=(("bias", "plain"),), fill_value="minus_inf", zero_masked=True),
         "exact", None,
     ),
+    # a second attention no SDPA call expresses, beside a portable one: it stays eager when its mask comes from the
+    # model's 2-D input, and refuses the file when the implementation's mask reaches it (S101, the tanh of its scores)
+    "12r: a refused attention stays eager beside a ported one": (
+        Spec(mask_style="plain_helper", sparse_sibling="own"), "exact", None,
+    ),
+    "12s: the implementation's mask reaches a refused attention": (
+        Spec(mask_style="causal_helper", causal="mask", is_causal_attr=True, sparse_sibling="mask"), "refused", "S101",
+    ),
+    "5.x H: a refused attention stays eager beside a ported one": (
+        Spec(family="523", mask_style="builder", sparse_sibling="own"), "exact", None,
+    ),
+    "5.x I: the implementation's mask reaches a refused attention": (
+        Spec(family="523", mask_style="builder", sparse_sibling="mask"), "refused", "S101",
+    ),
     "12e: a parameter scale in the interface style": (
         Spec(family="523", mask_style="builder", hazard="param_scale", terms=(("mask", "not_none"),)),
         "refused", "S102",

@@ -675,6 +675,8 @@ def layer_class(spec: Spec, code: Code) -> None:
             code.add("super().__init__()")
             code.add(f"self.norm = nn.LayerNorm({config}.hidden_size)")
             code.add(f"self.attn = {build}({config}, layer_idx=layer_idx)")
+            if spec.sparse_sibling != "none":
+                code.add(f"self.sparse = FuzzSparseAttention({config})")
             if spec.cross:
                 code.add(f"self.cross_norm = nn.LayerNorm({config}.hidden_size)")
                 code.add(f"self.crossattention = {build}({config}, is_cross_attention=True, layer_idx=layer_idx)")
@@ -683,7 +685,8 @@ def layer_class(spec: Spec, code: Code) -> None:
         code.add("")
         code.add(
             "def forward(self, hidden_states, attention_mask=None, layer_past=None, encoder_hidden_states=None, "
-            "encoder_attention_mask=None, head_mask=None, use_cache=False, output_attentions=False, position_bias=None):"
+            "encoder_attention_mask=None, head_mask=None, use_cache=False, output_attentions=False, position_bias=None, "
+            "band_mask=None):"
         )
         with code.indent():
             keywords = ["attention_mask=attention_mask"]
@@ -697,6 +700,7 @@ def layer_class(spec: Spec, code: Code) -> None:
                 keywords.append("output_attentions=output_attentions")
             code.add(f"attn_output, present, weights = self.attn(self.norm(hidden_states), {', '.join(keywords)})")
             code.add("hidden_states = hidden_states + attn_output")
+            sibling_call(spec, code)
             if spec.cross:
                 cross = ["attention_mask=attention_mask"] + [k for k in keywords[1:] if not k.startswith(("layer_past", "use_cache", "position_bias"))]
                 if any(kind == "bias" for kind, _ in spec.terms):
@@ -719,6 +723,8 @@ def layer_class_523(spec: Spec, code: Code) -> None:
             code.add("self.norm = nn.LayerNorm(config.hidden_size)")
             pinned = ", is_causal=True" if spec.pinned_causal else ""
             code.add(f"self.attn = FuzzAttention(config, layer_idx=layer_idx{pinned})")
+            if spec.sparse_sibling != "none":
+                code.add("self.sparse = FuzzSparseAttention(config)")
             if spec.cross:
                 code.add("self.cross_norm = nn.LayerNorm(config.hidden_size)")
                 code.add("self.crossattention = FuzzAttention(config, is_cross_attention=True, layer_idx=layer_idx)")
@@ -727,7 +733,7 @@ def layer_class_523(spec: Spec, code: Code) -> None:
         code.add("")
         code.add(
             "def forward(self, hidden_states, attention_mask=None, past_key_values=None, encoder_hidden_states=None, "
-            "encoder_attention_mask=None, position_bias=None, **kwargs):"
+            "encoder_attention_mask=None, position_bias=None, band_mask=None, **kwargs):"
         )
         with code.indent():
             keywords = ["attention_mask=attention_mask", "past_key_values=past_key_values"]
@@ -735,6 +741,7 @@ def layer_class_523(spec: Spec, code: Code) -> None:
                 keywords.append("position_bias=position_bias")
             code.add(f"attn_output, _ = self.attn(self.norm(hidden_states), {', '.join(keywords)}, **kwargs)")
             code.add("hidden_states = hidden_states + attn_output")
+            sibling_call(spec, code)
             if spec.cross:
                 code.add("if encoder_hidden_states is not None:")
                 with code.indent():
@@ -845,6 +852,7 @@ def model_classes(spec: Spec, code: Code) -> None:
             code.add("position_ids = torch.arange(past_length, past_length + length, device=input_ids.device)")
             code.add("hidden_states = self.embed(input_ids) + self.positions(position_ids)[None]")
             mask_lines(spec, code)
+            band_lines(spec, code)
             code.add("position_bias = None")
             if bias:
                 code.add("key_positions = torch.arange(past_length + length, device=input_ids.device)")
@@ -864,7 +872,7 @@ def model_classes(spec: Spec, code: Code) -> None:
                     "hidden_states, present, weights = layer(hidden_states, attention_mask=mask, layer_past=layer_past, "
                     f"encoder_hidden_states=encoder_hidden_states, encoder_attention_mask={encoder}, "
                     "head_mask=head_mask[index], use_cache=use_cache, output_attentions=output_attentions, "
-                    "position_bias=position_bias)"
+                    f"position_bias=position_bias{band_keyword(spec)})"
                 )
                 code.add("if use_cache:")
                 with code.indent():
@@ -915,6 +923,7 @@ def model_classes_523(spec: Spec, code: Code) -> None:
             code.add("position_ids = torch.arange(past_length, past_length + length, device=input_ids.device)")
             code.add("hidden_states = self.embed(input_ids) + self.positions(position_ids)[None]")
             mask_lines(spec, code)
+            band_lines(spec, code)
             code.add("position_bias = None")
             if bias:
                 code.add("key_positions = torch.arange(past_length + length, device=input_ids.device)")
@@ -929,7 +938,7 @@ def model_classes_523(spec: Spec, code: Code) -> None:
                 code.add(
                     "hidden_states = layer(hidden_states, attention_mask=mask, past_key_values=past_key_values, "
                     f"encoder_hidden_states=encoder_hidden_states, encoder_attention_mask={encoder}, "
-                    "position_bias=position_bias, **kwargs)"
+                    f"position_bias=position_bias{band_keyword(spec)}, **kwargs)"
                 )
             code.add("hidden_states = self.norm(hidden_states)")
             code.add(
@@ -998,6 +1007,47 @@ class FuzzConfig(PretrainedConfig):
 '''
 
 
+def sparse_sibling_class(code: Code) -> None:
+    """An attention no exact SDPA call expresses (its scores squashed by tanh), taking a band mask on its keys (so that
+    padded positions, where eager and SDPA may differ, never reach a real token through it)."""
+    code.add("class FuzzSparseAttention(nn.Module):")
+    with code.indent():
+        code.add("def __init__(self, config):")
+        with code.indent():
+            code.add("super().__init__()")
+            code.add("self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)")
+        code.add("")
+        code.add("def forward(self, hidden_states, band_mask=None):")
+        with code.indent():
+            code.add("query, key, value = self.qkv(hidden_states).chunk(3, dim=-1)")
+            code.add("scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(query.shape[-1])")
+            code.add("scores = torch.tanh(scores)")
+            code.add("if band_mask is not None:")
+            with code.indent():
+                code.add("scores = scores + band_mask[:, 0, :, -scores.shape[-1] :]")
+            code.add("return torch.matmul(scores.softmax(dim=-1), value)")
+
+
+def sibling_call(spec: Spec, code: Code) -> None:
+    if spec.sparse_sibling != "none":
+        code.add("hidden_states = hidden_states + self.sparse(hidden_states, band_mask=band_mask)")
+
+
+def band_lines(spec: Spec, code: Code) -> None:
+    """The sibling's band mask: from the 2-D input ("own"), or the implementation's mask itself ("mask")."""
+    if spec.sparse_sibling == "own":
+        code.add("band_mask = None")
+        code.add("if attention_mask is not None:")
+        with code.indent():
+            code.add("band_mask = (1.0 - attention_mask[:, None, None, -length:].to(hidden_states.dtype)) * -10000.0")
+    elif spec.sparse_sibling == "mask":
+        code.add("band_mask = mask")
+
+
+def band_keyword(spec: Spec) -> str:
+    return ", band_mask=band_mask" if spec.sparse_sibling != "none" else ""
+
+
 def helper_function(code: Code) -> None:
     """A helper that adds a per-head, per-key bias to the scores it is given, whatever their layout (flat or per
     head)."""
@@ -1026,6 +1076,9 @@ def render(spec: Spec) -> str:
         code.add("", "")
     attention_class(spec, code)
     code.add("", "")
+    if spec.sparse_sibling != "none":
+        sparse_sibling_class(code)
+        code.add("", "")
     if spec.wiring in ("dict", "dict_public_key"):
         code.add("FUZZ_ATTENTION_CLASSES = {", '    "eager": FuzzAttention,', "}", "", "")
     layer_class(spec, code)

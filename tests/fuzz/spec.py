@@ -104,6 +104,9 @@ class Spec:
     settings_branch: bool = False
     # 5.x: the layer builds its self-attention with a literal `is_causal=True` (BridgeTower's cross-modal layers)
     pinned_causal: bool = False
+    # a second attention no SDPA call expresses (tanh of its scores), beside the first: its band mask built by the
+    # model from the 2-D input ("own": it may stay eager) or the implementation's mask handed to it ("mask": refused)
+    sparse_sibling: str = "none"
 
     # -------------------------------------------------------------- derived facts
 
@@ -136,6 +139,9 @@ class Spec:
 
 
 # ------------------------------------------------------------------ drawing
+
+
+SPARSE_SIBLINGS = ("none", "own", "mask")
 
 
 def _pick(rng: random.Random, choices: tuple[str, ...], weights: tuple[float, ...] | None = None) -> str:
@@ -207,7 +213,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         alternative=rng.random() < 0.1,
         zero_masked=rng.random() < 0.15,  # drawn late: the draws of the fields above keep their seeds
         settings_branch=rng.random() < 0.1,  # drawn late, likewise
-        pinned_causal=rng.random() < 0.15,  # drawn last
+        pinned_causal=rng.random() < 0.15,
+        sparse_sibling=_pick(rng, SPARSE_SIBLINGS, (8, 1, 1)),  # drawn last
     )
     return normalise(spec)
 
