@@ -271,8 +271,13 @@ def eager_body(
     part = EagerPart()
     # the output statement keeps only the product: `attn_output = <probs @ value>`
     part.output_name = "attn_output"
-    last = statements[-1]
-    statements = statements[:-1] + _replace_output(last, fil.output_small, output.node, part.output_name)
+    # the output statement, with any statements moved after it (a check of the output's size) kept in order
+    index = next(
+        (i for i, s in enumerate(statements) if isinstance(s, cst.SimpleStatementLine) and fil.output_small in s.body),
+        len(statements) - 1,
+    )
+    replaced = _replace_output(statements[index], fil.output_small, output.node, part.output_name)
+    statements = statements[:index] + replaced + statements[index + 1 :]
     # adapters: the interface hands over 4-D query, key, value and the attention mask
     flatten = {"query": start.rank == 3, "key": start.rank == 3, "value": output.rank == 3}
     adapters: list[cst.BaseStatement] = []

@@ -182,3 +182,31 @@ def test_a_known_false_comparison_decides_its_negation_too() -> None:
     assert decide(cst.parse_expression("self.a != self.b"), known) is False
     assert decide(cst.parse_expression("self.a == self.c"), known) is None
     assert decide(cst.parse_expression("not self.a == self.b"), known) is False
+
+
+WEIGHTS_AFTER = PROMPT_KEYS.replace(PROMPT_MASK, "").replace(
+    "    def forward(self, hidden_states, attention_mask=None, **kwargs):\n",
+    "    def forward(self, hidden_states, attention_mask=None, output_attentions=False, **kwargs):\n",
+).replace(
+    "        probs = scores.softmax(dim=-1)\n        return torch.matmul(probs, value)\n",
+    "        probs = scores.softmax(dim=-1)\n"
+    "        output = torch.matmul(probs, value)\n"
+    "        if not output_attentions:\n"
+    "            probs = None\n"
+    "        return output, probs\n",
+)
+
+
+def test_statements_moved_after_the_product_follow_it_in_the_eager_function() -> None:
+    """DETR's `if not output_attentions: attn_weights = None` after the product with V: it moves into the eager
+    function after the output (refused F602 before, the output being looked for in the last statement only)."""
+    assert "if not output_attentions:" in WEIGHTS_AFTER
+    result = port_source(WEIGHTS_AFTER, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    eager = next(
+        ast.unparse(n) for n in ast.parse(result.source).body if isinstance(n, ast.FunctionDef) and "eager" in n.name
+    )
+    lines = [line.strip() for line in eager.splitlines()]
+    output = lines.index("attn_output = torch.matmul(probs, value)")
+    assert lines[output + 1 : output + 3] == ["if not output_attentions:", "probs = None"], lines
+    assert lines[-1] == "return (attn_output.transpose(1, 2).contiguous(), probs)", lines
