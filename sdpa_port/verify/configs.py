@@ -148,6 +148,12 @@ def flag_fields(fields: dict[str, Any], timm_available: bool = True) -> dict[str
     return values
 
 
+def timm_backbone(fields: dict[str, Any]) -> bool:
+    """The config's backbone is a timm one (a `timm_backbone` sub-config)."""
+    backbone = fields.get("backbone_config")
+    return isinstance(backbone, dict) and backbone.get("model_type") == "timm_backbone"
+
+
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -240,7 +246,14 @@ def level_kwargs(config_dict: dict[str, Any], level: Level, timm_available: bool
 def _level_kwargs(config_dict: dict[str, Any], level: Level, timm_available: bool) -> dict[str, Any]:
     top = {k: v for k, v in config_dict.items() if not _is_sub_config(v)}
     kwargs = _changes(top, level, timm_available)
+    if timm_backbone(config_dict) and not timm_available:
+        # transformers 5 configs build a timm backbone config unless told `use_timm_backbone=False` when built;
+        # the transformers backbone they build then is shrunk on the next round
+        kwargs["use_timm_backbone"] = False
+        kwargs["backbone_config"] = None
     for name, value in config_dict.items():
+        if name in kwargs and kwargs[name] is None:
+            continue
         if _is_sub_config(value):
             changed = _level_kwargs(value, level, timm_available)
             if changed:

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import torch
 
 from sdpa_port.verify.checks import Batch, Check, count_sdpa_calls, model_kind
-from sdpa_port.verify.configs import LEVELS, Level, level_kwargs
+from sdpa_port.verify.configs import LEVELS, Level, level_kwargs, timm_backbone
 from sdpa_port.verify.diagnose import PortCalls, attention_classes, why_no_sdpa
 from sdpa_port.verify.inputs import ConfigView, Plan, TensorSpec, Unsupported, describe, plan_inputs
 
@@ -142,6 +142,8 @@ def config_at(config_class: type, level: Level) -> Any:
                 if not isinstance(value, dict):
                     setattr(config, name, value)
         for name, value in kwargs.items():  # fields the constructor ignored
+            if value is None and hasattr(getattr(config, name, None), "to_dict"):
+                continue  # a sub-config the constructor built in place of None (a default backbone)
             if not isinstance(value, dict) and getattr(config, name, None) != value:
                 with contextlib.suppress(Exception):
                     setattr(config, name, value)
@@ -478,7 +480,8 @@ def _drive_at(candidate: Candidate, config: Any, level: Level, tried: list[str])
 def _config_notes(candidate: Candidate, config: Any) -> list[str]:
     """What the check changed in the config beyond sizes, for the report."""
     default = candidate.config_class()
-    if getattr(default, "use_timm_backbone", False) and getattr(config, "use_timm_backbone", True) is False:
+    switched = timm_backbone(default.to_dict()) and not timm_backbone(config.to_dict())
+    if switched or getattr(default, "use_timm_backbone", False) and getattr(config, "use_timm_backbone", True) is False:
         return ["timm is not installed: the config's transformers backbone (use_timm_backbone=False)"]
     return []
 

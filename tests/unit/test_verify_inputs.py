@@ -398,3 +398,17 @@ def test_image_placeholder_tokens_as_many_as_the_features_of_one_or_two_images()
     assert {p.spec("input_ids").placeholders for p in plain} == {0}  # type: ignore[union-attr]
     tiny = level_kwargs({"model_type": "x", "image_token_id": 32001, "perceiver_config": {"model_type": "p", "resampler_n_latents": 64}}, LEVELS[0])
     assert tiny["image_token_id"] == 98 and tiny["perceiver_config"]["resampler_n_latents"] == 4
+
+
+def test_a_timm_backbone_config_is_rebuilt_as_the_transformers_one_without_timm() -> None:
+    """Transformers 5 detection configs (DAB-DETR, Table Transformer) build a `timm_backbone` sub-config unless
+    built with `use_timm_backbone=False`: without timm the rebuild asks for that and drops the sub-config (the
+    constructor then builds its ResNet one, shrunk on the next round); with timm nothing changes."""
+    timm = {"model_type": "timm_backbone", "backbone": "resnet50", "num_channels": 3, "out_indices": [1, 2, 3, 4]}
+    config = {"d_model": 256, "encoder_layers": 6, "backbone_config": timm}
+    kwargs = level_kwargs(config, LEVELS[0], timm_available=False)
+    assert kwargs["use_timm_backbone"] is False and kwargs["backbone_config"] is None
+    kwargs = level_kwargs(config, LEVELS[0], timm_available=True)
+    assert "use_timm_backbone" not in kwargs
+    resnet = {**config, "backbone_config": {"model_type": "resnet", "hidden_sizes": [256, 512, 1024, 2048]}}
+    assert "use_timm_backbone" not in level_kwargs(resnet, LEVELS[0], timm_available=False)
