@@ -236,7 +236,7 @@ class MaskFlow:
             calls += 1
             origins |= self._argument_origins(use, function, mask_param, state, restrict)
         for line in self.modules.escapes(site.key):
-            origins.add(Origin(Kind.UNKNOWN, line, f"`{site.name}`, used in a way not followed"))
+            origins.add(Origin(self._escaped(site), line, f"`{site.name}`, used in a way not followed"))
         return SiteMasks(site, frozenset(origins), calls, cross)
 
     def _state_at(self, use: ModuleCall) -> _State:
@@ -336,13 +336,20 @@ class MaskFlow:
                 )
         for site in self.modules.sites_of(runs):
             for escape in self.modules.escapes(site.key):
-                out.add(Origin(Kind.UNKNOWN, escape, f"`{site.name}`, used in a way not followed"))
+                out.add(Origin(self._escaped(site), escape, f"`{site.name}`, used in a way not followed"))
         for name in sorted(runs):
             if self.modules.is_pretrained(name):
                 kind = Kind.INPUT if self.derive else Kind.UNKNOWN
                 out.add(Origin(kind, line, f"`{param}` of `{name}.forward`, which callers outside this file pass"))
                 break
         return out
+
+    def _escaped(self, site: Site) -> Kind:
+        """What a module handed away (`get_encoder()` returning it) may be called with: anything, except that,
+        deriving, a model's own forward is called with a model's inputs (`generate` calls the encoder so)."""
+        if self.derive and site.classes and all(self.modules.is_pretrained(c) for c in site.classes):
+            return Kind.INPUT
+        return Kind.UNKNOWN
 
     def _defines_forward(self, class_name: str) -> str | None:
         found = self.modules.method(class_name, "forward")

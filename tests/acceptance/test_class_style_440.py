@@ -21,6 +21,8 @@ CASES = {
     "distilbert": Case("DistilBertModel"),
     "bert": Case("BertModel"),
     "t5": Case("T5Model", "T5ForConditionalGeneration"),
+    # its sliding-window encoder attention stays eager (S101): only the decoder attention is ported
+    "led": Case("LEDModel", overrides={"attention_window": 4}),
 }
 
 
@@ -103,7 +105,9 @@ def test_configuration_variants(model: str, config_overrides: dict, ported) -> N
     _assert(checks, "class-440-variants", f"{model}{config_overrides}")
 
 
-@pytest.mark.parametrize("model,kind", [("t5", "scale"), ("t5", "mask"), ("bert", "scale"), ("gpt2", "mask")])
+@pytest.mark.parametrize(
+    "model,kind", [("t5", "scale"), ("t5", "mask"), ("bert", "scale"), ("gpt2", "mask"), ("led", "scale")]
+)
 def test_parity_sees_sabotage(model: str, kind: str, workdir: Path, ported) -> None:  # type: ignore[no-untyped-def]
     """A halved scale or a dropped mask (T5's position bias lives in it) must fail the parity check."""
     from sdpa_port.verify import parity

@@ -221,3 +221,30 @@ def test_class_style_follows_the_same_rule() -> None:
     result = port_source(leaked, filename="modeling_tiny.py", style="class")
     assert result.status is Status.REFUSED
     assert "_prepare_4d_attention_mask" in result.refusals[0].detail, result.refusals
+
+
+WRAPPER = src(
+    """
+    class TinyWrapper(TinyPreTrainedModel):
+        def __init__(self, config):
+            super().__init__(config)
+            self.model = TinyModel(config)
+
+        def get_encoder(self):
+            return self.model
+
+        def forward(self, input_ids, attention_mask=None):
+            return self.model(input_ids, attention_mask=attention_mask)
+    """
+)
+
+
+def test_a_model_handed_away_is_called_with_model_inputs() -> None:
+    """`get_encoder()` hands the sub-model to callers out of sight (generation): a model's forward is called with
+    a model's inputs, so its masks stay the caller's; a layer handed away could be called with anything."""
+    result = port_source(SOURCE + "\n\n" + WRAPPER, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    built = "        self.layers = nn.ModuleList([TinyLayer(config, i) for i in range(config.num_hidden_layers)])\n"
+    layer = replaced(SOURCE, built, built + "        self.handed = self.layers\n")
+    result = port_source(layer, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED and "used in a way not followed" in result.refusals[0].detail, result.refusals
