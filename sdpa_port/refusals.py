@@ -47,6 +47,7 @@ class Code(enum.Enum):
     HELPER_CALL = ("W404", "the attention helper is called in a way that cannot be inlined")
     EAGER_FUNCTION = ("W405", "the eager function the module dispatches to is not recognised")
     ALWAYS_WEIGHTS = ("W406", "every call of the attention module asks for its weights, so SDPA would never run")
+    BUILT_ELSEWHERE = ("W407", "the attention module is built in another file, where its SDPA class cannot be selected")
     # A: the file's authors
     AUTHORS_OFF = ("A501", "the file's authors set _supports_sdpa = False")
     # F: forms the tool does not recognise

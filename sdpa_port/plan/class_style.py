@@ -113,6 +113,7 @@ def plan_class_style(
     contracts = _mask_contracts(facts, analyses, swaps)
     reasons: list[Refusal] = []
     registrations: list[tuple[ClassAnalysis, str, Registration]] = []
+    elsewhere: list[str] = []  # attention classes no class of this file builds
     for analysis in analyses:
         name = sdpa_class_name(analysis.class_name, facts)
         inert = _always_asked_for_weights(facts, analysis)
@@ -126,6 +127,7 @@ def plan_class_style(
         sites = register.construction_sites(module, analysis.class_name, attention_names, owners, configured_classes(facts))
         if not sites:
             plan.warnings.append(f"{analysis.class_name} is not constructed in this file; it is left eager")
+            elsewhere.append(analysis.class_name)
             continue
         threaded = _threading(module, facts, analysis.class_name, attention_names, sites)
         if isinstance(threaded, str):
@@ -145,6 +147,20 @@ def plan_class_style(
     if not isinstance(built, list):
         return PortResult.refused(module.code, Style.CLASS, [built], names)
     plan.classes = built
+    if not plan.classes and elsewhere:
+        # eager attention that is not ported must be said: built by another file (a remote-code `attention.py`
+        # imported by `blocks.py`), its SDPA class would have to be selected there
+        reasons = [
+            Refusal(
+                Code.BUILT_ELSEWHERE,
+                name,
+                0,
+                "no class of this file builds it, so an SDPA class could not be selected where it is built (another "
+                "file, which keeps building the eager class)",
+            )
+            for name in elsewhere
+        ]
+        return PortResult.refused(module.code, Style.CLASS, reasons, names)
     if not plan.classes:
         return PortResult(
             Status.UNCHANGED, module.code, Style.CLASS, "no attention module is constructed in this file",

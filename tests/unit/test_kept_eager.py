@@ -248,3 +248,32 @@ def test_a_model_handed_away_is_called_with_model_inputs() -> None:
     layer = replaced(SOURCE, built, built + "        self.handed = self.layers\n")
     result = port_source(layer, filename="modeling_tiny.py")
     assert result.status is Status.REFUSED and "used in a way not followed" in result.refusals[0].detail, result.refusals
+
+
+ATTENTION_PY = src(
+    """
+    import torch
+    from torch import nn
+
+
+    class BlockAttention(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.scaling = config.head_dim**-0.5
+
+        def forward(self, query, key, value, attention_mask=None):
+            scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling
+            if attention_mask is not None:
+                scores = scores + attention_mask
+            return torch.matmul(scores.softmax(dim=-1), value)
+    """
+)
+
+
+def test_eager_attention_built_in_another_file_is_refused_not_unchanged() -> None:
+    """A remote-code `attention.py` whose module `blocks.py` builds: eager attention the class style cannot port
+    here is a refusal naming it (W407), never "unchanged" (issue 10's silent misses)."""
+    result = port_source(ATTENTION_PY, filename="attention.py", style="class")
+    assert result.status is Status.REFUSED, (result.status, result.detail)
+    assert [(r.code.code, r.where) for r in result.refusals] == [("W407", "BlockAttention")]
+    assert result.source == ATTENTION_PY
