@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, Sequence
 
 from sdpa_port.analyse.module_facts import ModuleFacts
@@ -42,8 +42,13 @@ class Origin:
     kind: Kind
     line: int
     detail: str = ""  # the condition of a conditional builder, or why the origin is unknown
+    # the builder's mask converted to booleans before it is handed on (`create_causal_mask(...).to(torch.bool)`):
+    # under eager, True where the float mask masks; under the other implementations their own mask, converted
+    to_bool: bool = False
 
     def describe(self) -> str:
+        if self.to_bool:
+            return f"`{self.kind.value}` converted to booleans (line {self.line})"
         if self.kind in (Kind.CAUSAL, Kind.BIDIRECTIONAL):
             return f"`{self.kind.value}` (line {self.line})"
         if self.kind is Kind.CONDITIONAL:
@@ -566,6 +571,11 @@ class _Evaluator:
                 return frozenset({Origin(Kind.PER_IMPLEMENTATION, line, built)})
         if method is not None and self.flows.modules.method(self.context[0], method) is not None:
             return self.returned(node, method, 0)[0]
+        if not self.flows.derive and _to_bool(node):
+            assert isinstance(node.func, ast.Attribute)
+            masks = self.value(node.func.value)
+            if masks and all(isinstance(v, Origin) and v.kind in BUILT for v in masks):
+                return frozenset(replace(v, to_bool=True) for v in masks if isinstance(v, Origin))
         functions = self.value(node.func) if isinstance(node.func, (ast.Name, ast.IfExp)) else frozenset()
         if functions and all(isinstance(f, _Builder) for f in functions):
             out: set[_Value] = set()
@@ -808,6 +818,26 @@ def _header_nodes(statement: ast.stmt) -> Iterator[ast.AST]:
 
 def _stored_names(target: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+BUILT = (Kind.CAUSAL, Kind.BIDIRECTIONAL, Kind.CONDITIONAL)
+
+
+def _to_bool(node: ast.Call) -> bool:
+    """`x.to(torch.bool)` or `x.bool()`."""
+    func = node.func
+    if not isinstance(func, ast.Attribute) or node.keywords:
+        return False
+    if func.attr == "bool":
+        return not node.args
+    return (
+        func.attr == "to"
+        and len(node.args) == 1
+        and isinstance(node.args[0], ast.Attribute)
+        and node.args[0].attr == "bool"
+        and isinstance(node.args[0].value, ast.Name)
+        and node.args[0].value.id == "torch"
+    )
 
 
 def _self_attribute(node: ast.AST) -> str | None:

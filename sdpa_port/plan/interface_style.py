@@ -47,6 +47,7 @@ from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions,
 from sdpa_port.rewrite.sdpa_body import SideNames, function_names
 from sdpa_port.rewrite.sdpa_forward import inline_helpers, keys_aligned_in, trace_sdpa_path
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
+from sdpa_port.plan.bool_masks import AddInsteadOfFill, Converted, converted_fill, unconvert
 from sdpa_port.plan.kept_eager import split_refused
 from sdpa_port.plan.threading import plan_threading
 from sdpa_port.rewrite.layout import fresh_name, separated, with_star_kwargs
@@ -71,6 +72,9 @@ class ModulePlan:
     is_causal: str | None  # expression to assign in __init__, None when the class already sets it
     position_bias: bool = False  # the dispatch passes additive terms (ALiBi, relative positions) as position_bias
     causal_sites: CausalSites | None = None  # __init__ takes `is_causal`, these sites pass True
+    # lines of `create_*_mask(...).to(torch.bool)` handing this module its mask: the conversion is dropped and the
+    # eager function adds the builder's mask where it filled (`bool_masks.py`)
+    unconverted: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -240,6 +244,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     assert start is not None
     params = result.params
     mask_param = _mask_parameter(candidate, params)
+    unconverted: set[int] = set()  # lines of `create_*_mask(...).to(torch.bool)` whose conversion is dropped
     for op, _, line in candidate.ops:
         if isinstance(op, t.Fill) and mask_param is not None and not row_safe(op, aligned):
             # transformers' sdpa combines a boolean attention mask with position_bias by replacement
@@ -253,10 +258,16 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
                 line=line,
             )
         if isinstance(op, t.Fill) and any("mask" in n for n in walk_names(op.condition) & set(params)):
+            filled = op.condition.value if isinstance(op.condition, cst.Name) and op.condition.value in params else None
+            converted = _converted(causality, analysis.class_name, filled, op)
+            if isinstance(converted, Converted) and mask_param in (None, filled):
+                unconverted |= converted.lines
+                mask_param = filled  # handed to the implementations as built
+                continue
             raise Refuse(
                 Code.MASK_PER_IMPLEMENTATION,
                 "the attention mask is applied with a masking fill; transformers builds it differently for each "
-                "implementation, so it cannot be handed over as is",
+                "implementation, so it cannot be handed over as is" + (f" ({converted})" if converted else ""),
                 line=line,
             )
         if isinstance(op, t.AddTerm) and mask_param is not None and cast_operand(op.term) == mask_param and not op.always:
@@ -309,6 +320,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         taken=frozenset(taken),
         weights_requested=weights_requested,
         position_ids="position_ids" in params,
+        handed_fill=bool(unconverted),
     )
     statements, part = eager_body(forward, result, candidate, options)
     emitter = InterfaceEmitter(result, candidate, options)
@@ -328,6 +340,12 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     if added_kwargs is not None:
         new_forward = with_star_kwargs(new_forward, added_kwargs)
     eager = _eager_function(facts, eager_name, statements, part.free, analysis)
+    if unconverted:
+        assert mask_param is not None
+        adding = AddInsteadOfFill(mask_param)
+        added = eager.visit(adding)
+        assert isinstance(added, cst.FunctionDef) and adding.count, "planning found the fill in the eager path"
+        eager = added
     store_config = not facts.find_attribute_values(analysis.class_name, "config")
     init = facts.find_method(analysis.class_name, "__init__")
     init_params = {p.name.value for p in init[1].params.params} if init is not None else set()
@@ -350,7 +368,17 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         causal_value,
         position_bias=emitter.position_bias,
         causal_sites=causal_sites,
+        unconverted=frozenset(unconverted),
     )
+
+
+def _converted(causality: "Causality", class_name: str, mask_param: str | None, fill: t.Fill) -> Converted | str | None:
+    if mask_param is None:
+        return None
+    found = causality.flow.modules.method(class_name, "forward")
+    if found is None:
+        return None
+    return converted_fill(causality.flow, class_name, mask_param, fill, found[1])
 
 
 def _bind_handed_values(
@@ -702,6 +730,15 @@ def _eager_function(
 
 def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan) -> cst.Module:
     needed: list[tuple[str, str | None]] = []
+    # first, while the lines are the analysed file's
+    lines = frozenset().union(*(item.unconverted for item in plan.modules))
+    if lines:
+        module, count = unconvert(module, lines)
+        assert count == len(lines), "planning found each conversion on its line"
+        plan.notes.append(
+            "the masks built at line(s) " + ", ".join(str(n) for n in sorted(lines)) + " are handed over as built, "
+            "not converted to booleans; the eager attention adds them where it filled (exact: `finfo.min` absorbs)"
+        )
     if plan.modules:
         needed.append(("modeling_utils", "ALL_ATTENTION_FUNCTIONS"))
     for item in plan.modules:

@@ -45,6 +45,9 @@ class InterfaceOptions:
     weights_requested: str | None = None  # code that is true when the caller asks for attention weights
     # forward names `position_ids`: hand them on, as kernels that locate the cache position need them
     position_ids: bool = False
+    # the mask parameter is applied by a fill the eager function turns into its addition (`plan/bool_masks.py`):
+    # like an added mask, it goes to the implementations as built and changes nothing on the SDPA side
+    handed_fill: bool = False
 
 
 @dataclass
@@ -79,6 +82,9 @@ class InterfaceEmitter(SdpaEmitter):
     def is_mask_parameter(self, term: cst.BaseExpression) -> bool:
         return self.interface.mask_param is not None and cast_operand(term) == self.interface.mask_param
 
+    def is_handed_fill(self, op: t.Op) -> bool:
+        return self.interface.handed_fill and isinstance(op, t.Fill) and self.is_mask_parameter(op.condition)
+
     def none_guarded_term(self, node: cst.If, touched: set[Side]) -> str | None:
         found = super().none_guarded_term(node, touched)
         return None if found == self.interface.mask_param else found
@@ -87,7 +93,9 @@ class InterfaceEmitter(SdpaEmitter):
         """As for SDPA, but adding the attention mask changes no side value: it goes to the interface as is."""
         plans = [p for p in self.plans_in(node) if isinstance(p, t.ChainStmt)]
         if plans and all(
-            isinstance(op, (t.AddTerm,)) and self.is_mask_parameter(op.term) or not isinstance(op, (t.AddTerm, t.Scale, t.Fill, t.Dropout))
+            isinstance(op, (t.AddTerm,)) and self.is_mask_parameter(op.term)
+            or self.is_handed_fill(op)
+            or not isinstance(op, (t.AddTerm, t.Scale, t.Fill, t.Dropout))
             for plan in plans
             for op in plan.ops
         ):
@@ -98,6 +106,8 @@ class InterfaceEmitter(SdpaEmitter):
         return None  # the computation moves into the eager function whole; a branch of it is not extracted
 
     def apply(self, op: t.Op) -> list[cst.BaseStatement]:
+        if self.is_handed_fill(op):
+            return []
         if isinstance(op, t.Fill):
             return self.fill_mask(op)  # a causal buffer is an additive term like any other here
         if isinstance(op, t.ZeroRows):

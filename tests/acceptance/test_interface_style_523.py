@@ -27,6 +27,8 @@ CASES = {
     "big_bird": Case("BigBirdModel"),
     # likewise Longformer's sliding-window encoder attention beside BART's decoder attention
     "led": Case("LEDModel", overrides={"attention_window": 4}),
+    # the causal builder's mask converted to booleans for a masking fill beside ALiBi: handed over as built
+    "mpt": Case("MptModel", "MptForCausalLM"),
 }
 
 
@@ -85,7 +87,11 @@ def test_greedy_generation(model: str, ported) -> None:  # type: ignore[no-untyp
 
 
 @pytest.mark.parametrize(
-    "model,kind", [("bloom", "mask"), ("codegen", "scale"), ("rembert", "output"), ("big_bird", "scale"), ("led", "scale")]
+    "model,kind",
+    [
+        ("bloom", "mask"), ("codegen", "scale"), ("rembert", "output"), ("big_bird", "scale"), ("led", "scale"),
+        ("mpt", "mask"), ("mpt", "scale"),
+    ],
 )
 def test_parity_sees_sabotage(model: str, kind: str, workdir: Path, ported) -> None:  # type: ignore[no-untyped-def]
     """Sabotaging the SDPA path (ALiBi dropped, scale halved, output shifted) must fail the parity check."""

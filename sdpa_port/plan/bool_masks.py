@@ -1,0 +1,163 @@
+"""Masks a model converts to booleans for a masking fill (read-only planning).
+
+MPT's model hands its layers `create_causal_mask(...).to(torch.bool)`, and its attention fills the scores where
+that is True: `scores.masked_fill(attention_mask, torch.finfo(dtype).min)`. Under eager the builder's float mask
+is 0 where a key is kept and `finfo.min` where it is masked, so the conversion marks the masked keys; under sdpa the
+builder returns its own boolean mask (True where kept) or None, which the conversion cannot turn into that (None
+fails, a kept key would be filled). So the port hands the builder's mask over unconverted, as every implementation
+expects it, and the eager function adds it instead of filling: `scores + attention_mask`. That is exact: a kept key
+adds 0, a masked one gives `score + finfo.min`, which rounds to `finfo.min` for any score below 2^103 in magnitude,
+the value the fill wrote; a row with every key masked is uniform either way.
+
+It applies only where the conversion is the whole story: every mask reaching the module is a converted builder
+mask (or none); the module uses it only in that fill, with `finfo(...).min`; and every forward on the way hands it
+on untouched (only as an argument of a call).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.analyse.mask_flow import Kind, MaskFlow, Origin
+from sdpa_port.analyse.trace import Fill
+
+FINFO_MIN = m.Attribute(
+    value=m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.Name("finfo"))), attr=m.Name("min")
+)
+
+
+@dataclass(frozen=True)
+class Converted:
+    """The conversions to drop (their lines) for one attention class whose fill becomes an addition."""
+
+    lines: frozenset[int]
+
+
+def converted_fill(flow: MaskFlow, class_name: str, mask_param: str, fill: Fill, forward: ast.FunctionDef) -> Converted | str | None:
+    """`Converted` when the fill on `mask_param` can become an addition of the builder's own mask; a reason when
+    converted masks reach the module but the rule does not apply; None when no converted mask reaches it. Every call
+    counts, cross-attention included: the eager function adds whatever mask each call hands it."""
+    origins: set[Origin] = set()
+    for site in flow.modules.sites_of([class_name]):
+        origins |= flow.site_masks(site, class_name, mask_param, ()).origins
+    converted = {o for o in origins if o.to_bool}
+    if not converted:
+        return None
+    others = [o for o in origins if not o.to_bool and o.kind is not Kind.NONE]
+    if others:
+        return f"it also receives {others[0].describe()}"
+    if not (
+        m.matches(fill.condition, m.Name(mask_param)) and not fill.keep_where_true and m.matches(fill.fill, FINFO_MIN)
+    ):
+        return "it is not filled with `torch.finfo(...).min` exactly where the converted mask is True"
+    reads = [
+        n for n in ast.walk(forward) if isinstance(n, ast.Name) and n.id == mask_param and isinstance(n.ctx, ast.Load)
+    ]
+    tested = [n for n in ast.walk(forward) if isinstance(n, ast.Compare) and _is_none_test(n, mask_param)]
+    if len(reads) != 1 + len(tested):
+        return f"`{mask_param}` is read other than by the fill and `is None` tests"
+    passing = _passed_on_only(flow, class_name)
+    if passing is not None:
+        return passing
+    return Converted(frozenset(o.line for o in converted))
+
+
+def _is_none_test(node: ast.Compare, name: str) -> bool:
+    return (
+        isinstance(node.left, ast.Name)
+        and node.left.id == name
+        and len(node.ops) == 1
+        and isinstance(node.ops[0], (ast.Is, ast.IsNot))
+        and isinstance(node.comparators[0], ast.Constant)
+        and node.comparators[0].value is None
+    )
+
+
+def _passed_on_only(flow: MaskFlow, attention: str) -> str | None:
+    """Why some forward that receives a converted mask (other than the attention's) does more than hand it on."""
+    for class_name in flow.modules.classes:
+        if class_name == attention:
+            continue
+        found = flow.modules.method(class_name, "forward")
+        if found is None or found[0] != class_name:
+            continue
+        function = found[1]
+        for arg in [*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs][1:]:
+            if not any(o.to_bool for o in flow.param_origins(class_name, "forward", arg.arg)):
+                continue
+            if not _only_arguments(function, arg.arg):
+                return f"`{class_name}.forward` uses the converted mask `{arg.arg}` other than by handing it on"
+    return None
+
+
+def _only_arguments(function: ast.FunctionDef, name: str) -> bool:
+    """Every read of `name` is a whole argument of a call."""
+    arguments: set[int] = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call):
+            arguments |= {id(a) for a in node.args} | {id(k.value) for k in node.keywords}
+    return all(
+        id(n) in arguments
+        for n in ast.walk(function)
+        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+    )
+
+
+class AddInsteadOfFill(cst.CSTTransformer):
+    """`x.masked_fill(<mask>, torch.finfo(...).min)` -> `x + <mask>` in the eager function."""
+
+    def __init__(self, mask_param: str) -> None:
+        self.mask_param = mask_param
+        self.count = 0
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if (
+            m.matches(updated_node.func, m.Attribute(attr=m.Name("masked_fill")))
+            and len(updated_node.args) == 2
+            and m.matches(updated_node.args[0].value, m.Name(self.mask_param))
+            and m.matches(updated_node.args[1].value, FINFO_MIN)
+        ):
+            assert isinstance(updated_node.func, cst.Attribute)
+            self.count += 1
+            return cst.BinaryOperation(updated_node.func.value, cst.Add(), cst.Name(self.mask_param))
+        return updated_node
+
+
+class Unconvert(m.MatcherDecoratableTransformer):
+    """Drops `.to(torch.bool)` / `.bool()` from the builder calls starting on `lines`."""
+
+    METADATA_DEPENDENCIES = (cst.metadata.PositionProvider,)
+
+    def __init__(self, lines: frozenset[int]) -> None:
+        super().__init__()
+        self.lines = lines
+        self.count = 0
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        line = self.get_metadata(cst.metadata.PositionProvider, original_node).start.line
+        if line not in self.lines or not isinstance(updated_node.func, cst.Attribute):
+            return updated_node
+        func = updated_node.func
+        bool_call = m.matches(func.attr, m.Name("bool")) and not updated_node.args
+        to_bool = (
+            m.matches(func.attr, m.Name("to"))
+            and len(updated_node.args) == 1
+            and m.matches(updated_node.args[0].value, m.Attribute(value=m.Name("torch"), attr=m.Name("bool")))
+        )
+        if (bool_call or to_bool) and isinstance(func.value, cst.Call):
+            self.count += 1
+            return func.value
+        return updated_node
+
+
+def unconvert(module: cst.Module, lines: frozenset[int]) -> tuple[cst.Module, int]:
+    transformer = Unconvert(lines)
+    new = cst.metadata.MetadataWrapper(module).visit(transformer)
+    return new, transformer.count
+
+
+__all__ = ["AddInsteadOfFill", "Converted", "converted_fill", "unconvert"]
