@@ -213,6 +213,13 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
     "5.x I: the implementation's mask reaches a refused attention": (
         Spec(family="523", mask_style="builder", sparse_sibling="mask"), "refused", "S101",
     ),
+    # MPT: the causal builder's mask converted to booleans and filled where True: handed over as built, added by eager
+    "5.x J: a builder mask converted to booleans for a masking fill": (
+        Spec(family="523", mask_style="builder", causal="mask", cache=True, bool_fill=True), "exact", None,
+    ),
+    "5.x K: a converted builder mask beside an unconverted one (cross-attention)": (
+        Spec(family="523", mask_style="builder", causal="mask", cross=True, bool_fill=True), "refused", "M203",
+    ),
     "12e: a parameter scale in the interface style": (
         Spec(family="523", mask_style="builder", hazard="param_scale", terms=(("mask", "not_none"),)),
         "refused", "S102",

@@ -182,6 +182,8 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
                     f"attn_weights = attn_weights.view(bsz, {n.attr('num_heads')}, {n.q_len}, {n.k_len}) + attention_mask"
                 )
                 code.add(f"attn_weights = attn_weights.view(bsz * {n.attr('num_heads')}, {n.q_len}, {n.k_len})")
+            elif spec.bool_fill:
+                code.add("attn_weights = attn_weights.masked_fill(attention_mask, torch.finfo(attn_weights.dtype).min)")
             else:
                 code.add("attn_weights = attn_weights + attention_mask")
             if spec.floor_with_mask and guard == "not_none":
@@ -763,7 +765,7 @@ def mask_lines(spec: Spec, code: Code) -> None:
         elif builder == "create_causal_mask":
             code.add(
                 "mask = create_causal_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask, "
-                "past_key_values=past_key_values, position_ids=position_ids[None])"
+                "past_key_values=past_key_values, position_ids=position_ids[None])" + (".to(torch.bool)" if spec.bool_fill else "")
             )
         else:
             code.add(

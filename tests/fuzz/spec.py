@@ -107,6 +107,9 @@ class Spec:
     # a second attention no SDPA call expresses (tanh of its scores), beside the first: its band mask built by the
     # model from the 2-D input ("own": it may stay eager) or the implementation's mask handed to it ("mask": refused)
     sparse_sibling: str = "none"
+    # 5.x: the model converts the causal builder's mask to booleans and the attention fills where it is True
+    # (MPT's `create_causal_mask(...).to(torch.bool)` with `masked_fill(mask, finfo.min)`)
+    bool_fill: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -214,7 +217,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         zero_masked=rng.random() < 0.15,  # drawn late: the draws of the fields above keep their seeds
         settings_branch=rng.random() < 0.1,  # drawn late, likewise
         pinned_causal=rng.random() < 0.15,
-        sparse_sibling=_pick(rng, SPARSE_SIBLINGS, (8, 1, 1)),  # drawn last
+        sparse_sibling=_pick(rng, SPARSE_SIBLINGS, (8, 1, 1)),
+        bool_fill=rng.random() < 0.3,  # drawn last
     )
     return normalise(spec)
 
@@ -285,6 +289,9 @@ def normalise(spec: Spec) -> Spec:
         changes["zero_masked"] = False  # the zeroing reads `causal_mask` where the causal fill defined it, per head
     if spec.pinned_causal and (spec.family != "523" or spec.is_causal_attr):
         changes["pinned_causal"] = False  # a 5.x construction keyword; `self.is_causal = True` is the other form
+    fillable = spec.family == "523" and spec.causal == "mask" and changes.get("layout", spec.layout) == "heads"
+    if spec.bool_fill and not (fillable and any(kind == "mask" for kind, _ in changes.get("terms", spec.terms))):
+        changes["bool_fill"] = False  # the causal builder's mask, added per head in the chain
     if spec.settings_branch and (spec.alternative or spec.hazard != "none"):
         changes["settings_branch"] = False  # one branching of the chain at a time; the approximation is a hazard's
     return replace(spec, **changes) if changes else spec
