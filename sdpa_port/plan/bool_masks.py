@@ -60,10 +60,45 @@ def converted_fill(flow: MaskFlow, class_name: str, mask_param: str, fill: Fill,
     tested = [n for n in ast.walk(forward) if isinstance(n, ast.Compare) and _is_none_test(n, mask_param)]
     if len(reads) != 1 + len(tested):
         return f"`{mask_param}` is read other than by the fill and `is None` tests"
+    if not _filled_whenever_given(forward, mask_param):
+        return "the fill happens only under a condition, but the implementations receive the mask whenever it is given"
     passing = _passed_on_only(flow, class_name)
     if passing is not None:
         return passing
     return Converted(frozenset(o.line for o in converted))
+
+
+def _filled_whenever_given(function: ast.FunctionDef, name: str) -> bool:
+    """The fill on `name` sits in `function`'s body or under `if <name> is not None:` only."""
+
+    def search(statements: list[ast.stmt]) -> bool | None:
+        for statement in statements:
+            if any(_fills(n, name) for n in ast.walk(statement)):
+                if isinstance(statement, (ast.Assign, ast.Expr, ast.AugAssign, ast.AnnAssign)):
+                    return True
+                if isinstance(statement, ast.If) and _is_not_none(statement.test, name):
+                    if any(_fills(n, name) for other in statement.orelse for n in ast.walk(other)):
+                        return False
+                    return search(statement.body)
+                return False
+        return None
+
+    return bool(search(function.body))
+
+
+def _fills(node: ast.AST, name: str) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "masked_fill"
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Name)
+        and node.args[0].id == name
+    )
+
+
+def _is_not_none(test: ast.expr, name: str) -> bool:
+    return isinstance(test, ast.Compare) and _is_none_test(test, name) and isinstance(test.ops[0], ast.IsNot)
 
 
 def _is_none_test(node: ast.Compare, name: str) -> bool:

@@ -220,6 +220,11 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
     "5.x K: a converted builder mask beside an unconverted one (cross-attention)": (
         Spec(family="523", mask_style="builder", causal="mask", cross=True, bool_fill=True), "refused", "M203",
     ),
+    # found by the fuzzer (5.23.0 seed 9403, wrong by 3.8): the fill under a flag, the mask handed over always
+    "5.x L: a converted builder mask filled only under a flag": (
+        Spec(family="523", mask_style="builder", causal="mask", terms=(("mask", "flag"),), bool_fill=True),
+        "refused", "M203",
+    ),
     "12e: a parameter scale in the interface style": (
         Spec(family="523", mask_style="builder", hazard="param_scale", terms=(("mask", "not_none"),)),
         "refused", "S102",

@@ -107,6 +107,12 @@ def test_the_builders_mask_is_handed_over_as_built_and_added_by_eager() -> None:
             "        hidden_states = hidden_states * attention_mask.any()\n        output, _ = self.attn(",
             "other than by handing it on",
         ),
+        # the fill under a switch of the module: the implementations would get the mask whenever it is given
+        (
+            "        if attention_mask is not None:\n            scores = scores.masked_fill(",
+            "        if attention_mask is not None and self.config.use_mask:\n            scores = scores.masked_fill(",
+            "only under a condition",
+        ),
         # the attention reads the mask beyond the fill
         (
             "        query, key, value = self.qkv(",
