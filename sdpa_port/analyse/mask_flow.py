@@ -748,6 +748,21 @@ def _refine(test: ast.expr, state: _State) -> tuple[_State, _State]:
         for value in test.values:
             no = _refine(value, no)[1]
         return state, no
+    compared = none_comparison(test)
+    if compared is not None:
+        name, is_not = compared
+        present = state.env.get(name, frozenset())
+        not_none = _State(
+            {**state.env, name: frozenset(v for v in present if not (isinstance(v, Origin) and v.kind is Kind.NONE))},
+            state.nonnull | {name},
+        )
+        none = _State({**state.env, name: frozenset({Origin(Kind.NONE, test.lineno)})}, state.nonnull - {name})
+        return (not_none, none) if is_not else (none, not_none)
+    return state, state
+
+
+def none_comparison(test: ast.expr) -> tuple[str, bool] | None:
+    """`name is None` -> (name, False), `name is not None` -> (name, True); None for any other test."""
     if (
         isinstance(test, ast.Compare)
         and isinstance(test.left, ast.Name)
@@ -756,15 +771,8 @@ def _refine(test: ast.expr, state: _State) -> tuple[_State, _State]:
         and isinstance(test.comparators[0], ast.Constant)
         and test.comparators[0].value is None
     ):
-        name = test.left.id
-        present = state.env.get(name, frozenset())
-        not_none = _State(
-            {**state.env, name: frozenset(v for v in present if not (isinstance(v, Origin) and v.kind is Kind.NONE))},
-            state.nonnull | {name},
-        )
-        none = _State({**state.env, name: frozenset({Origin(Kind.NONE, test.lineno)})}, state.nonnull - {name})
-        return (not_none, none) if isinstance(test.ops[0], ast.IsNot) else (none, not_none)
-    return state, state
+        return test.left.id, isinstance(test.ops[0], ast.IsNot)
+    return None
 
 
 def _is_nonnull(bound: ast.expr | Origin, state: _State) -> bool:
@@ -775,9 +783,8 @@ def _bound(use: ModuleCall, function: ast.FunctionDef, param: str, derive: bool 
     """The argument a call binds to `param` of `function` (a method: `self` is not passed), or the origin of the
     value it gets otherwise (its None default, any constant default when deriving, or unknown)."""
     line = use.call.lineno
-    args = function.args
     static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in function.decorator_list)
-    positional = [a.arg for a in [*args.posonlyargs, *args.args]][0 if static else 1 :]
+    positional = arg_names(function)[0 if static else 1 :]
     for keyword in use.keywords:
         if keyword.arg == param:
             return keyword.value
@@ -849,10 +856,7 @@ def _self_attribute(node: ast.AST) -> str | None:
 
 def _own_method_call(node: ast.Call) -> str | None:
     """`self.<name>(...)`: the name."""
-    func = node.func
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
-        return func.attr
-    return None
+    return _self_attribute(node.func)
 
 
 def _calls_method(node: ast.Call, method: str, by_self: bool, by_super: bool) -> bool:
@@ -865,4 +869,4 @@ def _calls_method(node: ast.Call, method: str, by_self: bool, by_super: bool) ->
     return by_self and isinstance(func.value, ast.Name) and func.value.id == "self"
 
 
-__all__ = ["Kind", "MaskFlow", "Origin", "SiteMasks", "reads_implementation"]
+__all__ = ["Kind", "MaskFlow", "Origin", "SiteMasks", "none_comparison", "reads_implementation"]

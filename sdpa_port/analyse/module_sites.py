@@ -221,7 +221,7 @@ class ModuleSites:
 
     def _stored_locals(
         self, function: ast.FunctionDef, aliases: Mapping[str, frozenset[str]]
-    ) -> dict[str, tuple[frozenset[str], bool, bool, list[tuple[ast.Call, frozenset[str]]]]]:
+    ) -> dict[str, _Built]:
         """Local names a method binds only to modules it builds and reads only to store them on `self` (or to set
         their attributes): `attention = Cls(...)` (in each branch), `attention.query = ...`, `self.x = attention`.
         Such a module is built at the site `self.x`."""
@@ -242,7 +242,7 @@ class ModuleSites:
                 allowed.add(id(stored_value[1]))
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name):
                 allowed.add(id(node.value))
-        out: dict[str, tuple[frozenset[str], bool, bool, list[tuple[ast.Call, frozenset[str]]]]] = {}
+        out: dict[str, _Built] = {}
         for name, values in assigned.items():
             parts = [self._built(v, aliases) if isinstance(v, ast.expr) and not isinstance(v, ast.Name) else None
                      for v in values]
@@ -254,13 +254,7 @@ class ModuleSites:
             ]
             if not reads or any(id(n) not in allowed for n in reads):
                 continue
-            found = [p for p in parts if p is not None]
-            out[name] = (
-                frozenset().union(*(p[0] for p in found)),
-                False,
-                all(p[2] for p in found),
-                [c for p in found for c in p[3]],
-            )
+            out[name] = _union([p for p in parts if p is not None])
         return out
 
     def _constructed_by(self, func: ast.expr, aliases: Mapping[str, frozenset[str]]) -> frozenset[str]:
@@ -275,18 +269,11 @@ class ModuleSites:
 
     def _built(
         self, value: ast.expr, aliases: Mapping[str, frozenset[str]]
-    ) -> tuple[frozenset[str], bool, bool, list[tuple[ast.Call, frozenset[str]]]] | None:
+    ) -> _Built | None:
         """(classes, container, direct, the construction calls) of a value assigned to `self.x`; None: builds none."""
         if isinstance(value, ast.IfExp):
             arms = [b for b in (self._built(value.body, aliases), self._built(value.orelse, aliases)) if b is not None]
-            if not arms:
-                return None
-            return (
-                frozenset().union(*(a[0] for a in arms)),
-                any(a[1] for a in arms),
-                all(a[2] for a in arms),
-                [c for a in arms for c in a[3]],
-            )
+            return _union(arms) if arms else None
         if isinstance(value, ast.Call):
             names = self._constructed_by(value.func, aliases)
             if names:
@@ -464,6 +451,20 @@ def _last_name(node: ast.expr) -> str:
 
 def _is_checkpoint(func: ast.expr) -> bool:
     return _last_name(func) in CHECKPOINTS
+
+
+# what a value assigned to `self.x` builds: (classes, container, direct, the construction calls with their classes)
+_Built = tuple[frozenset[str], bool, bool, list[tuple[ast.Call, frozenset[str]]]]
+
+
+def _union(parts: list[_Built]) -> _Built:
+    """What one of several values builds (the arms of `a if c else b`, a local bound in each branch)."""
+    return (
+        frozenset().union(*(p[0] for p in parts)),
+        any(p[1] for p in parts),
+        all(p[2] for p in parts),
+        [c for p in parts for c in p[3]],
+    )
 
 
 def _self_assignment(node: ast.AST) -> tuple[str, ast.expr] | None:

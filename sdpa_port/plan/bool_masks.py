@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.mask_flow import Kind, MaskFlow, Origin
+from sdpa_port.analyse.mask_flow import Kind, MaskFlow, Origin, none_comparison
 from sdpa_port.analyse.trace import Fill
 
 FINFO_MIN = m.Attribute(
@@ -57,7 +57,7 @@ def converted_fill(flow: MaskFlow, class_name: str, mask_param: str, fill: Fill,
     reads = [
         n for n in ast.walk(forward) if isinstance(n, ast.Name) and n.id == mask_param and isinstance(n.ctx, ast.Load)
     ]
-    tested = [n for n in ast.walk(forward) if isinstance(n, ast.Compare) and _is_none_test(n, mask_param)]
+    tested = [n for n in ast.walk(forward) if isinstance(n, ast.expr) and _tests(n, mask_param) is not None]
     if len(reads) != 1 + len(tested):
         return f"`{mask_param}` is read other than by the fill and `is None` tests"
     if not _filled_whenever_given(forward, mask_param):
@@ -76,7 +76,7 @@ def _filled_whenever_given(function: ast.FunctionDef, name: str) -> bool:
             if any(_fills(n, name) for n in ast.walk(statement)):
                 if isinstance(statement, (ast.Assign, ast.Expr, ast.AugAssign, ast.AnnAssign)):
                     return True
-                if isinstance(statement, ast.If) and _is_not_none(statement.test, name):
+                if isinstance(statement, ast.If) and _tests(statement.test, name) is True:
                     if any(_fills(n, name) for other in statement.orelse for n in ast.walk(other)):
                         return False
                     return search(statement.body)
@@ -97,19 +97,10 @@ def _fills(node: ast.AST, name: str) -> bool:
     )
 
 
-def _is_not_none(test: ast.expr, name: str) -> bool:
-    return isinstance(test, ast.Compare) and _is_none_test(test, name) and isinstance(test.ops[0], ast.IsNot)
-
-
-def _is_none_test(node: ast.Compare, name: str) -> bool:
-    return (
-        isinstance(node.left, ast.Name)
-        and node.left.id == name
-        and len(node.ops) == 1
-        and isinstance(node.ops[0], (ast.Is, ast.IsNot))
-        and isinstance(node.comparators[0], ast.Constant)
-        and node.comparators[0].value is None
-    )
+def _tests(test: ast.expr, name: str) -> bool | None:
+    """True for `<name> is not None`, False for `<name> is None`, None for any other test."""
+    compared = none_comparison(test)
+    return compared[1] if compared is not None and compared[0] == name else None
 
 
 def _passed_on_only(flow: MaskFlow, attention: str) -> str | None:
