@@ -677,8 +677,7 @@ def layer_class(spec: Spec, code: Code) -> None:
             code.add("super().__init__()")
             code.add(f"self.norm = nn.LayerNorm({config}.hidden_size)")
             code.add(f"self.attn = {build}({config}, layer_idx=layer_idx)")
-            if spec.sparse_sibling != "none":
-                code.add(f"self.sparse = FuzzSparseAttention({config})")
+            sibling_attribute(spec, code, config)
             if spec.cross:
                 code.add(f"self.cross_norm = nn.LayerNorm({config}.hidden_size)")
                 code.add(f"self.crossattention = {build}({config}, is_cross_attention=True, layer_idx=layer_idx)")
@@ -725,8 +724,7 @@ def layer_class_523(spec: Spec, code: Code) -> None:
             code.add("self.norm = nn.LayerNorm(config.hidden_size)")
             pinned = ", is_causal=True" if spec.pinned_causal else ""
             code.add(f"self.attn = FuzzAttention(config, layer_idx=layer_idx{pinned})")
-            if spec.sparse_sibling != "none":
-                code.add("self.sparse = FuzzSparseAttention(config)")
+            sibling_attribute(spec, code)
             if spec.cross:
                 code.add("self.cross_norm = nn.LayerNorm(config.hidden_size)")
                 code.add("self.crossattention = FuzzAttention(config, is_cross_attention=True, layer_idx=layer_idx)")
@@ -1031,6 +1029,11 @@ def sparse_sibling_class(code: Code) -> None:
                 with code.indent():
                     code.add(f"scores = scores + {name}[:, 0, :, -scores.shape[-1] :]")
             code.add("return torch.matmul(scores.softmax(dim=-1), value)")
+
+
+def sibling_attribute(spec: Spec, code: Code, config: str = "config") -> None:
+    if spec.sparse_sibling != "none":
+        code.add(f"self.sparse = FuzzSparseAttention({config})")
 
 
 def sibling_call(spec: Spec, code: Code) -> None:

@@ -6,19 +6,12 @@ from __future__ import annotations
 import ast
 
 import pytest
-from causal_sources import replaced, src
+from causal_sources import HEADER, replaced, src
 
 from sdpa_port import Status, port_source
 
-SOURCE = src(
+SOURCE = HEADER + "\n\n" + src(
     """
-    import torch
-    from torch import nn
-
-    from transformers.masking_utils import create_causal_mask
-    from transformers.modeling_utils import PreTrainedModel
-
-
     class TinyAttention(nn.Module):
         def __init__(self, config, layer_idx=None):
             super().__init__()

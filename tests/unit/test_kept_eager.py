@@ -4,19 +4,9 @@ reaches it (`plan/kept_eager.py`, `MaskFlow(derive=True)`), in both styles; with
 from __future__ import annotations
 
 import pytest
-from causal_sources import replaced, src
+from causal_sources import HEADER, replaced, src
 
 from sdpa_port import Status, port_source
-
-HEADER = src(
-    """
-    import torch
-    from torch import nn
-
-    from transformers.masking_utils import create_bidirectional_mask
-    from transformers.modeling_utils import PreTrainedModel
-    """
-)
 
 DENSE = src(
     """
