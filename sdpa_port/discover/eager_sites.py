@@ -2,7 +2,9 @@
 
 The recogniser reads attention in the forms it knows and ports them; this detector knows no forms. It follows
 names through each function (`ast`, flow-insensitive): a product (`matmul`, `@`, `bmm`, `baddbmm`, `einsum`)
-feeds a softmax whose result feeds another product. When the recogniser finds nothing to port while this finds a
+feeds a softmax whose result feeds another product. A softmax is a softmax call, or a call of what the file defines
+around one: a function or method whose body calls a softmax (`masked_softmax(x, mask)`, `self._softmax(x)`), or an
+autograd Function whose `forward` does (`XSoftmax.apply(x, mask, -1)`), followed through wrappers of wrappers. When the recogniser finds nothing to port while this finds a
 site, the file is refused naming the site instead of reported as having no attention: a miss is never silent.
 """
 
@@ -23,15 +25,43 @@ class EagerSite:
 
 def find_eager_attention(tree: ast.Module) -> list[EagerSite]:
     """Every function or method holding a product -> softmax -> product chain, with the softmax's line."""
-    out: list[EagerSite] = []
+    softmaxes = _softmax_wrappers(tree)
+    return [site for where, function in _functions(tree) for site in _sites(function, where, softmaxes)]
+
+
+def _functions(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """The file's module-level functions and methods, each with its `Class.method` or `function` name."""
+    out: list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]] = []
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            out.extend(_sites(node, node.name))
+            out.append((node.name, node))
         elif isinstance(node, ast.ClassDef):
-            for inner in node.body:
-                if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    out.extend(_sites(inner, f"{node.name}.{inner.name}"))
+            out.extend(
+                (f"{node.name}.{inner.name}", inner)
+                for inner in node.body
+                if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef))
+            )
     return out
+
+
+def _softmax_wrappers(tree: ast.Module) -> frozenset[str]:
+    """The names a call of which is a softmax: the torch ones, plus the file's functions and methods whose body calls
+    a softmax and holds no product, and its classes whose `forward` does (an autograd Function called as `Class.apply(...)`), to a fixed
+    point so that a wrapper of a wrapper counts."""
+    names = set(SOFTMAX_NAMES)
+    functions = _functions(tree)
+    changed = True
+    while changed:
+        changed = False
+        for where, function in functions:
+            owner, _, method = where.rpartition(".")
+            name = owner if owner and method == "forward" else method
+            nodes = list(ast.walk(function))
+            if name in names or any(map(_is_product, nodes)) or not any(_is_softmax(node, names) for node in nodes):
+                continue  # a function holding a product is an attention site of its own, not a softmax
+            names.add(name)
+            changed = True
+    return frozenset(names)
 
 
 def undispatched_sites(tree: ast.Module) -> list[EagerSite]:
@@ -57,16 +87,18 @@ def _is_product(node: ast.AST) -> bool:
     return False
 
 
-def _is_softmax(node: ast.AST) -> bool:
+def _is_softmax(node: ast.AST, names: frozenset[str] | set[str]) -> bool:
     if not isinstance(node, ast.Call):
         return False
     func = node.func
-    if isinstance(func, ast.Attribute) and func.attr in SOFTMAX_NAMES:
+    if isinstance(func, ast.Attribute) and func.attr == "apply" and isinstance(func.value, ast.Name):
+        return func.value.id in names  # an autograd Function: `XSoftmax.apply(x, mask, dim)`
+    if isinstance(func, ast.Attribute) and func.attr in names:
         return True
-    if isinstance(func, ast.Name) and func.id in SOFTMAX_NAMES:
+    if isinstance(func, ast.Name) and func.id in names:
         return True
     # `nn.Softmax(dim=-1)(x)`
-    return isinstance(func, ast.Call) and _is_softmax(func)
+    return isinstance(func, ast.Call) and _is_softmax(func, names)
 
 
 def _line(node: ast.AST) -> int:
@@ -84,7 +116,7 @@ def _product_operands(node: ast.AST) -> list[ast.AST]:
     return list(node.args)
 
 
-def _sites(function: ast.FunctionDef | ast.AsyncFunctionDef, where: str) -> list[EagerSite]:
+def _sites(function: ast.FunctionDef | ast.AsyncFunctionDef, where: str, names: frozenset[str]) -> list[EagerSite]:
     assignments: list[tuple[set[str], ast.AST]] = []
     for node in ast.walk(function):
         if isinstance(node, ast.Assign):
@@ -105,7 +137,7 @@ def _sites(function: ast.FunctionDef | ast.AsyncFunctionDef, where: str) -> list
         (`torch.softmax(x, -1)`, `self.softmax(x)`, `nn.Softmax(dim=-1)(x)`)."""
         found = []
         for inner in ast.walk(node):
-            if not _is_softmax(inner):
+            if not _is_softmax(inner, names):
                 continue
             assert isinstance(inner, ast.Call)
             operands: list[ast.AST] = list(inner.args)

@@ -1,0 +1,92 @@
+"""The form-free detector: a softmax over a product whose result multiplies a third tensor, however the softmax is
+called. Before/after pairs: the site it must name, and look-alikes it must leave alone."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+import pytest
+
+from sdpa_port import Status, port_source
+from sdpa_port.discover.eager_sites import find_eager_attention
+
+AUTOGRAD_SOFTMAX = '''
+import torch
+from torch import nn
+
+
+class MaskedSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, mask, dim):
+        scores = scores.masked_fill(~mask.bool(), torch.finfo(scores.dtype).min)
+        return torch.softmax(scores, dim)
+
+
+class TinyAttention(nn.Module):
+    def forward(self, query, key, value, mask):
+        scores = torch.bmm(query, key.transpose(-1, -2))
+        probs = MaskedSoftmax.apply(scores, mask, -1)
+        return torch.bmm(probs, value)
+'''
+
+FUNCTION_WRAPPERS = '''
+import torch
+from torch import nn
+
+
+def stable_softmax(x, dim):
+    return nn.functional.softmax(x - x.amax(dim, keepdim=True), dim=dim)
+
+
+def masked_softmax(x, mask):
+    return stable_softmax(x + mask, -1)
+
+
+class TinyAttention(nn.Module):
+    def _normalise(self, scores, mask):
+        return masked_softmax(scores, mask)
+
+    def forward(self, query, key, value, mask):
+        scores = query @ key.transpose(-1, -2)
+        return self._normalise(scores, mask) @ value
+'''
+
+LOOK_ALIKES = '''
+import torch
+from torch import nn
+
+
+def attention(query, key, value):
+    return torch.softmax(query @ key.transpose(-1, -2), -1) @ value
+
+
+class Router(nn.Module):
+    def forward(self, hidden, experts):
+        mixed = attention(hidden @ experts, hidden, hidden)  # an attention site of its own, not a softmax
+        return mixed @ experts
+'''
+
+
+def _sites(source: str) -> list[tuple[str, int]]:
+    return [(site.where, site.line) for site in find_eager_attention(ast.parse(textwrap.dedent(source)))]
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        pytest.param(AUTOGRAD_SOFTMAX, [("TinyAttention.forward", 16)], id="autograd-function-apply"),
+        pytest.param(FUNCTION_WRAPPERS, [("TinyAttention.forward", 20)], id="wrapper-of-a-wrapper-through-a-method"),
+        pytest.param(LOOK_ALIKES, [("attention", 7)], id="an-attention-function-is-no-softmax"),
+    ],
+)
+def test_softmax_wrappers_are_softmaxes(source: str, expected: list[tuple[str, int]]) -> None:
+    assert _sites(source) == expected
+
+
+@pytest.mark.parametrize("source", [AUTOGRAD_SOFTMAX, FUNCTION_WRAPPERS], ids=["autograd", "wrappers"])
+def test_a_wrapped_softmax_is_refused_not_reported_as_no_attention(source: str) -> None:
+    """The miss DeBERTa and SEW-D had: attention through a masked-softmax autograd Function was `nothing to port`."""
+    result = port_source(textwrap.dedent(source), filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED, result
+    assert [refusal.code.value[0] for refusal in result.refusals] == ["F601"]
