@@ -358,6 +358,8 @@ class SdpaEmitter(StatementWalker):
         if len(terms) != 1 or not isinstance(terms[0], t.AddTerm):
             return None
         term = terms[0].term
+        if self.regrouped is not None or (self.layout.heads is not None and terms[0].rank == 3):
+            return None  # the term joins the mask reshaped (`rel.unflatten(0, ...)`), not as the name itself
         return name if isinstance(term, cst.Name) and term.value == name else None
 
     def plans_in(self, node: cst.CSTNode) -> list[t.StmtPlan]:

@@ -33,6 +33,13 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
              terms=(("mask", "flag"),), mask_style="causal_helper", causal="mask", is_causal_attr=True),
         "exact", None,
     ),
+    # a term under `if x is not None:` added to flat `(batch * heads, q, k)` scores joined the mask unreshaped, so the
+    # mask broadcast against the batch (crash, or wrong rows with one sequence); DeBERTa's relative term
+    "2e: a None-guarded term added to flat scores": (
+        Spec(layout="flat", product="bmm", terms=(("bias", "not_none"), ("mask", "plain")), mask_style="extended",
+             flat_bias=True),
+        "exact", None,
+    ),
     "3: cross-attention made causal": (
         Spec(mask_style="causal_helper", causal="mask", cross=True, is_causal_attr=True, terms=(("mask", "not_none"),)),
         "exact", None,

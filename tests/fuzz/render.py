@@ -191,7 +191,9 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
         elif kind == "bool_mask":
             in_heads(n, code, lambda: fill_statement(spec, n, "attention_mask", code))
         elif kind == "bias":
-            if n.flat:
+            if n.flat and spec.flat_bias:
+                code.add("attn_weights = attn_weights + position_bias")
+            elif n.flat:
                 code.add(
                     f"attn_weights = attn_weights.view(bsz, {n.attr('num_heads')}, {n.q_len}, {n.k_len}) + position_bias"
                 )
@@ -861,6 +863,8 @@ def model_classes(spec: Spec, code: Code) -> None:
                     f"{MAX_POSITIONS - 1}) + {MAX_POSITIONS - 1}"
                 )
                 code.add("position_bias = self.position_bias(relative).permute(2, 0, 1).unsqueeze(0)")
+                if spec.layout == "flat" and spec.flat_bias:
+                    code.add("position_bias = position_bias.expand(batch, -1, -1, -1).flatten(0, 1)")
             code.add("head_mask = self.get_head_mask(head_mask, self.config.num_hidden_layers)")
             code.add("presents = () if use_cache else None")
             code.add("attentions = () if output_attentions else None")
@@ -932,6 +936,8 @@ def model_classes_523(spec: Spec, code: Code) -> None:
                     f"{MAX_POSITIONS - 1}) + {MAX_POSITIONS - 1}"
                 )
                 code.add("position_bias = self.position_bias(relative).permute(2, 0, 1).unsqueeze(0)")
+                if spec.layout == "flat" and spec.flat_bias:
+                    code.add("position_bias = position_bias.expand(batch, -1, -1, -1).flatten(0, 1)")
             code.add("for layer in self.layers:")
             with code.indent():
                 encoder = "encoder_mask" if spec.cross else "None"

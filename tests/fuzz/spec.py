@@ -110,6 +110,9 @@ class Spec:
     # 5.x: the model converts the causal builder's mask to booleans and the attention fills where it is True
     # (MPT's `create_causal_mask(...).to(torch.bool)` with `masked_fill(mask, finfo.min)`)
     bool_fill: bool = False
+    # flat layout: the model hands the position bias flattened to `(batch * heads, q, k)` and the attention adds it to
+    # the flat scores under `if position_bias is not None:` (DeBERTa's relative term)
+    flat_bias: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -218,7 +221,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         settings_branch=rng.random() < 0.1,  # drawn late, likewise
         pinned_causal=rng.random() < 0.15,
         sparse_sibling=_pick(rng, SPARSE_SIBLINGS, (8, 1, 1)),
-        bool_fill=rng.random() < 0.3,  # drawn last
+        bool_fill=rng.random() < 0.3,
+        flat_bias=rng.random() < 0.5,  # drawn last
     )
     return normalise(spec)
 

@@ -78,3 +78,11 @@ def test_the_scores_shape_is_read_from_the_operands() -> None:
         "query_length, key_length = query.size(-2), key.size(-2)" in sdpa
     ), sdpa
     assert "attn_weights" not in sdpa.split("def forward")[1].split("return")[0].split("scaled_dot_product_attention")[0]
+
+
+def test_a_none_guarded_flat_term_joins_the_mask_per_head() -> None:
+    """The `(batch * heads, q, k)` term reaches SDPA's mask as `(batch, heads, q, k)`, inside its None check."""
+    source = ported("2e: a None-guarded term added to flat scores")
+    sdpa = source[source.index("class FuzzSdpaAttention") :]
+    assert "position_bias.unflatten(0, (" in sdpa
+    assert "if position_bias is not None:" in sdpa
