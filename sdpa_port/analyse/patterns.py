@@ -15,7 +15,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
-from sdpa_port.analyse.cstutil import binary, parenthesized, precedence
+from sdpa_port.analyse.cstutil import binary, parenthesized, precedence, replace_names
 
 SOFTMAX_FUNCTIONS = frozenset({"torch.nn.functional.softmax", "torch.softmax", "torch.Tensor.softmax"})
 SOFTMAX_MODULES = frozenset({"torch.nn.Softmax"})
@@ -64,6 +64,8 @@ class Scope(Protocol):
     def local_is_scalar(self, name: str) -> bool: ...
 
     def self_attribute_values(self, name: str) -> tuple[cst.BaseExpression, ...]: ...
+
+    def module_function(self, name: str) -> cst.FunctionDef | None: ...
 
 
 def arg(call: cst.Call, index: int, keyword: str | None = None) -> cst.BaseExpression | None:
@@ -267,6 +269,9 @@ def scalar(
             return Scalar(node)
         if m.matches(node.func, m.Name("len")):
             return Scalar(node)
+        returned = _returned_expression(node, scope)
+        if returned is not None and scalar(returned, scope, depth + 1, attributes) is not None:
+            return Scalar(node)  # `scaled_size_sqrt(query, factor)`: the file's function returns a number
         return None
     if isinstance(node, cst.Subscript):
         # x.shape[-1], x.size()[2]
@@ -381,6 +386,84 @@ class _InitScope:
 
     def local_is_scalar(self, name: str) -> bool:
         return True
+
+    def module_function(self, name: str) -> cst.FunctionDef | None:
+        return self.scope.module_function(name)
+
+
+# names a helper's returned expression may read besides its parameters: builtins that compute numbers
+_NUMBER_BUILTINS = frozenset({"float", "int", "len", "abs", "min", "max", "round"})
+
+
+def _returned_expression(call: cst.Call, scope: Scope) -> cst.BaseExpression | None:
+    """What a call of one of the file's module-level functions returns, its parameters replaced by the call's
+    arguments, when the function is a single `return <expression>` (after an optional docstring) that reads only its
+    parameters, imported names and number builtins; otherwise None."""
+    if not isinstance(call.func, cst.Name) or has_star_args(call):
+        return None
+    function = scope.module_function(call.func.value)
+    if function is None or function.asynchronous is not None or function.decorators:
+        return None
+    body = function.body.body if isinstance(function.body, cst.IndentedBlock) else ()
+    statements = [s for s in body if not _is_docstring(s)]
+    if len(statements) != 1 or not isinstance(statements[0], cst.SimpleStatementLine):
+        return None
+    (small,) = statements[0].body if len(statements[0].body) == 1 else (None,)
+    if not isinstance(small, cst.Return) or small.value is None:
+        return None
+    params = function.params
+    if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.star_kwarg is not None or params.kwonly_params:
+        return None
+    names = [param.name.value for param in (*params.posonly_params, *params.params)]
+    bound: dict[str, cst.BaseExpression] = {}
+    positional = [a.value for a in call.args if a.keyword is None]
+    if len(positional) > len(names):
+        return None
+    bound.update(zip(names, positional))
+    for a in call.args:
+        if a.keyword is not None:
+            if a.keyword.value not in names or a.keyword.value in bound:
+                return None
+            bound[a.keyword.value] = a.value
+    for param in (*params.posonly_params, *params.params):
+        if param.name.value not in bound and param.default is not None:
+            bound[param.name.value] = param.default
+    if set(bound) != set(names):
+        return None
+    for name in _read_names(small.value):
+        if name not in bound and name not in _NUMBER_BUILTINS and scope.qualify(cst.Name(name)) is None:
+            return None  # a global of the file: not followed
+    returned: cst.BaseExpression = replace_names(small.value, {name: parenthesized(value) for name, value in bound.items()})
+    return returned
+
+
+def _is_docstring(statement: cst.BaseStatement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _read_names(node: cst.BaseExpression) -> set[str]:
+    """The bare names an expression reads (not the attribute names after a dot, nor keyword names)."""
+    found: set[str] = set()
+
+    class _Names(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            node.value.visit(self)
+            return False
+
+        def visit_Arg(self, node: cst.Arg) -> bool:
+            node.value.visit(self)
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            found.add(node.value)
+
+    node.visit(_Names())
+    return found
 
 
 # ---------------------------------------------------------------- forms

@@ -131,6 +131,9 @@ class AddTerm:
     # the term is a call of a helper that adds to the scores it is given (`analyse/additive.py`): the argument at
     # this index is to be zeros of the scores' shape (it holds `None` here)
     scores_arg: int | None = None
+    # the term is a name that may hold a Python number rather than a tensor (a helper's `score = 0` returned when
+    # it adds nothing): a reshape of the term must leave a number as it is
+    may_be_number: bool = False
 
 
 @dataclass(frozen=True)
@@ -309,6 +312,9 @@ class FunctionScope:
     def local_value(self, name: str) -> cst.BaseExpression | None:
         value = self.env.get(name)
         return value.node if isinstance(value, ExprVal) else None
+
+    def module_function(self, name: str) -> cst.FunctionDef | None:
+        return None if name in self.env else self.facts.functions.get(name)
 
     def local_values(self, name: str) -> tuple[cst.BaseExpression, ...]:
         """What a local may hold: its one expression, or each of the expressions its paths assign."""
@@ -950,6 +956,8 @@ class Tracer:
         if self.selected_start is not None and node is not self.selected_start:
             return None
         key: cst.BaseExpression | None
+        key_factor: tuple[cst.BaseExpression, bool] | None = None
+        unproven: tuple[cst.BaseExpression, cst.BaseExpression] | None = None
         rank = product.rank
         if product.form is p.ProductForm.EINSUM:
             roles = p.einsum_roles(product.spec or "")
@@ -957,7 +965,11 @@ class Tracer:
                 return None
             key, rank = product.right, roles.rank
         else:
-            key = self.untranspose(product.right, rank)
+            right, key_factor = self.scaled_operand(product.right)
+            unproven = self.unproven_key_factor(product.right, rank) if key_factor is None else None
+            if unproven is not None:
+                right = unproven[0]
+            key = self.untranspose(right, rank)
             if key is None:
                 return None
         query, query_upcast = _strip_casts(product.left, self.scope)
@@ -978,9 +990,41 @@ class Tracer:
         self.candidates.append(candidate)
         ops: list[Op] = [start]
         base = ChainVal(cid, SCORES, rank)
+        if key_factor is not None:
+            # `q @ (k^T / s)` is `(q @ k^T) / s`: the factor scales the product, before any term
+            ops.append(Scale(self.detach(key_factor[0], cid), key_factor[1]))
+        if unproven is not None:
+            raise _Poison(
+                Code.SCALE_NOT_A_NUMBER, f"the key is scaled by `{_short(unproven[1])}`, which is not provably a number", {cid}
+            )
         if product.form is p.ProductForm.BADDBMM:
             ops.extend(self.baddbmm_terms(product, base, line))
         return base, ops
+
+    def scaled_operand(self, node: cst.BaseExpression) -> tuple[cst.BaseExpression, tuple[cst.BaseExpression, bool] | None]:
+        """A product operand multiplied or divided by a number (`key.transpose(-1, -2) / scale`): the operand and
+        (the number, whether it divides); otherwise the node as it is."""
+        if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Multiply, cst.Divide)):
+            return node, None
+        divide = isinstance(node.operator, cst.Divide)
+        sides = [(node.left, node.right)] if divide else [(node.left, node.right), (node.right, node.left)]
+        for operand, factor in sides:
+            number = p.scalar(factor, self.scope)
+            if number is not None and not self.chain_refs(factor):
+                return operand, (number.node, divide)
+        return node, None
+
+    def unproven_key_factor(
+        self, node: cst.BaseExpression, rank: int | None
+    ) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+        """A transposed key multiplied or divided by something not shown to be a number: (the key, the factor)."""
+        if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Multiply, cst.Divide)):
+            return None
+        if self.untranspose(node.left, rank) is not None:
+            return node.left, node.right
+        if isinstance(node.operator, cst.Multiply) and self.untranspose(node.right, rank) is not None:
+            return node.right, node.left
+        return None
 
     def bound_to_float32(self, node: cst.BaseExpression) -> bool:
         if not isinstance(node, cst.Name):
@@ -1122,7 +1166,26 @@ class Tracer:
             raise _Poison(Code.PROBABILITIES_CHANGED, "a term is added to the probabilities after the softmax", {current.cid})
         if self.chain_value_refs(term):
             raise _Poison(Code.SCORES_READ, f"the additive term `{_short(term)}` depends on the scores", {current.cid})
-        return AddTerm(self.detach(term, current.cid), current.rank, self.always_applied(term))
+        return AddTerm(
+            self.detach(term, current.cid), current.rank, self.always_applied(term), may_be_number=self.may_be_number(term)
+        )
+
+    def may_be_number(self, term: cst.BaseExpression) -> bool:
+        """A local that holds a number literal on some path, directly or as what a method of the module returns (a
+        name the method returns that it assigns a number somewhere: `score = 0`, then `score += ...` under tests)."""
+        if not isinstance(term, cst.Name):
+            return False
+        for value in self.scope.local_values(term.value):
+            if p.number(value) is not None:
+                return True
+            if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)):
+                continue
+            if not (isinstance(value.func.value, cst.Name) and value.func.value.value == "self"):
+                continue
+            found = self.facts.find_method(self.class_name, value.func.attr.value) if self.class_name else None
+            if found is not None and _returns_a_number(found[1]):
+                return True
+        return False
 
     def always_applied(self, term: cst.BaseExpression) -> bool:
         """Only `x is not None` tests of the term's own names enclose it (an `else` branch counts as a condition)."""
@@ -2110,3 +2173,13 @@ class _ChainReads(cst.CSTVisitor):
             node.value.visit(self)
             return False
         return True
+
+
+def _returns_a_number(function: cst.FunctionDef) -> bool:
+    """Some return of the function is a number literal, or a name the function assigns a number literal."""
+    returns = [node.value for node in nodes_of_type(function, cst.Return) if node.value is not None]
+    numbers: set[str] = set()
+    for assign in nodes_of_type(function, cst.Assign):
+        if p.number(assign.value) is not None:
+            numbers.update(t.target.value for t in assign.targets if isinstance(t.target, cst.Name))
+    return any(p.number(value) is not None or (isinstance(value, cst.Name) and value.value in numbers) for value in returns)

@@ -24,6 +24,7 @@ from sdpa_port.analyse.cstutil import (
     expr,
     if_chain,
     nodes_in,
+    parenthesized,
     primary,
     rebuild_if,
     replace_nodes,
@@ -419,8 +420,10 @@ class SdpaEmitter(StatementWalker):
                 if self.regrouped is not None:
                     term, rank = self.regrouped_term(term, self.regrouped[0]), self.regrouped[1]
                 if self.layout.heads is not None and rank == 3:
-                    # a `(batch * heads, ...)` term (ALiBi through baddbmm) joins the per-head mask
-                    term = unflatten(term, self.layout.heads)
+                    # a `(batch * heads, ...)` term (ALiBi through baddbmm) joins the per-head mask; a number (a
+                    # helper's `score = 0`) joins as it is
+                    reshaped = unflatten(term, self.layout.heads)
+                    term = _tensor_only(reshaped, term) if op.may_be_number else reshaped
                 return [*pre, *self.add_to_mask(term)]
             case t.View() if op.shape is not None and op.rank_after == 5:
                 return self.regroup(op.shape, op.rank_before)
@@ -610,7 +613,7 @@ class SdpaEmitter(StatementWalker):
             return []
         mask = cst.Name(self.names.mask)
         named: list[cst.BaseStatement] = []
-        if state.mask_maybe_none and isinstance(term, cst.Call):
+        if state.mask_maybe_none and isinstance(term, (cst.Call, cst.IfExp)):
             # `term if mask is None else mask + term` names a computed term once
             named.append(_assign(self.names.term, term))
             term = cst.Name(self.names.term)
@@ -985,6 +988,15 @@ def _outside_regroupings(ops: Sequence[t.Op]) -> list[t.Op]:
     if opened is not None:
         raise Refuse(Code.LAYOUT, "the regrouped scores are not viewed back before the softmax")
     return out
+
+
+def _tensor_only(reshaped: cst.BaseExpression, term: cst.BaseExpression) -> cst.BaseExpression:
+    """`reshaped if isinstance(term, torch.Tensor) else term`."""
+    test = cst.Call(
+        func=cst.Name("isinstance"),
+        args=[cst.Arg(term, comma=_COMMA), cst.Arg(cst.Attribute(value=cst.Name("torch"), attr=cst.Name("Tensor")))],
+    )
+    return parenthesized(cst.IfExp(test=test, body=reshaped, orelse=term))
 
 
 def unflatten(node: cst.BaseExpression, heads: tuple[cst.BaseExpression, cst.BaseExpression]) -> cst.BaseExpression:

@@ -8,7 +8,7 @@ A model the harness cannot drive gets a `not verified` line saying why, never a 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
@@ -147,12 +147,39 @@ def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any
         )
     if any(c.name.endswith("sdpa executed") and not c.passed for c in checks):
         checks = _explain_no_sdpa(checks, targets, ported, config)
+    checks.extend(_with_term_settings(targets, ported, config, padded))
     if generate and targets.lm is not None and targets.kind in ("decoder", "seq2seq"):
         checks.extend(_generate(targets, ported, config))
     if generate and targets.lm is not None and targets.kind == "decoder":
         from sdpa_port.verify.serving import serving_checks_for  # continuous batching, kernels, export, ExecuTorch
 
         checks.extend(serving_checks_for(ported, targets.lm, config))
+    return checks
+
+
+def _with_term_settings(targets: Targets, ported: ModuleType, config: Any, padding: str) -> list[Check]:
+    """The padded forward again under each config change that switches optional terms of the scores on (a relative
+    position flag off by default); the checks are named after the change."""
+    import copy
+    import sys
+
+    from sdpa_port.verify.diagnose import attention_classes
+    from sdpa_port.verify.terms import term_trials
+
+    checks: list[Check] = []
+    original = sys.modules[targets.base.__module__]
+    classes = [getattr(ported, name) for name in attention_classes(original, ported)]
+    for settings, changes in term_trials(classes, config):
+        changed = copy.deepcopy(config)
+        for name, value in changes.items():
+            setattr(changed, name, value)
+        try:
+            parity.build(targets.base, copy.deepcopy(changed), "eager")
+        except Exception as error:
+            checks.append(Check(f"{targets.base.__name__}[{settings}] not checked", True, None, f"the original cannot be built so: {type(error).__name__}"))
+            continue
+        for check in parity.check_forward(targets.base, getattr(ported, targets.base.__name__), changed, padding, kind=targets.kind):
+            checks.append(replace(check, name=check.name.replace(targets.base.__name__, f"{targets.base.__name__}[{settings}]", 1)))
     return checks
 
 

@@ -17,7 +17,6 @@ import copy
 import math
 import re
 import sys
-import textwrap
 import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -29,6 +28,7 @@ from sdpa_port.verify.checks import Batch, Check, count_sdpa_calls, model_kind
 from sdpa_port.verify.configs import LEVELS, Level, level_kwargs, timm_backbone
 from sdpa_port.verify.diagnose import PortCalls, attention_classes, why_no_sdpa
 from sdpa_port.verify.inputs import ConfigView, Plan, TensorSpec, Unsupported, describe, plan_inputs
+from sdpa_port.verify.terms import term_trials
 
 EAGER_TOLERANCE = 1e-6
 SDPA_TOLERANCE = 1e-4
@@ -773,45 +773,19 @@ def reach_sdpa(candidate: Candidate, driven: Driven) -> Driven:
     return driven
 
 
-TERM_FLAGS_CHECKED = 2
-
-
-def term_flags(ported: ModuleType, original: ModuleType, config: Any) -> list[str]:
-    """Boolean config fields, off in `config`, that the port's attention classes read (`config.use_rel_pos`):
-    they switch optional terms of the scores on, which the checks must see as well."""
-    import ast
-    import inspect
-
-    from sdpa_port.verify.diagnose import attention_classes
-
-    read: set[str] = set()
-    for name in attention_classes(original, ported):
-        for klass in getattr(ported, name).__mro__:
-            if klass.__module__ != ported.__name__:
-                continue
-            try:
-                tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-            except (OSError, TypeError, SyntaxError):
-                continue
-            read |= {
-                node.attr
-                for node in ast.walk(tree)
-                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "config"
-            }
-    return sorted(flag for flag in read if getattr(config, flag, None) is False)[:TERM_FLAGS_CHECKED]
-
-
 def _with_term_flags(candidate: Candidate, driven: Driven, label: str) -> list[Check]:
     checks: list[Check] = []
     ported, original = sys.modules[candidate.ported.__module__], sys.modules[candidate.original.__module__]
-    for flag in term_flags(ported, original, driven.config):
-        flipped = copy.deepcopy(driven.config)
-        setattr(flipped, flag, True)
-        trial = _drive_with_config(candidate, flipped, driven)
+    classes = [getattr(ported, name) for name in attention_classes(original, ported)]
+    for settings, changes in term_trials(classes, driven.config):
+        changed = copy.deepcopy(driven.config)
+        for name, value in changes.items():
+            setattr(changed, name, value)
+        trial = _drive_with_config(candidate, changed, driven)
         if trial is None:
-            checks.append(Check(f"{label}[{flag}=True] not checked", True, None, "the original cannot be driven so"))
+            checks.append(Check(f"{label}[{settings}] not checked", True, None, "the original cannot be driven so"))
             continue
-        found, _ = check_driven(candidate, trial, f"{label}[{flag}=True]")
+        found, _ = check_driven(candidate, trial, f"{label}[{settings}]")
         checks += found
     return checks
 

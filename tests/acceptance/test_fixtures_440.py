@@ -15,6 +15,11 @@ CASES = [
     ("modeling_tiny_encoder.py", "TinyEncoderModel", "encoder", {}),
     ("modeling_tiny_windows.py", "TinyWindowsModel", "encoder", {}),  # a per-window mask on regrouped scores
     ("modeling_tiny_zeroed.py", "TinyZeroedModel", "encoder", {}),  # probabilities zeroed after the softmax
+    # a key divided by a number a file function returns; a relative term on flat scores, under a None check
+    ("modeling_tiny_disentangled.py", "TinyDisentangledModel", "encoder", {}),
+    # ... which is the number 0 when no term kind is configured
+    ("modeling_tiny_disentangled.py", "TinyDisentangledModel", "encoder", {"term_kinds": ()}),
+    ("modeling_tiny_disentangled.py", "TinyDisentangledModel", "encoder", {"relative_attention": False}),
 ]
 
 

@@ -29,6 +29,9 @@ CASES = {
     "led": Case("LEDModel", overrides={"attention_window": 4}),
     # the causal builder's mask converted to booleans for a masking fill beside ALiBi: handed over as built
     "mpt": Case("MptModel", "MptForCausalLM"),
+    # no attention interface in the file: class style. A key divided by a number a file function returns, the
+    # disentangled terms added to flat scores under a None check, the model's own 0/1 mask filled
+    "deberta_v2": Case("DebertaV2Model", overrides={"relative_attention": True, "pos_att_type": ["c2p", "p2c"]}),
 }
 
 
@@ -107,6 +110,22 @@ def test_parity_sees_sabotage(model: str, kind: str, workdir: Path, ported) -> N
     sdpa = next(c for c in checks if "sdpa == eager" in c.name)
     record("sabotage-523", f"{model}:{kind}", sdpa.max_diff)
     assert not sdpa.passed, f"sabotage {kind} of {model} went unnoticed: {sdpa}"
+
+
+@pytest.mark.parametrize("kind", ["mask", "scale"])
+def test_parity_sees_a_class_style_port_broken(kind: str, workdir: Path, ported) -> None:  # type: ignore[no-untyped-def]
+    """DeBERTa-v2: without its mask (the disentangled terms and the padding) or with half its scale, parity fails."""
+    from sdpa_port.verify import parity
+    from harness import sabotage
+
+    case = CASES["deberta_v2"]
+    broken = load("deberta_v2", sabotage(ported["deberta_v2"][0], kind), workdir, tag=f"sabotage_{kind}")
+    checks = parity.check_forward(
+        getattr(original("deberta_v2"), case.base), getattr(broken, case.base), config_for("deberta_v2"), "none"
+    )
+    sdpa = next(c for c in checks if "sdpa == eager" in c.name)
+    record("sabotage-523", f"deberta_v2:{kind}", sdpa.max_diff)
+    assert not sdpa.passed, f"sabotage {kind} of deberta_v2 went unnoticed: {sdpa}"
 
 
 def test_idempotent_on_real_files(ported) -> None:  # type: ignore[no-untyped-def]

@@ -24,8 +24,12 @@ NO_TESTS = RunOptions(tests=False)
 def _tree(tmp_path: Path) -> Path:
     """Two ports, one refusal, two already supported, one without attention, spread over sub-folders."""
     root = tmp_path / "models"
-    for group in ("class_style", "refused", "unchanged"):
-        for source in sorted((FIXTURES / group).glob("modeling_*.py"))[:2]:
+    for group, names in (
+        ("class_style", ("modeling_tiny_decoder.py", "modeling_tiny_encoder.py")),
+        ("refused", ("modeling_tiny_softcap.py", "modeling_tiny_topk.py")),
+        ("unchanged", ("modeling_tiny_router.py", "modeling_tiny_supported.py")),
+    ):
+        for source in (FIXTURES / group / name for name in names):
             folder = root / source.stem.removeprefix("modeling_")
             folder.mkdir(parents=True)
             shutil.copy(source, folder / source.name)

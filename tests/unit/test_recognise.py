@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
 from helpers import analyse, attention_module
@@ -390,3 +392,48 @@ def test_relative_scores_added_in_place_are_a_term() -> None:
     )
     site = site_of(body, signature="query, key, value, position_bias, attention_mask=None")
     assert [t.expression for t in site.terms] == ["relative"]
+
+
+def _with_function(function: str, body: str):  # type: ignore[no-untyped-def]
+    """The analysis of a module whose attention calls a module-level `function` of the file."""
+    source = attention_module(body, init=INIT)
+    source = source.replace("\n\nclass Attention", f"\n\n{textwrap.dedent(function).strip()}\n\n\nclass Attention", 1)
+    return analyse(source)
+
+
+KEY_SCALED = """
+scale = key_scale(query, 2)
+scores = torch.matmul(query, key.transpose(-1, -2) / scale.to(dtype=query.dtype))
+return torch.matmul(scores.softmax(-1), value)
+"""
+
+
+@pytest.mark.parametrize(
+    "function",
+    [
+        "def key_scale(layer, factor):\n    return torch.sqrt(torch.tensor(layer.size(-1), dtype=torch.float) * factor)",
+        'def key_scale(layer, factor=2):\n    """Docstring."""\n    return math.sqrt(layer.shape[-1] * factor)',
+    ],
+    ids=["torch-sqrt-of-a-tensor", "math-with-docstring"],
+)
+def test_a_key_divided_by_a_number_a_file_function_returns(function: str) -> None:
+    """DeBERTa's `bmm(q, k^T / scaled_size_sqrt(q, factor))`: the division scales the product."""
+    analysis = _with_function(function, KEY_SCALED)
+    assert analysis is not None and analysis.refusal is None, analysis and str(analysis.refusal)
+    (site,) = analysis.sites
+    assert [(s.expression, s.divide) for s in site.scaling] == [("scale.to(dtype=query.dtype)", True)]
+
+
+@pytest.mark.parametrize(
+    "function",
+    [
+        "SCALE = 2.0\n\n\ndef key_scale(layer, factor):\n    return SCALE * layer.size(-1) * factor",  # a global
+        "def key_scale(layer, factor):\n    size = layer.size(-1)\n    return size * factor",  # two statements
+        "def key_scale(layer, factor):\n    return layer.norm(dim=-1, keepdim=True) * factor",  # a tensor
+    ],
+    ids=["reads-a-global", "two-statements", "returns-a-tensor"],
+)
+def test_a_function_not_shown_to_return_a_number_is_no_scale(function: str) -> None:
+    analysis = _with_function(function, KEY_SCALED)
+    assert analysis is not None and analysis.refusal is not None
+    assert analysis.refusal.code.code == "S102", str(analysis.refusal)

@@ -1,0 +1,106 @@
+"""Config changes that switch optional terms of the attention scores on, for the verifier to run its checks under
+again: boolean flags off by default (`config.use_rel_pos`, `getattr(config, "relative_attention", False)`) and list
+fields whose members the attention tests (`"c2p" in self.pos_att_type`). Read from the ported attention classes'
+source; no torch needed."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from typing import Any
+
+TERM_FLAGS_CHECKED = 2
+
+
+def term_flags(classes: list[type], config: Any) -> list[str]:
+    """Boolean config fields, off in `config`, that the port's attention classes read (`config.use_rel_pos`):
+    they switch optional terms of the scores on, which the checks must see as well; `getattr(config, "x", d)`
+    reads count too."""
+    read: set[str] = set()
+    for tree in _class_trees(classes):
+        read |= {
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "config"
+        }
+        read |= {name for name, _ in _getattr_config_reads(tree)}
+    return sorted(flag for flag in read if getattr(config, flag, None) is False)[:TERM_FLAGS_CHECKED]
+
+
+def term_lists(classes: list[type], config: Any) -> dict[str, list[str]]:
+    """Config list fields, empty or None in `config`, whose members switch terms of the scores on: the attention
+    classes test `"c2p" in self.pos_att_type` with `self.pos_att_type` read from `config.pos_att_type` (DeBERTa's
+    disentangled terms). Each field maps to the strings tested."""
+    out: dict[str, list[str]] = {}
+    for tree in _class_trees(classes):
+        fields: dict[str, str] = {}  # self attribute -> the config field it is read from
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+                continue
+            target = node.targets[0]
+            if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"):
+                continue
+            sources = {
+                inner.attr
+                for inner in ast.walk(node.value)
+                if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) and inner.value.id == "config"
+            } | {name for name, _ in _getattr_config_reads(node.value)}
+            if len(sources) == 1:
+                fields[target.attr] = next(iter(sources))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.In)):
+                continue
+            left, right = node.left, node.comparators[0]
+            if not (isinstance(left, ast.Constant) and isinstance(left.value, str)):
+                continue
+            if isinstance(right, ast.Attribute) and isinstance(right.value, ast.Name) and right.value.id in ("self", "config"):
+                field_name = fields.get(right.attr) if right.value.id == "self" else right.attr
+                if field_name is not None and not getattr(config, field_name, None):
+                    out.setdefault(field_name, [])
+                    if left.value not in out[field_name]:
+                        out[field_name].append(left.value)
+    return {name: sorted(members) for name, members in out.items()}
+
+
+def _class_trees(classes: list[type]) -> list[Any]:
+    """The parsed source of each attention class and of its bases defined in the same file."""
+    trees = []
+    for attention in classes:
+        for klass in attention.__mro__:
+            if klass.__module__ != attention.__module__:
+                continue
+            try:
+                trees.append(ast.parse(textwrap.dedent(inspect.getsource(klass))))
+            except (OSError, TypeError, SyntaxError):
+                continue
+    return trees
+
+
+def _getattr_config_reads(tree: Any) -> list[tuple[str, Any]]:
+    """`getattr(config, "name", default)` reads: (name, the call)."""
+    return [
+        (node.args[1].value, node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) >= 2
+        and isinstance(node.args[0], ast.Name)
+        and node.args[0].id == "config"
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    ]
+
+
+def term_trials(classes: list[type], config: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The config changes under which the checks run again, each with its label: every term flag on its own, then,
+    where list fields switch terms on, every flag on with those lists filled (DeBERTa's c2p and p2c need both)."""
+    flags = term_flags(classes, config)
+    trials: list[tuple[str, dict[str, Any]]] = [(f"{flag}=True", {flag: True}) for flag in flags]
+    lists = term_lists(classes, config)
+    if lists:
+        changes: dict[str, Any] = {flag: True for flag in flags}
+        changes.update({name: list(members) for name, members in lists.items()})
+        trials.append((", ".join(f"{name}={value}" for name, value in changes.items()), changes))
+    return trials

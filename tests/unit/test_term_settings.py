@@ -1,0 +1,63 @@
+"""Which config changes the verifier runs the checks under: flags and list members that switch score terms on."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+from sdpa_port.verify.terms import term_trials
+
+ORIGINAL = '''
+class Attention:
+    def __init__(self, config):
+        self.relative_attention = getattr(config, "relative_attention", False)
+        self.kinds = config.term_kinds if config.term_kinds is not None else []
+        self.window = config.use_window
+
+    def forward(self, scores):
+        if self.relative_attention and "c2p" in self.kinds:
+            scores = scores + 1
+        if "p2c" in self.kinds:
+            scores = scores + 2
+        return scores
+'''
+
+PORTED = ORIGINAL + '''
+
+class SdpaAttention(Attention):
+    def forward(self, scores):
+        return scaled_dot_product_attention(scores)
+'''
+
+
+def _module(tmp_path: Path, name: str, source: str) -> ModuleType:
+    path = tmp_path / f"{name}.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_getattr_flags_and_membership_lists_are_switched_on(tmp_path: Path) -> None:
+    ported = _module(tmp_path, "terms_ported", PORTED)
+    config = SimpleNamespace(relative_attention=False, term_kinds=None, use_window=False)
+    trials = term_trials([ported.SdpaAttention], config)
+    assert trials == [
+        ("relative_attention=True", {"relative_attention": True}),
+        ("use_window=True", {"use_window": True}),
+        (
+            "relative_attention=True, use_window=True, term_kinds=['c2p', 'p2c']",
+            {"relative_attention": True, "use_window": True, "term_kinds": ["c2p", "p2c"]},
+        ),
+    ]
+
+
+def test_lists_already_filled_are_left_alone(tmp_path: Path) -> None:
+    ported = _module(tmp_path, "terms_ported2", PORTED)
+    config = SimpleNamespace(relative_attention=True, term_kinds=["c2p"], use_window=True)
+    assert term_trials([ported.SdpaAttention], config) == []
