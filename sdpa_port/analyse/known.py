@@ -15,7 +15,8 @@ from sdpa_port.analyse.cstutil import code
 @dataclass(frozen=True)
 class Known:
     """Facts that hold on the SDPA path (the eager fallback handles the other cases): `falsy` names or `self.`
-    attributes (`output_attentions`, `self.save_attention`), `none` parameters (`head_mask`)."""
+    attributes (`output_attentions`, `self.save_attention`), `none` parameters or `self.` attributes (`head_mask`,
+    `self.head_logits_proj`)."""
 
     falsy: frozenset[str] = frozenset()
     none: frozenset[str] = frozenset()
@@ -62,8 +63,8 @@ def decide(test: cst.BaseExpression, known: Known) -> Decision:
         return None if inner is None else not inner
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
         target = test.comparisons[0]
-        if isinstance(test.left, cst.Name) and m.matches(target.comparator, m.Name("None")):
-            if test.left.value in known.none:
+        if isinstance(test.left, (cst.Name, cst.Attribute)) and m.matches(target.comparator, m.Name("None")):
+            if code(test.left) in known.none:
                 if isinstance(target.operator, cst.Is):
                     return True
                 if isinstance(target.operator, cst.IsNot):

@@ -145,6 +145,10 @@ def _without_optional(
         and "states" not in param.name.value
     ]
     trials += [Known(falsy=frozenset({flag})) for flag in _flags_off_by_default(facts, class_name, forward)]
+    optional = _optional_modules(facts, class_name, forward)
+    trials += [Known(none=frozenset({name})) for name in optional]
+    if len(optional) > 1:
+        trials.append(Known(none=frozenset(optional)))  # DeBERTa's talking heads: one projection on each side
     for known in trials[:MAX_OPTIONAL_TRIED]:
         result = t.Tracer(facts, class_name, forward, line_of, known=known).run()
         inline = result.attention()
@@ -197,7 +201,28 @@ def _flags_off_by_default(facts: ModuleFacts, class_name: str, forward: cst.Func
     return out
 
 
-MAX_OPTIONAL_TRIED = 4
+def _optional_modules(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[str]:
+    """`self.x` attributes that forward tests with `is not None` and that the class sets to None on some path (a
+    projection built only under a config flag, DeBERTa's `head_logits_proj`): the SDPA class may fall back to eager
+    whenever they are set."""
+    tested = {
+        code(node.left)
+        for node in nodes_of_type(forward.body, cst.Comparison)
+        if m.matches(node.left, m.Attribute(value=m.Name("self")))
+        and len(node.comparisons) == 1
+        and isinstance(node.comparisons[0].operator, cst.IsNot)
+        and m.matches(node.comparisons[0].comparator, m.Name("None"))
+    }
+    out = []
+    for name in sorted(tested):
+        values = facts.find_attribute_values(class_name, name.removeprefix("self."))
+        arms = [arm for value in values for arm in ((value.body, value.orelse) if isinstance(value, cst.IfExp) else (value,))]
+        if any(m.matches(arm, m.Name("None")) for arm in arms):
+            out.append(name)
+    return out
+
+
+MAX_OPTIONAL_TRIED = 6
 
 
 def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> ClassAnalysis | None:
@@ -212,11 +237,21 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
     params = result.params
     output_attentions = "output_attentions" if "output_attentions" in params else None
     if not inline and not helpers:
-        return None
+        # a step SDPA cannot take on the probabilities under a test of an optional input or module (a talking-heads
+        # projection) can leave the product with V unrecognised; on the path where it is absent it is attention
+        if not any(c.poison is not None and c.stage is t.Stage.PROBABILITIES for c in result.candidates):
+            return None
+        first = _without_optional(facts, class_name, forward, line_of)
+        if first is None:
+            return None
+        known, result, found_candidate = first
+        inline = [found_candidate]
+    else:
+        known = Known()
     refusal: Refusal | None = None
     sites: list[AttentionSite] = []
-    head_masks: list[str] = []
-    flags: list[str] = []
+    head_masks: list[str] = sorted(known.none)
+    flags: list[str] = sorted(known.falsy)
     helper_calls: list[HelperCall] = []
     if inline and helpers:
         refusal = Refusal(Code.REPEATED, class_name, line_of(forward), "attention is computed both in forward and in a helper method")

@@ -37,3 +37,20 @@ def test_golden_fixture_parity(name: str, model: str, kind: str, overrides: dict
     checks = parity.check_forward(getattr(original, model), getattr(ported, model), config, side, kind=kind)
     failed = [str(c) for c in checks if not c.passed]
     assert not failed, "\n".join(failed)
+
+
+def test_a_configured_talking_heads_projection_falls_back_to_eager() -> None:
+    """With the projections built the SDPA class runs the eager computation: equal outputs, no SDPA call."""
+    from sdpa_port.verify import parity
+    from sdpa_port.verify.loader import load_in_package
+
+    name = "modeling_tiny_disentangled.py"
+    package = "transformers.models.gpt2"
+    original = load_in_package(FIXTURES / "class_style" / name, package, alias="fixture_talking")
+    ported = load_in_package(FIXTURES / "golden" / name, package, alias="golden_talking")
+    config = original.TinyDisentangledConfig(talking_head=True)
+    checks = {c.name.split(" ", 1)[1]: c for c in parity.check_forward(
+        original.TinyDisentangledModel, ported.TinyDisentangledModel, config, "right", kind="encoder"
+    )}
+    assert checks["eager unchanged"].passed and checks["sdpa == eager"].passed, checks
+    assert not checks["sdpa executed"].passed, checks["sdpa executed"]

@@ -437,3 +437,35 @@ def test_a_function_not_shown_to_return_a_number_is_no_scale(function: str) -> N
     analysis = _with_function(function, KEY_SCALED)
     assert analysis is not None and analysis.refusal is not None
     assert analysis.refusal.code.code == "S102", str(analysis.refusal)
+
+
+TALKING_HEADS_INIT = INIT + """
+self.head_logits_proj = nn.Linear(4, 4, bias=False) if config.talking_head else None
+self.head_weights_proj = nn.Linear(4, 4, bias=False) if config.talking_head else None
+"""
+
+TALKING_HEADS = """
+scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling
+if self.head_logits_proj is not None:
+    scores = self.head_logits_proj(scores.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+if attention_mask is not None:
+    scores = scores + attention_mask
+probs = nn.functional.softmax(scores, dim=-1)
+if self.head_weights_proj is not None:
+    probs = self.head_weights_proj(probs.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+return torch.matmul(probs, value), probs
+"""
+
+
+def test_projections_built_only_under_a_flag_send_the_sdpa_class_back_to_eager() -> None:
+    """DeBERTa's talking heads: modules the class sets to None at the defaults; SDPA runs while both are None."""
+    analysis = analyse(attention_module(TALKING_HEADS, init=TALKING_HEADS_INIT))
+    assert analysis is not None and analysis.refusal is None, analysis and str(analysis.refusal)
+    assert set(analysis.eager_only_params) == {"self.head_logits_proj", "self.head_weights_proj"}
+
+
+def test_a_projection_always_built_is_refused() -> None:
+    init = INIT + "\nself.head_logits_proj = nn.Linear(4, 4, bias=False)\nself.head_weights_proj = None"
+    analysis = analyse(attention_module(TALKING_HEADS, init=init))
+    assert analysis is not None and analysis.refusal is not None
+    assert analysis.refusal.code.code == "S101", str(analysis.refusal)
