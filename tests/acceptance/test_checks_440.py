@@ -150,3 +150,21 @@ def test_rounding_excuses_only_what_a_smooth_model_makes_of_rounding_in_its_atte
     step = Thresholded()
     judged = within_rounding(step, batch, {"Attend"}, forward(step, batch), Difference(0.0, 0.0, 1))
     assert not judged.excused and "not in proportion" in judged.note
+
+
+def test_a_pooled_output_is_not_compared_where_left_padding_puts_padding_first() -> None:
+    """BERT's pooler reads the first token, which left padding makes a pad: only there is it left out."""
+    import torch
+
+    from sdpa_port.verify.checks import Batch, max_difference
+
+    keep = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    states = torch.zeros(2, 4, 3)
+    pooled = torch.zeros(2, 3)
+    shifted = {"last_hidden_state": states, "pooler_output": pooled + 1.0}
+    plain = {"last_hidden_state": states, "pooler_output": pooled}
+    assert max_difference(plain, shifted, Batch({}, keep)) == 0.0
+    right = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    assert max_difference(plain, shifted, Batch({}, right)) == 1.0
+    moved = {"last_hidden_state": states + torch.tensor([0.0, 0.0, 0.0, 2.0])[None, :, None], "pooler_output": pooled}
+    assert max_difference(plain, moved, Batch({}, keep)) == 2.0  # the positions are still compared
