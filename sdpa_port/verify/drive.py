@@ -572,6 +572,12 @@ def _compare_paddings(candidate: Candidate, driven: Driven, label: str, original
         if not check.passed:
             rounding = within_rounding(original, batch, replaced_classes(*_modules(candidate)), expected, found)
             check = Check(check.name, rounding.excused, check.max_diff, f"{check.detail} {rounding.note}".strip())
+            if rounding.jumps:
+                # the outputs do not follow the attention (a threshold, a rounding to whole steps): judge the port
+                # where it acts, each call of its attention modules against the eager computation on the same inputs
+                modules = attention_parity(eager, batch, *_modules(candidate))
+                if modules is not None:
+                    check = Check(check.name, modules.passed, check.max_diff, f"{check.detail}; {modules.detail}")
         if not check.passed and check.max_diff is not None and math.isfinite(check.max_diff):
             notes = [check.detail, in_double(original, sdpa, batch), _outside_port(candidate, driven, batch, results[0])]
             check = Check(check.name, False, check.max_diff, " ".join(n for n in notes if n))
@@ -656,6 +662,11 @@ class Rounding:
     rounding: float = math.nan  # how far the outputs move for a ROUNDING change of the attention outputs
     probe: float = math.nan  # and for a PROBE change
 
+    @property
+    def jumps(self) -> bool:
+        """The outputs answer a change of the attention outputs out of proportion: they jump, not follow."""
+        return math.isfinite(self.rounding) and not self.excused and "not in proportion" in self.note
+
 
 def within_rounding(original: Any, batch: Batch, classes: set[str], expected: Any, found: Difference) -> Rounding:
     """Whether a float32 difference is what the model makes of rounding in its attention.
@@ -710,6 +721,89 @@ def _perturbed(original: Any, batch: Batch, classes: set[str], expected: Any, si
     finally:
         for handle in handles:
             handle.remove()
+
+
+@dataclass(frozen=True)
+class ModuleParity:
+    passed: bool
+    detail: str
+
+
+def attention_parity(eager: Any, batch: Batch, original: ModuleType, ported: ModuleType) -> ModuleParity | None:
+    """Each call the port's eager model makes to its attention modules, run again through the SDPA computation on
+    copies of the same inputs (masks as built for eager, which SDPA takes as they are): the class-style SDPA class's
+    forward on the eager module, or (interface style) the same module with the implementation set to sdpa. Their first
+    outputs must agree within the SDPA tolerances; None when no call was seen or the calls cannot be repeated."""
+    sdpa_classes = {}  # the eager class a call is made to -> the class whose forward computes it with SDPA
+    for name in attention_classes(original, ported):
+        klass = getattr(ported, name)
+        eager_class = klass if isinstance(getattr(original, name, None), type) else klass.__mro__[1]
+        sdpa_classes[eager_class] = klass
+    calls: list[tuple[Any, tuple[Any, ...], dict[str, Any], Any]] = []
+    pending: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+
+    def before(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        pending[id(module)] = copy.deepcopy((args, kwargs))
+
+    def after(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        saved = pending.pop(id(module), None)
+        if saved is not None:
+            calls.append((module, saved[0], saved[1], _first_tensor(output)))
+
+    modules = [m for m in eager.modules() if type(m) in sdpa_classes]
+    handles = [m.register_forward_pre_hook(before, with_kwargs=True) for m in modules]
+    handles += [m.register_forward_hook(after, with_kwargs=True) for m in modules]
+    try:
+        with torch.no_grad():
+            forward(eager, batch)
+    except Exception:
+        return None
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not calls:
+        return None
+    worst = worst_relative = 0.0
+    try:
+        with torch.no_grad(), PortCalls(ported.__name__) as port_calls:
+            for module, args, kwargs, expected in calls:
+                got = _first_tensor(_sdpa_call(module, sdpa_classes[type(module)], args, kwargs))
+                if got is None or expected is None or got.shape != expected.shape:
+                    return None
+                gap = float((got.float() - expected.float()).abs().max())
+                worst = max(worst, gap)
+                worst_relative = max(worst_relative, gap / max(float(expected.float().abs().max()), 1e-6))
+    except Exception:
+        return None
+    if port_calls.from_port == 0:
+        return None  # the repeated calls did not reach SDPA: they prove nothing
+    passed = worst <= SDPA_TOLERANCE or worst_relative <= RELATIVE_TOLERANCE
+    detail = (
+        f"the outputs do not follow the attention; each of the {len(calls)} call(s) of the port's attention modules, "
+        f"repeated with SDPA on the eager model's inputs: max|diff|={worst:.3g} (relative {worst_relative:.2g})"
+    )
+    return ModuleParity(passed, detail)
+
+
+def _first_tensor(output: Any) -> torch.Tensor | None:
+    first = output[0] if isinstance(output, (tuple, list)) and output else output
+    return first if isinstance(first, torch.Tensor) and first.is_floating_point() else None
+
+
+def _sdpa_call(module: Any, sdpa_class: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The SDPA computation of an eager attention module: the SDPA class's forward (class style), or the module's
+    own forward with the implementation set to sdpa (interface style)."""
+    if sdpa_class is not type(module):
+        return sdpa_class.forward(module, *args, **kwargs)
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "_attn_implementation"):
+        raise ValueError("no config to set the implementation on")
+    chosen = config._attn_implementation
+    config._attn_implementation = "sdpa"
+    try:
+        return module(*args, **kwargs)
+    finally:
+        config._attn_implementation = chosen
 
 
 def replaced_classes(original: ModuleType, ported: ModuleType) -> set[str]:

@@ -241,3 +241,25 @@ def test_the_attention_left_eager_computes_as_before(ported) -> None:  # type: i
     assert model.encoder.layer[0].attention.self.__class__.__name__ == "BigBirdBlockSparseAttention"
     assert not calls
     assert torch.equal(expected, got)
+
+
+@pytest.mark.parametrize("kind", ["none", "scale"])
+def test_outputs_that_jump_are_judged_at_the_attention_modules(kind: str, workdir: Path) -> None:
+    """FastSpeech2 rounds predicted durations, so its outputs jump by whole frames for a rounding-sized change in
+    its attention: the port is judged at its attention modules instead, and a halved scale still fails there."""
+    from sdpa_port.verify import parity
+    from sdpa_port.verify.configs import tiny_config
+    from harness import sabotage, sabotage_interface
+
+    model = "fastspeech2_conformer"
+    source = port_file(model)
+    if kind != "none":
+        source = (sabotage_interface if "attention_interface(" in source else sabotage)(source, kind)
+    module = load(model, source, workdir, tag=f"jumps_{kind}")
+    base = getattr(original(model), "FastSpeech2ConformerModel")
+    config = tiny_config(base.config_class)
+    checks = parity.check_forward(base, getattr(module, "FastSpeech2ConformerModel"), config, "none")
+    sdpa = next(c for c in checks if "sdpa == eager" in c.name)
+    record("jumps-523", f"{model}:{kind}", sdpa.detail[-120:])
+    assert "repeated with SDPA on the eager model's inputs" in sdpa.detail, sdpa
+    assert sdpa.passed is (kind == "none"), sdpa
