@@ -275,6 +275,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
             sites.append(site)
             if site.head_mask:
                 head_masks.append(site.head_mask)
+            flags.extend(result.fallbacks)  # settings of a module the probabilities pass through
     else:
         for helper, call, helper_result, candidate in helpers:
             method = helper.name
@@ -283,6 +284,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
                 break
             site = describe(facts, class_name, method, helper.owner, candidate, helper_result)
             sites.append(site)
+            flags.extend(helper_result.fallbacks)
             forward_heads: list[str] = []
             if site.head_mask:
                 binding = bind_arguments(helper.function, helper.as_method_call(call))
@@ -309,7 +311,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
         helpers=tuple(helper_calls),
         refusal=refusal,
         eager_only_params=tuple(dict.fromkeys(head_masks)),
-        eager_only_flags=tuple(flags),
+        eager_only_flags=tuple(dict.fromkeys(flags)),
         output_attentions=output_attentions,
     )
 
@@ -514,7 +516,7 @@ def describe(
             case t.Output():
                 output_line = line
                 value = code(op.value)
-            case t.Start():
+            case t.Start() | t.Shift():
                 pass
             case _:
                 t.unreachable(op)

@@ -34,6 +34,7 @@ from sdpa_port.analyse.cstutil import (
     replace_names,
 )
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.wrappers import identity_unless, inlined
 from sdpa_port.refusals import Code, Reason
 
 class Stage(enum.Enum):
@@ -174,6 +175,12 @@ class Guard:
 
 
 @dataclass(frozen=True)
+class Shift:
+    """The row's maximum subtracted from the scores (`x - x.amax(-1, keepdim=True)`, a stabilised softmax such as
+    CogView's PB-Relax): the same for every key of a row, so the softmax ignores it."""
+
+
+@dataclass(frozen=True)
 class Softmax:
     call: p.SoftmaxCall
 
@@ -200,7 +207,7 @@ class Output:
     rank: int | None
 
 
-Op = Union[Start, View, Cast, Scale, AddTerm, Fill, ZeroRows, Guard, Softmax, Dropout, HeadMask, Output]
+Op = Union[Start, View, Cast, Scale, AddTerm, Fill, ZeroRows, Guard, Shift, Softmax, Dropout, HeadMask, Output]
 
 
 def unreachable(value: NoReturn) -> NoReturn:
@@ -267,6 +274,7 @@ class TraceResult:
     returns: list[cst.Return]
     probs_names_after_output: set[str]
     params: tuple[str, ...]
+    fallbacks: tuple[str, ...] = ()  # conditions under which only the eager computation is exact
 
     def attention(self) -> list[Candidate]:
         """Candidates that reach a product with V: the attention computations of the function."""
@@ -376,6 +384,8 @@ class Tracer:
         self.assignments: dict[str, int] = {}  # how often each name has been assigned so far
         self.output_seen = False
         self.probs_after_output: set[str] = set()
+        # conditions under which a module the chain passes through is not the identity: eager runs then
+        self.fallbacks: list[str] = []
         self.params = tuple(param.name.value for param in _all_params(function.params))
         for param in _all_params(function.params):
             if param.annotation is not None and _numeric_annotation(param.annotation.annotation):
@@ -392,6 +402,7 @@ class Tracer:
             returns=self.returns,
             probs_names_after_output=self.probs_after_output,
             params=self.params,
+            fallbacks=tuple(dict.fromkeys(self.fallbacks)),
         )
 
     # -------------------------------------------------------------- statements
@@ -754,6 +765,14 @@ class Tracer:
             base, ops = self.decompose(dropout.operand, line)
             self.require(base, ops, PROBS, "dropout", line, Code.DROPOUT)
             return base, [*ops, Dropout(dropout, self.module_guard(dropout.module))]
+        identity = identity_unless(node, self.facts, self.class_name) if isinstance(node, cst.Call) else None
+        if identity is not None and self.chain_refs(identity[0]):
+            # a module of the file that hands its input back unless its settings say otherwise (DeBERTa's
+            # StableDropout in training): the SDPA class runs eager whenever they do
+            base, ops = self.decompose(identity[0], line)
+            self.require(base, ops, PROBS, "dropout", line, Code.DROPOUT)
+            self.fallbacks.append(code(identity[1]))
+            return base, ops
         if isinstance(node, cst.Call):
             return self.decompose_call(node, line)
         if isinstance(node, cst.BinaryOperation):
@@ -825,6 +844,9 @@ class Tracer:
             added = self.additive_helper(node, line)
             if added is not None:
                 return added
+            expression = inlined(node, self.facts, self.scope.class_name, self.scope.qualify)
+            if expression is not None:
+                return self.decompose(expression, line)  # a softmax wrapper of the file, read as what it computes
             raise _Poison(Code.SCORES_TRANSFORMED, f"the scores are passed to `{_short(node.func)}`", refs)
         raise _NotChain()
 
@@ -898,8 +920,45 @@ class Tracer:
             chain_side, other = (node.left, node.right) if left_refs else (node.right, node.left)
             base, ops = self.decompose(chain_side, line)
             current = self.advance(base, ops)
-            return base, [*ops, self.scale_or_head_mask(current, other, isinstance(operator, cst.Divide), line)]
+            return base, _cancelled(ops, self.scale_or_head_mask(current, other, isinstance(operator, cst.Divide), line))
+        if isinstance(operator, cst.Subtract) and left_refs and self.row_maximum_of(node.right, node.left):
+            base, ops = self.decompose(node.left, line)
+            current = self.advance(base, ops)
+            if current.stage != SCORES:
+                raise _Poison(Code.PROBABILITIES_CHANGED, "the probabilities are shifted after the softmax", {base.cid})
+            return base, [*ops, Shift()]
         raise _Poison(Code.SCORES_COMBINED, f"the scores are combined with `{code(operator).strip()}`", left_refs | right_refs)
+
+    def row_maximum_of(self, node: cst.BaseExpression, scores: cst.BaseExpression) -> bool:
+        """`node` is the maximum over the last dimension of `scores`, kept as a dimension: `scores.amax(-1,
+        keepdim=True)`, `scores.amax(dim=-1).unsqueeze(-1)`, `scores.max(-1, keepdim=True)[0]` or `.values`,
+        `torch.amax(scores, -1, keepdim=True)`; also through one local holding it."""
+        if isinstance(node, cst.Name):
+            values = self.scope.local_values(node.value)
+            return len(values) == 1 and self.row_maximum_of(values[0], scores)
+        kept = False
+        if isinstance(node, cst.Call) and p.method_call(node, {"unsqueeze"}) is not None and len(node.args) == 1:
+            if p.number(node.args[0].value) == -1:
+                node, kept = p.method_call(node, {"unsqueeze"})[0], True  # type: ignore[index]
+        if isinstance(node, cst.Subscript) and len(node.slice) == 1 and m.matches(node.slice[0].slice, m.Index(m.Integer("0"))):
+            node = node.value
+        elif isinstance(node, cst.Attribute) and node.attr.value == "values":
+            node = node.value
+        if not isinstance(node, cst.Call):
+            return False
+        found = p.method_call(node, {"amax", "max"})
+        operand: cst.BaseExpression | None
+        if found is not None:
+            operand, dim, keepdim = found[0], p.arg(node, 0, "dim"), p.arg(node, 1, "keepdim")
+        elif self.scope.qualify(node.func) in ("torch.amax", "torch.max"):
+            operand, dim, keepdim = p.arg(node, 0, "input"), p.arg(node, 1, "dim"), p.arg(node, 2, "keepdim")
+        else:
+            return False
+        if operand is None or dim is None or p.number(dim) not in (-1,):
+            return False
+        if not kept and (keepdim is None or not m.matches(keepdim, m.Name("True"))):
+            return False
+        return operand.deep_equals(scores)
 
     def blend(self, node: cst.BinaryOperation) -> tuple[cst.BaseExpression, cst.BaseExpression, cst.BaseExpression] | None:
         """`scores * b + v * (1 - b)` (or `- c * (1 - b)`), GPT's TensorFlow-era masking, with `b` a slice of a
@@ -2183,3 +2242,22 @@ def _returns_a_number(function: cst.FunctionDef) -> bool:
         if p.number(assign.value) is not None:
             numbers.update(t.target.value for t in assign.targets if isinstance(t.target, cst.Name))
     return any(p.number(value) is not None or (isinstance(value, cst.Name) and value.value in numbers) for value in returns)
+
+
+def _cancelled(ops: list[Op], op: Op) -> list[Op]:
+    """`ops` then `op`, where a scale undoing the expression's last one (`(x / a - shift) * a`, CogView's PB-Relax)
+    removes both: views, casts and shifts between them commute with scaling."""
+    if isinstance(op, Scale) and not op.per_query:
+        for index in range(len(ops) - 1, -1, -1):
+            earlier = ops[index]
+            if isinstance(earlier, (Shift, Cast, View)):
+                continue
+            if (
+                isinstance(earlier, Scale)
+                and not earlier.per_query
+                and earlier.divide != op.divide
+                and earlier.factor.deep_equals(op.factor)
+            ):
+                return [*ops[:index], *ops[index + 1 :]]
+            break
+    return [*ops, op]

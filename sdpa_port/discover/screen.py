@@ -33,6 +33,7 @@ class Uses:
     called_on_self: frozenset[str]  # attributes called on self: `self.name(...)`
     registry: bool  # mentions the name ALL_ATTENTION_FUNCTIONS
     assigns_self: bool = False  # assigns `self.<name> = ...` (also annotated, also as one of chained targets)
+    applied: frozenset[str] = frozenset()  # autograd Functions applied: `Name.apply(...)`
 
 
 # fields that never hold a node worth visiting (expression contexts, operators, plain values)
@@ -51,6 +52,7 @@ def uses(node: ast.AST) -> Uses:
     """One iterative walk over `node`; about three times faster than the same questions asked with `ast.walk`."""
     softmax = registry = assigns_self = False
     called: set[str] = set()
+    applied: set[str] = set()
     on_self: set[str] = set()
     stack = [node]
     pop, push, is_node = stack.pop, stack.append, isinstance
@@ -65,6 +67,8 @@ def uses(node: ast.AST) -> Uses:
                 softmax = softmax or func.attr in SOFTMAX_NAMES
                 if func.value.__class__ is ast.Name and func.value.id == "self":
                     on_self.add(func.attr)
+                elif func.attr == "apply" and func.value.__class__ is ast.Name:
+                    applied.add(func.value.id)
         elif kind is ast.Name:
             registry = registry or current.id == REGISTRY  # type: ignore[attr-defined]
             continue  # only its context below
@@ -81,7 +85,7 @@ def uses(node: ast.AST) -> Uses:
             elif is_node(value, ast.AST):
                 push(value)  # type: ignore[arg-type]
     softmax = softmax or not SOFTMAX_NAMES.isdisjoint(called)
-    return Uses(softmax, frozenset(called), frozenset(on_self), registry, assigns_self)
+    return Uses(softmax, frozenset(called), frozenset(on_self), registry, assigns_self, frozenset(applied))
 
 
 def _is_self_attribute(node: ast.expr) -> bool:
@@ -127,9 +131,11 @@ def screen(tree: ast.Module) -> Screen:
             if name not in with_softmax and bases[name] & with_softmax:
                 with_softmax.add(name)
                 changed = True
-    # classes whose forward calls a module-level softmax function (eager_attention_forward(self, ...))
+    # classes whose forward calls a module-level softmax function (eager_attention_forward(self, ...)), or applies
+    # an autograd Function of the file that computes one (DeBERTa's `XSoftmax.apply(scores, mask, -1)`)
     if functions:
         with_softmax |= {name for name, used in class_uses.items() if used.called & functions}
+    with_softmax |= {name for name, used in class_uses.items() if used.applied & with_softmax}
     modeling = imports_torch or any(
         any(base.endswith(("Module", "PreTrainedModel")) for base in names) or names & from_modeling
         for names in bases.values()

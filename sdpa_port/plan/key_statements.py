@@ -106,7 +106,7 @@ def _handed_over(candidate: t.Candidate) -> set[str]:
                 parts = [op.operand]
             case t.Output():
                 parts = [op.value]
-            case t.Cast() | t.Softmax():
+            case t.Cast() | t.Softmax() | t.Shift():
                 parts = []
             case _:
                 t.unreachable(op)

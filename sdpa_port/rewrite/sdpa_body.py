@@ -161,6 +161,7 @@ class SdpaEmitter(StatementWalker):
         self.upcast = any(isinstance(op, t.Start) and op.operands_upcast for op, _, _ in candidate.ops)
         # names read by the statements the rewrite removed: their definitions may now be dead
         self.removed_reads: set[str] = set()
+        self.shifted = False  # the row's maximum was subtracted from the scores (`Shift`)
         # names the enclosing `if` tests have shown not to be None, innermost last
         self.not_none: list[set[str]] = []
 
@@ -433,6 +434,8 @@ class SdpaEmitter(StatementWalker):
             case t.Fill() | t.Guard() if self.regrouped is not None:
                 raise Refuse(Code.LAYOUT, "the scores are masked while regrouped into another shape")
             case t.Fill():
+                if self.shifted and not op.absorbing:
+                    raise Refuse(Code.FILL_VALUE, f"scores shifted by the row's maximum are set to `{code(op.fill)}`, which does not absorb them")
                 if op.causal and state.causal_fill is None:
                     state.causal_fill = op.fill
                     if state.causal_var:
@@ -441,7 +444,14 @@ class SdpaEmitter(StatementWalker):
                     return []
                 return self.fill_mask(op)
             case t.Guard():
+                if self.shifted:
+                    raise Refuse(Code.MASKED_ROWS, "the scores are floored after the row's maximum was subtracted")
                 return self.floor_mask(op)
+            case t.Shift():
+                # the softmax ignores a shift the same for every key; a later fill must absorb the scores for the
+                # shift not to change the weight of what it masks
+                self.shifted = True
+                return []
             case t.ZeroRows():
                 return self.zero_rows(op)
             case t.Dropout():
@@ -826,10 +836,19 @@ class SdpaEmitter(StatementWalker):
             )
         assert isinstance(small, cst.Assign) and isinstance(small.targets[0].target, cst.Name)
         name = small.targets[0].target.value
-        zeroed = cst.Call(
-            func=cst.Attribute(value=cst.Name(name), attr=cst.Name("masked_fill")),
+        target: cst.BaseExpression = cst.Name(name)
+        if self.layout.flatten_output and self.layout.heads is not None:
+            # the rows are per head, `(batch, heads or 1, q, 1)`; the flat output is `(batch * heads, q, d)`
+            target = unflatten(target, self.layout.heads)
+        zeroed: cst.BaseExpression = cst.Call(
+            func=cst.Attribute(value=target, attr=cst.Name("masked_fill")),
             args=[cst.Arg(cst.Name(self.names.zero_rows), comma=_COMMA), cst.Arg(cst.Float("0.0"))],
         )
+        if target is not small.targets[0].target and not isinstance(target, cst.Name):
+            zeroed = cst.Call(
+                func=cst.Attribute(value=zeroed, attr=cst.Name("flatten")),
+                args=[cst.Arg(cst.Integer("0"), comma=_COMMA), cst.Arg(cst.Integer("1"))],
+            )
         statement = _assign(name, zeroed)
         return [_if_not_none(self.names.zero_rows, statement) if state is ZeroRowsState.MAYBE else statement]
 

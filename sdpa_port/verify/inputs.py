@@ -306,7 +306,8 @@ def _like_pixels(name: str) -> Callable[..., tuple[Any, str]]:
 
 
 def image_size(view: ConfigView) -> tuple[int, int]:
-    size = view.get(("image_size", "img_size", "max_img_size"), "vision", DEFAULT_IMAGE)
+    # `input_size`: LayoutLMv3 names its image size so (read only for pixel inputs: time series use the name too)
+    size = view.get(("image_size", "img_size", "max_img_size", "input_size"), "vision", DEFAULT_IMAGE)
     if isinstance(size, (list, tuple)):
         return int(size[0]), int(size[-1])
     return int(size), int(size)

@@ -25,6 +25,10 @@ CASES = {
     # transformers 5 detection configs default to a timm backbone: without timm, the ResNet one they also offer
     "table_transformer": "image",
     "dab_detr": "image",  # DETR's weights bookkeeping after the product with V (F602 before)
+    # a softmax through an autograd Function (XSoftmax: fill, softmax, zero again) on flat scores; StableDropout
+    "sew_d": "audio",
+    # CogView's PB-Relax softmax in a method (`(x / a - max) * a`); its image size is named `input_size`
+    "layoutlmv3": "text+boxes+image",
 }
 
 
@@ -48,7 +52,8 @@ def test_attention_switched_on_by_a_config_flag_is_said(workdir: Path) -> None:
     "model,kind",
     [
         ("bros", "scale"), ("lxmert", "scale"), ("timesformer", "scale"), ("patchtsmixer", "scale"), ("vilt", "attn_mask"),
-        ("tvp", "scale"), ("git", "scale"), ("dab_detr", "scale"),
+        ("tvp", "scale"), ("git", "scale"), ("dab_detr", "scale"), ("sew_d", "scale"), ("sew_d", "mask"),
+        ("layoutlmv3", "scale"),
     ],
 )
 def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> None:
