@@ -29,6 +29,8 @@ CASES = {
     "sew_d": "audio",
     # CogView's PB-Relax softmax in a method (`(x / a - max) * a`); its image size is named `input_size`
     "layoutlmv3": "text+boxes+image",
+    # keypoint matches kept at a threshold: outputs that jump, judged at the attention modules
+    "superglue": "image",
 }
 
 
@@ -53,7 +55,7 @@ def test_attention_switched_on_by_a_config_flag_is_said(workdir: Path) -> None:
     [
         ("bros", "scale"), ("lxmert", "scale"), ("timesformer", "scale"), ("patchtsmixer", "scale"), ("vilt", "attn_mask"),
         ("tvp", "scale"), ("git", "scale"), ("dab_detr", "scale"), ("sew_d", "scale"), ("sew_d", "mask"),
-        ("layoutlmv3", "scale"),
+        ("layoutlmv3", "scale"), ("superglue", "scale"),
     ],
 )
 def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> None:
