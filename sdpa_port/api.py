@@ -15,6 +15,7 @@ from sdpa_port.plan.class_style import ClassStylePlan, apply_class_style, plan_c
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite.copied_from import reconcile_copied_from
+from sdpa_port.rewrite.weight_requests import relax_weight_requests
 
 
 NOT_MODELING = "not a modeling file: it neither imports torch nor defines a module class"
@@ -100,11 +101,16 @@ def _provenance(source: str, tree: ast.Module, result: PortResult, filename: str
 
 
 def _port_class_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen) -> PortResult:
+    module, relaxed = relax_weight_requests(module, facts, first.softmax_classes)
+    if relaxed:  # calls rewritten in place, on their own lines: the facts are read again, the lines stay
+        tree = ast.parse(module.code)
+        facts, lines = ModuleFacts.of(module, tree), Lines(module, top_level_starts(tree))
     planned = plan_class_style(module, facts, lines, first.softmax_classes)
     if isinstance(planned, PortResult):
         return planned
     assert isinstance(planned, ClassStylePlan)
     new_module, notes = apply_class_style(module, facts, planned)
+    notes = [*relaxed, *notes]
     new_source = new_module.code
     compile(new_source, "<sdpa-port>", "exec")
     sites = tuple(site for item in planned.classes for site in item.analysis.sites)

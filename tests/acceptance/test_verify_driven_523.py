@@ -31,6 +31,8 @@ CASES = {
     "layoutlmv3": "text+boxes+image",
     # keypoint matches kept at a threshold: outputs that jump, judged at the attention modules
     "superglue": "image",
+    # its decoder layer asks its self-attention for weights it reads only under its own output_attentions
+    "mask2former": "image",
 }
 
 
@@ -56,6 +58,7 @@ def test_attention_switched_on_by_a_config_flag_is_said(workdir: Path) -> None:
         ("bros", "scale"), ("lxmert", "scale"), ("timesformer", "scale"), ("patchtsmixer", "scale"), ("vilt", "attn_mask"),
         ("tvp", "scale"), ("git", "scale"), ("dab_detr", "scale"), ("sew_d", "scale"), ("sew_d", "mask"),
         ("layoutlmv3", "scale"), ("superglue", "scale"),
+        ("mask2former", "scale"),
     ],
 )
 def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> None:
