@@ -185,8 +185,9 @@ def _settings_only(test: cst.BaseExpression) -> bool:
 
 
 def _flags_off_by_default(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[str]:
-    """`self.x` attributes that forward tests and that every assignment in the class sets to a literal False in
-    `__init__` or to a value elsewhere (a switch like BLIP-2's `save_attention`, turned on by a method)."""
+    """`self.x` attributes that forward tests and that the class's first assignment sets to a literal False (a switch
+    like BLIP-2's `save_attention`, turned on by a method) or to a config setting defaulting to False
+    (`getattr(config, "talking_head", False)`)."""
     tested = {
         code(node)
         for test in nodes_of_type(forward.body, cst.If)
@@ -196,9 +197,17 @@ def _flags_off_by_default(facts: ModuleFacts, class_name: str, forward: cst.Func
     out = []
     for name in sorted(tested):
         values = facts.find_attribute_values(class_name, name.removeprefix("self."))
-        if values and m.matches(values[0], m.Name("False")):
+        if values and (m.matches(values[0], m.Name("False")) or _config_flag_off_by_default(values[0])):
             out.append(name)
     return out
+
+
+def _config_flag_off_by_default(value: cst.BaseExpression) -> bool:
+    """`getattr(config, "talking_head", False)`: a setting off unless the config turns it on."""
+    return m.matches(
+        value,
+        m.Call(func=m.Name("getattr"), args=[m.Arg(m.Name("config")), m.Arg(m.SimpleString()), m.Arg(m.Name("False"))]),
+    )
 
 
 def _optional_modules(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[str]:

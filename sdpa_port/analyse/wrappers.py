@@ -35,7 +35,7 @@ def inlined(call: cst.Call, facts: ModuleFacts, class_name: str | None, qualify:
     callee = _callee(call, facts, class_name)
     if callee is None:
         return None
-    function, skipped = callee
+    function, skipped, applied = callee
     params = function.params
     if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.star_kwarg is not None or params.kwonly_params:
         return None
@@ -56,39 +56,36 @@ def inlined(call: cst.Call, facts: ModuleFacts, class_name: str | None, qualify:
             bound[name] = defaults[name]
     if set(bound) != set(names) or not all(_simple(value) for value in bound.values()):
         return None
-    context = function.params.params[0].name.value if skipped and not _is_method(function) else None
+    # an autograd Function's context, whatever its name (DeBERTa's 4.x XSoftmax calls it `self`)
+    context = function.params.params[0].name.value if applied else None
     return _straight_line(function, bound, context, qualify, frozenset(facts.imports.aliases))
 
 
-def _callee(call: cst.Call, facts: ModuleFacts, class_name: str | None) -> tuple[cst.FunctionDef, int] | None:
-    """The function a call runs and how many of its leading parameters the call does not pass (`self`, `ctx`)."""
+def _callee(call: cst.Call, facts: ModuleFacts, class_name: str | None) -> tuple[cst.FunctionDef, int, bool] | None:
+    """The function a call runs, how many of its leading parameters the call does not pass (`self`, `ctx`), and
+    whether it is an autograd Function's forward (its first parameter is the context)."""
     func = call.func
     if isinstance(func, cst.Name):
         function = facts.functions.get(func.value)
-        return (function, 0) if function is not None else None
+        return (function, 0, False) if function is not None else None
     if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Name):
         return None
     if func.value.value == "self" and class_name is not None:
         found = facts.find_method(class_name, func.attr.value)
         if found is None or _is_static(found[1]):
             return None
-        return found[1], 1
+        return found[1], 1, False
     if func.attr.value == "apply":
         # an autograd Function of the file: its static forward takes `ctx` first
         found = facts.find_method(func.value.value, "forward")
-        if found is None or not _is_static(found[1]):
+        if found is None or not _is_static(found[1]) or not found[1].params.params:
             return None
-        return found[1], 1
+        return found[1], 1, True
     return None
 
 
 def _is_static(function: cst.FunctionDef) -> bool:
     return any(m.matches(d.decorator, m.Name("staticmethod")) for d in function.decorators)
-
-
-def _is_method(function: cst.FunctionDef) -> bool:
-    params = function.params.params
-    return bool(params) and params[0].name.value == "self"
 
 
 def _simple(node: cst.BaseExpression) -> bool:

@@ -23,6 +23,10 @@ CASES = {
     "t5": Case("T5Model", "T5ForConditionalGeneration"),
     # its sliding-window encoder attention stays eager (S101): only the decoder attention is ported
     "led": Case("LEDModel", overrides={"attention_window": 4}),
+    # XSoftmax (an autograd Function whose context is named `self`) and StableDropout; disentangled terms on flat
+    # scores, the key divided by a number; DeBERTa's talking heads stay on eager
+    "deberta_v2": Case("DebertaV2Model", overrides={"relative_attention": True, "pos_att_type": ["c2p", "p2c"]}),
+    "deberta": Case("DebertaModel", overrides={"relative_attention": True, "pos_att_type": ["c2p", "p2c"]}),
 }
 
 
@@ -106,7 +110,11 @@ def test_configuration_variants(model: str, config_overrides: dict, ported) -> N
 
 
 @pytest.mark.parametrize(
-    "model,kind", [("t5", "scale"), ("t5", "mask"), ("bert", "scale"), ("gpt2", "mask"), ("led", "scale")]
+    "model,kind",
+    [
+        ("t5", "scale"), ("t5", "mask"), ("bert", "scale"), ("gpt2", "mask"), ("led", "scale"), ("deberta_v2", "mask"),
+        ("deberta", "scale"),
+    ],
 )
 def test_parity_sees_sabotage(model: str, kind: str, workdir: Path, ported) -> None:  # type: ignore[no-untyped-def]
     """A halved scale or a dropped mask (T5's position bias lives in it) must fail the parity check."""

@@ -469,3 +469,17 @@ def test_a_projection_always_built_is_refused() -> None:
     analysis = analyse(attention_module(TALKING_HEADS, init=init))
     assert analysis is not None and analysis.refusal is not None
     assert analysis.refusal.code.code == "S101", str(analysis.refusal)
+
+
+def test_a_config_switch_off_by_default_sends_the_sdpa_class_back_to_eager() -> None:
+    """DeBERTa 4.x: `self.talking_head = getattr(config, "talking_head", False)` tested before a projection."""
+    init = INIT + '\nself.talking_head = getattr(config, "talking_head", False)\nself.head_logits_proj = nn.Linear(4, 4)'
+    body = TALKING_HEADS.replace("if self.head_logits_proj is not None:", "if self.talking_head:").replace(
+        "if self.head_weights_proj is not None:\n    probs = self.head_weights_proj(probs.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)\n", ""
+    )
+    analysis = analyse(attention_module(body, init=init))
+    assert analysis is not None and analysis.refusal is None, analysis and str(analysis.refusal)
+    assert analysis.eager_only_flags == ("self.talking_head",)
+    on = init.replace('getattr(config, "talking_head", False)', 'getattr(config, "talking_head", True)')
+    refused = analyse(attention_module(body, init=on))
+    assert refused is not None and refused.refusal is not None and refused.refusal.code.code == "S101"

@@ -144,3 +144,12 @@ def test_a_shift_by_anything_but_the_rows_maximum_stays_refused() -> None:
     )
     analysis = analyse(source)
     assert analysis is None or analysis.refusal is not None  # not a site: the detector then refuses the file
+
+
+def test_an_autograd_context_is_found_by_position_not_name() -> None:
+    """transformers 4.x DeBERTa names its autograd context `self`."""
+    source = WRAPPERS.replace("def forward(ctx, scores, mask, dim):", "def forward(self, scores, mask, dim):").replace(
+        "ctx.", "self."
+    )
+    facts = ModuleFacts.of(cst.parse_module(source), ast.parse(source))
+    assert _read("MaskedSoftmax.apply(scores, attention_mask, -1)", facts) is not None
