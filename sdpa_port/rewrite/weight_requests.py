@@ -74,7 +74,18 @@ def _weights_request(
     keywords = [a for a in call.args if a.keyword is not None and a.keyword.value == FLAG]
     if len(keywords) != 1 or not m.matches(keywords[0].value, m.Name("True")):
         return None
+    if not all(_returns_pairs(facts, value.func.value) for value in built):  # type: ignore[attr-defined]
+        return None  # with the flag off it may return fewer values than the call unpacks
     return keywords[0], weights.value
+
+
+def _returns_pairs(facts: ModuleFacts, class_name: str) -> bool:
+    """Every return of the class's forward is a literal pair: as many values whatever the flag."""
+    found = facts.find_method(class_name, "forward")
+    if found is None:
+        return False
+    returns = nodes_of_type(found[1].body, cst.Return)
+    return bool(returns) and all(isinstance(r.value, cst.Tuple) and len(r.value.elements) == 2 for r in returns)
 
 
 def _read_only_under_flag(method: cst.FunctionDef, name: str, assign: cst.Assign) -> bool:

@@ -158,6 +158,9 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+QUERIES = 16
+
+
 def _input_sizes(fields: dict[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     featmap = fields.get("backbone_featmap_shape")
@@ -190,6 +193,10 @@ def _input_sizes(fields: dict[str, Any]) -> dict[str, Any]:
         values["prediction_length"] = PREDICTION
     if "context_length" in fields and fields["context_length"] is None:
         values["context_length"] = CONTEXT
+    if _int(fields.get("num_queries")) and fields["num_queries"] > QUERIES:
+        # two-stage detectors (Grounding DINO) take the top `num_queries` of the encoder's positions, which a small
+        # image has far fewer of than the 900 they default to
+        values["num_queries"] = QUERIES
     return values
 
 

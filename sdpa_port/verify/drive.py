@@ -338,6 +338,20 @@ def finite(output: Any) -> bool:
     return all(bool(torch.isfinite(t).all()) for _, t in floats(output))
 
 
+def _infinite_entries(output: Any) -> dict[str, torch.Tensor] | None:
+    """Where each float output is +inf or -inf (signed), or None when any entry is NaN."""
+    found: dict[str, torch.Tensor] = {}
+    for key, tensor in floats(output):
+        if bool(torch.isnan(tensor).any()):
+            return None
+        found[key] = torch.where(torch.isinf(tensor), torch.sign(tensor), torch.zeros_like(tensor))
+    return found
+
+
+def _same_entries(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor] | None) -> bool:
+    return a is not None and b is not None and a.keys() == b.keys() and all(bool(torch.equal(a[k], b[k])) for k in a)
+
+
 @dataclass(frozen=True)
 class Difference:
     absolute: float
@@ -354,8 +368,10 @@ def difference(a: Any, b: Any, keep: torch.Tensor) -> Difference:
         right = others.get(key)
         if right is None or right.shape != left.shape:
             continue
-        delta = (left.float() - right.float()).abs()
-        scale = left.float().abs()
+        # infinities by design (masked logits) count as equal where both sides hold the same one
+        same = left.float() == right.float()
+        delta = torch.where(same, torch.zeros_like(left.float()), (left.float() - right.float()).abs())
+        scale = torch.where(torch.isinf(left.float()), torch.zeros_like(left.float()), left.float().abs())
         if keep.numel() and left.dim() >= 2 and tuple(left.shape[:2]) == tuple(keep.shape):
             delta, scale = delta[keep.bool()], scale[keep.bool()]
         if not delta.numel():
@@ -462,6 +478,7 @@ def _drive_at(candidate: Candidate, config: Any, level: Level, tried: list[str])
         if not list(floats(output)):
             tried.append(f"[{level.name}] {plan.description}: no floating-point output")
             continue
+        infinities: list[Any] = []
         for gain in GAINS:
             sharpen(model, gain)
             try:
@@ -472,6 +489,13 @@ def _drive_at(candidate: Candidate, config: Any, level: Level, tried: list[str])
             if finite(output):
                 state = {k: v.clone() for k, v in model.state_dict().items()}
                 return Driven(config, level, gain, plan, state, notes=_config_notes(candidate, config))
+            infinities.append(_infinite_entries(output))
+            if len(infinities) >= 2 and infinities[-1] is not None and _same_entries(infinities[-2], infinities[-1]):
+                # the same entries infinite at two gains, and no NaN: masked logits (`masked_fill(~mask, -inf)`,
+                # Grounding DINO's text mask), not an overflow; compared as equal where both sides have them
+                state = {k: v.clone() for k, v in model.state_dict().items()}
+                notes = [*_config_notes(candidate, config), "some outputs are infinite by design (the same entries at two gains)"]
+                return Driven(config, level, gain, plan, state, notes=notes)
             tried.append(f"[{level.name}] {plan.description}: non-finite outputs at gain {gain}")
         return None  # this layout runs but never finitely: a smaller config will not help either
     return None

@@ -168,3 +168,25 @@ def test_a_pooled_output_is_not_compared_where_left_padding_puts_padding_first()
     assert max_difference(plain, shifted, Batch({}, right)) == 1.0
     moved = {"last_hidden_state": states + torch.tensor([0.0, 0.0, 0.0, 2.0])[None, :, None], "pooler_output": pooled}
     assert max_difference(plain, moved, Batch({}, keep)) == 2.0  # the positions are still compared
+
+
+def test_infinities_by_design_compare_equal_where_both_sides_hold_them() -> None:
+    """Masked logits (`masked_fill(~mask, -inf)`) are infinite in eager and SDPA alike; elsewhere they count."""
+    import math
+
+    import torch
+
+    from sdpa_port.verify.drive import _infinite_entries, _same_entries, difference
+
+    keep = torch.ones(2, 3, dtype=torch.bool)
+    logits = torch.tensor([[[0.5, -math.inf], [1.0, 2.0], [0.0, -math.inf]]] * 2)
+    assert difference({"logits": logits}, {"logits": logits.clone()}, keep).absolute == 0.0
+    moved = logits.clone()
+    moved[0, 1, 0] = 1.5
+    assert difference({"logits": logits}, {"logits": moved}, keep).absolute == 0.5
+    unmasked = logits.clone()
+    unmasked[0, 0, 1] = 0.0
+    assert math.isinf(difference({"logits": logits}, {"logits": unmasked}, keep).absolute)
+    assert _same_entries(_infinite_entries({"logits": logits}), _infinite_entries({"logits": logits * 2}))
+    assert not _same_entries(_infinite_entries({"logits": logits}), _infinite_entries({"logits": unmasked}))
+    assert _infinite_entries({"logits": torch.tensor([math.nan])}) is None

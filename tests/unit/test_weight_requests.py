@@ -62,3 +62,15 @@ def test_weights_read_only_under_the_flag_pass_it_on() -> None:
 def test_weights_read_otherwise_keep_the_request(use: str) -> None:
     code, notes = _relaxed(use)
     assert "output_attentions=True)" in code and not notes
+
+
+def test_an_attention_returning_fewer_values_without_the_flag_keeps_the_request() -> None:
+    """Grounding DINO's attention returns `(out,)` unless asked: the caller's `a, w = ...` would fail to unpack."""
+    source = textwrap.dedent(LAYER).replace("{use}", "if output_attentions:\n            outputs += (weights,)")
+    source = source.replace(
+        "return scores @ hidden_states, scores if output_attentions else None",
+        "return (scores @ hidden_states, scores) if output_attentions else (scores @ hidden_states,)",
+    )
+    module = cst.parse_module(source)
+    changed, notes = relax_weight_requests(module, ModuleFacts.of(module, ast.parse(source)), frozenset({"Attention"}))
+    assert changed.code == source and not notes
