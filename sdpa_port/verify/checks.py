@@ -169,8 +169,10 @@ def compared(a: Any, b: Any, batch: Batch) -> Iterator[tuple[torch.Tensor, torch
     """The float outputs two models share, as float32 pairs restricted to positions that are not padding."""
     others = dict(tensors(b))
     found = 0
-    # left padding puts padding at the first position, which a pooler reads (BERT's first-token pooler)
+    # left padding puts padding at the first position, which a pooler reads (BERT's first-token pooler): pooled
+    # outputs are compared there only when nothing with positions is (a classifier's logits alone)
     first_padded = batch.keep.dim() == 2 and not bool(batch.keep[:, 0].bool().all())
+    pooled: list[tuple[torch.Tensor, torch.Tensor]] = []
     for key, left in tensors(a):
         right = others.get(key)
         if right is None or right.shape != left.shape:
@@ -182,11 +184,16 @@ def compared(a: Any, b: Any, batch: Batch) -> Iterator[tuple[torch.Tensor, torch
             if tuple(left.shape[:2]) == tuple(batch.decoder_keep.shape):
                 keep = batch.decoder_keep
         if keep is None and first_padded and left.dim() == 2 and left.shape[0] == batch.keep.shape[0]:
-            continue  # a pooled `(batch, features)` output of a left-padded batch: it may read only padding
+            pooled.append((left.float(), right.float()))  # `(batch, features)`: it may read only padding
+            continue
         left, right = left.float(), right.float()
         if keep is not None:
             left, right = left[keep.bool()], right[keep.bool()]
         if left.numel():
+            found += 1
+            yield left, right
+    if found == 0:
+        for left, right in pooled:
             found += 1
             yield left, right
     if found == 0:

@@ -190,3 +190,13 @@ def test_infinities_by_design_compare_equal_where_both_sides_hold_them() -> None
     assert _same_entries(_infinite_entries({"logits": logits}), _infinite_entries({"logits": logits * 2}))
     assert not _same_entries(_infinite_entries({"logits": logits}), _infinite_entries({"logits": unmasked}))
     assert _infinite_entries({"logits": torch.tensor([math.nan])}) is None
+
+
+def test_a_pooled_output_alone_is_still_compared() -> None:
+    """A classifier's logits are all there is: compared even in a left-padded batch."""
+    import torch
+
+    from sdpa_port.verify.checks import Batch, max_difference
+
+    keep = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    assert max_difference({"logits": torch.zeros(2, 3)}, {"logits": torch.ones(2, 3)}, Batch({}, keep)) == 1.0
