@@ -95,10 +95,9 @@ def test_sdpa_never_reached_is_a_failure_that_says_why(workdir: Path) -> None:
     assert "always with output_attentions=True" in executed[0].detail, executed[0]
 
 
-@pytest.mark.parametrize("model", ["mask2former", "ernie_m"])
+@pytest.mark.parametrize("model", ["ernie_m"])
 def test_every_call_asking_for_weights_is_refused_before_porting(model: str) -> None:
-    """Mask2Former's decoder layer passes output_attentions=True to its self-attention on every call; ERNIE-M's
-    layer defaults it to True and its encoder never passes it: W406."""
+    """ERNIE-M's layer defaults output_attentions to True and its encoder never passes it: W406."""
     from harness import modeling_path
 
     from sdpa_port import Status, port_source
@@ -106,6 +105,22 @@ def test_every_call_asking_for_weights_is_refused_before_porting(model: str) -> 
     path = modeling_path(model)
     result = port_source(path.read_text(encoding="utf-8"), filename=path.name)
     assert result.status is Status.REFUSED and "[W406]" in " ".join(result.reasons), result.reasons
+
+
+def test_weights_asked_for_and_read_only_under_the_callers_flag_are_no_longer_asked_for(workdir: Path) -> None:
+    """Mask2Former's decoder layer passes output_attentions=True to its self-attention and reads the weights only
+    under its own output_attentions: the port passes that flag on, and SDPA runs (it was W406)."""
+    from harness import modeling_path
+
+    from sdpa_port import Status, port_source
+
+    path = modeling_path("mask2former")
+    result = port_source(path.read_text(encoding="utf-8"), filename=path.name)
+    assert result.status is Status.PORTED, result.reasons
+    assert "output_attentions=True" not in result.source.split("class Mask2FormerMaskedAttentionDecoderLayer")[1].split("\nclass ")[0]
+    checks = verify("mask2former", result.source, workdir)
+    failed = [str(c) for c in checks if not c.passed]
+    assert not failed and any(c.name.endswith("sdpa executed") for c in checks), failed
 
 
 def test_verify_port_loads_a_second_file_of_a_model_folder(workdir: Path) -> None:
