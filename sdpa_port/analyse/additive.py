@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from sdpa_port.analyse.cstutil import block_body
+from sdpa_port.analyse.cstutil import block_body, is_docstring
 from sdpa_port.analyse.patterns import walk_names
 
 VIEWS = frozenset({"view", "reshape"})
@@ -40,7 +40,7 @@ def additive_in(function: cst.FunctionDef, parameter: str) -> Additive | None:
     the parameter's own shape (`x.view(shape)` with `shape = scores.shape`) returns it in that shape."""
     reader = _Reader({parameter: Additive(None, False)})
     body = list(block_body(function.body))
-    if body and _is_docstring(body[0]):
+    if body and is_docstring(body[0]):
         body = body[1:]
     for statement in body:
         if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
@@ -150,11 +150,3 @@ class _ValueReads(cst.CSTVisitor):
         if node.value in self.names:
             self.found = True
 
-
-def _is_docstring(statement: cst.BaseStatement) -> bool:
-    return (
-        isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )

@@ -349,3 +349,13 @@ class _Assigned(cst.CSTVisitor):
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
         self.names.update(assigned_names(node.target))
+
+
+def is_docstring(statement: cst.CSTNode) -> bool:
+    """A statement line holding only a string: a docstring where it opens a body."""
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )

@@ -15,7 +15,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
-from sdpa_port.analyse.cstutil import binary, parenthesized, precedence, replace_names
+from sdpa_port.analyse.cstutil import binary, is_docstring, parenthesized, precedence, replace_names
 
 SOFTMAX_FUNCTIONS = frozenset({"torch.nn.functional.softmax", "torch.softmax", "torch.Tensor.softmax"})
 SOFTMAX_MODULES = frozenset({"torch.nn.Softmax"})
@@ -405,7 +405,7 @@ def _returned_expression(call: cst.Call, scope: Scope) -> cst.BaseExpression | N
     if function is None or function.asynchronous is not None or function.decorators:
         return None
     body = function.body.body if isinstance(function.body, cst.IndentedBlock) else ()
-    statements = [s for s in body if not _is_docstring(s)]
+    statements = [s for s in body if not is_docstring(s)]
     if len(statements) != 1 or not isinstance(statements[0], cst.SimpleStatementLine):
         return None
     (small,) = statements[0].body if len(statements[0].body) == 1 else (None,)
@@ -430,40 +430,12 @@ def _returned_expression(call: cst.Call, scope: Scope) -> cst.BaseExpression | N
             bound[param.name.value] = param.default
     if set(bound) != set(names):
         return None
-    for name in _read_names(small.value):
+    for name in walk_names(small.value):
         if name not in bound and name not in _NUMBER_BUILTINS and scope.qualify(cst.Name(name)) is None:
             return None  # a global of the file: not followed
     returned: cst.BaseExpression = replace_names(small.value, {name: parenthesized(value) for name, value in bound.items()})
     return returned
 
-
-def _is_docstring(statement: cst.BaseStatement) -> bool:
-    return (
-        isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
-
-
-def _read_names(node: cst.BaseExpression) -> set[str]:
-    """The bare names an expression reads (not the attribute names after a dot, nor keyword names)."""
-    found: set[str] = set()
-
-    class _Names(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            node.value.visit(self)
-            return False
-
-        def visit_Arg(self, node: cst.Arg) -> bool:
-            node.value.visit(self)
-            return False
-
-        def visit_Name(self, node: cst.Name) -> None:
-            found.add(node.value)
-
-    node.visit(_Names())
-    return found
 
 
 # ---------------------------------------------------------------- forms

@@ -16,12 +16,12 @@ arguments, and the tracer reads it as if it were written at the call. Only where
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, TypeVar
 
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import parenthesized
+from sdpa_port.analyse.cstutil import is_docstring, parenthesized
 from sdpa_port.analyse.module_facts import ModuleFacts
 
 Qualify = Callable[[cst.CSTNode], "str | None"]
@@ -108,7 +108,7 @@ def _straight_line(
     body = function.body.body if isinstance(function.body, cst.IndentedBlock) else ()
     env: dict[str, cst.BaseExpression] = {name: _wrapped(value) for name, value in bound.items()}
     saved: dict[str, cst.BaseExpression] = {}  # ctx attributes
-    statements = [s for s in body if not _is_docstring(s)]
+    statements = [s for s in body if not is_docstring(s)]
     for index, statement in enumerate(statements):
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
             return None
@@ -159,7 +159,7 @@ def _substituted(
 ) -> cst.BaseExpression | None:
     """`node` with the locals and parameters replaced by what they hold; None where it reads `self` modules, calls
     what is not torch or a tensor method, or reads `ctx` beyond the attributes written."""
-    for call in _calls(node):
+    for call in _every(node, cst.Call):
         func = call.func
         qualified = qualify(func) or ""
         if qualified.startswith("torch."):
@@ -186,17 +186,6 @@ def _root_name(node: cst.BaseExpression) -> str | None:
     while isinstance(node, cst.Attribute):
         node = node.value
     return node.value if isinstance(node, cst.Name) else None
-
-
-def _calls(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            found.append(node)
-
-    node.visit(_Calls())
-    return found
 
 
 class _Replace(cst.CSTTransformer):
@@ -240,14 +229,6 @@ def _wrapped(value: cst.BaseExpression) -> cst.BaseExpression:
     return value if isinstance(value, atomic) else parenthesized(value)
 
 
-def _is_docstring(statement: cst.BaseStatement) -> bool:
-    return (
-        isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
-
 
 def identity_unless(
     call: cst.Call, facts: ModuleFacts, class_name: str | None
@@ -271,7 +252,7 @@ def identity_unless(
     params = [param.name.value for param in function.params.params]
     if len(params) != 2 or params[0] != "self" or function.params.star_arg is not cst.MaybeSentinel.DEFAULT:
         return None
-    body = [s for s in (function.body.body if isinstance(function.body, cst.IndentedBlock) else ()) if not _is_docstring(s)]
+    body = [s for s in (function.body.body if isinstance(function.body, cst.IndentedBlock) else ()) if not is_docstring(s)]
     if len(body) != 2 or not isinstance(body[0], cst.If) or body[0].orelse is not None:
         return None
     test, last = body[0].test, body[1]
@@ -280,8 +261,8 @@ def identity_unless(
     returned = last.body[0].value
     if returned is None or not m.matches(returned, m.Name(params[1])):
         return None
-    names = _names_in(test)
-    attributes = _attributes_in(test)
+    names = _every(test, cst.Name)
+    attributes = _every(test, cst.Attribute)
     if any(n.value != "self" and not any(n is a.attr for a in attributes) for n in names):
         return None  # the test reads something besides the module's own settings
     module = cst.Attribute(value=cst.Name("self"), attr=call.func.attr)
@@ -290,25 +271,20 @@ def identity_unless(
     return call.args[0].value, settings
 
 
-def _names_in(node: cst.CSTNode) -> list[cst.Name]:
-    found: list[cst.Name] = []
-
-    class _Visitor(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            found.append(node)
-
-    node.visit(_Visitor())
-    return found
+N = TypeVar("N", bound=cst.CSTNode)
 
 
-def _attributes_in(node: cst.CSTNode) -> list[cst.Attribute]:
-    found: list[cst.Attribute] = []
+def _every(node: cst.CSTNode, kind: type[N]) -> list[N]:
+    """Every node of `kind` inside `node`, lambdas included (`cstutil.nodes_of_type` stops at them)."""
+    found: list[N] = []
 
-    class _Visitor(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> None:
-            found.append(node)
+    class _Collect(cst.CSTVisitor):
+        def on_visit(self, visited: cst.CSTNode) -> bool:
+            if isinstance(visited, kind):
+                found.append(visited)
+            return True
 
-    node.visit(_Visitor())
+    node.visit(_Collect())
     return found
 
 

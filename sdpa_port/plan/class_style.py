@@ -15,7 +15,7 @@ import libcst.matchers as m
 
 from sdpa_port.analyse.calls import always_asks_for_weights
 from sdpa_port.analyse.cross import key_only_parameters
-from sdpa_port.analyse.cstutil import block_body, code, is_pass, one_per_line
+from sdpa_port.analyse.cstutil import block_body, code, is_docstring, is_pass, one_per_line
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
@@ -494,7 +494,7 @@ def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
     prelude = [_with_fallback_arguments(s, forward.params) for s in block_body(template_forward.body) if not is_pass(s)]
     statements = list(forward.body.body)
     # the eager forward's docstring stays first, before the fallback (a string after code documents nothing)
-    docstring = statements[:1] if statements and _is_docstring(statements[0]) else []
+    docstring = statements[:1] if statements and is_docstring(statements[0]) else []
     new_forward = template_forward.with_changes(
         params=forward.params,
         whitespace_before_params=forward.whitespace_before_params,
@@ -506,14 +506,6 @@ def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
     body[-1] = new_forward
     return node.with_changes(body=node.body.with_changes(body=body))
 
-
-def _is_docstring(statement: cst.CSTNode) -> bool:
-    return (
-        isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
 
 
 def _source(analysis: ClassAnalysis) -> str:

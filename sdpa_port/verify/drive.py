@@ -685,11 +685,7 @@ class Rounding:
     note: str
     rounding: float = math.nan  # how far the outputs move for a ROUNDING change of the attention outputs
     probe: float = math.nan  # and for a PROBE change
-
-    @property
-    def jumps(self) -> bool:
-        """The outputs answer a change of the attention outputs out of proportion: they jump, not follow."""
-        return math.isfinite(self.rounding) and not self.excused and "not in proportion" in self.note
+    jumps: bool = False  # the outputs answer such changes out of proportion: they jump rather than follow
 
 
 def within_rounding(original: Any, batch: Batch, classes: set[str], expected: Any, found: Difference) -> Rounding:
@@ -714,7 +710,7 @@ def within_rounding(original: Any, batch: Batch, classes: set[str], expected: An
     )
     moved = small.absolute, probe.absolute
     if small.absolute <= 0.0 or probe.absolute < LINEAR * (PROBE / ROUNDING) * small.absolute:
-        return Rounding(False, f"(not judged against rounding: {figures}, not in proportion)", *moved)
+        return Rounding(False, f"(not judged against rounding: {figures}, not in proportion)", *moved, jumps=True)
     if found.absolute > small.absolute:
         return Rounding(False, f"(beyond rounding: {figures})", *moved)
     return Rounding(True, f"(within rounding: {figures})", *moved)
