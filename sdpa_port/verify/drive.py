@@ -603,16 +603,31 @@ def _compare_paddings(candidate: Candidate, driven: Driven, label: str, original
                 if modules is not None:
                     check = Check(check.name, modules.passed, check.max_diff, f"{check.detail}; {modules.detail}")
         if not check.passed and check.max_diff is not None and math.isfinite(check.max_diff):
-            notes = [check.detail, in_double(original, sdpa, batch), _outside_port(candidate, driven, batch, results[0])]
-            check = Check(check.name, False, check.max_diff, " ".join(n for n in notes if n))
+            outside, isolated = _outside_port(candidate, driven, batch, results[0])
+            # the port alone decides when sub-models of other files run SDPA too: against the original built so
+            passed = isolated is not None and _judge(check.name, isolated, SDPA_TOLERANCE, RELATIVE_TOLERANCE).passed
+            notes = [check.detail, "" if passed else in_double(original, sdpa, batch), outside]
+            check = Check(check.name, passed, check.max_diff, " ".join(n for n in notes if n))
         checks.append(check)
         detail = f"{calls} SDPA call(s)"
         if port_calls.from_port != calls:
             detail += f", {port_calls.from_port} from the port's attention"
-        if not port_calls.from_port:
+        # a model that builds neither the port's attention classes nor their eager bases does not test the port
+        # (verify_driven checks those classes alone); one that builds them and makes no SDPA call fails
+        absent = not port_calls.from_port and not _builds_attention(candidate, sdpa)
+        if absent:
+            detail += ": the model builds none of the port's attention classes nor the classes they replace"
+        elif not port_calls.from_port:
             detail += ": " + why_no_sdpa(sdpa, lambda: forward(sdpa, batch), *_modules(candidate))
-        checks.append(Check(f"{name} sdpa executed", port_calls.from_port > 0, None, detail))
+        checks.append(Check(f"{name} sdpa executed", port_calls.from_port > 0 or absent, None, detail))
     return checks
+
+
+def _builds_attention(candidate: Candidate, model: Any) -> bool:
+    """Whether `model` holds a module of the port's attention classes or of the eager classes they replace."""
+    original, ported = _modules(candidate)
+    names = set(attention_classes(original, ported)) | replaced_classes(original, ported)
+    return any(type(m).__name__ in names and type(m).__module__ == ported.__name__ for m in model.modules())
 
 
 def _eager_everywhere(candidate: Candidate, driven: Driven, batch: Batch, expected: Any) -> str:
@@ -637,24 +652,24 @@ def _modules(candidate: Candidate) -> tuple[ModuleType, ModuleType]:
     return sys.modules[candidate.original.__module__], sys.modules[candidate.ported.__module__]
 
 
-def _outside_port(candidate: Candidate, driven: Driven, batch: Batch, got: Any) -> str:
+def _outside_port(candidate: Candidate, driven: Driven, batch: Batch, got: Any) -> tuple[str, Difference | None]:
     """The port's SDPA outputs against the original built with transformers' default implementation: sub-models from
     other files then run SDPA where they support it, as they do in the port's SDPA build, so only the ported
-    attention differs."""
+    attention differs. A note and that difference; None where nothing outside the port runs SDPA."""
     try:
         reference = build(candidate.original, driven.config, None, driven.propagate, expect="eager")
         reference.load_state_dict(driven.state)
         results: list[Any] = []
         calls = count_sdpa_calls(lambda: results.append(forward(reference, batch)))
     except Exception:
-        return ""
+        return "", None
     if not calls:
-        return ""  # nothing outside the port runs SDPA: the comparison above already isolates the port
+        return "", None  # nothing outside the port runs SDPA: the comparison above already isolates the port
     found = difference(results[0], got, batch.keep)
     return (
         f"(against the original whose sub-models run SDPA where they support it ({calls} call(s)): "
         f"max|diff|={found.absolute:.3g}, relative {found.relative:.2g})"
-    )
+    ), found
 
 
 def in_double(original: Any, sdpa: Any, batch: Batch) -> str:
@@ -948,7 +963,7 @@ def verify_driven(
     found, reasons = candidates(original, ported, classes if classes is not None else model_classes(original))
     if not found:
         why = "; ".join(reasons[:4]) or "no model class"
-        return [unverified(f"no model class whose inputs the harness can build: {why}")]
+        return _alone(original, ported, sorted(wanted - covered), f"no model class whose inputs the harness can build: {why}")
     checks: list[Check] = []
     failures: list[Unverified] = []
     done = set(covered)
@@ -965,7 +980,7 @@ def verify_driven(
         driven = drive_original(candidate)
         if isinstance(driven, Unverified):
             if driven.detail.startswith(f"{candidate.name}: needs ") and not checks and not covered:
-                return [driven]
+                return _alone(original, ported, sorted(wanted), driven.detail)
             failures.append(driven)
             if not checks and not covered and len(failures) >= 3:
                 break
@@ -979,12 +994,21 @@ def verify_driven(
         if len(checks) == len(found_checks) + 1:  # the first model driven: its optional attention terms too
             checks += _with_term_flags(candidate, driven, label)
     if not checks and not covered:
-        return [failures[0]] if len(failures) == 1 else [unverified("; ".join(f.detail for f in failures))]
+        return _alone(original, ported, sorted(wanted), "; ".join(f.detail for f in failures))
     missing = sorted(wanted - done)
     if missing:
         why = f" ({'; '.join(f.detail for f in failures)[:400]})" if failures else ""
-        checks.append(unverified(f"{', '.join(missing)} of the port: built by no model the harness could drive{why}"))
+        checks += _alone(original, ported, missing, f"{', '.join(missing)}: built by no model the harness could drive{why}")
     return checks
+
+
+def _alone(original: ModuleType, ported: ModuleType, names: list[str], why: str) -> list[Check]:
+    """The attention classes no driven model covers, checked as modules (`alone.py`); `why` no model covers them."""
+    from sdpa_port.verify.alone import verify_alone
+
+    if not names:
+        return [unverified(why)]
+    return verify_alone(original, ported, names, why)
 
 
 def classes_built(candidate: Candidate) -> set[str] | None:

@@ -55,3 +55,20 @@ def assert_sabotage_seen(checks, padded_only: bool = False) -> None:  # type: ig
     assert failed, f"the sabotage went unnoticed:\n{lines}"
     if padded_only:
         assert all("unpadded" not in c.name for c in failed), lines
+
+
+def assert_checked_alone(checks, classes: list[str], why: str) -> None:  # type: ignore[no-untyped-def]
+    """Models out of reach: the first line says why (`why` in it), then every class in `classes` passes alone."""
+    lines = "\n".join(str(c) for c in checks)
+    assert checks[0].name == "attention modules checked on their own" and why in checks[0].detail, lines
+    alone = {c.name.removesuffix(" alone"): c for c in checks if c.name.endswith(" alone")}
+    assert sorted(alone) == sorted(classes), lines
+    assert all(c.passed for c in checks), lines
+    assert all("SDPA call(s) from the port" in c.detail for c in alone.values()), lines
+
+
+def assert_alone_sabotage_seen(checks) -> None:  # type: ignore[no-untyped-def]
+    lines = "\n".join(str(c) for c in checks)
+    alone = [c for c in checks if c.name.endswith(" alone")]
+    assert alone and not any(c.name == "not verified" for c in checks), lines
+    assert any(not c.passed and c.max_diff is not None for c in alone), f"the sabotage went unnoticed:\n{lines}"

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from driven import assert_driven_and_passed, assert_sabotage_seen, broken, port_for_kind, verify
+from driven import (
+    assert_alone_sabotage_seen,
+    assert_checked_alone,
+    assert_driven_and_passed,
+    assert_sabotage_seen,
+    broken,
+    port_for_kind,
+    verify,
+)
 
 pytestmark = pytest.mark.tf440
 
@@ -65,14 +73,30 @@ def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> Non
     assert_sabotage_seen(verify(model, source, workdir, f"sabotage_{kind}"))
 
 
-@pytest.mark.parametrize("model,package", [("layoutlmv2", "detectron2"), ("deta", "torchvision")])
-def test_a_missing_package_is_named_and_never_a_pass(model: str, package: str, workdir: Path) -> None:
+# models needing an optional package not installed here; the attention classes of their ports, checked alone
+OUT_OF_REACH = {
+    "layoutlmv2": ("detectron2", ["LayoutLMv2SdpaSelfAttention"]),
+    "deta": ("torchvision", ["DetaSdpaMultiheadAttention"]),
+}
+
+
+@pytest.mark.parametrize("model", OUT_OF_REACH)
+def test_a_missing_package_is_named_and_the_attention_checked_alone(model: str, workdir: Path) -> None:
+    package, classes = OUT_OF_REACH[model]
     if importlib.util.find_spec(package) is not None:
         pytest.skip(f"{package} is installed here")
     checks = verify(model, port_for_kind(model, "a missing package"), workdir)
-    assert len(checks) == 1 and not checks[0].passed, checks
-    assert str(checks[0]).startswith("not verified: "), str(checks[0])
-    assert f"needs {package}" in str(checks[0]).lower(), str(checks[0])
+    assert_checked_alone(checks, classes, "needs ")
+    assert f"needs {package}" in checks[0].detail.lower(), checks[0]
+
+
+@pytest.mark.parametrize("model,kind", [("layoutlmv2", "scale"), ("layoutlmv2", "mask"), ("deta", "scale"), ("deta", "mask")])
+def test_attention_checked_alone_sees_sabotage(model: str, kind: str, workdir: Path) -> None:
+    """A halved scale, or the mask (LayoutLMv2: with its relative position terms) dropped from SDPA."""
+    if importlib.util.find_spec(OUT_OF_REACH[model][0]) is not None:
+        pytest.skip(f"{OUT_OF_REACH[model][0]} is installed here")
+    source = broken(model, port_for_kind(model, "a missing package"), kind)
+    assert_alone_sabotage_seen(verify(model, source, workdir, f"alone_{kind}"))
 
 
 def test_sdpa_never_reached_is_a_failure_that_says_why(workdir: Path) -> None:

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from driven import assert_driven_and_passed, assert_sabotage_seen, broken, port_for_kind, verify
+from driven import (
+    assert_alone_sabotage_seen,
+    assert_checked_alone,
+    assert_driven_and_passed,
+    assert_sabotage_seen,
+    broken,
+    port_for_kind,
+    verify,
+)
 
 pytestmark = pytest.mark.tf523
 
@@ -67,23 +75,44 @@ def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> Non
     assert_sabotage_seen(verify(model, source, workdir, f"sabotage_{kind}"))
 
 
-@pytest.mark.parametrize("model,package", [("layoutlmv2", "detectron2")])
-def test_a_missing_package_is_named_and_never_a_pass(model: str, package: str, workdir: Path) -> None:
-    if importlib.util.find_spec(package) is not None:
-        pytest.skip(f"{package} is installed here")
-    checks = verify(model, port_for_kind(model, "a missing package"), workdir)
-    assert len(checks) == 1 and not checks[0].passed, checks
-    assert str(checks[0]).startswith("not verified: "), str(checks[0])
-    assert f"needs {package}" in str(checks[0]).lower(), str(checks[0])
+# models the harness cannot build or drive, and why; the attention classes of their ports, checked alone
+OUT_OF_REACH = {
+    "layoutlmv2": ("needs detectron2", ["LayoutLMv2SdpaSelfAttention"]),  # an optional package
+    "omdet_turbo": ("which this harness cannot build", ["OmDetTurboMultiheadAttention"]),  # class and task prompts
+}
+
+
+@pytest.mark.parametrize("model", OUT_OF_REACH)
+def test_a_model_out_of_reach_says_why_and_its_attention_is_checked_alone(model: str, workdir: Path) -> None:
+    why, classes = OUT_OF_REACH[model]
+    if why.startswith("needs ") and importlib.util.find_spec(why.split()[1]) is not None:
+        pytest.skip(f"{why.split()[1]} is installed here")
+    assert_checked_alone(verify(model, port_for_kind(model, "inputs out of reach"), workdir), classes, why)
+
+
+@pytest.mark.parametrize("model,kind", [("layoutlmv2", "scale"), ("layoutlmv2", "mask"), ("omdet_turbo", "scale"), ("omdet_turbo", "attn_mask")])
+def test_attention_checked_alone_sees_sabotage(model: str, kind: str, workdir: Path) -> None:
+    """A halved scale, or a mask (LayoutLMv2: with its relative position terms) withheld from SDPA."""
+    why = OUT_OF_REACH[model][0]
+    if why.startswith("needs ") and importlib.util.find_spec(why.split()[1]) is not None:
+        pytest.skip(f"{why.split()[1]} is installed here")
+    source = broken(model, port_for_kind(model, "inputs out of reach"), kind)
+    assert_alone_sabotage_seen(verify(model, source, workdir, f"alone_{kind}"))
 
 
 def test_sdpa_calls_of_other_files_do_not_count_for_the_port(workdir: Path) -> None:
     """ZoeDepth's BEiT backbone runs SDPA; the ported patch-transformer attention is not built at the defaults (one
-    bin configuration): the check fails and says so, and says the output difference comes from the backbone."""
-    checks = verify("zoedepth", port_for_kind("zoedepth", "pixels"), workdir)
+    bin configuration). The model's check says the port made no SDPA call and why, judges the outputs against the
+    original whose backbone runs SDPA too, and the attention class is checked alone; a halved scale fails there."""
+    source = port_for_kind("zoedepth", "pixels")
+    checks = verify("zoedepth", source, workdir)
     executed = [c for c in checks if c.name.endswith("sdpa executed")]
-    assert executed and not executed[0].passed, [str(c) for c in checks]
-    assert "0 from the port's attention" in executed[0].detail and "ZoeDepthSdpaMultiheadAttention" in executed[0].detail
+    assert executed and "0 from the port's attention" in executed[0].detail, [str(c) for c in checks]
+    assert "builds none of the port's attention classes" in executed[0].detail, executed[0]
+    compared = [c for c in checks if c.name.endswith("sdpa == eager")]
+    assert compared and all("against the original whose sub-models run SDPA" in c.detail or c.max_diff == 0 for c in compared)
+    assert_checked_alone(checks[len(checks) - 2 :], ["ZoeDepthSdpaMultiheadAttention"], "built by no model")
+    assert_alone_sabotage_seen(verify("zoedepth", broken("zoedepth", source, "scale"), workdir, "alone_scale"))
 
 
 def test_a_pinned_is_causal_that_only_bidirectional_masks_reach_becomes_false(workdir: Path) -> None:

@@ -1,0 +1,253 @@
+"""Attention modules checked on their own, for the port's attention classes no driven model builds (imports torch).
+
+A model may be out of the harness's reach (an optional package such as detectron2 or torchvision is missing, its
+inputs cannot be synthesised) or may build its attention only under configurations the harness does not make
+(ZoeDepth's patch transformer exists only with two bin configurations). The port's attention classes are then built
+from their own constructors, sharpened, and run on synthetic states: the original's eager class, the port's eager
+computation and its SDPA computation, without a mask, with padded keys masked additively (the 4-D extended mask
+transformers hands such modules), and with every optional score term the module accepts. The port's eager outputs
+must equal the original's, its SDPA outputs must agree within the SDPA tolerances, and SDPA must run from the port.
+
+These are module checks, reported as such (`<Class> alone`): they do not prove that a model selects the class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import re
+import warnings
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+
+from sdpa_port.verify.checks import Check
+from sdpa_port.verify.configs import HEADS, HIDDEN, LEVELS
+from sdpa_port.verify.diagnose import PortCalls
+from sdpa_port.verify.drive import EAGER_TOLERANCE, RELATIVE_TOLERANCE, SDPA_TOLERANCE, config_at, sharpen, unverified
+
+BATCH = 2
+LENGTH = 7
+PADDED = 2  # keys masked at the end of the second sequence
+GAIN = 2.0
+
+_WIDTHS = re.compile(r"^(hidden_size|embed_dim|d_model|dim|hidden_dim|n_embd|n_state|width|model_dim)$")
+_HEADS = re.compile(r"^(num_heads|num_attention_heads|n_heads?|heads|n_head)$")
+_RATES = re.compile(r"(^|_)(dropout|drop|p)(_prob|_rate|_p)?$")
+_STATES = re.compile(r"^(hidden_states?|x|inputs?|query|key|value|queries|keys|values|q|k|v|.*_states)$")
+_MASKS = re.compile(r"^(attention_mask|attn_mask|mask|key_padding_mask)$")
+_TERMS = re.compile(r"(pos|bias)")  # optional score terms: position bias, relative positions, ALiBi
+
+
+@dataclass(frozen=True)
+class Pair:
+    """The three builds of one attention class: the original's eager class, the port's class for eager, for SDPA."""
+
+    original: torch.nn.Module
+    eager: torch.nn.Module
+    sdpa: torch.nn.Module
+    sdpa_forward: Callable[..., Any]
+
+
+def verify_alone(original: ModuleType, ported: ModuleType, names: list[str], why: str) -> list[Check]:
+    """One check per attention class in `names` (see the module docstring); `why` says why no model covers them."""
+    checks = [Check("attention modules checked on their own", True, None, why)]
+    for name in names:
+        checks.append(_check_class(original, ported, name))
+    return checks
+
+
+def _check_class(original: ModuleType, ported: ModuleType, name: str) -> Check:
+    label = f"{name} alone"
+    try:
+        pair = _build(original, ported, name)
+    except _CannotBuild as reason:
+        return unverified(f"{name} of the port, checked alone: {reason}")
+    width = _width(pair.original)
+    heads = _heads(pair.original)
+    cases = _cases(pair.original, width, heads)
+    if not cases:
+        return unverified(f"{name} of the port, checked alone: the original's eager class runs on none of the synthetic inputs")
+    worst = worst_relative = worst_eager = 0.0
+    calls = 0
+    described: list[str] = []
+    with torch.no_grad():
+        for case, kwargs in cases:
+            expected = _first(pair.original(**copy.deepcopy(kwargs)))
+            eager = _first(pair.eager(**copy.deepcopy(kwargs)))
+            with PortCalls(ported.__name__) as port_calls:
+                got = _first(pair.sdpa_forward(**copy.deepcopy(kwargs)))
+            calls += port_calls.from_port
+            if expected is None or eager is None or got is None or got.shape != expected.shape:
+                return Check(label, False, None, f"[{case}] outputs of different shapes or not tensors")
+            worst_eager = max(worst_eager, float((eager - expected).abs().max()))
+            gap = float((got - expected).abs().max())
+            worst = max(worst, gap)
+            worst_relative = max(worst_relative, gap / max(float(expected.abs().max()), 1e-6))
+            described.append(case)
+    detail = f"hidden {width}, {heads} heads, gain {GAIN:g}; {', '.join(described)}; port's eager max|diff|={worst_eager:.3g}"
+    if worst_eager > EAGER_TOLERANCE:
+        return Check(label, False, worst, f"{detail}: the port's eager computation changed")
+    if not calls:
+        return Check(label, False, worst, f"{detail}: no SDPA call from the port")
+    detail += f"; {calls} SDPA call(s) from the port"
+    passed = worst <= SDPA_TOLERANCE or worst_relative <= RELATIVE_TOLERANCE
+    return Check(label, passed, worst, f"({detail}, relative {worst_relative:.2g})")
+
+
+class _CannotBuild(Exception):
+    pass
+
+
+def _build(original: ModuleType, ported: ModuleType, name: str) -> Pair:
+    klass = getattr(ported, name)
+    in_place = isinstance(getattr(original, name, None), type)  # interface style: the class itself was rewritten
+    eager_class = klass if in_place else klass.__mro__[1]
+    original_class = getattr(original, eager_class.__name__, None)
+    if not isinstance(original_class, type):
+        raise _CannotBuild(f"the original has no class {eager_class.__name__}")
+    config = _config(original)
+    arguments = _arguments(original_class, config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            reference = original_class(**_with_implementation(arguments, "eager"))
+            eager = eager_class(**_with_implementation(arguments, "eager"))
+            sdpa = (klass if in_place else eager_class)(**_with_implementation(arguments, "sdpa"))
+        except Exception as error:
+            raise _CannotBuild(f"its constructor raised {type(error).__name__}: {str(error)[:160]}") from error
+    sharpen(reference, GAIN)
+    for module in (eager, sdpa):
+        module.load_state_dict(reference.state_dict())
+    for module in (reference, eager, sdpa):
+        module.eval()
+    if in_place:
+        return Pair(reference, eager, sdpa, sdpa)
+    return Pair(reference, eager, sdpa, lambda **kwargs: klass.forward(sdpa, **kwargs))
+
+
+def _config(original: ModuleType) -> Any | None:
+    """A tiny config of the file's model (its pretrained base's `config_class`), or None."""
+    for value in vars(original).values():
+        config_class = getattr(value, "config_class", None)
+        if isinstance(value, type) and value.__module__ == original.__name__ and isinstance(config_class, type):
+            with contextlib.suppress(Exception):
+                return config_at(config_class, LEVELS[0])
+    return None
+
+
+def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for parameter in list(inspect.signature(klass.__init__).parameters.values())[1:]:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        name = parameter.name
+        if name == "config":
+            if config is None:
+                raise _CannotBuild(f"its constructor takes `{name}` and the file has no config class")
+            out[name] = config
+        elif _WIDTHS.match(name):
+            out[name] = HIDDEN
+        elif _HEADS.match(name):
+            out[name] = HEADS
+        elif _RATES.search(name) and (parameter.default is parameter.empty or isinstance(parameter.default, float)):
+            out[name] = 0.0
+        elif parameter.default is parameter.empty:
+            raise _CannotBuild(f"no value for its constructor's parameter `{name}`")
+    return out
+
+
+def _with_implementation(arguments: dict[str, Any], implementation: str) -> dict[str, Any]:
+    """The arguments with a config of their own per build, set to `implementation` (transformers 5 dispatches
+    from the config at call time: builds sharing one config would all run the last choice)."""
+    out = dict(arguments)
+    for name, value in arguments.items():
+        if hasattr(value, "_attn_implementation"):
+            config = copy.deepcopy(value)
+            with contextlib.suppress(Exception):
+                config._attn_implementation = implementation
+            out[name] = config
+    return out
+
+
+def _width(module: torch.nn.Module) -> int:
+    for child in module.modules():
+        if isinstance(child, torch.nn.Linear):
+            return child.in_features
+    for attribute in ("embed_dim", "hidden_size", "all_head_size"):
+        value = getattr(module, attribute, None)
+        if isinstance(value, int):
+            return value
+    return HIDDEN
+
+
+def _heads(module: torch.nn.Module) -> int:
+    for attribute in ("num_attention_heads", "num_heads", "n_heads", "n_head", "heads"):
+        value = getattr(module, attribute, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return HEADS
+
+
+def _cases(module: torch.nn.Module, width: int, heads: int) -> list[tuple[str, dict[str, Any]]]:
+    """The inputs the original eager module runs on with finite outputs: no mask, padded keys, optional terms."""
+    generator = torch.Generator().manual_seed(1)
+    signature = inspect.signature(module.forward)
+    base: dict[str, Any] = {}
+    masks: list[str] = []
+    terms: list[str] = []
+    for parameter in signature.parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        name = parameter.name
+        if _MASKS.match(name):
+            masks.append(name)
+        elif parameter.default is parameter.empty:
+            if not _STATES.match(name):
+                return []
+            base[name] = torch.randn(BATCH, LENGTH, width, generator=generator)
+        elif parameter.default is None and _TERMS.search(name):
+            terms.append(name)
+    # padded keys in the extended form (batch, 1, 1, keys), expanded over the queries for modules that check it,
+    # or as the (batch, keys) mask of ones and zeros for modules that extend it themselves
+    broadcast = torch.zeros(BATCH, 1, 1, LENGTH)
+    broadcast[1, ..., LENGTH - PADDED :] = torch.finfo(torch.float32).min
+    keys = torch.ones(BATCH, LENGTH)
+    keys[1, LENGTH - PADDED :] = 0
+    mask_options: list[tuple[str, dict[str, Any]]] = [("no mask", {})]
+    for value in (broadcast, broadcast.expand(-1, -1, LENGTH, -1), keys):
+        mask_options += [("padded keys", {masks[0]: value})] if masks else []
+    # score terms at the shapes they take: (batch, heads, queries, keys) or (batch, length, width); all of them at
+    # one shape (a module may need several), or each alone
+    shapes = [(BATCH, heads, LENGTH, LENGTH), (BATCH, LENGTH, width)]
+    term_options: list[dict[str, Any]] = [{}]
+    for shape in shapes:
+        term_options.append({term: torch.randn(shape, generator=generator) for term in terms})
+        if len(terms) > 1:
+            term_options += [{term: torch.randn(shape, generator=generator)} for term in terms]
+    cases: dict[str, dict[str, Any]] = {}
+    for mask_case, mask_kwargs in mask_options:
+        for term_kwargs in term_options:
+            label = f"{mask_case} with {', '.join(term_kwargs)}" if term_kwargs else mask_case
+            kwargs = {**base, **mask_kwargs, **term_kwargs}
+            if label not in cases and _runs(module, kwargs):
+                cases[label] = kwargs
+    return list(cases.items())
+
+
+def _runs(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            output = _first(module(**copy.deepcopy(kwargs)))
+    except Exception:
+        return False
+    return output is not None and bool(torch.isfinite(output).all())
+
+
+def _first(output: Any) -> torch.Tensor | None:
+    first = output[0] if isinstance(output, (tuple, list)) and output else output
+    return first.float() if isinstance(first, torch.Tensor) and first.is_floating_point() else None
