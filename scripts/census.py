@@ -176,9 +176,22 @@ def _first(reasons: list[str] | None) -> str:
     return (reasons or [""])[0]
 
 
+ALONE = "attention modules checked on their own: ok "
+
+
+def _alone(lines: list[str]) -> str:
+    """The attention classes verified as modules (verify/alone.py), and why no model covered them."""
+    classes = [line.partition(" alone: ok")[0].strip() for line in lines if " alone: ok" in line]
+    why = next((line[len(ALONE) :] for line in lines if line.startswith(ALONE)), "")
+    if not classes:
+        return ""
+    return f"{', '.join(classes)} checked alone as module(s): {why[:200]}"
+
+
 def _driven(lines: list[str]) -> str:
     everything = [line.partition(" driven: ok")[0].strip() for line in lines if " driven: ok" in line]
     driven = next((line for line in lines if " driven: ok" in line), "")
+    alone = _alone(lines)
     if driven:
         label, _, detail = driven.partition(" driven: ok")
         inputs = re.search(r"inputs: ([^;]*)", detail)
@@ -188,7 +201,9 @@ def _driven(lines: list[str]) -> str:
         # how the check reached SDPA, and what it could not cover, belong beside the verdict
         notes = [part.strip() for part in detail.split(";")[3:]]
         notes += [f"also {label}" for label in everything[1:]]  # classes driven for attention the first did not call
-        return "; ".join([text] + notes)
+        return "; ".join([text] + notes + ([alone] if alone else []))
+    if alone:
+        return alone
     base = lines[0].split("[", 1)[0] if lines else ""
     return f"{base} on token ids" if base else ""
 

@@ -40,6 +40,18 @@ def test_verified_names_the_model_and_inputs() -> None:
     assert tokens.reason == "BertModel on token ids"
 
 
+def test_attention_verified_module_by_module_says_so_and_why() -> None:
+    alone = [
+        "attention modules checked on their own: ok MModel: needs detectron2 (ImportError: ...)",
+        "MSdpaSelfAttention alone: ok max|diff|=1e-06 (hidden 32, 4 heads, gain 2; padded keys)",
+    ]
+    entry = census.classify(record(verification=alone, verified=True))
+    assert entry.reason == "MSdpaSelfAttention checked alone as module(s): MModel: needs detectron2 (ImportError: ...)"
+    driven = ["MModel[image] driven: ok config: tiny; inputs: pixel_values[2, 3, 64, 64]; gain 2", *alone]
+    entry = census.classify(record(verification=driven, verified=True))
+    assert entry.reason.startswith("MModel[image] on pixel_values") and "MSdpaSelfAttention checked alone" in entry.reason
+
+
 def test_not_verifiable_gives_the_reason_and_is_never_a_pass() -> None:
     entry = census.classify(record(verification=["not verified: MModel: needs timm (ImportError: ...)"], verified=False))
     assert (entry.verification, entry.reason) == ("not verifiable", "MModel: needs timm (ImportError: ...)")
