@@ -10,6 +10,7 @@ import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.forms import products
 from sdpa_port.analyse.cross import is_cache_parameter, is_mask_parameter
 from sdpa_port.analyse.cstutil import code, nodes_of_type, replace_names
 from sdpa_port.analyse.known import Known, negated_comparison
@@ -367,7 +368,7 @@ def key_layout_params(helper: Helper, call: cst.Call, caller: t.Tracer) -> froze
     bound = bind_arguments(helper.function, helper.as_method_call(call))
     if bound is None:
         return frozenset()
-    return frozenset(name for name, value in bound.items() if caller.transposed_key(value))
+    return frozenset(name for name, value in bound.items() if products.transposed_key(caller, value))
 
 
 def helper_for(facts: ModuleFacts, class_name: str, call: cst.Call) -> Helper | None:

@@ -8,6 +8,7 @@ from typing import Sequence
 import libcst as cst
 
 from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.forms import products
 from sdpa_port.analyse.cross import keys_aligned
 from sdpa_port.analyse.masked_rows import masked_rows_reason
 from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, block_body, replace_names, replace_nodes
@@ -181,7 +182,7 @@ class Inliner(StatementWalker):
                 cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)])
             )
         if self.options is not None:
-            keys = frozenset(name for name, value in bound.items() if self.caller().transposed_key(value))
+            keys = frozenset(name for name, value in bound.items() if products.transposed_key(self.caller(), value))
             if self._aligned is None:  # a fact of the class, the same for every inlined call
                 self._aligned = keys_aligned_in(self.facts, self.analysis)
             result, candidate = trace_sdpa_path(self.facts, self.analysis.class_name, special, keys, self._aligned)

@@ -1,0 +1,282 @@
+"""The values and operations of an attention score chain, as the tracer (`trace.py`) and the recognisers of its
+forms (`forms/`) build them (read-only data).
+
+A chain starts at a query-key product and goes through a closed set of operations (`Op`) to the product with V;
+`Poison` ends one with a reason when an expression touches it in a way no form accounts for.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NoReturn, Union
+
+import libcst as cst
+
+from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.cstutil import code
+from sdpa_port.refusals import Code, Reason
+
+
+class Stage(enum.Enum):
+    """How far along the chain a value is."""
+
+    SCORES = "scores"
+    PROBABILITIES = "probabilities"
+    OUTPUT = "output"
+
+
+SCORES, PROBS, OUT = Stage.SCORES, Stage.PROBABILITIES, Stage.OUTPUT
+
+
+class KeepAction(enum.Enum):
+    """How a kept statement's read of the scores is redirected once SDPA replaces them."""
+
+    DTYPE = "dtype"  # `scores.dtype` -> `query.dtype`
+    DEVICE = "device"  # `scores.device` -> `query.device`
+    STRIP_EXPAND = "strip_expand"  # `x.expand_as(scores)` -> `x` (broadcasting does it)
+    RESHAPE_AS = "reshape_as"  # `x.reshape_as(scores)` / `x.view_as(scores)` -> `x.reshape(<the scores' shape>)`
+
+
+# ------------------------------------------------------------------ values and operations
+
+
+@dataclass(frozen=True)
+class ChainVal:
+    cid: int
+    stage: Stage
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class ExprVal:
+    node: cst.BaseExpression
+
+
+@dataclass(frozen=True)
+class ScalarVal:
+    """A local that holds a number on every path (e.g. a scale factor built up under conditions)."""
+
+
+@dataclass(frozen=True)
+class AnyExpr:
+    """A local assigned differently on different paths: one of these expressions (e.g. a key extended by a cache)."""
+
+    nodes: tuple[cst.BaseExpression, ...]
+
+
+Value = Union[ChainVal, ExprVal, ScalarVal, AnyExpr]
+
+
+@dataclass(frozen=True)
+class Start:
+    product: p.Product
+    query: cst.BaseExpression
+    key: cst.BaseExpression
+    rank: int | None
+    upcast: bool
+    # the query was scaled before the product (`q = q / sqrt(d)`, `q_proj(x) * self.scaling`): (factor, divide)
+    query_scale: tuple[cst.BaseExpression, bool] | None = None
+    # the query or key names hold float32 copies made before the product (`query = query.to(torch.float32)`)
+    operands_upcast: bool = False
+
+
+@dataclass(frozen=True)
+class View:
+    rank_before: int | None
+    rank_after: int | None
+    heads: tuple[cst.BaseExpression, cst.BaseExpression] | None
+    # a regrouping of 3-D or 4-D scores into 5-D (`scores.view(b // w, w, h, q, k)` to add a per-window term) and
+    # the view back: the sizes given
+    shape: tuple[cst.BaseExpression, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Cast:
+    upcast: bool
+
+
+@dataclass(frozen=True)
+class Scale:
+    factor: cst.BaseExpression
+    divide: bool
+    # a tensor the same for every key (its last dimension has size 1): it multiplies the query instead of scale=
+    per_query: bool = False
+
+
+@dataclass(frozen=True)
+class AddTerm:
+    term: cst.BaseExpression
+    rank: int | None
+    # added whenever the term's operands are not None: no enclosing test other than `x is not None` of them
+    always: bool = True
+    # the term is a call of a helper that adds to the scores it is given (`analyse/additive.py`): the argument at
+    # this index is to be zeros of the scores' shape (it holds `None` here)
+    scores_arg: int | None = None
+    # the term is a name that may hold a Python number rather than a tensor (a helper's `score = 0` returned when
+    # it adds nothing): a reshape of the term must leave a number as it is
+    may_be_number: bool = False
+
+
+@dataclass(frozen=True)
+class Fill:
+    condition: cst.BaseExpression
+    keep_where_true: bool  # torch.where(cond, scores, fill) keeps where cond is true
+    fill: cst.BaseExpression
+    causal: bool  # the condition is a bottom-right aligned lower-triangular slice of a causal buffer
+    # the fill absorbs any score (-inf, finfo.min): replacing and adding agree even in fully masked rows
+    absorbing: bool = True
+    # every real query row keeps a key this fill leaves alone: a padding mask parameter or a bottom-right causal slice
+    row_safe: bool = True
+    # the condition is a top-left slice `bias[:, :, :q, :k]` of a lower-triangular buffer: each row keeps its own
+    # position, hence a real token itself, when the keys are the queries' own positions (no cache, no other source)
+    top_left: bool = False
+    # where the fill happened: the enclosing branches, and how often each name of the condition had been assigned
+    path: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+    bindings: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class ZeroRows:
+    """Probabilities set to 0 where an earlier absorbing fill masked the scores (`softmax(...).masked_fill(m, 0)`).
+
+    Entries the fill masked are already exactly 0 after the softmax unless the row has no other key; so the only
+    change is that a row whose every key is masked gives 0 (eager: NaN or uniform, then 0)."""
+
+    condition: cst.BaseExpression
+    keep_where_true: bool
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A floor on the scores (`torch.max(scores, finfo.min)`, `clamp(min=...)`): -inf entries become the bound."""
+
+    bound: cst.BaseExpression
+    absorbing: bool = True
+
+
+@dataclass(frozen=True)
+class Shift:
+    """The row's maximum subtracted from the scores (`x - x.amax(-1, keepdim=True)`, a stabilised softmax such as
+    CogView's PB-Relax): the same for every key of a row, so the softmax ignores it."""
+
+
+@dataclass(frozen=True)
+class Softmax:
+    call: p.SoftmaxCall
+
+
+@dataclass(frozen=True)
+class Dropout:
+    call: p.DropoutCall
+    # the test of an innermost `if self.dropout is not None:` around it, where `self.dropout` is the module called:
+    # the dropout happens whenever the module exists, so that branch is no condition on it
+    guard: cst.BaseExpression | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class HeadMask:
+    operand: cst.BaseExpression
+    root: str | None
+
+
+@dataclass(frozen=True)
+class Output:
+    product: p.Product
+    node: cst.BaseExpression  # the product expression inside the statement
+    value: cst.BaseExpression
+    rank: int | None
+
+
+Op = Union[Start, View, Cast, Scale, AddTerm, Fill, ZeroRows, Guard, Shift, Softmax, Dropout, HeadMask, Output]
+
+
+def unreachable(value: NoReturn) -> NoReturn:
+    """The end of an exhaustive `match` over a closed set of types: a type checker proves it is never reached."""
+    raise AssertionError(f"unhandled {type(value).__name__}")
+
+
+@dataclass
+class ChainStmt:
+    """A statement that only advances the chain; it disappears from SDPA code (its ops are re-targeted)."""
+
+    ops: list[Op]
+    targets: list[str]
+    depth: int
+    line: int
+
+
+@dataclass
+class OutputStmt:
+    """The statement holding the product with V; the product node is replaced by the SDPA result."""
+
+    ops: list[Op]  # ops on the probabilities inside the statement, then the Output
+    output: Output
+    depth: int
+    line: int
+
+
+@dataclass
+class KeepStmt:
+    """A statement kept as written, with chain `.dtype`/`.device` reads and `.expand_as(chain)` replaced."""
+
+    replacements: dict[cst.CSTNode, KeepAction]
+    # `scores.size(i)` / `scores.shape[i]` -> the query's size i, or None for the key length (the scores' last dim)
+    sizes: dict[cst.CSTNode, int | None] = field(default_factory=dict)
+
+
+StmtPlan = Union[ChainStmt, OutputStmt, KeepStmt]
+
+
+@dataclass
+class Candidate:
+    cid: int
+    start: Start | None
+    start_line: int
+    poison: Reason | None = None
+    poison_line: int = 0
+    stage: Stage = SCORES
+    ops: list[tuple[Op, int, int]] = field(default_factory=list)  # (op, depth, line)
+    absorbed: bool = False
+    start_node: cst.CSTNode | None = None  # the query-key product (or the softmax, for an unknown origin)
+    names_assigned_after_start: set[str] = field(default_factory=set)
+
+    def poisoned(self, code: Code, detail: str, line: int) -> None:
+        if self.poison is None:
+            self.poison = Reason(code, detail)
+            self.poison_line = line
+
+
+@dataclass
+class TraceResult:
+    candidates: list[Candidate]
+    plans: dict[cst.CSTNode, StmtPlan]  # small statements (and `if` tests) -> what the chain makes of them
+    dropped_ifs: set[cst.If]
+    returns: list[cst.Return]
+    probs_names_after_output: set[str]
+    params: tuple[str, ...]
+    fallbacks: tuple[str, ...] = ()  # conditions under which only the eager computation is exact
+
+    def attention(self) -> list[Candidate]:
+        """Candidates that reach a product with V: the attention computations of the function."""
+        return [c for c in self.candidates if c.stage == OUT and not c.absorbed]
+
+
+class Poison(Exception):
+    """An expression touches the chain in a way no form accounts for: the chain is refused with `reason`."""
+
+    def __init__(self, code: Code, detail: str, cids: set[int]) -> None:
+        super().__init__(detail)
+        self.reason = Reason(code, detail)
+        self.cids = {cid for cid in cids if cid >= 0}  # -1 marks a product that has not started a chain yet
+
+
+class NotChain(Exception):
+    """An expression that does not touch any chain."""
+
+    pass
+
+
+def short(node: cst.CSTNode, limit: int = 70) -> str:
+    text = " ".join(code(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,71 @@
+"""What several recognisers of chain forms share: the shape of their examples, and casts around an operand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from sdpa_port.analyse import patterns as p
+from sdpa_port.refusals import Code
+
+# what the examples' attention module sets up in `__init__` (each example may add lines)
+EXAMPLE_INIT = """
+self.scaling = config.head_dim ** -0.5
+self.dropout = nn.Dropout(config.attention_dropout)
+self.p = config.attention_dropout
+self.register_buffer("bias", torch.tril(torch.ones((8, 8), dtype=torch.bool)).view(1, 1, 8, 8), persistent=False)
+self.softmax = nn.Softmax(dim=-1)
+self.temperature = nn.Parameter(torch.ones(8))  # one per key: not a scale
+"""
+
+
+@dataclass(frozen=True)
+class Example:
+    """A forward body a recogniser decides, run by `tests/unit/test_forms.py` in `Attention.forward(self, query,
+    key, value, attention_mask=None, head_mask=None, output_attentions=False)` of a module whose `__init__` runs
+    EXAMPLE_INIT and `init`. Without `refused` the attention is ported and its chain holds an operation of type
+    `op`, which it no longer does with the form taken out of `FORMS`; with it, the port is refused with that code."""
+
+    body: str
+    op: type | None = None
+    refused: Code | None = None
+    init: str = ""
+    methods: str = ""  # further methods of the class
+    module: str = ""  # module-level code before the class
+
+
+def scored(lines: str, before: str = "") -> str:
+    """An example body: `before`, the scores `q @ k^T`, `lines` (ending with the probabilities in `probs`), and the
+    product with V."""
+    return f"{before}scores = torch.matmul(query, key.transpose(-1, -2))\n{lines}\nreturn torch.matmul(probs, value)"
+
+
+def strip_casts(node: cst.BaseExpression, scope: p.Scope) -> tuple[cst.BaseExpression, bool]:
+    upcast = False
+    while True:
+        found = p.method_call(node, p.CAST_METHODS)
+        if found is None:
+            return node, upcast
+        receiver, name = found
+        assert isinstance(node, cst.Call)
+        if name in ("float", "double") or casts_to_float32(node, scope):
+            upcast = True
+        elif name not in ("contiguous",) and not _is_dtype_cast(node):
+            return node, upcast
+        node = receiver
+
+
+def casts_to_float32(node: cst.Call, scope: p.Scope) -> bool:
+    for a in node.args:
+        if scope.qualify(a.value) in ("torch.float32", "torch.float", "torch.float64"):
+            return True
+    return False
+
+
+def _is_dtype_cast(node: cst.Call) -> bool:
+    """`.to(x.dtype)`, `.to(torch.float32)`, `.type(value.dtype)`, `.type_as(t)` (no device moves)."""
+    for a in node.args:
+        if a.keyword is not None and a.keyword.value not in ("dtype",):
+            return False
+    return True

@@ -1,0 +1,79 @@
+"""Dropout of the probabilities: `self.dropout(probs)`, `nn.functional.dropout(probs, p=..., training=...)`, and
+a module of the file that hands its input back unless its own settings say otherwise (DeBERTa's StableDropout: the
+SDPA class then runs eager whenever those settings hold). Applied to the scores it is refused S112.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.chain import PROBS, Dropout, Softmax
+from sdpa_port.analyse.cstutil import code
+from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.analyse.wrappers import identity_unless
+from sdpa_port.refusals import Code
+
+if TYPE_CHECKING:
+    from sdpa_port.analyse.forms import Recognised
+    from sdpa_port.analyse.trace import Tracer
+
+
+def dropout(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    found = p.dropout_call(node, tracer.scope)
+    if found is None or not tracer.chain_refs(found.operand):
+        return None
+    base, ops = tracer.decompose(found.operand, line)
+    tracer.require(base, ops, PROBS, "dropout", line, Code.DROPOUT)
+    return base, [*ops, Dropout(found, tracer.module_guard(found.module))]
+
+
+def identity_module(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    """A module of the file that is the identity unless its settings say otherwise: no operation, and a fallback."""
+    identity = identity_unless(node, tracer.facts, tracer.class_name) if isinstance(node, cst.Call) else None
+    if identity is None or not tracer.chain_refs(identity[0]):
+        return None
+    base, ops = tracer.decompose(identity[0], line)
+    tracer.require(base, ops, PROBS, "dropout", line, Code.DROPOUT)
+    tracer.fallbacks.append(code(identity[1]))
+    return base, ops
+
+
+_MAYBE_DROP = """
+class MaybeDrop(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if self.training and self.p > 0:
+            return nn.functional.dropout(x, self.p)
+        return x
+"""
+
+EXAMPLES = {
+    "dropout": (
+        Example(scored("probs = self.dropout(scores.softmax(-1))"), Dropout),
+        Example(
+            scored("probs = nn.functional.dropout(scores.softmax(-1), p=self.p, training=self.training)"), Dropout
+        ),
+        Example(scored("probs = self.dropout(scores).softmax(-1)"), refused=Code.DROPOUT),
+    ),
+    # the identity unless training with p > 0: no operation (the SDPA class runs eager whenever that holds)
+    "identity_module": (
+        Example(
+            scored("probs = self.drop(scores.softmax(-1))"),
+            Softmax,
+            init="self.drop = MaybeDrop(0.1)",
+            module=_MAYBE_DROP,
+        ),
+        Example(
+            scored("probs = self.drop(scores).softmax(-1)"),
+            refused=Code.DROPOUT,
+            init="self.drop = MaybeDrop(0.1)",
+            module=_MAYBE_DROP,
+        ),
+    ),
+}

@@ -1,0 +1,441 @@
+"""Masking fills: the scores set to a large negative value where a condition says so, and the probabilities set to
+0 afterwards where the same mask masked them.
+
+`scores.masked_fill(mask, value)`, `torch.masked_fill`, `torch.where(condition, scores, value)` either way round, and
+GPT's TensorFlow-era blend `scores * b + v * (1 - b)` over a triangular buffer of ones. What is read: the condition
+(negations undone), whether the fill absorbs the scores it replaces (-inf, finfo.min) or not (-1e4), whether a
+triangle buffer makes it causal (bottom-right) or top-left, and whether it can mask every key of a real row. A fill
+with a value that is not very negative is refused M201; a zeroing after the softmax is exact only where an absorbing
+fill masked the same positions (M201 otherwise) and nothing else masks the row (M202 otherwise).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Sequence
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.chain import PROBS, AddTerm, Fill, Guard, Op, Poison, Softmax, ZeroRows, short
+from sdpa_port.analyse.cstutil import code, parenthesized, precedence, primary
+from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.refusals import Code
+
+if TYPE_CHECKING:
+    from sdpa_port.analyse.forms import Recognised
+    from sdpa_port.analyse.trace import Tracer
+
+
+def masked_fill_method(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    found = p.method_call(node, {"masked_fill", "masked_fill_"})
+    if found is None or not tracer.chain_or_start(found[0]):
+        return None
+    assert isinstance(node, cst.Call)
+    base, ops = tracer.decompose(found[0], line)
+    return base, [
+        *ops,
+        masking_fill(tracer, p.arg(node, 0, "mask"), p.arg(node, 1, "value"), False, line, base.cid, ops),
+    ]
+
+
+def masked_fill_function(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    if not isinstance(node, cst.Call) or len(node.args) != 3 or tracer.scope.qualify(node.func) != "torch.masked_fill":
+        return None
+    base, ops = tracer.decompose(node.args[0].value, line)
+    return base, [*ops, masking_fill(tracer, node.args[1].value, node.args[2].value, False, line, base.cid, ops)]
+
+
+def where(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    if (
+        not isinstance(node, cst.Call)
+        or len(node.args) != 3
+        or tracer.scope.qualify(node.func) not in p.WHERE_FUNCTIONS
+    ):
+        return None
+    condition, when_true, when_false = (a.value for a in node.args)
+    if tracer.chain_value_refs(condition):
+        raise Poison(Code.SCORES_READ, "the scores decide their own mask", tracer.chain_value_refs(condition))
+    if tracer.chain_or_start(when_true) and not tracer.chain_value_refs(when_false):
+        base, ops = tracer.decompose(when_true, line)
+        return base, [*ops, masking_fill(tracer, condition, when_false, True, line, base.cid, ops)]
+    if tracer.chain_or_start(when_false) and not tracer.chain_value_refs(when_true):
+        base, ops = tracer.decompose(when_false, line)
+        return base, [*ops, masking_fill(tracer, condition, when_true, False, line, base.cid, ops)]
+    return None
+
+
+def blended(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    if not isinstance(node, cst.BinaryOperation):
+        return None
+    found = blend(tracer, node)
+    if found is None:
+        return None
+    kept, condition, value = found
+    base, ops = tracer.decompose(kept, line)
+    return base, [*ops, masking_fill(tracer, condition, value, True, line, base.cid, ops)]
+
+
+def blend(
+    tracer: Tracer, node: cst.BinaryOperation
+) -> tuple[cst.BaseExpression, cst.BaseExpression, cst.BaseExpression] | None:
+    """`scores * b + v * (1 - b)` (or `- c * (1 - b)`), GPT's TensorFlow-era masking, with `b` a slice of a
+    lower-triangular buffer of ones (every entry 0 or 1): exactly `torch.where(b.bool(), scores, v)` for finite
+    scores. Gives (the scores' expression, the condition, the fill)."""
+    if not isinstance(node.operator, (cst.Add, cst.Subtract)):
+        return None
+    kept = _times(node.left)
+    masked = _times(node.right)
+    if kept is None or masked is None:
+        return None
+    for scores, weight in (kept, kept[::-1]):
+        if not tracer.chain_or_start(scores) or tracer.chain_value_refs(weight):
+            continue
+        for value, complement in (masked, masked[::-1]):
+            if tracer.chain_value_refs(value) or not _one_minus(complement, weight):
+                continue
+            if isinstance(node.operator, cst.Subtract):
+                value = cst.UnaryOperation(cst.Minus(), value if precedence(value) >= 12 else parenthesized(value))
+            if triangle_slice(tracer, weight) is None:
+                return None
+            condition = cst.Call(func=cst.Attribute(value=primary(weight), attr=cst.Name("bool")))
+            return scores, condition, value
+    return None
+
+
+def masking_fill(
+    tracer: Tracer,
+    condition: cst.BaseExpression | None,
+    fill: cst.BaseExpression | None,
+    keep_where_true: bool,
+    line: int,
+    cid: int,
+    pending: Sequence[Op] = (),
+) -> Fill | ZeroRows:
+    """A masking fill of the scores; after the softmax (`pending`, the ops of the expression so far, may hold
+    it), a zeroing of the probabilities where an earlier fill masked the scores."""
+    if condition is None or fill is None:
+        raise Poison(Code.FILL_VALUE, "a masking fill without a mask or a value", {cid})
+    candidate = tracer.candidates[cid]
+    if candidate.stage == PROBS or any(isinstance(op, Softmax) for op in pending):
+        return zero_rows(tracer, condition, fill, keep_where_true, cid, pending)
+    if not p.is_very_negative(fill, tracer.scope):
+        raise Poison(
+            Code.FILL_VALUE, f"masked scores are set to `{short(fill)}`, not to a large negative value", {cid}
+        )
+    negated = None if keep_where_true else negation_of(tracer, condition)
+    if negated is not None:  # `masked_fill(bias == 0, f)` keeps where `bias` is true
+        condition, keep_where_true = negated, True
+    triangle = triangle_slice(tracer, condition) if keep_where_true else None
+    diagonal = triangle[0] if triangle is not None and _bottom_right(triangle[1]) else None
+    top_left = triangle is not None and _top_left(triangle[1])
+    causal = diagonal is Diagonal.CAUSAL
+    absorbing = p.is_absorbing(fill, tracer.scope)
+    row_safe = diagonal is not None or is_padding_condition(tracer, condition)
+    detached = tracer.detach(condition, cid)
+    return Fill(
+        detached,
+        keep_where_true,
+        tracer.detach(fill, cid),
+        causal,
+        absorbing,
+        row_safe,
+        top_left,
+        path=tuple(tracer.path),
+        bindings=bindings_of(tracer, detached),
+    )
+
+
+def bindings_of(tracer: Tracer, node: cst.BaseExpression) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted((name, tracer.assignments.get(name, 0)) for name in p.walk_names(node)))
+
+
+def zero_rows(
+    tracer: Tracer,
+    condition: cst.BaseExpression,
+    fill: cst.BaseExpression,
+    keep_where_true: bool,
+    cid: int,
+    pending: Sequence[Op],
+) -> ZeroRows:
+    """`softmax(masked).masked_fill(mask, 0)`: exact on SDPA as zeroed output rows where `mask` masks every key,
+    when the scores were masked by `mask` with an absorbing value, in the same or an enclosing branch, with no
+    name of it reassigned since, and nothing else masks the scores (another mask could empty the rest of a
+    row, whose probabilities at `mask` would then not be 0 before the zeroing)."""
+    if p.fill_number(fill, tracer.scope) != 0:
+        raise Poison(Code.FILL_VALUE, f"the probabilities are set to `{short(fill)}` after the softmax", {cid})
+    negated = None if keep_where_true else negation_of(tracer, condition)
+    if negated is not None:  # as `fill` reads it: `masked_fill(~keep, 0)` keeps where `keep` is true
+        condition, keep_where_true = negated, True
+    detached = tracer.detach(condition, cid)
+    ops = [op for op, _, _ in tracer.candidates[cid].ops] + list(pending)
+    fills = [op for op in ops if isinstance(op, Fill)]
+    masks = [op for op in ops if isinstance(op, Guard)] + [
+        op for op in ops if isinstance(op, AddTerm) and any("mask" in n for n in p.walk_names(op.term))
+    ]
+    matched = [f for f in fills if f.keep_where_true == keep_where_true and f.condition.deep_equals(detached)]
+    if not matched or not matched[0].absorbing:
+        raise Poison(
+            Code.FILL_VALUE,
+            f"the probabilities are set to 0 where `{short(condition)}` holds, which is not where the scores were "
+            "masked with a value that absorbs them",
+            {cid},
+        )
+    first = matched[0]
+    if not p.is_minus_infinity(first.fill, tracer.scope):
+        # a finite fill (finfo.min) gives a masked key weight exp(-s) against keys another term pushed to about
+        # finfo.min too: an additive term handed in as a parameter may carry such a mask (T5's position_bias)
+        masks += [
+            op
+            for op in ops
+            if isinstance(op, AddTerm) and isinstance(op.term, cst.Name) and op.term.value in tracer.params
+        ]
+    if len(fills) > 1 or masks:
+        raise Poison(
+            Code.MASKED_ROWS,
+            f"the probabilities are set to 0 where `{short(condition)}` masked the scores, but other masks may "
+            "mask the rest of a row, whose probabilities there would not be 0",
+            {cid},
+        )
+    if first.bindings != bindings_of(tracer, detached) or tuple(tracer.path[: len(first.path)]) != first.path:
+        raise Poison(
+            Code.FILL_VALUE,
+            f"the probabilities are set to 0 where `{short(condition)}` holds, but that mask may differ from the "
+            "one the scores were masked with (reassigned, or masked in another branch)",
+            {cid},
+        )
+    return ZeroRows(detached, keep_where_true)
+
+
+def is_padding_condition(tracer: Tracer, node: cst.BaseExpression) -> bool:
+    """A condition read from the mask parameters only (`~attention_mask`, `mask == 0`, `mask.bool()`)."""
+    names = p.walk_names(node)
+    masks = {n for n in names if n in tracer.params and "mask" in n and not n.endswith("head_mask")}
+    return bool(masks) and names <= masks | {"torch"}
+
+
+def triangle_slice(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> tuple[Diagonal, cst.Subscript] | None:
+    """A slice, sliced anywhere, of a registered buffer built as a triangle of ones (entries 0 or 1), through
+    locals and casts: what the buffer keeps, and the slice."""
+    if depth > 4:
+        return None
+    if isinstance(node, cst.Name):
+        local = tracer.scope.local_value(node.value)
+        return None if local is None else triangle_slice(tracer, local, depth + 1)
+    found = p.method_call(node, p.CAST_METHODS | {"bool"})  # a cast keeps the 0/1 entries
+    if found is not None:
+        return triangle_slice(tracer, found[0], depth + 1)
+    if not isinstance(node, cst.Subscript):
+        return None
+    buffer = p.self_attribute_name(node.value)
+    if buffer is None or tracer.class_name is None:
+        return None
+    registered = tracer.facts.find_buffer(tracer.class_name, buffer)
+    if registered is None:
+        return None
+    kind = buffer_diagonal(registered, tracer.facts.find_buffer_locals(tracer.class_name, buffer), tracer.scope)
+    return None if kind is None else (kind, node)
+
+
+def negation_of(tracer: Tracer, node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The condition a negation negates: `~x`, `x == 0`, `x.logical_not()`, `torch.logical_not(x)`."""
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
+        return node.expression
+    if (
+        isinstance(node, cst.Comparison)
+        and len(node.comparisons) == 1
+        and isinstance(node.comparisons[0].operator, cst.Equal)
+        and p.number(node.comparisons[0].comparator) == 0.0
+    ):
+        return node.left
+    found = p.method_call(node, {"logical_not"})
+    if found is not None and isinstance(node, cst.Call) and not node.args:
+        return found[0]
+    if isinstance(node, cst.Call) and tracer.scope.qualify(node.func) == "torch.logical_not" and len(node.args) == 1:
+        return node.args[0].value
+    return None
+
+
+def _times(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """The two factors of a product `a * b`."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        return node.left, node.right
+    return None
+
+
+def _one_minus(node: cst.BaseExpression, weight: cst.BaseExpression) -> bool:
+    """`1 - weight` (or `1.0 - weight`), the weight written the same way."""
+    return (
+        isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.Subtract)
+        and p.number(node.left) == 1.0
+        and code(node.right) == code(weight)
+    )
+
+
+class Diagonal(enum.Enum):
+    """What a boolean buffer keeps around its diagonal (each query keeps at least itself in both)."""
+
+    CAUSAL = "causal"  # tril(ones): every key up to the query
+    BANDED = "banded"  # tril(ones) minus tril(ones, -w): a sliding window ending at the query
+
+
+def buffer_diagonal(
+    node: cst.BaseExpression,
+    locals_: dict[str, list[cst.BaseExpression]],
+    scope: p.Scope,
+    depth: int = 0,
+    resolving: frozenset[str] = frozenset(),
+) -> Diagonal | None:
+    """Read a registered buffer: `torch.tril(torch.ones(n, n))` (viewed, cast), or that XOR-ed with a tril shifted
+    below the diagonal (`bitwise_xor(bias, tril(bias, -window))`), following the locals of the registering method."""
+    if depth > 8:
+        return None
+    while True:
+        found = p.method_call(node, {"view", "reshape", "bool", "to", "unsqueeze"})
+        if found is not None:
+            node = found[0]
+        elif isinstance(node, cst.Subscript) and all(
+            isinstance(e.slice, cst.Index) and m.matches(e.slice.value, m.Name("None")) for e in node.slice
+        ):
+            node = node.value  # `tril(...)[None, None]`
+        else:
+            break
+    if isinstance(node, cst.Name):
+        name = node.value
+        values = locals_.get(name, [])
+        if name in resolving:  # `bias = f(bias)`: inside it, `bias` is one of the assignments before it
+            values = [value for value in values if name not in p.walk_names(value)]
+        deeper = resolving | {name}
+        kinds = [buffer_diagonal(value, locals_, scope, depth + 1, deeper) for value in values]
+        if not kinds or any(kind is None for kind in kinds):
+            return None
+        return Diagonal.CAUSAL if all(kind is Diagonal.CAUSAL for kind in kinds) else Diagonal.BANDED
+    if not isinstance(node, cst.Call):
+        return None
+    qualified = scope.qualify(node.func)
+    if qualified == "torch.tril" and p.arg(node, 1, "diagonal") is None:
+        inner = p.arg(node, 0, "input")
+        return Diagonal.CAUSAL if isinstance(inner, cst.Call) and scope.qualify(inner.func) == "torch.ones" else None
+    if qualified == "torch.bitwise_xor" and len(node.args) == 2:
+        base, removed = node.args[0].value, node.args[1].value
+        if buffer_diagonal(base, locals_, scope, depth + 1, resolving) is None or not isinstance(removed, cst.Call):
+            return None
+        if scope.qualify(removed.func) != "torch.tril":
+            return None
+        shift = p.arg(removed, 1, "diagonal")
+        # a band: keys more than `window` before the query are removed; the diagonal stays when the shift is negative
+        if shift is None or not _strictly_below(shift):
+            return None
+        return Diagonal.BANDED
+    return None
+
+
+def _strictly_below(shift: cst.BaseExpression) -> bool:
+    """`-1`, `-w` for a configured window (a window size is at least 1): the removed tril lies below the diagonal."""
+    value = p.number(shift)
+    if value is not None:
+        return value <= -1
+    if isinstance(shift, cst.UnaryOperation) and isinstance(shift.operator, cst.Minus):
+        return isinstance(shift.expression, (cst.Attribute, cst.Name))
+    return False
+
+
+def _rows_and_columns(node: cst.Subscript) -> tuple[cst.Slice, cst.Slice] | None:
+    """`[:, :, rows, columns]` with the batch and head dimensions whole, and both last slices without a step."""
+    slices = [e.slice for e in node.slice if isinstance(e.slice, cst.Slice)]
+    if len(node.slice) != 4 or len(slices) != 4:
+        return None
+    first, second, rows, cols = slices
+    if any(part is not None for part in (first.lower, first.upper, second.lower, second.upper)):
+        return None
+    if rows.step is not None or cols.step is not None:
+        return None
+    return rows, cols
+
+
+def _top_left(node: cst.Subscript) -> bool:
+    """`[:, :, :q, :k]`: the first q rows of the first k columns (row i is position i, keys start at position 0)."""
+    found = _rows_and_columns(node)
+    return found is not None and all(s.lower is None and s.upper is not None for s in found)
+
+
+def _bottom_right(node: cst.Subscript) -> bool:
+    """`[:, :, k - q : k, :k]`: the last q rows of the first k columns (each query at its own position)."""
+    found = _rows_and_columns(node)
+    if found is None:
+        return False
+    rows, cols = found
+    upper, lower = rows.upper, rows.lower
+    if cols.lower is not None or upper is None or cols.upper is None or lower is None:
+        return False
+    if not upper.deep_equals(cols.upper):
+        return False
+    return (
+        isinstance(lower, cst.BinaryOperation)
+        and isinstance(lower.operator, cst.Subtract)
+        and lower.left.deep_equals(upper)
+    )
+
+
+_CAUSAL = "causal = self.bias[:, :, key.size(-2) - query.size(-2) : key.size(-2), : key.size(-2)]\n"
+
+EXAMPLES = {
+    "masked_fill_method": (
+        Example(
+            scored(
+                "scores = scores.masked_fill(attention_mask == 0, torch.finfo(scores.dtype).min)\n"
+                "probs = scores.softmax(-1)"
+            ),
+            Fill,
+        ),
+        # zeroed after the softmax where an absorbing fill masked the same positions
+        Example(
+            scored(
+                "scores = scores.masked_fill(attention_mask == 0, float('-inf'))\n"
+                "probs = scores.softmax(-1).masked_fill(attention_mask == 0, 0.0)"
+            ),
+            ZeroRows,
+        ),
+        Example(
+            scored("scores = scores.masked_fill(attention_mask == 0, 0.0)\nprobs = scores.softmax(-1)"),
+            refused=Code.FILL_VALUE,
+        ),
+        # zeroed where nothing masked the scores
+        Example(scored("probs = scores.softmax(-1).masked_fill(attention_mask == 0, 0.0)"), refused=Code.FILL_VALUE),
+    ),
+    "masked_fill_function": (
+        Example(
+            scored(
+                "scores = torch.masked_fill(scores, attention_mask == 0, float('-inf'))\nprobs = scores.softmax(-1)"
+            ),
+            Fill,
+        ),
+        Example(
+            scored("scores = torch.masked_fill(scores, attention_mask == 0, 1.0)\nprobs = scores.softmax(-1)"),
+            refused=Code.FILL_VALUE,
+        ),
+    ),
+    "where": (
+        Example(
+            scored(
+                "scores = torch.where(causal, scores, torch.finfo(scores.dtype).min)\nprobs = scores.softmax(-1)",
+                _CAUSAL,
+            ),
+            Fill,
+        ),
+        Example(
+            scored("scores = torch.where(scores > 0, scores, -1e9)\nprobs = scores.softmax(-1)"),
+            refused=Code.SCORES_READ,
+        ),
+    ),
+    # GPT's TensorFlow-era blend over the causal buffer: torch.where(causal, scores, -1e4)
+    "blended": (
+        Example(scored("scores = scores * causal + -1e4 * (1 - causal)\nprobs = scores.softmax(-1)", _CAUSAL), Fill),
+        Example(
+            scored("scores = scores * causal + 1.0 * (1 - causal)\nprobs = scores.softmax(-1)", _CAUSAL),
+            refused=Code.FILL_VALUE,
+        ),
+    ),
+}

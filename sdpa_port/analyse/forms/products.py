@@ -1,0 +1,305 @@
+"""The product that starts a chain: a query times a transposed key.
+
+`q @ k.transpose(-1, -2)`, `torch.matmul`, `bmm` and `baddbmm` on flattened heads (baddbmm's alpha a scale, its
+input an additive term), `einsum` in any index order, a key transposed or permuted earlier or returned laid out
+(..., dim, length) by a method, casts around either operand (an upcast is noted), and a number multiplying or
+dividing the key (a scale of the product). A key scaled by anything else is refused S102.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.chain import SCORES, AddTerm, Candidate, ChainVal, Op, Poison, Scale, Start, short
+from sdpa_port.analyse.cstutil import binary, block_body, code, nodes_of_type, primary
+from sdpa_port.analyse.forms.common import Example, scored, strip_casts
+from sdpa_port.refusals import Code
+
+if TYPE_CHECKING:
+    from sdpa_port.analyse.forms import Recognised
+    from sdpa_port.analyse.trace import Tracer
+
+
+def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    """A query-key product (matmul, `@`, bmm, baddbmm, einsum) with the key transposed: a new chain starts."""
+    product = p.product(node, tracer.scope)
+    if product is None:
+        return None
+    if tracer.chain_refs(product.left) or tracer.chain_refs(product.right):
+        return None
+    if product.initial is not None and tracer.chain_refs(product.initial):
+        return None
+    if tracer.selected_start is not None and node is not tracer.selected_start:
+        return None
+    key: cst.BaseExpression | None
+    key_factor: tuple[cst.BaseExpression, bool] | None = None
+    unproven: cst.BaseExpression | None = None  # a factor of the key not shown to be a number
+    rank = product.rank
+    if product.form is p.ProductForm.EINSUM:
+        roles = p.einsum_roles(product.spec or "")
+        if roles is None or roles.kind is not p.EinsumRole.SCORES:
+            return None
+        key, rank = product.right, roles.rank
+    else:
+        split = key_operand(tracer, product.right, rank)
+        key_factor, unproven = split.number, split.unproven
+        key = untranspose(tracer, split.operand, rank)
+        if key is None:
+            return None
+    query, query_upcast = strip_casts(product.left, tracer.scope)
+    key, key_upcast = strip_casts(key, tracer.scope)
+    if rank is None:
+        rank = tracer.rank_of(query)
+    start = Start(
+        product,
+        query,
+        key,
+        rank,
+        query_upcast or key_upcast,
+        query_scale(tracer, query),
+        bound_to_float32(tracer, query) or bound_to_float32(tracer, key),
+    )
+    cid = len(tracer.candidates)
+    candidate = Candidate(cid, start, line, start_node=node)
+    tracer.candidates.append(candidate)
+    ops: list[Op] = [start]
+    base = ChainVal(cid, SCORES, rank)
+    if key_factor is not None:
+        # `q @ (k^T / s)` is `(q @ k^T) / s`: the factor scales the product, before any term
+        ops.append(Scale(tracer.detach(key_factor[0], cid), key_factor[1]))
+    if unproven is not None:
+        raise Poison(
+            Code.SCALE_NOT_A_NUMBER,
+            f"the key is scaled by `{short(unproven)}`, which is not provably a number",
+            {cid},
+        )
+    if product.form is p.ProductForm.BADDBMM:
+        ops.extend(baddbmm_terms(tracer, product, base, line))
+    return base, ops
+
+
+@dataclass(frozen=True)
+class KeyOperand:
+    """The key side of a product split from a factor multiplying or dividing it: the operand, and the factor as a
+    number (with whether it divides) or, where it is not shown to be one, the factor itself (refused S102)."""
+
+    operand: cst.BaseExpression
+    number: tuple[cst.BaseExpression, bool] | None = None
+    unproven: cst.BaseExpression | None = None
+
+
+def key_operand(tracer: Tracer, node: cst.BaseExpression, rank: int | None) -> KeyOperand:
+    """`key.transpose(-1, -2) / scale` (or `* scale`, either side): a number scales the product; a transposed key
+    multiplied or divided by anything else is kept as unproven; any other operand is returned as it is."""
+    if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Multiply, cst.Divide)):
+        return KeyOperand(node)
+    divide = isinstance(node.operator, cst.Divide)
+    sides = [(node.left, node.right)] if divide else [(node.left, node.right), (node.right, node.left)]
+    for operand, factor in sides:
+        number = p.scalar(factor, tracer.scope)
+        if number is not None and not tracer.chain_refs(factor):
+            return KeyOperand(operand, number=(number.node, divide))
+    for operand, factor in sides:
+        if untranspose(tracer, operand, rank) is not None:
+            return KeyOperand(operand, unproven=factor)
+    return KeyOperand(node)
+
+
+def bound_to_float32(tracer: Tracer, node: cst.BaseExpression) -> bool:
+    if not isinstance(node, cst.Name):
+        return False
+    local = tracer.scope.local_value(node.value)
+    if local is None:
+        return False
+    _, upcast = strip_casts(local, tracer.scope)
+    return upcast
+
+
+def query_scale(tracer: Tracer, query: cst.BaseExpression) -> tuple[cst.BaseExpression, bool] | None:
+    """Follow the query back through reshapes to a multiplication by a number, for the report."""
+    node: cst.BaseExpression | None = query
+    for _ in range(6):
+        if node is None:
+            return None
+        if isinstance(node, cst.Name):
+            node = tracer.scope.local_value(node.value)
+            continue
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Multiply, cst.Divide)):
+            for factor in (node.right, node.left):
+                if p.scalar(factor, tracer.scope) is not None:
+                    return factor, isinstance(node.operator, cst.Divide)
+            return None
+        found = p.method_call(node, p.RESHAPE_METHODS | p.CAST_METHODS | {"transpose", "permute"})
+        if found is not None:
+            node = found[0]
+            continue
+        if isinstance(node, cst.Call) and len(node.args) >= 1:
+            # a reshaping helper such as `tracer._shape(q, ...)` or `shape(q)`
+            node = node.args[0].value
+            continue
+        return None
+    return None
+
+
+def baddbmm_terms(tracer: Tracer, product: p.Product, base: ChainVal, line: int) -> list[Op]:
+    # beta * input + alpha * (batch1 @ batch2): alpha scales the product only, so it comes before the term
+    ops: list[Op] = []
+    if product.alpha is not None:
+        factor = p.scalar(product.alpha, tracer.scope)
+        if factor is None:
+            raise Poison(
+                Code.SCALE_NOT_A_NUMBER, f"baddbmm's alpha `{code(product.alpha)}` is not a number", {base.cid}
+            )
+        ops.append(Scale(factor.node, False))
+    beta = product.beta
+    beta_value = p.number(beta) if beta is not None else 1.0
+    initial = product.initial
+    assert initial is not None
+    if beta_value != 0.0 and not is_zeros(tracer, initial):
+        term = initial
+        if beta is not None and beta_value != 1.0:
+            if p.scalar(beta, tracer.scope) is None:
+                raise Poison(Code.SCALE_NOT_A_NUMBER, f"baddbmm's beta `{code(beta)}` is not a number", {base.cid})
+            term = binary(beta, cst.Multiply(), initial)
+        ops.append(AddTerm(term, 3))
+    return ops
+
+
+def is_zeros(tracer: Tracer, node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.Name):
+        local = tracer.scope.local_value(node.value)
+        return local is not None and is_zeros(tracer, local)
+    return isinstance(node, cst.Call) and tracer.scope.qualify(node.func) in p.ZEROS_FUNCTIONS
+
+
+def untranspose(tracer: Tracer, node: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:
+    """The key operand of `q @ k^T`: undo a transpose of the last two dims, seen directly or through a name."""
+    inner, _ = strip_casts(node, tracer.scope)
+    key = p.transposed_last_two(inner, rank)
+    if key is not None:
+        return key
+    if transposed_key(tracer, inner):
+        last, second = (cst.UnaryOperation(cst.Minus(), cst.Integer(str(n))) for n in (1, 2))
+        return cst.Call(
+            func=cst.Attribute(value=primary(inner), attr=cst.Name("transpose")),
+            args=[cst.Arg(last), cst.Arg(second)],
+        )
+    return None
+
+
+def transposed_key(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> bool:
+    """A key laid out (..., dim, length): a transpose of the last two dims or a permute putting the features second
+    to last, a leading-dims flatten of one, a cat along the last dim with such a part (cat forces the others into
+    the same layout), or a name that holds one on every path."""
+    if depth > 6:
+        return False
+    node, _ = strip_casts(node, tracer.scope)
+    if p.transposed_last_two(node, None) is not None or p.features_second_last(node):
+        return True
+    reshaped = p.reshape_args(node)
+    if reshaped is not None:
+        return _flattens_leading(reshaped[1]) and transposed_key(tracer, reshaped[0], depth + 1)
+    if isinstance(node, cst.Call) and tracer.scope.qualify(node.func) in p.CAT_FUNCTIONS:
+        parts, dim = p.arg(node, 0, "tensors"), p.arg(node, 1, "dim")
+        if not isinstance(parts, (cst.Tuple, cst.List)) or dim is None:
+            return False
+        transposed = [e.value for e in parts.elements if transposed_key(tracer, e.value, depth + 1)]
+        return bool(transposed) and along_last(tracer, dim, transposed[0])
+    if isinstance(node, cst.Name):
+        values = tracer.scope.local_values(node.value)
+        if not values:
+            return node.value in tracer.key_params
+        return all(transposed_key(tracer, v, depth + 1) for v in values)
+    returned = returned_for(tracer, node)
+    return bool(returned) and all(v is not None and p.features_second_last(v) for v in returned)
+
+
+def returned_for(tracer: Tracer, node: cst.BaseExpression) -> list[cst.BaseExpression | None]:
+    """What `tracer.method(x, k=True)` may return: the method's returns on the paths its literal boolean
+    arguments (and defaults) leave open (`split_heads(key, k=True)` returns the key permuted to (b, h, d, s))."""
+    if not (
+        isinstance(node, cst.Call)
+        and m.matches(node.func, m.Attribute(value=m.Name("self")))
+        and tracer.scope.class_name is not None
+        and not p.has_star_args(node)
+    ):
+        return []
+    assert isinstance(node.func, cst.Attribute)
+    found = tracer.facts.find_method(tracer.scope.class_name, node.func.attr.value)
+    if found is None:
+        return []
+    method = found[1]
+    params = [param for param in method.params.params if param.name.value != "self"]
+    flags: dict[str, bool] = {}
+    for index, param in enumerate(params):
+        given = p.arg(node, index, param.name.value)
+        value = given if given is not None else param.default
+        if isinstance(value, cst.Name) and value.value in ("True", "False"):
+            flags[param.name.value] = value.value == "True"
+    return _open_returns(block_body(method.body), flags)
+
+
+def along_last(tracer: Tracer, dim: cst.BaseExpression, part: cst.BaseExpression) -> bool:
+    """`dim` names the last dimension of `part`: -1, or its rank minus one when the rank can be read."""
+    value = p.number(dim)
+    if value is None:
+        return False
+    if value == -1:
+        return True
+    rank = tracer.rank_of(part)
+    return rank is not None and value == rank - 1
+
+
+def _open_returns(body: Sequence[cst.BaseStatement], flags: dict[str, bool]) -> list[cst.BaseExpression | None]:
+    """The returned values on paths that `if name:` tests of the boolean `flags` do not close (every return on an
+    undecided path counts)."""
+    out: list[cst.BaseExpression | None] = []
+    for statement in body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Return):
+                    out.append(small.value)
+                    return out
+        elif isinstance(statement, cst.If):
+            test = statement.test
+            decided = flags.get(test.value) if isinstance(test, cst.Name) else None
+            if decided is not False:
+                out += _open_returns(block_body(statement.body), flags)
+            if decided is not True and statement.orelse is not None:
+                orelse = statement.orelse
+                rest = [orelse] if isinstance(orelse, cst.If) else block_body(orelse.body)
+                out += _open_returns(rest, flags)
+        else:
+            out += [small.value for small in nodes_of_type(statement, cst.Return)]
+    return out
+
+
+def _flattens_leading(args: Sequence[cst.Arg]) -> bool:
+    return len(args) == 3 and not any(a.star for a in args)
+
+
+EXAMPLES = {
+    "query_key_product": (
+        Example(scored("probs = scores.softmax(-1)"), Start),
+        Example(
+            "scores = torch.einsum('bhqd,bhkd->bhqk', query, key)\nprobs = scores.softmax(-1)\nreturn probs @ value",
+            Start,
+        ),
+        Example("scores = query @ key.permute(0, 1, 3, 2)\nprobs = scores.softmax(-1)\nreturn probs @ value", Start),
+        # a key divided by a number scales the product
+        Example(
+            "scores = query @ (key.transpose(-1, -2) / 8.0)\nprobs = scores.softmax(-1)\nreturn probs @ value", Scale
+        ),
+        # a key scaled by a learned tensor (one value per key) is no scale SDPA can take
+        Example(
+            "scores = query @ (key.transpose(-1, -2) * self.temperature)\n"
+            "probs = scores.softmax(-1)\nreturn probs @ value",
+            refused=Code.SCALE_NOT_A_NUMBER,
+        ),
+    ),
+}

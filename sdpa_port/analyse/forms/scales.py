@@ -1,0 +1,126 @@
+"""Scales and head masks: the scores multiplied or divided by a number (a literal, `math.sqrt(d)`, a config value,
+an attribute or buffer that holds one, a function of the file returning one), or by a tensor the same for every key
+(a per-query scale); the probabilities multiplied by a head mask under its `... is not None` guard. A scale undone
+right after (`(x / a - shift) * a`) cancels. Scaling by anything else is refused S102; the probabilities rescaled
+otherwise, S106; the scores multiplied by themselves or dividing something, S103.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.chain import PROBS, SCORES, Cast, ChainVal, HeadMask, Op, Poison, Scale, Shift, View, short
+from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.refusals import Code
+
+if TYPE_CHECKING:
+    from sdpa_port.analyse.forms import Recognised
+    from sdpa_port.analyse.trace import Tracer
+
+
+def scaled(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Multiply, cst.Divide)):
+        return None
+    left_refs, right_refs = tracer.chain_or_start(node.left), tracer.chain_or_start(node.right)
+    if not left_refs and not right_refs:
+        return None
+    if left_refs and right_refs:
+        if any(tracer.stage_of(cid) != SCORES for cid in left_refs | right_refs if cid >= 0):
+            raise Poison(
+                Code.PROBABILITIES_CHANGED,
+                f"the probabilities are rescaled by themselves in `{short(node)}`",
+                left_refs | right_refs,
+            )
+        raise Poison(Code.SCORES_COMBINED, "the scores are multiplied by themselves", left_refs | right_refs)
+    divide = isinstance(node.operator, cst.Divide)
+    if right_refs and divide:
+        raise Poison(Code.SCORES_COMBINED, "the scores are a divisor", right_refs)
+    chain_side, other = (node.left, node.right) if left_refs else (node.right, node.left)
+    base, ops = tracer.decompose(chain_side, line)
+    current = tracer.advance(base, ops)
+    return base, cancelled(ops, scale_or_head_mask(tracer, current, other, divide, line))
+
+
+def scale_or_head_mask(tracer: Tracer, current: ChainVal, factor: cst.BaseExpression, divide: bool, line: int) -> Op:
+    if current.stage == SCORES:
+        scalar = p.scalar(factor, tracer.scope)
+        if scalar is None:
+            if not tracer.chain_value_refs(factor) and p.constant_along_last(factor, tracer.scope):
+                return Scale(tracer.detach(factor, current.cid), divide, per_query=True)
+            raise Poison(
+                Code.SCALE_NOT_A_NUMBER,
+                f"the scores are scaled by `{short(factor)}`, which is not provably a number nor a tensor the same "
+                "for every key",
+                {current.cid},
+            )
+        return Scale(tracer.detach(scalar.node, current.cid), divide)
+    if current.stage == PROBS and not divide:
+        root = _root_param(factor, tracer.params)
+        guarded = root is not None and any(_tests_not_none(test, root) for test in tracer.tests)
+        if not guarded:
+            raise Poison(
+                Code.PROBABILITIES_CHANGED,
+                f"the probabilities are multiplied by `{short(factor)}` outside a `... is not None` head-mask guard",
+                {current.cid},
+            )
+        return HeadMask(factor, root)
+    raise Poison(Code.PROBABILITIES_CHANGED, "the probabilities are rescaled after the softmax", {current.cid})
+
+
+def _root_param(node: cst.BaseExpression, params: tuple[str, ...]) -> str | None:
+    names = [n for n in p.walk_names(node) if n in params]
+    return names[0] if len(names) == 1 else None
+
+
+def _tests_not_none(test: cst.BaseExpression, name: str) -> bool:
+    """`name is not None`, possibly inside an `and`."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _tests_not_none(test.left, name) or _tests_not_none(test.right, name)
+    return m.matches(
+        test,
+        m.Comparison(
+            left=m.Name(name), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))]
+        ),
+    )
+
+
+def cancelled(ops: list[Op], op: Op) -> list[Op]:
+    """`ops` then `op`, where a scale undoing the expression's last one (`(x / a - shift) * a`, CogView's PB-Relax)
+    removes both: views, casts and shifts between them commute with scaling."""
+    if isinstance(op, Scale) and not op.per_query:
+        for index in range(len(ops) - 1, -1, -1):
+            earlier = ops[index]
+            if isinstance(earlier, (Shift, Cast, View)):
+                continue
+            if (
+                isinstance(earlier, Scale)
+                and not earlier.per_query
+                and earlier.divide != op.divide
+                and earlier.factor.deep_equals(op.factor)
+            ):
+                return [*ops[:index], *ops[index + 1 :]]
+            break
+    return [*ops, op]
+
+
+EXAMPLES = {
+    "scaled": (
+        Example(scored("scores = scores / math.sqrt(query.size(-1))\nprobs = scores.softmax(-1)"), Scale),
+        Example(scored("scores = scores * self.scaling\nprobs = scores.softmax(-1)"), Scale),
+        Example(
+            scored(
+                "probs = self.dropout(scores.softmax(-1))\nif head_mask is not None:\n    probs = probs * head_mask"
+            ),
+            HeadMask,
+        ),
+        Example(
+            scored("scores = scores * self.temperature\nprobs = scores.softmax(-1)"), refused=Code.SCALE_NOT_A_NUMBER
+        ),
+        Example(scored("probs = scores.softmax(-1) * head_mask"), refused=Code.PROBABILITIES_CHANGED),  # no guard
+        Example(scored("probs = (scores * scores).softmax(-1)"), refused=Code.SCORES_COMBINED),
+    ),
+}

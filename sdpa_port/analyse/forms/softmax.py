@@ -1,0 +1,74 @@
+"""The softmax over the key dimension: `softmax(x, dim=-1)` as a function, a method, an `nn.Softmax(dim=-1)`
+module of the class, or over the last dimension named by number (`dim=3` of 4-D scores). It takes the chain from
+scores to probabilities; over any other dimension it is refused S105. A softmax over something that is not a
+recognised product starts a chain refused S107 (the scores' origin is unknown).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.chain import PROBS, SCORES, Candidate, ChainVal, NotChain, Op, Poison, Softmax, short
+from sdpa_port.analyse.cstutil import code
+from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.refusals import Code
+
+if TYPE_CHECKING:
+    from sdpa_port.analyse.forms import Recognised
+    from sdpa_port.analyse.trace import Tracer
+
+
+def softmax(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    found = p.softmax_call(node, tracer.scope)
+    if found is None:
+        return None
+    try:
+        base, ops = tracer.decompose(found.operand, line)
+    except NotChain:
+        return unknown_origin(tracer, node, found, line)
+    tracer.require(base, ops, SCORES, "softmax", line, Code.SOFTMAX_DIM)
+    if found.dim is not None:
+        dim = p.number(found.dim)
+        rank = tracer.advance(base, ops).rank
+        if dim is None or not (dim == -1 or (rank is not None and dim == rank - 1)):
+            raise Poison(
+                Code.SOFTMAX_DIM, f"the softmax runs over dim={code(found.dim)}, not the key dimension", {base.cid}
+            )
+    return base, [*ops, Softmax(found)]
+
+
+def unknown_origin(
+    tracer: Tracer, node: cst.BaseExpression, softmax: p.SoftmaxCall, line: int
+) -> tuple[ChainVal, list[Op]]:
+    """A softmax whose operand is no chain: a candidate of unknown origin, refused F602 if it reaches V."""
+    if tracer.selected_start is not None:
+        raise NotChain()
+    cid = len(tracer.candidates)
+    candidate = Candidate(cid, None, line, start_node=node)
+    candidate.poisoned(
+        Code.UNKNOWN_PRODUCT,
+        f"the attention scores come from `{short(softmax.operand)}`, not from a recognised query-key product",
+        line,
+    )
+    candidate.stage = PROBS
+    tracer.candidates.append(candidate)
+    return ChainVal(cid, PROBS, None), [Softmax(softmax)]
+
+
+_HEADS = "b, s, _ = query.shape\nquery = query.view(b, s, 4, -1).transpose(1, 2)\n"
+
+EXAMPLES = {
+    "softmax": (
+        Example(scored("probs = nn.functional.softmax(scores, dim=-1)"), Softmax),
+        Example(scored("probs = self.softmax(scores)"), Softmax),
+        Example(scored("probs = scores.softmax(dim=3)", _HEADS), Softmax),  # the last dimension of 4-D scores
+        Example(scored("probs = scores.softmax(dim=1)"), refused=Code.SOFTMAX_DIM),
+        Example(
+            "scores = self.score(query, key)\nprobs = scores.softmax(-1)\nreturn probs @ value",
+            refused=Code.UNKNOWN_PRODUCT,
+        ),
+    ),
+}

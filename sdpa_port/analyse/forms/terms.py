@@ -1,0 +1,203 @@
+"""Additive terms of the scores: a mask, a position bias, ALiBi, relative scores from another product (`scores +
+relative_scores`: the younger chain becomes the term), and a helper of the file that only adds terms that do not
+depend on the scores (`helper(scores, ...)` reads as `scores + helper(zeros, ...)`). Whether only `x is not None`
+tests of the term's own names enclose it (it is then always given when given), and whether it may be the number 0
+on some path, are noted. A term added after the softmax is refused S106; the scores added to themselves, S103; a
+term that reads the scores, S104.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.additive import additive_in
+from sdpa_port.analyse.chain import SCORES, AddTerm, ChainVal, Op, Poison, short
+from sdpa_port.analyse.cstutil import nodes_of_type
+from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.refusals import Code
+
+if TYPE_CHECKING:
+    from sdpa_port.analyse.forms import Recognised
+    from sdpa_port.analyse.trace import Tracer
+
+
+def added(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, cst.Add):
+        return None
+    left_refs, right_refs = tracer.chain_or_start(node.left), tracer.chain_or_start(node.right)
+    if not left_refs and not right_refs:
+        return None
+    if left_refs and right_refs:
+        return add_two_chains(tracer, node, line)
+    chain_side, other = (node.left, node.right) if left_refs else (node.right, node.left)
+    base, ops = tracer.decompose(chain_side, line)
+    current = tracer.advance(base, ops)
+    return base, [*ops, add_term(tracer, current, other, line)]
+
+
+def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    """`helper(scores, ...)` where the helper (a function of this file or a method of the class) only adds
+    terms that do not depend on the scores: the term `helper(zeros, ...)`."""
+    if not isinstance(node, cst.Call) or not tracer.chain_value_refs(node):
+        return None
+    function: cst.FunctionDef | None = None
+    skip = 0
+    if isinstance(node.func, cst.Name):
+        function = tracer.facts.functions.get(node.func.value)
+    elif m.matches(node.func, m.Attribute(value=m.Name("self"))) and tracer.scope.class_name is not None:
+        assert isinstance(node.func, cst.Attribute)
+        found = tracer.facts.find_method(tracer.scope.class_name, node.func.attr.value)
+        function, skip = (found[1], 1) if found is not None else (None, 0)
+    if function is None or any(a.star for a in node.args):
+        return None
+    chained = [i for i, a in enumerate(node.args) if tracer.chain_value_refs(a.value)]
+    if len(chained) != 1:
+        return None
+    index = chained[0]
+    argument = node.args[index]
+    params = [*function.params.posonly_params, *function.params.params][skip:]
+    if argument.keyword is not None:
+        parameter = argument.keyword.value
+    elif index < len(params):
+        parameter = params[index].name.value
+    else:
+        return None
+    shape = additive_in(function, parameter)
+    if shape is None:
+        return None
+    base, ops = tracer.decompose(argument.value, line)
+    current = tracer.advance(base, ops)
+    if current.stage is not SCORES:
+        return None
+    if shape.reshaped and (shape.rank is None or shape.rank != current.rank):
+        raise Poison(Code.LAYOUT, f"`{short(node.func)}` returns the scores in another shape", {base.cid})
+    args = list(node.args)
+    args[index] = argument.with_changes(value=cst.Name("None"))
+    term = tracer.detach(node.with_changes(args=args), base.cid)
+    return base, [*ops, AddTerm(term, current.rank, always_applied(tracer, term), scores_arg=index)]
+
+
+def add_term(tracer: Tracer, current: ChainVal, term: cst.BaseExpression, line: int) -> AddTerm:
+    if current.stage != SCORES:
+        raise Poison(
+            Code.PROBABILITIES_CHANGED, "a term is added to the probabilities after the softmax", {current.cid}
+        )
+    if tracer.chain_value_refs(term):
+        raise Poison(Code.SCORES_READ, f"the additive term `{short(term)}` depends on the scores", {current.cid})
+    return AddTerm(
+        tracer.detach(term, current.cid),
+        current.rank,
+        always_applied(tracer, term),
+        may_be_number=may_be_number(tracer, term),
+    )
+
+
+def may_be_number(tracer: Tracer, term: cst.BaseExpression) -> bool:
+    """A local that holds a number literal on some path, directly or as what a method of the module returns (a
+    name the method returns that it assigns a number somewhere: `score = 0`, then `score += ...` under tests)."""
+    if not isinstance(term, cst.Name):
+        return False
+    for value in tracer.scope.local_values(term.value):
+        if p.number(value) is not None:
+            return True
+        if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)):
+            continue
+        if not (isinstance(value.func.value, cst.Name) and value.func.value.value == "self"):
+            continue
+        found = tracer.facts.find_method(tracer.class_name, value.func.attr.value) if tracer.class_name else None
+        if found is not None and _returns_a_number(found[1]):
+            return True
+    return False
+
+
+def always_applied(tracer: Tracer, term: cst.BaseExpression) -> bool:
+    """Only `x is not None` tests of the term's own names enclose it (an `else` branch counts as a condition)."""
+    if len(tracer.tests) != len(tracer.path):
+        return False
+    names = p.walk_names(term)
+    for test in tracer.tests:
+        checked = _only_not_none(test)
+        if checked is None or not checked <= names:
+            return False
+    return True
+
+
+def add_two_chains(tracer: Tracer, node: cst.BinaryOperation, line: int) -> tuple[ChainVal, list[Op]]:
+    """`scores + relative_scores`: the chain that continues is the older one; the other is an additive term."""
+    left_cids, right_cids = tracer.chain_or_start(node.left), tracer.chain_or_start(node.right)
+    if len(left_cids | right_cids) != 2 or left_cids & right_cids:
+        raise Poison(Code.SCORES_COMBINED, "the scores are added to themselves", left_cids | right_cids)
+
+    def age(cids: set[int]) -> float:
+        return min(cids) if min(cids) >= 0 else float("inf")  # a product starting here is the newest
+
+    main_left = age(left_cids) < age(right_cids)
+    chain_side, other = (node.left, node.right) if main_left else (node.right, node.left)
+    absorbed = right_cids if main_left else left_cids
+    for cid in absorbed:
+        if cid >= 0:
+            tracer.candidates[cid].absorbed = True
+    base, ops = tracer.decompose(chain_side, line)
+    current = tracer.advance(base, ops)
+    return base, [*ops, AddTerm(other, current.rank)]
+
+
+def _only_not_none(test: cst.BaseExpression) -> set[str] | None:
+    """The names of a test made only of `x is not None` joined by `and`, else None."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        left, right = _only_not_none(test.left), _only_not_none(test.right)
+        return None if left is None or right is None else left | right
+    if m.matches(
+        test,
+        m.Comparison(left=m.Name(), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))]),
+    ):
+        return {test.left.value}  # type: ignore[attr-defined]
+    return None
+
+
+def _returns_a_number(function: cst.FunctionDef) -> bool:
+    """Some return of the function is a number literal, or a name the function assigns a number literal."""
+    returns = [node.value for node in nodes_of_type(function, cst.Return) if node.value is not None]
+    numbers: set[str] = set()
+    for assign in nodes_of_type(function, cst.Assign):
+        if p.number(assign.value) is not None:
+            numbers.update(t.target.value for t in assign.targets if isinstance(t.target, cst.Name))
+    return any(
+        p.number(value) is not None or (isinstance(value, cst.Name) and value.value in numbers) for value in returns
+    )
+
+
+EXAMPLES = {
+    "added": (
+        Example(
+            scored("if attention_mask is not None:\n    scores = scores + attention_mask\nprobs = scores.softmax(-1)"),
+            AddTerm,
+        ),
+        # relative scores from a second product: the younger chain is a term
+        Example(
+            scored("scores = scores + query @ attention_mask.transpose(-1, -2)\nprobs = scores.softmax(-1)"), AddTerm
+        ),
+        Example(scored("probs = scores.softmax(-1) + attention_mask"), refused=Code.PROBABILITIES_CHANGED),
+        Example(
+            scored("scores = scores + scores.mean(-1, keepdim=True)\nprobs = scores.softmax(-1)"),
+            refused=Code.SCORES_COMBINED,
+        ),
+    ),
+    "additive_helper": (
+        # a computed argument: the wrapper form does not inline this call, this one reads the helper
+        Example(
+            scored("scores = self.add_bias(scores, attention_mask.float())\nprobs = scores.softmax(-1)"),
+            AddTerm,
+            methods="def add_bias(self, scores, bias):\n    return scores + bias",
+        ),
+        Example(
+            scored("scores = self.add_bias(scores, attention_mask.float())\nprobs = scores.softmax(-1)"),
+            refused=Code.SCORES_TRANSFORMED,
+            methods="def add_bias(self, scores, bias):\n    return scores.tanh() + bias",
+        ),
+    ),
+}

@@ -1,0 +1,75 @@
+"""Reshapes and casts of the scores: `view`/`reshape` between the (b, h, q, k) and flat (b*h, q, k) layouts or to a
+5-D grouping whose shape can be read, and dtype casts (an upcast is noted). A view that keeps the rank, or one whose
+layout cannot be told, is refused S108; an operation on the scores that is neither a view nor a cast, S101.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.chain import Cast, Poison, View, short
+from sdpa_port.analyse.forms.common import Example, casts_to_float32, scored
+from sdpa_port.refusals import Code
+
+if TYPE_CHECKING:
+    from sdpa_port.analyse.forms import Recognised
+    from sdpa_port.analyse.trace import Tracer
+
+
+def reshape(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    found = p.method_call(node, p.RESHAPE_METHODS)
+    if found is None or not tracer.chain_or_start(found[0]):
+        return None
+    assert isinstance(node, cst.Call)
+    base, ops = tracer.decompose(found[0], line)
+    current = tracer.advance(base, ops)
+    after = tracer.view_rank(node.args)
+    heads = None
+    if current.rank == 3 and after == 4:
+        heads = (node.args[0].value, node.args[1].value) if len(node.args) == 4 else tracer.tuple_heads(node.args)
+    if current.rank is None and after is not None and after != 4:
+        raise Poison(Code.LAYOUT, "the scores are reshaped and their layout cannot be told", {base.cid})
+    if after is not None and after == (current.rank or 4):
+        # a view that keeps the rank may still regroup the entries (`view(b, q, h, k)` of (b, h, q, k))
+        raise Poison(
+            Code.LAYOUT,
+            f"the scores are viewed as `{short(node)}`, a shape of the same rank that may regroup them",
+            {base.cid},
+        )
+    shape = None
+    if (current.rank, after) in ((3, 5), (4, 5), (5, 3), (5, 4)):
+        shape = tracer.view_shape(node.args)
+        if shape is None:
+            raise Poison(
+                Code.LAYOUT, f"the scores are regrouped by `{short(node)}`, a shape that cannot be read", {base.cid}
+            )
+    return base, [*ops, View(current.rank, after if after is not None else current.rank, heads, shape)]
+
+
+def cast(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    found = p.method_call(node, p.CAST_METHODS)
+    if found is None or not tracer.chain_or_start(found[0]):
+        return None
+    assert isinstance(node, cst.Call)
+    base, ops = tracer.decompose(found[0], line)
+    return base, [*ops, Cast(found[1] in ("float", "double") or casts_to_float32(node, tracer.scope))]
+
+
+_SHAPE = "b, h, s, d = query.shape\nquery = query.view(b, h, s, d)\n"
+
+EXAMPLES = {
+    "reshape": (
+        Example(
+            scored("scores = scores.view(b * h, s, s)\nprobs = scores.softmax(-1).view(b, h, s, s)", _SHAPE), View
+        ),
+        # a view of the same rank may regroup the entries
+        Example(scored("probs = scores.view(b, s, h, s).softmax(-1)", _SHAPE), refused=Code.LAYOUT),
+    ),
+    "cast": (
+        Example(scored("probs = scores.float().softmax(-1).type_as(value)"), Cast),
+        Example(scored("probs = scores.round().softmax(-1)"), refused=Code.SCORES_TRANSFORMED),  # no cast
+    ),
+}

@@ -1,0 +1,80 @@
+"""Every recogniser of a chain form with its examples (`sdpa_port/analyse/forms`): what it ports, and the
+look-alikes it refuses with their code. Each ported example needs its form: without it in `FORMS`, the operation
+the example is there for is no longer read."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+import libcst as cst
+import pytest
+
+from helpers import HEADER, analyse, attention_module
+
+from sdpa_port import Status, port_source
+from sdpa_port.analyse import forms
+from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.forms.common import EXAMPLE_INIT, Example
+from sdpa_port.analyse.module_facts import ModuleFacts
+
+CASES = [(form, example) for form in forms.FORMS for example in form.examples]
+IDS = [f"{form.name}-{index}" for form in forms.FORMS for index, _ in enumerate(form.examples)]
+
+
+def source_of(example: Example) -> str:
+    source = attention_module(example.body, init=EXAMPLE_INIT + example.init, helpers=example.methods)
+    if example.module:
+        source = source.replace(HEADER, HEADER + "\n" + textwrap.dedent(example.module).strip() + "\n\n", 1)
+    return source
+
+
+def chain_ops(source: str) -> list[t.Op]:
+    """The operations of the one attention computation the tracer finds in `Attention.forward`, [] if none."""
+    module = cst.parse_module(source)
+    facts = ModuleFacts.of(module, ast.parse(source))
+    forward = facts.find_method("Attention", "forward")
+    assert forward is not None
+    result = t.Tracer(facts, "Attention", forward[1]).run()
+    attention = [c for c in result.attention() if c.poison is None]
+    return [op for op, _, _ in attention[0].ops] if len(attention) == 1 else []
+
+
+def test_every_form_has_examples_of_both_kinds() -> None:
+    for form in forms.FORMS:
+        assert any(e.refused is None for e in form.examples), f"{form.name}: nothing it ports"
+        assert any(e.refused is not None for e in form.examples), f"{form.name}: no look-alike it refuses"
+
+
+@pytest.mark.parametrize("form,example", CASES, ids=IDS)
+def test_example(form: forms.Form, example: Example) -> None:
+    source = source_of(example)
+    if example.refused is not None:
+        # refused by the tool as a whole (a chain the recogniser gives up on is still named, F601)
+        result = port_source(source, filename="modeling_example.py")
+        assert result.status is Status.REFUSED, (
+            f"{form.name}: {result.status.value}, expected a refusal\n{example.body}"
+        )
+        assert [r.code for r in result.refusals] == [example.refused], f"{form.name}: {result.reasons}\n{example.body}"
+        return
+    analysis = analyse(source)
+    assert analysis is not None, f"{form.name}: not recognised as attention\n{example.body}"
+    assert analysis.refusal is None, f"{form.name}: {analysis.refusal}\n{example.body}"
+    assert example.op is not None
+    assert any(isinstance(op, example.op) for op in chain_ops(source)), f"{form.name}: no {example.op.__name__}"
+
+
+@pytest.mark.parametrize(
+    "form,example",
+    [(f, e) for f, e in CASES if e.refused is None],
+    ids=[i for i, (f, e) in zip(IDS, CASES) if e.refused is None],
+)
+def test_example_needs_its_form(form: forms.Form, example: Example, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(t, "FORMS", tuple(f for f in forms.FORMS if f is not form))
+    source = source_of(example)
+    analysis = analyse(source)
+    ported = analysis is not None and analysis.refusal is None
+    assert example.op is not None
+    assert not (ported and any(isinstance(op, example.op) for op in chain_ops(source))), (
+        f"{form.name}: the example is read the same without the form\n{example.body}"
+    )
