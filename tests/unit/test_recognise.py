@@ -8,17 +8,11 @@ import pytest
 
 from helpers import analyse, attention_module
 
+from sdpa_port.analyse.forms.common import EXAMPLE_INIT
 from sdpa_port.analyse.patterns import ProductForm
 from sdpa_port.analyse.site import CausalSource, Dropout, Layout, ScaleSite, TermKind
 
-INIT = """
-self.scaling = config.head_dim ** -0.5
-self.dropout = nn.Dropout(config.attention_dropout)
-self.p = config.attention_dropout
-self.register_buffer("bias", torch.tril(torch.ones((8, 8), dtype=torch.bool)).view(1, 1, 8, 8), persistent=False)
-self.softmax = nn.Softmax(dim=-1)
-self.temperature = nn.Parameter(torch.ones(8))  # one per key: not a scale
-"""
+INIT = EXAMPLE_INIT  # the module the forms' examples run in
 
 
 def site_of(body: str, **kwargs):  # type: ignore[no-untyped-def]

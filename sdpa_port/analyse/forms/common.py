@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.refusals import Code
+
+if TYPE_CHECKING:
+    from sdpa_port.analyse.trace import Tracer
 
 # what the examples' attention module sets up in `__init__` (each example may add lines)
 EXAMPLE_INIT = """
@@ -69,3 +73,14 @@ def _is_dtype_cast(node: cst.Call) -> bool:
         if a.keyword is not None and a.keyword.value not in ("dtype",):
             return False
     return True
+
+
+def method_on_chain(
+    tracer: Tracer, node: cst.BaseExpression, names: frozenset[str] | set[str]
+) -> tuple[cst.Call, cst.BaseExpression, str] | None:
+    """`x.name(...)` with `name` in `names` and `x` holding a chain or a product that starts one: (the call, `x`,
+    the name)."""
+    found = p.method_call(node, names)
+    if found is None or not isinstance(node, cst.Call) or not tracer.chain_or_start(found[0]):
+        return None
+    return node, found[0], found[1]

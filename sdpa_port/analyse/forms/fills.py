@@ -20,7 +20,7 @@ import libcst.matchers as m
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import PROBS, AddTerm, Fill, Guard, Op, Poison, Softmax, ZeroRows, short
 from sdpa_port.analyse.cstutil import code, parenthesized, precedence, primary
-from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.analyse.forms.common import Example, method_on_chain, scored
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -29,14 +29,14 @@ if TYPE_CHECKING:
 
 
 def masked_fill_method(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    found = p.method_call(node, {"masked_fill", "masked_fill_"})
-    if found is None or not tracer.chain_or_start(found[0]):
+    found = method_on_chain(tracer, node, {"masked_fill", "masked_fill_"})
+    if found is None:
         return None
-    assert isinstance(node, cst.Call)
-    base, ops = tracer.decompose(found[0], line)
+    call, receiver, _ = found
+    base, ops = tracer.decompose(receiver, line)
     return base, [
         *ops,
-        masking_fill(tracer, p.arg(node, 0, "mask"), p.arg(node, 1, "value"), False, line, base.cid, ops),
+        masking_fill(tracer, p.arg(call, 0, "mask"), p.arg(call, 1, "value"), False, line, base.cid, ops),
     ]
 
 

@@ -11,7 +11,7 @@ import libcst as cst
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import Guard
-from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.analyse.forms.common import Example, method_on_chain, scored
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -20,14 +20,14 @@ if TYPE_CHECKING:
 
 
 def clamp_method(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    found = p.method_call(node, {"clamp", "clamp_min"})
-    if found is None or not tracer.chain_or_start(found[0]):
+    found = method_on_chain(tracer, node, {"clamp", "clamp_min"})
+    if found is None:
         return None
-    assert isinstance(node, cst.Call)
-    bound, upper = p.arg(node, 0, "min"), p.arg(node, 1, "max")
+    call, receiver, _ = found
+    bound, upper = p.arg(call, 0, "min"), p.arg(call, 1, "max")
     if bound is None or upper is not None or not p.is_very_negative(bound, tracer.scope):
         return None
-    base, ops = tracer.decompose(found[0], line)
+    base, ops = tracer.decompose(receiver, line)
     return base, [*ops, Guard(tracer.detach(bound, base.cid), p.is_absorbing(bound, tracer.scope))]
 
 

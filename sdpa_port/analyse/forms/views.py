@@ -11,7 +11,7 @@ import libcst as cst
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import Cast, Poison, View, short
-from sdpa_port.analyse.forms.common import Example, casts_to_float32, scored
+from sdpa_port.analyse.forms.common import Example, casts_to_float32, method_on_chain, scored
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -20,16 +20,16 @@ if TYPE_CHECKING:
 
 
 def reshape(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    found = p.method_call(node, p.RESHAPE_METHODS)
-    if found is None or not tracer.chain_or_start(found[0]):
+    found = method_on_chain(tracer, node, p.RESHAPE_METHODS)
+    if found is None:
         return None
-    assert isinstance(node, cst.Call)
-    base, ops = tracer.decompose(found[0], line)
+    call, receiver, _ = found
+    base, ops = tracer.decompose(receiver, line)
     current = tracer.advance(base, ops)
-    after = tracer.view_rank(node.args)
+    after = tracer.view_rank(call.args)
     heads = None
     if current.rank == 3 and after == 4:
-        heads = (node.args[0].value, node.args[1].value) if len(node.args) == 4 else tracer.tuple_heads(node.args)
+        heads = (call.args[0].value, call.args[1].value) if len(call.args) == 4 else tracer.tuple_heads(call.args)
     if current.rank is None and after is not None and after != 4:
         raise Poison(Code.LAYOUT, "the scores are reshaped and their layout cannot be told", {base.cid})
     if after is not None and after == (current.rank or 4):
@@ -41,7 +41,7 @@ def reshape(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
         )
     shape = None
     if (current.rank, after) in ((3, 5), (4, 5), (5, 3), (5, 4)):
-        shape = tracer.view_shape(node.args)
+        shape = tracer.view_shape(call.args)
         if shape is None:
             raise Poison(
                 Code.LAYOUT, f"the scores are regrouped by `{short(node)}`, a shape that cannot be read", {base.cid}
@@ -50,12 +50,12 @@ def reshape(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
 
 
 def cast(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    found = p.method_call(node, p.CAST_METHODS)
-    if found is None or not tracer.chain_or_start(found[0]):
+    found = method_on_chain(tracer, node, p.CAST_METHODS)
+    if found is None:
         return None
-    assert isinstance(node, cst.Call)
-    base, ops = tracer.decompose(found[0], line)
-    return base, [*ops, Cast(found[1] in ("float", "double") or casts_to_float32(node, tracer.scope))]
+    call, receiver, name = found
+    base, ops = tracer.decompose(receiver, line)
+    return base, [*ops, Cast(name in ("float", "double") or casts_to_float32(call, tracer.scope))]
 
 
 _SHAPE = "b, h, s, d = query.shape\nquery = query.view(b, h, s, d)\n"
