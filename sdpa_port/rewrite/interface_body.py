@@ -139,6 +139,14 @@ class InterfaceEmitter(SdpaEmitter):
             )
         return super().floor_mask(op)
 
+    def passed_along(self, small: cst.BaseSmallStatement, plan: t.OutputStmt) -> set[str]:
+        """The probabilities' names the output statement reads beside the product with V."""
+        value = getattr(small, "value", None)
+        if not isinstance(value, cst.BaseExpression):
+            return set()
+        rest = replace_nodes(value, {plan.output.node: cst.Name("None")})
+        return walk_names(rest) & self.probs_after_output
+
     def if_statement(self, node: cst.If) -> list[cst.BaseStatement]:
         if node in self.interface.moved:
             self.removed_reads |= walk_names(node)
@@ -174,7 +182,9 @@ class InterfaceEmitter(SdpaEmitter):
             query, key = unflatten(query, layout.heads), unflatten(key, layout.heads)
             if layout.unflatten_value:
                 value = unflatten(value, layout.heads)
-        weights = sorted(self.probs_after_output - self.assigned_by(small))
+        # the probabilities the dispatch must give: those read later, and those the statement itself passes along
+        # (`return out @ v, weights`, or `out, weights = out @ v, weights` where a helper's return was inlined)
+        weights = sorted((self.probs_after_output - self.assigned_by(small)) | self.passed_along(small, plan))
         output_name = _fresh("attention_output", self.taken())
         extra = [(parameter_name(name), name) for name in self.eager.free]
         if self.interface.position_ids and "position_ids" not in {keyword for keyword, _ in extra}:

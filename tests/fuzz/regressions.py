@@ -232,6 +232,12 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(family="523", mask_style="builder", causal="mask", terms=(("mask", "flag"),), bool_fill=True),
         "refused", "M203",
     ),
+    # the dispatch left the probabilities unbound (`attention_output, _ = ...`) where the helper returned them beside
+    # the product (`return probs @ value, probs`), so the inlined statement read a name nothing assigned
+    "5.x M: a helper returning the product and the probabilities together": (
+        Spec(family="523", mask_style="builder", placement="helper", terms=(("mask", "not_none"),), returned_together=True),
+        "exact", None,
+    ),
     "12e: a parameter scale in the interface style": (
         Spec(family="523", mask_style="builder", hazard="param_scale", terms=(("mask", "not_none"),)),
         "refused", "S102",

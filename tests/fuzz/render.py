@@ -652,7 +652,19 @@ def attention_class(spec: Spec, code: Code) -> None:
             code.add(f"def _attn(self, {n.query}, {n.key}, {n.value}, {', '.join(chain_parameters(spec))}):")
             with code.indent():
                 chain(spec, n, code)
-                code.add("return attn_output, attn_weights")
+                returned(spec, code)
+
+
+def returned(spec: Spec, code: Code) -> None:
+    """`return attn_output, attn_weights`, or with `returned_together` the product itself in the return when it is
+    the chain's last statement."""
+    last = code.lines[-1] if code.lines else ""
+    prefix = "    " * code.depth + "attn_output = "
+    if spec.returned_together and last.startswith(prefix) and "attn_output" not in last[len(prefix) :]:
+        code.lines.pop()
+        code.add(f"return {last[len(prefix):]}, attn_weights")
+        return
+    code.add("return attn_output, attn_weights")
 
 
 def attention_function(spec: Spec, code: Code) -> None:
@@ -660,7 +672,7 @@ def attention_function(spec: Spec, code: Code) -> None:
     code.add(f"def fuzz_attention(module, {n.query}, {n.key}, {n.value}, {', '.join(chain_parameters(spec))}):")
     with code.indent():
         chain(spec, n, code)
-        code.add("return attn_output, attn_weights")
+        returned(spec, code)
 
 
 def layer_class(spec: Spec, code: Code) -> None:

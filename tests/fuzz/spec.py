@@ -113,6 +113,9 @@ class Spec:
     # flat layout: the model hands the position bias flattened to `(batch * heads, q, k)` and the attention adds it to
     # the flat scores under `if position_bias is not None:` (DeBERTa's relative term)
     flat_bias: bool = False
+    # a helper or module function returns the product with V and the probabilities in one statement
+    # (`return torch.matmul(attn_weights, value), attn_weights`), which the caller unpacks
+    returned_together: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -222,7 +225,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         pinned_causal=rng.random() < 0.15,
         sparse_sibling=_pick(rng, SPARSE_SIBLINGS, (8, 1, 1)),
         bool_fill=rng.random() < 0.3,
-        flat_bias=rng.random() < 0.5,  # drawn last
+        flat_bias=rng.random() < 0.5,
+        returned_together=rng.random() < 0.5,  # drawn last
     )
     return normalise(spec)
 
@@ -298,6 +302,8 @@ def normalise(spec: Spec) -> Spec:
         changes["bool_fill"] = False  # the causal builder's mask, added per head in the chain
     if spec.settings_branch and (spec.alternative or spec.hazard != "none"):
         changes["settings_branch"] = False  # one branching of the chain at a time; the approximation is a hazard's
+    if spec.returned_together and changes.get("placement", spec.placement) == "forward":
+        changes["returned_together"] = False  # a return of the helper or function the chain is in
     return replace(spec, **changes) if changes else spec
 
 

@@ -210,3 +210,43 @@ def test_statements_moved_after_the_product_follow_it_in_the_eager_function() ->
     output = lines.index("attn_output = torch.matmul(probs, value)")
     assert lines[output + 1 : output + 3] == ["if not output_attentions:", "probs = None"], lines
     assert lines[-1] == "return (attn_output.transpose(1, 2).contiguous(), probs)", lines
+
+
+HELPER_RETURNS_BOTH = '''
+import torch
+from torch import nn
+
+from ...masking_utils import create_bidirectional_mask
+from ...modeling_utils import PreTrainedModel
+
+
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def attend(self, query, key, value, attention_mask):
+        scores = torch.matmul(query, key.transpose(-1, -2))
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        probs = scores.softmax(-1)
+        return torch.matmul(probs, value), probs
+
+    def forward(self, query, key, value, attention_mask=None, output_attentions=False):
+        out, probs = self.attend(query, key, value, attention_mask)
+        return (out, probs) if output_attentions else (out, None)
+
+
+class TinyPreTrainedModel(PreTrainedModel):
+    pass
+'''
+
+
+def test_weights_a_statement_passes_along_are_given_by_the_dispatch() -> None:
+    """A helper returning `product, probs` in one statement, inlined as `out, probs = product, probs`: the dispatch
+    binds `probs` (it was left as `_`, and the statement then read a name nothing assigned)."""
+    result = port_source(HELPER_RETURNS_BOTH, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    forward = result.source[result.source.index("    def forward") :]
+    assert "attention_output, probs = attention_interface(" in forward, forward
+    assert "out, probs = attention_output.transpose(1, 2), probs" in forward, forward
