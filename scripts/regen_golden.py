@@ -13,16 +13,21 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def main() -> int:
-    for path in sorted((FIXTURES / "class_style").glob("modeling_*.py")):
-        result = port_source(path.read_text(encoding="utf-8"), filename=path.name)
-        if result.status is not Status.PORTED:
-            print(f"{path.name}: {result.status.value}: {'; '.join(result.reasons) or result.detail}")
-            return 1
-        golden = FIXTURES / "golden" / path.name
-        changed = not golden.exists() or golden.read_text(encoding="utf-8") != result.source
-        golden.write_text(result.source, encoding="utf-8")
-        print(f"{golden.relative_to(FIXTURES.parent)}: {'rewritten' if changed else 'unchanged'}")
+    for style in ("class", "interface"):
+        for path in sorted((FIXTURES / f"{style}_style").glob("modeling_*.py")):
+            result = port_source(path.read_text(encoding="utf-8"), filename=path.name)
+            if result.status is not Status.PORTED or result.style != style:
+                print(f"{path.name}: {result.status.value} ({result.style}): {'; '.join(result.reasons) or result.detail}")
+                return 1
+            _write(path, result.source)
     return 0
+
+
+def _write(path: Path, source: str) -> None:
+    golden = FIXTURES / "golden" / path.name
+    changed = not golden.exists() or golden.read_text(encoding="utf-8") != source
+    golden.write_text(source, encoding="utf-8")
+    print(f"{golden.relative_to(FIXTURES.parent)}: {'rewritten' if changed else 'unchanged'}")
 
 
 if __name__ == "__main__":

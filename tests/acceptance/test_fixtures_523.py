@@ -1,0 +1,55 @@
+"""The golden interface-style ports of the transformers 5 fixtures run inside transformers 5.23.0 with parity to the
+fixtures themselves, and the check sees each port broken: its scale halved, its additive term or its mask withheld
+from the implementations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import sabotage_interface
+
+pytestmark = pytest.mark.tf523
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+PACKAGE = "transformers.models.gpt2"  # any package two levels below transformers resolves `...` imports
+CASES = {
+    # causal masks from create_causal_mask, ALiBi added to scaled scores, weights returned on every call
+    "modeling_tiny_alibi.py": ("TinyAlibiModel", "decoder"),
+    # bidirectional masks, einsum in a helper, the query scaled first, a relative bias the model hands every layer
+    "modeling_tiny_relative.py": ("TinyRelativeModel", "encoder"),
+}
+
+
+def _checks(name: str, ported_source: str | None, padding: str, directory: Path | None = None):  # type: ignore[no-untyped-def]
+    from sdpa_port.verify import parity
+    from sdpa_port.verify.loader import load_in_package, load_source_in_package
+
+    model, kind = CASES[name]
+    original = load_in_package(FIXTURES / "interface_style" / name, PACKAGE, alias=f"fixture5_{Path(name).stem}")
+    if ported_source is None:
+        ported = load_in_package(FIXTURES / "golden" / name, PACKAGE, alias=f"golden5_{Path(name).stem}")
+    else:
+        assert directory is not None
+        ported = load_source_in_package(ported_source, PACKAGE, directory, f"{Path(name).stem}_broken")
+    config = getattr(original, model).config_class()
+    side = ("left" if kind == "decoder" else "right") if padding == "padded" else "none"
+    return parity.check_forward(getattr(original, model), getattr(ported, model), config, side, kind=kind)
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("padding", ["padded", "none"])
+def test_golden_fixture_parity(name: str, padding: str) -> None:
+    checks = _checks(name, None, padding)
+    failed = [str(c) for c in checks if not c.passed]
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("kind", ["scale", "mask", "attn_mask"])
+def test_golden_fixture_sabotage_is_seen(name: str, kind: str, tmp_path: Path) -> None:
+    broken = sabotage_interface((FIXTURES / "golden" / name).read_text(encoding="utf-8"), kind)
+    checks = _checks(name, broken, "padded", tmp_path)
+    failed = [c for c in checks if c.name.endswith("sdpa == eager") and not c.passed]
+    assert failed, "the sabotage went unnoticed:\n" + "\n".join(str(c) for c in checks)
