@@ -166,8 +166,10 @@ def _substituted(
             continue
         if isinstance(func, cst.Call) and (qualify(func.func) or "").startswith("torch."):
             continue  # `nn.Softmax(dim=-1)(x)`
-        if isinstance(func, cst.Attribute) and isinstance(func.value, (cst.Call, cst.Subscript)):
-            continue  # a method of what another call gives: that call is checked on its own
+        if isinstance(func, cst.Attribute) and isinstance(
+            func.value, (cst.Call, cst.Subscript, cst.BinaryOperation, cst.UnaryOperation)
+        ):
+            continue  # a method of what another call or an operation gives (`(x - m).softmax(d)`): its calls are checked
         if isinstance(func, cst.Attribute):
             root = _root_name(func)
             if root is not None and root not in imported and root not in ("self", context):

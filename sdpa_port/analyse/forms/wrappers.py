@@ -31,6 +31,11 @@ def stable_softmax(x, dim):
     return shifted.softmax(dim)
 """
 
+_STABLE_INLINE = """
+def stable_softmax(x, dim):
+    return (x - x.amax(dim, keepdim=True)).softmax(dim)
+"""
+
 _LOGGED = """
 def logged_softmax(x, dim):
     print(x.shape)
@@ -40,6 +45,7 @@ def logged_softmax(x, dim):
 EXAMPLES = {
     "wrapper": (
         Example(scored("probs = stable_softmax(scores, -1)"), Shift, module=_STABLE),
+        Example(scored("probs = stable_softmax(scores, -1)"), Shift, module=_STABLE_INLINE),  # a method of an operation
         Example(
             scored("probs = logged_softmax(scores, -1)"), refused=Code.UNRECOGNISED, module=_LOGGED
         ),  # not a straight line
