@@ -506,6 +506,19 @@ def test_an_exact_attention_beside_an_approximation_chosen_by_the_modules_settin
     assert refused.status is Status.REFUSED and "S109" in " ".join(refused.reasons)
 
 
+
+def test_a_settings_test_with_a_string_literal_renders_in_the_fallback_warning() -> None:
+    """The fallback's warning quotes its test: a string literal in it (`self.mode == "exact"`) must not end the
+    message's own string (the class rendered invalid Python: an internal error)."""
+    source = LANDMARKS.replace("self.num_landmarks = config.num_landmarks", "self.mode = config.mode").replace(
+        "if self.num_landmarks == self.seq_len:", 'if self.mode == "exact":'
+    )
+    ported = port_source(source, style=Style.CLASS)
+    assert ported.status is Status.PORTED, ported.reasons
+    assert "if output_attentions or self.mode != \"exact\":" in ported.source
+    assert "does not support \"\n                \"output_attentions=True or self.mode != 'exact';" in ported.source
+
+
 SUPPORTED_WITH_A_TOWER = '''
 import torch
 from torch import nn
