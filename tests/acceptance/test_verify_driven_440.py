@@ -99,6 +99,17 @@ def test_attention_checked_alone_sees_sabotage(model: str, kind: str, workdir: P
     assert_alone_sabotage_seen(verify(model, source, workdir, f"alone_{kind}"))
 
 
+def test_a_port_that_raises_where_the_original_runs_fails_the_module_check(workdir: Path) -> None:
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed here")
+    source = port_for_kind("deta", "a missing package")
+    assert source.count("dropout_p=") == 1
+    raising = source.replace("dropout_p=", "unknown_option=None, dropout_p=")  # SDPA raises TypeError at every call
+    checks = verify("deta", raising, workdir, "raises")
+    alone = [c for c in checks if c.name.endswith(" alone")]
+    assert alone and not alone[0].passed and "the port raised TypeError" in alone[0].detail, [str(c) for c in checks]
+
+
 def test_sdpa_never_reached_is_a_failure_that_says_why(workdir: Path) -> None:
     """ERNIE-M's layers ask their attention for weights on every call through a layer parameter defaulting to True;
     written as a call (`bool(1)`), the static W406 check cannot read that default and the port is written, so
