@@ -4,8 +4,9 @@ A model may be out of the harness's reach (an optional package such as detectron
 inputs cannot be synthesised) or may build its attention only under configurations the harness does not make
 (ZoeDepth's patch transformer exists only with two bin configurations). The port's attention classes are then built
 from their own constructors, sharpened, and run on synthetic states: the original's eager class, the port's eager
-computation and its SDPA computation, without a mask, with padded keys masked additively (the 4-D extended mask
-transformers hands such modules), and with every optional score term the module accepts. The port's eager outputs
+computation and its SDPA computation (`drive.sdpa_call` on the port's eager module), without a mask, with padded
+keys (the 4-D extended mask transformers hands such modules, expanded over the queries, or the 2-D key mask), and with
+every optional score term the module accepts. The port's eager outputs
 must equal the original's, its SDPA outputs must agree within the SDPA tolerances, and SDPA must run from the port.
 
 These are module checks, reported as such (`<Class> alone`): they do not prove that a model selects the class.
@@ -20,14 +21,24 @@ import re
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from sdpa_port.verify.checks import Check
 from sdpa_port.verify.configs import HEADS, HIDDEN, LEVELS
 from sdpa_port.verify.diagnose import PortCalls
-from sdpa_port.verify.drive import EAGER_TOLERANCE, RELATIVE_TOLERANCE, SDPA_TOLERANCE, config_at, sharpen, unverified
+from sdpa_port.verify.drive import (
+    EAGER_TOLERANCE,
+    RELATIVE_TOLERANCE,
+    SDPA_TOLERANCE,
+    first_tensor,
+    sdpa_call,
+    config_at,
+    eager_class_of,
+    sharpen,
+    unverified,
+)
 
 BATCH = 2
 LENGTH = 7
@@ -44,12 +55,12 @@ _TERMS = re.compile(r"(pos|bias)")  # optional score terms: position bias, relat
 
 @dataclass(frozen=True)
 class Pair:
-    """The three builds of one attention class: the original's eager class, the port's class for eager, for SDPA."""
+    """One attention class built twice, with the same weights: the original's eager class and the port's eager
+    class, whose SDPA computation `sdpa_class` gives."""
 
     original: torch.nn.Module
     eager: torch.nn.Module
-    sdpa: torch.nn.Module
-    sdpa_forward: Callable[..., Any]
+    sdpa_class: type
 
 
 def verify_alone(original: ModuleType, ported: ModuleType, names: list[str], why: str) -> list[Check]:
@@ -76,20 +87,20 @@ def _check_class(original: ModuleType, ported: ModuleType, name: str) -> Check:
     described: list[str] = []
     with torch.no_grad():
         for case, kwargs in cases:
-            expected = _first(pair.original(**copy.deepcopy(kwargs)))
+            expected = first_tensor(pair.original(**copy.deepcopy(kwargs)))
             try:
-                eager = _first(pair.eager(**copy.deepcopy(kwargs)))
+                eager = first_tensor(pair.eager(**copy.deepcopy(kwargs)))
                 with PortCalls(ported.__name__) as port_calls:
-                    got = _first(pair.sdpa_forward(**copy.deepcopy(kwargs)))
+                    got = first_tensor(sdpa_call(pair.eager, pair.sdpa_class, (), copy.deepcopy(kwargs)))
             except Exception as error:  # the port fails where the original ran: a failed check, not an error
                 return Check(label, False, None, f"[{case}] the port raised {type(error).__name__}: {str(error)[:160]}")
             calls += port_calls.from_port
             if expected is None or eager is None or got is None or got.shape != expected.shape:
                 return Check(label, False, None, f"[{case}] outputs of different shapes or not tensors")
-            worst_eager = max(worst_eager, float((eager - expected).abs().max()))
-            gap = float((got - expected).abs().max())
+            worst_eager = max(worst_eager, float((eager.float() - expected.float()).abs().max()))
+            gap = float((got.float() - expected.float()).abs().max())
             worst = max(worst, gap)
-            worst_relative = max(worst_relative, gap / max(float(expected.abs().max()), 1e-6))
+            worst_relative = max(worst_relative, gap / max(float(expected.float().abs().max()), 1e-6))
             described.append(case)
     detail = f"hidden {width}, {heads} heads, gain {GAIN:g}; {', '.join(described)}; port's eager max|diff|={worst_eager:.3g}"
     if worst_eager > EAGER_TOLERANCE:
@@ -107,8 +118,7 @@ class _CannotBuild(Exception):
 
 def _build(original: ModuleType, ported: ModuleType, name: str) -> Pair:
     klass = getattr(ported, name)
-    in_place = isinstance(getattr(original, name, None), type)  # interface style: the class itself was rewritten
-    eager_class = klass if in_place else klass.__mro__[1]
+    eager_class = eager_class_of(original, klass)
     original_class = getattr(original, eager_class.__name__, None)
     if not isinstance(original_class, type):
         raise _CannotBuild(f"the original has no class {eager_class.__name__}")
@@ -117,19 +127,15 @@ def _build(original: ModuleType, ported: ModuleType, name: str) -> Pair:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            reference = original_class(**_with_implementation(arguments, "eager"))
-            eager = eager_class(**_with_implementation(arguments, "eager"))
-            sdpa = (klass if in_place else eager_class)(**_with_implementation(arguments, "sdpa"))
+            reference = original_class(**_eager_arguments(arguments))
+            eager = eager_class(**_eager_arguments(arguments))
         except Exception as error:
             raise _CannotBuild(f"its constructor raised {type(error).__name__}: {str(error)[:160]}") from error
     sharpen(reference, GAIN)
-    for module in (eager, sdpa):
-        module.load_state_dict(reference.state_dict())
-    for module in (reference, eager, sdpa):
-        module.eval()
-    if in_place:
-        return Pair(reference, eager, sdpa, sdpa)
-    return Pair(reference, eager, sdpa, lambda **kwargs: klass.forward(sdpa, **kwargs))
+    eager.load_state_dict(reference.state_dict())
+    reference.eval()
+    eager.eval()
+    return Pair(reference, eager, klass)
 
 
 def _config(original: ModuleType) -> Any | None:
@@ -163,15 +169,15 @@ def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
     return out
 
 
-def _with_implementation(arguments: dict[str, Any], implementation: str) -> dict[str, Any]:
-    """The arguments with a config of their own per build, set to `implementation` (transformers 5 dispatches
-    from the config at call time: builds sharing one config would all run the last choice)."""
+def _eager_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments with a config of their own per build, set to eager (transformers 5 dispatches from the config at
+    call time: `sdpa_call` switches the port's own to sdpa for one call, which must not reach the original's)."""
     out = dict(arguments)
     for name, value in arguments.items():
         if hasattr(value, "_attn_implementation"):
             config = copy.deepcopy(value)
             with contextlib.suppress(Exception):
-                config._attn_implementation = implementation
+                config._attn_implementation = "eager"
             out[name] = config
     return out
 
@@ -245,12 +251,7 @@ def _runs(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            output = _first(module(**copy.deepcopy(kwargs)))
+            output = first_tensor(module(**copy.deepcopy(kwargs)))
     except Exception:
         return False
     return output is not None and bool(torch.isfinite(output).all())
-
-
-def _first(output: Any) -> torch.Tensor | None:
-    first = output[0] if isinstance(output, (tuple, list)) and output else output
-    return first.float() if isinstance(first, torch.Tensor) and first.is_floating_point() else None

@@ -772,8 +772,7 @@ def attention_parity(eager: Any, batch: Batch, original: ModuleType, ported: Mod
     sdpa_classes = {}  # the eager class a call is made to -> the class whose forward computes it with SDPA
     for name in attention_classes(original, ported):
         klass = getattr(ported, name)
-        eager_class = klass if isinstance(getattr(original, name, None), type) else klass.__mro__[1]
-        sdpa_classes[eager_class] = klass
+        sdpa_classes[eager_class_of(original, klass)] = klass
     calls: list[tuple[Any, tuple[Any, ...], dict[str, Any], Any]] = []
     pending: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
 
@@ -783,7 +782,7 @@ def attention_parity(eager: Any, batch: Batch, original: ModuleType, ported: Mod
     def after(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         saved = pending.pop(id(module), None)
         if saved is not None:
-            calls.append((module, saved[0], saved[1], _first_tensor(output)))
+            calls.append((module, saved[0], saved[1], first_tensor(output)))
 
     modules = [m for m in eager.modules() if type(m) in sdpa_classes]
     handles = [m.register_forward_pre_hook(before, with_kwargs=True) for m in modules]
@@ -805,8 +804,8 @@ def attention_parity(eager: Any, batch: Batch, original: ModuleType, ported: Mod
                 # the states the model hands over rescaled to unit size: a sharpened model grows them by orders of
                 # magnitude, where float32 rounding of the logits alone decides a near one-hot softmax
                 args, kwargs = _unit_states(args, kwargs)
-                expected = _first_tensor(module(*copy.deepcopy(args), **copy.deepcopy(kwargs)))
-                got = _first_tensor(_sdpa_call(module, sdpa_classes[type(module)], args, kwargs))
+                expected = first_tensor(module(*copy.deepcopy(args), **copy.deepcopy(kwargs)))
+                got = first_tensor(sdpa_call(module, sdpa_classes[type(module)], args, kwargs))
                 if got is None or expected is None or got.shape != expected.shape:
                     return None
                 gap = float((got.float() - expected.float()).abs().max())
@@ -825,6 +824,12 @@ def attention_parity(eager: Any, batch: Batch, original: ModuleType, ported: Mod
     return ModuleParity(passed, detail)
 
 
+def eager_class_of(original: ModuleType, klass: type) -> type:
+    """The port's class eager calls are made to, for one of its attention classes: the class itself where the port
+    rewrote it in place (interface style), else the eager base the SDPA class derives from (class style)."""
+    return klass if isinstance(getattr(original, klass.__name__, None), type) else klass.__mro__[1]
+
+
 def _unit_states(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The first positional argument and `*_states` keywords, float tensors of at least two dimensions, divided by
     their root mean square; masks, positions and caches are left as they are."""
@@ -838,12 +843,12 @@ def _unit_states(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[A
     return first, {k: unit(v) if k.endswith("states") else v for k, v in kwargs.items()}
 
 
-def _first_tensor(output: Any) -> torch.Tensor | None:
+def first_tensor(output: Any) -> torch.Tensor | None:
     first = output[0] if isinstance(output, (tuple, list)) and output else output
     return first if isinstance(first, torch.Tensor) and first.is_floating_point() else None
 
 
-def _sdpa_call(module: Any, sdpa_class: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def sdpa_call(module: Any, sdpa_class: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The SDPA computation of an eager attention module: the SDPA class's forward (class style), or the module's
     own forward with the implementation set to sdpa (interface style)."""
     if sdpa_class is not type(module):
