@@ -276,15 +276,16 @@ class NodesIn(cst.CSTVisitor):
         return True
 
 
-def nodes_of_type(tree: cst.CSTNode, kind: type[N]) -> list[N]:
-    """Every node of type `kind` inside `tree`, not looking into nested functions, classes or lambdas."""
+def nodes_of_type(tree: cst.CSTNode, kind: type[N], into_scopes: bool = False) -> list[N]:
+    """Every node of type `kind` inside `tree`, not looking into nested functions, classes or lambdas unless
+    `into_scopes`."""
     found: list[N] = []
 
     class _Collect(cst.CSTVisitor):
         def on_visit(self, node: cst.CSTNode) -> bool:
             if isinstance(node, kind):
                 found.append(node)
-            return node is tree or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+            return into_scopes or node is tree or not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
 
     tree.visit(_Collect())
     return found
@@ -359,3 +360,11 @@ def is_docstring(statement: cst.CSTNode) -> bool:
         and isinstance(statement.body[0], cst.Expr)
         and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
+
+
+def reads_only_self_attributes(test: cst.BaseExpression) -> bool:
+    """Every name `test` reads is `self` or an attribute name after a dot: it reads the module's own settings and
+    literals, nothing passed in or computed."""
+    names = nodes_of_type(test, cst.Name, into_scopes=True)
+    attributes = nodes_of_type(test, cst.Attribute, into_scopes=True)
+    return all(n.value == "self" or any(n is a.attr for a in attributes) for n in names)

@@ -12,7 +12,7 @@ from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.forms import products
 from sdpa_port.analyse.cross import is_cache_parameter, is_mask_parameter
-from sdpa_port.analyse.cstutil import code, nodes_of_type, replace_names
+from sdpa_port.analyse.cstutil import code, nodes_of_type, reads_only_self_attributes, replace_names
 from sdpa_port.analyse.known import Known, negated_comparison
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
@@ -179,10 +179,8 @@ def _one_branch(
 
 def _settings_only(test: cst.BaseExpression) -> bool:
     """A test that reads nothing but `self.` attributes and literals (no argument, no tensor it computes)."""
-    names = nodes_of_type(test, cst.Name)
-    attributes = nodes_of_type(test, cst.Attribute)
-    selfs = [a for a in attributes if m.matches(a.value, m.Name("self"))]
-    return bool(selfs) and all(n.value == "self" or any(n is a.attr for a in attributes) for n in names)
+    selfs = [a for a in nodes_of_type(test, cst.Attribute) if m.matches(a.value, m.Name("self"))]
+    return bool(selfs) and reads_only_self_attributes(test)
 
 
 def _flags_off_by_default(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[str]:

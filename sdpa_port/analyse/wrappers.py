@@ -16,12 +16,12 @@ arguments, and the tracer reads it as if it were written at the call. Only where
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import Callable
 
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import is_docstring, parenthesized
+from sdpa_port.analyse.cstutil import is_docstring, nodes_of_type, parenthesized, reads_only_self_attributes
 from sdpa_port.analyse.module_facts import ModuleFacts
 
 Qualify = Callable[[cst.CSTNode], "str | None"]
@@ -159,7 +159,7 @@ def _substituted(
 ) -> cst.BaseExpression | None:
     """`node` with the locals and parameters replaced by what they hold; None where it reads `self` modules, calls
     what is not torch or a tensor method, or reads `ctx` beyond the attributes written."""
-    for call in _every(node, cst.Call):
+    for call in nodes_of_type(node, cst.Call, into_scopes=True):
         func = call.func
         qualified = qualify(func) or ""
         if qualified.startswith("torch."):
@@ -263,31 +263,12 @@ def identity_unless(
     returned = last.body[0].value
     if returned is None or not m.matches(returned, m.Name(params[1])):
         return None
-    names = _every(test, cst.Name)
-    attributes = _every(test, cst.Attribute)
-    if any(n.value != "self" and not any(n is a.attr for a in attributes) for n in names):
+    if not reads_only_self_attributes(test):
         return None  # the test reads something besides the module's own settings
     module = cst.Attribute(value=cst.Name("self"), attr=call.func.attr)
     settings = test.visit(_SelfAs(module))
     assert isinstance(settings, cst.BaseExpression)
     return call.args[0].value, settings
-
-
-N = TypeVar("N", bound=cst.CSTNode)
-
-
-def _every(node: cst.CSTNode, kind: type[N]) -> list[N]:
-    """Every node of `kind` inside `node`, lambdas included (`cstutil.nodes_of_type` stops at them)."""
-    found: list[N] = []
-
-    class _Collect(cst.CSTVisitor):
-        def on_visit(self, visited: cst.CSTNode) -> bool:
-            if isinstance(visited, kind):
-                found.append(visited)
-            return True
-
-    node.visit(_Collect())
-    return found
 
 
 class _SelfAs(cst.CSTTransformer):
