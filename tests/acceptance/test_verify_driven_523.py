@@ -82,20 +82,23 @@ OUT_OF_REACH = {
 }
 
 
+def _skip_if_installed(why: str) -> None:
+    """The check of a model out of reach for a missing package does not apply where that package is installed."""
+    if why.startswith("needs ") and importlib.util.find_spec(why.split()[1]) is not None:
+        pytest.skip(f"{why.split()[1]} is installed here")
+
+
 @pytest.mark.parametrize("model", OUT_OF_REACH)
 def test_a_model_out_of_reach_says_why_and_its_attention_is_checked_alone(model: str, workdir: Path) -> None:
     why, classes = OUT_OF_REACH[model]
-    if why.startswith("needs ") and importlib.util.find_spec(why.split()[1]) is not None:
-        pytest.skip(f"{why.split()[1]} is installed here")
+    _skip_if_installed(why)
     assert_checked_alone(verify(model, port_for_kind(model, "inputs out of reach"), workdir), classes, why)
 
 
 @pytest.mark.parametrize("model,kind", [("layoutlmv2", "scale"), ("layoutlmv2", "mask"), ("omdet_turbo", "scale"), ("omdet_turbo", "attn_mask")])
 def test_attention_checked_alone_sees_sabotage(model: str, kind: str, workdir: Path) -> None:
     """A halved scale, or a mask (LayoutLMv2: with its relative position terms) withheld from SDPA."""
-    why = OUT_OF_REACH[model][0]
-    if why.startswith("needs ") and importlib.util.find_spec(why.split()[1]) is not None:
-        pytest.skip(f"{why.split()[1]} is installed here")
+    _skip_if_installed(OUT_OF_REACH[model][0])
     source = broken(model, port_for_kind(model, "inputs out of reach"), kind)
     assert_alone_sabotage_seen(verify(model, source, workdir, f"alone_{kind}"))
 
