@@ -79,6 +79,10 @@ class Start:
     query_scale: tuple[cst.BaseExpression, bool] | None = None
     # the query or key names hold float32 copies made before the product (`query = query.to(torch.float32)`)
     operands_upcast: bool = False
+    # an einsum's operands in another dimension order: `query` and `key` above are them permuted to SDPA's layout;
+    # these are the orders and the operands as the product reads them
+    orders: tuple[p.Order | None, p.Order | None] = (None, None)
+    operands: tuple[cst.BaseExpression, cst.BaseExpression] | None = None
 
 
 @dataclass(frozen=True)
@@ -184,8 +188,12 @@ class HeadMask:
 class Output:
     product: p.Product
     node: cst.BaseExpression  # the product expression inside the statement
-    value: cst.BaseExpression
+    value: cst.BaseExpression  # laid out as SDPA takes it
     rank: int | None
+    # how SDPA's (batch, heads, query, dim) output is permuted into the product's layout (an einsum's `...->bind`),
+    # and how the product's value operand (`product.right`) was permuted into `value`
+    order: p.Order | None = None
+    value_order: p.Order | None = None
 
 
 Op = Union[Start, View, Cast, Scale, AddTerm, Fill, ZeroRows, Guard, Shift, Softmax, Dropout, HeadMask, Output]

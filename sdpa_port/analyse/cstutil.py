@@ -107,6 +107,13 @@ def binary(left: cst.BaseExpression, operator: cst.BaseBinaryOp, right: cst.Base
     return cst.BinaryOperation(left=left, operator=operator, right=right)
 
 
+def plus(left: cst.BaseExpression, term: cst.BaseExpression) -> cst.BinaryOperation:
+    """`left + term`, or `left - x` for a term `-x` (a term the source subtracted)."""
+    if isinstance(term, cst.UnaryOperation) and isinstance(term.operator, cst.Minus):
+        return binary(left, cst.Subtract(), term.expression.with_changes(lpar=[], rpar=[]))
+    return binary(left, cst.Add(), term)
+
+
 def primary(node: cst.BaseExpression) -> cst.BaseExpression:
     """`node` ready to have an attribute read or a method called on it (`(a + b).to(...)`, `(1).real`)."""
     if precedence(node) < ATOM or isinstance(node, (cst.Integer, cst.Float, cst.Imaginary)):

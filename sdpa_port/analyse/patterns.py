@@ -15,7 +15,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
-from sdpa_port.analyse.cstutil import binary, is_docstring, parenthesized, precedence, replace_names
+from sdpa_port.analyse.cstutil import binary, is_docstring, parenthesized, precedence, primary, replace_names
 
 SOFTMAX_FUNCTIONS = frozenset({"torch.nn.functional.softmax", "torch.softmax", "torch.Tensor.softmax"})
 SOFTMAX_MODULES = frozenset({"torch.nn.Softmax"})
@@ -622,15 +622,27 @@ class EinsumRole(enum.Enum):
     OUTPUT = "output"  # ...qk,...kd->...qd
 
 
+Order = tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class EinsumRoles:
-    """How an einsum spec maps to attention: scores (`...qd,...kd->...qk`) or output (`...qk,...kd->...qd`)."""
+    """How an einsum spec maps to attention: scores (`...qd,...kd->...qk`) or output (`...qk,...kd->...qd`).
+
+    4-D operands may hold their dimensions in any order (`bind,bjnd->bnij`, `ibnd,jbnd->bnij`): the scores keep
+    SDPA's (lead, lead, query, key) order, and the orders say how to bring each operand to SDPA's layout. `left` and
+    `right` permute the operands to (lead, lead, length, dim), `result` permutes SDPA's (lead, lead, query, dim)
+    output to the spec's; None where the operand already is so."""
 
     kind: EinsumRole
     rank: int
+    left: Order | None = None
+    right: Order | None = None
+    result: Order | None = None
 
 
-def einsum_roles(spec: str) -> EinsumRoles | None:
+def einsum_roles(spec: str, kind: EinsumRole) -> EinsumRoles | None:
+    """The spec read as the product of that kind, None where it is not one."""
     if "->" not in spec or "." in spec:
         return None
     inputs, out = spec.split("->")
@@ -638,19 +650,70 @@ def einsum_roles(spec: str) -> EinsumRoles | None:
     if len(parts) != 2:
         return None
     a, b = parts
-    if not (len(a) == len(b) == len(out)) or len(a) not in (3, 4):
+    if not (len(a) == len(b) == len(out)) or len(a) not in (3, 4) or any(len(set(x)) != len(x) for x in (a, b, out)):
         return None
+    if len(a) == 4:
+        return (_einsum_scores if kind is EinsumRole.SCORES else _einsum_output)(a, b, out)
     batch = a[:-2]
     if b[:-2] != batch or out[:-2] != batch:
         return None
     q, d = a[-2], a[-1]
     k, d2 = b[-2], b[-1]
-    if d == d2 and out[-2:] == q + k and len({q, k, d}) == 3:
+    if kind is EinsumRole.SCORES and d == d2 and out[-2:] == q + k and len({q, k, d}) == 3:
         return EinsumRoles(EinsumRole.SCORES, len(a))
     # probs (q k) x value (k d) -> (q d)
-    if a[-1] == b[-2] and out[-2:] == a[-2] + b[-1] and len({a[-2], a[-1], b[-1]}) == 3:
+    if kind is EinsumRole.OUTPUT and a[-1] == b[-2] and out[-2:] == a[-2] + b[-1] and len({a[-2], a[-1], b[-1]}) == 3:
         return EinsumRoles(EinsumRole.OUTPUT, len(a))
     return None
+
+
+def _einsum_scores(a: str, b: str, out: str) -> EinsumRoles | None:
+    """4-D scores `a,b->out`: out = (lead, lead, q, k); a holds the leads, q and the contracted d; b the leads, k
+    and d, each in any order."""
+    lead, q, k = out[:2], out[2], out[3]
+    contracted = set(a) - set(out)
+    if len(contracted) != 1 or set(a) != {*lead, q, *contracted} or set(b) != {*lead, k, *contracted}:
+        return None
+    (d,) = contracted
+    return EinsumRoles(EinsumRole.SCORES, 4, _order(a, f"{lead}{q}{d}"), _order(b, f"{lead}{k}{d}"))
+
+
+def _einsum_output(a: str, b: str, out: str) -> EinsumRoles | None:
+    """4-D output `a,b->out`: a = (lead, lead, q, k) as the scores are; b holds the leads, k and the value's d, out
+    the leads, q and d, each in any order."""
+    lead, q, k = a[:2], a[2], a[3]
+    width = set(b) - set(a)
+    if len(width) != 1 or k in out or set(b) != {*lead, k, *width} or set(out) != {*lead, q, *width}:
+        return None
+    (d,) = width
+    return EinsumRoles(EinsumRole.OUTPUT, 4, right=_order(b, f"{lead}{k}{d}"), result=_order(f"{lead}{q}{d}", out))
+
+
+def _order(source: str, target: str) -> Order | None:
+    """The permutation taking dimensions labelled `source` to `target`, None where it keeps them in place."""
+    order = tuple(source.index(c) for c in target)
+    return None if order == tuple(range(len(order))) else order
+
+
+def permuted(node: cst.BaseExpression, order: Order | None) -> cst.BaseExpression:
+    """`node.transpose(i, j)` for a swap of two dimensions, `node.permute(...)` for any other order."""
+    if order is None or order == tuple(range(len(order))):
+        return node
+    moved = [i for i, o in enumerate(order) if i != o]
+    if len(moved) == 2:
+        args = [cst.Arg(cst.Integer(str(i))) for i in moved]
+        method = "transpose"
+    else:
+        args = [cst.Arg(cst.Integer(str(i))) for i in order]
+        method = "permute"
+    return cst.Call(func=cst.Attribute(value=primary(node), attr=cst.Name(method)), args=args)
+
+
+def inverse(order: Order) -> Order:
+    out = [0] * len(order)
+    for i, o in enumerate(order):
+        out[o] = i
+    return tuple(out)
 
 
 def transposed_last_two(node: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:

@@ -466,8 +466,9 @@ class Tracer:
                 for cid in younger:
                     self.candidates[cid].absorbed = True
                 ops: list[Op] = [AddTerm(small.value, current.rank)]
-            elif isinstance(operator, cst.AddAssign):
-                ops = [terms.add_term(self, current, small.value, line)]
+            elif isinstance(operator, (cst.AddAssign, cst.SubtractAssign)):
+                negate = isinstance(operator, cst.SubtractAssign)
+                ops = [terms.add_term(self, current, small.value, line, negate=negate)]
             elif isinstance(operator, (cst.MultiplyAssign, cst.DivideAssign)):
                 ops = [scales.scale_or_head_mask(self, current, small.value, isinstance(operator, cst.DivideAssign), line)]
             else:
@@ -532,10 +533,13 @@ class Tracer:
         if self.chain_refs(product.right):
             self.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
         rank = product.rank if product.rank is not None else base.rank
+        operand, order, value_order = product.right, None, None
         if product.form is p.ProductForm.EINSUM:
-            roles = p.einsum_roles(product.spec or "")
-            rank = roles.rank if roles else rank
-        output = Output(product, node, product.right, rank)
+            roles = p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT)
+            if roles:
+                rank, order, value_order = roles.rank, roles.result, roles.right
+                operand = p.permuted(product.right, value_order)
+        output = Output(product, node, operand, rank, order, value_order)
         self.record(base, [*ops, output], depth, line)
         self.plans[small] = OutputStmt(list(ops), output, depth, line)
         candidate = self.candidates[base.cid]
@@ -723,8 +727,7 @@ class Tracer:
             if self.chain_value_refs(product.left) or self.chain_value_refs(product.right):
                 continue
             if product.form is p.ProductForm.EINSUM:
-                roles = p.einsum_roles(product.spec or "")
-                if roles is not None and roles.kind is p.EinsumRole.SCORES:
+                if p.einsum_roles(product.spec or "", p.EinsumRole.SCORES) is not None:
                     return {-1}
             elif products.untranspose(self, product.right, product.rank) is not None:
                 return {-1}
@@ -786,7 +789,7 @@ class Tracer:
         if start is None:
             return node
         mapping: dict[cst.CSTNode, cst.CSTNode] = {}
-        query = primary(start.query)
+        query = primary(start.operands[0] if start.operands else start.query)  # its dtype and device, in any layout
         for attribute in finder.attributes:
             mapping[attribute] = cst.Attribute(value=query, attr=attribute.attr)
         for call in finder.expands:
@@ -987,8 +990,7 @@ class Tracer:
                 continue
             if self.advance(base, ops).stage == PROBS:
                 if product.form is p.ProductForm.EINSUM:
-                    roles = p.einsum_roles(product.spec or "")
-                    if roles is None or roles.kind is not p.EinsumRole.OUTPUT:
+                    if p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT) is None:
                         continue
                 return node, product
         return None

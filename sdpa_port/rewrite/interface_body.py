@@ -16,7 +16,7 @@ import libcst as cst
 
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cstutil import assigned_names, block_body, code, replace_names, replace_nodes
-from sdpa_port.analyse.patterns import cast_operand, walk_names
+from sdpa_port.analyse.patterns import cast_operand, inverse, permuted, walk_names
 from sdpa_port.render import render_statements
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.analyse.cstutil import primary
@@ -214,7 +214,9 @@ class InterfaceEmitter(SdpaEmitter):
         self.position_bias = bool(bias)
         for name in weights[1:]:
             out.append(cst.parse_statement(f"{name} = {weights[0]}"))
-        converted: cst.BaseExpression = cst.parse_expression(f"{output_name}.transpose(1, 2)")
+        # the dispatch returns (batch, query, heads, dim): back to SDPA's layout, then to the product's
+        order = tuple(_HANDED_OVER.index(i) for i in (plan.output.order or range(4)))
+        converted: cst.BaseExpression = permuted(cst.Name(output_name), order)
         rank = plan.output.rank
         if rank == 3:
             converted = cst.parse_expression(f"{output_name}.transpose(1, 2).flatten(0, 1)")
@@ -302,13 +304,27 @@ def eager_body(
     flatten = {"query": start.rank == 3, "key": start.rank == 3, "value": output.rank == 3}
     adapters: list[cst.BaseStatement] = []
     provided: set[str] = {"module"}
-    for operand, parameter in ((start.query, "query"), (start.key, "key"), (output.value, "value")):
-        if not isinstance(operand, cst.Name):
-            continue
-        source = f"{parameter}.flatten(0, 1)" if flatten[parameter] else parameter
-        if operand.value != parameter or flatten[parameter]:
-            adapters.append(cst.parse_statement(f"{operand.value} = {source}"))
-        provided.add(operand.value)
+    written = (*(start.operands or (start.query, start.key)), output.product.right)
+    orders = (*start.orders, output.value_order)
+    operands = (start.query, start.key, output.value)
+    restore: dict[str, cst.BaseExpression] = {}  # placeholders of operands written as expressions
+    for operand, source, order, parameter in zip(operands, written, orders, ("query", "key", "value")):
+        if order is not None:
+            # an einsum's operand, handed over laid out for SDPA: put back in the einsum's own order
+            restored = permuted(cst.Name(parameter), inverse(order))
+            if not isinstance(source, cst.Name):
+                placeholder = f"__sdpa_port_{parameter}__"
+                statements = [replace_nodes(s, {source: cst.Name(placeholder)}) for s in statements]
+                restore[placeholder] = restored
+                provided.add(placeholder)
+                continue
+            adapters.append(_assign_line(source.value, restored))
+            provided.add(source.value)
+        elif isinstance(operand, cst.Name):
+            if operand.value != parameter or flatten[parameter]:
+                flat = f"{parameter}.flatten(0, 1)" if flatten[parameter] else parameter
+                adapters.append(_assign_line(operand.value, cst.parse_expression(flat)))
+            provided.add(operand.value)
     if options.mask_param:
         if options.mask_param != "attention_mask":
             adapters.append(cst.parse_statement(f"{options.mask_param} = attention_mask"))
@@ -319,7 +335,7 @@ def eager_body(
     renames = {name: cst.Name(parameter_name(name)) for name in part.free if name in RESERVED}
     if renames:
         body = [replace_names(s, renames) for s in body]
-    body = [*adapters, *body]
+    body = [*adapters, *(replace_names(s, restore) for s in body)]
     result_expr = part.output_name
     if output.rank == 3:
         heads = _heads_in_eager(candidate)
@@ -328,8 +344,18 @@ def eager_body(
         result_expr = f"{part.output_name}.unflatten(0, ({heads}))"
     weights = sorted(result.probs_names_after_output)
     returned = weights[0] if weights else "None"
-    body.append(cst.parse_statement(f"return {result_expr}.transpose(1, 2).contiguous(), {returned}"))
+    # the product's layout (SDPA's, or an einsum's `...->bind`) to the (batch, query, heads, dim) handed back
+    handed = tuple((output.order or tuple(range(4))).index(i) for i in _HANDED_OVER)
+    result_node = permuted(cst.parse_expression(result_expr), handed)
+    body.append(cst.parse_statement(f"return {code(primary(result_node))}.contiguous(), {returned}"))
     return body, part
+
+
+_HANDED_OVER = (0, 2, 1, 3)  # the attention interface's output: SDPA's (batch, heads, query, dim) as (b, q, h, d)
+
+
+def _assign_line(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
+    return cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], value)])
 
 
 def _heads_in_eager(candidate: t.Candidate) -> str | None:

@@ -25,11 +25,12 @@ from sdpa_port.analyse.cstutil import (
     if_chain,
     nodes_in,
     parenthesized,
+    plus,
     primary,
     rebuild_if,
     replace_nodes,
 )
-from sdpa_port.analyse.patterns import DropoutCall, cast_operand, walk_names
+from sdpa_port.analyse.patterns import DropoutCall, cast_operand, permuted, walk_names
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.rewrite.walk import StatementWalker
@@ -483,7 +484,7 @@ class SdpaEmitter(StatementWalker):
             args=[cst.Arg(size, comma=_COMMA) for size in shape[:-1]]
             + [cst.Arg(shape[-1])],
         )
-        summed = binary(viewed, cst.Add(), term)
+        summed = plus(viewed, term)
         return cst.Call(func=cst.Attribute(value=primary(summed), attr=cst.Name("view")), args=[cst.Arg(scores_shape)])
 
     def with_zero_scores(self, term: cst.BaseExpression, index: int) -> cst.BaseExpression:
@@ -516,10 +517,11 @@ class SdpaEmitter(StatementWalker):
         self.query, self.key = op.query, op.key
         out: list[cst.BaseStatement] = []
         rebound = self.candidate.names_assigned_after_start
-        if walk_names(op.query) & rebound:
+        # an operand laid out for SDPA (an einsum's) is named once: shapes and dtypes are read from it
+        if walk_names(op.query) & rebound or op.orders[0] is not None:
             out.append(_assign(self.names.query, op.query))
             self.query = cst.Name(self.names.query)
-        if walk_names(op.key) & rebound:
+        if walk_names(op.key) & rebound or op.orders[1] is not None:
             out.append(_assign(self.names.key, op.key))
             self.key = cst.Name(self.names.key)
         return out
@@ -604,7 +606,7 @@ class SdpaEmitter(StatementWalker):
             return []
         pre = self.materialize({Side.MASK}) if not state.mask_var else []
         mask = cst.Name(self.names.mask)
-        added = binary(mask, cst.Add(), term)
+        added = plus(mask, term)
         value: cst.BaseExpression = (
             cst.IfExp(test=_is_none(self.names.mask), body=term, orelse=added) if state.mask_maybe_none else added
         )
@@ -619,7 +621,7 @@ class SdpaEmitter(StatementWalker):
         if pre:
             return [*pre, *self.add_to_mask(term)]
         if not state.mask_var:
-            state.mask = term if state.mask is None else binary(state.mask, cst.Add(), term)
+            state.mask = term if state.mask is None else plus(state.mask, term)
             return []
         mask = cst.Name(self.names.mask)
         named: list[cst.BaseStatement] = []
@@ -627,7 +629,7 @@ class SdpaEmitter(StatementWalker):
             # `term if mask is None else mask + term` names a computed term once
             named.append(_assign(self.names.term, term))
             term = cst.Name(self.names.term)
-        added = binary(mask, cst.Add(), term)
+        added = plus(mask, term)
         if state.mask_maybe_none:
             value: cst.BaseExpression = cst.IfExp(
                 test=_is_none(self.names.mask), body=term, orelse=added
@@ -791,6 +793,7 @@ class SdpaEmitter(StatementWalker):
         call_statement = call_module.body[0]
         assert isinstance(call_statement, cst.SimpleStatementLine) and isinstance(call_statement.body[0], cst.Expr)
         call: cst.BaseExpression = call_statement.body[0].value
+        call = permuted(call, plan.output.order)
         if layout.flatten_output:
             call = cst.Call(
                 func=cst.Attribute(value=call, attr=cst.Name("flatten")),

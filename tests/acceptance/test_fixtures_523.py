@@ -19,6 +19,8 @@ CASES = {
     "modeling_tiny_alibi.py": ("TinyAlibiModel", "decoder"),
     # bidirectional masks, einsum in a helper, the query scaled first, a relative bias the model hands every layer
     "modeling_tiny_relative.py": ("TinyRelativeModel", "encoder"),
+    # states length first: einsum operands permuted for SDPA, a biased query, a subtracted distance penalty
+    "modeling_tiny_lengthfirst.py": ("TinyLengthFirstModel", "encoder"),
 }
 
 

@@ -29,6 +29,7 @@ CASES = {
     # response; 0.1 % off the scale moves them by about 0.5
     "nystromformer": ("exact attention beside a Nystrom approximation, chosen by the module's settings", "scale"),
     "cvt": ("einsum operands as one list, constructors threaded, outputs amplifying rounding", "slight"),
+    "funnel": ("einsum on (batch, length, heads, dim) operands, a query plus a bias, a mask subtracted", "mask"),
 }
 
 

@@ -109,7 +109,12 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(family="523", pinned_causal=True, causal="mask", mask_style="builder", cache=True),
         "exact", None,
     ),
-    "8b: an einsum over (batch, time, heads, dim)": (Spec(product="einsum_bthd"), "refused", "F601"),
+    # refused F601 until 4-D einsum operands were read in any dimension order (issue 12)
+    "8b: an einsum over (batch, time, heads, dim)": (Spec(product="einsum_bthd"), "exact", None),
+    "8c: an einsum over (batch, time, heads, dim), interface style": (
+        Spec(family="523", product="einsum_bthd"),
+        "exact", None,
+    ),
     # reach (issue 12): a term added while the scores are regrouped into windows, flat (b * h, q, k) scores
     # included: the port crashed before the regrouped term was unflattened like other flat terms
     "12a: a per-window term on regrouped flat scores": (

@@ -214,7 +214,7 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
             # a per-window term added with the scores regrouped into (batch // windows, windows, ...) (Swin's form)
             heads = n.attr("num_heads")
             code.add(f"windows = {n.attr('window_bias')}.shape[0]")
-            batch = "bsz" if n.flat else f"{n.query}.shape[0]"
+            batch = "bsz" if n.flat else f"{n.query}.shape[{1 if einsum_layout(spec) == 'tbhd' else 0}]"
             code.add(
                 f"attn_weights = attn_weights.view({batch} // windows, windows, {heads}, {n.q_len}, {n.k_len})"
                 f" + {n.attr('window_bias')}[..., : {n.k_len}].unsqueeze(0)"
@@ -230,7 +230,7 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
                 f"distance = (key_positions[None, :] - query_positions[:, None]).clamp({-MAX_POSITIONS + 1}, {MAX_POSITIONS - 1})"
             )
             code.add(f"relative = {n.attr('relative_embedding')}(distance + {MAX_POSITIONS - 1})")
-            spec_in = "bqhd" if spec.product == "einsum_bthd" else "bhqd"
+            spec_in = {"bthd": "bqhd", "tbhd": "qbhd"}.get(einsum_layout(spec), "bhqd")
             code.add(f'attn_weights = attn_weights + torch.einsum("{spec_in},qkd->bhqk", {n.query}, relative)')
 
     if guard == "not_none" and parameter is not None:
@@ -313,6 +313,8 @@ def product_lines(spec: Spec, n: Names, code: Code) -> None:
         code.add(f"attn_weights = torch.matmul({q}, key_t)")
     elif product == "permuted":
         code.add(f"attn_weights = torch.matmul({q}, {k})")
+    elif product == "einsum_bthd" and spec.length_first:
+        code.add(f'attn_weights = torch.einsum("qbhd,kbhd->bhqk", {q}, {k})')
     elif product == "einsum_bthd":
         code.add(f'attn_weights = torch.einsum("bqhd,bkhd->bhqk", {q}, {k})')
     elif product == "bmm":
@@ -468,6 +470,8 @@ def eager_chain(spec: Spec, n: Names, code: Code) -> None:
     elif n.flat:
         code.add(f"attn_output = torch.bmm(attn_weights, {v})")
         code.add(f"attn_output = attn_output.view(bsz, {n.attr('num_heads')}, {n.q_len}, {n.attr('head_dim')})")
+    elif spec.product == "einsum_bthd" and spec.length_first:
+        code.add(f'attn_output = torch.einsum("bhqk,kbhd->qbhd", attn_weights, {v})')
     elif spec.product == "einsum_bthd":
         code.add(f'attn_output = torch.einsum("bhqk,bkhd->bqhd", attn_weights, {v})')
     elif spec.product in ("einsum", "einsum_kt"):
@@ -483,13 +487,21 @@ def eager_chain(spec: Spec, n: Names, code: Code) -> None:
 # ------------------------------------------------------------------ the file
 
 
+def einsum_layout(spec: Spec) -> str | None:
+    """How `einsum_bthd` keeps the states: (b, t, h, d), or length first (t, b, h, d)."""
+    if spec.product != "einsum_bthd":
+        return None
+    return "tbhd" if spec.length_first else "bthd"
+
+
 def names_for(spec: Spec, owner: str) -> Names:
     if spec.layout == "flat":
         return Names(owner, "query_states", "key_states", "value_states", "q_len", "src_len", True)
     if spec.product == "permuted":
         return Names(owner, "query", "key", "value", "query.size(-2)", "key.size(-1)", False)
     if spec.product == "einsum_bthd":
-        return Names(owner, "query", "key", "value", "query.size(1)", "key.size(1)", False)
+        length = 0 if spec.length_first else 1
+        return Names(owner, "query", "key", "value", f"query.size({length})", f"key.size({length})", False)
     return Names(owner, "query", "key", "value", "query.size(-2)", "key.size(-2)", False)
 
 
@@ -579,7 +591,9 @@ def attention_class(spec: Spec, code: Code) -> None:
         with code.indent():
             code.add("bsz, q_len, _ = hidden_states.size()")
             shape = "view(bsz, -1, self.num_heads, self.head_dim)"
-            split = {"permuted": ".transpose(1, 2)", "einsum_bthd": ""}.get(spec.product, ".transpose(1, 2)")
+            split = {"permuted": ".transpose(1, 2)", "bthd": "", "tbhd": ".transpose(0, 1)"}.get(
+                einsum_layout(spec) or spec.product, ".transpose(1, 2)"
+            )
             key_split = ".permute(0, 2, 3, 1)" if spec.product == "permuted" else split
             code.add(f"query = self.q_proj(hidden_states).{shape}{split}")
             if spec.family == "523":
@@ -592,7 +606,13 @@ def attention_class(spec: Spec, code: Code) -> None:
                 if spec.cache:
                     code.add("if past_key_values is not None:")
                     with code.indent():
-                        code.add("key, value = past_key_values.update(key, value, self.layer_idx)")
+                        # the cache holds (b, h, t, d): an einsum layout goes there and back
+                        to_cache, back = {"bthd": (".transpose(1, 2)",) * 2, "tbhd": (".permute(1, 2, 0, 3)", ".permute(2, 0, 1, 3)")}.get(
+                            einsum_layout(spec) or "", ("", "")
+                        )
+                        code.add(f"key, value = past_key_values.update(key{to_cache}, value{to_cache}, self.layer_idx)")
+                        if back:
+                            code.add(f"key, value = key{back}, value{back}")
                 code.add("present = None")
             elif spec.cross:
                 code.add("if encoder_hidden_states is not None:")
@@ -610,8 +630,8 @@ def attention_class(spec: Spec, code: Code) -> None:
             if spec.family == "523":
                 pass
             elif spec.cache:
-                key_dim = {"permuted": -1, "einsum_bthd": 1}.get(spec.product, -2)
-                value_dim = 1 if spec.product == "einsum_bthd" else -2
+                key_dim = {"permuted": -1, "bthd": 1, "tbhd": 0}.get(einsum_layout(spec) or spec.product, -2)
+                value_dim = {"bthd": 1, "tbhd": 0}.get(einsum_layout(spec) or "", -2)
                 code.add("if layer_past is not None:")
                 with code.indent():
                     code.add(f"key = torch.cat((layer_past[0], key), dim={key_dim})")
@@ -637,7 +657,9 @@ def attention_class(spec: Spec, code: Code) -> None:
                 code.add(f"attn_output, attn_weights = self._attn({', '.join(arguments)})")
             else:
                 code.add(f"attn_output, attn_weights = fuzz_attention(self, {', '.join(arguments)})")
-            if spec.product == "einsum_bthd":
+            if einsum_layout(spec) == "tbhd":
+                code.add("attn_output = attn_output.transpose(0, 1).reshape(bsz, q_len, self.embed_dim)")
+            elif spec.product == "einsum_bthd":
                 code.add("attn_output = attn_output.reshape(bsz, q_len, self.embed_dim)")
             else:
                 code.add("attn_output = attn_output.transpose(1, 2).reshape(bsz, q_len, self.embed_dim)")
@@ -843,7 +865,7 @@ def model_classes(spec: Spec, code: Code) -> None:
     code.add("")
     code.add("class FuzzModel(FuzzPreTrainedModel):")
     bias = any(kind == "bias" for kind, _ in spec.terms)
-    key_dim = {"permuted": -1, "einsum_bthd": 1}.get(spec.product, -2)
+    key_dim = {"permuted": -1, "bthd": 1, "tbhd": 0}.get(einsum_layout(spec) or spec.product, -2)
     with code.indent():
         code.add("def __init__(self, config):")
         with code.indent():

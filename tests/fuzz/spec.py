@@ -116,6 +116,9 @@ class Spec:
     # a helper or module function returns the product with V and the probabilities in one statement
     # (`return torch.matmul(attn_weights, value), attn_weights`), which the caller unpacks
     returned_together: bool = False
+    # with `einsum_bthd`: the states run length first, (t, b, h, d) as in Transformer-XL and XLNet, and both einsums
+    # read them so (`torch.einsum("qbhd,kbhd->bhqk", q, k)`, the output `...->qbhd`)
+    length_first: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -226,7 +229,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         sparse_sibling=_pick(rng, SPARSE_SIBLINGS, (8, 1, 1)),
         bool_fill=rng.random() < 0.3,
         flat_bias=rng.random() < 0.5,
-        returned_together=rng.random() < 0.5,  # drawn last
+        returned_together=rng.random() < 0.5,
+        length_first=rng.random() < 0.5,  # drawn last
     )
     return normalise(spec)
 
@@ -304,6 +308,8 @@ def normalise(spec: Spec) -> Spec:
         changes["settings_branch"] = False  # one branching of the chain at a time; the approximation is a hazard's
     if spec.returned_together and changes.get("placement", spec.placement) == "forward":
         changes["returned_together"] = False  # a return of the helper or function the chain is in
+    if spec.length_first and changes.get("product", spec.product) != "einsum_bthd":
+        changes["length_first"] = False  # the einsum layouts' variant
     return replace(spec, **changes) if changes else spec
 
 

@@ -1,9 +1,10 @@
 """The product that starts a chain: a query times a transposed key.
 
 `q @ k.transpose(-1, -2)`, `torch.matmul`, `bmm` and `baddbmm` on flattened heads (baddbmm's alpha a scale, its
-input an additive term), `einsum` in any index order, a key transposed or permuted earlier or returned laid out
-(..., dim, length) by a method, casts around either operand (an upcast is noted), and a number multiplying or
-dividing the key (a scale of the product). A key scaled by anything else is refused S102.
+input an additive term), `einsum` (4-D operands in any dimension order, handed to SDPA permuted), a key transposed
+or permuted earlier or returned laid out (..., dim, length) by a method, casts around either operand (an upcast is
+noted), and a number multiplying or dividing the key (a scale of the product). A key scaled by anything else is
+refused S102.
 """
 
 from __future__ import annotations
@@ -40,11 +41,16 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
     key_factor: tuple[cst.BaseExpression, bool] | None = None
     unproven: cst.BaseExpression | None = None  # a factor of the key not shown to be a number
     rank = product.rank
+    orders: tuple[p.Order | None, p.Order | None] = (None, None)
     if product.form is p.ProductForm.EINSUM:
-        roles = p.einsum_roles(product.spec or "")
-        if roles is None or roles.kind is not p.EinsumRole.SCORES:
+        roles = p.einsum_roles(product.spec or "", p.EinsumRole.SCORES)
+        if roles is None:
             return None
-        key, rank = product.right, roles.rank
+        key, rank, orders = product.right, roles.rank, (roles.left, roles.right)
+        untransposed = p.transposed_last_two(key, 4) if roles.right == (0, 1, 3, 2) else None
+        if untransposed is not None:
+            # `einsum("bhqd,bhdk->bhqk", q, k.transpose(-1, -2))`: the key itself is in SDPA's layout
+            key, orders = untransposed, (roles.left, None)
     else:
         split = key_operand(tracer, product.right, rank)
         key_factor, unproven = split.number, split.unproven
@@ -57,12 +63,14 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
         rank = tracer.rank_of(query)
     start = Start(
         product,
-        query,
-        key,
+        p.permuted(query, orders[0]),  # an einsum's operands laid out as SDPA takes them
+        p.permuted(key, orders[1]),
         rank,
         query_upcast or key_upcast,
         query_scale(tracer, query),
         bound_to_float32(tracer, query) or bound_to_float32(tracer, key),
+        orders,
+        (query, key) if orders != (None, None) else None,
     )
     cid = len(tracer.candidates)
     candidate = Candidate(cid, start, line, start_node=node)
@@ -291,6 +299,18 @@ EXAMPLES = {
             Start,
         ),
         Example("scores = query @ key.permute(0, 1, 3, 2)\nprobs = scores.softmax(-1)\nreturn probs @ value", Start),
+        # 4-D einsum operands in any dimension order: SDPA gets them laid out (batch, heads, length, dim)
+        Example(
+            "scores = torch.einsum('ibnd,jbnd->bnij', query, key)\nprobs = scores.softmax(-1)\n"
+            "return torch.einsum('bnij,jbnd->ibnd', probs, value)",
+            Start,
+        ),
+        # scores laid out (batch, heads, key, query): the softmax would run over the queries
+        Example(
+            "scores = torch.einsum('bhqd,bhkd->bhkq', query, key)\nprobs = scores.softmax(-1)\n"
+            "return torch.einsum('bhkq,bhkd->bhqd', probs, value)",
+            refused=Code.UNRECOGNISED,
+        ),
         # a key divided by a number scales the product
         Example(
             "scores = query @ (key.transpose(-1, -2) / 8.0)\nprobs = scores.softmax(-1)\nreturn probs @ value", Scale

@@ -1,9 +1,9 @@
 """Additive terms of the scores: a mask, a position bias, ALiBi, relative scores from another product (`scores +
-relative_scores`: the younger chain becomes the term), and a helper of the file that only adds terms that do not
-depend on the scores (`helper(scores, ...)` reads as `scores + helper(zeros, ...)`). Whether only `x is not None`
-tests of the term's own names enclose it (it is then always given when given), and whether it may be the number 0
-on some path, are noted. A term added after the softmax is refused S106; the scores added to themselves, S103; a
-term that reads the scores, S104.
+relative_scores`: the younger chain becomes the term), a subtracted term (`scores - term` is `scores + (-term)`),
+and a helper of the file that only adds terms that do not depend on the scores (`helper(scores, ...)` reads as
+`scores + helper(zeros, ...)`). Whether only `x is not None` tests of the term's own names enclose it (it is then
+always given when given), and whether it may be the number 0 on some path, are noted. A term added after the softmax
+is refused S106; the scores added to themselves, S103; a term that reads the scores, S104.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import libcst.matchers as m
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.additive import additive_in
 from sdpa_port.analyse.chain import SCORES, AddTerm, ChainVal, Op, Poison, short
-from sdpa_port.analyse.cstutil import nodes_of_type
+from sdpa_port.analyse.cstutil import nodes_of_type, primary
 from sdpa_port.analyse.forms.common import Example, scored
 from sdpa_port.refusals import Code
 
@@ -26,17 +26,19 @@ if TYPE_CHECKING:
 
 
 def added(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, cst.Add):
+    """`scores + term`, `term + scores`, and `scores - term` (the term negated: `x - t` is `x + (-t)` exactly)."""
+    if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Add, cst.Subtract)):
         return None
     left_refs, right_refs = tracer.chain_or_start(node.left), tracer.chain_or_start(node.right)
-    if not left_refs and not right_refs:
-        return None
+    subtract = isinstance(node.operator, cst.Subtract)
+    if not left_refs and not right_refs or subtract and not left_refs:
+        return None  # `term - scores` negates the scores: not a term
     if left_refs and right_refs:
-        return add_two_chains(tracer, node, line)
+        return None if subtract else add_two_chains(tracer, node, line)
     chain_side, other = (node.left, node.right) if left_refs else (node.right, node.left)
     base, ops = tracer.decompose(chain_side, line)
     current = tracer.advance(base, ops)
-    return base, [*ops, add_term(tracer, current, other, line)]
+    return base, [*ops, add_term(tracer, current, other, line, negate=subtract)]
 
 
 def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
@@ -81,15 +83,19 @@ def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Reco
     return base, [*ops, AddTerm(term, current.rank, always_applied(tracer, term), scores_arg=index)]
 
 
-def add_term(tracer: Tracer, current: ChainVal, term: cst.BaseExpression, line: int) -> AddTerm:
+def add_term(
+    tracer: Tracer, current: ChainVal, term: cst.BaseExpression, line: int, negate: bool = False
+) -> AddTerm:
+    """The term added to the scores (subtracted, with `negate`: the term is then `-(term)`)."""
     if current.stage != SCORES:
         raise Poison(
             Code.PROBABILITIES_CHANGED, "a term is added to the probabilities after the softmax", {current.cid}
         )
     if tracer.chain_value_refs(term):
         raise Poison(Code.SCORES_READ, f"the additive term `{short(term)}` depends on the scores", {current.cid})
+    detached = tracer.detach(term, current.cid)
     return AddTerm(
-        tracer.detach(term, current.cid),
+        cst.UnaryOperation(cst.Minus(), primary(detached)) if negate else detached,
         current.rank,
         always_applied(tracer, term),
         may_be_number=may_be_number(tracer, term),
@@ -182,6 +188,13 @@ EXAMPLES = {
             scored("scores = scores + query @ attention_mask.transpose(-1, -2)\nprobs = scores.softmax(-1)"), AddTerm
         ),
         Example(scored("probs = scores.softmax(-1) + attention_mask"), refused=Code.PROBABILITIES_CHANGED),
+        # a subtracted term is the term negated
+        Example(
+            scored("if attention_mask is not None:\n    scores = scores - 1e4 * (1.0 - attention_mask)\nprobs = scores.softmax(-1)"),
+            AddTerm,
+        ),
+        # the scores subtracted from a term are negated: no term
+        Example(scored("scores = attention_mask - scores\nprobs = scores.softmax(-1)"), refused=Code.SCORES_COMBINED),
         Example(
             scored("scores = scores + scores.mean(-1, keepdim=True)\nprobs = scores.softmax(-1)"),
             refused=Code.SCORES_COMBINED,
