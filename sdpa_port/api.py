@@ -6,6 +6,7 @@ import ast
 
 import libcst as cst
 
+from sdpa_port.analyse.diagnose import where_reading_stops
 from sdpa_port.analyse.lines import Lines, top_level_starts
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.discover.eager_sites import find_eager_attention, undispatched_sites
@@ -74,22 +75,23 @@ def port_source(source: str, *, style: Style | str = Style.AUTO, filename: str |
 
 
 def _unrecognised(tree: ast.Module, result: PortResult) -> PortResult:
-    """"Nothing to port" for a file that holds eager attention is a miss: refuse it, naming each site."""
+    """"Nothing to port" for a file that holds eager attention is a miss: refuse it, naming each site and where the
+    recogniser's reading of it stops."""
     if result.status is not Status.UNCHANGED or result.detail != NO_ATTENTION:
         return result
     sites = find_eager_attention(tree)
     if not sites:
         return result
-    refusals = [
-        Refusal(
-            Code.UNRECOGNISED,
-            site.where,
-            site.line,
+    module = cst.parse_module(result.source)
+    facts, lines = ModuleFacts.of(module, tree), Lines(module, top_level_starts(tree))
+    refusals = []
+    for site in sites:
+        stops = where_reading_stops(facts, lines, site.where)
+        detail = (
             "eager attention (a softmax over a product of two tensors, multiplied by a third) in a form the tool "
-            "does not recognise",
+            "does not recognise"
         )
-        for site in sites
-    ]
+        refusals.append(Refusal(Code.UNRECOGNISED, site.where, site.line, f"{detail}; {stops}" if stops else detail))
     return PortResult.refused(result.source, result.style, refusals)
 
 

@@ -98,3 +98,45 @@ def test_a_wrapped_softmax_is_refused_not_reported_as_no_attention(source: str, 
     result = port_source(textwrap.dedent(source), filename="modeling_tiny.py")
     assert result.status is Status.REFUSED, result
     assert [refusal.code.value[0] for refusal in result.refusals] == [code]
+
+
+LAYOUT_UNREAD = '''
+import torch
+from torch import nn
+
+
+class TinyAttention(nn.Module):
+    def forward(self, query, key, value):
+        scores = torch.einsum("qbd,kbd->bqk", query, key)
+        probs = scores.softmax(dim=-1)
+        return torch.einsum("bqk,kbd->qbd", probs, value)
+'''
+
+UNTRANSPOSED = '''
+import torch
+from torch import nn
+
+
+class TinyAttention(nn.Module):
+    def forward(self, query, key, value):
+        scores = torch.matmul(query, key)
+        probs = nn.functional.softmax(scores, dim=-1).type(query.dtype)
+        return torch.matmul(probs, value)
+'''
+
+
+@pytest.mark.parametrize(
+    ("source", "stops"),
+    [
+        # a softmax over an einsum the recogniser does not read as a query-key product
+        (LAYOUT_UNREAD, "the recogniser stops at line 9: the attention scores come from `scores`, not from a recognised"),
+        (FUNCTION_WRAPPERS, "the recogniser stops at line 20: the scores are passed to `self._normalise` (S101)"),
+        (UNTRANSPOSED, "the recogniser reads no query-key product there"),
+    ],
+    ids=["layout", "wrappers", "no-product"],
+)
+def test_the_refusal_names_where_the_reading_stops(source: str, stops: str) -> None:
+    """F601 names the operation the recogniser gave up at (with its own code), not only that a form was missed."""
+    result = port_source(textwrap.dedent(source), filename="modeling_tiny.py")
+    assert [refusal.code.value[0] for refusal in result.refusals] == ["F601"], result.reasons
+    assert stops in result.reasons[0], result.reasons
