@@ -10,6 +10,8 @@ lack the flag get it once their eager function is recognised as exact and their 
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -75,6 +77,8 @@ class ModulePlan:
     # lines of `create_*_mask(...).to(torch.bool)` handing this module its mask: the conversion is dropped and the
     # eager function adds the builder's mask where it filled (`bool_masks.py`)
     unconverted: frozenset[int] = frozenset()
+    # methods of the class forward called for the attention, inlined into the eager function
+    inlined: tuple[str, ...] = ()
 
 
 @dataclass
@@ -369,6 +373,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         position_bias=emitter.position_bias,
         causal_sites=causal_sites,
         unconverted=frozenset(unconverted),
+        inlined=tuple(h.helper.name for h in analysis.helpers if h.helper.is_method and h.helper.owner == analysis.class_name),
     )
 
 
@@ -798,6 +803,11 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
     if threading is not None:
         module, threaded = thread_kwargs(module, threading)
         plan.notes.extend(threaded)
+    for item in plan.modules:
+        unused = [name for name in item.inlined if not _referenced(module, item.class_name, name)]
+        if unused:
+            module = transform_named(module, {item.class_name}, _RemoveMethods(frozenset(unused)))
+            plan.notes.append(f"{item.class_name}: " + ", ".join(unused) + " moved into the eager function, removed")
     for root in facts.pretrained_roots:
         module = flags.set_class_flag(module, [root], "_supports_sdpa")
         plan.notes.append(f"{root}._supports_sdpa = True")
@@ -846,6 +856,38 @@ def _insert_before(module: cst.Module, anchor: str, statement: cst.BaseStatement
     if not done:
         raise KeyError(anchor)
     return module.with_changes(body=body)
+
+
+def _referenced(module: cst.Module, class_name: str, name: str) -> bool:
+    """Whether anything in the module still names the method: an attribute, a name, a string of the name alone, or
+    a `# Copied from` (or other) comment naming `Class.method`."""
+    tree = ast.parse(module.code)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == name or isinstance(node, ast.Name) and node.id == name:
+            return True
+        if isinstance(node, ast.Constant) and node.value == name:  # getattr(self, "name")
+            return True
+    tokens = tokenize.generate_tokens(io.StringIO(module.code).readline)
+    comments = (token.string for token in tokens if token.type == tokenize.COMMENT)
+    return any(f"{class_name}.{name}" in comment for comment in comments)
+
+
+class _RemoveMethods(cst.CSTTransformer):
+    """Drop the named methods from the outermost class transformed."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+        self.depth = 0
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.depth += 1
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.depth -= 1
+        if self.depth:
+            return updated
+        body = [s for s in updated.body.body if not (isinstance(s, cst.FunctionDef) and s.name.value in self.names)]
+        return updated.with_changes(body=updated.body.with_changes(body=body))
 
 
 class _ReplaceMethod(cst.CSTTransformer):

@@ -250,3 +250,33 @@ def test_weights_a_statement_passes_along_are_given_by_the_dispatch() -> None:
     forward = result.source[result.source.index("    def forward") :]
     assert "attention_output, probs = attention_interface(" in forward, forward
     assert "out, probs = attention_output.transpose(1, 2), probs" in forward, forward
+
+
+def _relative_fixture() -> str:
+    from pathlib import Path
+
+    return (Path(__file__).resolve().parents[2] / "fixtures" / "interface_style" / "modeling_tiny_relative.py").read_text()
+
+
+def test_an_inlined_helper_nothing_else_calls_is_removed() -> None:
+    """The helper whose computation moved into the eager function is dead in the port: a reviewer would ask for its
+    removal. One that anything else in the file still names stays."""
+    source = _relative_fixture()
+    result = port_source(source, filename="modeling_tiny_relative.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert "def attend(" in source and "def attend(" not in result.source
+    assert any("attend moved into the eager function, removed" in note for note in result.notes), result.notes
+
+    kept = source.replace(
+        "    def forward(self, hidden_states, attention_mask=None, position_bias=None, output_attentions=False):\n"
+        "        batch, length, width",
+        "    def weights_of(self, query, key, value):\n"
+        "        return self.attend(query, key, value, None, 0.0)[1]\n\n"
+        "    def forward(self, hidden_states, attention_mask=None, position_bias=None, output_attentions=False):\n"
+        "        batch, length, width",
+        1,
+    )
+    assert kept != source
+    result = port_source(kept, filename="modeling_tiny_relative.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert "def attend(" in result.source
