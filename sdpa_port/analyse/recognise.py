@@ -141,7 +141,7 @@ def _without_optional(
         if param.name.value in tested
         and param.default is not None
         and m.matches(param.default, m.Name("None"))
-        and not is_mask_parameter(param.name.value)
+        and (not is_mask_parameter(param.name.value) or "head_mask" in param.name.value)  # head masks return to eager
         and not is_cache_parameter(param.name.value)
         and "states" not in param.name.value
     ]
@@ -150,7 +150,13 @@ def _without_optional(
     trials += [Known(none=frozenset({name})) for name in optional]
     if len(optional) > 1:
         trials.append(Known(none=frozenset(optional)))  # DeBERTa's talking heads: one projection on each side
-    for known in trials[:MAX_OPTIONAL_TRIED]:
+    trials = trials[:MAX_OPTIONAL_TRIED]
+    if any(param.name.value == "output_attentions" for param in params):
+        # asked for weights, the SDPA class returns to eager: a step only that request takes (ProphetNet returns the
+        # scores before the softmax) is off on the SDPA path, alone or with one of the other facts
+        weights = frozenset({"output_attentions"})
+        trials += [Known(falsy=weights)] + [Known(falsy=k.falsy | weights, none=k.none) for k in trials]
+    for known in trials:
         result = t.Tracer(facts, class_name, forward, line_of, known=known).run()
         inline = result.attention()
         if len(inline) == 1 and inline[0].poison is None:

@@ -72,7 +72,8 @@ def build_sdpa_forward(
     found = facts.find_method(analysis.class_name, "forward")
     assert found is not None
     _, forward = found
-    falsy = ((analysis.output_attentions,) if analysis.output_attentions else ()) + analysis.eager_only_flags
+    # output_attentions may be a flag of the analysis too (a step only a request for weights takes): once
+    falsy = tuple(dict.fromkeys(((analysis.output_attentions,) if analysis.output_attentions else ()) + analysis.eager_only_flags))
     none = analysis.eager_only_params
     known = Known(falsy=frozenset(falsy), none=frozenset(none))
     special = specialise(forward, known)

@@ -184,7 +184,10 @@ def difference(a: Any, b: Any, keep: Any) -> float:
             if x.dim() == 3:  # flat (batch * heads, q, k) weights
                 x, y = x.view(keep.shape[0], -1, *x.shape[1:]), y.view(keep.shape[0], -1, *y.shape[1:])
             rows = keep[:, None, :, None].expand_as(x)
-            value = float((x - y).abs()[rows].max()) if rows.any() else 0.0
+            # equal entries count as equal, infinities included (weights may be scores before the softmax, filled
+            # with -inf where masked)
+            gaps = torch.where(x == y, torch.zeros_like(x), (x - y).abs())
+            value = float(gaps[rows].max()) if rows.any() else 0.0
             worst = max(worst, value if math.isfinite(value) else math.inf)
     return worst
 

@@ -111,6 +111,15 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
     ),
     # refused F601 until 4-D einsum operands were read in any dimension order (issue 12)
     "8b: an einsum over (batch, time, heads, dim)": (Spec(product="einsum_bthd"), "exact", None),
+    "8d: length first, (time, batch, heads, dim), with a cache": (
+        Spec(product="einsum_bthd", length_first=True, causal="buffer", cache=True),
+        "exact", None,
+    ),
+    # ProphetNet's form (was refused S110): the weights returned are the scores before the softmax, kept only when
+    # asked for, beside a head mask applied to a view of the probabilities
+    "8e: the scores before the softmax returned for output_attentions": (
+        Spec(scores_returned=True, head_mask=True), "exact", None,
+    ),
     "8c: an einsum over (batch, time, heads, dim), interface style": (
         Spec(family="523", product="einsum_bthd"),
         "exact", None,

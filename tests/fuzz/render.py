@@ -431,6 +431,14 @@ def eager_chain(spec: Spec, n: Names, code: Code) -> None:
         floor_line(code)
     if hazard == "dropout_before_softmax":
         code.add(f"attn_weights = {n.attr('attn_dropout')}(attn_weights)")
+    if spec.scores_returned:
+        # the weights handed back are the scores before the softmax, kept only when asked for (ProphetNet's form)
+        code.add("if output_attentions:")
+        with code.indent():
+            code.add("returned_weights = attn_weights")
+        code.add("else:")
+        with code.indent():
+            code.add("returned_weights = None")
     softmax_lines(spec, n, code)
     if spec.zero_masked:
         if spec.fill_form in ("masked_fill", "masked_fill_inplace"):
@@ -668,6 +676,7 @@ def attention_class(spec: Spec, code: Code) -> None:
                 code.add("return attn_output, attn_weights")
             else:
                 weights = "attn_weights if output_attentions else None" if spec.output_attentions else "None"
+                weights = "returned_weights" if spec.scores_returned else weights
                 code.add(f"return attn_output, present, {weights}")
         if spec.placement == "helper":
             code.add("")

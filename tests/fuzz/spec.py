@@ -119,6 +119,9 @@ class Spec:
     # with `einsum_bthd`: the states run length first, (t, b, h, d) as in Transformer-XL and XLNet, and both einsums
     # read them so (`torch.einsum("qbhd,kbhd->bhqk", q, k)`, the output `...->qbhd`)
     length_first: bool = False
+    # 4.x, the chain in forward: the weights returned for `output_attentions` are the scores before the softmax,
+    # kept under `if output_attentions:` (ProphetNet)
+    scores_returned: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -230,7 +233,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         bool_fill=rng.random() < 0.3,
         flat_bias=rng.random() < 0.5,
         returned_together=rng.random() < 0.5,
-        length_first=rng.random() < 0.5,  # drawn last
+        length_first=rng.random() < 0.5,
+        scores_returned=rng.random() < 0.3,  # drawn last
     )
     return normalise(spec)
 
@@ -310,6 +314,9 @@ def normalise(spec: Spec) -> Spec:
         changes["returned_together"] = False  # a return of the helper or function the chain is in
     if spec.length_first and changes.get("product", spec.product) != "einsum_bthd":
         changes["length_first"] = False  # the einsum layouts' variant
+    returnable = spec.family == "440" and spec.output_attentions and changes.get("placement", spec.placement) == "forward"
+    if spec.scores_returned and not returnable:
+        changes["scores_returned"] = False  # the request for weights is forward's parameter
     return replace(spec, **changes) if changes else spec
 
 

@@ -359,6 +359,27 @@ def test_a_step_under_a_switch_off_by_default_falls_back_to_eager() -> None:
     assert analysis is not None and analysis.refusal is not None and analysis.eager_only_flags == ()
 
 
+def test_a_step_only_a_request_for_weights_takes_falls_back_to_eager() -> None:
+    """ProphetNet's form: the weights returned are the scores before the softmax, kept under `if output_attentions:`,
+    and a head mask applied to a view of the probabilities. The SDPA class returns to eager for either (it does for
+    `output_attentions` anyway); the head mask is tried as absent together with the request for weights."""
+    body = (
+        "scores = torch.matmul(query, key.transpose(-1, -2))\n"
+        "if attention_mask is not None:\n    scores = scores + attention_mask\n"
+        "if output_attentions:\n    returned = scores\nelse:\n    returned = None\n"
+        "probs = scores.softmax(dim=-1)\n"
+        "if head_mask is not None:\n    probs = head_mask.view(1, -1, 1, 1) * probs.view(b, h, q, k)\n"
+        "return torch.matmul(probs, value), returned"
+    )
+    analysis = analyse(attention_module(body, init=INIT))
+    assert analysis is not None and analysis.refusal is None, analysis
+    assert analysis.eager_only_flags == ("output_attentions",) and analysis.eager_only_params == ("head_mask",)
+    # a read of the scores every call makes is still refused
+    always = body.replace("if output_attentions:\n    returned = scores\nelse:\n    returned = None\n", "returned = scores\n")
+    analysis = analyse(attention_module(always, init=INIT))
+    assert analysis is not None and analysis.refusal is not None
+
+
 def test_a_tensor_factor_the_same_for_every_key_scales_the_query() -> None:
     """Swin V2's cosine attention: scores times a per-head parameter of shape (heads, 1, 1), clamped and
     exponentiated; `(q @ k.T) * f == (q * f) @ k.T` since f is the same along the keys. A factor that varies along
