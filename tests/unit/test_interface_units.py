@@ -280,3 +280,17 @@ def test_an_inlined_helper_nothing_else_calls_is_removed() -> None:
     result = port_source(kept, filename="modeling_tiny_relative.py")
     assert result.status is Status.PORTED, result.reasons
     assert "def attend(" in result.source
+
+
+def test_scores_returned_for_a_request_for_weights_are_refused_in_the_interface_style() -> None:
+    """The class style falls back to eager when weights are asked for; the interface's eager function holds only the
+    chain, so scores kept under `if output_attentions:` would be lost: refused W403."""
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[2] / "fixtures" / "interface_style" / "modeling_tiny_lengthfirst.py").read_text()
+    kept = "        if output_attentions:\n            returned = scores\n        else:\n            returned = None\n"
+    changed = source.replace("        probs = nn.functional.softmax(scores, dim=-1)\n", kept + "        probs = nn.functional.softmax(scores, dim=-1)\n")
+    changed = changed.replace("return (output, probs) if output_attentions else (output, None)", "return output, returned")
+    assert changed.count("returned = ") == 2 and "return output, returned" in changed
+    result = port_source(changed, filename="modeling_tiny_lengthfirst.py")
+    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["W403"], result.reasons
