@@ -84,13 +84,13 @@ def _unrecognised(tree: ast.Module, result: PortResult) -> PortResult:
         return result
     module = cst.parse_module(result.source)
     facts, lines = ModuleFacts.of(module, tree), Lines(module, top_level_starts(tree))
+    detail = (
+        "eager attention (a softmax over a product of two tensors, multiplied by a third) in a form the tool does not "
+        "recognise"
+    )
     refusals = []
     for site in sites:
         stops = where_reading_stops(facts, lines, site.where)
-        detail = (
-            "eager attention (a softmax over a product of two tensors, multiplied by a third) in a form the tool "
-            "does not recognise"
-        )
         refusals.append(Refusal(Code.UNRECOGNISED, site.where, site.line, f"{detail}; {stops}" if stops else detail))
     return PortResult.refused(result.source, result.style, refusals)
 

@@ -107,6 +107,11 @@ def binary(left: cst.BaseExpression, operator: cst.BaseBinaryOp, right: cst.Base
     return cst.BinaryOperation(left=left, operator=operator, right=right)
 
 
+def assignment(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
+    """The statement `name = value`."""
+    return cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)])
+
+
 def plus(left: cst.BaseExpression, term: cst.BaseExpression) -> cst.BinaryOperation:
     """`left + term`, or `left - x` for a term `-x` (a term the source subtracted)."""
     if isinstance(term, cst.UnaryOperation) and isinstance(term.operator, cst.Minus):

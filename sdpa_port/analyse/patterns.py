@@ -709,7 +709,13 @@ def permuted(node: cst.BaseExpression, order: Order | None) -> cst.BaseExpressio
     return cst.Call(func=cst.Attribute(value=primary(node), attr=cst.Name(method)), args=args)
 
 
+def then(first: Order, second: Order) -> Order:
+    """The order `x.permute(first).permute(second)` takes `x`'s dimensions in."""
+    return tuple(first[i] for i in second)
+
+
 def inverse(order: Order) -> Order:
+    """The order that undoes `order`: `then(order, inverse(order))` keeps every dimension in place."""
     out = [0] * len(order)
     for i, o in enumerate(order):
         out[o] = i

@@ -13,6 +13,7 @@ import ast
 import io
 import tokenize
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import libcst as cst
 import libcst.matchers as m
@@ -747,7 +748,7 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
     if plan.modules:
         needed.append(("modeling_utils", "ALL_ATTENTION_FUNCTIONS"))
     for item in plan.modules:
-        module = transform_named(module, {item.class_name}, _ReplaceMethod("forward", item.forward))
+        module = transform_named(module, {item.class_name}, _Methods({"forward": item.forward}))
         init_owner = _init_owner(facts, item.class_name)
         if item.store_config or item.is_causal is not None or item.causal_sites is not None:
             causal = PARAMETER if item.causal_sites is not None else item.is_causal
@@ -806,7 +807,7 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
     for item in plan.modules:
         unused = [name for name in item.inlined if not _referenced(module, item.class_name, name)]
         if unused:
-            module = transform_named(module, {item.class_name}, _RemoveMethods(frozenset(unused)))
+            module = transform_named(module, {item.class_name}, _Methods(dict.fromkeys(unused)))
             plan.notes.append(f"{item.class_name}: " + ", ".join(unused) + " moved into the eager function, removed")
     for root in facts.pretrained_roots:
         module = flags.set_class_flag(module, [root], "_supports_sdpa")
@@ -872,11 +873,12 @@ def _referenced(module: cst.Module, class_name: str, name: str) -> bool:
     return any(f"{class_name}.{name}" in comment for comment in comments)
 
 
-class _RemoveMethods(cst.CSTTransformer):
-    """Drop the named methods from the outermost class transformed."""
+class _Methods(cst.CSTTransformer):
+    """In the outermost class transformed, replace each named method by its new definition, or drop it where the
+    name maps to None."""
 
-    def __init__(self, names: frozenset[str]) -> None:
-        self.names = names
+    def __init__(self, changes: Mapping[str, cst.FunctionDef | None]) -> None:
+        self.changes = changes
         self.depth = 0
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
@@ -886,24 +888,14 @@ class _RemoveMethods(cst.CSTTransformer):
         self.depth -= 1
         if self.depth:
             return updated
-        body = [s for s in updated.body.body if not (isinstance(s, cst.FunctionDef) and s.name.value in self.names)]
-        return updated.with_changes(body=updated.body.with_changes(body=body))
-
-
-class _ReplaceMethod(cst.CSTTransformer):
-    def __init__(self, name: str, new: cst.FunctionDef) -> None:
-        self.name = name
-        self.new = new
-        self.depth = 0
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.depth += 1
-
-    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
-        self.depth -= 1
-        if self.depth:
-            return updated
-        body = [self.new if isinstance(s, cst.FunctionDef) and s.name.value == self.name else s for s in updated.body.body]
+        body: list[cst.BaseStatement | cst.BaseSmallStatement] = []
+        for statement in updated.body.body:
+            if isinstance(statement, cst.FunctionDef) and statement.name.value in self.changes:
+                new = self.changes[statement.name.value]
+                if new is not None:
+                    body.append(new)
+            else:
+                body.append(statement)
         return updated.with_changes(body=updated.body.with_changes(body=body))
 
 

@@ -15,8 +15,8 @@ from typing import Sequence
 import libcst as cst
 
 from sdpa_port.analyse import trace as t
-from sdpa_port.analyse.cstutil import assigned_names, block_body, code, replace_names, replace_nodes
-from sdpa_port.analyse.patterns import cast_operand, inverse, permuted, walk_names
+from sdpa_port.analyse.cstutil import assigned_names, assignment, block_body, code, replace_names, replace_nodes
+from sdpa_port.analyse.patterns import cast_operand, inverse, permuted, then, walk_names
 from sdpa_port.render import render_statements
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.analyse.cstutil import primary
@@ -215,7 +215,7 @@ class InterfaceEmitter(SdpaEmitter):
         for name in weights[1:]:
             out.append(cst.parse_statement(f"{name} = {weights[0]}"))
         # the dispatch returns (batch, query, heads, dim): back to SDPA's layout, then to the product's
-        order = tuple(_HANDED_OVER.index(i) for i in (plan.output.order or range(4)))
+        order = then(inverse(_HANDED_OVER), plan.output.order or _IN_PLACE)
         converted: cst.BaseExpression = permuted(cst.Name(output_name), order)
         rank = plan.output.rank
         if rank == 3:
@@ -318,12 +318,12 @@ def eager_body(
                 restore[placeholder] = restored
                 provided.add(placeholder)
                 continue
-            adapters.append(_assign_line(source.value, restored))
+            adapters.append(assignment(source.value, restored))
             provided.add(source.value)
         elif isinstance(operand, cst.Name):
             if operand.value != parameter or flatten[parameter]:
                 flat = f"{parameter}.flatten(0, 1)" if flatten[parameter] else parameter
-                adapters.append(_assign_line(operand.value, cst.parse_expression(flat)))
+                adapters.append(assignment(operand.value, cst.parse_expression(flat)))
             provided.add(operand.value)
     if options.mask_param:
         if options.mask_param != "attention_mask":
@@ -345,17 +345,15 @@ def eager_body(
     weights = sorted(result.probs_names_after_output)
     returned = weights[0] if weights else "None"
     # the product's layout (SDPA's, or an einsum's `...->bind`) to the (batch, query, heads, dim) handed back
-    handed = tuple((output.order or tuple(range(4))).index(i) for i in _HANDED_OVER)
+    handed = then(inverse(output.order or _IN_PLACE), _HANDED_OVER)
     result_node = permuted(cst.parse_expression(result_expr), handed)
     body.append(cst.parse_statement(f"return {code(primary(result_node))}.contiguous(), {returned}"))
     return body, part
 
 
 _HANDED_OVER = (0, 2, 1, 3)  # the attention interface's output: SDPA's (batch, heads, query, dim) as (b, q, h, d)
+_IN_PLACE = (0, 1, 2, 3)
 
-
-def _assign_line(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
-    return cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], value)])
 
 
 def _heads_in_eager(candidate: t.Candidate) -> str | None:

@@ -18,6 +18,7 @@ from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cstutil import (
     all_assigned_names,
     assigned_names,
+    assignment,
     binary,
     block_body,
     code,
@@ -417,7 +418,7 @@ class SdpaEmitter(StatementWalker):
                 term, rank = op.term, op.rank
                 pre: list[cst.BaseStatement] = []
                 if op.scores_arg is not None:
-                    pre.append(_assign(self.names.scores_shape, self.scores_shape()))
+                    pre.append(assignment(self.names.scores_shape, self.scores_shape()))
                     term = self.with_zero_scores(term, op.scores_arg)
                 if self.regrouped is not None:
                     term, rank = self.regrouped_term(term, self.regrouped[0]), self.regrouped[1]
@@ -440,7 +441,7 @@ class SdpaEmitter(StatementWalker):
                 if op.causal and state.causal_fill is None:
                     state.causal_fill = op.fill
                     if state.causal_var:
-                        return [_assign(self.names.causal, op.condition)]
+                        return [assignment(self.names.causal, op.condition)]
                     state.causal = op.condition
                     return []
                 return self.fill_mask(op)
@@ -504,7 +505,7 @@ class SdpaEmitter(StatementWalker):
     def regroup(self, shape: tuple[cst.BaseExpression, ...], rank: int | None) -> list[cst.BaseStatement]:
         """Where the scores are regrouped: their shape, read from the query and the key."""
         self.regrouped = (shape, rank)
-        return [_assign(self.names.scores_shape, self.scores_shape())]
+        return [assignment(self.names.scores_shape, self.scores_shape())]
 
     def scores_shape(self) -> cst.BaseExpression:
         """The shape of the query-key product, `query.shape[:-1] + key.shape[-2:-1]`."""
@@ -519,10 +520,10 @@ class SdpaEmitter(StatementWalker):
         rebound = self.candidate.names_assigned_after_start
         # an operand laid out for SDPA (an einsum's) is named once: shapes and dtypes are read from it
         if walk_names(op.query) & rebound or op.orders[0] is not None:
-            out.append(_assign(self.names.query, op.query))
+            out.append(assignment(self.names.query, op.query))
             self.query = cst.Name(self.names.query)
         if walk_names(op.key) & rebound or op.orders[1] is not None:
-            out.append(_assign(self.names.key, op.key))
+            out.append(assignment(self.names.key, op.key))
             self.key = cst.Name(self.names.key)
         return out
 
@@ -536,20 +537,20 @@ class SdpaEmitter(StatementWalker):
                     Code.SCALE_NOT_A_NUMBER,
                     f"the scores are scaled by the tensor `{code(op.factor)}` after other terms or under a condition",
                 )
-            out.append(_assign(self.names.query, _binary(self.query_root(), op.factor, op.divide)))
+            out.append(assignment(self.names.query, _binary(self.query_root(), op.factor, op.divide)))
             self.query = cst.Name(self.names.query)
             return out
         if state.scale_var:
-            out.append(_assign(self.names.scale, _binary(cst.Name(self.names.scale), op.factor, op.divide)))
+            out.append(assignment(self.names.scale, _binary(cst.Name(self.names.scale), op.factor, op.divide)))
         else:
             state.scale_factors.append((op.factor, op.divide))
         if state.mask_var:
-            update = _assign(self.names.mask, _binary(cst.Name(self.names.mask), op.factor, op.divide))
+            update = assignment(self.names.mask, _binary(cst.Name(self.names.mask), op.factor, op.divide))
             out.append(_if_not_none(self.names.mask, update) if state.mask_maybe_none else update)
         elif state.mask is not None:
             if state.mask_nullable:
                 out.extend(self.materialize({Side.MASK}))
-                update = _assign(self.names.mask, _binary(cst.Name(self.names.mask), op.factor, op.divide))
+                update = assignment(self.names.mask, _binary(cst.Name(self.names.mask), op.factor, op.divide))
                 out.append(_if_not_none(self.names.mask, update))
             else:
                 state.mask = _binary(state.mask, op.factor, op.divide)
@@ -569,7 +570,7 @@ class SdpaEmitter(StatementWalker):
         if op.keep_where_true:
             rows = cst.UnaryOperation(cst.BitInvert(), rows)
         self.state.zero_rows = ZeroRowsState.SET
-        return [_assign(self.names.zero_rows, rows)]
+        return [assignment(self.names.zero_rows, rows)]
 
     def floor_mask(self, op: t.Guard) -> list[cst.BaseStatement]:
         """`max(scores + mask, bound)` is `scores + max(mask, bound)` for an absorbing bound (scores + bound == bound).
@@ -590,7 +591,7 @@ class SdpaEmitter(StatementWalker):
         if not state.mask_var:
             state.mask = _clamp(state.mask, op.bound)  # type: ignore[arg-type]
             return []
-        update = _assign(self.names.mask, _clamp(cst.Name(self.names.mask), op.bound))
+        update = assignment(self.names.mask, _clamp(cst.Name(self.names.mask), op.bound))
         return [_if_not_none(self.names.mask, update) if state.mask_maybe_none else update]
 
     def nullable_parameter(self, term: cst.BaseExpression) -> str | None:
@@ -610,7 +611,7 @@ class SdpaEmitter(StatementWalker):
         value: cst.BaseExpression = (
             cst.IfExp(test=_is_none(self.names.mask), body=term, orelse=added) if state.mask_maybe_none else added
         )
-        return [*pre, _if_not_none(name, _assign(self.names.mask, value))]
+        return [*pre, _if_not_none(name, assignment(self.names.mask, value))]
 
     def add_to_mask(self, term: cst.BaseExpression) -> list[cst.BaseStatement]:
         state = self.state
@@ -627,7 +628,7 @@ class SdpaEmitter(StatementWalker):
         named: list[cst.BaseStatement] = []
         if state.mask_maybe_none and isinstance(term, (cst.Call, cst.IfExp)):
             # `term if mask is None else mask + term` names a computed term once
-            named.append(_assign(self.names.term, term))
+            named.append(assignment(self.names.term, term))
             term = cst.Name(self.names.term)
         added = plus(mask, term)
         if state.mask_maybe_none:
@@ -637,7 +638,7 @@ class SdpaEmitter(StatementWalker):
         else:
             value = added
         state.mask_maybe_none = False
-        return [*named, _assign(self.names.mask, value)]
+        return [*named, assignment(self.names.mask, value)]
 
     def fill_mask(self, op: t.Fill) -> list[cst.BaseStatement]:
         """`where(keep, scores, fill)` / `masked_fill(masked, fill)` folded into the additive mask."""
@@ -672,7 +673,7 @@ class SdpaEmitter(StatementWalker):
         else:
             value = where(mask)
         state.mask_maybe_none = False
-        return [_assign(self.names.mask, value)]
+        return [assignment(self.names.mask, value)]
 
     # -------------------------------------------------------------- materialisation
 
@@ -680,22 +681,22 @@ class SdpaEmitter(StatementWalker):
         out: list[cst.BaseStatement] = []
         state = self.state
         if Side.SCALE in kinds and not state.scale_var:
-            out.append(_assign(self.names.scale, self.scale_expression()))
+            out.append(assignment(self.names.scale, self.scale_expression()))
             state.scale_var = True
             state.scale_factors = []
         if Side.MASK in kinds and not state.mask_var:
-            out.append(_assign(self.names.mask, state.mask if state.mask is not None else cst.Name("None")))
+            out.append(assignment(self.names.mask, state.mask if state.mask is not None else cst.Name("None")))
             state.mask_maybe_none = state.mask is None or state.mask_nullable
             state.mask = None
             state.mask_nullable = False
             state.mask_var = True
         if Side.CAUSAL in kinds and not state.causal_var:
-            out.append(_assign(self.names.causal, state.causal if state.causal is not None else cst.Name("None")))
+            out.append(assignment(self.names.causal, state.causal if state.causal is not None else cst.Name("None")))
             state.causal = None
             state.causal_var = True
         if Side.ZERO_ROWS in kinds and not state.zero_rows_var:
             if state.zero_rows is ZeroRowsState.ABSENT:
-                out.append(_assign(self.names.zero_rows, cst.Name("None")))
+                out.append(assignment(self.names.zero_rows, cst.Name("None")))
             state.zero_rows_var = True
         return out
 
@@ -773,7 +774,7 @@ class SdpaEmitter(StatementWalker):
             )
             if mask_code:
                 out.extend(self.materialize({Side.MASK}) if not state.mask_var else [])
-                cast = _assign(
+                cast = assignment(
                     self.names.mask,
                     cst.Call(func=cst.Attribute(value=cst.Name(self.names.mask), attr=cst.Name("to")), args=[cst.Arg(dtype)]),
                 )
@@ -807,7 +808,7 @@ class SdpaEmitter(StatementWalker):
         new_small = replace_nodes(small, {plan.output.node: call})
         zeroing = self.zero_output(small, plan)
         own = self.assigned_by(small)
-        weights = [_assign(name, cst.Name("None")) for name in sorted(self.probs_after_output - own)]
+        weights = [assignment(name, cst.Name("None")) for name in sorted(self.probs_after_output - own)]
         self.removed_reads.update(self.probs_after_output - own)
         if isinstance(small, cst.Return):
             # `return sdpa(...), weights`: the weights are None on the SDPA path
@@ -852,7 +853,7 @@ class SdpaEmitter(StatementWalker):
                 func=cst.Attribute(value=zeroed, attr=cst.Name("flatten")),
                 args=[cst.Arg(cst.Integer("0"), comma=_COMMA), cst.Arg(cst.Integer("1"))],
             )
-        statement = _assign(name, zeroed)
+        statement = assignment(name, zeroed)
         return [_if_not_none(self.names.zero_rows, statement) if state is ZeroRowsState.MAYBE else statement]
 
     def finalize_causal(self, out: list[cst.BaseStatement]) -> str:
@@ -901,7 +902,7 @@ class SdpaEmitter(StatementWalker):
                 "the mask may arrive as None for a causal layer, but it is not the chain's only masking term",
             )
         query = code(self.query_root())
-        out.append(_assign(self.names.is_causal, expr(f"{mask} is None and {contract} and {query}.size(-2) > 1")))
+        out.append(assignment(self.names.is_causal, expr(f"{mask} is None and {contract} and {query}.size(-2) > 1")))
         return self.names.is_causal
 
 
@@ -912,10 +913,6 @@ _COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 def _keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
     return cst.Arg(value, keyword=cst.Name(name), equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-
-
-def _assign(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
-    return cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)])
 
 
 def _is_none(name: str) -> cst.Comparison:

@@ -11,7 +11,7 @@ from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.forms import products
 from sdpa_port.analyse.cross import keys_aligned
 from sdpa_port.analyse.masked_rows import masked_rows_reason
-from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, block_body, replace_names, replace_nodes
+from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, assignment, block_body, replace_names, replace_nodes
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.analyse.recognise import ClassAnalysis, Helper, bind_arguments, site_operands
@@ -179,9 +179,7 @@ class Inliner(StatementWalker):
             value = bound[name]
             if isinstance(value, cst.Name) and value.value == name:
                 continue
-            prelude.append(
-                cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)])
-            )
+            prelude.append(assignment(name, value))
         if self.options is not None:
             keys = frozenset(name for name, value in bound.items() if products.transposed_key(self.caller(), value))
             if self._aligned is None:  # a fact of the class, the same for every inlined call

@@ -5,9 +5,9 @@ inputs cannot be synthesised) or may build its attention only under configuratio
 (ZoeDepth's patch transformer exists only with two bin configurations). The port's attention classes are then built
 from their own constructors, sharpened, and run on synthetic states: the original's eager class, the port's eager
 computation and its SDPA computation (`drive.sdpa_call` on the port's eager module), without a mask, with padded
-keys (the 4-D extended mask transformers hands such modules, expanded over the queries, or the 2-D key mask), and with
-every optional score term the module accepts. The port's eager outputs
-must equal the original's, its SDPA outputs must agree within the SDPA tolerances, and SDPA must run from the port.
+keys (the 4-D extended mask transformers hands such modules, expanded over the queries, or the 2-D key mask), and
+with every optional score term the module accepts. The port's eager outputs must equal the original's, its SDPA
+outputs must agree within the SDPA tolerances, and SDPA must run from the port.
 
 These are module checks, reported as such (`<Class> alone`): they do not prove that a model selects the class.
 """
@@ -32,10 +32,10 @@ from sdpa_port.verify.drive import (
     EAGER_TOLERANCE,
     RELATIVE_TOLERANCE,
     SDPA_TOLERANCE,
-    first_tensor,
-    sdpa_call,
     config_at,
     eager_class_of,
+    first_tensor,
+    sdpa_call,
     sharpen,
     unverified,
 )
