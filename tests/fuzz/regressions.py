@@ -120,6 +120,13 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
     "8e: the scores before the softmax returned for output_attentions": (
         Spec(scores_returned=True, head_mask=True), "exact", None,
     ),
+    # judged wrong by 1.01e-4 (4.40.2 seed 21485): unscaled scores of a sharpened model, where float32 rounding alone
+    # passes the tolerance; in float64 the port and eager agree to 6e-14, so the judge now calls it exact
+    "8f: unscaled cross-attention rounding past the float32 tolerance": (
+        Spec(scale_guard="flag", terms=(("mask", "not_none"), ("bias", "not_none")), causal="buffer",
+             causal_guard="not_cross", cross=True, sparse_sibling="own", seed=21485),
+        "exact", None,
+    ),
     "8c: an einsum over (batch, time, heads, dim), interface style": (
         Spec(family="523", product="einsum_bthd"),
         "exact", None,
