@@ -275,7 +275,11 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
             # several attentions may sit on the two sides of a test of the module's settings, and a step SDPA cannot
             # take under `if extra is not None:` for an optional argument: the SDPA class then falls back to eager
             # on the other side, or when that argument is given, as for a head mask
-            retried = (_one_branch if candidate is None else _without_optional)(facts, class_name, forward, line_of)
+            retried = (
+                _one_branch(facts, class_name, forward, line_of)
+                if candidate is None
+                else _without_optional(facts, class_name, forward, line_of) or _one_branch(facts, class_name, forward, line_of)
+            )
             if retried is not None:
                 known, result, candidate = retried
                 head_masks.extend(sorted(known.none))

@@ -28,7 +28,7 @@ from sdpa_port.verify.checks import Batch, Check, count_sdpa_calls, model_kind
 from sdpa_port.verify.configs import LEVELS, Level, level_kwargs, timm_backbone
 from sdpa_port.verify.diagnose import PortCalls, attention_classes, why_no_sdpa
 from sdpa_port.verify.inputs import ConfigView, Plan, TensorSpec, Unsupported, describe, plan_inputs
-from sdpa_port.verify.terms import term_trials
+from sdpa_port.verify.terms import setting_values, term_trials
 
 EAGER_TOLERANCE = 1e-6
 SDPA_TOLERANCE = 1e-4
@@ -922,6 +922,20 @@ def reach_sdpa(candidate: Candidate, driven: Driven) -> Driven:
             if sdpa_reached(candidate, trial):
                 trial.notes.append(f"config {flag}=True (attention is off at the defaults)")
                 return trial
+    ported, original = sys.modules[candidate.ported.__module__], sys.modules[candidate.original.__module__]
+    classes = [getattr(ported, name) for name in attention_classes(original, ported)]
+    for field_name, values in setting_values(classes, driven.config).items():
+        for value in values:
+            changed = copy.deepcopy(driven.config)
+            setattr(changed, field_name, value)
+            trial = _drive_with_config(candidate, changed, driven)
+            if trial is None:
+                continue
+            with contextlib.suppress(Exception):
+                if sdpa_reached(candidate, trial):
+                    default = getattr(driven.config, field_name)
+                    trial.notes.append(f"config {field_name}={value!r} (the SDPA classes fall back to eager at {default!r})")
+                    return trial
     return driven
 
 

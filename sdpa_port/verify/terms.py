@@ -34,20 +34,7 @@ def term_lists(classes: list[type], config: Any) -> dict[str, list[str]]:
     disentangled terms). Each field maps to the strings tested."""
     out: dict[str, list[str]] = {}
     for tree in _class_trees(classes):
-        fields: dict[str, str] = {}  # self attribute -> the config field it is read from
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
-                continue
-            target = node.targets[0]
-            if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"):
-                continue
-            sources = {
-                inner.attr
-                for inner in ast.walk(node.value)
-                if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) and inner.value.id == "config"
-            } | {name for name, _ in _getattr_config_reads(node.value)}
-            if len(sources) == 1:
-                fields[target.attr] = next(iter(sources))
+        fields = _config_fields(tree)
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.In)):
                 continue
@@ -61,6 +48,50 @@ def term_lists(classes: list[type], config: Any) -> dict[str, list[str]]:
                     if left.value not in out[field_name]:
                         out[field_name].append(left.value)
     return {name: sorted(members) for name, members in out.items()}
+
+
+def setting_values(classes: list[type], config: Any) -> dict[str, list[str | None]]:
+    """String config fields the attention classes compare with literals (`self.position_embeddings_type ==
+    "relative"`, the attribute read from `config.position_embeddings_type`): each field maps to the other literals
+    compared, then None. An SDPA class that falls back to eager under one setting is reached under another."""
+    out: dict[str, list[str | None]] = {}
+    for tree in _class_trees(classes):
+        fields = _config_fields(tree)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq))):
+                continue
+            sides = (node.left, node.comparators[0])
+            literal = next((s.value for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)), None)
+            read = next((s for s in sides if isinstance(s, ast.Attribute) and isinstance(s.value, ast.Name)), None)
+            if literal is None or read is None or read.value.id not in ("self", "config"):
+                continue
+            field_name = fields.get(read.attr) if read.value.id == "self" else read.attr
+            current = getattr(config, field_name, None) if field_name is not None else None
+            if field_name is None or not isinstance(current, str) or literal == current:
+                continue
+            values = out.setdefault(field_name, [])
+            if literal not in values:
+                values.append(literal)
+    return {name: [*sorted(v for v in values if v is not None), None] for name, values in out.items()}
+
+
+def _config_fields(tree: Any) -> dict[str, str]:
+    """`self.x = config.y` (or a `getattr(config, "y", ...)` read) in a class: self attribute -> config field."""
+    fields: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        target = node.targets[0]
+        if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"):
+            continue
+        sources = {
+            inner.attr
+            for inner in ast.walk(node.value)
+            if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) and inner.value.id == "config"
+        } | {name for name, _ in _getattr_config_reads(node.value)}
+        if len(sources) == 1:
+            fields[target.attr] = next(iter(sources))
+    return fields
 
 
 def _class_trees(classes: list[type]) -> list[Any]:

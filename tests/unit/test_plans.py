@@ -519,6 +519,66 @@ def test_a_settings_test_with_a_string_literal_renders_in_the_fallback_warning()
     assert "does not support \"\n                \"output_attentions=True or self.mode != 'exact';" in ported.source
 
 
+RELATIVE_ON_ONE_SIDE = '''
+import math
+
+import torch
+from torch import nn
+
+from ...modeling_utils import PreTrainedModel
+
+
+class TinyAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.position_embeddings_type = config.position_embeddings_type
+        self.pos_bias = nn.Parameter(torch.zeros(self.head_dim))
+
+    def _relative_scores(self, query, key, positions):
+        content = torch.matmul(query + self.pos_bias, key.transpose(-1, -2))
+        shifted = torch.cat([torch.zeros_like(content[..., :1]), content], dim=-1).view(content.shape)
+        return (content + shifted) / math.sqrt(self.head_dim)
+
+    def forward(self, query, key, value, attention_mask=None, positions=None, output_attentions=False):
+        if self.position_embeddings_type == "relative":
+            scores = self._relative_scores(query, key, positions)
+        else:
+            scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        probs = torch.softmax(scores, dim=-1)
+        context = torch.matmul(probs, value)
+        return (context, probs) if output_attentions else (context,)
+
+
+class TinyLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attention = TinyAttention(config)
+
+
+class TinyPreTrainedModel(PreTrainedModel):
+    base_model_prefix = "model"
+'''
+
+
+def test_scores_a_setting_computes_unreadably_keep_that_setting_on_eager() -> None:
+    """One attention whose scores a settings test replaces on one side by a helper's (Wav2Vec2-Conformer's relative
+    positions shifted by a reshape): the SDPA class takes the side it can read and falls back to eager under the
+    other setting. A test that reads an argument cannot be decided before the computation: still refused."""
+    ported = port_source(RELATIVE_ON_ONE_SIDE, style=Style.CLASS)
+    assert ported.status is Status.PORTED, ported.reasons
+    assert 'if output_attentions or self.position_embeddings_type == "relative":' in ported.source
+    sdpa_forward = ported.source.split("class TinySdpaAttention")[1].split("falling back")[1]
+    assert "_relative_scores" not in sdpa_forward.split("TINY_ATTENTION_CLASSES")[0]
+    by_argument = RELATIVE_ON_ONE_SIDE.replace(
+        'if self.position_embeddings_type == "relative":', "if query.shape[2] > 64:"
+    )
+    refused = port_source(by_argument, style=Style.CLASS)
+    assert refused.status is Status.REFUSED and "S110" in " ".join(refused.reasons), refused.reasons
+
+
 SUPPORTED_WITH_A_TOWER = '''
 import torch
 from torch import nn

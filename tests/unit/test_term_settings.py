@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
-from sdpa_port.verify.terms import term_trials
+from sdpa_port.verify.terms import setting_values, term_trials
 
 ORIGINAL = '''
 class Attention:
@@ -61,3 +61,36 @@ def test_lists_already_filled_are_left_alone(tmp_path: Path) -> None:
     ported = _module(tmp_path, "terms_ported2", PORTED)
     config = SimpleNamespace(relative_attention=True, term_kinds=["c2p"], use_window=True)
     assert term_trials([ported.SdpaAttention], config) == []
+
+
+SETTINGS = '''
+class Attention:
+    def __init__(self, config):
+        self.position_embeddings_type = config.position_embeddings_type
+        self.norm = config.norm
+
+    def forward(self, scores):
+        if self.position_embeddings_type == "rotary":
+            scores = scores + 1
+        if self.position_embeddings_type != "relative" and self.norm == "pre":
+            scores = scores + 2
+        return scores
+
+
+class SdpaAttention(Attention):
+    def forward(self, scores):
+        if self.position_embeddings_type == "relative_key":
+            return super().forward(scores)
+        return scaled_dot_product_attention(scores)
+'''
+
+
+def test_string_settings_offer_the_other_literals_compared_then_none(tmp_path: Path) -> None:
+    """An SDPA class that falls back to eager at the config's setting is reached under another: the other literals
+    the attention compares the setting with, then None; a setting already at the only literal it is compared with offers nothing."""
+    ported = _module(tmp_path, "settings_ported", SETTINGS)
+    config = SimpleNamespace(position_embeddings_type="relative_key", norm="pre")
+    assert setting_values([ported.SdpaAttention], config) == {
+        "position_embeddings_type": ["relative", "rotary", None]
+    }
+    assert setting_values([ported.SdpaAttention], SimpleNamespace(position_embeddings_type=None, norm=None)) == {}
