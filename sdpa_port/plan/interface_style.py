@@ -241,6 +241,13 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
             f"{names} leads to steps only the eager computation takes (a head mask, or a term SDPA cannot express); "
             "the attention interface cannot fall back to eager for it",
         )
+    if len(analysis.sites) > 1:
+        methods = ", ".join(f"`{site.method}` (line {site.line})" for site in analysis.sites)
+        raise Refuse(
+            Code.REPEATED,
+            f"forward computes attention in more than one place ({methods}); the attention interface dispatches "
+            "one computation, and these cannot be shown to be the same one",
+        )
     if analysis.helpers:
         forward = inline_helpers(facts, analysis, forward)
     aligned = keys_aligned_in(facts, analysis)

@@ -294,3 +294,26 @@ def test_scores_returned_for_a_request_for_weights_are_refused_in_the_interface_
     assert changed.count("returned = ") == 2 and "return output, returned" in changed
     result = port_source(changed, filename="modeling_tiny_lengthfirst.py")
     assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["W403"], result.reasons
+
+
+def test_attention_in_two_helpers_chosen_by_a_setting_is_refused_in_the_interface_style() -> None:
+    """ImageGPT's `_attn` beside its upcast `_upcast_and_reordered_attn`, chosen by a setting: the class style ports
+    both; the interface dispatches one computation and cannot show the two are the same, so it refuses and says so
+    (it used to blame a mask "added only under a condition")."""
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[2] / "fixtures" / "interface_style" / "modeling_tiny_relative.py").read_text()
+    helper = source.split("    def attend(")[1].split("    def forward(")[0]
+    upcast = "    def attend_upcast(" + helper.replace("scores = scores + position_bias", "scores = scores.float() + position_bias")
+    changed = source.replace("    def forward(self, hidden_states, attention_mask=None, position_bias=None", upcast + "    def forward(self, hidden_states, attention_mask=None, position_bias=None", 1)
+    changed = changed.replace(
+        "        output, weights = self.attend(query, key, value, attention_mask, position_bias)\n",
+        "        if self.config.upcast:\n"
+        "            output, weights = self.attend_upcast(query, key, value, attention_mask, position_bias)\n"
+        "        else:\n"
+        "            output, weights = self.attend(query, key, value, attention_mask, position_bias)\n",
+    )
+    assert "attend_upcast(query" in changed and "def attend_upcast(" in changed
+    result = port_source(changed, filename="modeling_tiny_relative.py")
+    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["S109"], result.reasons
+    assert "`attend_upcast` (line" in result.reasons[0] and "`attend` (line" in result.reasons[0], result.reasons
