@@ -340,13 +340,15 @@ def _helper_calls(
     finder = _Calls()
     forward.body.visit(finder)
     out = []
-    cache: dict[tuple[str, frozenset[str]], tuple[Helper, t.TraceResult, list[t.Candidate]] | None] = {}
+    cache: dict[tuple[str, frozenset[str], frozenset[str]], tuple[Helper, t.TraceResult, list[t.Candidate]] | None] = {}
+    weights = "output_attentions" if any(p.name.value == "output_attentions" for p in forward.params.params) else None
     for call in finder.calls:
         helper = helper_for(facts, class_name, call)
         keys = key_layout_params(helper, call, caller) if helper is not None else frozenset()
-        key = (code(call.func), keys)
+        asked = _bound_to(helper, call, weights) if helper is not None and weights is not None else frozenset()
+        key = (code(call.func), keys, asked)
         if key not in cache:
-            cache[key] = _traced_helper(facts, class_name, call, line_of, keys)
+            cache[key] = _traced_helper(facts, class_name, call, line_of, keys, asked)
         found = cache[key]
         if found is None:
             continue
@@ -361,13 +363,30 @@ def _helper_calls(
 
 
 def _traced_helper(
-    facts: ModuleFacts, class_name: str, call: cst.Call, line_of: LineOf, keys: frozenset[str]
+    facts: ModuleFacts, class_name: str, call: cst.Call, line_of: LineOf, keys: frozenset[str], asked: frozenset[str]
 ) -> tuple[Helper, t.TraceResult, list[t.Candidate]] | None:
+    """The helper's trace; where it finds no one attention SDPA can take, the trace with its parameters that receive
+    forward's `output_attentions` false (the SDPA class returns to eager when it is true, and the inlined helper is
+    specialised so): XLNet returns its weights permuted under `if output_attentions:`."""
     helper = helper_for(facts, class_name, call)
     if helper is None:
         return None
     result = t.Tracer(facts, class_name, helper.function, line_of, key_params=keys).run()
-    return helper, result, result.attention()
+    attention = result.attention()
+    if asked and not (len(attention) == 1 and attention[0].poison is None):
+        known = Known(falsy=asked)
+        retried = t.Tracer(facts, class_name, helper.function, line_of, known=known, key_params=keys).run()
+        if len(retried.attention()) == 1 and retried.attention()[0].poison is None:
+            return helper, retried, retried.attention()
+    return helper, result, attention
+
+
+def _bound_to(helper: Helper, call: cst.Call, name: str) -> frozenset[str]:
+    """The helper's parameters this call passes forward's `name` as is."""
+    bound = bind_arguments(helper.function, helper.as_method_call(call))
+    if bound is None:
+        return frozenset()
+    return frozenset(param for param, value in bound.items() if m.matches(value, m.Name(name)))
 
 
 def key_layout_params(helper: Helper, call: cst.Call, caller: t.Tracer) -> frozenset[str]:

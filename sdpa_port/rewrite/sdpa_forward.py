@@ -11,7 +11,15 @@ from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.forms import products
 from sdpa_port.analyse.cross import keys_aligned
 from sdpa_port.analyse.masked_rows import masked_rows_reason
-from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, assignment, block_body, replace_names, replace_nodes
+from sdpa_port.analyse.cstutil import (
+    all_assigned_names,
+    assigned_names,
+    assignment,
+    block_body,
+    is_docstring,
+    replace_names,
+    replace_nodes,
+)
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.analyse.recognise import ClassAnalysis, Helper, bind_arguments, site_operands
@@ -164,11 +172,11 @@ class Inliner(StatementWalker):
         falsy = frozenset(name for name, value in bound.items() if isinstance(value, cst.Name) and value.value in flags)
         known = Known(none=frozenset(eager_only_params), falsy=falsy)
         special = specialise(helper, known) if self.options else helper
-        special = self.rename_collisions(special, bound, statement)
+        special, renamed = self.rename_collisions(special, bound, statement)
         params = [p for p in [*special.params.posonly_params, *special.params.params] if p.name.value != "self"]
         params += list(special.params.kwonly_params)
-        bound = bind_arguments(special, call)
-        assert bound is not None
+        # a renamed parameter no longer takes its keyword: the call binds as it did, under the new names
+        bound = {renamed.get(name, name): value for name, value in bound.items()}
         for name, value in bound.items():
             others = walk_names(value)
             if any(other != name and other in bound for other in others):
@@ -180,6 +188,10 @@ class Inliner(StatementWalker):
             if isinstance(value, cst.Name) and value.value == name:
                 continue
             prelude.append(assignment(name, value))
+        special_body = block_body(special.body)
+        if special_body and is_docstring(special_body[0]):
+            # the helper's docstring describes the helper, not the lines that now stand in for its call
+            special = special.with_changes(body=special.body.with_changes(body=list(special_body[1:])))
         if self.options is not None:
             keys = frozenset(name for name, value in bound.items() if products.transposed_key(self.caller(), value))
             if self._aligned is None:  # a fact of the class, the same for every inlined call
@@ -220,8 +232,9 @@ class Inliner(StatementWalker):
 
     def rename_collisions(
         self, helper: cst.FunctionDef, bound: dict[str, cst.BaseExpression], statement: cst.SimpleStatementLine
-    ) -> cst.FunctionDef:
-        """Helper locals that clash with forward's names get a trailing underscore."""
+    ) -> tuple[cst.FunctionDef, dict[str, str]]:
+        """Helper locals that clash with forward's names get a trailing underscore; the new names of its
+        parameters are returned with it."""
         targets = set()
         for small in statement.body:
             if isinstance(small, cst.Assign):
@@ -231,7 +244,7 @@ class Inliner(StatementWalker):
         same = {name for name, value in bound.items() if isinstance(value, cst.Name) and value.value == name}
         clashes = (locals_ & self.forward_names) - same - targets
         if not clashes:
-            return helper
+            return helper, {}
         taken = self.forward_names | locals_
         mapping: dict[str, cst.BaseExpression] = {}
         for name in sorted(clashes):
@@ -243,11 +256,13 @@ class Inliner(StatementWalker):
         body = replace_names(helper.body, mapping)
         params = helper.params
         renamed = params.with_changes(
-            params=[
-                p.with_changes(name=mapping[p.name.value]) if p.name.value in mapping else p for p in params.params
-            ]
+            params=[p.with_changes(name=mapping[p.name.value]) if p.name.value in mapping else p for p in params.params],
+            kwonly_params=[
+                p.with_changes(name=mapping[p.name.value]) if p.name.value in mapping else p for p in params.kwonly_params
+            ],
         )
-        return helper.with_changes(body=body, params=renamed)
+        names = {old: new.value for old, new in mapping.items() if isinstance(new, cst.Name) and old in bound}
+        return helper.with_changes(body=body, params=renamed), names
 
 
 class _HelperCalls(cst.CSTVisitor):

@@ -33,6 +33,8 @@ CASES = {
     # relative positions shifted by a reshape under one setting (the default): eager keeps that setting, and the
     # verifier reaches SDPA under another value of it (rotary)
     "wav2vec2_conformer": ("scores a setting computes unreadably, kept on eager under that setting", "scale"),
+    # the weights returned permuted (`einsum("bnij->ijbn", probs)`) by the helper under `if output_attentions:`
+    "xlnet": ("a helper keeping a step for the weights it returns, given forward's output_attentions", "scale"),
     "wav2vec2_bert": ("the same, with a relative-key term read from the query under the default setting", "mask"),
 }
 

@@ -75,6 +75,18 @@ def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> Non
     assert_sabotage_seen(verify(model, source, workdir, f"sabotage_{kind}"))
 
 
+def test_a_helper_keeping_a_step_for_the_weights_it_returns_ports_and_verifies(workdir: Path) -> None:
+    """XLNet (class style in 5.x too): its attention helper, given forward's `output_attentions`, returns the weights
+    permuted under `if output_attentions:`; the SDPA class returns to eager for that request, so the port is exact.
+    Checked on its token path, and a mask withheld from SDPA is seen."""
+    source = port_for_kind("xlnet", "text")
+    checks = verify("xlnet", source, workdir, "xlnet")
+    lines = "\n".join(str(c) for c in checks)
+    assert checks and all(c.passed for c in checks), lines
+    assert any(c.name.endswith("sdpa executed") for c in checks), lines
+    assert_sabotage_seen(verify("xlnet", broken("xlnet", source, "mask"), workdir, "xlnet_mask"))
+
+
 # models the harness cannot build or drive, and why; the attention classes of their ports, checked alone
 OUT_OF_REACH = {
     "layoutlmv2": ("needs detectron2", ["LayoutLMv2SdpaSelfAttention"]),  # an optional package

@@ -521,6 +521,8 @@ def chain_parameters(spec: Spec) -> list[str]:
         params.append("position_bias=None")
     if spec.hazard == "optional_renorm":
         params.append("similarity=None")
+    if spec.scores_returned:
+        params.append("output_attentions=False")  # a helper keeps the scores for a request for weights itself
     return params
 
 
@@ -593,7 +595,7 @@ def attention_class(spec: Spec, code: Code) -> None:
                 params += ["layer_past=None", "use_cache=False"]
             if spec.cross:
                 params += ["encoder_hidden_states=None", "encoder_attention_mask=None"]
-            if spec.output_attentions:
+            if spec.output_attentions and "output_attentions=False" not in params:
                 params.append("output_attentions=False")
         code.add(f"def forward({', '.join(params)}):")
         with code.indent():
@@ -659,6 +661,8 @@ def attention_class(spec: Spec, code: Code) -> None:
                 arguments.append("position_bias")
             if spec.hazard == "optional_renorm":
                 arguments.append("similarity")
+            if spec.scores_returned:
+                arguments.append("output_attentions")
             if spec.placement == "forward":
                 chain(spec, n, code)
             elif spec.placement == "helper":
@@ -676,7 +680,8 @@ def attention_class(spec: Spec, code: Code) -> None:
                 code.add("return attn_output, attn_weights")
             else:
                 weights = "attn_weights if output_attentions else None" if spec.output_attentions else "None"
-                weights = "returned_weights" if spec.scores_returned else weights
+                weights = "returned_weights" if spec.scores_returned and spec.placement == "forward" else weights
+                weights = "attn_weights" if spec.scores_returned and spec.placement != "forward" else weights
                 code.add(f"return attn_output, present, {weights}")
         if spec.placement == "helper":
             code.add("")
@@ -691,11 +696,12 @@ def returned(spec: Spec, code: Code) -> None:
     the chain's last statement."""
     last = code.lines[-1] if code.lines else ""
     prefix = "    " * code.depth + "attn_output = "
+    weights = "returned_weights" if spec.scores_returned else "attn_weights"
     if spec.returned_together and last.startswith(prefix) and "attn_output" not in last[len(prefix) :]:
         code.lines.pop()
-        code.add(f"return {last[len(prefix):]}, attn_weights")
+        code.add(f"return {last[len(prefix):]}, {weights}")
         return
-    code.add("return attn_output, attn_weights")
+    code.add(f"return attn_output, {weights}")
 
 
 def attention_function(spec: Spec, code: Code) -> None:

@@ -314,9 +314,9 @@ def normalise(spec: Spec) -> Spec:
         changes["returned_together"] = False  # a return of the helper or function the chain is in
     if spec.length_first and changes.get("product", spec.product) != "einsum_bthd":
         changes["length_first"] = False  # the einsum layouts' variant
-    returnable = spec.family == "440" and spec.output_attentions and changes.get("placement", spec.placement) == "forward"
+    returnable = spec.family == "440" and spec.output_attentions and changes.get("placement", spec.placement) != "function"
     if spec.scores_returned and not returnable:
-        changes["scores_returned"] = False  # the request for weights is forward's parameter
+        changes["scores_returned"] = False  # the request for weights is forward's parameter, passed on to a helper
     return replace(spec, **changes) if changes else spec
 
 

@@ -645,3 +645,56 @@ def test_a_mask_helper_called_where_the_fallbacks_cannot_be_seen_keeps_its_full_
     assert result.status is Status.PORTED, result.reasons
     assert "_for_sdpa" not in result.source
     assert any("mask helpers kept" in w and "_prepare_4d_causal_attention_mask" in w for w in result.warnings), result.warnings
+
+
+HELPER_WITH_DOCSTRING = '''
+import torch
+from torch import nn
+
+from ...modeling_utils import PreTrainedModel
+
+
+class TinyAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.scaling = config.head_dim**-0.5
+
+    def _attn(self, query, key, value, attention_mask=None, output_attentions=False):
+        """Core attention: the scores, their softmax, the product with the values."""
+        scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        probs = torch.softmax(scores, dim=-1)
+        context = torch.matmul(probs, value)
+        if output_attentions:
+            return context, probs.permute(2, 3, 0, 1)
+        return context
+
+    def forward(self, query, key, value, attention_mask=None, output_attentions=False):
+        return self._attn(query, key, value, attention_mask, output_attentions=output_attentions)
+
+
+class TinyLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attention = TinyAttention(config)
+
+
+class TinyPreTrainedModel(PreTrainedModel):
+    base_model_prefix = "model"
+'''
+
+
+def test_a_helper_returning_permuted_weights_when_asked_ports_without_its_docstring() -> None:
+    """XLNet's helper returns the weights permuted under `if output_attentions:` (the probabilities used after the
+    product with V, S111, on that path alone): traced with forward's request false, as the SDPA class only runs
+    then, it ports. The helper's docstring stays with the helper, not among the lines inlined for its call. Passed
+    something other than forward's own request, the step is on the SDPA path: still refused."""
+    ported = port_source(HELPER_WITH_DOCSTRING, style=Style.CLASS)
+    assert ported.status is Status.PORTED, ported.reasons
+    assert ported.source.count("Core attention: the scores") == 1
+    sdpa_class = ported.source.split("class TinySdpaAttention")[1]
+    assert "scaled_dot_product_attention(" in sdpa_class and "permute(2, 3, 0, 1)" not in sdpa_class
+    always = HELPER_WITH_DOCSTRING.replace("output_attentions=output_attentions)", "output_attentions=True)")
+    refused = port_source(always, style=Style.CLASS)
+    assert refused.status is Status.REFUSED, refused.source
