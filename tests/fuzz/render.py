@@ -489,7 +489,11 @@ def eager_chain(spec: Spec, n: Names, code: Code) -> None:
     else:
         code.add(f"attn_output = torch.matmul(attn_weights, {v})")
     if hazard == "value_relative":
-        code.add(f"attn_output = attn_output + 0.1 * torch.einsum(\"bhqk,kd->bhqd\", attn_weights, {n.value}[0, 0])")
+        # the value of one sequence and head per key, laid out as the product's output
+        rows, out = {"bthd": ("[0, :, 0]", "bqhd"), "tbhd": ("[:, 0, 0]", "qbhd")}.get(
+            einsum_layout(spec) or "", ("[0, 0]", "bhqd")
+        )
+        code.add(f"attn_output = attn_output + 0.1 * torch.einsum(\"bhqk,kd->{out}\", attn_weights, {n.value}{rows})")
 
 
 # ------------------------------------------------------------------ the file
@@ -620,9 +624,11 @@ def attention_class(spec: Spec, code: Code) -> None:
                         to_cache, back = {"bthd": (".transpose(1, 2)",) * 2, "tbhd": (".permute(1, 2, 0, 3)", ".permute(2, 0, 1, 3)")}.get(
                             einsum_layout(spec) or "", ("", "")
                         )
-                        code.add(f"key, value = past_key_values.update(key{to_cache}, value{to_cache}, self.layer_idx)")
-                        if back:
-                            code.add(f"key, value = key{back}, value{back}")
+                        # a key permuted to (b, h, d, t) goes there transposed (the cache concatenates along -2)
+                        key_to, key_back = (".transpose(2, 3)",) * 2 if spec.product == "permuted" else (to_cache, back)
+                        code.add(f"key, value = past_key_values.update(key{key_to}, value{to_cache}, self.layer_idx)")
+                        if key_back or back:
+                            code.add(f"key, value = key{key_back}, value{back}")
                 code.add("present = None")
             elif spec.cross:
                 code.add("if encoder_hidden_states is not None:")
