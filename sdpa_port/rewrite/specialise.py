@@ -37,7 +37,10 @@ class _Specialise(cst.CSTTransformer):
         if decision is None:
             return updated
         chosen = updated.body if decision else updated.orelse
-        return chosen.with_changes(lpar=updated.lpar, rpar=updated.rpar) if updated.lpar else chosen
+        # the brackets around the conditional stay where the chosen side may need them (`(a + b)`), not around
+        # a name, a call or a literal (`(None)`)
+        atomic = isinstance(chosen, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.BaseNumber, cst.BaseString))
+        return chosen.with_changes(lpar=updated.lpar, rpar=updated.rpar) if updated.lpar and not atomic else chosen
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
         if not updated.body:

@@ -75,10 +75,21 @@ SPECIALISE = [
             return x
         """,
     ),
+    (
+        # a bracketed conditional keeps its brackets only where the chosen side may need them
+        """
+        def forward(self, x, y, output_attentions=False):
+            return x, (y if output_attentions else None), (x if output_attentions else x + y) * 2
+        """,
+        """
+        def forward(self, x, y, output_attentions=False):
+            return x, None, (x + y) * 2
+        """,
+    ),
 ]
 
 
-@pytest.mark.parametrize("before,after", SPECIALISE, ids=["fold", "rebound-no-change", "elif"])
+@pytest.mark.parametrize("before,after", SPECIALISE, ids=["fold", "rebound-no-change", "elif", "brackets"])
 def test_specialise(before: str, after: str | None) -> None:
     result = specialise(function(before), Known(falsy=frozenset({"output_attentions"}), none=frozenset({"head_mask"})))
     assert code(result) == src(after if after is not None else before)
