@@ -652,41 +652,29 @@ def einsum_roles(spec: str, kind: EinsumRole) -> EinsumRoles | None:
     a, b = parts
     if not (len(a) == len(b) == len(out)) or len(a) not in (3, 4) or any(len(set(x)) != len(x) for x in (a, b, out)):
         return None
-    if len(a) == 4:
-        return (_einsum_scores if kind is EinsumRole.SCORES else _einsum_output)(a, b, out)
-    batch = a[:-2]
-    if b[:-2] != batch or out[:-2] != batch:
-        return None
-    q, d = a[-2], a[-1]
-    k, d2 = b[-2], b[-1]
-    if kind is EinsumRole.SCORES and d == d2 and out[-2:] == q + k and len({q, k, d}) == 3:
-        return EinsumRoles(EinsumRole.SCORES, len(a))
-    # probs (q k) x value (k d) -> (q d)
-    if kind is EinsumRole.OUTPUT and a[-1] == b[-2] and out[-2:] == a[-2] + b[-1] and len({a[-2], a[-1], b[-1]}) == 3:
-        return EinsumRoles(EinsumRole.OUTPUT, len(a))
-    return None
+    return (_einsum_scores if kind is EinsumRole.SCORES else _einsum_output)(a, b, out)
 
 
 def _einsum_scores(a: str, b: str, out: str) -> EinsumRoles | None:
-    """4-D scores `a,b->out`: out = (lead, lead, q, k); a holds the leads, q and the contracted d; b the leads, k
-    and d, each in any order."""
-    lead, q, k = out[:2], out[2], out[3]
+    """Scores `a,b->out` (3-D or 4-D): out = (leads, q, k); a holds the leads, q and the contracted d; b the leads,
+    k and d, each in any order."""
+    lead, q, k = out[:-2], out[-2], out[-1]
     contracted = set(a) - set(out)
     if len(contracted) != 1 or set(a) != {*lead, q, *contracted} or set(b) != {*lead, k, *contracted}:
         return None
     (d,) = contracted
-    return EinsumRoles(EinsumRole.SCORES, 4, _order(a, f"{lead}{q}{d}"), _order(b, f"{lead}{k}{d}"))
+    return EinsumRoles(EinsumRole.SCORES, len(out), _order(a, f"{lead}{q}{d}"), _order(b, f"{lead}{k}{d}"))
 
 
 def _einsum_output(a: str, b: str, out: str) -> EinsumRoles | None:
-    """4-D output `a,b->out`: a = (lead, lead, q, k) as the scores are; b holds the leads, k and the value's d, out
-    the leads, q and d, each in any order."""
-    lead, q, k = a[:2], a[2], a[3]
+    """The product with V `a,b->out` (3-D or 4-D): a = (leads, q, k) as the scores are; b holds the leads, k and
+    the value's d, out the leads, q and d, each in any order."""
+    lead, q, k = a[:-2], a[-2], a[-1]
     width = set(b) - set(a)
     if len(width) != 1 or k in out or set(b) != {*lead, k, *width} or set(out) != {*lead, q, *width}:
         return None
     (d,) = width
-    return EinsumRoles(EinsumRole.OUTPUT, 4, right=_order(b, f"{lead}{k}{d}"), result=_order(f"{lead}{q}{d}", out))
+    return EinsumRoles(EinsumRole.OUTPUT, len(a), right=_order(b, f"{lead}{k}{d}"), result=_order(f"{lead}{q}{d}", out))
 
 
 def _order(source: str, target: str) -> Order | None:

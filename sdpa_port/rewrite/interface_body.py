@@ -218,8 +218,9 @@ class InterfaceEmitter(SdpaEmitter):
         order = then(inverse(_HANDED_OVER), plan.output.order or _IN_PLACE)
         converted: cst.BaseExpression = permuted(cst.Name(output_name), order)
         rank = plan.output.rank
-        if rank == 3:
-            converted = cst.parse_expression(f"{output_name}.transpose(1, 2).flatten(0, 1)")
+        if rank == 3:  # flat (batch * heads, query, dim), then the einsum's own order of those
+            flat = cst.parse_expression(f"{output_name}.transpose(1, 2).flatten(0, 1)")
+            converted = permuted(flat, plan.output.order)
         out.append(line.with_changes(body=[replace_nodes(small, {plan.output.node: converted})]))
         self.dispatched = True
         self.eager.weights = weights[0] if weights else None
@@ -310,8 +311,12 @@ def eager_body(
     restore: dict[str, cst.BaseExpression] = {}  # placeholders of operands written as expressions
     for operand, source, order, parameter in zip(operands, written, orders, ("query", "key", "value")):
         if order is not None:
-            # an einsum's operand, handed over laid out for SDPA: put back in the einsum's own order
-            restored = permuted(cst.Name(parameter), inverse(order))
+            # an einsum's operand, handed over laid out for SDPA: put back in the einsum's own order (flattened
+            # first where the einsum reads (batch * heads, length, dim) in some order)
+            given: cst.BaseExpression = cst.Name(parameter)
+            if flatten[parameter]:
+                given = cst.parse_expression(f"{parameter}.flatten(0, 1)")
+            restored = permuted(given, inverse(order))
             if not isinstance(source, cst.Name):
                 placeholder = f"__sdpa_port_{parameter}__"
                 statements = [replace_nodes(s, {source: cst.Name(placeholder)}) for s in statements]
@@ -336,17 +341,20 @@ def eager_body(
     if renames:
         body = [replace_names(s, renames) for s in body]
     body = [*adapters, *(replace_names(s, restore) for s in body)]
-    result_expr = part.output_name
+    weights = sorted(result.probs_names_after_output)
+    returned = weights[0] if weights else "None"
     if output.rank == 3:
         heads = _heads_in_eager(candidate)
         if heads is None:
             raise Refuse(Code.LAYOUT, "the flat (batch * heads) layout cannot be split back into heads")
-        result_expr = f"{part.output_name}.unflatten(0, ({heads}))"
-    weights = sorted(result.probs_names_after_output)
-    returned = weights[0] if weights else "None"
-    # the product's layout (SDPA's, or an einsum's `...->bind`) to the (batch, query, heads, dim) handed back
-    handed = then(inverse(output.order or _IN_PLACE), _HANDED_OVER)
-    result_node = permuted(cst.parse_expression(result_expr), handed)
+        # an einsum's flat layout (`...->qbd`) to (batch * heads, query, dim), split into heads, handed back
+        unordered = permuted(cst.Name(part.output_name), inverse(output.order) if output.order else None)
+        split = cst.parse_expression(f"{code(primary(unordered))}.unflatten(0, ({heads}))")
+        result_node = permuted(split, _HANDED_OVER)
+    else:
+        # the product's layout (SDPA's, or an einsum's `...->bind`) to the (batch, query, heads, dim) handed back
+        handed = then(inverse(output.order or _IN_PLACE), _HANDED_OVER)
+        result_node = permuted(cst.Name(part.output_name), handed)
     body.append(cst.parse_statement(f"return {code(primary(result_node))}.contiguous(), {returned}"))
     return body, part
 

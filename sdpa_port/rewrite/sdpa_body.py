@@ -31,7 +31,7 @@ from sdpa_port.analyse.cstutil import (
     rebuild_if,
     replace_nodes,
 )
-from sdpa_port.analyse.patterns import DropoutCall, cast_operand, permuted, walk_names
+from sdpa_port.analyse.patterns import DropoutCall, cast_operand, inverse, permuted, walk_names
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.rewrite.walk import StatementWalker
@@ -794,12 +794,13 @@ class SdpaEmitter(StatementWalker):
         call_statement = call_module.body[0]
         assert isinstance(call_statement, cst.SimpleStatementLine) and isinstance(call_statement.body[0], cst.Expr)
         call: cst.BaseExpression = call_statement.body[0].value
-        call = permuted(call, plan.output.order)
         if layout.flatten_output:
             call = cst.Call(
                 func=cst.Attribute(value=call, attr=cst.Name("flatten")),
                 args=[cst.Arg(cst.Integer("0")), cst.Arg(cst.Integer("1"))],
             )
+        # the einsum's own output order, read on the layout it was written for (flat when the operands were)
+        call = permuted(call, plan.output.order)
         if self.upcast:
             call = cst.Call(
                 func=cst.Attribute(value=call, attr=cst.Name("to")),
@@ -840,20 +841,24 @@ class SdpaEmitter(StatementWalker):
             )
         assert isinstance(small, cst.Assign) and isinstance(small.targets[0].target, cst.Name)
         name = small.targets[0].target.value
-        target: cst.BaseExpression = cst.Name(name)
-        if self.layout.flatten_output and self.layout.heads is not None:
-            # the rows are per head, `(batch, heads or 1, q, 1)`; the flat output is `(batch * heads, q, d)`
+        # the rows are SDPA's, `(batch, heads or 1, q, 1)`: the output is brought to that layout (out of an einsum's
+        # order, split into heads when flat), zeroed, and put back
+        order = plan.output.order
+        target: cst.BaseExpression = permuted(cst.Name(name), inverse(order) if order else None)
+        flat = self.layout.flatten_output and self.layout.heads is not None
+        if flat:
+            assert self.layout.heads is not None
             target = unflatten(target, self.layout.heads)
         zeroed: cst.BaseExpression = cst.Call(
-            func=cst.Attribute(value=target, attr=cst.Name("masked_fill")),
+            func=cst.Attribute(value=primary(target), attr=cst.Name("masked_fill")),
             args=[cst.Arg(cst.Name(self.names.zero_rows), comma=_COMMA), cst.Arg(cst.Float("0.0"))],
         )
-        if target is not small.targets[0].target and not isinstance(target, cst.Name):
+        if flat:
             zeroed = cst.Call(
                 func=cst.Attribute(value=zeroed, attr=cst.Name("flatten")),
                 args=[cst.Arg(cst.Integer("0"), comma=_COMMA), cst.Arg(cst.Integer("1"))],
             )
-        statement = assignment(name, zeroed)
+        statement = assignment(name, permuted(zeroed, order))
         return [_if_not_none(self.names.zero_rows, statement) if state is ZeroRowsState.MAYBE else statement]
 
     def finalize_causal(self, out: list[cst.BaseStatement]) -> str:

@@ -317,6 +317,9 @@ def product_lines(spec: Spec, n: Names, code: Code) -> None:
         code.add(f'attn_weights = torch.einsum("qbhd,kbhd->bhqk", {q}, {k})')
     elif product == "einsum_bthd":
         code.add(f'attn_weights = torch.einsum("bqhd,bkhd->bhqk", {q}, {k})')
+    elif product == "einsum_flat":
+        spec_text = "qbd,kbd->bqk" if spec.length_first else "bqd,bkd->bqk"
+        code.add(f'attn_weights = torch.einsum("{spec_text}", {q}, {k})')
     elif product == "bmm":
         code.add(f"attn_weights = torch.bmm({q}, {k}.transpose(1, 2))")
     elif product == "bmm_method":
@@ -399,9 +402,10 @@ def eager_chain(spec: Spec, n: Names, code: Code) -> None:
     if spec.mask_assert:
         code.add("assert attention_mask is not None")
     if n.flat:
-        code.add(f"src_len = {n.key}.size(1)")
-        code.add(f"q_len = {n.query}.size(1)")
-        code.add(f"bsz = {n.query}.size(0) // {n.attr('num_heads')}")
+        length, lead = (0, 1) if spec.length_first else (1, 0)  # states (t, b*h, d) when length first
+        code.add(f"src_len = {n.key}.size({length})")
+        code.add(f"q_len = {n.query}.size({length})")
+        code.add(f"bsz = {n.query}.size({lead}) // {n.attr('num_heads')}")
     product_lines(spec, n, code)
     hazard = spec.hazard
     if hazard == "square":
@@ -476,7 +480,12 @@ def eager_chain(spec: Spec, n: Names, code: Code) -> None:
             code.add(f"chunks.append(torch.matmul(attn_weights[..., start : start + 4, :], {v}))")
         code.add("attn_output = torch.cat(chunks, dim=-2)")
     elif n.flat:
-        code.add(f"attn_output = torch.bmm(attn_weights, {v})")
+        if spec.product == "einsum_flat" and spec.length_first:
+            code.add(f'attn_output = torch.einsum("bqk,kbd->qbd", attn_weights, {v}).transpose(0, 1)')
+        elif spec.product == "einsum_flat":
+            code.add(f'attn_output = torch.einsum("bqk,bkd->bqd", attn_weights, {v})')
+        else:
+            code.add(f"attn_output = torch.bmm(attn_weights, {v})")
         code.add(f"attn_output = attn_output.view(bsz, {n.attr('num_heads')}, {n.q_len}, {n.attr('head_dim')})")
     elif spec.product == "einsum_bthd" and spec.length_first:
         code.add(f'attn_output = torch.einsum("bhqk,kbhd->qbhd", attn_weights, {v})')
@@ -657,9 +666,10 @@ def attention_class(spec: Spec, code: Code) -> None:
                 code.add("present = None")
             if spec.layout == "flat":
                 code.add("proj_shape = (bsz * self.num_heads, -1, self.head_dim)")
-                code.add("query_states = query.reshape(*proj_shape)")
-                code.add("key_states = key.reshape(*proj_shape)")
-                code.add("value_states = value.reshape(*proj_shape)")
+                first = ".transpose(0, 1)" if spec.length_first else ""
+                code.add(f"query_states = query.reshape(*proj_shape){first}")
+                code.add(f"key_states = key.reshape(*proj_shape){first}")
+                code.add(f"value_states = value.reshape(*proj_shape){first}")
             arguments = [n.query, n.key, n.value, "attention_mask"]
             if spec.head_mask:
                 arguments.append("head_mask")

@@ -23,7 +23,13 @@ HEAD_PRODUCTS = (
     "permuted",  # the key is permuted to (b, h, d, s) when split into heads, then q @ k
     "einsum_bthd",  # q, k, v kept as (b, t, h, d): torch.einsum("bqhd,bkhd->bhqk", q, k)
 )
-FLAT_PRODUCTS = ("bmm", "baddbmm_zero", "baddbmm_alpha", "bmm_method")
+FLAT_PRODUCTS = (
+    "bmm",
+    "baddbmm_zero",
+    "baddbmm_alpha",
+    "bmm_method",
+    "einsum_flat",  # torch.einsum("bqd,bkd->bqk", q, k); length first, states (t, b*h, d): "qbd,kbd->bqk"
+)
 SCALE_PLACES = ("scores", "none", "query", "after_terms", "alpha", "qk_quarter")
 SCALE_FORMS = ("sqrt_div", "attr_mul", "pow_div", "full_div", "size_div", "inplace_div", "literal_mul", "tensor_div")
 SCALE_GUARDS = ("none", "flag", "flag_else", "layer")  # where the scale is conditional
@@ -312,7 +318,7 @@ def normalise(spec: Spec) -> Spec:
         changes["settings_branch"] = False  # one branching of the chain at a time; the approximation is a hazard's
     if spec.returned_together and changes.get("placement", spec.placement) == "forward":
         changes["returned_together"] = False  # a return of the helper or function the chain is in
-    if spec.length_first and changes.get("product", spec.product) != "einsum_bthd":
+    if spec.length_first and changes.get("product", spec.product) not in ("einsum_bthd", "einsum_flat"):
         changes["length_first"] = False  # the einsum layouts' variant
     returnable = spec.family == "440" and spec.output_attentions and changes.get("placement", spec.placement) != "function"
     if spec.scores_returned and not returnable:

@@ -107,9 +107,9 @@ from torch import nn
 
 class TinyAttention(nn.Module):
     def forward(self, query, key, value):
-        scores = torch.einsum("qbd,kbd->bqk", query, key)
-        probs = scores.softmax(dim=-1)
-        return torch.einsum("bqk,kbd->qbd", probs, value)
+        scores = torch.einsum("bqd,bkd->bkq", query, key)
+        probs = scores.softmax(dim=1)
+        return torch.einsum("bkq,bkd->bqd", probs, value)
 '''
 
 UNTRANSPOSED = '''

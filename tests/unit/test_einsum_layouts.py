@@ -30,6 +30,9 @@ SCORES, OUTPUT = EinsumRole.SCORES, EinsumRole.OUTPUT
         # a key given as (..., dim, length)
         ("bhqd,bhdk->bhqk", SCORES, (None, (0, 1, 3, 2), None)),
         ("bqd,bkd->bqk", SCORES, (None, None, None)),
+        # 3-D, length first (a flattened (length, batch * heads, dim) layout)
+        ("qbd,kbd->bqk", SCORES, ((1, 0, 2), (1, 0, 2), None)),
+        ("bqk,kbd->qbd", OUTPUT, (None, (1, 0, 2), (1, 0, 2))),
     ],
 )
 def test_roles_and_orders(spec: str, kind: EinsumRole, orders: tuple[object, object, object]) -> None:
@@ -44,7 +47,7 @@ def test_roles_and_orders(spec: str, kind: EinsumRole, orders: tuple[object, obj
         ("bhqd,bhkd->bhkq", SCORES),  # scores laid out (key, query): the softmax would run over the queries
         ("bhqd,bhkd->bqhk", SCORES),  # heads between the lengths: not SDPA's scores
         ("bnij,bjnd->bjnd", OUTPUT),  # the key length survives: not a product with V
-        ("qbd,kbd->bqk", SCORES),  # 3-D with the batch elsewhere than first: not read (F601's example)
+        ("bqd,bkd->bkq", SCORES),  # 3-D scores laid out (key, query)
         ("bhqd,bhqd->bhqd", SCORES),  # nothing contracted
     ],
 )
@@ -101,3 +104,47 @@ def test_the_port_hands_sdpa_permuted_operands_and_permutes_its_output_back() ->
     assert "value.permute(1, 2, 0, 3)," in ported
     assert ").permute(2, 0, 1, 3)" in ported  # SDPA's (b, n, i, d) back to the einsum's (i, b, n, d)
     assert "sdpa_mask = -(1e30 * attention_mask)" in ported  # a subtracted mask, negated
+
+
+FLAT_LENGTH_FIRST = textwrap.dedent(
+    """
+    import math
+
+    import torch
+    from torch import nn
+
+
+    class TinyAttention(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.heads = config.heads
+            self.head_dim = config.head_dim
+
+        def forward(self, query, key, value, attention_mask=None):
+            # (length, batch * heads, dim), as fairseq-style code keeps its states
+            batch = query.size(1) // self.heads
+            scores = torch.einsum("qbd,kbd->bqk", query, key) / math.sqrt(self.head_dim)
+            if attention_mask is not None:
+                scores = scores.view(batch, self.heads, query.size(0), key.size(0)) + attention_mask
+                scores = scores.view(batch * self.heads, query.size(0), key.size(0))
+            probs = scores.softmax(dim=-1)
+            return torch.einsum("bqk,kbd->qbd", probs, value)
+
+
+    class TinyLayer(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.attention = TinyAttention(config)
+    """
+)
+
+
+def test_a_flat_length_first_einsum_flattens_sdpa_output_before_its_own_order() -> None:
+    """3-D einsums on (length, batch * heads, dim) states: each operand is transposed to (batch * heads, length,
+    dim) and split into heads for SDPA; SDPA's output is flattened back first and only then put in the einsum's
+    order (the other way round transposes heads with the batch: wrong by ~5 in the fuzzer, seeds 50037...)."""
+    result = port_source(FLAT_LENGTH_FIRST, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    ported = result.source
+    assert "sdpa_query = query.transpose(0, 1)" in ported
+    assert ").flatten(0, 1).transpose(0, 1)" in ported, ported
