@@ -4,12 +4,12 @@ pass both use it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import code
+from sdpa_port.analyse.cstutil import all_assigned_names, block_body, code
 
 
 @dataclass(frozen=True)
@@ -86,3 +86,36 @@ def decide(test: cst.BaseExpression, known: Known) -> Decision:
     return None
 
 
+
+
+def holding(known: Known, body: Sequence[cst.BaseStatement]) -> Known:
+    """The facts that hold throughout a function body: those whose names the body assigns nowhere outside the
+    branches the facts themselves remove. fairseq's `if need_head_weights: need_weights = True` leaves
+    `need_weights` known false when `need_head_weights` is too; assigned anywhere else, a name drops out."""
+    current = known
+    while True:
+        assigned = _live_assignments(body, current)
+        narrowed = Known(falsy=current.falsy - assigned, none=current.none - assigned)
+        if narrowed == current:
+            return current
+        current = narrowed
+
+
+def _live_assignments(statements: Sequence[cst.BaseStatement], known: Known) -> frozenset[str]:
+    names: set[str] = set()
+    for statement in statements:
+        branch: cst.If | cst.Else | None = statement if isinstance(statement, cst.If) else None
+        if branch is None:
+            names |= all_assigned_names([statement])
+            continue
+        while branch is not None:
+            if isinstance(branch, cst.Else):
+                names |= _live_assignments(block_body(branch.body), known)
+                break
+            decision = decide(branch.test, known)
+            if decision is not False:
+                names |= all_assigned_names([branch.test]) | _live_assignments(block_body(branch.body), known)
+            if decision is True:
+                break
+            branch = branch.orelse
+    return frozenset(names)

@@ -146,16 +146,32 @@ def _without_optional(
         and "states" not in param.name.value
     ]
     trials += [Known(falsy=frozenset({flag})) for flag in _flags_off_by_default(facts, class_name, forward)]
+    # a switch of the call itself, off by default, whose branch only eager takes (fairseq's `before_softmax`, which
+    # returns the scores): the SDPA class falls back when it is set
+    switched = {test.test.value for test in nodes_of_type(forward.body, cst.If) if isinstance(test.test, cst.Name)}
+    switches = frozenset(
+        param.name.value
+        for param in params
+        if param.name.value in switched
+        and param.name.value not in WEIGHT_REQUESTS  # tried below, with each other fact
+        and param.default is not None
+        and m.matches(param.default, m.Name("False"))
+    )
+    trials += [Known(falsy=frozenset({name})) for name in sorted(switches)]
     optional = _optional_modules(facts, class_name, forward)
     trials += [Known(none=frozenset({name})) for name in optional]
     if len(optional) > 1:
         trials.append(Known(none=frozenset(optional)))  # DeBERTa's talking heads: one projection on each side
     trials = trials[:MAX_OPTIONAL_TRIED]
-    if any(param.name.value == "output_attentions" for param in params):
+    requests = [param.name.value for param in params if param.name.value in WEIGHT_REQUESTS]
+    if requests:
         # asked for weights, the SDPA class returns to eager: a step only that request takes (ProphetNet returns the
         # scores before the softmax) is off on the SDPA path, alone or with one of the other facts
-        weights = frozenset({"output_attentions"})
+        weights = frozenset(requests[:1])
         trials += [Known(falsy=weights)] + [Known(falsy=k.falsy | weights, none=k.none) for k in trials]
+        if len(switches) > 1:
+            # fairseq's `need_head_weights` turns `need_weights` on: every switch off with the request
+            trials.append(Known(falsy=switches | weights))
     for known in trials:
         result = t.Tracer(facts, class_name, forward, line_of, known=known).run()
         inline = result.attention()
@@ -238,6 +254,11 @@ def _optional_modules(facts: ModuleFacts, class_name: str, forward: cst.Function
 
 MAX_OPTIONAL_TRIED = 6
 
+# the parameters by which a call asks an attention module for its weights: transformers' `output_attentions`, and
+# `need_weights` of fairseq's and torch's multi-head attention (on by default there: the SDPA class falls back for
+# it, and a port whose every call leaves it on is refused, W406)
+WEIGHT_REQUESTS = ("output_attentions", "need_weights")
+
 
 def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> ClassAnalysis | None:
     found = facts.find_method(class_name, "forward")
@@ -249,7 +270,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
     inline = result.attention()
     helpers = _helper_calls(facts, class_name, forward, line_of, tracer)
     params = result.params
-    output_attentions = "output_attentions" if "output_attentions" in params else None
+    output_attentions = next((name for name in WEIGHT_REQUESTS if name in params), None)
     if not inline and not helpers:
         # a step SDPA cannot take on the probabilities under a test of an optional input or module (a talking-heads
         # projection) can leave the product with V unrecognised; on the path where it is absent it is attention
@@ -341,7 +362,7 @@ def _helper_calls(
     forward.body.visit(finder)
     out = []
     cache: dict[tuple[str, frozenset[str], frozenset[str]], tuple[Helper, t.TraceResult, list[t.Candidate]] | None] = {}
-    weights = "output_attentions" if any(p.name.value == "output_attentions" for p in forward.params.params) else None
+    weights = next((p.name.value for p in forward.params.params if p.name.value in WEIGHT_REQUESTS), None)
     for call in finder.calls:
         helper = helper_for(facts, class_name, call)
         keys = key_layout_params(helper, call, caller) if helper is not None else frozenset()

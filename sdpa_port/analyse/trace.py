@@ -20,7 +20,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
-from sdpa_port.analyse.known import Known, decide
+from sdpa_port.analyse.known import Known, decide, holding
 from sdpa_port.analyse.cstutil import (
     assigned_names,
     block_body,
@@ -183,7 +183,7 @@ class Tracer:
         # k=True), v)`): `q @ k` on them is a product with the key transposed
         self.key_params = key_params
         # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
-        self.known = known
+        self.known = holding(known, block_body(function.body)) if known != Known() else known
         self.class_name = class_name
         self.function = function
         self.line_of = line_of or (lambda node: 0)

@@ -173,7 +173,10 @@ def plan_class_style(
         facts.imports,
         model_classes,
         _helper_callers(facts),
-        weights=any(item.analysis.output_attentions for item in plan.classes) and _passes(facts, "output_attentions"),
+        weights=any(
+            item.analysis.output_attentions is not None and _passes(facts, item.analysis.output_attentions)
+            for item in plan.classes
+        ),
         heads=any(n.endswith("head_mask") for item in plan.classes for n in item.analysis.eager_only_params)
         and _passes(facts, "head_mask"),
     )

@@ -6,8 +6,7 @@ from typing import Sequence, Union
 
 import libcst as cst
 
-from sdpa_port.analyse.cstutil import all_assigned_names
-from sdpa_port.analyse.known import Known, decide
+from sdpa_port.analyse.known import Known, decide, holding
 
 __all__ = ["Known", "decide", "specialise"]
 
@@ -61,11 +60,7 @@ def _flatten(suite: cst.BaseSuite) -> Union[cst.FlattenSentinel[cst.BaseStatemen
 
 def specialise(function: cst.FunctionDef, known: Known) -> cst.FunctionDef:
     """Fold the branches that the known facts decide. Names the function rebinds are left alone."""
-    rebound = all_assigned_names(function.body.body) if isinstance(function.body, cst.IndentedBlock) else set()
-    usable = Known(
-        falsy=frozenset(n for n in known.falsy if n not in rebound),
-        none=frozenset(n for n in known.none if n not in rebound),
-    )
+    usable = holding(known, function.body.body) if isinstance(function.body, cst.IndentedBlock) else Known()
     if not usable.falsy and not usable.none:
         return function
     result = function.visit(_Specialise(usable))

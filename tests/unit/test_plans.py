@@ -698,3 +698,66 @@ def test_a_helper_returning_permuted_weights_when_asked_ports_without_its_docstr
     always = HELPER_WITH_DOCSTRING.replace("output_attentions=output_attentions)", "output_attentions=True)")
     refused = port_source(always, style=Style.CLASS)
     assert refused.status is Status.REFUSED, refused.source
+
+
+FAIRSEQ_STYLE = '''
+import torch
+from torch import nn
+
+from ...modeling_utils import PreTrainedModel
+
+
+class TinyAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.scaling = config.head_dim**-0.5
+
+    def forward(self, query, key, value, attn_bias=None, need_weights=True, before_softmax=False, need_head_weights=False):
+        if need_head_weights:
+            need_weights = True
+        scores = torch.bmm(query * self.scaling, key.transpose(1, 2))
+        if attn_bias is not None:
+            scores += attn_bias
+        if before_softmax:
+            return scores, value
+        probs = torch.softmax(scores, dim=-1)
+        context = torch.bmm(probs, value)
+        weights = None
+        if need_weights:
+            weights = probs.view(2, -1, probs.size(1), probs.size(2)).transpose(1, 0)
+            if not need_head_weights:
+                weights = weights.mean(dim=0)
+        return context, weights
+
+
+class TinyLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attention = TinyAttention(config)
+
+    def forward(self, states, bias=None):
+        return self.attention(states, states, states, attn_bias=bias, need_weights=False)[0]
+
+
+class TinyPreTrainedModel(PreTrainedModel):
+    base_model_prefix = "model"
+'''
+
+
+def test_fairseq_style_switches_fall_back_together() -> None:
+    """fairseq's multi-head attention (Graphormer's): `need_weights` asks for the weights (on by default; every
+    caller here passes False), `before_softmax` returns the scores, and `need_head_weights` turns `need_weights` on
+    by assigning it. The SDPA class falls back when any of them is set; `need_weights` stays known false only
+    because the one assignment to it sits under `if need_head_weights:`, which is off too. Left at its default
+    by every call, `need_weights` would keep the SDPA class from ever running: refused (W406)."""
+    ported = port_source(FAIRSEQ_STYLE, style=Style.CLASS)
+    assert ported.status is Status.PORTED, ported.reasons
+    sdpa_class = ported.source.split("class TinySdpaAttention")[1]
+    assert "if need_weights or before_softmax or need_head_weights:" in sdpa_class, sdpa_class[:1500]
+    assert "scaled_dot_product_attention(" in sdpa_class and ".mean(dim=0)" not in sdpa_class.split("falling back")[1]
+    always = FAIRSEQ_STYLE.replace("attn_bias=bias, need_weights=False)", "attn_bias=bias)")
+    refused = port_source(always, style=Style.CLASS)
+    assert refused.status is Status.REFUSED and "W406" in " ".join(refused.reasons), refused.reasons
+    live = FAIRSEQ_STYLE.replace("        if need_head_weights:\n            need_weights = True\n", "        need_weights = bool(attn_bias)\n")
+    refused = port_source(live, style=Style.CLASS)
+    assert refused.status is Status.REFUSED, refused.source  # assigned on every path: nothing known about it
