@@ -146,6 +146,14 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
              length_first=True, seed=60441),
         "exact", None,
     ),
+    # fairseq's switches (Graphormer; refused S104 before): a call switch returning the scores, and a second switch
+    # turning it on by assignment; the SDPA class falls back when either is set
+    "8k: a call switch returning the scores before the softmax": (
+        Spec(switches="single", terms=(("mask", "not_none"),), mask_style="extended"), "exact", None,
+    ),
+    "8l: a call switch turned on by another": (
+        Spec(switches="chained", terms=(("mask", "not_none"),), mask_style="extended"), "exact", None,
+    ),
     # judged wrong by 1.01e-4 (4.40.2 seed 21485): unscaled scores of a sharpened model, where float32 rounding alone
     # passes the tolerance; in float64 the port and eager agree to 6e-14, so the judge now calls it exact
     "8f: unscaled cross-attention rounding past the float32 tolerance": (

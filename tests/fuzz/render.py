@@ -435,6 +435,11 @@ def eager_chain(spec: Spec, n: Names, code: Code) -> None:
         floor_line(code)
     if hazard == "dropout_before_softmax":
         code.add(f"attn_weights = {n.attr('attn_dropout')}(attn_weights)")
+    if spec.switches != "none":
+        # fairseq's `before_softmax`: the raw scores handed back when the call asks
+        code.add("if return_scores:")
+        with code.indent():
+            code.add("return attn_weights, None, None")
     if spec.scores_returned:
         # the weights handed back are the scores before the softmax, kept only when asked for (ProphetNet's form)
         code.add("if output_attentions:")
@@ -610,8 +615,16 @@ def attention_class(spec: Spec, code: Code) -> None:
                 params += ["encoder_hidden_states=None", "encoder_attention_mask=None"]
             if spec.output_attentions and "output_attentions=False" not in params:
                 params.append("output_attentions=False")
+            if spec.switches != "none":
+                params.append("return_scores=False")
+            if spec.switches == "chained":
+                params.append("all_scores=False")
         code.add(f"def forward({', '.join(params)}):")
         with code.indent():
+            if spec.switches == "chained":
+                code.add("if all_scores:")
+                with code.indent():
+                    code.add("return_scores = True")
             code.add("bsz, q_len, _ = hidden_states.size()")
             shape = "view(bsz, -1, self.num_heads, self.head_dim)"
             split = {"permuted": ".transpose(1, 2)", "bthd": "", "tbhd": ".transpose(0, 1)"}.get(

@@ -30,6 +30,7 @@ FLAT_PRODUCTS = (
     "bmm_method",
     "einsum_flat",  # torch.einsum("bqd,bkd->bqk", q, k); length first, states (t, b*h, d): "qbd,kbd->bqk"
 )
+SWITCHES = ("none", "single", "chained")
 SCALE_PLACES = ("scores", "none", "query", "after_terms", "alpha", "qk_quarter")
 SCALE_FORMS = ("sqrt_div", "attr_mul", "pow_div", "full_div", "size_div", "inplace_div", "literal_mul", "tensor_div")
 SCALE_GUARDS = ("none", "flag", "flag_else", "layer")  # where the scale is conditional
@@ -128,6 +129,10 @@ class Spec:
     # 4.x, the chain in forward: the weights returned for `output_attentions` are the scores before the softmax,
     # kept under `if output_attentions:` (ProphetNet)
     scores_returned: bool = False
+    # 4.x, the chain in forward: fairseq's `before_softmax`, a switch of the call (off by default, never passed by the
+    # layer) that returns the scores; with `chained`, a second switch turns it on by assigning it
+    # (`if all_scores: return_scores = True`, as `need_head_weights` turns on `need_weights`)
+    switches: str = "none"
 
     # -------------------------------------------------------------- derived facts
 
@@ -240,7 +245,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         flat_bias=rng.random() < 0.5,
         returned_together=rng.random() < 0.5,
         length_first=rng.random() < 0.5,
-        scores_returned=rng.random() < 0.3,  # drawn last
+        scores_returned=rng.random() < 0.3,  # drawn late
+        switches=_pick(rng, SWITCHES, (6, 2, 2)),  # drawn last
     )
     return normalise(spec)
 
@@ -321,6 +327,8 @@ def normalise(spec: Spec) -> Spec:
     if spec.length_first and changes.get("product", spec.product) not in ("einsum_bthd", "einsum_flat"):
         changes["length_first"] = False  # the einsum layouts' variant
     returnable = spec.family == "440" and spec.output_attentions and changes.get("placement", spec.placement) != "function"
+    if spec.switches != "none" and not (spec.family == "440" and changes.get("placement", spec.placement) == "forward"):
+        changes["switches"] = "none"  # a parameter of forward, returning forward's triple
     if spec.scores_returned and not returnable:
         changes["scores_returned"] = False  # the request for weights is forward's parameter, passed on to a helper
     return replace(spec, **changes) if changes else spec
