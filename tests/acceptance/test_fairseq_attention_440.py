@@ -40,6 +40,7 @@ def _outputs(module, implementation: str, state=None):  # type: ignore[no-untype
     from transformers import GraphormerConfig
 
     from sdpa_port.verify.checks import sharpen
+    from sdpa_port.verify.diagnose import PortCalls
 
     config = GraphormerConfig(
         num_hidden_layers=2, embedding_dim=32, ffn_embedding_dim=32, num_attention_heads=4, num_atoms=32,
@@ -51,20 +52,9 @@ def _outputs(module, implementation: str, state=None):  # type: ignore[no-untype
         sharpen(model)
     else:
         model.load_state_dict(state)
-    calls = []
-    real = torch.nn.functional.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    torch.nn.functional.scaled_dot_product_attention = spy
-    try:
-        with torch.no_grad():
-            hidden = model(**_graph_inputs()).last_hidden_state
-    finally:
-        torch.nn.functional.scaled_dot_product_attention = real
-    return hidden, model.state_dict(), len(calls)
+    with PortCalls(module.__name__) as calls, torch.no_grad():
+        hidden = model(**_graph_inputs()).last_hidden_state
+    return hidden, model.state_dict(), calls.from_port
 
 
 def _gaps(source: str, tmp_path: Path, tag: str) -> tuple[float, float, int]:
