@@ -86,8 +86,6 @@ def decide(test: cst.BaseExpression, known: Known) -> Decision:
     return None
 
 
-
-
 def holding(known: Known, body: Sequence[cst.BaseStatement]) -> Known:
     """The facts that hold throughout a function body: those whose names the body assigns nowhere outside the
     branches the facts themselves remove. fairseq's `if need_head_weights: need_weights = True` leaves

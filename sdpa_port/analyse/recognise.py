@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import libcst as cst
 import libcst.matchers as m
@@ -163,11 +163,11 @@ def _without_optional(
     if len(optional) > 1:
         trials.append(Known(none=frozenset(optional)))  # DeBERTa's talking heads: one projection on each side
     trials = trials[:MAX_OPTIONAL_TRIED]
-    requests = [param.name.value for param in params if param.name.value in WEIGHT_REQUESTS]
-    if requests:
+    request = weights_request(param.name.value for param in params)
+    if request is not None:
         # asked for weights, the SDPA class returns to eager: a step only that request takes (ProphetNet returns the
         # scores before the softmax) is off on the SDPA path, alone or with one of the other facts
-        weights = frozenset(requests[:1])
+        weights = frozenset({request})
         trials += [Known(falsy=weights)] + [Known(falsy=k.falsy | weights, none=k.none) for k in trials]
         if len(switches) > 1:
             # fairseq's `need_head_weights` turns `need_weights` on: every switch off with the request
@@ -260,6 +260,12 @@ MAX_OPTIONAL_TRIED = 6
 WEIGHT_REQUESTS = ("output_attentions", "need_weights")
 
 
+def weights_request(names: Iterable[str]) -> str | None:
+    """The parameter among `names` by which a call asks for the attention weights, if any."""
+    present = set(names)
+    return next((name for name in WEIGHT_REQUESTS if name in present), None)
+
+
 def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> ClassAnalysis | None:
     found = facts.find_method(class_name, "forward")
     if found is None:
@@ -270,7 +276,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
     inline = result.attention()
     helpers = _helper_calls(facts, class_name, forward, line_of, tracer)
     params = result.params
-    output_attentions = next((name for name in WEIGHT_REQUESTS if name in params), None)
+    output_attentions = weights_request(params)
     if not inline and not helpers:
         # a step SDPA cannot take on the probabilities under a test of an optional input or module (a talking-heads
         # projection) can leave the product with V unrecognised; on the path where it is absent it is attention
@@ -362,7 +368,7 @@ def _helper_calls(
     forward.body.visit(finder)
     out = []
     cache: dict[tuple[str, frozenset[str], frozenset[str]], tuple[Helper, t.TraceResult, list[t.Candidate]] | None] = {}
-    weights = next((p.name.value for p in forward.params.params if p.name.value in WEIGHT_REQUESTS), None)
+    weights = weights_request(p.name.value for p in forward.params.params)
     for call in finder.calls:
         helper = helper_for(facts, class_name, call)
         keys = key_layout_params(helper, call, caller) if helper is not None else frozenset()
@@ -397,8 +403,9 @@ def _traced_helper(
     if asked and not (len(attention) == 1 and attention[0].poison is None):
         known = Known(falsy=asked)
         retried = t.Tracer(facts, class_name, helper.function, line_of, known=known, key_params=keys).run()
-        if len(retried.attention()) == 1 and retried.attention()[0].poison is None:
-            return helper, retried, retried.attention()
+        found = retried.attention()
+        if len(found) == 1 and found[0].poison is None:
+            return helper, retried, found
     return helper, result, attention
 
 

@@ -912,42 +912,48 @@ def reach_sdpa(candidate: Candidate, driven: Driven) -> Driven:
                 propagated.notes.append(f"attn_implementation also set on the sub-configs ({names})")
                 return propagated
     for flag in attention_flags(driven.config):
-        flipped = copy.deepcopy(driven.config)
-        setattr(flipped, flag, True)
-        candidate_flipped = Candidate(candidate.original, candidate.ported, candidate.config_class, candidate.kinds, candidate.index)
-        trial = _drive_with_config(candidate_flipped, flipped, driven)
-        if trial is None:
-            continue
-        with contextlib.suppress(Exception):
-            if sdpa_reached(candidate, trial):
-                trial.notes.append(f"config {flag}=True (attention is off at the defaults)")
-                return trial
-    ported, original = sys.modules[candidate.ported.__module__], sys.modules[candidate.original.__module__]
-    classes = [getattr(ported, name) for name in attention_classes(original, ported)]
-    for field_name, values in setting_values(classes, driven.config).items():
+        trial = _reached_with(candidate, driven, {flag: True}, f"config {flag}=True (attention is off at the defaults)")
+        if trial is not None:
+            return trial
+    for field_name, values in setting_values(_port_classes(candidate), driven.config).items():
+        default = getattr(driven.config, field_name)
         for value in values:
-            changed = copy.deepcopy(driven.config)
-            setattr(changed, field_name, value)
-            trial = _drive_with_config(candidate, changed, driven)
-            if trial is None:
-                continue
-            with contextlib.suppress(Exception):
-                if sdpa_reached(candidate, trial):
-                    default = getattr(driven.config, field_name)
-                    trial.notes.append(f"config {field_name}={value!r} (the SDPA classes fall back to eager at {default!r})")
-                    return trial
+            note = f"config {field_name}={value!r} (the SDPA classes fall back to eager at {default!r})"
+            trial = _reached_with(candidate, driven, {field_name: value}, note)
+            if trial is not None:
+                return trial
     return driven
+
+
+def _port_classes(candidate: Candidate) -> list[type]:
+    """The port's attention classes (those the original's classes became)."""
+    ported, original = sys.modules[candidate.ported.__module__], sys.modules[candidate.original.__module__]
+    return [getattr(ported, name) for name in attention_classes(original, ported)]
+
+
+def _changed(config: Any, changes: dict[str, Any]) -> Any:
+    changed = copy.deepcopy(config)
+    for name, value in changes.items():
+        setattr(changed, name, value)
+    return changed
+
+
+def _reached_with(candidate: Candidate, driven: Driven, changes: dict[str, Any], note: str) -> Driven | None:
+    """The drive again with the config changed, when SDPA is reached so (`note` says what changed), else None."""
+    trial = _drive_with_config(candidate, _changed(driven.config, changes), driven)
+    if trial is None:
+        return None
+    with contextlib.suppress(Exception):
+        if sdpa_reached(candidate, trial):
+            trial.notes.append(note)
+            return trial
+    return None
 
 
 def _with_term_flags(candidate: Candidate, driven: Driven, label: str) -> list[Check]:
     checks: list[Check] = []
-    ported, original = sys.modules[candidate.ported.__module__], sys.modules[candidate.original.__module__]
-    classes = [getattr(ported, name) for name in attention_classes(original, ported)]
-    for settings, changes in term_trials(classes, driven.config):
-        changed = copy.deepcopy(driven.config)
-        for name, value in changes.items():
-            setattr(changed, name, value)
-        trial = _drive_with_config(candidate, changed, driven)
+    for settings, changes in term_trials(_port_classes(candidate), driven.config):
+        trial = _drive_with_config(candidate, _changed(driven.config, changes), driven)
         if trial is None:
             checks.append(Check(f"{label}[{settings}] not checked", True, None, "the original cannot be driven so"))
             continue

@@ -54,7 +54,7 @@ def setting_values(classes: list[type], config: Any) -> dict[str, list[str | Non
     """String config fields the attention classes compare with literals (`self.position_embeddings_type ==
     "relative"`, the attribute read from `config.position_embeddings_type`): each field maps to the other literals
     compared, then None. An SDPA class that falls back to eager under one setting is reached under another."""
-    out: dict[str, list[str | None]] = {}
+    out: dict[str, list[str]] = {}
     for tree in _class_trees(classes):
         fields = _config_fields(tree)
         for node in ast.walk(tree):
@@ -72,7 +72,7 @@ def setting_values(classes: list[type], config: Any) -> dict[str, list[str | Non
             values = out.setdefault(field_name, [])
             if literal not in values:
                 values.append(literal)
-    return {name: [*sorted(v for v in values if v is not None), None] for name, values in out.items()}
+    return {name: [*sorted(values), None] for name, values in out.items()}
 
 
 def _config_fields(tree: Any) -> dict[str, str]:
