@@ -25,8 +25,9 @@ class EagerSite:
 
 def find_eager_attention(tree: ast.Module) -> list[EagerSite]:
     """Every function or method holding a product -> softmax -> product chain, with the softmax's line."""
-    softmaxes = _softmax_wrappers(tree)
-    return [site for where, function in _functions(tree) for site in _sites(function, where, softmaxes)]
+    functions = [(where, _walk(function)) for where, function in _functions(tree)]
+    softmaxes = _softmax_wrappers(functions)
+    return [site for where, nodes in functions for site in _sites(nodes, where, softmaxes)]
 
 
 def _functions(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
@@ -44,23 +45,25 @@ def _functions(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncF
     return out
 
 
-def _softmax_wrappers(tree: ast.Module) -> frozenset[str]:
+def _softmax_wrappers(functions: list[tuple[str, list[ast.AST]]]) -> frozenset[str]:
     """The names a call of which is a softmax: the torch ones, plus the file's functions and methods whose body calls
     a softmax and holds no product, and its classes whose `forward` does (an autograd Function called as `Class.apply(...)`), to a fixed
     point so that a wrapper of a wrapper counts."""
     names = set(SOFTMAX_NAMES)
-    functions = _functions(tree)
+    # a function holding a product is an attention site of its own, not a softmax: only the others can wrap one
+    calls_of: dict[str, list[ast.Call]] = {}
+    for where, nodes in functions:
+        owner, _, method = where.rpartition(".")
+        if not any(map(_is_product, nodes)):
+            name = owner if owner and method == "forward" else method
+            calls_of.setdefault(name, []).extend(node for node in nodes if isinstance(node, ast.Call))
     changed = True
     while changed:
         changed = False
-        for where, function in functions:
-            owner, _, method = where.rpartition(".")
-            name = owner if owner and method == "forward" else method
-            nodes = list(ast.walk(function))
-            if name in names or any(map(_is_product, nodes)) or not any(_is_softmax(node, names) for node in nodes):
-                continue  # a function holding a product is an attention site of its own, not a softmax
-            names.add(name)
-            changed = True
+        for name, calls in calls_of.items():
+            if name not in names and any(_is_softmax(call, names) for call in calls):
+                names.add(name)
+                changed = True
     return frozenset(names)
 
 
@@ -68,13 +71,24 @@ def undispatched_sites(tree: ast.Module) -> list[EagerSite]:
     """The eager attention of a file that is not an implementation it dispatches to: module-level functions handed
     around as values (`attention_interface = eager_attention_forward`, `get_interface(..., eager_attention_forward)`)
     are the eager implementation itself."""
-    called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
-    handed = {
-        node.id
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and id(node) not in called
-    }
+    nodes = _walk(tree)
+    called = {id(node.func) for node in nodes if isinstance(node, ast.Call)}
+    handed = {node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and id(node) not in called}
     return [site for site in find_eager_attention(tree) if "." in site.where or site.where not in handed]
+
+
+def _walk(node: ast.AST) -> list[ast.AST]:
+    """`ast.walk(node)` as a list, in the same (breadth-first) order, without its per-node generator overhead: the
+    corpus batch scans every file of a release."""
+    out = [node]
+    for current in out:  # grows while read
+        for field in current._fields:
+            value = getattr(current, field, None)
+            if isinstance(value, ast.AST):
+                out.append(value)
+            elif isinstance(value, list):
+                out.extend(item for item in value if isinstance(item, ast.AST))
+    return out
 
 
 def _is_product(node: ast.AST) -> bool:
@@ -106,7 +120,7 @@ def _line(node: ast.AST) -> int:
 
 
 def _names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {n.id for n in _walk(node) if isinstance(n, ast.Name)}
 
 
 def _product_operands(node: ast.AST) -> list[ast.AST]:
@@ -116,61 +130,88 @@ def _product_operands(node: ast.AST) -> list[ast.AST]:
     return list(node.args)
 
 
-def _sites(function: ast.FunctionDef | ast.AsyncFunctionDef, where: str, names: frozenset[str]) -> list[EagerSite]:
-    assignments: list[tuple[set[str], ast.AST]] = []
-    for node in ast.walk(function):
-        if isinstance(node, ast.Assign):
-            targets = set().union(*(_names(t) for t in node.targets))
-            assignments.append((targets, node.value))
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
-            assignments.append((_names(node.target), node.value))
-    # names holding scores (derived from a product) and probabilities (derived from a softmax of scores)
-    scores: set[str] = set()
-    probabilities: set[str] = set()
-    softmaxes: dict[ast.Call, int] = {}  # softmax calls over scores -> their lines
+@dataclass(frozen=True)
+class _Softmax:
+    """A softmax call inside an expression, with what its operands (the receiver of `x.softmax(-1)`, the arguments of
+    `torch.softmax(x, -1)`, `self.softmax(x)`, `nn.Softmax(dim=-1)(x)`) read and whether they hold a product."""
 
-    def holds_scores(node: ast.AST) -> bool:
-        return any(_is_product(n) for n in ast.walk(node)) or bool(_names(node) & scores)
+    call: ast.Call
+    names: frozenset[str]
+    product: bool
 
-    def softmax_over_scores(node: ast.AST) -> list[ast.Call]:
-        """Softmax calls inside `node` whose operand holds scores: the receiver (`x.softmax(-1)`) or an argument
-        (`torch.softmax(x, -1)`, `self.softmax(x)`, `nn.Softmax(dim=-1)(x)`)."""
-        found = []
-        for inner in ast.walk(node):
-            if not _is_softmax(inner, names):
+
+@dataclass(frozen=True)
+class _Expression:
+    """What the fixpoint needs of an expression, read once: its names, whether it holds a product, its softmaxes."""
+
+    names: frozenset[str]
+    product: bool
+    softmaxes: tuple[_Softmax, ...]
+
+    @classmethod
+    def of(cls, node: ast.AST, softmax_names: frozenset[str]) -> _Expression:
+        nodes = _walk(node)
+        softmaxes = []
+        for inner in nodes:
+            if not _is_softmax(inner, softmax_names):
                 continue
             assert isinstance(inner, ast.Call)
             operands: list[ast.AST] = list(inner.args)
             if isinstance(inner.func, ast.Attribute):
                 operands.append(inner.func.value)
-            if any(holds_scores(operand) for operand in operands):
-                found.append(inner)
-        return found
+            read = frozenset(n.id for operand in operands for n in _walk(operand) if isinstance(n, ast.Name))
+            product = any(_is_product(n) for operand in operands for n in _walk(operand))
+            softmaxes.append(_Softmax(inner, read, product))
+        names = frozenset(n.id for n in nodes if isinstance(n, ast.Name))
+        return cls(names, any(map(_is_product, nodes)), tuple(softmaxes))
 
+    def holds_scores(self, scores: set[str]) -> bool:
+        return self.product or bool(self.names & scores)
+
+    def softmaxes_over(self, scores: set[str]) -> list[ast.Call]:
+        """The softmax calls whose operand holds scores."""
+        return [s.call for s in self.softmaxes if s.product or s.names & scores]
+
+
+def _sites(nodes: list[ast.AST], where: str, names: frozenset[str]) -> list[EagerSite]:
+    """The function whose nodes are `nodes` as a site, if it holds a product -> softmax -> product chain."""
+    if sum(map(_is_product, nodes)) < 2:
+        return []  # the chain takes two products: most functions are done here
+    assignments: list[tuple[set[str], _Expression]] = []
+    for node in nodes:
+        if isinstance(node, ast.Assign):
+            targets = set().union(*(_names(t) for t in node.targets))
+            assignments.append((targets, _Expression.of(node.value, names)))
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+            assignments.append((_names(node.target), _Expression.of(node.value, names)))
+    # names holding scores (derived from a product) and probabilities (derived from a softmax of scores)
+    scores: set[str] = set()
+    probabilities: set[str] = set()
+    softmaxes: dict[ast.Call, int] = {}  # softmax calls over scores -> their lines
     changed = True
     while changed:
         changed = False
         for targets, value in assignments:
-            calls = softmax_over_scores(value)
+            calls = value.softmaxes_over(scores)
             for call in calls:
                 softmaxes.setdefault(call, call.lineno)
-            if calls or _names(value) & probabilities:
+            if calls or value.names & probabilities:
                 new = targets - probabilities
                 if new:
                     probabilities |= new
                     changed = True
-            elif holds_scores(value):
+            elif value.holds_scores(scores):
                 new = targets - scores - probabilities
                 if new:
                     scores |= new
                     changed = True
     lines: list[int] = []
-    for node in ast.walk(function):
+    for node in nodes:
         if not _is_product(node):
             continue
-        for operand in _product_operands(node):
-            if _names(operand) & probabilities or softmax_over_scores(operand):
-                inner_softmax = softmax_over_scores(operand)
+        for operand in (_Expression.of(o, names) for o in _product_operands(node)):
+            inner_softmax = operand.softmaxes_over(scores)
+            if operand.names & probabilities or inner_softmax:
                 line = inner_softmax[0].lineno if inner_softmax else min(softmaxes.values(), default=_line(node))
                 lines.append(line)
                 break

@@ -41,6 +41,7 @@ def plan_threading(facts: ModuleFacts, attention: set[str], forwards_with_kwargs
                         own[f"{attribute}.{inner}"] = own.get(f"{attribute}.{inner}", frozenset()) | inner_classes
     plan = Threading(reaching=set(attention))
     calls: dict[str, list[SubmoduleCall]] = {}
+    every: dict[str, list[SubmoduleCall]] = {}  # each forward's submodule calls, read once
     changed = True
     while changed:
         changed = False
@@ -48,9 +49,9 @@ def plan_threading(facts: ModuleFacts, attention: set[str], forwards_with_kwargs
             found = facts.find_method(name, "forward")
             if name in plan.reaching or found is None:
                 continue
-            sites = [
-                c for c in _calls(found[1], members[name], _def_line(facts, found[0].name)) if c.callees & plan.reaching
-            ]
+            if name not in every:
+                every[name] = _calls(found[1], members[name], _def_line(facts, found[0].name))
+            sites = [c for c in every[name] if c.callees & plan.reaching]
             if sites:
                 calls[name] = sites
                 plan.reaching.add(name)
@@ -158,7 +159,7 @@ def _calls(forward: cst.FunctionDef, members: dict[str, frozenset[str]], def_lin
     """Calls of submodules in forward: `self.x(...)`, and `layer(...)` for a loop over `self.x`; their lines count
     from `def_line`, the line of forward's `def` in the file."""
     finder = _CallFinder(members)
-    cst.MetadataWrapper(cst.Module(body=[forward])).visit(finder)
+    cst.MetadataWrapper(cst.Module(body=[forward]), unsafe_skip_copy=True).visit(finder)  # read only
     return [dataclasses.replace(call, line=call.line + def_line) for call in finder.calls]
 
 
