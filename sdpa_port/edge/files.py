@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdpa_port.discover.screen import screen
+from sdpa_port.edge.modular_step import generated_from_modular
 
 
 class InputError(Exception):
@@ -57,7 +58,8 @@ def discover(paths: list[Path]) -> list[Target]:
     A directory holding a remote-code model (a `config.json` with an `auto_map`) also yields the modules the map
     names (`modelling_RW.py`) and the modules they import from their own directory (`attention.py`, `blocks.py`),
     where those define PyTorch code. A file reached twice (named and inside a named directory) is processed once,
-    where it first appears.
+    where it first appears; so is a modular file and the modeling file generated from it (either is ported through
+    the generated file, and the port carried back into the modular one).
     """
     out: list[Target] = []
     for path in paths:
@@ -77,7 +79,7 @@ def discover(paths: list[Path]) -> list[Target]:
     seen: set[Path] = set()
     unique: list[Target] = []
     for target in out:
-        key = target.path.resolve()
+        key = (generated_from_modular(target.path) or target.path).resolve()
         if key not in seen:
             seen.add(key)
             unique.append(target)

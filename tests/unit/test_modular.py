@@ -6,7 +6,7 @@ import textwrap
 from pathlib import Path
 
 from sdpa_port.checkout.modular import carry
-from sdpa_port.edge.files import Target
+from sdpa_port.edge.files import Target, discover
 from sdpa_port.edge.runner import RunOptions, run
 from sdpa_port.result import Status
 
@@ -137,3 +137,15 @@ def test_a_converter_that_disagrees_is_reported_and_the_port_kept(tmp_path: Path
     [outcome] = summary.outcomes
     assert any("regenerates a different file" in warning for warning in outcome.result.warnings)
     assert "# changed" not in (model / "modeling_tiny_decoder.py").read_text(encoding="utf-8")
+
+
+def test_a_directory_holding_both_files_ports_the_model_once(tmp_path: Path) -> None:
+    """The modular file and the modeling file generated from it are one target: porting both would write the
+    generated file twice and count the model twice."""
+    model = checkout(tmp_path, CONVERTER)
+    targets = discover([model.parent])
+    assert [t.path.name for t in targets] == ["modeling_tiny_decoder.py"]
+    summary = run(targets, RunOptions(tests=False), jobs=1)
+    [outcome] = summary.outcomes
+    assert outcome.status is Status.PORTED
+    assert "TinyDecoderSdpaAttention" in (model / "modular_tiny_decoder.py").read_text(encoding="utf-8")
