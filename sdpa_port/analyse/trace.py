@@ -502,7 +502,8 @@ class Tracer:
                     elif name in ("div_", "mul_"):
                         ops = [scales.scale_or_head_mask(self, receiver, value.args[0].value, name == "div_", line)]
                     else:
-                        raise Poison(Code.SCORES_TRANSFORMED, f"`.{name}()` is applied to the scores in place", {receiver.cid})
+                        what = f"`.{name}()` is applied to the {receiver.stage.value} in place"
+                        raise Poison(Code.SCORES_TRANSFORMED, what, {receiver.cid})
                 except Poison as poison:
                     self.poison_statement(poison, value, [], line)
                     return
@@ -572,8 +573,9 @@ class Tracer:
                 return found
         method = p.method_call(node)
         if method is not None and self.chain_or_start(method[0]):
-            base, _ = self.decompose(method[0], line)
-            raise Poison(Code.SCORES_TRANSFORMED, f"`.{method[1]}()` is applied to the scores", {base.cid})
+            base, ops = self.decompose(method[0], line)
+            stage = self.advance(base, ops).stage.value
+            raise Poison(Code.SCORES_TRANSFORMED, f"`.{method[1]}()` is applied to the {stage}", {base.cid})
         if isinstance(node, cst.BinaryOperation):
             refs = self.chain_or_start(node.left) | self.chain_or_start(node.right)
             if not refs:

@@ -23,6 +23,7 @@ REFUSED = {
     "modeling_tiny_topk.py": ("TinyTopKAttention", 16, "`.topk()` is applied to the scores"),
     "modeling_tiny_value_relative.py": ("TinyRelativeAttention", 23, "the probabilities are used after the product with V"),
     "modeling_tiny_softcap.py": ("TinySoftcapAttention", 16, "the scores are passed to `torch.tanh`"),
+    "modeling_tiny_kept_map.py": ("TinyKeptMapAttention", 17, "`.clone()` is applied to the probabilities"),
 }
 UNCHANGED = {
     "modeling_tiny_router.py": "no eager attention found",
