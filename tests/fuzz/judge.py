@@ -40,6 +40,7 @@ class Verdict:
     checks: int = 0  # comparisons made
     sdpa_calls: int = 0
     reasons: tuple[str, ...] = ()
+    skipped: int = 0  # inputs not compared: the original rejects them, or gives NaN on every compared position
 
     @property
     def failed(self) -> bool:
@@ -229,9 +230,15 @@ def compare_modules(spec: Spec, original: Any, ported: Any, tolerance: float = S
             try:
                 expected = run(reference, case)
             except Exception:  # noqa: BLE001 - the original does not accept this input (e.g. no mask)
+                verdict.skipped += 1
                 continue
-            if not bool(torch.isfinite(expected.last_hidden_state[case.keep]).all()):
-                continue  # the original itself gives NaN there (e.g. -inf fills on padded rows): nothing to match
+            # where the original itself gives NaN (-inf fills on fully masked rows) there is nothing to match; every
+            # other position is compared
+            keep = case.keep & torch.isfinite(expected.last_hidden_state).all(-1)
+            if not bool(keep.any()):
+                verdict.skipped += 1
+                continue
+            case = dataclasses.replace(case, keep=keep)
             ran_any = True
             label = f"{case.name} {flags}" if flags else case.name
             try:
@@ -336,9 +343,13 @@ class Tally:
     failures: list[tuple[Spec, Verdict]] = field(default_factory=list)
     by: str | None = None  # a spec field to split the counts by
     split: dict[tuple[str, str], int] = field(default_factory=dict)  # (field value, verdict) -> count
+    checks: int = 0  # comparisons made, over every judged port
+    skipped: int = 0  # inputs left uncompared (Verdict.skipped), over every judged port
 
     def add(self, spec: Spec, verdict: Verdict) -> None:
         self.counts[verdict.kind] = self.counts.get(verdict.kind, 0) + 1
+        self.checks += verdict.checks
+        self.skipped += verdict.skipped
         if self.by is not None:
             key = (repr(getattr(spec, self.by)), verdict.kind)
             self.split[key] = self.split.get(key, 0) + 1

@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tally = run_seeds(seeds_from(args.seeds), args.jobs, family=args.family, by=args.by)
     print("verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.counts.items())))
+    print(f"comparisons: {tally.checks}; inputs not compared (the original rejects them or is NaN there): {tally.skipped}")
     for value in sorted({value for value, _ in tally.split}):
         counts = ", ".join(f"{kind} {n}" for (v, kind), n in sorted(tally.split.items()) if v == value)
         print(f"  {args.by}={value}: {counts}")
