@@ -18,7 +18,7 @@ def always_asks_for_weights(facts: ModuleFacts, class_name: str, parameter: str,
     `parameter` (by keyword, or at `position` among the positional arguments), leaves it to a default of True, or
     passes on a `forward` parameter of its own of which the same holds (ERNIE-M's layer defaults
     `output_attentions=True` and its encoder never passes it). False when no call is found."""
-    sites = ModuleSites(facts)
+    sites = facts.module_sites
     return _always_true(sites, class_name, parameter, position, frozenset())
 
 

@@ -18,7 +18,7 @@ from typing import Iterable, Iterator, Sequence
 
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.names import ImportMap
-from sdpa_port.analyse.module_sites import ModuleCall, ModuleSites, Site, parameter_default
+from sdpa_port.analyse.module_sites import ModuleCall, Site, parameter_default
 
 CAUSAL_BUILDER = "create_causal_mask"
 BIDIRECTIONAL_BUILDER = "create_bidirectional_mask"
@@ -170,7 +170,7 @@ class MaskFlow:
     def __init__(self, facts: ModuleFacts, derive: bool = False) -> None:
         self.derive = derive
         self.imports = facts.imports
-        self.modules = ModuleSites(facts)
+        self.modules = facts.module_sites
         self.per_implementation = _per_implementation_functions(self.modules.tree, facts.imports)
         # attributes of a module set outside `__init__`: state a derivation cannot follow
         self.stateful = frozenset(

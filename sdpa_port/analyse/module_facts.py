@@ -5,12 +5,16 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
 from sdpa_port.analyse.names import ImportMap
 from sdpa_port.discover.screen import Uses, uses
+
+if TYPE_CHECKING:
+    from sdpa_port.analyse.module_sites import ModuleSites
 
 
 class ClassInfo:
@@ -256,6 +260,14 @@ class ModuleFacts:
                 if base.split(".")[-1] == base_suffix or base.endswith(base_suffix):
                     return True
         return False
+
+    @cached_property
+    def module_sites(self) -> ModuleSites:
+        """The file's module construction sites and calls (`analyse.module_sites`), found once and shared by every
+        pass that asks (mask flow, weight requests)."""
+        from sdpa_port.analyse.module_sites import ModuleSites
+
+        return ModuleSites(self)
 
     @cached_property
     def pretrained_roots(self) -> tuple[str, ...]:
