@@ -25,9 +25,24 @@ class EagerSite:
 
 def find_eager_attention(tree: ast.Module) -> list[EagerSite]:
     """Every function or method holding a product -> softmax -> product chain, with the softmax's line."""
-    functions = [(where, _walk(function)) for where, function in _functions(tree)]
+    functions = [_Function.of(where, function) for where, function in _functions(tree)]
     softmaxes = _softmax_wrappers(functions)
-    return [site for where, nodes in functions for site in _sites(nodes, where, softmaxes)]
+    return [site for function in functions for site in _sites(function, softmaxes)]
+
+
+@dataclass(frozen=True)
+class _Function:
+    """A function or method read once: its `Class.method` or `function` name, its nodes in `ast.walk`'s order, and
+    those of them that are products."""
+
+    where: str
+    nodes: list[ast.AST]
+    products: list[ast.AST]
+
+    @classmethod
+    def of(cls, where: str, function: ast.AST) -> _Function:
+        nodes = _walk(function)
+        return cls(where, nodes, [node for node in nodes if _is_product(node)])
 
 
 def _functions(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
@@ -45,18 +60,18 @@ def _functions(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncF
     return out
 
 
-def _softmax_wrappers(functions: list[tuple[str, list[ast.AST]]]) -> frozenset[str]:
+def _softmax_wrappers(functions: list[_Function]) -> frozenset[str]:
     """The names a call of which is a softmax: the torch ones, plus the file's functions and methods whose body calls
     a softmax and holds no product, and its classes whose `forward` does (an autograd Function called as `Class.apply(...)`), to a fixed
     point so that a wrapper of a wrapper counts."""
     names = set(SOFTMAX_NAMES)
     # a function holding a product is an attention site of its own, not a softmax: only the others can wrap one
     calls_of: dict[str, list[ast.Call]] = {}
-    for where, nodes in functions:
-        owner, _, method = where.rpartition(".")
-        if not any(map(_is_product, nodes)):
+    for function in functions:
+        owner, _, method = function.where.rpartition(".")
+        if not function.products:
             name = owner if owner and method == "forward" else method
-            calls_of.setdefault(name, []).extend(node for node in nodes if isinstance(node, ast.Call))
+            calls_of.setdefault(name, []).extend(node for node in function.nodes if isinstance(node, ast.Call))
     changed = True
     while changed:
         changed = False
@@ -159,7 +174,7 @@ class _Expression:
             operands: list[ast.AST] = list(inner.args)
             if isinstance(inner.func, ast.Attribute):
                 operands.append(inner.func.value)
-            read = frozenset(n.id for operand in operands for n in _walk(operand) if isinstance(n, ast.Name))
+            read = frozenset().union(*map(_names, operands))
             product = any(_is_product(n) for operand in operands for n in _walk(operand))
             softmaxes.append(_Softmax(inner, read, product))
         names = frozenset(n.id for n in nodes if isinstance(n, ast.Name))
@@ -173,12 +188,12 @@ class _Expression:
         return [s.call for s in self.softmaxes if s.product or s.names & scores]
 
 
-def _sites(nodes: list[ast.AST], where: str, names: frozenset[str]) -> list[EagerSite]:
-    """The function whose nodes are `nodes` as a site, if it holds a product -> softmax -> product chain."""
-    if sum(map(_is_product, nodes)) < 2:
+def _sites(function: _Function, names: frozenset[str]) -> list[EagerSite]:
+    """The function as a site, if it holds a product -> softmax -> product chain."""
+    if len(function.products) < 2:
         return []  # the chain takes two products: most functions are done here
     assignments: list[tuple[set[str], _Expression]] = []
-    for node in nodes:
+    for node in function.nodes:
         if isinstance(node, ast.Assign):
             targets = set().union(*(_names(t) for t in node.targets))
             assignments.append((targets, _Expression.of(node.value, names)))
@@ -206,13 +221,11 @@ def _sites(nodes: list[ast.AST], where: str, names: frozenset[str]) -> list[Eage
                     scores |= new
                     changed = True
     lines: list[int] = []
-    for node in nodes:
-        if not _is_product(node):
-            continue
+    for node in function.products:
         for operand in (_Expression.of(o, names) for o in _product_operands(node)):
             inner_softmax = operand.softmaxes_over(scores)
             if operand.names & probabilities or inner_softmax:
                 line = inner_softmax[0].lineno if inner_softmax else min(softmaxes.values(), default=_line(node))
                 lines.append(line)
                 break
-    return [EagerSite(where, min(lines))] if lines else []
+    return [EagerSite(function.where, min(lines))] if lines else []
