@@ -145,6 +145,13 @@ def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any
                 targets.base, getattr(ported, targets.base.__name__), config, padding, kind=targets.kind
             )
         )
+    if targets.lm is not None and targets.lm is not targets.base and targets.kind == "decoder":
+        # the LM's own forward, every position compared: it may take another path than the base model (BLIP's text
+        # decoder passes `is_decoder=True` down), and generation compares only what the last prompt position gives;
+        # unpadded, where sdpa's mask builders may leave the causality to `is_causal`
+        checks.extend(
+            parity.check_forward(targets.lm, getattr(ported, targets.lm.__name__), config, "none", kind=targets.kind)
+        )
     if any(c.name.endswith("sdpa executed") and not c.passed for c in checks):
         checks = _explain_no_sdpa(checks, targets, ported, config)
     checks.extend(_with_term_settings(targets, ported, config, padded))
