@@ -2,8 +2,10 @@
 
 transformers 5.x gives a module used both ways an `is_causal` constructor argument and passes `is_causal=True` where
 it is built for causal masks (BART's decoder self-attention) and nothing elsewhere (its encoder, every
-cross-attention). A site is decided when every mask reaching it comes from one kind of builder; a file with a site
-that is not stays refused, with the site named.
+cross-attention). A site is decided when every mask reaching it comes from one kind of builder. A site that receives both kinds from
+call to call (BLIP's text model picks its builder by an `is_decoder` argument) cannot carry the choice in
+`is_causal`; there the mask carries it (`kept_masks`). A file with a site that is neither stays refused, with the
+site named.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import ast
 from dataclasses import dataclass
 from typing import Sequence
 
-from sdpa_port.analyse.mask_flow import MaskFlow, SiteMasks
+from sdpa_port.analyse.mask_flow import Kind, MaskFlow, SiteMasks
 from sdpa_port.analyse.module_sites import Construction, Site
 from sdpa_port.refusals import Code, Refuse
 
@@ -33,6 +35,78 @@ class CausalSites:
             f"{'True' if masks.causal else 'False'}: {masks.why()}"
             for masks in self.decided
         ]
+
+
+@dataclass(frozen=True)
+class KeptMasks:
+    """An attention class some construction of which receives causal and bidirectional masks from call to call.
+
+    `is_causal` stays False for every instance, and each `create_causal_mask` call reaching the class builds its mask
+    under every implementation (`allow_is_causal_skip=False`): sdpa then applies the causality the mask carries,
+    where it would otherwise get None and a flag that cannot be right for both kinds of call. Exact for eager (its
+    mask is always built), sdpa and flex (the block mask carries the causality too); flash attention takes its
+    causality from `is_causal` alone, so a file claiming it is not handled this way.
+    """
+
+    class_name: str
+    builders: frozenset[int]  # lines of the `create_causal_mask(...)` calls whose masks reach the class
+    mixed: tuple[SiteMasks, ...]  # the constructions receiving both kinds
+    extended: int | None = None  # or: the line where the module extends its mask over keys of its own
+
+    def notes(self) -> list[str]:
+        lines = ", ".join(str(line) for line in sorted(self.builders))
+        if self.extended is not None:
+            why = f"{self.class_name} extends its mask over keys of its own (line {self.extended}), which `is_causal` cannot see"
+        else:
+            why = f"{self.class_name}.is_causal = False: " + "; ".join(
+                f"`{masks.site.name}` (line {masks.site.line}): {masks.why()}" for masks in self.mixed
+            )
+        if not self.builders:
+            return [f"{why}; no causal mask reaches it"]
+        return [
+            f"{why}; the causal masks (line(s) {lines}) are always built (`allow_is_causal_skip=False`), so they "
+            "carry the causality under sdpa"
+        ]
+
+
+def kept_masks(flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str]) -> KeptMasks | None:
+    """The class's causality carried by its masks, where every construction is followed, every mask reaching it comes
+    straight from a builder (or is None), and some construction receives both kinds; None otherwise."""
+    found = _built_masks(flow, class_name, mask_param, key_only)
+    if found is None or not found[1]:
+        return None
+    return KeptMasks(class_name, found[0], found[1])
+
+
+def extended_masks(flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str], line: int) -> KeptMasks | None:
+    """A class extending its mask over keys of its own (MVP's prompt keys): sdpa's causal shortcut (None and
+    `is_causal`) would not cover them (transformers' sdpa even crops the keys to the query's length then), so every
+    causal mask reaching the class is always built; None where a mask reaching it is not followed to a builder."""
+    found = _built_masks(flow, class_name, mask_param, key_only)
+    if found is None:
+        return None
+    return KeptMasks(class_name, found[0], (), extended=line)
+
+
+def _built_masks(
+    flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str]
+) -> tuple[frozenset[int], tuple[SiteMasks, ...]] | None:
+    """The lines of the causal builders whose masks reach the class and the constructions that receive both kinds;
+    None unless every construction is followed and every mask reaching it comes straight from a builder (or is
+    None)."""
+    classes = _classes(flow, class_name)
+    if _unfollowed(flow, classes) is not None:
+        return None
+    builders: set[int] = set()
+    mixed: list[SiteMasks] = []
+    for site in flow.modules.sites_of(classes):
+        masks = flow.site_masks(site, class_name, mask_param, key_only)
+        if any(o.kind not in (Kind.CAUSAL, Kind.BIDIRECTIONAL, Kind.NONE) or o.to_bool for o in masks.origins):
+            return None
+        builders |= {o.line for o in masks.origins if o.kind is Kind.CAUSAL}
+        if Kind.CAUSAL in masks.kinds and len(masks.kinds) > 1:
+            mixed.append(masks)
+    return frozenset(builders), tuple(mixed)
 
 
 def _classes(flow: MaskFlow, class_name: str) -> set[str]:
@@ -179,4 +253,14 @@ def dispatched_mask(function: ast.FunctionDef) -> str | None:
     return None
 
 
-__all__ = ["PARAMETER", "CausalSites", "check_pinned", "decide_sites", "dispatched_mask", "every_site_causal"]
+__all__ = [
+    "PARAMETER",
+    "CausalSites",
+    "KeptMasks",
+    "check_pinned",
+    "decide_sites",
+    "dispatched_mask",
+    "every_site_causal",
+    "extended_masks",
+    "kept_masks",
+]

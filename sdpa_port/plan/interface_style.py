@@ -23,7 +23,7 @@ from sdpa_port.analyse.cross import key_only_parameters, self_attention_test
 from sdpa_port.analyse.cstutil import block_body, code, is_pass, rebase_config
 from sdpa_port.analyse.flow import bound_before
 from sdpa_port.analyse.lines import Lines
-from sdpa_port.analyse.mask_changes import extended_mask, forward_of
+from sdpa_port.analyse.mask_changes import extended_mask, forward_of, zeros_block
 from sdpa_port.analyse.mask_flow import MaskFlow
 from sdpa_port.analyse.masked_rows import row_safe
 from sdpa_port.analyse.module_facts import ModuleFacts
@@ -35,16 +35,21 @@ from sdpa_port.analyse.selection import attention_dicts
 from sdpa_port.plan.causal_sites import (
     PARAMETER,
     CausalSites,
+    KeptMasks,
     check_pinned,
     decide_sites,
     dispatched_mask,
     every_site_causal,
+    extended_masks,
+    kept_masks,
 )
 from sdpa_port.render import render_module
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import flags, imports, insert_classes, register
 from sdpa_port.rewrite.causal_sites import pass_is_causal, unpin_is_causal
+from sdpa_port.rewrite.extended_masks import convert_block
+from sdpa_port.rewrite.kept_masks import SKIP, keep_causal_masks
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions, eager_body, parameter_name
 from sdpa_port.rewrite.sdpa_body import SideNames, function_names
@@ -89,6 +94,7 @@ class InterfacePlan:
     causal_for_flag_only: dict[str, str] = field(default_factory=dict)
     flag_only_sites: dict[str, CausalSites] = field(default_factory=dict)
     unpinned: list[Construction] = field(default_factory=list)  # `is_causal=True` that becomes False
+    kept: list[KeptMasks] = field(default_factory=list)  # classes whose causality the always-built masks carry
     dicts: dict[str, str] = field(default_factory=dict)  # dict name -> eager class, for `.get(..., eager)` lookups
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -108,6 +114,7 @@ class InterfacePlan:
             and self.threading.complete
             and not any(module.position_bias for module in self.modules)
             and not (self.alibi is not None and self.alibi.unknown)
+            and not self.kept
         )
 
     @property
@@ -198,6 +205,35 @@ def plan_interface(
                 assert causal_value is not None
                 plan.causal_for_flag_only[class_name] = causal_value
     plan.unpinned = list(causality.unpinned)
+    plan.kept = list(causality.kept)
+    for kept in plan.kept:
+        _, count = keep_causal_masks(module, kept.builders)
+        if count != len(kept.builders):
+            raise Refuse(
+                Code.MASK_EXTENDED if kept.extended is not None else Code.CAUSAL_BY_USE,
+                (
+                    f"the module extends its mask over keys of its own (line {kept.extended}), "
+                    if kept.extended is not None
+                    else "the file builds causal and bidirectional self-attention masks for the same module from call "
+                    "to call, "
+                )
+                + f"and a `create_causal_mask` call reaching it (line(s) {', '.join(map(str, sorted(kept.builders)))}) "
+                f"cannot be given `{SKIP}=False` (an alias, or `*args`/`**kwargs` that may carry it), so its mask "
+                "cannot be made to carry the causality",
+                kept.class_name,
+            )
+        if kept.extended is not None:
+            plan.warnings.append(
+                f"{kept.class_name} extends its mask over keys of its own: kernels that take a 2-D padding mask or "
+                "read `is_causal` alone (flash attention, and other registered kernels) would not see them; "
+                "`_supports_attention_backend` is not set"
+            )
+        else:
+            plan.warnings.append(
+                f"{kept.class_name} takes its causality from the masks, which are always built: kernels that read "
+                "`is_causal` alone (flash attention, and other registered kernels) would not apply it; "
+                "`_supports_attention_backend` is not set"
+            )
     eager_classes = {p.class_name for p in plan.modules}
     if plan.modules:
         plan.shifted_ranges, unshifted = shifted_ranges(facts)
@@ -291,12 +327,26 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
             )
     own_forward = forward_of(facts.tree, [info.name for info in facts.mro(analysis.class_name)]) if facts.tree else None
     extended = extended_mask(own_forward, mask_param) if own_forward is not None and mask_param else None
+    extension: tuple[str, KeptMasks] | None = None
     if extended is not None:
+        assert own_forward is not None and mask_param is not None
+        block = zeros_block(own_forward, mask_param)
+        cross_params = key_only_parameters(forward, start.key, start.query)
+        kept = causality.extended(analysis.class_name, mask_param, cross_params, extended) if block else None
+        if block is not None and kept is not None:
+            extension = (block, kept)
+        elif block is None:
+            why = "it is not a block of zeros bound in forward, added along the keys (one that only keeps keys)"
+        elif causality.other_implementations:
+            why = "flash attention, already claimed, would take the causality from `is_causal` alone"
+        else:
+            why = "the masks reaching the module are not all followed to transformers' builders"
+    if extended is not None and extension is None:
         raise Refuse(
             Code.MASK_EXTENDED,
             f"`{mask_param}` is concatenated with a tensor of the module's own before it reaches the scores; "
             "transformers builds the mask per implementation (boolean or None for sdpa), so the result is right "
-            "for eager alone",
+            f"for eager alone: {why}",
             line=extended,
         )
     moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result) | key_statements(forward, result, candidate)
@@ -349,6 +399,12 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     body = remove_dead(body, emitter.removed_reads, facts.imports)
     body = _bind_handed_values(forward, result, part.free, body)
     new_forward = forward.with_changes(body=forward.body.with_changes(body=body))
+    if extension is not None:
+        assert mask_param is not None
+        new_forward, count = convert_block(new_forward, mask_param, extension[0])
+        if not count:
+            raise Refuse(Code.MASK_EXTENDED, f"the extension of `{mask_param}` did not stay in forward", line=extended or 0)
+        causality.kept.append(extension[1])
     if added_kwargs is not None:
         new_forward = with_star_kwargs(new_forward, added_kwargs)
     eager = _eager_function(facts, eager_name, statements, part.free, analysis)
@@ -524,6 +580,9 @@ class Causality:
     # changed a result, and may become False where only bidirectional masks reach (`check_pinned`)
     unpinnable: bool = False
     unpinned: list[Construction] = field(default_factory=list, compare=False)
+    # a model class already claims an implementation other than eager (flash attention reads `is_causal` alone)
+    other_implementations: bool = False
+    kept: list[KeptMasks] = field(default_factory=list, compare=False)
 
     @classmethod
     def of(cls, facts: ModuleFacts) -> "Causality":
@@ -548,15 +607,17 @@ class Causality:
                     if names & {"pixel_values", "input_features", "input_values"}:
                         inputs.add("other")
             towers = len(inputs) > 1
-        unpinnable = tree is not None and not _reads_is_causal(tree) and not _other_implementations(facts)
-        return cls(self_attention_causality(facts), from_callers, towers, MaskFlow(facts), unpinnable)
+        others = _other_implementations(facts)
+        unpinnable = tree is not None and not _reads_is_causal(tree) and not others
+        return cls(self_attention_causality(facts), from_callers, towers, MaskFlow(facts), unpinnable, other_implementations=others)
 
     def decide(
         self, class_name: str, mask_param: str | None, key_only: tuple[str, ...]
     ) -> tuple[str | None, CausalSites | None]:
         """`self.is_causal` for the class: one value for every instance, or, where the file builds both kinds of
         self-attention mask, a constructor parameter and the sites that pass True (every site decided by the masks
-        that reach it, else C301 naming the first that is not)."""
+        that reach it). A site receiving both kinds from call to call leaves the class False, its causal masks
+        always built (`kept`); else C301 names the first site that is not decided."""
         try:
             return self.for_class(class_name, mask_param is not None), None
         except Refuse as error:
@@ -564,8 +625,22 @@ class Causality:
                 raise
         if every_site_causal(self.flow, class_name, mask_param, key_only):
             return "True", None
-        sites = decide_sites(self.flow, class_name, mask_param, key_only)
+        try:
+            sites = decide_sites(self.flow, class_name, mask_param, key_only)
+        except Refuse as error:
+            kept = None if self.other_implementations else kept_masks(self.flow, class_name, mask_param, key_only)
+            if error.reason.code is not Code.CAUSAL_BY_USE or kept is None:
+                raise
+            self.kept.append(kept)
+            return "False", None
         return ("False", None) if not sites.causal else (None, sites)
+
+    def extended(self, class_name: str, mask_param: str, key_only: tuple[str, ...], line: int) -> KeptMasks | None:
+        """The causal masks to build always for a class extending its mask over keys of its own (None where the
+        masks reaching it are not followed, or flash attention, which reads `is_causal` alone, is claimed)."""
+        if self.other_implementations:
+            return None
+        return extended_masks(self.flow, class_name, mask_param, key_only, line)
 
     def for_class(self, class_name: str, mask_param: bool) -> str:
         if not mask_param:
@@ -744,6 +819,10 @@ def _eager_function(
 def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan) -> cst.Module:
     needed: list[tuple[str, str | None]] = []
     # first, while the lines are the analysed file's
+    for kept in plan.kept:
+        module, count = keep_causal_masks(module, kept.builders)
+        assert count == len(kept.builders), "planning checked each builder call takes the keyword"
+        plan.notes.extend(kept.notes())
     lines = frozenset().union(*(item.unconverted for item in plan.modules))
     if lines:
         module, count = unconvert(module, lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,70 @@ def test_outputs_that_jump_are_judged_at_the_attention_modules(kind: str, workdi
     record("jumps-523", f"{model}:{kind}", sdpa.detail[-120:])
     assert "eager and SDPA on the eager model's inputs" in sdpa.detail, sdpa
     assert sdpa.passed is (kind == "none"), sdpa
+
+
+def test_a_module_causal_for_some_calls_takes_its_causality_from_always_built_masks(workdir: Path) -> None:
+    """BLIP's text model picks `create_causal_mask` or `create_bidirectional_mask` by its `is_decoder` argument, so
+    one module is causal for some calls and not for others (refused before, C301). The port keeps `is_causal = False`
+    and makes the causal builder always build its mask: parity for the bidirectional base model and for the LM head,
+    which passes `is_decoder=True`, unpadded (where sdpa's builder would otherwise return None). With the builder
+    allowed to skip again, the LM head's outputs differ: the check sees it."""
+    from harness import modeling_path
+
+    from sdpa_port import Status, port_source
+    from sdpa_port.verify import parity
+    from sdpa_port.verify.configs import tiny_config
+    from sdpa_port.verify.loader import load_source_in_package
+
+    result = port_source(modeling_path("blip").with_name("modeling_blip_text.py").read_text(encoding="utf-8"))
+    assert result.status is Status.PORTED, result.reasons
+    assert result.source.count("allow_is_causal_skip=False") == 1 and "_supports_attention_backend" not in result.source
+    module = importlib.import_module("transformers.models.blip.modeling_blip_text")
+    config = tiny_config(module.BlipTextConfig)
+    broken = result.source.replace("allow_is_causal_skip=False", "allow_is_causal_skip=True")
+    for tag, source in (("kept", result.source), ("skipping", broken)):
+        ported = load_source_in_package(source, "transformers.models.blip", workdir, f"modeling_blip_text_{tag}")
+        checks = [
+            *parity.check_forward(module.BlipTextModel, ported.BlipTextModel, config, "right", kind="encoder"),
+            *parity.check_forward(module.BlipTextLMHeadModel, ported.BlipTextLMHeadModel, config, "none", kind="decoder"),
+        ]
+        failed = [str(c) for c in checks if not c.passed]
+        if tag == "kept":
+            _assert(checks, "interface-523-blip-text", "blip_text")
+        else:
+            assert any("BlipTextLMHeadModel[none] sdpa == eager" in line for line in failed), "\n".join(map(str, checks))
+
+
+def test_a_mask_extended_over_prompt_keys_is_given_in_each_implementation_s_format(workdir: Path) -> None:
+    """MVP prepends its prompt keys and extends eager's float mask with zeros for them (refused before, M204). The
+    port gives the block the boolean format under sdpa and always builds the decoder's causal mask (sdpa's shortcut
+    cannot see the prompt keys): parity with prompts on, padded and not. Either half undone, the check sees it."""
+    from sdpa_port import Status, port_source
+    from sdpa_port.verify import parity
+    from sdpa_port.verify.configs import tiny_config
+    from sdpa_port.verify.loader import load_source_in_package
+
+    from harness import modeling_path
+
+    result = port_source(modeling_path("mvp").read_text(encoding="utf-8"), filename="modeling_mvp.py")
+    assert result.status is Status.PORTED, result.reasons
+    converted = "                    prompt_mask = prompt_mask == 0\n"
+    assert result.source.count(converted) == 1 and result.source.count("allow_is_causal_skip=False") == 1
+    module = original("mvp")
+    config = tiny_config(module.MvpConfig, {"use_prompt": True, "prompt_length": 3, "prompt_mid_dim": 16})
+    variants = {
+        "port": result.source,
+        "float_block": result.source.replace(converted, "                    pass\n"),
+        "skipping": result.source.replace("allow_is_causal_skip=False", "allow_is_causal_skip=True"),
+    }
+    for tag, source in variants.items():
+        ported = load_source_in_package(source, "transformers.models.mvp", workdir, f"modeling_mvp_{tag}")
+        checks = [
+            check
+            for padding in ("right", "none")
+            for check in parity.check_forward(module.MvpModel, ported.MvpModel, config, padding, kind="seq2seq")
+        ]
+        if tag == "port":
+            _assert(checks, "interface-523-mvp-prompts", "mvp")
+        else:
+            assert any(c.name.endswith("sdpa == eager") and not c.passed for c in checks), "\n".join(map(str, checks))

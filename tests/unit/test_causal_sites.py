@@ -43,12 +43,56 @@ def test_the_port_is_idempotent() -> None:
     assert twice.status is Status.UNCHANGED and twice.source == once.source
 
 
-def test_a_site_it_cannot_decide_is_named_in_the_refusal() -> None:
+# ---------------------------------------------------------------- causality chosen per call
+
+
+def _calls(source: str, name: str) -> list[str]:
+    return [ast.unparse(node) for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call) and ast.unparse(node.func) == name]
+
+
+def test_a_site_receiving_both_kinds_per_call_keeps_is_causal_false_and_its_causal_masks_built() -> None:
+    """TinyModel picks its builder by an `is_decoder` argument (BLIP's text model): no `is_causal` suits both
+    calls, so the class stays False and every causal builder reaching it (TinyDecoderModel's too, which shares the
+    class) always builds its mask, which then carries the causality under sdpa."""
     result = port_source(RUNTIME_FLAG, filename="modeling_tiny.py")
-    assert result.status is Status.REFUSED
-    assert [r.code.code for r in result.refusals] == ["C301"]
+    assert result.status is Status.PORTED, result.reasons
+    causal = _calls(result.source, "create_causal_mask")
+    assert len(causal) == 2 and all(call.endswith("allow_is_causal_skip=False)") for call in causal), causal
+    assert not any("allow_is" in call for call in _calls(result.source, "create_bidirectional_mask"))
+    assert "self.is_causal = False" in result.source
+    assert "_supports_attention_backend" not in result.source
+    assert any("takes its causality from the masks" in w for w in result.warnings), result.warnings
+    assert any(
+        "`TinyModel.attention` (line" in note and "always built (`allow_is_causal_skip=False`)" in note
+        for note in result.notes
+    ), result.notes
+    assert port_source(result.source, filename="modeling_tiny.py").status is Status.UNCHANGED
+
+
+def test_a_site_receiving_both_kinds_is_refused_where_flash_attention_reads_is_causal() -> None:
+    """Flash attention takes the causality from `is_causal` alone: a file claiming it keeps the C301 refusal, with
+    the site and the builders named."""
+    source = replaced(RUNTIME_FLAG, '    base_model_prefix = "model"\n', '    base_model_prefix = "model"\n    _supports_flash_attn = True\n')
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["C301"], result.reasons
     assert "`TinyModel.attention` (built at line" in result.reasons[0], result.reasons
     assert "`create_causal_mask`" in result.reasons[0] and "`create_bidirectional_mask`" in result.reasons[0]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "create_causal_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, **options)",
+        "create_causal_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, allow_is_causal_skip=skip)",
+    ],
+)
+def test_a_causal_builder_that_cannot_be_told_to_build_its_mask_is_refused(call: str) -> None:
+    """TinyDecoderModel's causal mask reaches the class too, and must be built."""
+    old = "        mask = create_causal_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)\n        return"
+    source = replaced(RUNTIME_FLAG, old, f"        options = {{}}\n        skip = True\n        mask = {call}\n        return")
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["C301"], result.reasons
+    assert "cannot be given `allow_is_causal_skip=False`" in result.reasons[0], result.reasons
 
 
 def test_a_causal_site_built_through_an_alias_is_refused() -> None:
@@ -302,3 +346,51 @@ def test_a_module_only_causal_masks_reach_is_causal_however_it_is_built() -> Non
     result = port_source(through_dict, filename="modeling_tiny.py")
     assert result.status is Status.PORTED, result.reasons
     assert "self.is_causal = True" in result.source
+
+
+KEEP = [
+    (  # the calls starting on the given lines (2, 4 and 9) gain the keyword; line 7's does not
+        """
+        def forward(self):
+            a = create_causal_mask(config=self.config, attention_mask=mask)
+            b = masking_utils.create_causal_mask(
+                config=self.config,
+                attention_mask=mask,
+            )
+            c = create_causal_mask(config=self.config, attention_mask=mask)
+            d = create_bidirectional_mask(config=self.config, attention_mask=mask)
+            e = create_causal_mask(config=self.config, allow_is_causal_skip=False)
+        """,
+        """
+        def forward(self):
+            a = create_causal_mask(config=self.config, attention_mask=mask, allow_is_causal_skip=False)
+            b = masking_utils.create_causal_mask(
+                config=self.config,
+                attention_mask=mask,
+                allow_is_causal_skip=False,
+            )
+            c = create_causal_mask(config=self.config, attention_mask=mask)
+            d = create_bidirectional_mask(config=self.config, attention_mask=mask)
+            e = create_causal_mask(config=self.config, allow_is_causal_skip=False)
+        """,
+        3,
+    ),
+    (  # `**kwargs` may carry the setting, another value is the caller's: not rewritten, not counted
+        """
+        def forward(self):
+            a = create_causal_mask(config=self.config, **kwargs)
+            b = create_causal_mask(config=self.config, allow_is_causal_skip=skip)
+        """,
+        None,
+        0,
+    ),
+]
+
+
+@pytest.mark.parametrize("before,after,count", KEEP)
+def test_causal_builders_on_the_lines_always_build_their_mask(before: str, after: str | None, count: int) -> None:
+    from sdpa_port.rewrite.kept_masks import keep_causal_masks
+
+    module, found = keep_causal_masks(cst.parse_module(src(before)), frozenset({2, 3, 4, 9}))
+    assert module.code == src(after if after is not None else before)
+    assert found == count

@@ -154,15 +154,59 @@ PROMPT_MASK = (
 )
 
 
-def test_a_mask_the_module_concatenates_is_refused_in_interface_style() -> None:
-    """M204: the module's zeros for its prompt keys are eager's float format; SDPA gets a boolean mask or None."""
+def test_a_mask_the_module_extends_with_zeros_gets_them_in_the_format_of_each_implementation() -> None:
+    """MVP's prompt keys: the module prepends zeros (keys always kept) to eager's float mask. Under sdpa the mask is
+    boolean, where True keeps: the block becomes True there, eager's path is unchanged; nothing is causal here, so
+    no builder changes."""
     result = port_source(PROMPT_KEYS, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    converted = (
+        "            if attention_mask.dtype == torch.bool:  # a boolean mask keeps where True: the added keys are always kept\n"
+        "                prompt_mask = prompt_mask == 0\n"
+        "            attention_mask = torch.cat([prompt_mask, attention_mask], dim=-1)\n"
+    )
+    assert converted in result.source, result.source
+    assert "allow_is_causal_skip" not in result.source and "_supports_attention_backend" not in result.source
+    assert any("extends its mask over keys of its own" in note for note in result.notes), result.notes
+
+
+def test_causal_masks_reaching_a_module_that_extends_its_mask_are_always_built() -> None:
+    """With keys of its own, sdpa's shortcut (no mask, `is_causal`) would miss them (transformers' sdpa even crops
+    the keys to the query's length): the causal builder always builds its mask."""
+    causal = PROMPT_KEYS.replace("create_bidirectional_mask(", "create_causal_mask(").replace(
+        "attention_mask=attention_mask)\n        return", "attention_mask=attention_mask, past_key_values=None)\n        return"
+    )
+    assert causal != PROMPT_KEYS
+    result = port_source(causal, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert "past_key_values=None, allow_is_causal_skip=False)" in result.source, result.source
+
+
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        (  # a learned bias over the prompt keys is not "always kept": no boolean says it
+            ("prompt_mask = torch.zeros(attention_mask.shape[0], 1, query.shape[2], 4)",
+             "prompt_mask = self.prompt[..., 0].expand(attention_mask.shape[0], 1, query.shape[2], 4)"),
+            "it is not a block of zeros bound in forward",
+        ),
+        (  # flash attention reads `is_causal` and a 2-D mask: it would not see the prompt keys
+            ('    base_model_prefix = "model"\n', '    base_model_prefix = "model"\n    _supports_flash_attn = True\n'),
+            "flash attention, already claimed",
+        ),
+    ],
+)
+def test_a_mask_extension_that_cannot_be_given_per_implementation_is_refused(change: tuple[str, str], why: str) -> None:
+    source = PROMPT_KEYS.replace(*change)
+    assert source != PROMPT_KEYS
+    result = port_source(source, filename="modeling_tiny.py")
     assert result.status is Status.REFUSED, result.reasons
     assert [r.code.code for r in result.refusals] == ["M204"], result.reasons
-    line = PROMPT_KEYS.splitlines().index("            attention_mask = torch.cat([prompt_mask, attention_mask], dim=-1)")
+    line = source.splitlines().index("            attention_mask = torch.cat([prompt_mask, attention_mask], dim=-1)")
     assert result.refusals[0].line == line + 1
     assert "`attention_mask` is concatenated with a tensor of the module's own" in result.reasons[0]
-    assert result.source == PROMPT_KEYS
+    assert why in result.reasons[0], result.reasons
+    assert result.source == source
 
 
 def test_the_same_module_without_the_concatenation_ports() -> None:
