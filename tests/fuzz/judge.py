@@ -117,6 +117,13 @@ def inputs_for(spec: Spec) -> list[Inputs]:
             Inputs("cross, equal lengths, no masks", {"input_ids": ids, "encoder_hidden_states": square}, ones.bool(),
                    encoder=True),
         ]
+    if spec.per_call:  # the same model asked for bidirectional attention, with and without padding
+        out += [
+            Inputs("bidirectional call, right padding", {"input_ids": ids, "attention_mask": right, "is_decoder": False},
+                   right.bool()),
+            Inputs("bidirectional call, no padding", {"input_ids": ids, "attention_mask": ones, "is_decoder": False},
+                   ones.bool()),
+        ]
     if spec.head_mask:
         head_mask = torch.ones(2, 4)
         head_mask[0, 1] = 0.0

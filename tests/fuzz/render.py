@@ -841,10 +841,23 @@ def mask_lines(spec: Spec, code: Code) -> None:
         if style == "none":
             code.add("mask = None")
         elif builder == "create_causal_mask":
-            code.add(
+            causal = (
                 "mask = create_causal_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask, "
                 "past_key_values=past_key_values, position_ids=position_ids[None])" + (".to(torch.bool)" if spec.bool_fill else "")
             )
+            if spec.per_call:  # causal or not by the call's `is_decoder`
+                code.add("if is_decoder:")
+                with code.indent():
+                    code.add(causal)
+                code.add("else:")
+                with code.indent():
+                    code.add(
+                        "mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states, "
+                        "attention_mask=attention_mask, past_key_values=past_key_values)"
+                        + (".to(torch.bool)" if spec.bool_fill else "")
+                    )
+            else:
+                code.add(causal)
         else:
             code.add(
                 "mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states, "
@@ -993,7 +1006,9 @@ def model_classes_523(spec: Spec, code: Code) -> None:
         code.add("")
         code.add(
             "def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=False, "
-            "encoder_hidden_states=None, encoder_attention_mask=None, **kwargs):"
+            "encoder_hidden_states=None, encoder_attention_mask=None, "
+            + ("is_decoder=True, " if spec.per_call else "")
+            + "**kwargs):"
         )
         with code.indent():
             code.add("batch, length = input_ids.shape")

@@ -133,6 +133,9 @@ class Spec:
     # layer) that returns the scores; with `chained`, a second switch turns it on by assigning it
     # (`if all_scores: return_scores = True`, as `need_head_weights` turns on `need_weights`)
     switches: str = "none"
+    # 5.x, causal masks: the model picks its builder by an `is_decoder` argument of the call (BLIP's text model), so
+    # one module is causal for some calls and not for others
+    per_call: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -246,7 +249,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         returned_together=rng.random() < 0.5,
         length_first=rng.random() < 0.5,
         scores_returned=rng.random() < 0.3,  # drawn late
-        switches=_pick(rng, SWITCHES, (6, 2, 2)),  # drawn last
+        switches=_pick(rng, SWITCHES, (6, 2, 2)),
+        per_call=rng.random() < 0.3,  # drawn last
     )
     return normalise(spec)
 
@@ -329,6 +333,8 @@ def normalise(spec: Spec) -> Spec:
     returnable = spec.family == "440" and spec.output_attentions and changes.get("placement", spec.placement) != "function"
     if spec.switches != "none" and not (spec.family == "440" and changes.get("placement", spec.placement) == "forward"):
         changes["switches"] = "none"  # a parameter of forward, returning forward's triple
+    if spec.per_call and spec.family != "523":
+        changes["per_call"] = False
     if spec.scores_returned and not returnable:
         changes["scores_returned"] = False  # the request for weights is forward's parameter, passed on to a helper
     return replace(spec, **changes) if changes else spec
@@ -354,6 +360,8 @@ def _interface_family(spec: Spec) -> Spec:
             changes[name] = value
     if spec.cache and spec.causal == "none":
         changes["cache"] = False
+    if spec.per_call and not (spec.causal == "mask" and style == "builder"):
+        changes["per_call"] = False
     return replace(spec, **changes) if changes else spec
 
 
