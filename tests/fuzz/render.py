@@ -601,6 +601,8 @@ def attention_class(spec: Spec, code: Code) -> None:
             code.add(f"self.head_bias = nn.Parameter(2 * torch.randn(self.num_heads, {MAX_POSITIONS}))")
             if spec.hazard == "param_scale":
                 code.add("self.temperature = nn.Parameter(torch.ones(1))")
+            if spec.prompt_keys:
+                code.add("self.prompt = nn.Parameter(torch.randn(2, 1, self.num_heads, 2, self.head_dim))")
         code.add("")
         params = ["self", "hidden_states", *chain_parameters(spec)]
         if spec.family == "523":
@@ -651,6 +653,13 @@ def attention_class(spec: Spec, code: Code) -> None:
                         code.add(f"key, value = past_key_values.update(key{key_to}, value{to_cache}, self.layer_idx)")
                         if key_back or back:
                             code.add(f"key, value = key{key_back}, value{back}")
+                if spec.prompt_keys:  # MVP's prompt keys: always attended, the mask extended with zeros for them
+                    code.add("key = torch.cat([self.prompt[0].expand(bsz, -1, -1, -1), key], dim=2)")
+                    code.add("value = torch.cat([self.prompt[1].expand(bsz, -1, -1, -1), value], dim=2)")
+                    code.add("if attention_mask is not None:")
+                    with code.indent():
+                        code.add("prompt_mask = torch.zeros(bsz, 1, q_len, 2).to(attention_mask.device)")
+                        code.add("attention_mask = torch.cat([prompt_mask, attention_mask], dim=-1)")
                 code.add("present = None")
             elif spec.cross:
                 code.add("if encoder_hidden_states is not None:")

@@ -136,6 +136,8 @@ class Spec:
     # 5.x, causal masks: the model picks its builder by an `is_decoder` argument of the call (BLIP's text model), so
     # one module is causal for some calls and not for others
     per_call: bool = False
+    # 5.x: the attention prepends keys of its own (prompt keys) and extends the mask with zeros for them (MVP)
+    prompt_keys: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -250,7 +252,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         length_first=rng.random() < 0.5,
         scores_returned=rng.random() < 0.3,  # drawn late
         switches=_pick(rng, SWITCHES, (6, 2, 2)),
-        per_call=rng.random() < 0.3,  # drawn last
+        per_call=rng.random() < 0.3,
+        prompt_keys=rng.random() < 0.2,  # drawn last
     )
     return normalise(spec)
 
@@ -335,6 +338,8 @@ def normalise(spec: Spec) -> Spec:
         changes["switches"] = "none"  # a parameter of forward, returning forward's triple
     if spec.per_call and spec.family != "523":
         changes["per_call"] = False
+    if spec.prompt_keys and spec.family != "523":
+        changes["prompt_keys"] = False
     if spec.scores_returned and not returnable:
         changes["scores_returned"] = False  # the request for weights is forward's parameter, passed on to a helper
     return replace(spec, **changes) if changes else spec
@@ -362,6 +367,17 @@ def _interface_family(spec: Spec) -> Spec:
         changes["cache"] = False
     if spec.per_call and not (spec.causal == "mask" and style == "builder"):
         changes["per_call"] = False
+    if spec.prompt_keys and not (
+        style == "builder"
+        and spec.causal in ("mask", "none")
+        and spec.layout == "heads"
+        and spec.product not in ("permuted", "einsum_bthd", "einsum_tbhd")
+        and not spec.length_first
+        and all(kind == "mask" for kind, _ in terms)
+        and not (spec.cross or spec.bool_fill or spec.settings_branch)
+        and spec.sparse_sibling == "none"
+    ):
+        changes["prompt_keys"] = False
     return replace(spec, **changes) if changes else spec
 
 
