@@ -1,7 +1,8 @@
 """Config changes that switch optional terms of the attention scores on, for the verifier to run its checks under
 again: boolean flags off by default (`config.use_rel_pos`, `getattr(config, "relative_attention", False)`) and list
-fields whose members the attention tests (`"c2p" in self.pos_att_type`). Read from the ported attention classes'
-source; no torch needed."""
+fields whose members the attention tests (`"c2p" in self.pos_att_type`), and switches named after an optional input
+of the attention (`use_prompt` for MVP's `attn_prompt`). Read from the ported attention classes' source and
+signature; no torch needed."""
 
 from __future__ import annotations
 
@@ -124,11 +125,49 @@ def _getattr_config_reads(tree: Any) -> list[tuple[str, Any]]:
     ]
 
 
+# parameters of an attention forward every model hands over or that only select what is returned: no config switch
+# is needed to reach them
+USUAL_INPUTS = frozenset(
+    {
+        "hidden_states", "attention_mask", "past_key_values", "past_key_value", "layer_past", "key_value_states",
+        "encoder_hidden_states", "encoder_attention_mask", "position_ids", "position_embeddings", "cache_position",
+        "head_mask", "layer_head_mask", "output_attentions", "use_cache", "position_bias",
+    }
+)
+# words of parameter names too common to tie a config switch to one input
+COMMON_WORDS = frozenset(
+    {
+        "attn", "attention", "self", "cross", "layer", "states", "hidden", "mask", "input", "inputs", "output",
+        "outputs", "position", "positions", "embeddings", "embedding", "ids", "bias", "key", "value", "values",
+        "query", "weights", "scores", "length", "lengths", "use", "is", "return",
+    }
+)
+
+
+def input_flags(classes: list[type], config: Any) -> list[str]:
+    """Boolean config fields, off in `config`, named after an optional input of the attention classes' forward
+    (`use_prompt` for MVP's `attn_prompt`): the model hands that input over only when the switch is on, so the
+    checks must run with it on as well. At most `TERM_FLAGS_CHECKED`."""
+    words: set[str] = set()
+    for attention in classes:
+        try:
+            parameters = inspect.signature(attention.forward).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        for parameter in parameters:
+            if parameter.default is None and parameter.name not in USUAL_INPUTS:
+                words |= set(parameter.name.split("_")) - COMMON_WORDS
+    fields = sorted(name for name, value in vars(config).items() if value is False and not name.startswith("_"))
+    return [name for name in fields if words & set(name.split("_"))][:TERM_FLAGS_CHECKED]
+
+
 def term_trials(classes: list[type], config: Any) -> list[tuple[str, dict[str, Any]]]:
-    """The config changes under which the checks run again, each with its label: every term flag on its own, then,
-    where list fields switch terms on, every flag on with those lists filled (DeBERTa's c2p and p2c need both)."""
+    """The config changes under which the checks run again, each with its label: every term flag on its own, every
+    switch of an optional input on its own (`input_flags`), then, where list fields switch terms on, every flag on
+    with those lists filled (DeBERTa's c2p and p2c need both)."""
     flags = term_flags(classes, config)
-    trials: list[tuple[str, dict[str, Any]]] = [(f"{flag}=True", {flag: True}) for flag in flags]
+    switches = [flag for flag in input_flags(classes, config) if flag not in flags]
+    trials: list[tuple[str, dict[str, Any]]] = [(f"{flag}=True", {flag: True}) for flag in [*flags, *switches]]
     lists = term_lists(classes, config)
     if lists:
         changes: dict[str, Any] = {flag: True for flag in flags}

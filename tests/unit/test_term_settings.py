@@ -94,3 +94,26 @@ def test_string_settings_offer_the_other_literals_compared_then_none(tmp_path: P
         "position_embeddings_type": ["relative", "rotary", None]
     }
     assert setting_values([ported.SdpaAttention], SimpleNamespace(position_embeddings_type=None, norm=None)) == {}
+
+
+PROMPTED = '''
+class Attention:
+    def __init__(self, config):
+        self.scale = config.scale
+
+    def forward(self, hidden_states, attention_mask=None, past_key_values=None, attn_prompt=None, output_attentions=False):
+        if attn_prompt is not None:
+            hidden_states = hidden_states + attn_prompt
+        return hidden_states
+'''
+
+
+def test_a_switch_named_after_an_optional_input_of_the_attention_is_turned_on(tmp_path: Path) -> None:
+    """MVP hands its attention `attn_prompt` only when `config.use_prompt` is on: the checks run with it on too.
+    Switches named after the usual inputs (`use_cache` for `past_key_values`) or after nothing the attention takes
+    are not."""
+    module = _module(tmp_path, "terms_prompted", PROMPTED)
+    config = SimpleNamespace(use_prompt=False, use_cache=False, add_cross_attention=False, output_hidden_states=False, scale=1)
+    assert term_trials([module.Attention], config) == [("use_prompt=True", {"use_prompt": True})]
+    config.use_prompt = True
+    assert term_trials([module.Attention], config) == []
