@@ -115,5 +115,5 @@ def test_a_switch_named_after_an_optional_input_of_the_attention_is_turned_on(tm
     module = _module(tmp_path, "terms_prompted", PROMPTED)
     config = SimpleNamespace(use_prompt=False, use_cache=False, add_cross_attention=False, output_hidden_states=False, scale=1)
     assert term_trials([module.Attention], config) == [("use_prompt=True", {"use_prompt": True})]
-    config.use_prompt = True
-    assert term_trials([module.Attention], config) == []
+    switched = SimpleNamespace(**{**vars(config), "use_prompt": True})
+    assert term_trials([module.Attention], switched) == []
