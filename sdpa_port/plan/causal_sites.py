@@ -2,10 +2,10 @@
 
 transformers 5.x gives a module used both ways an `is_causal` constructor argument and passes `is_causal=True` where
 it is built for causal masks (BART's decoder self-attention) and nothing elsewhere (its encoder, every
-cross-attention). A site is decided when every mask reaching it comes from one kind of builder. A site that receives both kinds from
-call to call (BLIP's text model picks its builder by an `is_decoder` argument) cannot carry the choice in
-`is_causal`; there the mask carries it (`kept_masks`). A file with a site that is neither stays refused, with the
-site named.
+cross-attention). A site is decided when every mask reaching it comes from one kind of builder. A site that
+receives both kinds from call to call (BLIP's text model picks its builder by an `is_decoder` argument) cannot carry
+the choice in `is_causal`; there the mask carries it (`kept_masks`). A file with a site that is neither stays
+refused, with the site named.
 """
 
 from __future__ import annotations
@@ -56,7 +56,10 @@ class KeptMasks:
     def notes(self) -> list[str]:
         lines = ", ".join(str(line) for line in sorted(self.builders))
         if self.extended is not None:
-            why = f"{self.class_name} extends its mask over keys of its own (line {self.extended}), which `is_causal` cannot see"
+            why = (
+                f"{self.class_name} extends its mask over keys of its own (line {self.extended}), which `is_causal` "
+                "cannot see"
+            )
         else:
             why = f"{self.class_name}.is_causal = False: " + "; ".join(
                 f"`{masks.site.name}` (line {masks.site.line}): {masks.why()}" for masks in self.mixed
@@ -78,7 +81,9 @@ def kept_masks(flow: MaskFlow, class_name: str, mask_param: str, key_only: Seque
     return KeptMasks(class_name, found[0], found[1])
 
 
-def extended_masks(flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str], line: int) -> KeptMasks | None:
+def extended_masks(
+    flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str], line: int
+) -> KeptMasks | None:
     """A class extending its mask over keys of its own (MVP's prompt keys): sdpa's causal shortcut (None and
     `is_causal`) would not cover them (transformers' sdpa even crops the keys to the query's length then), so every
     causal mask reaching the class is always built; None where a mask reaching it is not followed to a builder."""

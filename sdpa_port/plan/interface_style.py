@@ -327,12 +327,12 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
             )
     own_forward = forward_of(facts.tree, [info.name for info in facts.mro(analysis.class_name)]) if facts.tree else None
     extended = extended_mask(own_forward, mask_param) if own_forward is not None and mask_param else None
+    cross = key_only_parameters(forward, start.key, start.query)
     extension: tuple[str, KeptMasks] | None = None
     if extended is not None:
         assert own_forward is not None and mask_param is not None
         block = zeros_block(own_forward, mask_param)
-        cross_params = key_only_parameters(forward, start.key, start.query)
-        kept = causality.extended(analysis.class_name, mask_param, cross_params, extended) if block else None
+        kept = causality.extended(analysis.class_name, mask_param, cross, extended) if block else None
         if block is not None and kept is not None:
             extension = (block, kept)
         elif block is None:
@@ -350,7 +350,6 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
             line=extended,
         )
     moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result) | key_statements(forward, result, candidate)
-    cross = key_only_parameters(forward, start.key, start.query)
     has_causal = bool(facts.find_attribute_values(analysis.class_name, "is_causal"))
     causal_value: str | None = None
     causal_sites: CausalSites | None = None

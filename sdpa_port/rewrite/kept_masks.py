@@ -38,7 +38,8 @@ class _KeepMasks(cst.CSTTransformer):
                 self.count += 1
             return updated
         self.count += 1
-        return updated.with_changes(args=append_arguments(list(updated.args), [keyword_argument(SKIP, cst.Name("False"))]))
+        kept = keyword_argument(SKIP, cst.Name("False"))
+        return updated.with_changes(args=append_arguments(list(updated.args), [kept]))
 
 
 def keep_causal_masks(module: cst.Module, lines: frozenset[int]) -> tuple[cst.Module, int]:
