@@ -27,12 +27,13 @@ class Checkout:
         """`path` relative to the root, with `/` separators (how the copy checker names files)."""
         return path.resolve().relative_to(self.root).as_posix()
 
-    def model_tests(self, model: str) -> Path:
-        return self.root / MODEL_TESTS / model
+    def model_tests(self, folder: str) -> Path:
+        """The tests of a model folder (`bert`, `deprecated.mctct`)."""
+        return self.root / MODEL_TESTS / folder.replace(".", "/")
 
-    def tester_module(self, model: str) -> Path:
-        """The repository's own test file for a model (`tests/models/bert/test_modeling_bert.py`)."""
-        return self.model_tests(model) / f"test_modeling_{model}.py"
+    def tester_module(self, folder: str, model: str) -> Path:
+        """The repository's own test file for a model (`tests/models/blip/test_modeling_blip_text.py`)."""
+        return self.model_tests(folder) / f"test_modeling_{model}.py"
 
 
 def root_of(path: Path) -> Path | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from sdpa_port import __version__
 from sdpa_port.checkout.context import find_checkout
 from sdpa_port.edge.files import atomic_write
-from sdpa_port.emit.parity_test import model_name, render_parity_test
+from sdpa_port.emit.parity_test import model_folder, model_name, render_parity_test
 from sdpa_port.result import PortResult
 
 
@@ -39,14 +39,8 @@ def verify_port(input_path: Path, original_source: str, result: PortResult) -> V
 
 
 def package_of(input_path: Path) -> str:
-    """The transformers package a modeling file belongs to: its folder under `models/` (a model folder may hold
-    several modeling files, e.g. blip/modeling_blip_text.py), else the model named by the file."""
-    folder = input_path.parent
-    if folder.parent.name == "models":
-        return f"transformers.models.{folder.name}"
-    if folder.parent.name == "deprecated" and folder.parent.parent.name == "models":
-        return f"transformers.models.deprecated.{folder.name}"
-    return f"transformers.models.{model_name(input_path)}"
+    """The transformers package a modeling file is loaded in: its model folder's (see `model_folder`)."""
+    return f"transformers.models.{model_folder(input_path)}"
 
 
 def write_parity_test(input_path: Path, written: Path, result: PortResult, tests_dir: Path | None) -> Path | None:
@@ -56,7 +50,8 @@ def write_parity_test(input_path: Path, written: Path, result: PortResult, tests
     tester_source = None
     if checkout is not None:
         try:
-            tester_source = checkout.tester_module(model_name(input_path)).read_text(encoding="utf-8")
+            tester = checkout.tester_module(model_folder(input_path), model_name(input_path))
+            tester_source = tester.read_text(encoding="utf-8")
         except OSError:
             tester_source = None
     emitted = render_parity_test(result.source, input_path, written, tests_dir, style, __version__, tester_source)

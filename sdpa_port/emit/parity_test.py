@@ -40,7 +40,7 @@ FAMILIES = (
 class TestTarget:
     """Where the port lives and how the test reaches it."""
 
-    model: str  # transformers model directory name (`bert`)
+    model: str  # the model the file is named after (`bert`; `blip_text` for blip/modeling_blip_text.py)
     module_name: str  # import name of the module under test
     path: str | None  # file to load inside `package` (None: import `module_name`)
     package: str
@@ -61,6 +61,22 @@ def model_name(path: Path) -> str:
     return path.parent.name
 
 
+def model_folder(path: Path) -> str:
+    """The folder under `transformers/models/` a modeling file belongs to, dotted (`bert`, `deprecated.mctct`).
+
+    A model folder may hold several modeling files (blip/modeling_blip_text.py belongs to `blip`). The folder
+    holding the file counts when it sits under `models/` (or `models/deprecated/`) or carries its model's
+    configuration file (a copied model folder); else the file names its model (a lone copy, modeling_gpt2.py)."""
+    folder = path.resolve().parent
+    if folder.parent.name == "models":
+        return folder.name
+    if folder.parent.name == "deprecated" and folder.parent.parent.name == "models":
+        return f"deprecated.{folder.name}"
+    if (folder / f"configuration_{folder.name}.py").is_file():
+        return folder.name
+    return model_name(path)
+
+
 def checkout_root(path: Path) -> Path | None:
     """`<root>/src/transformers/models/<m>/modeling_<m>.py` -> `<root>` when `<root>/tests/models` exists."""
     from sdpa_port.checkout.context import root_of
@@ -70,7 +86,7 @@ def checkout_root(path: Path) -> Path | None:
 
 def target_for(input_path: Path, written: Path) -> TestTarget:
     model = model_name(input_path)
-    package = f"transformers.models.{model}"
+    package = f"transformers.models.{model_folder(input_path)}"
     resolved = input_path.resolve()
     in_package = resolved.parent.parent.name == "models" and resolved.parent.parent.parent.name == "transformers"
     if written.resolve() == resolved and in_package:
@@ -81,7 +97,7 @@ def target_for(input_path: Path, written: Path) -> TestTarget:
 def default_tests_dir(input_path: Path, written: Path) -> Path:
     root = checkout_root(input_path)
     if root is not None:
-        return root / "tests" / "models" / model_name(input_path)
+        return root / "tests" / "models" / model_folder(input_path).replace(".", "/")
     return written.resolve().parent
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from sdpa_port import port_source
+from sdpa_port.edge.after_port import package_of
 from sdpa_port.emit.parity_test import default_tests_dir, render_parity_test, target_for
 from sdpa_port.emit.parity_test import tested_models as models_under_test
 
@@ -42,6 +43,27 @@ def test_output_elsewhere_loads_the_written_file_inside_the_package(tmp_path: Pa
     loose.parent.mkdir()
     loose.write_text("x = 1\n")
     assert default_tests_dir(loose, loose) == loose.parent.resolve()
+
+
+def test_a_second_modeling_file_of_a_folder_belongs_to_the_folder(tmp_path: Path) -> None:
+    """blip/modeling_blip_text.py lives in `transformers.models.blip` and its tests in tests/models/blip."""
+    path = checkout(tmp_path).with_name("modeling_tiny_text.py")
+    path.write_text("x = 1\n")
+    target = target_for(path, path)
+    assert (target.model, target.module_name, target.package) == (
+        "tiny_text",
+        "transformers.models.tiny.modeling_tiny_text",
+        "transformers.models.tiny",
+    )
+    assert default_tests_dir(path, path) == tmp_path / "tests" / "models" / "tiny"
+    copied = tmp_path / "copy" / "tiny"  # a model folder copied out of the package, configuration file and all
+    copied.mkdir(parents=True)
+    (copied / "configuration_tiny.py").write_text("x = 1\n")
+    (copied / "modeling_tiny_text.py").write_text("x = 1\n")
+    assert package_of(copied / "modeling_tiny_text.py") == "transformers.models.tiny"
+    assert target_for(copied / "modeling_tiny_text.py", tmp_path / "out.py").package == "transformers.models.tiny"
+    lone = tmp_path / "lone" / "modeling_tiny_text.py"  # no folder to go by: the file names its model
+    assert target_for(lone, lone).package == "transformers.models.tiny_text"
 
 
 def test_rendered_test_is_standalone_and_names_its_config(tmp_path: Path) -> None:
