@@ -80,6 +80,7 @@ class ModulePlan:
     is_causal: str | None  # expression to assign in __init__, None when the class already sets it
     position_bias: bool = False  # the dispatch passes additive terms (ALiBi, relative positions) as position_bias
     causal_sites: CausalSites | None = None  # __init__ takes `is_causal`, these sites pass True
+    replaces_pinned: bool = False  # the class's own `self.is_causal = <literal>` in __init__ gives way to the above
     # lines of `create_*_mask(...).to(torch.bool)` handing this module its mask: the conversion is dropped and the
     # eager function adds the builder's mask where it filled (`bool_masks.py`)
     unconverted: frozenset[int] = frozenset()
@@ -353,9 +354,18 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     has_causal = bool(facts.find_attribute_values(analysis.class_name, "is_causal"))
     causal_value: str | None = None
     causal_sites: CausalSites | None = None
+    replaces_pinned = False
     if has_causal:
-        _check_own_causality(causality, analysis.class_name, mask_param, cross)
-        _check_causal_attribute(facts, analysis.class_name, causality, mask_param is not None)
+        try:
+            _check_own_causality(causality, analysis.class_name, mask_param, cross)
+            _check_causal_attribute(facts, analysis.class_name, causality, mask_param is not None)
+        except Refuse as error:
+            pinned = _unread_pinned(facts, analysis.class_name, causality)
+            if error.reason.code not in (Code.CAUSAL_BY_USE, Code.CAUSAL_CONTRADICTED) or pinned is None:
+                raise
+            # the literal has never changed a result: the masks decide, as for a class without the attribute
+            causal_value, causal_sites = causality.decide(analysis.class_name, mask_param, cross)
+            replaces_pinned = True
     else:
         causal_value, causal_sites = causality.decide(analysis.class_name, mask_param, cross)
     causal_test = self_attention_test(cross) if cross and not causality.from_callers else None
@@ -435,6 +445,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         causal_value,
         position_bias=emitter.position_bias,
         causal_sites=causal_sites,
+        replaces_pinned=replaces_pinned,
         unconverted=frozenset(unconverted),
         inlined=tuple(h.helper.name for h in analysis.helpers if h.helper.is_method and h.helper.owner == analysis.class_name),
     )
@@ -480,6 +491,41 @@ def _output_smalls(forward: cst.FunctionDef, result: t.TraceResult) -> list[tupl
 
     forward.body.visit(Find())
     return found
+
+
+def _unread_pinned(facts: ModuleFacts, class_name: str, causality: "Causality") -> str | None:
+    """`True`/`False` when the class pins `self.is_causal` to that literal in its own `__init__` alone, nothing in the
+    file reads the flag, no implementation but eager is claimed (so the flag has never changed a result), and no
+    subclass in the file sets it again; None otherwise."""
+    if not causality.unpinnable:
+        return None
+    info = facts.classes.get(class_name)
+    if info is None or "is_causal" in info.class_vars:
+        return None
+    values = info.attributes.get("is_causal", [])
+    literals = {v.value for v in values if isinstance(v, cst.Name) and v.value in ("True", "False")}
+    if len(literals) != 1 or len(values) != len([v for v in values if isinstance(v, cst.Name)]):
+        return None
+    init = facts.find_method(class_name, "__init__")
+    if init is None or init[0].name != class_name or _pinned_assignments(init[1]) != len(values):
+        return None
+    subclasses = causality.flow.modules.subclasses(class_name) - {class_name}
+    if any("is_causal" in facts.classes[name].attributes or "is_causal" in facts.classes[name].class_vars
+           for name in subclasses if name in facts.classes):
+        return None
+    return literals.pop()
+
+
+def _pinned_assignments(function: cst.FunctionDef) -> int:
+    """Statements of the function body (at its top level) that are one `self.is_causal = <value>`."""
+    return sum(1 for statement in block_body(function.body) if _is_causal_assignment(statement))
+
+
+def _is_causal_assignment(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and m.matches(
+        statement.body[0],
+        m.Assign(targets=[m.AssignTarget(m.Attribute(value=m.Name("self"), attr=m.Name(PARAMETER)))]),
+    )
 
 
 def _check_causal_attribute(facts: ModuleFacts, class_name: str, causality: "Causality", mask_param: bool) -> None:
@@ -837,7 +883,9 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
         init_owner = _init_owner(facts, item.class_name)
         if item.store_config or item.is_causal is not None or item.causal_sites is not None:
             causal = PARAMETER if item.causal_sites is not None else item.is_causal
-            init = _InitAttributes(item.store_config, causal, causal_parameter=item.causal_sites is not None)
+            init = _InitAttributes(
+                item.store_config, causal, causal_parameter=item.causal_sites is not None, replace=item.replaces_pinned
+            )
             module = transform_named(module, {init_owner}, init)
         if item.add_config_parameter:
             owners = facts.classes_calling({item.class_name})
@@ -846,6 +894,11 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
             assert not transformer.missing, "planning checked every construction has a config in scope"
             plan.notes.append(f"{item.class_name} takes `config` ({transformer.count} construction(s) pass it)")
         plan.notes.append(f"{item.class_name} dispatches through ALL_ATTENTION_FUNCTIONS with {item.eager.name.value}")
+        if item.replaces_pinned:
+            plan.notes.append(
+                f"{item.class_name} pinned `self.is_causal` to a literal that nothing in the file reads and only eager "
+                "ran with: the flag is set from the masks the module receives instead"
+            )
         if item.is_causal is not None:
             plan.notes.append(f"{item.class_name}.is_causal = {item.is_causal}")
         if item.causal_sites is not None:
@@ -988,10 +1041,13 @@ class _InitAttributes(cst.CSTTransformer):
     """Give `__init__` a `config=None` parameter stored as `self.config`, and/or set `self.is_causal` (from an
     `is_causal=False` parameter added for it when `causal_parameter`)."""
 
-    def __init__(self, add_config: bool, is_causal: str | None, causal_parameter: bool = False) -> None:
+    def __init__(
+        self, add_config: bool, is_causal: str | None, causal_parameter: bool = False, replace: bool = False
+    ) -> None:
         self.add_config = add_config
         self.is_causal = is_causal
         self.causal_parameter = causal_parameter
+        self.replace = replace  # the `self.is_causal = <literal>` already there takes the value (`_unread_pinned`)
         self.depth = 0
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -1018,6 +1074,12 @@ class _InitAttributes(cst.CSTTransformer):
             target = cst.Attribute(value=cst.Name("self"), attr=cst.Name("is_causal"))
             added.append(cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(target)], value=value)]))
         body = list(block_body(updated.body))
+        if self.replace and added:
+            # the pinned assignment takes the new value where it stands
+            index = next(i for i, statement in enumerate(body) if _is_causal_assignment(statement))
+            pinned = body[index]
+            assert isinstance(pinned, cst.SimpleStatementLine)
+            body[index] = added.pop().with_changes(leading_lines=pinned.leading_lines)
         position = next((index + 1 for index, statement in enumerate(body) if _is_super_init(statement)), None)
         if position is None:
             position = 0 if not body or not _is_docstring(body[0]) else 1

@@ -96,9 +96,11 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
              causal_slice="top_left", causal_guard="not_cross", cache=True, cross=True),
         "refused", "M202",
     ),
+    # the flag nothing reads and only eager ran with is set from the masks (was refused C304; left True, the judge
+    # sees the unpadded calls wrong)
     "5.x D: is_causal = True on a module given bidirectional masks": (
         Spec(family="523", is_causal_attr=True, mask_style="builder"),
-        "refused", "C304",
+        "exact", None,
     ),
     # BridgeTower's cross-modal layers: `is_causal=True` at the construction, bidirectional masks (was refused C302)
     "5.x F: a literal is_causal=True only bidirectional masks reach": (
@@ -309,9 +311,10 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
     "12f: causality chosen per call": (
         Spec(family="523", mask_style="builder", causal="mask", cache=True, per_call=True), "exact", None,
     ),
-    # the same with `self.is_causal = True` on the class: its own flag contradicts the bidirectional calls
+    # the same with `self.is_causal = True` on the class, a flag nothing reads and only eager ran with: the port sets
+    # it False like a class without it (left True, the judge sees the bidirectional unpadded calls wrong)
     "12g: causality chosen per call, the class pinned causal": (
-        Spec(family="523", mask_style="builder", causal="mask", per_call=True, is_causal_attr=True), "refused", "C301",
+        Spec(family="523", mask_style="builder", causal="mask", per_call=True, is_causal_attr=True), "exact", None,
     ),
     # MVP's prompt keys: the zeros extending the mask become True for sdpa's boolean mask, and the causal mask is
     # always built (with either undone, the judge sees the unpadded calls wrong by about 4)

@@ -79,6 +79,47 @@ def test_a_site_receiving_both_kinds_is_refused_where_flash_attention_reads_is_c
     assert "`create_causal_mask`" in result.reasons[0] and "`create_bidirectional_mask`" in result.reasons[0]
 
 
+PIN = ("        self.scaling = config.head_dim**-0.5\n", "        self.scaling = config.head_dim**-0.5\n        self.is_causal = True\n")
+
+
+def test_a_pinned_flag_nothing_reads_is_set_from_the_masks_where_it_stands() -> None:
+    """`self.is_causal = True` that nothing reads and only eager ran with has never changed a result: with masks of
+    both kinds per call the class is decided as one without the flag (False, causal masks always built), the
+    assignment taking the new value in place."""
+    result = port_source(replaced(RUNTIME_FLAG, *PIN), filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    init = next(
+        node for node in ast.walk(ast.parse(result.source)) if isinstance(node, ast.FunctionDef) and node.name == "__init__"
+    )
+    assigned = [ast.unparse(node) for node in init.body if isinstance(node, ast.Assign)]
+    assert assigned[1:3] == ["self.scaling = config.head_dim ** (-0.5)", "self.is_causal = False"], assigned
+    assert sum(a.startswith("self.is_causal") for a in assigned) == 1
+    assert all(call.endswith("allow_is_causal_skip=False)") for call in _calls(result.source, "create_causal_mask"))
+    assert any("pinned `self.is_causal`" in note for note in result.notes), result.notes
+    assert port_source(result.source, filename="modeling_tiny.py").status is Status.UNCHANGED
+
+
+def test_a_pinned_flag_gives_way_to_a_constructor_parameter_where_constructions_differ() -> None:
+    result = port_source(replaced(SEQ2SEQ, *PIN), filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert "self.is_causal = is_causal" in result.source and "self.is_causal = True" not in result.source
+    assert "TinyAttention(config, layer_idx=layer_idx, is_causal=True)" in result.source
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        # read by the file: the flag has changed what the module computes
+        ("        self.is_causal = True\n", "        self.is_causal = True\n        self.flag = self.is_causal\n"),
+        # flash attention claimed: it has run with the flag
+        ('    base_model_prefix = "model"\n', '    base_model_prefix = "model"\n    _supports_flash_attn = True\n'),
+    ],
+)
+def test_a_pinned_flag_that_may_have_mattered_keeps_the_refusal(change: tuple[str, str]) -> None:
+    result = port_source(replaced(replaced(RUNTIME_FLAG, *PIN), *change), filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["C301"], result.reasons
+
+
 @pytest.mark.parametrize(
     "call",
     [
