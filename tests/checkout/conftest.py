@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from layout import PytestRun, Timings, lay_out, run_pytest, sdist, snapshot  # noqa: E402
+from layout import PytestRun, Timings, lay_out, model_file, model_folder, run_pytest, sdist, snapshot  # noqa: E402
 
 PINNED_RUFF = {"4.40.2": "0.1.5", "5.23.0": "0.14.10"}
 REPO_TEST_DESELECT = ["-k", "not test_pipeline_", "-p", "no:randomly"]  # pipeline tests download from the hub
@@ -91,9 +91,9 @@ def build_session(version: str, models: list[str], workdir: Path, repo_tests: bo
     session = Session(version, root, snapshot(root))
     session.timings.steps["lay out"] = time.perf_counter() - started
     repo_paths = [
-        f"tests/models/{m}/test_modeling_{m}.py"
+        f"tests/models/{model_folder(m)}/test_modeling_{model_file(m)}.py"
         for m in models
-        if (root / "tests/models" / m / f"test_modeling_{m}.py").is_file()
+        if (root / "tests/models" / model_folder(m) / f"test_modeling_{model_file(m)}.py").is_file()
     ]
     if repo_tests and repo_paths:
         session.repo_before = run_pytest(
@@ -101,9 +101,10 @@ def build_session(version: str, models: list[str], workdir: Path, repo_tests: bo
         )
     for model in models:
         before = snapshot(root)
-        path = f"src/transformers/models/{model}/modeling_{model}.py"
-        if (root / f"src/transformers/models/{model}/modular_{model}.py").is_file():
-            path = f"src/transformers/models/{model}/modular_{model}.py"
+        folder, name = model_folder(model), model_file(model)  # `blip/blip_text`: blip/modeling_blip_text.py
+        path = f"src/transformers/models/{folder}/modeling_{name}.py"
+        if (root / f"src/transformers/models/{folder}/modular_{name}.py").is_file():
+            path = f"src/transformers/models/{folder}/modular_{name}.py"
         completed = session.timings.run(f"port {model}", [sys.executable, "-m", "sdpa_port", path], root, timeout=900)
         after = snapshot(root)
         changed = {p: (before.get(p), t) for p, t in after.items() if before.get(p) != t}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conftest import Session
+from layout import model_file, model_folder
 
 from sdpa_port.checkout.copies import Inconsistency, check_tree
 from sdpa_port.checkout.family import lost_markers
@@ -35,7 +36,7 @@ def stale_markers(session: Session, ruff: Ruff) -> list[Inconsistency]:
 
 def emitted_outcomes(session: Session, model: str) -> dict[str, str]:
     assert session.emitted is not None
-    prefix = f"tests.models.{model}.test_sdpa_parity_{model}"
+    prefix = f"tests.models.{model_folder(model)}.test_sdpa_parity_{model_file(model)}"
     return {t: s for t, s in session.emitted.outcomes.items() if t.startswith((prefix + ".", prefix + "::"))}
 
 

@@ -65,9 +65,19 @@ def sdist(version: str, cache: Path) -> Path:
     return archive
 
 
+def model_folder(entry: str) -> str:
+    """`blip/blip_text` (a second modeling file of a model folder) -> `blip`; `bert` -> `bert`."""
+    return entry.split("/")[0]
+
+
+def model_file(entry: str) -> str:
+    """`blip/blip_text` -> `blip_text`, the name in `modeling_blip_text.py`; `bert` -> `bert`."""
+    return entry.split("/")[-1]
+
+
 def lay_out(archive: Path, destination: Path, overlay: Path | None, models: list[str]) -> Path:
     """Extract the sdist into `destination`, lay the repository's tests over it, and make sure `tests/models/<m>`
-    exists for every model (the emitted tests go there)."""
+    exists for every model folder (the emitted tests go there)."""
     with tarfile.open(archive) as tar:
         top = tar.getnames()[0].split("/")[0]
         tar.extractall(destination.parent, filter="data")
@@ -80,7 +90,7 @@ def lay_out(archive: Path, destination: Path, overlay: Path | None, models: list
             elif source.is_file():
                 shutil.copy2(source, destination / name)
     for model in models:
-        folder = destination / "tests" / "models" / model
+        folder = destination / "tests" / "models" / model_folder(model)
         folder.mkdir(parents=True, exist_ok=True)
         for package in (destination / "tests" / "models", folder):
             (package / "__init__.py").touch()

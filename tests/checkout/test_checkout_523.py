@@ -1,15 +1,18 @@
 """Transformers 5.23.0 as a contributor's checkout (its sdist: the library and the common testers, no model tests):
-port xglm, codegen and gptj in place, and switch_transformers through its modular file, then judge the tree."""
+port xglm, codegen and gptj in place, switch_transformers through its modular file, and BLIP's text model (the
+second modeling file of the blip folder), then judge the tree."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import Session, build_session
 from judge import emitted_outcomes, lost, new_findings, reformatted, stale_markers
+from layout import model_file, model_folder
 
 pytestmark = pytest.mark.checkout523
 
-MODELS = ["xglm", "codegen", "gptj", "switch_transformers"]
+# `folder/name`: src/transformers/models/<folder>/modeling_<name>.py, its tests in tests/models/<folder>
+MODELS = ["xglm", "codegen", "gptj", "switch_transformers", "blip/blip_text"]
 MODULAR = {"switch_transformers"}
 
 # not holding in the release itself: idefics2 and idefics3 copy CLIPAttention.__init__ without its is_causal line
@@ -34,13 +37,11 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
 def test_port_is_written_with_its_test(session: Session, model: str) -> None:
     port = session.ports[model]
     assert port.returncode == 0, port.output
-    expected = {
-        f"src/transformers/models/{model}/modeling_{model}.py",
-        f"tests/models/{model}/test_sdpa_parity_{model}.py",
-    }
+    folder, name = model_folder(model), model_file(model)
+    modeling = f"src/transformers/models/{folder}/modeling_{name}.py"
+    expected = {modeling, f"tests/models/{folder}/test_sdpa_parity_{name}.py"}
     if model in MODULAR:
-        expected.add(f"src/transformers/models/{model}/modular_{model}.py")
-    modeling = f"src/transformers/models/{model}/modeling_{model}.py"
+        expected.add(f"src/transformers/models/{folder}/modular_{name}.py")
     earlier = [m for m in MODELS[: MODELS.index(model)] if modeling in session.ports[m].changed]
     if earlier:
         # ported as the upstream of an earlier model's copies (codegen's blocks copy GPT-J's): already done
