@@ -686,6 +686,10 @@ def _add_marker(text: str, where: tuple[str, str | None], comment: str) -> str |
     line = cst.EmptyLine(comment=cst.Comment(comment.strip()))
 
     def marked(node: cst.ClassDef | cst.FunctionDef) -> cst.ClassDef | cst.FunctionDef:
+        # right above `def`/`class`: the copy checker reads the definition from the line after the marker, so on a
+        # decorated definition the marker goes after the decorators (where transformers puts it)
+        if node.decorators:
+            return node.with_changes(lines_after_decorators=[*node.lines_after_decorators, line])
         return node.with_changes(leading_lines=[*node.leading_lines, line])
 
     body = list(module.body)

@@ -247,3 +247,31 @@ def test_the_upstream_of_a_changed_copy_is_ported_so_the_marker_holds() -> None:
     assert check_tree(Overlay(base, result.edits)) == []
     alone = keep_consistent(base, {BETA: beta_ported}, refuse, originals_removed={BETA: [marker]})
     assert ALPHA not in alone.edits and "Copied from" not in alone.edits[BETA].split("class BetaAttention")[0]
+
+
+def test_a_restored_marker_on_a_decorated_method_goes_after_the_decorators() -> None:
+    """Data2VecTextModel.forward carries its marker between its decorators and `def` (the copy checker reads the
+    definition from the line after the marker); put back above the decorators, the checker met a decorator line
+    where it expects `def` and the checkout step failed."""
+    marker = "# Copied from transformers.models.alpha.modeling_alpha.AlphaModel.forward"
+    alpha = dedent(
+        """
+        class AlphaModel:
+            @decorate
+            def forward(self):
+                return 1
+        """
+    )
+    beta = dedent(
+        f"""
+        class BetaModel:
+            @decorate
+            {marker}
+            def forward(self):
+                return 1
+        """
+    )
+    base = Texts({ALPHA: alpha, BETA: beta})
+    result = keep_consistent(base, {BETA: beta.replace(f"    {marker}\n", "")}, refuse, originals_removed={BETA: [marker]})
+    assert result.edits[BETA] == beta and result.stale == []
+    assert check_tree(Overlay(base, result.edits)) == []
