@@ -67,6 +67,12 @@ class _Swap(ScopedTransformer):
         self.imports = imports
         self.plan = plan
         self.report = report
+        self.guarded: set[int] = set()  # ids of helper statements already on the eager side of a swap
+
+    def visit_If(self, node: cst.If) -> None:
+        fallback = _eager_side(node)
+        if fallback is not None:
+            self.guarded.add(id(fallback))
 
     def helper_of(self, call: cst.Call) -> str | None:
         func = call.func
@@ -108,8 +114,8 @@ class _Swap(ScopedTransformer):
         self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
     ) -> cst.BaseStatement:
         found = self.helper_statement(updated)
-        if found is None:
-            return updated
+        if found is None or id(original) in self.guarded:
+            return updated  # not a helper call, or one a swap already keeps for eager (a port, or a copy of one)
         small, call, helper = found
         where = f"{self.classes[0]}.{self.functions[-1].name.value}"
         if helper == CAUSAL and self.plan.causal:
@@ -171,6 +177,33 @@ class _Swap(ScopedTransformer):
             if name.endswith("head_mask"):
                 parts.append(f"{name} is None")
         return " and ".join(parts)
+
+
+def _eager_side(node: cst.If) -> cst.SimpleStatementLine | None:
+    """The `else` statement of a swap already made: `if ...: x = <helper>_for_sdpa(...)` / `else: x = ...`."""
+    body, orelse = node.body, node.orelse
+    if not (isinstance(body, cst.IndentedBlock) and len(body.body) == 1 and isinstance(orelse, cst.Else)):
+        return None
+    if not (isinstance(orelse.body, cst.IndentedBlock) and len(orelse.body.body) == 1):
+        return None
+    sdpa, eager = body.body[0], orelse.body.body[0]
+    if not (isinstance(sdpa, cst.SimpleStatementLine) and isinstance(eager, cst.SimpleStatementLine)):
+        return None
+    if len(sdpa.body) != 1 or len(eager.body) != 1:
+        return None
+    first, second = sdpa.body[0], eager.body[0]
+    if not (isinstance(first, (cst.Assign, cst.AnnAssign)) and isinstance(first.value, cst.Call)):
+        return None
+    func = first.value.func
+    if not (isinstance(func, cst.Name) and func.value.endswith(SDPA_SUFFIX)):
+        return None
+    if not isinstance(second, type(first)) or not _targets(first).deep_equals(_targets(second)):
+        return None
+    return eager
+
+
+def _targets(small: cst.Assign | cst.AnnAssign) -> cst.CSTNode:
+    return small.targets[0].target if isinstance(small, cst.Assign) else small.target
 
 
 class _HelperCalls(_Swap):

@@ -207,6 +207,17 @@ def test_swap_mask_helpers() -> None:
     assert report.needed_utils == {"is_torch_fx_proxy"}
 
 
+def test_swap_mask_helpers_leaves_a_swap_already_made() -> None:
+    """A model forward copied from a ported one (data2vec's text model follows BERT's port through its `# Copied
+    from` marker) already keeps the plain helper on the eager side of the swap: porting the file must not wrap it
+    again (that changed the copy, and the marker was lost)."""
+    module = cst.parse_module(src(MASKS_BEFORE))
+    plan = mask_helpers.MaskSwapPlan(causal=True, plain=True, extended=True, classes=frozenset({"Decoder"}))
+    once, report = mask_helpers.swap_mask_helpers(module, ImportMap.of(module), plan, {"Decoder"})
+    twice, again = mask_helpers.swap_mask_helpers(once, ImportMap.of(once), plan, {"Decoder"})
+    assert len(report.swapped) == 3 and again.swapped == [] and twice.code == once.code
+
+
 def test_swap_mask_helpers_respects_plan() -> None:
     module = cst.parse_module(src(MASKS_BEFORE))
     plan = mask_helpers.MaskSwapPlan(causal=False, plain=False, extended=False, classes=frozenset({"Decoder"}))
