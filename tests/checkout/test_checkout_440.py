@@ -1,19 +1,24 @@
 """Transformers 4.40.2 as a contributor's checkout: port t5, bert, gpt2, mbart, distilbert and opt in place with
-`sdpa-port src/transformers/models/<m>/modeling_<m>.py`, then hold the result to the repository's own checks."""
+`sdpa-port src/transformers/models/<m>/modeling_<m>.py`, then data2vec's text model (a second modeling file of its
+folder, copying BERT), and hold the result to the repository's own checks."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import Session, build_session
 from judge import emitted_outcomes, lost, new_findings, reformatted, stale_markers
-from layout import snapshot
+from layout import model_file, model_folder, snapshot
 
 from sdpa_port.checkout.copies import check_tree
 from sdpa_port.checkout.tree import Directory, Overlay
 
 pytestmark = pytest.mark.checkout440
 
-MODELS = ["t5", "bert", "gpt2", "mbart", "distilbert", "opt"]
+# the models whose own tests the 4.40.2 overlay carries
+WITH_REPO_TESTS = ["t5", "bert", "gpt2", "mbart", "distilbert", "opt"]
+# `folder/name`: data2vec/modeling_data2vec_text.py, whose copies of BERT's code follow BERT's port first and then
+# meet its own port (a swap already made must not be made again, or its BertModel.forward marker would be lost)
+MODELS = [*WITH_REPO_TESTS, "data2vec/data2vec_text"]
 
 # not holding in the release itself: clap's copy of BertEmbeddings.__init__ differs (persistent=True), and two
 # markers in gpt_neox's tests name test files the 4.40.2 overlay does not carry
@@ -42,8 +47,9 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
 def test_port_is_written_with_its_test(session: Session, model: str) -> None:
     port = session.ports[model]
     assert port.returncode == 0, port.output
-    assert f"src/transformers/models/{model}/modeling_{model}.py" in port.changed
-    assert f"tests/models/{model}/test_sdpa_parity_{model}.py" in port.changed
+    folder, name = model_folder(model), model_file(model)
+    assert f"src/transformers/models/{folder}/modeling_{name}.py" in port.changed
+    assert f"tests/models/{folder}/test_sdpa_parity_{name}.py" in port.changed
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -98,10 +104,15 @@ def test_no_marker_of_the_tree_is_lost(session: Session) -> None:
 @pytest.mark.parametrize("model", MODELS)
 def test_emitted_tests_pass(session: Session, model: str) -> None:
     mine = emitted_outcomes(session, model)
-    assert mine and set(mine.values()) == {"passed"}, session.emitted.tail if session.emitted else ""
+    # built on the repository's testers, every test applies; the standalone test (no tester to build on) skips what
+    # a CPU machine lacks
+    allowed = {"passed"} if model in WITH_REPO_TESTS else {"passed", "skipped"}
+    assert mine and "passed" in mine.values() and set(mine.values()) <= allowed, (
+        session.emitted.tail if session.emitted else ""
+    )
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", WITH_REPO_TESTS)
 def test_repository_tests_that_passed_still_pass(session: Session, model: str) -> None:
     assert session.repo_before is not None and session.repo_after is not None
     prefix = f"tests.models.{model}.test_modeling_{model}."
