@@ -13,7 +13,7 @@ import ast
 import io
 import tokenize
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -503,8 +503,8 @@ def _unread_pinned(facts: ModuleFacts, class_name: str, causality: "Causality") 
     if info is None or "is_causal" in info.class_vars:
         return None
     values = info.attributes.get("is_causal", [])
-    literals = {v.value for v in values if isinstance(v, cst.Name) and v.value in ("True", "False")}
-    if len(literals) != 1 or len(values) != len([v for v in values if isinstance(v, cst.Name)]):
+    literal = _one_literal(values)
+    if literal is None:
         return None
     init = facts.find_method(class_name, "__init__")
     if init is None or init[0].name != class_name or _pinned_assignments(init[1]) != len(values):
@@ -512,6 +512,14 @@ def _unread_pinned(facts: ModuleFacts, class_name: str, causality: "Causality") 
     subclasses = causality.flow.modules.subclasses(class_name) - {class_name}
     if any("is_causal" in facts.classes[name].attributes or "is_causal" in facts.classes[name].class_vars
            for name in subclasses if name in facts.classes):
+        return None
+    return literal
+
+
+def _one_literal(values: Sequence[cst.BaseExpression]) -> str | None:
+    """`True` or `False` when every value assigned is that one literal (names only); None otherwise."""
+    literals = {v.value for v in values if isinstance(v, cst.Name) and v.value in ("True", "False")}
+    if len(literals) != 1 or len(values) != len([v for v in values if isinstance(v, cst.Name)]):
         return None
     return literals.pop()
 
@@ -531,15 +539,14 @@ def _is_causal_assignment(statement: cst.BaseStatement) -> bool:
 def _check_causal_attribute(facts: ModuleFacts, class_name: str, causality: "Causality", mask_param: bool) -> None:
     """A module that sets `self.is_causal` to a literal the file's masks contradict would run SDPA with the wrong
     causality whenever the mask handed over is None (the eager code never reads the flag)."""
-    values = facts.find_attribute_values(class_name, "is_causal")
-    literals = {v.value for v in values if isinstance(v, cst.Name) and v.value in ("True", "False")}
-    if len(literals) != 1 or len(values) != len([v for v in values if isinstance(v, cst.Name)]):
+    literal = _one_literal(facts.find_attribute_values(class_name, "is_causal"))
+    if literal is None:
         return
     expected = causality.for_class(class_name, mask_param)
-    if expected in ("True", "False") and expected not in literals:
+    if expected in ("True", "False") and expected != literal:
         raise Refuse(
             Code.CAUSAL_CONTRADICTED,
-            f"sets `self.is_causal = {literals.pop()}`, but the file builds {'causal' if expected == 'True' else 'bidirectional'} "
+            f"sets `self.is_causal = {literal}`, but the file builds {'causal' if expected == 'True' else 'bidirectional'} "
             "masks for it; the implementations would apply the flag whenever the mask is None",
             class_name,
         )
