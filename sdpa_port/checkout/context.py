@@ -29,11 +29,16 @@ class Checkout:
 
     def model_tests(self, folder: str) -> Path:
         """The tests of a model folder (`bert`, `deprecated.mctct`)."""
-        return self.root / MODEL_TESTS / folder.replace(".", "/")
+        return model_tests_dir(self.root, folder)
 
     def tester_module(self, folder: str, model: str) -> Path:
         """The repository's own test file for a model (`tests/models/blip/test_modeling_blip_text.py`)."""
         return self.model_tests(folder) / f"test_modeling_{model}.py"
+
+
+def model_tests_dir(root: Path, folder: str) -> Path:
+    """`<root>/tests/models/<folder>` for a model folder (`bert`; `deprecated.mctct` lies in `deprecated/mctct`)."""
+    return root / MODEL_TESTS / folder.replace(".", "/")
 
 
 def root_of(path: Path) -> Path | None:

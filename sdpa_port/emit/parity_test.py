@@ -95,9 +95,11 @@ def target_for(input_path: Path, written: Path) -> TestTarget:
 
 
 def default_tests_dir(input_path: Path, written: Path) -> Path:
+    from sdpa_port.checkout.context import model_tests_dir
+
     root = checkout_root(input_path)
     if root is not None:
-        return root / "tests" / "models" / model_folder(input_path).replace(".", "/")
+        return model_tests_dir(root, model_folder(input_path))
     return written.resolve().parent
 
 
