@@ -96,6 +96,7 @@ class _State:
     mask_nullable: bool = False  # a known mask that may be None at run time (`attention_mask`)
     mask_var: bool = False
     mask_maybe_none: bool = True
+    mask_none: bool = False  # the variable holds the None it was made with: nothing has been added to it yet
     causal: cst.BaseExpression | None = None  # condition of a causal-buffer fill, while known
     causal_var: bool = False
     causal_fill: cst.BaseExpression | None = None
@@ -324,6 +325,7 @@ class SdpaEmitter(StatementWalker):
                 )
         merged = first.copy()
         merged.mask_maybe_none = any(s.mask_maybe_none for s in ends)
+        merged.mask_none = all(s.mask_none for s in ends)
         zero_rows = {s.zero_rows for s in ends}
         if len(zero_rows) > 1:
             if not merged.zero_rows_var:
@@ -544,7 +546,7 @@ class SdpaEmitter(StatementWalker):
             out.append(assignment(self.names.scale, _binary(cst.Name(self.names.scale), op.factor, op.divide)))
         else:
             state.scale_factors.append((op.factor, op.divide))
-        if state.mask_var:
+        if state.mask_var and not state.mask_none:
             update = assignment(self.names.mask, _binary(cst.Name(self.names.mask), op.factor, op.divide))
             out.append(_if_not_none(self.names.mask, update) if state.mask_maybe_none else update)
         elif state.mask is not None:
@@ -578,7 +580,7 @@ class SdpaEmitter(StatementWalker):
         Without a mask the scores are finite and the floor changes nothing.
         """
         state = self.state
-        if not state.mask_var and state.mask is None:
+        if not state.mask_var and state.mask is None or state.mask_var and state.mask_none:
             return []
         if not op.absorbing:
             raise Refuse(
@@ -609,8 +611,13 @@ class SdpaEmitter(StatementWalker):
         mask = cst.Name(self.names.mask)
         added = plus(mask, term)
         value: cst.BaseExpression = (
-            cst.IfExp(test=_is_none(self.names.mask), body=term, orelse=added) if state.mask_maybe_none else added
+            term
+            if state.mask_none
+            else cst.IfExp(test=_is_none(self.names.mask), body=term, orelse=added)
+            if state.mask_maybe_none
+            else added
         )
+        state.mask_none = False
         return [*pre, _if_not_none(name, assignment(self.names.mask, value))]
 
     def add_to_mask(self, term: cst.BaseExpression) -> list[cst.BaseStatement]:
@@ -624,6 +631,9 @@ class SdpaEmitter(StatementWalker):
         if not state.mask_var:
             state.mask = term if state.mask is None else plus(state.mask, term)
             return []
+        if state.mask_none:
+            state.mask_none = state.mask_maybe_none = False
+            return [assignment(self.names.mask, term)]
         mask = cst.Name(self.names.mask)
         named: list[cst.BaseStatement] = []
         if state.mask_maybe_none and isinstance(term, (cst.Call, cst.IfExp)):
@@ -668,11 +678,13 @@ class SdpaEmitter(StatementWalker):
             state.mask = where(state.mask)
             return []
         mask = cst.Name(self.names.mask)
-        if state.mask_maybe_none:
-            value: cst.BaseExpression = cst.IfExp(test=_is_none(self.names.mask), body=where(None), orelse=where(mask))
+        if state.mask_none:
+            value: cst.BaseExpression = where(None)
+        elif state.mask_maybe_none:
+            value = cst.IfExp(test=_is_none(self.names.mask), body=where(None), orelse=where(mask))
         else:
             value = where(mask)
-        state.mask_maybe_none = False
+        state.mask_none = state.mask_maybe_none = False
         return [assignment(self.names.mask, value)]
 
     # -------------------------------------------------------------- materialisation
@@ -687,6 +699,7 @@ class SdpaEmitter(StatementWalker):
         if Side.MASK in kinds and not state.mask_var:
             out.append(assignment(self.names.mask, state.mask if state.mask is not None else cst.Name("None")))
             state.mask_maybe_none = state.mask is None or state.mask_nullable
+            state.mask_none = state.mask is None
             state.mask = None
             state.mask_nullable = False
             state.mask_var = True
@@ -884,7 +897,7 @@ class SdpaEmitter(StatementWalker):
                 fill=code(state.causal_fill),
             )
         )
-        state.mask_maybe_none = True
+        state.mask_maybe_none, state.mask_none = True, False
         return "" if mask_set else self.names.is_causal
 
     def causal_contract(self, out: list[cst.BaseStatement]) -> str:
