@@ -100,7 +100,11 @@ class InterfaceEmitter(SdpaEmitter):
             for op in plan.ops
         ):
             return set()
-        return super().chain_kinds(node)
+        kinds = super().chain_kinds(node)
+        if Side.CAUSAL in kinds:
+            # a causal fill joins the additive terms here (`apply`), so a branch that fills changes the mask
+            kinds = (kinds - {Side.CAUSAL}) | {Side.MASK}
+        return kinds
 
     def whole_chain_branch(self, node: cst.If) -> cst.If | cst.Else | None:
         return None  # the computation moves into the eager function whole; a branch of it is not extracted

@@ -324,6 +324,18 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
     "12i: prompt keys and a bidirectional mask extended with zeros": (
         Spec(family="523", mask_style="builder", prompt_keys=True), "exact", None,
     ),
+    # a module's own causal buffer applied only under a setting of the module (its `is_causal`, or self-attention
+    # as opposed to cross-attention): the fill joins the additive terms handed over as `position_bias`, set in the
+    # same branch (both were S110 before; 66 of 155 such specs of seeds 177000:179000)
+    "12j: a causal buffer under the module's flag": (
+        Spec(family="523", mask_style="builder", causal="buffer", causal_guard="flag", terms=(("mask", "not_none"),)),
+        "exact", None,
+    ),
+    "12k: a causal buffer for self-attention only": (
+        Spec(family="523", mask_style="builder", causal="buffer", causal_guard="not_cross", cross=True,
+             terms=(("mask", "plain"),)),
+        "exact", None,
+    ),
 }
 
 

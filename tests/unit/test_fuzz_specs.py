@@ -86,3 +86,22 @@ def test_a_none_guarded_flat_term_joins_the_mask_per_head() -> None:
     sdpa = source[source.index("class FuzzSdpaAttention") :]
     assert "position_bias.unflatten(0, (" in sdpa
     assert "if position_bias is not None:" in sdpa
+
+
+@pytest.mark.parametrize(
+    "name,guard",
+    [
+        ("12j: a causal buffer under the module's flag", "if self.flag_causal:"),
+        ("12k: a causal buffer for self-attention only", "if not self.is_cross_attention:"),
+    ],
+)
+def test_a_causal_buffer_under_a_setting_is_handed_over_in_its_branch(name: str, guard: str) -> None:
+    """The fill joins the additive terms (`position_bias`) in the branch that applies it; a fresh variable that
+    still holds None is assigned, not tested again."""
+    source = ported(name)
+    dispatching = source[source.index("class FuzzAttention") :]
+    assert "position_bias=sdpa_mask" in dispatching
+    assert "sdpa_mask = None" in dispatching
+    branch = dispatching[dispatching.index(guard) : dispatching.index("attention_interface = ")]
+    assert "sdpa_mask = torch.where(causal_mask, " in branch
+    assert "if sdpa_mask is None else" not in dispatching
