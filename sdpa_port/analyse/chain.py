@@ -114,6 +114,9 @@ class AddTerm:
     rank: int | None
     # added whenever the term's operands are not None: no enclosing test other than `x is not None` of them
     always: bool = True
+    # added whenever the chain runs and the operands are not None: as `always`, but the branches enclosing the
+    # query-key product too do not count (`if self.training and fused: ... else: <the chain>`)
+    with_chain: bool = True
     # the term is a call of a helper that adds to the scores it is given (`analyse/additive.py`): the argument at
     # this index is to be zeros of the scores' shape (it holds `None` here)
     scores_arg: int | None = None
@@ -248,6 +251,10 @@ class Candidate:
     absorbed: bool = False
     start_node: cst.CSTNode | None = None  # the query-key product (or the softmax, for an unknown origin)
     names_assigned_after_start: set[str] = field(default_factory=set)
+    # the if/elif/else branches enclosing the query-key product (`Tracer.path`) and how many of them are if/elif
+    # tests (`Tracer.tests`): a step inside these alone runs whenever the product does
+    start_path: tuple[tuple[int, int], ...] = ()
+    start_tests: int = 0
 
     def poisoned(self, code: Code, detail: str, line: int) -> None:
         if self.poison is None:

@@ -319,7 +319,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
                 "implementation, so it cannot be handed over as is" + (f" ({converted})" if converted else ""),
                 line=line,
             )
-        if isinstance(op, t.AddTerm) and mask_param is not None and cast_operand(op.term) == mask_param and not op.always:
+        if isinstance(op, t.AddTerm) and mask_param is not None and cast_operand(op.term) == mask_param and not op.with_chain:
             raise Refuse(
                 Code.CONDITIONAL,
                 "the attention mask is added only under a condition, but the implementations receive it whenever it "

@@ -15,12 +15,12 @@ from typing import Sequence
 import libcst as cst
 
 from sdpa_port.analyse import trace as t
-from sdpa_port.analyse.cstutil import assigned_names, assignment, block_body, code, replace_names, replace_nodes
+from sdpa_port.analyse.cstutil import assigned_names, assignment, block_body, code, if_chain, replace_names, replace_nodes
 from sdpa_port.analyse.patterns import cast_operand, inverse, permuted, then, walk_names
 from sdpa_port.render import render_statements
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.analyse.cstutil import primary
-from sdpa_port.rewrite.sdpa_body import EmitOptions, SdpaEmitter, Side, SideNames, unflatten
+from sdpa_port.rewrite.sdpa_body import EmitOptions, SdpaEmitter, Side, SideNames, unflatten, whole_chain_branch
 from sdpa_port.rewrite.walk import StatementWalker
 
 # names the eager function's signature and the dispatch's keywords already use
@@ -107,7 +107,25 @@ class InterfaceEmitter(SdpaEmitter):
         return kinds
 
     def whole_chain_branch(self, node: cst.If) -> cst.If | cst.Else | None:
-        return None  # the computation moves into the eager function whole; a branch of it is not extracted
+        """The branch holding the whole computation (`if self.training and fused: ... else: <the chain>`) dispatches;
+        the others run as written, which is exact only when they and the tests choosing between them do not read
+        the attention mask: transformers builds it for the implementation in use (None or boolean under sdpa)."""
+        branch = super().whole_chain_branch(node)
+        if branch is None or self.interface.mask_param is None:
+            return branch
+        for current in if_chain(node):
+            read = walk_names(current.test) if isinstance(current, cst.If) else set()
+            if current is not branch:
+                read = read | walk_names(current.body)
+            if self.interface.mask_param in read:
+                raise Refuse(
+                    Code.NOT_EXTRACTABLE,
+                    f"the attention is computed in one branch of an `if` and `{self.interface.mask_param}` is read "
+                    "beside it; transformers builds the mask for the implementation in use (None or boolean under "
+                    "sdpa), so that code would receive another mask than under eager",
+                    line=self.line_in(node),
+                )
+        return branch
 
     def apply(self, op: t.Op) -> list[cst.BaseStatement]:
         if self.is_handed_fill(op):
@@ -274,7 +292,12 @@ class _Filter(StatementWalker):
     def if_statement(self, node: cst.If) -> list[cst.BaseStatement]:
         if node in self.moved:
             return [node]
-        return [] if node in self.dropped_ifs else super().if_statement(node)
+        if node in self.dropped_ifs:
+            return []
+        branch = whole_chain_branch(node, self.plans)
+        if branch is not None:
+            return self.block(block_body(branch.body))  # the branch that computes the attention, alone
+        return super().if_statement(node)
 
     def compound(self, statement: cst.With | cst.For | cst.While) -> list[cst.BaseStatement]:
         # the chain never runs in a loop (the tracer refuses that): only a `with` can hold chain statements

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import libcst as cst
 
@@ -84,6 +84,18 @@ class ZeroRowsState(enum.Enum):
     ABSENT = "absent"
     SET = "set"
     MAYBE = "maybe"  # in some branches only: the variable may still be None
+
+
+def whole_chain_branch(node: cst.If, plans: Mapping[cst.CSTNode, t.StmtPlan]) -> cst.If | cst.Else | None:
+    """The one branch of an if-chain holding every chain statement, from the product to the product with V
+    (when the chain starts before the `if`, the branches share it and are handled as a whole)."""
+    holding = [branch for branch in if_chain(node) if nodes_in(branch.body, plans)]
+    if len(holding) != 1 or (isinstance(holding[0], cst.If) and nodes_in(holding[0].test, plans)):
+        return None
+    found = [plans[n] for n in nodes_in(holding[0].body, plans)]
+    starts = any(isinstance(op, t.Start) for plan in found if isinstance(plan, t.ChainStmt) for op in plan.ops)
+    ends = any(isinstance(plan, t.OutputStmt) for plan in found)
+    return holding[0] if starts and ends else None
 
 
 @dataclass
@@ -299,15 +311,7 @@ class SdpaEmitter(StatementWalker):
         return [*pre, rebuilt]
 
     def whole_chain_branch(self, node: cst.If) -> cst.If | cst.Else | None:
-        """The one branch of an if-chain holding every chain statement, from the product to the product with V
-        (when the chain starts before the `if`, the branches share it and are handled as a whole)."""
-        holding = [branch for branch in if_chain(node) if self.plans_in(branch.body)]
-        if len(holding) != 1 or (isinstance(holding[0], cst.If) and self.plans_in(holding[0].test)):
-            return None
-        plans = self.plans_in(holding[0].body)
-        starts = any(isinstance(op, t.Start) for plan in plans if isinstance(plan, t.ChainStmt) for op in plan.ops)
-        ends = any(isinstance(plan, t.OutputStmt) for plan in plans)
-        return holding[0] if starts and ends else None
+        return whole_chain_branch(node, self.plans)
 
     def merge(self, ends: list[_State], node: cst.If) -> _State:
         """One state after the branches; branches that leave a known side value differently are refused.

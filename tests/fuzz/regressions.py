@@ -336,6 +336,27 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
              terms=(("mask", "plain"),)),
         "exact", None,
     ),
+    # the attention in the else branch of `if self.training and fused_kernel: ...`: that branch dispatches and the
+    # other runs as written (was S110 on the mask added "under a condition", then F602 at the output)
+    "12l: the attention beside a fused-kernel alternative (interface style)": (
+        Spec(family="523", mask_style="builder", alternative=True, terms=(("mask", "plain"),)), "exact", None,
+    ),
+    # the same with a branch beside it that reads the mask (Nystromformer's landmarks): under sdpa that branch would
+    # receive sdpa's mask (None or boolean), so the file is refused
+    "12m: the attention in one branch of a setting, the mask read in the other (interface style)": (
+        Spec(family="523", product="einsum_bthd", scale_place="none", mask_style="builder", causal="mask", dropout="module", cross=True,
+             is_causal_attr=True, placement="helper", settings_branch=True, returned_together=True),
+        "refused", "F602",
+    ),
+    # found by the fuzzer while 12l was written (seed 180293, wrong by 3.19): the class style's SDPA class reads a
+    # None mask as causal only when the mask is added whenever forward runs; a mask added whenever the chain runs is
+    # not enough, since the eager fallback of the other branch then gets None for a causal mask
+    "12n: a causal helper mask and a settings branch (class style)": (
+        Spec(layout="flat", product="baddbmm_zero", scale_place="qk_quarter", scale_form="pow_div",
+             mask_style="causal_helper", causal="mask", fill_form="masked_fill_inplace", dropout="module",
+             is_causal_attr=True, settings_branch=True, flat_bias=True),
+        "exact", None,
+    ),
 }
 
 

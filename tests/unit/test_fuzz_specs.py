@@ -105,3 +105,13 @@ def test_a_causal_buffer_under_a_setting_is_handed_over_in_its_branch(name: str,
     branch = dispatching[dispatching.index(guard) : dispatching.index("attention_interface = ")]
     assert "sdpa_mask = torch.where(causal_mask, " in branch
     assert "if sdpa_mask is None else" not in dispatching
+
+
+def test_the_branch_computing_the_attention_dispatches_and_the_alternative_stays() -> None:
+    source = ported("12l: the attention beside a fused-kernel alternative (interface style)")
+    eager = source[source.index("def eager_attention_forward") : source.index("class FuzzAttention")]
+    forward = source[source.index("class FuzzAttention") :]
+    assert "fused_attention_kernel" not in eager and "module.training" not in eager
+    alternative = forward.index("attn_output = torch.fused_attention_kernel(query, key, value)")
+    otherwise = forward.index("        else:\n", alternative)
+    assert alternative < otherwise < forward.index("attention_interface(")

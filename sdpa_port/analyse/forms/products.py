@@ -73,7 +73,7 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
         (query, key) if orders != (None, None) else None,
     )
     cid = len(tracer.candidates)
-    candidate = Candidate(cid, start, line, start_node=node)
+    candidate = Candidate(cid, start, line, start_node=node, start_path=tuple(tracer.path), start_tests=len(tracer.tests))
     tracer.candidates.append(candidate)
     ops: list[Op] = [start]
     base = ChainVal(cid, SCORES, rank)

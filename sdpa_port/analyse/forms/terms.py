@@ -80,7 +80,8 @@ def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Reco
     args = list(node.args)
     args[index] = argument.with_changes(value=cst.Name("None"))
     term = tracer.detach(node.with_changes(args=args), base.cid)
-    return base, [*ops, AddTerm(term, current.rank, always_applied(tracer, term), scores_arg=index)]
+    applied = always_applied(tracer, term), always_applied(tracer, term, base.cid)
+    return base, [*ops, AddTerm(term, current.rank, *applied, scores_arg=index)]
 
 
 def add_term(
@@ -98,6 +99,7 @@ def add_term(
         cst.UnaryOperation(cst.Minus(), primary(detached)) if negate else detached,
         current.rank,
         always_applied(tracer, term),
+        always_applied(tracer, term, current.cid),
         may_be_number=may_be_number(tracer, term),
     )
 
@@ -120,12 +122,20 @@ def may_be_number(tracer: Tracer, term: cst.BaseExpression) -> bool:
     return False
 
 
-def always_applied(tracer: Tracer, term: cst.BaseExpression) -> bool:
-    """Only `x is not None` tests of the term's own names enclose it (an `else` branch counts as a condition)."""
-    if len(tracer.tests) != len(tracer.path):
+def always_applied(tracer: Tracer, term: cst.BaseExpression, cid: int | None = None) -> bool:
+    """Only `x is not None` tests of the term's own names enclose it (an `else` branch counts as a condition). With
+    the chain's `cid`: whenever that chain runs, the branches enclosing its query-key product aside (`if
+    self.training and fused: ... else: <the chain>`)."""
+    path, tests = tracer.path, tracer.tests
+    if cid is not None and 0 <= cid < len(tracer.candidates):
+        candidate = tracer.candidates[cid]
+        shared = len(candidate.start_path)
+        if tuple(path[:shared]) == candidate.start_path:
+            path, tests = path[shared:], tests[candidate.start_tests :]
+    if len(tests) != len(path):
         return False
     names = p.walk_names(term)
-    for test in tracer.tests:
+    for test in tests:
         checked = _only_not_none(test)
         if checked is None or not checked <= names:
             return False
