@@ -73,6 +73,9 @@ class ClassAnalysis:
     eager_only_params: tuple[str, ...]  # forward parameters whose use only eager can take (head masks, optional terms)
     output_attentions: str | None  # the forward parameter asking for the weights
     eager_only_flags: tuple[str, ...] = ()  # `self.` switches, off by default, whose branches only eager can take
+    # of those, the comparisons of the module's settings whose side holds another computation of the output as a
+    # whole (`if self.num_landmarks == self.seq_len: <attention> else: <an approximation>`, `_one_branch`)
+    alternatives: tuple[str, ...] = ()
 
     @property
     def ported(self) -> bool:
@@ -293,6 +296,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
     sites: list[AttentionSite] = []
     head_masks: list[str] = sorted(known.none)
     flags: list[str] = sorted(known.falsy)
+    alternatives: list[str] = []
     helper_calls: list[HelperCall] = []
     if inline and helpers:
         refusal = Refusal(Code.REPEATED, class_name, line_of(forward), "attention is computed both in forward and in a helper method")
@@ -302,15 +306,15 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
             # several attentions may sit on the two sides of a test of the module's settings, and a step SDPA cannot
             # take under `if extra is not None:` for an optional argument: the SDPA class then falls back to eager
             # on the other side, or when that argument is given, as for a head mask
-            retried = (
-                _one_branch(facts, class_name, forward, line_of)
-                if candidate is None
-                else _without_optional(facts, class_name, forward, line_of) or _one_branch(facts, class_name, forward, line_of)
-            )
+            optional = None if candidate is None else _without_optional(facts, class_name, forward, line_of)
+            branch = None if optional is not None else _one_branch(facts, class_name, forward, line_of)
+            retried = optional or branch
             if retried is not None:
                 known, result, candidate = retried
                 head_masks.extend(sorted(known.none))
                 flags.extend(sorted(known.falsy))
+                if retried is branch:
+                    alternatives.extend(sorted(known.falsy))
         if candidate is None:
             refusal = Refusal(Code.REPEATED, class_name, inline[1].start_line, "forward computes several attentions")
         elif candidate.poison is not None:
@@ -357,6 +361,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
         refusal=refusal,
         eager_only_params=tuple(dict.fromkeys(head_masks)),
         eager_only_flags=tuple(dict.fromkeys(flags)),
+        alternatives=tuple(dict.fromkeys(alternatives)),
         output_attentions=output_attentions,
     )
 

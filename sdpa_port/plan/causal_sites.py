@@ -269,3 +269,26 @@ __all__ = [
     "extended_masks",
     "kept_masks",
 ]
+
+
+def bidirectional_only(flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str]) -> str | None:
+    """None when every mask reaching `class_name` comes from `create_bidirectional_mask` (or is None); otherwise why
+    not. Such a mask is the eager one with its additive values turned into booleans: transformers' eager builder
+    is sdpa's boolean mask with 0 where it keeps and the dtype's minimum where it masks, and both skip the same
+    masks (None without padding)."""
+    classes = _classes(flow, class_name)
+    outside = _unfollowed(flow, classes)
+    if outside is not None:
+        return f"`{outside.class_name}` is built at line {outside.line} outside a module attribute"
+    sites = flow.modules.sites_of(classes)
+    if not sites:
+        return "it is never built in this file"
+    for site in sites:
+        masks = flow.site_masks(site, class_name, mask_param, key_only)
+        if masks.cross_calls or not masks.calls:
+            return f"`{site.name}` (line {site.line}): " + (
+                "it serves cross-attention" if masks.cross_calls else masks.why()
+            )
+        if any(o.kind not in (Kind.BIDIRECTIONAL, Kind.NONE) or o.to_bool for o in masks.origins):
+            return f"`{site.name}` (line {site.line}): {masks.why()}"
+    return None

@@ -20,8 +20,9 @@ import libcst.matchers as m
 
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cross import key_only_parameters, self_attention_test
-from sdpa_port.analyse.cstutil import block_body, code, is_pass, rebase_config
+from sdpa_port.analyse.cstutil import all_assigned_names, block_body, code, is_pass, nodes_of_type, rebase_config
 from sdpa_port.analyse.flow import bound_before
+from sdpa_port.analyse.known import Known, decide
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.mask_changes import extended_mask, forward_of, zeros_block
 from sdpa_port.analyse.mask_flow import MaskFlow
@@ -34,6 +35,7 @@ from sdpa_port.discover.screen import Screen
 from sdpa_port.analyse.selection import attention_dicts
 from sdpa_port.plan.causal_sites import (
     PARAMETER,
+    bidirectional_only,
     CausalSites,
     KeptMasks,
     check_pinned,
@@ -51,8 +53,8 @@ from sdpa_port.rewrite.causal_sites import pass_is_causal, unpin_is_causal
 from sdpa_port.rewrite.extended_masks import convert_block
 from sdpa_port.rewrite.kept_masks import SKIP, keep_causal_masks
 from sdpa_port.rewrite.cleanup import remove_dead
-from sdpa_port.rewrite.interface_body import InterfaceEmitter, InterfaceOptions, eager_body, parameter_name
-from sdpa_port.rewrite.sdpa_body import SideNames, function_names
+from sdpa_port.rewrite.interface_body import EagerMask, InterfaceEmitter, InterfaceOptions, eager_body, parameter_name
+from sdpa_port.rewrite.sdpa_body import SideNames, function_names, whole_chain_branch
 from sdpa_port.rewrite.sdpa_forward import inline_helpers, keys_aligned_in, trace_sdpa_path
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 from sdpa_port.plan.bool_masks import AddInsteadOfFill, Converted, converted_fill, unconvert
@@ -86,6 +88,10 @@ class ModulePlan:
     unconverted: frozenset[int] = frozenset()
     # methods of the class forward called for the attention, inlined into the eager function
     inlined: tuple[str, ...] = ()
+    # tests of the `if`s whose branches beside the dispatch stay eager and take the mask in eager's form
+    # (`EagerMask`): its form under the other implementations (2-D under flash, a BlockMask under flex, a kernel's
+    # own) has none
+    eager_mask_tests: tuple[str, ...] = ()
 
 
 @dataclass
@@ -116,6 +122,7 @@ class InterfacePlan:
             and not any(module.position_bias for module in self.modules)
             and not (self.alibi is not None and self.alibi.unknown)
             and not self.kept
+            and not any(module.eager_mask_tests for module in self.modules)
         )
 
     @property
@@ -250,6 +257,12 @@ def plan_interface(
             for name, line in plan.alibi.unknown
         )
         plan.warnings.extend(
+            f"{p.class_name}: the code beside the attention under `if {test}:` stays eager and takes the attention "
+            "mask in eager's form, which only sdpa's boolean mask gives; `_supports_attention_backend` is not set"
+            for p in plan.modules
+            for test in p.eager_mask_tests
+        )
+        plan.warnings.extend(
             f"{p.class_name} hands its additive terms (ALiBi, relative positions) over as `position_bias`: sdpa, flex "
             "and eager apply them, kernels that ignore it (transformers' paged|eager for continuous batching, "
             "ExecuTorch's custom_sdpa, vLLM's) would silently drop them; `_supports_attention_backend` is not set"
@@ -271,7 +284,10 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     found = facts.find_method(analysis.class_name, "forward")
     assert found is not None
     forward = found[1]
-    if analysis.eager_only_params or analysis.eager_only_flags:
+    # a comparison of the module's settings whose other side computes the output some other way (an approximation)
+    # keeps that side as written: only the side with the attention dispatches
+    alternatives = Known(falsy=frozenset(analysis.alternatives))
+    if analysis.eager_only_params or set(analysis.eager_only_flags) - alternatives.falsy:
         names = ", ".join(f"`{name}`" for name in (*analysis.eager_only_params, *analysis.eager_only_flags))
         raise Refuse(
             Code.HEAD_MASK_INTERFACE,
@@ -288,7 +304,8 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     if analysis.helpers:
         forward = inline_helpers(facts, analysis, forward)
     aligned = keys_aligned_in(facts, analysis)
-    result, candidate = trace_sdpa_path(facts, analysis.class_name, forward, aligned=aligned)
+    result, candidate = trace_sdpa_path(facts, analysis.class_name, forward, aligned=aligned, known=alternatives)
+    _check_alternatives(forward, result, alternatives)
     start = candidate.start
     assert start is not None
     params = result.params
@@ -392,6 +409,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         weights_requested=weights_requested,
         position_ids="position_ids" in params,
         handed_fill=bool(unconverted),
+        eager_mask=_eager_mask_form(facts, causality, analysis.class_name, forward, mask_param, cross),
     )
     statements, part = eager_body(forward, result, candidate, options)
     emitter = InterfaceEmitter(result, candidate, options)
@@ -448,7 +466,56 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         replaces_pinned=replaces_pinned,
         unconverted=frozenset(unconverted),
         inlined=tuple(h.helper.name for h in analysis.helpers if h.helper.is_method and h.helper.owner == analysis.class_name),
+        eager_mask_tests=tuple(dict.fromkeys(emitter.eager_mask_tests)),
     )
+
+
+def _check_alternatives(forward: cst.FunctionDef, result: t.TraceResult, alternatives: Known) -> None:
+    """The trace left out the sides of `alternatives` that do not compute the attention, and forward keeps them as
+    written: each comparison must be the test of an `if` one branch of which holds the whole computation, and that
+    branch must be the side traced."""
+    if not alternatives.falsy:
+        return
+    holding: dict[cst.BaseExpression, bool] = {}
+    for node in nodes_of_type(forward.body, cst.If):
+        branch = whole_chain_branch(node, result.plans)
+        if branch is not None:
+            holding[node.test] = branch is node
+    for comparison in nodes_of_type(forward.body, cst.Comparison):
+        decided = decide(comparison, alternatives)
+        if decided is not None and holding.get(comparison) is not decided:
+            raise Refuse(
+                Code.HEAD_MASK_INTERFACE,
+                f"`{code(comparison)}` chooses between the attention and another computation, but no branch of an "
+                "`if` testing it holds the whole attention; the attention interface cannot fall back to eager for "
+                "the other side",
+            )
+
+
+def _eager_mask_form(
+    facts: ModuleFacts,
+    causality: "Causality",
+    class_name: str,
+    forward: cst.FunctionDef,
+    mask_param: str | None,
+    cross: Sequence[str],
+) -> EagerMask:
+    """Whether code that stays eager beside the dispatch (the other side of `if self.num_landmarks == self.seq_len:`)
+    can take the attention mask in eager's form: from the boolean mask sdpa gets, where every mask reaching the
+    module is `create_bidirectional_mask`'s and no implementation but eager and sdpa is claimed."""
+    if mask_param is None:
+        return EagerMask(None, "the module takes no mask")
+    if causality.other_implementations:
+        return EagerMask(None, "the file already claims another implementation, whose mask has no eager form")
+    if mask_param in all_assigned_names(block_body(forward.body)):
+        return EagerMask(None, f"forward assigns `{mask_param}`")
+    why = bidirectional_only(causality.flow, class_name, mask_param, cross)
+    if why is not None:
+        return EagerMask(None, f"not every mask reaching it is `create_bidirectional_mask`'s: {why}")
+    inputs = [p.name.value for p in forward.params.params if p.name.value not in ("self", mask_param)]
+    if not inputs:
+        return EagerMask(None, "forward takes no input whose dtype the mask would take")
+    return EagerMask(f"{inputs[0]}.dtype", "")
 
 
 def _converted(causality: "Causality", class_name: str, mask_param: str | None, fill: t.Fill) -> Converted | str | None:

@@ -31,6 +31,15 @@ BUILTINS = frozenset(dir(builtins))
 
 
 @dataclass(frozen=True)
+class EagerMask:
+    """How code that stays eager beside the dispatch takes the attention mask: converted from the boolean mask
+    of the implementation in use to eager's additive one, in the dtype `dtype` names; or why it cannot (`why`)."""
+
+    dtype: str | None
+    why: str
+
+
+@dataclass(frozen=True)
 class InterfaceOptions:
     names: SideNames
     eager_name: str
@@ -48,6 +57,7 @@ class InterfaceOptions:
     # the mask parameter is applied by a fill the eager function turns into its addition (`plan/bool_masks.py`):
     # like an added mask, it goes to the implementations as built and changes nothing on the SDPA side
     handed_fill: bool = False
+    eager_mask: EagerMask = EagerMask(None, "")
 
 
 @dataclass
@@ -72,6 +82,9 @@ class InterfaceEmitter(SdpaEmitter):
         self.eager = EagerPart()
         self.dispatched = False
         self.position_bias = False  # the dispatch hands additive terms over as `position_bias`
+        # branches that stay eager beside the dispatch and read the mask: they take it in eager's form
+        self.eager_mask_branches: list[cst.If | cst.Else] = []
+        self.eager_mask_tests: list[str] = []  # the test of the `if` holding each
 
     # the attention mask goes to the implementation positionally; only the other terms fold into position_bias
     def add_to_mask(self, term: cst.BaseExpression) -> list[cst.BaseStatement]:
@@ -108,24 +121,41 @@ class InterfaceEmitter(SdpaEmitter):
 
     def whole_chain_branch(self, node: cst.If) -> cst.If | cst.Else | None:
         """The branch holding the whole computation (`if self.training and fused: ... else: <the chain>`) dispatches;
-        the others run as written, which is exact only when they and the tests choosing between them do not read
-        the attention mask: transformers builds it for the implementation in use (None or boolean under sdpa)."""
+        the others run as written. Transformers builds the attention mask for the implementation in use (None or
+        boolean under sdpa): a test choosing between the branches must not read it, and a branch that does takes
+        it converted to eager's form, where that form follows from sdpa's (`EagerMask`)."""
         branch = super().whole_chain_branch(node)
-        if branch is None or self.interface.mask_param is None:
+        mask = self.interface.mask_param
+        if branch is None or mask is None:
             return branch
+        beside = f"the attention is computed in one branch of an `if` and `{mask}` is read beside it"
+        per_implementation = "transformers builds the mask for the implementation in use (None or boolean under sdpa)"
         for current in if_chain(node):
-            read = walk_names(current.test) if isinstance(current, cst.If) else set()
-            if current is not branch:
-                read = read | walk_names(current.body)
-            if self.interface.mask_param in read:
+            if isinstance(current, cst.If) and mask in walk_names(current.test):
                 raise Refuse(
                     Code.NOT_EXTRACTABLE,
-                    f"the attention is computed in one branch of an `if` and `{self.interface.mask_param}` is read "
-                    "beside it; transformers builds the mask for the implementation in use (None or boolean under "
-                    "sdpa), so that code would receive another mask than under eager",
+                    f"{beside}, in the test choosing the branch; {per_implementation}, so the test could choose "
+                    "another branch than under eager",
                     line=self.line_in(node),
                 )
+            if current is branch or mask not in walk_names(current.body):
+                continue
+            if self.interface.eager_mask.dtype is None:
+                raise Refuse(
+                    Code.NOT_EXTRACTABLE,
+                    f"{beside}; {per_implementation}, so that code would receive another mask than under eager, and "
+                    f"eager's cannot be rebuilt from it: {self.interface.eager_mask.why}",
+                    line=self.line_in(node),
+                )
+            self.eager_mask_branches.append(current)
+            self.eager_mask_tests.append(code(node.test))
         return branch
+
+    def kept_branch(self, branch: cst.If | cst.Else, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        if not any(branch is b for b in self.eager_mask_branches):
+            return body
+        mask, dtype = self.interface.mask_param, self.interface.eager_mask.dtype
+        return [*render_statements("interface_style/eager_mask.py.jinja", mask=mask, dtype=dtype), *body]
 
     def apply(self, op: t.Op) -> list[cst.BaseStatement]:
         if self.is_handed_fill(op):

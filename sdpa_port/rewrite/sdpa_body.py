@@ -281,7 +281,7 @@ class SdpaEmitter(StatementWalker):
                     kept.append((current, self.block(block_body(current.body))))
                     self.not_none.pop()
                 else:
-                    kept.append((current, list(block_body(current.body))))
+                    kept.append((current, self.kept_branch(current, list(block_body(current.body)))))
             return [rebuild_if(kept, lambda branch: self.keep(branch.test, self.plans.get(branch.test)))]
         touched = self.chain_kinds(node)
         guarded = self.none_guarded_term(node, touched)
@@ -312,6 +312,10 @@ class SdpaEmitter(StatementWalker):
 
     def whole_chain_branch(self, node: cst.If) -> cst.If | cst.Else | None:
         return whole_chain_branch(node, self.plans)
+
+    def kept_branch(self, branch: cst.If | cst.Else, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """A branch beside the one holding the whole computation: it runs as written."""
+        return body
 
     def merge(self, ends: list[_State], node: cst.If) -> _State:
         """One state after the branches; branches that leave a known side value differently are refused.

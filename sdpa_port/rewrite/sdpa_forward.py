@@ -44,16 +44,20 @@ def trace_sdpa_path(
     function: cst.FunctionDef,
     key_params: frozenset[str] = frozenset(),
     aligned: bool = False,
+    known: Known = Known(),
 ) -> tuple[t.TraceResult, t.Candidate]:
-    """Trace a specialised function and select its single attention chain (`aligned`: see `keys_aligned_in`)."""
-    discovery = t.Tracer(facts, class_name, function, key_params=key_params).run()
+    """Trace a specialised function and select its single attention chain (`aligned`: see `keys_aligned_in`;
+    `known`: tests whose other side the trace leaves out, while the function keeps it)."""
+    discovery = t.Tracer(facts, class_name, function, key_params=key_params, known=known).run()
     attention = discovery.attention()
     if len(attention) != 1:
         raise Refuse(Code.REPEATED, f"expected one attention computation on the SDPA path, found {len(attention)}")
     candidate = attention[0]
     if candidate.poison is not None:
         raise Refuse.because(candidate.poison, line=candidate.poison_line)
-    selected = t.Tracer(facts, class_name, function, selected_start=candidate.start_node, key_params=key_params).run()
+    selected = t.Tracer(
+        facts, class_name, function, selected_start=candidate.start_node, key_params=key_params, known=known
+    ).run()
     chosen = [c for c in selected.candidates if c.start_node is candidate.start_node]
     if len(chosen) != 1 or chosen[0].stage != t.OUT or chosen[0].poison is not None:
         if chosen and chosen[0].poison:

@@ -115,3 +115,24 @@ def test_the_branch_computing_the_attention_dispatches_and_the_alternative_stays
     alternative = forward.index("attn_output = torch.fused_attention_kernel(query, key, value)")
     otherwise = forward.index("        else:\n", alternative)
     assert alternative < otherwise < forward.index("attention_interface(")
+
+
+def test_an_approximation_beside_the_attention_takes_the_mask_in_eager_form() -> None:
+    """The approximation's side stays eager: a boolean mask built for sdpa becomes eager's additive one there, and
+    no kernel whose mask has no eager form (`_supports_attention_backend`) is claimed."""
+    spec, _, _ = regression("12p: exact attention beside an approximation, 5.x")
+    result = port_source(render(spec), filename="modeling_fuzz.py")
+    assert result.status is Status.PORTED, result.detail
+    forward = result.source[result.source.index("class FuzzAttention") :]
+    otherwise = forward[forward.index("        else:\n") :]
+    conversion = otherwise.index("if attention_mask is not None and attention_mask.dtype == torch.bool:")
+    converted = otherwise.index("attention_mask = torch.zeros_like(attention_mask, dtype=")
+    assert conversion < converted < otherwise.index("torch.tanh(")
+    assert any("eager's form" in warning for warning in result.warnings)
+    causal = port_source(render(regression(CAUSAL_BESIDE)[0]), filename="modeling_fuzz.py")
+    assert causal.status is Status.REFUSED
+    reason = causal.refusals[0].detail
+    assert "eager's cannot be rebuilt from it" in reason and "create_causal_mask" in reason
+
+
+CAUSAL_BESIDE = "12m: the attention in one branch of a setting, the mask read in the other (interface style)"

@@ -361,3 +361,87 @@ def test_attention_in_two_helpers_chosen_by_a_setting_is_refused_in_the_interfac
     result = port_source(changed, filename="modeling_tiny_relative.py")
     assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["S109"], result.reasons
     assert "`attend_upcast` (line" in result.reasons[0] and "`attend` (line" in result.reasons[0], result.reasons
+
+
+APPROXIMATION = PROMPT_KEYS.replace(PROMPT_MASK, "").replace(
+    "        self.prompt = nn.Parameter(torch.zeros(1, 1, 4, config.head_dim))\n",
+    "        self.prompt = nn.Parameter(torch.zeros(1, 1, 4, config.head_dim))\n"
+    "        self.landmarks = config.landmarks\n"
+    "        self.seq_len = config.seq_len\n",
+).replace(
+    "        scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling\n"
+    "        if attention_mask is not None:\n"
+    "            scores = scores + attention_mask\n"
+    "        probs = scores.softmax(dim=-1)\n"
+    "        return torch.matmul(probs, value)\n",
+    "        if self.landmarks == self.seq_len:\n"
+    "            scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling\n"
+    "            if attention_mask is not None:\n"
+    "                scores = scores + attention_mask\n"
+    "            probs = scores.softmax(dim=-1)\n"
+    "            output = torch.matmul(probs, value)\n"
+    "        else:\n"
+    "            landmarks = key.reshape(key.shape[0], 1, self.landmarks, -1, key.shape[-1]).mean(dim=-2)\n"
+    "            scores = torch.matmul(landmarks, key.transpose(-1, -2))\n"
+    "            if attention_mask is not None:\n"
+    "                scores = scores + attention_mask\n"
+    "            kernel = scores.softmax(dim=-1)\n"
+    "            output = torch.matmul(torch.matmul(query, landmarks.transpose(-1, -2)).softmax(dim=-1), kernel @ value)\n"
+    "        return output\n",
+)
+APPROXIMATION_CONVERTED = (
+    "        else:\n"
+    "            if attention_mask is not None and attention_mask.dtype == torch.bool:\n"
+    "                # this code computes eagerly: it takes the mask in eager's form (transformers built it for the "
+    "implementation in use)\n"
+    "                attention_mask = torch.zeros_like(attention_mask, dtype=hidden_states.dtype).masked_fill(\n"
+    "                    ~attention_mask, torch.finfo(hidden_states.dtype).min\n"
+    "                )\n"
+    "            landmarks = key.reshape("
+)
+
+
+def test_an_approximation_beside_the_attention_stays_eager_with_eager_s_mask() -> None:
+    """Nystromformer's form: the side computing the attention dispatches, the approximation runs as written, and
+    the bidirectional builder's mask it reads is rebuilt in eager's form from sdpa's booleans."""
+    result = port_source(APPROXIMATION, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.refusals
+    forward = result.source[result.source.index("class TinyAttention") :]
+    assert "attention_interface(" in forward[: forward.index("        else:\n")]
+    assert APPROXIMATION_CONVERTED in forward
+    assert "_supports_attention_backend" not in result.source
+    eager = result.source[result.source.index("def eager_attention_forward") : result.source.index("class TinyAttention")]
+    assert "landmarks" not in eager
+
+
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        # a causal builder's mask is None under sdpa where eager's masks the future
+        (("create_bidirectional_mask(", "create_causal_mask("), "eager's cannot be rebuilt from it"),
+        # forward changes the mask first: what it holds is no builder's mask any more
+        (
+            ("        if self.landmarks == self.seq_len:\n", "        attention_mask = attention_mask * 2\n        if self.landmarks == self.seq_len:\n"),
+            "forward assigns `attention_mask`",
+        ),
+    ],
+)
+def test_an_approximation_reading_a_mask_without_an_eager_form_is_refused(change: tuple[str, str], why: str) -> None:
+    source = APPROXIMATION.replace(*change)
+    assert source != APPROXIMATION
+    result = port_source(source.replace("from transformers.masking_utils import create_bidirectional_mask", "from transformers.masking_utils import create_bidirectional_mask, create_causal_mask"), filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED
+    assert why in result.refusals[0].detail, result.refusals[0].detail
+
+
+def test_an_alternative_that_reads_the_scores_computed_before_it_is_refused() -> None:
+    """When the product precedes the `if`, the approximation's side reads the scores the dispatch no longer computes:
+    no branch holds the whole attention, and the interface cannot fall back to eager for it."""
+    shared = APPROXIMATION.replace(
+        "        if self.landmarks == self.seq_len:\n            scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling\n",
+        "        scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling\n        if self.landmarks == self.seq_len:\n",
+    ).replace("            scores = torch.matmul(landmarks, key.transpose(-1, -2))\n", "            scores = scores[:, :, : self.landmarks]\n")
+    assert shared != APPROXIMATION and "self.landmarks = config.landmarks" in shared
+    result = port_source(shared, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED, result.source
+    assert result.refusals[0].code.value[0] == "W403", result.refusals
