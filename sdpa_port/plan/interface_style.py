@@ -372,20 +372,28 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     causal_value: str | None = None
     causal_sites: CausalSites | None = None
     replaces_pinned = False
+    not_causal = False  # the dispatch passes is_causal=False: `self.is_causal` no longer reaches the implementations
     if has_causal:
         try:
             _check_own_causality(causality, analysis.class_name, mask_param, cross)
             _check_causal_attribute(facts, analysis.class_name, causality, mask_param is not None)
         except Refuse as error:
             pinned = _unread_pinned(facts, analysis.class_name, causality)
-            if error.reason.code not in (Code.CAUSAL_BY_USE, Code.CAUSAL_CONTRADICTED) or pinned is None:
+            if error.reason.code in (Code.CAUSAL_BY_USE, Code.CAUSAL_CONTRADICTED) and pinned is not None:
+                # the literal has never changed a result: the masks decide, as for a class without the attribute
+                causal_value, causal_sites = causality.decide(analysis.class_name, mask_param, cross)
+                replaces_pinned = True
+            elif (
+                error.reason.code in (Code.CAUSAL_PINNED, Code.CAUSAL_CONTRADICTED)
+                and mask_param is not None
+                and _causality_in_chain(facts, causality, analysis.class_name, mask_param, cross, candidate)
+            ):
+                not_causal = True
+            else:
                 raise
-            # the literal has never changed a result: the masks decide, as for a class without the attribute
-            causal_value, causal_sites = causality.decide(analysis.class_name, mask_param, cross)
-            replaces_pinned = True
     else:
         causal_value, causal_sites = causality.decide(analysis.class_name, mask_param, cross)
-    causal_test = self_attention_test(cross) if cross and not causality.from_callers else None
+    causal_test = self_attention_test(cross) if cross and not causality.from_callers and not not_causal else None
     kwargs = forward.params.star_kwarg.name.value if isinstance(forward.params.star_kwarg, cst.Param) else None
     if "output_attentions" in params:
         weights_requested: str | None = "output_attentions"
@@ -410,6 +418,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         position_ids="position_ids" in params,
         handed_fill=bool(unconverted),
         eager_mask=_eager_mask_form(facts, causality, analysis.class_name, forward, mask_param, cross),
+        not_causal=not_causal,
     )
     statements, part = eager_body(forward, result, candidate, options)
     emitter = InterfaceEmitter(result, candidate, options)
@@ -468,6 +477,33 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         inlined=tuple(h.helper.name for h in analysis.helpers if h.helper.is_method and h.helper.owner == analysis.class_name),
         eager_mask_tests=tuple(dict.fromkeys(emitter.eager_mask_tests)),
     )
+
+
+def _causality_in_chain(
+    facts: ModuleFacts,
+    causality: "Causality",
+    class_name: str,
+    mask_param: str,
+    cross: Sequence[str],
+    candidate: t.Candidate,
+) -> bool:
+    """A module whose `self.is_causal` says True (a literal, or `is_causal=True` where it is built) while no causal
+    mask ever reaches it: eager's causality is the chain's own, a causal buffer filled in it or none, and the
+    interface hands every fill over in `position_bias`. Passing `is_causal=False` to the implementations is then
+    exact whatever the flag (Bark's causal blocks are built with `is_causal=True` and given bidirectional masks;
+    left to the flag, sdpa would add a top-left causal mask, and crop the keys to the queries' length after a
+    cache). Flash attention ignores `position_bias`: where the chain fills and the file claims flash, the class must
+    not serve it (an attention-classes dict gives flash another class, and the class is built through one only)."""
+    if bidirectional_only(causality.flow, class_name, mask_param, cross) is not None:
+        return False
+    if not any(isinstance(op, t.Fill) for op, _, _ in candidate.ops):
+        return True
+    if not _other_implementations(facts, ("_supports_flash_attn", "_supports_flash_attn_2")):
+        return True
+    dicts = [entries for entries in attention_dicts(facts).values() if entries["eager"] == class_name]
+    elsewhere = all(any(k.startswith("flash") and v != class_name for k, v in e.items()) for e in dicts)
+    sites = causality.flow.modules.sites_of({class_name} | causality.flow.modules.subclasses(class_name))
+    return bool(dicts) and elsewhere and not any(site.direct for site in sites)
 
 
 def _check_alternatives(forward: cst.FunctionDef, result: t.TraceResult, alternatives: Known) -> None:
@@ -796,10 +832,10 @@ def _reads_is_causal(tree: ast.Module) -> bool:
     return False
 
 
-def _other_implementations(facts: ModuleFacts) -> bool:
-    """A model class already claims an implementation other than eager (which reads `is_causal`)."""
+def _other_implementations(facts: ModuleFacts, flags: Sequence[str] = OTHER_IMPLEMENTATIONS) -> bool:
+    """A model class already claims an implementation other than eager (which reads `is_causal`), or one of `flags`."""
     for root in facts.pretrained_roots:
-        for flag in OTHER_IMPLEMENTATIONS:
+        for flag in flags:
             value = facts.classes[root].class_vars.get(flag)
             if value is not None and not (isinstance(value, cst.Name) and value.value == "False"):
                 return True

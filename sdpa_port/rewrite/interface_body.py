@@ -58,6 +58,9 @@ class InterfaceOptions:
     # like an added mask, it goes to the implementations as built and changes nothing on the SDPA side
     handed_fill: bool = False
     eager_mask: EagerMask = EagerMask(None, "")
+    # the module applies its causality itself with a causal buffer, handed over in position_bias, and no causal mask
+    # reaches it: the dispatch passes is_causal=False whatever `self.is_causal` says (`_buffer_carries_causality`)
+    not_causal: bool = False
 
 
 @dataclass
@@ -253,6 +256,7 @@ class InterfaceEmitter(SdpaEmitter):
             dropout=code(self.dropout) if self.dropout is not None else "0.0",
             scaling=code(self.scale_expression()),
             is_causal=self.interface.causal_test or "",
+            not_causal=self.interface.not_causal,
             causal_variable=_fresh("dispatch_is_causal", self.taken()),
             position_bias=bias,
             extra=extra,

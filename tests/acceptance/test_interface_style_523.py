@@ -36,6 +36,8 @@ CASES = {
     # exact attention where the landmarks cover the sequence (the defaults), dispatched; the approximation beside it
     # stays eager and takes the mask in eager's form (fuzz regression 12p judges both sides)
     "nystromformer": Case("NystromformerModel"),
+    # causal blocks built with is_causal=True and given bidirectional masks: their causal buffer is handed over
+    "bark": Case("BarkSemanticModel"),
 }
 
 
@@ -334,3 +336,36 @@ def test_a_mask_extended_over_prompt_keys_is_given_in_each_implementation_s_form
             _assert(checks, "interface-523-mvp-prompts", "mvp")
         else:
             assert any(c.name.endswith("sdpa == eager") and not c.passed for c in checks), "\n".join(map(str, checks))
+
+
+def test_a_causal_buffer_handed_over_keeps_its_alignment_after_a_cache(workdir: Path, ported) -> None:  # type: ignore[no-untyped-def]
+    """Bark builds its causal blocks with `is_causal=True` and gives them bidirectional masks; their own causal
+    buffer goes to the implementations in `position_bias`, with `is_causal=False` (was refused C302). Continuing
+    from a cache with several tokens is where sdpa's reading of the flag would be wrong (top-left alignment, keys
+    cropped to the queries): the port matches eager there, and the same port left to the flag does not."""
+    import torch
+    from transformers import DynamicCache
+
+    from sdpa_port.verify.checks import build, sharpen
+
+    source, module = ported["bark"]
+    assert source.count("            is_causal=False,\n") == 1
+    left_to_flag = load("bark", source.replace("            is_causal=False,\n", ""), workdir, tag="flag")
+    reference = build(original("bark").BarkSemanticModel, config_for("bark"), "eager")
+    sharpen(reference, 2.0)
+    ids = torch.randint(0, reference.config.input_vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+
+    def continued(model_class, implementation: str) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        model = build(model_class, config_for("bark"), implementation)  # a config of its own
+        model.load_state_dict(reference.state_dict())
+        with torch.no_grad():
+            cache = DynamicCache()
+            model(ids[:, :5], past_key_values=cache, use_cache=True)
+            return model(ids[:, 5:], past_key_values=cache, use_cache=True).logits
+
+    expected = continued(original("bark").BarkSemanticModel, "eager")
+    found = continued(module.BarkSemanticModel, "sdpa")
+    record("interface-523", "bark: continued from a cache", float((found - expected).abs().max()))
+    assert torch.allclose(found, expected, atol=1e-4), float((found - expected).abs().max())
+    flagged = continued(left_to_flag.BarkSemanticModel, "sdpa")
+    assert not torch.allclose(flagged, expected, atol=1e-2), "the flag's alignment went unnoticed"

@@ -221,6 +221,18 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(family="523", settings_branch=True, mask_style="builder"),
         "exact", None,
     ),
+    # Bark's causal blocks: built with `is_causal=True`, given bidirectional masks, their causality a causal buffer
+    # filled under `if self.is_causal:` (was refused C302); the same with the literal `self.is_causal = True` (was
+    # refused C304). The buffer goes to the implementations in position_bias with is_causal=False: left to the flag,
+    # a cache continued by several tokens without a mask is wrong by 2.4 (sdpa crops the keys to the queries)
+    "12x: a module built causal whose causal buffer carries its causality, bidirectional masks, 5.x": (
+        Spec(family="523", causal="buffer", pinned_causal=True, own_flag_guard=True, cache=True, mask_style="builder"),
+        "exact", None,
+    ),
+    "12y: is_causal = True on a module whose causal buffer carries its causality, bidirectional masks, 5.x": (
+        Spec(family="523", causal="buffer", is_causal_attr=True, own_flag_guard=True, cache=True, mask_style="builder"),
+        "exact", None,
+    ),
     # found by the fuzzer (seed 8290): the SDPA class falls back to an eager forward that adds the mask without a
     # None check, handed the None the SDPA mask helper builds for an unpadded batch (TypeError); such a fallback
     # now keeps the eager helpers, as an SDPA forward reading the mask unguarded does

@@ -285,6 +285,10 @@ def causal_lines(spec: Spec, n: Names, code: Code) -> None:
         code.add(f"if {n.attr('flag_causal')}:")
         with code.indent():
             body()
+    elif spec.own_flag_guard:
+        code.add(f"if {n.attr('is_causal')}:")
+        with code.indent():
+            body()
     else:
         body()
 

@@ -138,6 +138,9 @@ class Spec:
     per_call: bool = False
     # 5.x: the attention prepends keys of its own (prompt keys) and extends the mask with zeros for them (MVP)
     prompt_keys: bool = False
+    # the causal buffer fill under `if self.is_causal:`, the module's own flag (Bark's blocks, built with
+    # `is_causal=True` and given bidirectional masks)
+    own_flag_guard: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -253,7 +256,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         scores_returned=rng.random() < 0.3,  # drawn late
         switches=_pick(rng, SWITCHES, (6, 2, 2)),
         per_call=rng.random() < 0.3,
-        prompt_keys=rng.random() < 0.2,  # drawn last
+        prompt_keys=rng.random() < 0.2,
+        own_flag_guard=rng.random() < 0.5,  # drawn last
     )
     return normalise(spec)
 
@@ -342,6 +346,12 @@ def normalise(spec: Spec) -> Spec:
         changes["prompt_keys"] = False
     if spec.scores_returned and not returnable:
         changes["scores_returned"] = False  # the request for weights is forward's parameter, passed on to a helper
+    if spec.own_flag_guard and not (
+        spec.causal == "buffer"
+        and changes.get("causal_guard", spec.causal_guard) == "plain"
+        and (changes.get("pinned_causal", spec.pinned_causal) or spec.is_causal_attr)
+    ):
+        changes["own_flag_guard"] = False
     return replace(spec, **changes) if changes else spec
 
 

@@ -216,9 +216,10 @@ def test_a_literal_is_causal_true_reached_only_by_bidirectional_masks_becomes_fa
     assert any("TinyCausalModel.blocks" in note and "is_causal=False" in note for note in result.notes), result.notes
 
 
-def test_a_literal_is_causal_true_that_already_matters_is_refused_when_bidirectional_masks_reach_it() -> None:
+def test_a_literal_is_causal_true_that_already_matters_is_overridden_where_bidirectional_masks_reach_it() -> None:
     """A file that reads the flag, or already supports flash attention (which reads it), keeps its construction;
-    bidirectional masks reaching it are refused (C302)."""
+    since only bidirectional masks reach the module, eager was never causal there, and the dispatch passes
+    `is_causal=False` (it was refused C302 before). With a causal mask among them, C302 stands."""
     bidirectional = PINNED.replace("BUILDER", "create_bidirectional_mask")
     reads = bidirectional.replace(
         "        self.attn = TinyAttention(config, is_causal=is_causal)\n",
@@ -228,10 +229,17 @@ def test_a_literal_is_causal_true_that_already_matters_is_refused_when_bidirecti
     for source in (reads, flash):
         assert source != bidirectional
         result = port_source(source, filename="modeling_tiny.py")
-        assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["C302"], result.reasons
-    assert "`TinyBlock` is built with `is_causal=True` at line" in result.reasons[0]
-    assert "(`TinyCausalModel.blocks`), and builds `TinyAttention` at `TinyBlock.attn`" in result.reasons[0]
-    assert "masks that are not causal reach it: `create_bidirectional_mask`" in result.reasons[0]
+        assert result.status is Status.PORTED, result.reasons
+        assert "TinyBlock(config, is_causal=True) for _ in range(2)" in result.source  # the construction stands
+        attention = result.source[result.source.index("class TinyAttention") : result.source.index("class TinyBlock")]
+        assert attention.count("is_causal=False,") == 1, attention
+    mixed = flash.replace(
+        "mask = create_bidirectional_mask(", "mask = (create_causal_mask if self.config.is_decoder else create_bidirectional_mask)("
+    )
+    assert mixed != flash
+    result = port_source(mixed, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED, result.source
+    assert [r.code.code for r in result.refusals] == ["C302"], result.reasons
 
 
 # ---------------------------------------------------------------- the pass

@@ -136,3 +136,27 @@ def test_an_approximation_beside_the_attention_takes_the_mask_in_eager_form() ->
 
 
 CAUSAL_BESIDE = "12m: the attention in one branch of a setting, the mask read in the other (interface style)"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "12x: a module built causal whose causal buffer carries its causality, bidirectional masks, 5.x",
+        "12y: is_causal = True on a module whose causal buffer carries its causality, bidirectional masks, 5.x",
+    ],
+)
+def test_a_causal_buffer_carrying_the_module_s_causality_dispatches_with_is_causal_false(name: str) -> None:
+    """The module says it is causal and fills its own causal buffer; only bidirectional masks reach it. The buffer
+    goes over in position_bias and the dispatch passes is_causal=False, taken out of the caller's kwargs."""
+    source = ported(name)
+    forward = source[source.index("class FuzzAttention") :]
+    assert "if self.is_causal:" in forward and "position_bias=sdpa_mask" in forward
+    assert forward.count("            is_causal=False,\n") == 1
+    assert 'kwargs.pop("is_causal", None)' in forward
+    claimed = render(regression(name)[0]).replace(
+        '    base_model_prefix = "model"\n', '    base_model_prefix = "model"\n    _supports_flash_attn = True\n'
+    )
+    assert "_supports_flash_attn = True" in claimed
+    result = port_source(claimed, filename="modeling_fuzz.py")
+    assert result.status is Status.REFUSED  # flash, claimed, would get the class without its buffer
+    assert {r.code.value[0] for r in result.refusals} & {"C302", "C304"}, result.refusals
