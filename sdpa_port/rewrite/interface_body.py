@@ -58,8 +58,9 @@ class InterfaceOptions:
     # like an added mask, it goes to the implementations as built and changes nothing on the SDPA side
     handed_fill: bool = False
     eager_mask: EagerMask = EagerMask(None, "")
-    # the module applies its causality itself with a causal buffer, handed over in position_bias, and no causal mask
-    # reaches it: the dispatch passes is_causal=False whatever `self.is_causal` says (`_buffer_carries_causality`)
+    # no causal mask reaches the module, so its causality is the computation's own (a causal buffer, handed over
+    # in position_bias) or none: the dispatch passes is_causal=False whatever `self.is_causal` says
+    # (`plan/interface_style._causality_in_chain`)
     not_causal: bool = False
 
 
