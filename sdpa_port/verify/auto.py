@@ -171,7 +171,7 @@ def _with_term_settings(targets: Targets, ported: ModuleType, config: Any, paddi
     import sys
 
     from sdpa_port.verify.diagnose import attention_classes
-    from sdpa_port.verify.terms import term_trials
+    from sdpa_port.verify.terms import eager_sides, expected_on_eager, term_trials
 
     checks: list[Check] = []
     original = sys.modules[targets.base.__module__]
@@ -185,7 +185,8 @@ def _with_term_settings(targets: Targets, ported: ModuleType, config: Any, paddi
         except Exception as error:
             checks.append(Check(f"{targets.base.__name__}[{settings}] not checked", True, None, f"the original cannot be built so: {type(error).__name__}"))
             continue
-        for check in parity.check_forward(targets.base, getattr(ported, targets.base.__name__), changed, padding, kind=targets.kind):
+        found = parity.check_forward(targets.base, getattr(ported, targets.base.__name__), changed, padding, kind=targets.kind)
+        for check in expected_on_eager(found, eager_sides(classes, changes)):
             checks.append(replace(check, name=check.name.replace(targets.base.__name__, f"{targets.base.__name__}[{settings}]", 1)))
     return checks
 

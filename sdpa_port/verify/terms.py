@@ -9,9 +9,12 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from typing import Any
+from dataclasses import replace
+from typing import Any, TypeVar
 
 TERM_FLAGS_CHECKED = 2
+
+C = TypeVar("C")  # a verifier `Check`
 
 
 def term_flags(classes: list[type], config: Any) -> list[str]:
@@ -74,6 +77,62 @@ def setting_values(classes: list[type], config: Any) -> dict[str, list[str | Non
             if literal not in values:
                 values.append(literal)
     return {name: [*sorted(values), None] for name, values in out.items()}
+
+
+def eager_sides(classes: list[type], changes: dict[str, Any]) -> list[str]:
+    """The settings (`self.reorder_and_upcast_attn`) through which `changes` send a ported attention class's forward
+    into a branch the port keeps as written beside its dispatch: an `if` testing the setting alone (or its `not`),
+    one branch of which calls the implementation looked up in `ALL_ATTENTION_FUNCTIONS` and the branch the change
+    takes does not. SDPA is not expected to run there."""
+    out: list[str] = []
+    for tree in _class_trees(classes):
+        fields = _config_fields(tree)
+        forwards = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "forward"]
+        for forward in forwards:
+            dispatchers = {
+                target.id
+                for node in ast.walk(forward)
+                if isinstance(node, ast.Assign) and "ALL_ATTENTION_FUNCTIONS" in ast.dump(node.value)
+                for target in node.targets
+                if isinstance(target, ast.Name)
+            }
+            for node in ast.walk(forward):
+                if not isinstance(node, ast.If):
+                    continue
+                negated = isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not)
+                read = node.test.operand if isinstance(node.test, ast.UnaryOp) and negated else node.test
+                if not (isinstance(read, ast.Attribute) and isinstance(read.value, ast.Name) and read.value.id == "self"):
+                    continue
+                field_name = fields.get(read.attr)
+                if field_name is None or field_name not in changes:
+                    continue
+                taken = node.body if bool(changes[field_name]) != negated else node.orelse
+                other = node.orelse if taken is node.body else node.body
+                if _dispatches(other, dispatchers) and not _dispatches(taken, dispatchers):
+                    out.append(f"self.{read.attr}")
+    return sorted(set(out))
+
+
+def expected_on_eager(checks: list[C], sides: list[str]) -> list[C]:
+    """The checks of a run under a change `eager_sides` found: SDPA executing nowhere is what the port was made to
+    do there, and the "sdpa executed" checks say so instead of failing; "sdpa == eager" still judges that side."""
+    if not sides:
+        return checks
+    why = f"not expected: the port keeps {', '.join(f'`{side}`' for side in sides)} on eager, as written"
+    return [
+        replace(c, passed=True, detail=f"{c.detail}: {why}")
+        if c.name.endswith("sdpa executed") and not c.passed and not c.skipped
+        else c
+        for c in checks
+    ]
+
+
+def _dispatches(body: list[ast.stmt], dispatchers: set[str]) -> bool:
+    return any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in dispatchers
+        for statement in body
+        for node in ast.walk(statement)
+    )
 
 
 def _config_fields(tree: Any) -> dict[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
@@ -117,3 +118,56 @@ def test_a_switch_named_after_an_optional_input_of_the_attention_is_turned_on(tm
     assert term_trials([module.Attention], config) == [("use_prompt=True", {"use_prompt": True})]
     switched = SimpleNamespace(**{**vars(config), "use_prompt": True})
     assert term_trials([module.Attention], switched) == []
+
+
+KEPT_SIDE = '''
+ALL_ATTENTION_FUNCTIONS = {}
+
+
+class Attention:
+    def __init__(self, config):
+        self.upcast = config.reorder_and_upcast_attn
+        self.window = config.use_window
+
+    def forward(self, hidden_states):
+        if self.upcast:
+            output = self.upcast_attention(hidden_states)
+        else:
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get("sdpa")
+            output = attention_interface(hidden_states)
+        if self.window:
+            output = output + 1
+        return output
+'''
+
+
+@dataclass(frozen=True)
+class Check:  # the fields of the verifier's `Check`, whose module needs torch
+    name: str
+    passed: bool
+    max_diff: float | None = None
+    detail: str = ""
+    skipped: bool = False
+
+
+def test_a_setting_that_sends_forward_to_the_side_kept_eager_expects_no_sdpa(tmp_path: Path) -> None:
+    """ImageGPT's port keeps its upcast helper under `if self.reorder_and_upcast_attn:` as written: under that
+    setting no SDPA call is expected, and a failed "sdpa executed" check says so and passes; the other checks and
+    other settings (one deciding no branch with a dispatch, the default) stay as they are."""
+    from sdpa_port.verify.terms import eager_sides, expected_on_eager
+
+    module = _module(tmp_path, "terms_kept", KEPT_SIDE)
+    assert eager_sides([module.Attention], {"reorder_and_upcast_attn": True}) == ["self.upcast"]
+    assert eager_sides([module.Attention], {"reorder_and_upcast_attn": False}) == []
+    assert eager_sides([module.Attention], {"use_window": True}) == []
+    negated = _module(tmp_path, "terms_kept_not", KEPT_SIDE.replace("if self.upcast:", "if not self.upcast:"))
+    assert eager_sides([negated.Attention], {"reorder_and_upcast_attn": True}) == []
+    assert eager_sides([negated.Attention], {"reorder_and_upcast_attn": False}) == ["self.upcast"]
+    checks = [
+        Check("M[right] sdpa == eager", False, 1.0),
+        Check("M[right] sdpa executed", False, None, "0 SDPA call(s)"),
+    ]
+    found = expected_on_eager(checks, ["self.upcast"])
+    assert [c.passed for c in found] == [False, True]
+    assert "the port keeps `self.upcast` on eager" in found[1].detail
+    assert expected_on_eager(checks, []) == checks
