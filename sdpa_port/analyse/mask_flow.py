@@ -216,12 +216,14 @@ class MaskFlow:
         mask_param: str,
         key_only: Sequence[str] = (),
         restrict: Restriction | None = None,
+        cross_origins: bool = False,
     ) -> SiteMasks:
         """The masks `callee`'s forward receives in `mask_param` from the calls through `site`.
 
         A call handing a key-only parameter (encoder states) a value an enclosing test shows is not None is a
-        cross-attention call, never causal; its mask does not count. With `restrict`, the forward of that class is
-        followed only into calls through that site (a module built there, and what it builds in turn).
+        cross-attention call, never causal; its mask does not count, unless `cross_origins` (where the question is
+        what the mask is, not whether the call is causal). With `restrict`, the forward of that class is followed
+        only into calls through that site (a module built there, and what it builds in turn).
         """
         found = self.modules.method(callee, "forward")
         if found is None:
@@ -237,6 +239,8 @@ class MaskFlow:
             state = self._state_at(use)
             if any(_is_nonnull(_bound(use, function, k), state) for k in key_only):
                 cross += 1
+                if cross_origins:
+                    origins |= self._argument_origins(use, function, mask_param, state, restrict)
                 continue
             calls += 1
             origins |= self._argument_origins(use, function, mask_param, state, restrict)

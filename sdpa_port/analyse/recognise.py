@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 import libcst as cst
@@ -13,7 +13,7 @@ from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cross import is_cache_parameter, is_mask_parameter
 from sdpa_port.analyse.cstutil import code, nodes_of_type, reads_only_self_attributes, replace_names
 from sdpa_port.analyse.forms import products
-from sdpa_port.analyse.known import Known, negated_comparison
+from sdpa_port.analyse.known import Known, decide, negated_comparison
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.site import AttentionSite, CausalSource, Dropout, Layout, Scaling, ScaleSite, Term, TermKind
@@ -199,6 +199,49 @@ def _one_branch(
             inline = result.attention()
             if len(inline) == 1 and inline[0].poison is None:
                 return known, result, inline[0]
+    return None
+
+
+def one_side_helpers(facts: ModuleFacts, analysis: ClassAnalysis) -> ClassAnalysis | None:
+    """Helpers computing the attention, one on each side of a test of the module's settings (ImageGPT's `if
+    self.reorder_and_upcast_attn: self._upcast_and_reordered_attn(...) else: self._attn(...)`): the analysis of the
+    one helper forward calls where a side of the test is false, that side recorded as an alternative (it runs as
+    written, `ClassAnalysis.alternatives`); None where no such test leaves exactly one helper call."""
+    if analysis.refusal is not None or len(analysis.sites) < 2 or len(analysis.helpers) != len(analysis.sites):
+        return None
+    found = facts.find_method(analysis.class_name, "forward")
+    if found is None:
+        return None
+    forward = found[1]
+    for test in nodes_of_type(forward.body, cst.If):
+        if not _settings_only(test.test):
+            continue
+        negated = negated_comparison(test.test)
+        if negated is not None:
+            sides: tuple[cst.BaseExpression, ...] = (negated, test.test)
+        elif isinstance(test.test, cst.UnaryOperation) and isinstance(test.test.operator, cst.Not):
+            sides = (test.test.expression,)  # `if not self.fast: <one> else: <other>`
+        else:
+            sides = (test.test,)
+        for other_side in sides:
+            known = Known(falsy=frozenset({code(other_side)}))
+            reached = _Calls(known)
+            forward.body.visit(reached)
+            kept = [
+                index
+                for index, helper in enumerate(analysis.helpers)
+                if any(call is helper.call for call in reached.calls)
+            ]
+            if len(kept) != 1:
+                continue
+            index = kept[0]
+            return replace(
+                analysis,
+                sites=(analysis.sites[index],),
+                helpers=(analysis.helpers[index],),
+                eager_only_flags=tuple(dict.fromkeys((*analysis.eager_only_flags, code(other_side)))),
+                alternatives=tuple(dict.fromkeys((*analysis.alternatives, code(other_side)))),
+            )
     return None
 
 
@@ -471,10 +514,22 @@ def function_as_method(function: cst.FunctionDef, call: cst.Call) -> Helper | No
 
 
 class _Calls(cst.CSTVisitor):
-    """Calls of methods on self and of plain names (candidate helpers), not inside nested functions."""
+    """Calls of methods on self and of plain names (candidate helpers), not inside nested functions, nor in a branch
+    the `known` facts rule out."""
 
-    def __init__(self) -> None:
+    def __init__(self, known: Known | None = None) -> None:
         self.calls: list[cst.Call] = []
+        self.known = known
+
+    def visit_If(self, node: cst.If) -> bool:
+        decided = None if self.known is None else decide(node.test, self.known)
+        if decided is None:
+            return True
+        node.test.visit(self)
+        taken = node.body if decided else node.orelse
+        if taken is not None:
+            taken.visit(self)
+        return False
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func

@@ -52,10 +52,16 @@ class KeptMasks:
     builders: frozenset[int]  # lines of the `create_causal_mask(...)` calls whose masks reach the class
     mixed: tuple[SiteMasks, ...]  # the constructions receiving both kinds
     extended: int | None = None  # or: the line where the module extends its mask over keys of its own
+    beside: str | None = None  # or: the test of a branch kept eager beside the dispatch that reads the mask
 
     def notes(self) -> list[str]:
         lines = ", ".join(str(line) for line in sorted(self.builders))
-        if self.extended is not None:
+        if self.beside is not None:
+            why = (
+                f"{self.class_name} keeps code beside its dispatch (under `if {self.beside}:`) that reads the mask in "
+                "eager's form, which follows from sdpa's only where the mask is built"
+            )
+        elif self.extended is not None:
             why = (
                 f"{self.class_name} extends its mask over keys of its own (line {self.extended}), which `is_causal` "
                 "cannot see"
@@ -261,14 +267,69 @@ def dispatched_mask(function: ast.FunctionDef) -> str | None:
 __all__ = [
     "PARAMETER",
     "CausalSites",
+    "bidirectional_only",
+    "causal_builders",
     "KeptMasks",
     "check_pinned",
     "decide_sites",
     "dispatched_mask",
+    "eager_form_follows",
     "every_site_causal",
     "extended_masks",
     "kept_masks",
 ]
+
+
+def _followed_sites(flow: MaskFlow, class_name: str) -> list[Site] | str:
+    """The sites building `class_name` (or an in-file subclass), or why its masks cannot be followed: a construction
+    outside a module attribute, or none in the file."""
+    classes = _classes(flow, class_name)
+    outside = _unfollowed(flow, classes)
+    if outside is not None:
+        return f"`{outside.class_name}` is built at line {outside.line} outside a module attribute"
+    sites = flow.modules.sites_of(classes)
+    return list(sites) if sites else "it is never built in this file"
+
+
+def eager_form_follows(
+    flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str], always_built: frozenset[int]
+) -> str | None:
+    """None when eager's mask follows from the one the current implementation gets for every mask reaching
+    `class_name` (self- and cross-attention calls alike); otherwise why not. It does for `create_bidirectional_mask`
+    (see `bidirectional_only`) and for a `create_causal_mask` call at a line of `always_built`, which the port makes
+    build its mask under every implementation (`allow_is_causal_skip=False`): sdpa's is then always the boolean
+    mask that eager's builder turns into 0 and the dtype's minimum, never None."""
+    sites = _followed_sites(flow, class_name)
+    if isinstance(sites, str):
+        return sites
+    for site in sites:
+        masks = flow.site_masks(site, class_name, mask_param, key_only, cross_origins=True)
+        if not masks.calls and not masks.cross_calls:
+            return f"`{site.name}` (line {site.line}): {masks.why()}"
+        for origin in masks.origins:
+            if origin.kind is Kind.CAUSAL and not origin.to_bool and origin.line not in always_built:
+                return (
+                    f"`{site.name}` (line {site.line}): `create_causal_mask` (line {origin.line}) may leave the "
+                    "causality to `is_causal` under sdpa (a mask of None), where eager's builder makes a mask"
+                )
+            if origin.to_bool or origin.kind not in (Kind.BIDIRECTIONAL, Kind.NONE, Kind.CAUSAL):
+                return f"`{site.name}` (line {site.line}): {masks.why()}"
+    return None
+
+
+def causal_builders(flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str]) -> frozenset[int] | None:
+    """The lines of the `create_causal_mask` calls whose masks reach `class_name`, self- and cross-attention calls
+    alike; None where a mask reaching it is not followed straight to a builder (or None)."""
+    classes = _classes(flow, class_name)
+    if _unfollowed(flow, classes) is not None:
+        return None
+    builders: set[int] = set()
+    for site in flow.modules.sites_of(classes):
+        masks = flow.site_masks(site, class_name, mask_param, key_only, cross_origins=True)
+        if any(o.kind not in (Kind.CAUSAL, Kind.BIDIRECTIONAL, Kind.NONE) or o.to_bool for o in masks.origins):
+            return None
+        builders |= {o.line for o in masks.origins if o.kind is Kind.CAUSAL}
+    return frozenset(builders)
 
 
 def bidirectional_only(flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str]) -> str | None:
@@ -276,13 +337,9 @@ def bidirectional_only(flow: MaskFlow, class_name: str, mask_param: str, key_onl
     not. Such a mask is the eager one with its additive values turned into booleans: transformers' eager builder
     is sdpa's boolean mask with 0 where it keeps and the dtype's minimum where it masks, and both skip the same
     masks (None without padding)."""
-    classes = _classes(flow, class_name)
-    outside = _unfollowed(flow, classes)
-    if outside is not None:
-        return f"`{outside.class_name}` is built at line {outside.line} outside a module attribute"
-    sites = flow.modules.sites_of(classes)
-    if not sites:
-        return "it is never built in this file"
+    sites = _followed_sites(flow, class_name)
+    if isinstance(sites, str):
+        return sites
     for site in sites:
         masks = flow.site_masks(site, class_name, mask_param, key_only)
         if masks.cross_calls or not masks.calls:

@@ -30,13 +30,15 @@ from sdpa_port.analyse.masked_rows import row_safe
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.module_sites import Construction
 from sdpa_port.analyse.patterns import cast_operand, walk_names
-from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
+from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, one_side_helpers
 from sdpa_port.discover.screen import Screen
 from sdpa_port.analyse.selection import attention_dicts
 from sdpa_port.plan.causal_sites import (
     PARAMETER,
     bidirectional_only,
+    causal_builders,
     CausalSites,
+    eager_form_follows,
     KeptMasks,
     check_pinned,
     decide_sites,
@@ -217,20 +219,27 @@ def plan_interface(
     for kept in plan.kept:
         _, count = keep_causal_masks(module, kept.builders)
         if count != len(kept.builders):
-            raise Refuse(
-                Code.MASK_EXTENDED if kept.extended is not None else Code.CAUSAL_BY_USE,
-                (
-                    f"the module extends its mask over keys of its own (line {kept.extended}), "
-                    if kept.extended is not None
-                    else "the file builds causal and bidirectional self-attention masks for the same module from call "
-                    "to call, "
+            if kept.beside is not None:
+                code, why = Code.NOT_EXTRACTABLE, f"code kept eager beside the dispatch (under `if {kept.beside}:`) reads the mask, "
+            elif kept.extended is not None:
+                code, why = Code.MASK_EXTENDED, f"the module extends its mask over keys of its own (line {kept.extended}), "
+            else:
+                code, why = (
+                    Code.CAUSAL_BY_USE,
+                    "the file builds causal and bidirectional self-attention masks for the same module from call to "
+                    "call, ",
                 )
+            raise Refuse(
+                code,
+                why
                 + f"and a `create_causal_mask` call reaching it (line(s) {', '.join(map(str, sorted(kept.builders)))}) "
                 f"cannot be given `{SKIP}=False` (an alias, or `*args`/`**kwargs` that may carry it), so its mask "
                 "cannot be made to carry the causality",
                 kept.class_name,
             )
-        if kept.extended is not None:
+        if kept.beside is not None:
+            pass  # the module keeps its `is_causal`; the warning on the kept code stands
+        elif kept.extended is not None:
             plan.warnings.append(
                 f"{kept.class_name} extends its mask over keys of its own: kernels that take a 2-D padding mask or "
                 "read `is_causal` alone (flash attention, and other registered kernels) would not see them; "
@@ -286,6 +295,10 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     forward = found[1]
     # a comparison of the module's settings whose other side computes the output some other way (an approximation)
     # keeps that side as written: only the side with the attention dispatches
+    if len(analysis.sites) > 1:
+        # helpers on the two sides of a test of the module's settings: the one where the test is false dispatches,
+        # the other runs as written
+        analysis = one_side_helpers(facts, analysis) or analysis
     alternatives = Known(falsy=frozenset(analysis.alternatives))
     if analysis.eager_only_params or set(analysis.eager_only_flags) - alternatives.falsy:
         names = ", ".join(f"`{name}`" for name in (*analysis.eager_only_params, *analysis.eager_only_flags))
@@ -298,8 +311,9 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         methods = ", ".join(f"`{site.method}` (line {site.line})" for site in analysis.sites)
         raise Refuse(
             Code.REPEATED,
-            f"forward computes attention in more than one place ({methods}); the attention interface dispatches "
-            "one computation, and these cannot be shown to be the same one",
+            f"forward computes attention in more than one place ({methods}), and no test of the module's settings "
+            "chooses between them; the attention interface dispatches one computation, and these cannot be shown "
+            "to be the same one",
         )
     if analysis.helpers:
         forward = inline_helpers(facts, analysis, forward)
@@ -432,6 +446,11 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     body = emitter.block(block_body(forward.body))
     if not emitter.dispatched:
         raise Refuse(Code.NOT_EXTRACTABLE, "the product with V was not reached on the dispatch path")
+    if emitter.eager_mask_tests and options.eager_mask.build_always:
+        # code kept eager reads the mask: every causal builder reaching the module builds it under sdpa too
+        causality.kept.append(
+            KeptMasks(analysis.class_name, options.eager_mask.build_always, (), beside=emitter.eager_mask_tests[0])
+        )
     body = remove_dead(body, emitter.removed_reads, facts.imports)
     body = _bind_handed_values(forward, result, part.free, body)
     new_forward = forward.with_changes(body=forward.body.with_changes(body=body))
@@ -512,17 +531,27 @@ def _check_alternatives(forward: cst.FunctionDef, result: t.TraceResult, alterna
     branch must be the side traced."""
     if not alternatives.falsy:
         return
-    holding: dict[cst.BaseExpression, bool] = {}
+    # the reads of a setting that can decide an `if` (its whole test, or the operand of `not`) -> that `if`
+    deciding: dict[int, cst.If] = {}
     for node in nodes_of_type(forward.body, cst.If):
-        branch = whole_chain_branch(node, result.plans)
-        if branch is not None:
-            holding[node.test] = branch is node
-    for comparison in nodes_of_type(forward.body, cst.Comparison):
-        decided = decide(comparison, alternatives)
-        if decided is not None and holding.get(comparison) is not decided:
+        deciding[id(node.test)] = node
+        if isinstance(node.test, cst.UnaryOperation) and isinstance(node.test.operator, cst.Not):
+            deciding[id(node.test.expression)] = node
+    # every read of a setting the alternatives decide (a comparison, or a flag `self.x`) must decide an `if` one
+    # branch of which holds the whole chain, the branch the trace took: read anywhere else, the code it decides is
+    # neither traced nor kept as a whole
+    reads: list[cst.BaseExpression] = [
+        node for node in nodes_of_type(forward.body, cst.Comparison) if decide(node, alternatives) is not None
+    ]
+    reads += [node for node in nodes_of_type(forward.body, cst.Attribute) if code(node) in alternatives.falsy]
+    for read in reads:
+        chooser = deciding.get(id(read))
+        decided = None if chooser is None else decide(chooser.test, alternatives)
+        branch = None if chooser is None else whole_chain_branch(chooser, result.plans)
+        if decided is None or branch is None or (branch is chooser) is not decided:
             raise Refuse(
                 Code.HEAD_MASK_INTERFACE,
-                f"`{code(comparison)}` chooses between the attention and another computation, but no branch of an "
+                f"`{code(read)}` chooses between the attention and another computation, but no branch of an "
                 "`if` testing it holds the whole attention; the attention interface cannot fall back to eager for "
                 "the other side",
             )
@@ -538,20 +567,24 @@ def _eager_mask_form(
 ) -> EagerMask:
     """Whether code that stays eager beside the dispatch (the other side of `if self.num_landmarks == self.seq_len:`)
     can take the attention mask in eager's form: from the boolean mask sdpa gets, where every mask reaching the
-    module is `create_bidirectional_mask`'s and no implementation but eager and sdpa is claimed."""
+    module is `create_bidirectional_mask`'s or a `create_causal_mask` the port always builds (`KeptMasks`), and no
+    implementation but eager and sdpa is claimed."""
     if mask_param is None:
         return EagerMask(None, "the module takes no mask")
     if causality.other_implementations:
         return EagerMask(None, "the file already claims another implementation, whose mask has no eager form")
     if mask_param in all_assigned_names(block_body(forward.body)):
         return EagerMask(None, f"forward assigns `{mask_param}`")
-    why = bidirectional_only(causality.flow, class_name, mask_param, cross)
+    always_built = frozenset(line for kept in causality.kept if kept.class_name == class_name for line in kept.builders)
+    # the causal builders reaching the module, made to build always when the kept code reads the mask
+    builders = causal_builders(causality.flow, class_name, mask_param, cross) or frozenset()
+    why = eager_form_follows(causality.flow, class_name, mask_param, cross, always_built | builders)
     if why is not None:
-        return EagerMask(None, f"not every mask reaching it is `create_bidirectional_mask`'s: {why}")
+        return EagerMask(None, f"eager's form does not follow from every mask reaching it: {why}")
     inputs = [p.name.value for p in forward.params.params if p.name.value not in ("self", mask_param)]
     if not inputs:
         return EagerMask(None, "forward takes no input whose dtype the mask would take")
-    return EagerMask(f"{inputs[0]}.dtype", "")
+    return EagerMask(f"{inputs[0]}.dtype", "", builders - always_built)
 
 
 def _converted(causality: "Causality", class_name: str, mask_param: str | None, fill: t.Fill) -> Converted | str | None:

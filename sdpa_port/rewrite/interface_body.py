@@ -37,6 +37,9 @@ class EagerMask:
 
     dtype: str | None
     why: str
+    # the `create_causal_mask` calls to build under every implementation for that (`allow_is_causal_skip=False`),
+    # where the port does not already: sdpa's mask is then never None, always the booleans eager's form follows from
+    build_always: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)

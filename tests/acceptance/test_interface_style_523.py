@@ -38,6 +38,9 @@ CASES = {
     "nystromformer": Case("NystromformerModel"),
     # causal blocks built with is_causal=True and given bidirectional masks: their causal buffer is handed over
     "bark": Case("BarkSemanticModel"),
+    # two helpers on the sides of `if self.reorder_and_upcast_attn:`: the plain one dispatches, the upcast one stays
+    # eager and takes the mask in eager's form, from the bidirectional or the always-built causal builder
+    "imagegpt": Case("ImageGPTModel"),
 }
 
 
@@ -369,3 +372,28 @@ def test_a_causal_buffer_handed_over_keeps_its_alignment_after_a_cache(workdir: 
     assert torch.allclose(found, expected, atol=1e-4), float((found - expected).abs().max())
     flagged = continued(left_to_flag.BarkSemanticModel, "sdpa")
     assert not torch.allclose(flagged, expected, atol=1e-2), "the flag's alignment went unnoticed"
+
+
+@pytest.mark.parametrize("is_decoder", [False, True])
+def test_the_side_kept_eager_takes_eager_s_mask(is_decoder: bool, workdir: Path, ported) -> None:  # type: ignore[no-untyped-def]
+    """ImageGPT under `reorder_and_upcast_attn=True` runs its upcast helper as written beside the dispatch, under
+    every implementation. Its mask comes from `create_bidirectional_mask` or, for a decoder, from a
+    `create_causal_mask` the port always builds; under sdpa it is converted to eager's form first. The port's
+    sdpa matches the original's eager on padded batches, and the same port without the conversion does not."""
+    from sdpa_port.verify import parity
+
+    source, module = ported["imagegpt"]
+    start = source.index("        if self.reorder_and_upcast_attn:\n") + len("        if self.reorder_and_upcast_attn:\n")
+    end = source.index("            attn_output, attn_weights = self._upcast_and_reordered_attn(")
+    assert "attention_mask.dtype == torch.bool" in source[start:end]
+    unconverted = load("imagegpt", source[:start] + source[end:], workdir, tag="unconverted")
+    config = config_for("imagegpt", reorder_and_upcast_attn=True, is_decoder=is_decoder)
+    base = original("imagegpt").ImageGPTModel
+    for padding in ("left", "right"):
+        checks = parity.check_forward(base, module.ImageGPTModel, config, padding, kind="encoder")
+        parity_check = next(c for c in checks if c.name.endswith("sdpa == eager"))
+        record("interface-523", f"imagegpt upcast side, is_decoder={is_decoder}, {padding}", parity_check.max_diff)
+        assert parity_check.passed, str(parity_check)
+    # left padding: every query is causal by ImageGPT's own buffer, so only padding before it changes what it sees
+    broken = parity.check_forward(base, unconverted.ImageGPTModel, config, "left", kind="encoder")
+    assert not next(c for c in broken if c.name.endswith("sdpa == eager")).passed, "the unconverted mask went unnoticed"

@@ -358,11 +358,24 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(family="523", mask_style="builder", alternative=True, terms=(("mask", "plain"),)), "exact", None,
     ),
     # the same with a branch beside it that reads the mask (Nystromformer's landmarks): under sdpa that branch would
-    # receive sdpa's mask (None or boolean), so the file is refused
+    # receive sdpa's mask (None or boolean). Refused F602 until the causal builder reaching the module was made to
+    # build its mask always (`allow_is_causal_skip=False`) for such a branch: sdpa's is then booleans, never None,
+    # and the branch takes it in eager's form (wrong by 2.56 without a mask when the builder may skip)
     "12m: the attention in one branch of a setting, the mask read in the other (interface style)": (
         Spec(family="523", product="einsum_bthd", scale_place="none", mask_style="builder", causal="mask", dropout="module", cross=True,
              is_causal_attr=True, placement="helper", settings_branch=True, returned_together=True),
-        "refused", "F602",
+        "exact", None,
+    ),
+    # ImageGPT's two helpers, `_attn` and an upcast twin, chosen by a setting (was refused S109): the helper the
+    # setting leaves off dispatches, the twin runs as written and takes the mask in eager's form, from the
+    # bidirectional builder or from a causal one built always
+    "12z: two helpers computing the attention, chosen by a setting, 5.x": (
+        Spec(family="523", placement="helper", twin_helper=True, mask_style="builder"),
+        "exact", None,
+    ),
+    "12z2: two helpers computing the attention, chosen by a setting, causal masks, 5.x": (
+        Spec(family="523", placement="helper", twin_helper=True, mask_style="builder", causal="mask"),
+        "exact", None,
     ),
     # found by the fuzzer while 12l was written (seed 180293, wrong by 3.19): the class style's SDPA class reads a
     # None mask as causal only when the mask is added whenever forward runs; a mask added whenever the chain runs is

@@ -570,6 +570,8 @@ def attention_class(spec: Spec, code: Code) -> None:
             code.add("self.flag_scale = config.flag_scale")
             code.add("self.flag_terms = config.flag_terms")
             code.add("self.flag_causal = config.flag_causal")
+            if spec.twin_helper:
+                code.add("self.reorder_and_upcast = config.flag_twin")
             if spec.settings_branch:
                 code.add("self.seq_len = 16")
                 code.add("self.landmarks = 16 + int(config.flag_landmarks)")
@@ -707,6 +709,13 @@ def attention_class(spec: Spec, code: Code) -> None:
                 arguments.append("output_attentions")
             if spec.placement == "forward":
                 chain(spec, n, code)
+            elif spec.placement == "helper" and spec.twin_helper:
+                code.add("if self.reorder_and_upcast:")
+                with code.indent():
+                    code.add(f"attn_output, attn_weights = self._attn_upcast({', '.join(arguments)})")
+                code.add("else:")
+                with code.indent():
+                    code.add(f"attn_output, attn_weights = self._attn({', '.join(arguments)})")
             elif spec.placement == "helper":
                 code.add(f"attn_output, attn_weights = self._attn({', '.join(arguments)})")
             else:
@@ -731,6 +740,14 @@ def attention_class(spec: Spec, code: Code) -> None:
             with code.indent():
                 chain(spec, n, code)
                 returned(spec, code)
+        if spec.placement == "helper" and spec.twin_helper:
+            # the same attention with its softmax computed another way (in float32 first)
+            twin = replace(spec, softmax="float_first" if spec.softmax != "float_first" else "upcast")
+            code.add("")
+            code.add(f"def _attn_upcast(self, {n.query}, {n.key}, {n.value}, {', '.join(chain_parameters(spec))}):")
+            with code.indent():
+                chain(twin, n, code)
+                returned(twin, code)
 
 
 def returned(spec: Spec, code: Code) -> None:
@@ -1101,6 +1118,7 @@ class FuzzConfig(PretrainedConfig):
         flag_terms=False,
         flag_causal=False,
         flag_landmarks=False,
+        flag_twin=False,
         attn_impl="eager",
         pad_token_id=0,
         **kwargs,
@@ -1114,6 +1132,7 @@ class FuzzConfig(PretrainedConfig):
         self.flag_terms = flag_terms
         self.flag_causal = flag_causal
         self.flag_landmarks = flag_landmarks
+        self.flag_twin = flag_twin
         self.attn_impl = attn_impl
         super().__init__(pad_token_id=pad_token_id, **kwargs)
 '''

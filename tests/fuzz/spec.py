@@ -141,6 +141,9 @@ class Spec:
     # the causal buffer fill under `if self.is_causal:`, the module's own flag (Bark's blocks, built with
     # `is_causal=True` and given bidirectional masks)
     own_flag_guard: bool = False
+    # the chain in a helper, with an upcast twin of it in a second helper: forward calls one or the other under
+    # `if self.flag_twin:` (ImageGPT's `_attn` beside `_upcast_and_reordered_attn`, chosen by a setting)
+    twin_helper: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -164,6 +167,8 @@ class Spec:
             out.append("flag_causal")
         if self.settings_branch:
             out.append("flag_landmarks")
+        if self.twin_helper:
+            out.append("flag_twin")
         return out
 
     def describe(self) -> str:
@@ -257,7 +262,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         switches=_pick(rng, SWITCHES, (6, 2, 2)),
         per_call=rng.random() < 0.3,
         prompt_keys=rng.random() < 0.2,
-        own_flag_guard=rng.random() < 0.5,  # drawn last
+        own_flag_guard=rng.random() < 0.5,
+        twin_helper=rng.random() < 0.3,  # drawn last
     )
     return normalise(spec)
 
@@ -352,6 +358,14 @@ def normalise(spec: Spec) -> Spec:
         and (changes.get("pinned_causal", spec.pinned_causal) or spec.is_causal_attr)
     ):
         changes["own_flag_guard"] = False
+    if spec.twin_helper and not (
+        changes.get("placement", spec.placement) == "helper"
+        and not changes.get("settings_branch", spec.settings_branch)
+        and not spec.alternative
+        and spec.hazard == "none"
+        and not changes.get("scores_returned", spec.scores_returned)
+    ):
+        changes["twin_helper"] = False  # one branching at a time, between two helpers computing the attention
     return replace(spec, **changes) if changes else spec
 
 

@@ -129,10 +129,31 @@ def test_an_approximation_beside_the_attention_takes_the_mask_in_eager_form() ->
     converted = otherwise.index("attention_mask = torch.zeros_like(attention_mask, dtype=")
     assert conversion < converted < otherwise.index("torch.tanh(")
     assert any("eager's form" in warning for warning in result.warnings)
+    # a causal builder's mask: made to build always, so that sdpa's is booleans there too, never None
     causal = port_source(render(regression(CAUSAL_BESIDE)[0]), filename="modeling_fuzz.py")
-    assert causal.status is Status.REFUSED
-    reason = causal.refusals[0].detail
-    assert "eager's cannot be rebuilt from it" in reason and "create_causal_mask" in reason
+    assert causal.status is Status.PORTED, causal.detail
+    assert causal.source.count("allow_is_causal_skip=False") == 1
+    assert "attention_mask = torch.zeros_like(attention_mask, dtype=" in causal.source
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "12z: two helpers computing the attention, chosen by a setting, 5.x",
+        "12z2: two helpers computing the attention, chosen by a setting, causal masks, 5.x",
+    ],
+)
+def test_two_helpers_chosen_by_a_setting_dispatch_one_and_keep_the_other(name: str) -> None:
+    """The helper called where the setting is off moves into the eager function and dispatches; the twin stays a
+    method, called as written, after the mask is put in eager's form; a causal builder builds always."""
+    source = ported(name)
+    forward = source[source.index("class FuzzAttention") :]
+    kept = forward[forward.index("        if self.reorder_and_upcast:\n") : forward.index("        else:\n")]
+    assert "attention_mask = torch.zeros_like(attention_mask, dtype=" in kept
+    assert kept.index("torch.zeros_like(") < kept.index("self._attn_upcast(")
+    assert "def _attn_upcast(" in forward and "def _attn(" not in forward
+    assert "attention_interface(" in forward[forward.index("        else:\n") :]
+    assert source.count("allow_is_causal_skip=False") == (1 if "causal masks" in name else 0)
 
 
 CAUSAL_BESIDE = "12m: the attention in one branch of a setting, the mask read in the other (interface style)"

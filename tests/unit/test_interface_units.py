@@ -340,10 +340,9 @@ def test_scores_returned_for_a_request_for_weights_are_refused_in_the_interface_
     assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["W403"], result.reasons
 
 
-def test_attention_in_two_helpers_chosen_by_a_setting_is_refused_in_the_interface_style() -> None:
-    """ImageGPT's `_attn` beside its upcast `_upcast_and_reordered_attn`, chosen by a setting: the class style ports
-    both; the interface dispatches one computation and cannot show the two are the same, so it refuses and says so
-    (it used to blame a mask "added only under a condition")."""
+def _two_helpers(test: str) -> str:
+    """ImageGPT's form on the relative-position fixture: `attend` beside an upcast copy `attend_upcast`, the call
+    chosen by `test`."""
     from pathlib import Path
 
     source = (Path(__file__).resolve().parents[2] / "fixtures" / "interface_style" / "modeling_tiny_relative.py").read_text()
@@ -352,15 +351,90 @@ def test_attention_in_two_helpers_chosen_by_a_setting_is_refused_in_the_interfac
     changed = source.replace("    def forward(self, hidden_states, attention_mask=None, position_bias=None", upcast + "    def forward(self, hidden_states, attention_mask=None, position_bias=None", 1)
     changed = changed.replace(
         "        output, weights = self.attend(query, key, value, attention_mask, position_bias)\n",
-        "        if self.config.upcast:\n"
+        f"        if {test}:\n"
         "            output, weights = self.attend_upcast(query, key, value, attention_mask, position_bias)\n"
         "        else:\n"
         "            output, weights = self.attend(query, key, value, attention_mask, position_bias)\n",
     )
     assert "attend_upcast(query" in changed and "def attend_upcast(" in changed
-    result = port_source(changed, filename="modeling_tiny_relative.py")
-    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["S109"], result.reasons
-    assert "`attend_upcast` (line" in result.reasons[0] and "`attend` (line" in result.reasons[0], result.reasons
+    return changed
+
+
+# the kept code's first lines, inside its branch: the mask in eager's form
+EAGER_FORM = (
+    "            if attention_mask is not None and attention_mask.dtype == torch.bool:\n"
+    "                # this code computes eagerly: it takes the mask in eager's form (transformers built it for the "
+    "implementation in use)\n"
+    "                attention_mask = torch.zeros_like(attention_mask, dtype=hidden_states.dtype).masked_fill(\n"
+    "                    ~attention_mask, torch.finfo(hidden_states.dtype).min\n"
+    "                )\n"
+)
+TWO_HELPERS_KEPT = (
+    "        if self.config.upcast:\n"
+    + EAGER_FORM
+    + "            output, weights = self.attend_upcast(query, key, value, attention_mask, position_bias)\n"
+    "        else:\n"
+)
+
+
+def test_attention_in_two_helpers_chosen_by_a_setting_dispatches_the_side_the_setting_leaves_off() -> None:
+    """ImageGPT's `_attn` beside its upcast `_upcast_and_reordered_attn`, chosen by a setting (refused S109 before):
+    the helper called where the setting is false dispatches; the other side runs as written under every
+    implementation, its helper kept as a method, and takes the bidirectional builder's mask in eager's form."""
+    result = port_source(_two_helpers("self.config.upcast"), filename="modeling_tiny_relative.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert TWO_HELPERS_KEPT in result.source, result.source
+    forward = result.source[result.source.index(TWO_HELPERS_KEPT) :]
+    assert "attention_interface(" in forward
+    assert "    def attend_upcast(" in result.source and "    def attend(" not in result.source
+    assert "_supports_attention_backend" not in result.source
+    assert any("under `if self.config.upcast:` stays eager" in w for w in result.warnings), result.warnings
+
+
+def test_attention_in_two_helpers_under_a_negated_setting_dispatches_where_the_setting_is_off() -> None:
+    """`if not self.config.plain:` takes its first branch where the setting is off: that helper dispatches, and the
+    `else` side runs as written."""
+    result = port_source(_two_helpers("not self.config.plain"), filename="modeling_tiny_relative.py")
+    assert result.status is Status.PORTED, result.reasons
+    forward = result.source[result.source.index("        if not self.config.plain:\n") :]
+    assert "attention_interface(" in forward[: forward.index("        else:\n")]
+    kept = forward[forward.index("        else:\n") :]
+    assert kept.startswith(
+        "        else:\n            if attention_mask is not None and attention_mask.dtype == torch.bool:\n"
+    ), kept[:300]
+    assert "            output, weights = self.attend(query, key, value, attention_mask, position_bias)\n" in kept
+    assert "    def attend(" in result.source and "    def attend_upcast(" not in result.source
+
+
+@pytest.mark.parametrize(
+    "test,after,code,why",
+    [
+        # an argument of the call chooses: no setting to fall back on, and no proof the two are one computation
+        ("upcast", "", "S109", "no test of the module's settings chooses between them"),
+        # the setting decides more than the choice of helper: code the trace never saw
+        (
+            "self.config.upcast",
+            "        if self.config.upcast:\n            output = output * 2\n",
+            "W403",
+            "no branch of an `if` testing it holds the whole attention",
+        ),
+    ],
+)
+def test_attention_in_two_helpers_without_one_setting_choosing_is_refused(test: str, after: str, code: str, why: str) -> None:
+    source = _two_helpers(test)
+    if test == "upcast":
+        source = source.replace(
+            "    def forward(self, hidden_states, attention_mask=None, position_bias=None, output_attentions=False):\n        batch",
+            "    def forward(self, hidden_states, attention_mask=None, position_bias=None, output_attentions=False, upcast=False):\n        batch",
+        )
+        assert "upcast=False" in source
+    if after:
+        marker = "            output, weights = self.attend(query, key, value, attention_mask, position_bias)\n"
+        source = source.replace(marker, marker + after, 1)
+        assert after in source
+    result = port_source(source, filename="modeling_tiny_relative.py")
+    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == [code], result.reasons
+    assert why in result.reasons[0], result.reasons
 
 
 APPROXIMATION = PROMPT_KEYS.replace(PROMPT_MASK, "").replace(
@@ -391,13 +465,8 @@ APPROXIMATION = PROMPT_KEYS.replace(PROMPT_MASK, "").replace(
 )
 APPROXIMATION_CONVERTED = (
     "        else:\n"
-    "            if attention_mask is not None and attention_mask.dtype == torch.bool:\n"
-    "                # this code computes eagerly: it takes the mask in eager's form (transformers built it for the "
-    "implementation in use)\n"
-    "                attention_mask = torch.zeros_like(attention_mask, dtype=hidden_states.dtype).masked_fill(\n"
-    "                    ~attention_mask, torch.finfo(hidden_states.dtype).min\n"
-    "                )\n"
-    "            landmarks = key.reshape("
+    + EAGER_FORM
+    + "            landmarks = key.reshape("
 )
 
 
@@ -417,8 +486,14 @@ def test_an_approximation_beside_the_attention_stays_eager_with_eager_s_mask() -
 @pytest.mark.parametrize(
     "change,why",
     [
-        # a causal builder's mask is None under sdpa where eager's masks the future
-        (("create_bidirectional_mask(", "create_causal_mask("), "eager's cannot be rebuilt from it"),
+        # a mask the model makes itself, not a builder's: what each implementation gets is not known
+        (
+            (
+                "mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)",
+                "mask = (1.0 - attention_mask[:, None, None, :]) * -10000.0",
+            ),
+            "eager's cannot be rebuilt from it",
+        ),
         # forward changes the mask first: what it holds is no builder's mask any more
         (
             ("        if self.landmarks == self.seq_len:\n", "        attention_mask = attention_mask * 2\n        if self.landmarks == self.seq_len:\n"),
@@ -432,6 +507,56 @@ def test_an_approximation_reading_a_mask_without_an_eager_form_is_refused(change
     result = port_source(source.replace("from transformers.masking_utils import create_bidirectional_mask", "from transformers.masking_utils import create_bidirectional_mask, create_causal_mask"), filename="modeling_tiny.py")
     assert result.status is Status.REFUSED
     assert why in result.refusals[0].detail, result.refusals[0].detail
+
+
+BUILDER_BY_SETTING = (
+    "        if self.config.is_decoder:\n"
+    "            mask = create_causal_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, past_key_values=None)\n"
+    "        else:\n"
+    "            mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)\n"
+)
+
+
+def test_an_approximation_takes_eager_s_form_of_a_causal_mask_the_port_always_builds() -> None:
+    """ImageGPT's builders: causal or bidirectional by a setting, so the module's causality stays in its masks and
+    the port makes the causal builder always build (`allow_is_causal_skip=False`). Under sdpa that mask is then
+    always booleans, never None, and the code kept eager beside the dispatch can take it in eager's form."""
+    source = APPROXIMATION.replace(
+        "from transformers.masking_utils import create_bidirectional_mask",
+        "from transformers.masking_utils import create_bidirectional_mask, create_causal_mask",
+    ).replace(
+        "        mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)\n",
+        BUILDER_BY_SETTING,
+    )
+    assert "create_causal_mask(config" in source, source
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert APPROXIMATION_CONVERTED in result.source
+    assert result.source.count("allow_is_causal_skip=False") == 1, result.source
+
+
+def test_an_approximation_reading_a_causal_builder_s_mask_has_it_always_built() -> None:
+    """Only causal masks reach the module (`is_causal=True`): sdpa's builder may leave the causality to `is_causal`
+    with no mask, where eager's builds one. The code kept eager beside the dispatch reads the mask, so the causal
+    builder is made to build it under every implementation, and eager's form follows from sdpa's booleans."""
+    source = APPROXIMATION.replace("create_bidirectional_mask", "create_causal_mask")
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert APPROXIMATION_CONVERTED in result.source
+    assert result.source.count("allow_is_causal_skip=False") == 1, result.source
+    assert "self.is_causal = True" in result.source
+    assert any("reads the mask in eager's form" in note for note in result.notes), result.notes
+
+
+def test_without_code_beside_reading_the_mask_the_causal_builder_may_skip() -> None:
+    source = APPROXIMATION.replace("create_bidirectional_mask", "create_causal_mask").replace(
+        "            if attention_mask is not None:\n                scores = scores + attention_mask\n            kernel",
+        "            kernel",
+    )
+    assert "            kernel" in source and source.count("scores = scores + attention_mask") == 1
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert "allow_is_causal_skip" not in result.source
 
 
 def test_an_alternative_that_reads_the_scores_computed_before_it_is_refused() -> None:
