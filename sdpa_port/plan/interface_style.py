@@ -13,6 +13,7 @@ import ast
 import io
 import tokenize
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Mapping, Sequence
 
 import libcst as cst
@@ -431,7 +432,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         weights_requested=weights_requested,
         position_ids="position_ids" in params,
         handed_fill=bool(unconverted),
-        eager_mask=_eager_mask_form(facts, causality, analysis.class_name, forward, mask_param, cross),
+        eager_mask=partial(_eager_mask_form, causality, analysis.class_name, forward, mask_param, cross),
         not_causal=not_causal,
     )
     statements, part = eager_body(forward, result, candidate, options)
@@ -446,10 +447,10 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     body = emitter.block(block_body(forward.body))
     if not emitter.dispatched:
         raise Refuse(Code.NOT_EXTRACTABLE, "the product with V was not reached on the dispatch path")
-    if emitter.eager_mask_tests and options.eager_mask.build_always:
+    if emitter.eager_mask_tests and emitter.eager_mask.build_always:
         # code kept eager reads the mask: every causal builder reaching the module builds it under sdpa too
         causality.kept.append(
-            KeptMasks(analysis.class_name, options.eager_mask.build_always, (), beside=emitter.eager_mask_tests[0])
+            KeptMasks(analysis.class_name, emitter.eager_mask.build_always, (), beside=emitter.eager_mask_tests[0])
         )
     body = remove_dead(body, emitter.removed_reads, facts.imports)
     body = _bind_handed_values(forward, result, part.free, body)
@@ -494,7 +495,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         replaces_pinned=replaces_pinned,
         unconverted=frozenset(unconverted),
         inlined=tuple(h.helper.name for h in analysis.helpers if h.helper.is_method and h.helper.owner == analysis.class_name),
-        eager_mask_tests=tuple(dict.fromkeys(emitter.eager_mask_tests)),
+        eager_mask_tests=tuple(emitter.eager_mask_tests),
     )
 
 
@@ -558,7 +559,6 @@ def _check_alternatives(forward: cst.FunctionDef, result: t.TraceResult, alterna
 
 
 def _eager_mask_form(
-    facts: ModuleFacts,
     causality: "Causality",
     class_name: str,
     forward: cst.FunctionDef,

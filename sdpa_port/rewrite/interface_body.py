@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import builtins
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import libcst as cst
 
@@ -42,6 +42,10 @@ class EagerMask:
     build_always: frozenset[int] = frozenset()
 
 
+def no_eager_mask() -> EagerMask:
+    return EagerMask(None, "no code is kept beside the dispatch")
+
+
 @dataclass(frozen=True)
 class InterfaceOptions:
     names: SideNames
@@ -60,7 +64,8 @@ class InterfaceOptions:
     # the mask parameter is applied by a fill the eager function turns into its addition (`plan/bool_masks.py`):
     # like an added mask, it goes to the implementations as built and changes nothing on the SDPA side
     handed_fill: bool = False
-    eager_mask: EagerMask = EagerMask(None, "")
+    # asked only when code kept eager beside the dispatch reads the mask (it follows the masks through the file)
+    eager_mask: Callable[[], EagerMask] = no_eager_mask
     # no causal mask reaches the module, so its causality is the computation's own (a causal buffer, handed over
     # in position_bias) or none: the dispatch passes is_causal=False whatever `self.is_causal` says
     # (`plan/interface_style._causality_in_chain`)
@@ -89,9 +94,20 @@ class InterfaceEmitter(SdpaEmitter):
         self.eager = EagerPart()
         self.dispatched = False
         self.position_bias = False  # the dispatch hands additive terms over as `position_bias`
-        # branches that stay eager beside the dispatch and read the mask: they take it in eager's form
-        self.eager_mask_branches: list[cst.If | cst.Else] = []
-        self.eager_mask_tests: list[str] = []  # the test of the `if` holding each
+        # branches that stay eager beside the dispatch and read the mask, each with the test of its `if`: they take
+        # the mask in eager's form
+        self.eager_mask_branches: list[tuple[cst.If | cst.Else, str]] = []
+        self._eager_mask: EagerMask | None = None
+
+    @property
+    def eager_mask(self) -> EagerMask:
+        if self._eager_mask is None:
+            self._eager_mask = self.interface.eager_mask()
+        return self._eager_mask
+
+    @property
+    def eager_mask_tests(self) -> list[str]:
+        return list(dict.fromkeys(test for _, test in self.eager_mask_branches))
 
     # the attention mask goes to the implementation positionally; only the other terms fold into position_bias
     def add_to_mask(self, term: cst.BaseExpression) -> list[cst.BaseStatement]:
@@ -147,21 +163,20 @@ class InterfaceEmitter(SdpaEmitter):
                 )
             if current is branch or mask not in walk_names(current.body):
                 continue
-            if self.interface.eager_mask.dtype is None:
+            if self.eager_mask.dtype is None:
                 raise Refuse(
                     Code.NOT_EXTRACTABLE,
                     f"{beside}; {per_implementation}, so that code would receive another mask than under eager, and "
-                    f"eager's cannot be rebuilt from it: {self.interface.eager_mask.why}",
+                    f"eager's cannot be rebuilt from it: {self.eager_mask.why}",
                     line=self.line_in(node),
                 )
-            self.eager_mask_branches.append(current)
-            self.eager_mask_tests.append(code(node.test))
+            self.eager_mask_branches.append((current, code(node.test)))
         return branch
 
     def kept_branch(self, branch: cst.If | cst.Else, body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        if not any(branch is b for b in self.eager_mask_branches):
+        if not any(branch is b for b, _ in self.eager_mask_branches):
             return body
-        mask, dtype = self.interface.mask_param, self.interface.eager_mask.dtype
+        mask, dtype = self.interface.mask_param, self.eager_mask.dtype
         return [*render_statements("interface_style/eager_mask.py.jinja", mask=mask, dtype=dtype), *body]
 
     def apply(self, op: t.Op) -> list[cst.BaseStatement]:
