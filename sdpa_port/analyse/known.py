@@ -45,7 +45,11 @@ def negated_comparison(test: cst.BaseExpression) -> cst.Comparison | None:
 
 def decide(test: cst.BaseExpression, known: Known) -> Decision:
     """True/False when the test's value follows from the known facts, None otherwise. A known falsy comparison
-    (`self.landmarks != self.seq_len`) also decides its negation."""
+    (`self.landmarks != self.seq_len`) also decides its negation, and a known falsy `not self.x` decides `self.x`."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not) and code(test) in known.falsy:
+        return False
+    if isinstance(test, (cst.Name, cst.Attribute)) and f"not {code(test)}" in known.falsy:
+        return True
     negated = negated_comparison(test)
     if negated is not None:
         if code(test) in known.falsy:

@@ -190,10 +190,13 @@ def _one_branch(
     self.seq_len:` exact attention, else an approximation): the trace taking the side with the one attention SDPA
     can take, known through the comparison that sends the SDPA class back to eager otherwise."""
     for test in nodes_of_type(forward.body, cst.If):
-        negated = negated_comparison(test.test)
-        if negated is None or not _settings_only(test.test):
+        if not _settings_only(test.test):
             continue
-        for other_side in (negated, test.test):
+        if negated_comparison(test.test) is None and (test.orelse is None or _reads_training(test.test)):
+            # a flag choosing between two computations, not a step only one setting takes (a hook, a talking-heads
+            # projection: `_without_optional` tries those, off by default), nor the module's training mode
+            continue
+        for other_side in _sides(test.test):
             known = Known(falsy=frozenset({code(other_side)}))
             result = t.Tracer(facts, class_name, forward, line_of, known=known).run()
             inline = result.attention()
@@ -216,14 +219,7 @@ def one_side_helpers(facts: ModuleFacts, analysis: ClassAnalysis) -> ClassAnalys
     for test in nodes_of_type(forward.body, cst.If):
         if not _settings_only(test.test):
             continue
-        negated = negated_comparison(test.test)
-        if negated is not None:
-            sides: tuple[cst.BaseExpression, ...] = (negated, test.test)
-        elif isinstance(test.test, cst.UnaryOperation) and isinstance(test.test.operator, cst.Not):
-            sides = (test.test.expression,)  # `if not self.fast: <one> else: <other>`
-        else:
-            sides = (test.test,)
-        for other_side in sides:
+        for other_side in _sides(test.test):
             known = Known(falsy=frozenset({code(other_side)}))
             reached = _Calls(known)
             forward.body.visit(reached)
@@ -243,6 +239,23 @@ def one_side_helpers(facts: ModuleFacts, analysis: ClassAnalysis) -> ClassAnalys
                 alternatives=tuple(dict.fromkeys((*analysis.alternatives, code(other_side)))),
             )
     return None
+
+
+def _reads_training(test: cst.BaseExpression) -> bool:
+    return any(m.matches(a, m.Attribute(value=m.Name("self"), attr=m.Name("training"))) for a in nodes_of_type(test, cst.Attribute))
+
+
+def _sides(test: cst.BaseExpression) -> tuple[cst.BaseExpression, ...]:
+    """The expressions that, known false, decide `test` either way, in the order tried: a comparison's negation (its
+    `if` branch) then the comparison; for a flag (`self.x`, `self.config.x`), the flag itself first, so that the side
+    where it is off (usually the default) is the one tried first (`if not self.fast:` its `if` branch, `if
+    self.upcast:` its `else`), then `not` the flag."""
+    negated = negated_comparison(test)
+    if negated is not None:
+        return (negated, test)
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return (test.expression, test)
+    return (test, cst.UnaryOperation(operator=cst.Not(), expression=test))
 
 
 def _settings_only(test: cst.BaseExpression) -> bool:

@@ -544,7 +544,12 @@ def _check_alternatives(forward: cst.FunctionDef, result: t.TraceResult, alterna
     reads: list[cst.BaseExpression] = [
         node for node in nodes_of_type(forward.body, cst.Comparison) if decide(node, alternatives) is not None
     ]
-    reads += [node for node in nodes_of_type(forward.body, cst.Attribute) if code(node) in alternatives.falsy]
+    reads += [node for node in nodes_of_type(forward.body, cst.Attribute) if decide(node, alternatives) is not None]
+    reads += [
+        node
+        for node in nodes_of_type(forward.body, cst.UnaryOperation)
+        if code(node) in alternatives.falsy and decide(node, alternatives) is not None
+    ]
     for read in reads:
         chooser = deciding.get(id(read))
         decided = None if chooser is None else decide(chooser.test, alternatives)

@@ -373,6 +373,18 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(family="523", placement="helper", twin_helper=True, mask_style="builder"),
         "exact", None,
     ),
+    # the exact side chosen by a flag rather than a comparison (`if not self.approximate:`): refused S109 in both
+    # styles before, as forward computing two attentions; now the side the flag leaves off is ported and the other
+    # falls back to eager (class style) or runs as written (interface style)
+    "12z3: exact attention beside an approximation chosen by a flag, 5.x": (
+        Spec(family="523", settings_branch=True, settings_flag=True, mask_style="builder"),
+        "exact", None,
+    ),
+    "12z4: exact attention beside an approximation chosen by a flag, 4.x": (
+        Spec(settings_branch=True, settings_flag=True, terms=(("mask", "plain"),), mask_style="causal_helper", causal="mask",
+             is_causal_attr=True),
+        "exact", None,
+    ),
     "12z2: two helpers computing the attention, chosen by a setting, causal masks, 5.x": (
         Spec(family="523", placement="helper", twin_helper=True, mask_style="builder", causal="mask"),
         "exact", None,

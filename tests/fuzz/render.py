@@ -392,7 +392,10 @@ def chain(spec: Spec, n: Names, code: Code) -> None:
     elif spec.settings_branch:
         # exact attention where the module's settings say so (Nystromformer's landmarks covering the sequence), an
         # approximation (here: capped scores) otherwise; the config flag switches to the approximation
-        code.add(f"if {n.attr('landmarks')} == {n.attr('seq_len')}:")
+        if spec.settings_flag:
+            code.add(f"if not {n.attr('approximate')}:")
+        else:
+            code.add(f"if {n.attr('landmarks')} == {n.attr('seq_len')}:")
         with code.indent():
             eager_chain(spec, n, code)
         code.add("else:")
@@ -575,6 +578,8 @@ def attention_class(spec: Spec, code: Code) -> None:
             if spec.settings_branch:
                 code.add("self.seq_len = 16")
                 code.add("self.landmarks = 16 + int(config.flag_landmarks)")
+                if spec.settings_flag:
+                    code.add("self.approximate = config.flag_landmarks")
             code.add("self.scaling = self.head_dim**-0.5")
             code.add(
                 "self.scale_attn = torch.sqrt(torch.tensor(self.head_dim, dtype=torch.float32))"

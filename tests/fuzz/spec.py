@@ -144,6 +144,8 @@ class Spec:
     # the chain in a helper, with an upcast twin of it in a second helper: forward calls one or the other under
     # `if self.flag_twin:` (ImageGPT's `_attn` beside `_upcast_and_reordered_attn`, chosen by a setting)
     twin_helper: bool = False
+    # with `settings_branch`: the exact side chosen by a flag, `if not self.approximate:`, rather than a comparison
+    settings_flag: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -263,7 +265,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         per_call=rng.random() < 0.3,
         prompt_keys=rng.random() < 0.2,
         own_flag_guard=rng.random() < 0.5,
-        twin_helper=rng.random() < 0.3,  # drawn last
+        twin_helper=rng.random() < 0.3,
+        settings_flag=rng.random() < 0.5,  # drawn last
     )
     return normalise(spec)
 
@@ -366,6 +369,8 @@ def normalise(spec: Spec) -> Spec:
         and not changes.get("scores_returned", spec.scores_returned)
     ):
         changes["twin_helper"] = False  # one branching at a time, between two helpers computing the attention
+    if spec.settings_flag and not changes.get("settings_branch", spec.settings_branch):
+        changes["settings_flag"] = False
     return replace(spec, **changes) if changes else spec
 
 

@@ -509,6 +509,19 @@ def test_an_approximation_reading_a_mask_without_an_eager_form_is_refused(change
     assert why in result.refusals[0].detail, result.refusals[0].detail
 
 
+@pytest.mark.parametrize("test", ["not self.config.approximate", "self.config.exact"])
+def test_an_approximation_chosen_by_a_flag_stays_eager_beside_the_dispatch(test: str) -> None:
+    """The exact side chosen by a flag of the module's settings rather than a comparison (refused S109 before, as
+    two attentions), in its first branch whether the flag is off there (`not self.x`) or on (`self.x`)."""
+    source = APPROXIMATION.replace("        if self.landmarks == self.seq_len:\n", f"        if {test}:\n")
+    assert source != APPROXIMATION
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    forward = result.source[result.source.index(f"        if {test}:\n") :]
+    assert "attention_interface(" in forward[: forward.index("        else:\n")]
+    assert APPROXIMATION_CONVERTED in forward
+
+
 BUILDER_BY_SETTING = (
     "        if self.config.is_decoder:\n"
     "            mask = create_causal_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, past_key_values=None)\n"
