@@ -267,9 +267,9 @@ def dispatched_mask(function: ast.FunctionDef) -> str | None:
 __all__ = [
     "PARAMETER",
     "CausalSites",
+    "KeptMasks",
     "bidirectional_only",
     "causal_builders",
-    "KeptMasks",
     "check_pinned",
     "decide_sites",
     "dispatched_mask",

@@ -238,15 +238,13 @@ def plan_interface(
                 "cannot be made to carry the causality",
                 kept.class_name,
             )
-        if kept.beside is not None:
-            pass  # the module keeps its `is_causal`; the warning on the kept code stands
-        elif kept.extended is not None:
+        if kept.extended is not None:
             plan.warnings.append(
                 f"{kept.class_name} extends its mask over keys of its own: kernels that take a 2-D padding mask or "
                 "read `is_causal` alone (flash attention, and other registered kernels) would not see them; "
                 "`_supports_attention_backend` is not set"
             )
-        else:
+        elif kept.beside is None:  # beside: the module keeps its `is_causal`; the kept code has its warning
             plan.warnings.append(
                 f"{kept.class_name} takes its causality from the masks, which are always built: kernels that read "
                 "`is_causal` alone (flash attention, and other registered kernels) would not apply it; "
@@ -294,12 +292,12 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     found = facts.find_method(analysis.class_name, "forward")
     assert found is not None
     forward = found[1]
-    # a comparison of the module's settings whose other side computes the output some other way (an approximation)
-    # keeps that side as written: only the side with the attention dispatches
     if len(analysis.sites) > 1:
-        # helpers on the two sides of a test of the module's settings: the one where the test is false dispatches,
-        # the other runs as written
+        # helpers on the two sides of a test of the module's settings: the one called where the setting is off
+        # dispatches, the other runs as written
         analysis = one_side_helpers(facts, analysis) or analysis
+    # a test of the module's settings whose other side computes the output some other way (an approximation, another
+    # helper) keeps that side as written: only the side with the attention dispatches
     alternatives = Known(falsy=frozenset(analysis.alternatives))
     if analysis.eager_only_params or set(analysis.eager_only_flags) - alternatives.falsy:
         names = ", ".join(f"`{name}`" for name in (*analysis.eager_only_params, *analysis.eager_only_flags))
