@@ -82,7 +82,7 @@ def kept_masks(flow: MaskFlow, class_name: str, mask_param: str, key_only: Seque
     """The class's causality carried by its masks, where every construction is followed, every mask reaching it comes
     straight from a builder (or is None), and some construction receives both kinds; None otherwise."""
     found = _built_masks(flow, class_name, mask_param, key_only)
-    if found is None or not found[1]:
+    if isinstance(found, str) or not found[1]:
         return None
     return KeptMasks(class_name, found[0], found[1])
 
@@ -94,26 +94,29 @@ def extended_masks(
     `is_causal`) would not cover them (transformers' sdpa even crops the keys to the query's length then), so every
     causal mask reaching the class is always built; None where a mask reaching it is not followed to a builder."""
     found = _built_masks(flow, class_name, mask_param, key_only)
-    if found is None:
+    if isinstance(found, str):
         return None
     return KeptMasks(class_name, found[0], (), extended=line)
 
 
 def _built_masks(
-    flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str]
-) -> tuple[frozenset[int], tuple[SiteMasks, ...]] | None:
+    flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str], every_call: bool = False
+) -> tuple[frozenset[int], tuple[SiteMasks, ...]] | str:
     """The lines of the causal builders whose masks reach the class and the constructions that receive both kinds;
-    None unless every construction is followed and every mask reaching it comes straight from a builder (or is
-    None)."""
-    classes = _classes(flow, class_name)
-    if _unfollowed(flow, classes) is not None:
-        return None
+    otherwise why not: a construction is not followed, or a mask reaching it does not come straight from a builder
+    (or None). With `every_call`, cross-attention calls count too, and a class never built or a site never called
+    is a reason."""
+    sites = _followed_sites(flow, class_name, built=every_call)
+    if isinstance(sites, str):
+        return sites
     builders: set[int] = set()
     mixed: list[SiteMasks] = []
-    for site in flow.modules.sites_of(classes):
-        masks = flow.site_masks(site, class_name, mask_param, key_only)
-        if any(o.kind not in (Kind.CAUSAL, Kind.BIDIRECTIONAL, Kind.NONE) or o.to_bool for o in masks.origins):
-            return None
+    for site in sites:
+        masks = flow.site_masks(site, class_name, mask_param, key_only, cross_origins=every_call)
+        uncalled = every_call and not masks.calls and not masks.cross_calls
+        unbuilt = any(o.kind not in (Kind.CAUSAL, Kind.BIDIRECTIONAL, Kind.NONE) or o.to_bool for o in masks.origins)
+        if uncalled or unbuilt:
+            return f"`{site.name}` (line {site.line}): {masks.why()}"
         builders |= {o.line for o in masks.origins if o.kind is Kind.CAUSAL}
         if Kind.CAUSAL in masks.kinds and len(masks.kinds) > 1:
             mixed.append(masks)
@@ -269,67 +272,38 @@ __all__ = [
     "CausalSites",
     "KeptMasks",
     "bidirectional_only",
-    "causal_builders",
     "check_pinned",
     "decide_sites",
     "dispatched_mask",
-    "eager_form_follows",
+    "eager_form_builders",
     "every_site_causal",
     "extended_masks",
     "kept_masks",
 ]
 
 
-def _followed_sites(flow: MaskFlow, class_name: str) -> list[Site] | str:
+def _followed_sites(flow: MaskFlow, class_name: str, built: bool = True) -> list[Site] | str:
     """The sites building `class_name` (or an in-file subclass), or why its masks cannot be followed: a construction
-    outside a module attribute, or none in the file."""
+    outside a module attribute, or (with `built`) none in the file."""
     classes = _classes(flow, class_name)
     outside = _unfollowed(flow, classes)
     if outside is not None:
         return f"`{outside.class_name}` is built at line {outside.line} outside a module attribute"
-    sites = flow.modules.sites_of(classes)
-    return list(sites) if sites else "it is never built in this file"
+    sites = list(flow.modules.sites_of(classes))
+    return sites if sites or not built else "it is never built in this file"
 
 
-def eager_form_follows(
-    flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str], always_built: frozenset[int]
-) -> str | None:
-    """None when eager's mask follows from the one the current implementation gets for every mask reaching
-    `class_name` (self- and cross-attention calls alike); otherwise why not. It does for `create_bidirectional_mask`
-    (see `bidirectional_only`) and for a `create_causal_mask` call at a line of `always_built`, which the port makes
-    build its mask under every implementation (`allow_is_causal_skip=False`): sdpa's is then always the boolean
-    mask that eager's builder turns into 0 and the dtype's minimum, never None."""
-    sites = _followed_sites(flow, class_name)
-    if isinstance(sites, str):
-        return sites
-    for site in sites:
-        masks = flow.site_masks(site, class_name, mask_param, key_only, cross_origins=True)
-        if not masks.calls and not masks.cross_calls:
-            return f"`{site.name}` (line {site.line}): {masks.why()}"
-        for origin in masks.origins:
-            if origin.kind is Kind.CAUSAL and not origin.to_bool and origin.line not in always_built:
-                return (
-                    f"`{site.name}` (line {site.line}): `create_causal_mask` (line {origin.line}) may leave the "
-                    "causality to `is_causal` under sdpa (a mask of None), where eager's builder makes a mask"
-                )
-            if origin.to_bool or origin.kind not in (Kind.BIDIRECTIONAL, Kind.NONE, Kind.CAUSAL):
-                return f"`{site.name}` (line {site.line}): {masks.why()}"
-    return None
-
-
-def causal_builders(flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str]) -> frozenset[int] | None:
-    """The lines of the `create_causal_mask` calls whose masks reach `class_name`, self- and cross-attention calls
-    alike; None where a mask reaching it is not followed straight to a builder (or None)."""
-    classes = _classes(flow, class_name)
-    if _unfollowed(flow, classes) is not None:
-        return None
-    builders: set[int] = set()
-    for site in flow.modules.sites_of(classes):
-        masks = flow.site_masks(site, class_name, mask_param, key_only, cross_origins=True)
-        if any(o.kind not in (Kind.CAUSAL, Kind.BIDIRECTIONAL, Kind.NONE) or o.to_bool for o in masks.origins):
-            return None
-        builders |= {o.line for o in masks.origins if o.kind is Kind.CAUSAL}
-    return frozenset(builders)
+def eager_form_builders(
+    flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str]
+) -> frozenset[int] | str:
+    """The lines of the `create_causal_mask` calls whose masks reach `class_name` (self- and cross-attention calls
+    alike) where eager's mask follows from the one the current implementation gets for every mask reaching it;
+    otherwise why not. It does for `create_bidirectional_mask` (see `bidirectional_only`) and for
+    `create_causal_mask` once the port makes each of these calls build its mask under every implementation
+    (`allow_is_causal_skip=False`): sdpa's is then always the boolean mask that eager's builder turns into 0 and the
+    dtype's minimum, never None."""
+    found = _built_masks(flow, class_name, mask_param, key_only, every_call=True)
+    return found if isinstance(found, str) else found[0]
 
 
 def bidirectional_only(flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str]) -> str | None:

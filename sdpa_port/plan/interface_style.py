@@ -37,9 +37,8 @@ from sdpa_port.analyse.selection import attention_dicts
 from sdpa_port.plan.causal_sites import (
     PARAMETER,
     bidirectional_only,
-    causal_builders,
     CausalSites,
-    eager_form_follows,
+    eager_form_builders,
     KeptMasks,
     check_pinned,
     decide_sites,
@@ -578,12 +577,11 @@ def _eager_mask_form(
         return EagerMask(None, "the file already claims another implementation, whose mask has no eager form")
     if mask_param in all_assigned_names(block_body(forward.body)):
         return EagerMask(None, f"forward assigns `{mask_param}`")
+    # the causal builders reaching the module, made to build always since the kept code reads the mask
+    builders = eager_form_builders(causality.flow, class_name, mask_param, cross)
+    if isinstance(builders, str):
+        return EagerMask(None, f"eager's form does not follow from every mask reaching it: {builders}")
     always_built = frozenset(line for kept in causality.kept if kept.class_name == class_name for line in kept.builders)
-    # the causal builders reaching the module, made to build always when the kept code reads the mask
-    builders = causal_builders(causality.flow, class_name, mask_param, cross) or frozenset()
-    why = eager_form_follows(causality.flow, class_name, mask_param, cross, always_built | builders)
-    if why is not None:
-        return EagerMask(None, f"eager's form does not follow from every mask reaching it: {why}")
     inputs = [p.name.value for p in forward.params.params if p.name.value not in ("self", mask_param)]
     if not inputs:
         return EagerMask(None, "forward takes no input whose dtype the mask would take")

@@ -499,6 +499,16 @@ def test_an_approximation_beside_the_attention_stays_eager_with_eager_s_mask() -
             ("        if self.landmarks == self.seq_len:\n", "        attention_mask = attention_mask * 2\n        if self.landmarks == self.seq_len:\n"),
             "forward assigns `attention_mask`",
         ),
+        # a module no call is followed to: the masks it receives are not known
+        (
+            ("        return self.attention(inputs_embeds, mask)\n", "        return mask\n"),
+            "`TinyModel.attention` (line 45): it is never called in this file",
+        ),
+        # a construction outside a module attribute
+        (
+            ("        self.attention = TinyAttention(config)\n", "        self.attention = TinyAttention(config)\n        spare = TinyAttention(config)\n"),
+            "`TinyAttention` is built at line 46 outside a module attribute",
+        ),
     ],
 )
 def test_an_approximation_reading_a_mask_without_an_eager_form_is_refused(change: tuple[str, str], why: str) -> None:
