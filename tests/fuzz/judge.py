@@ -270,7 +270,38 @@ def compare_modules(spec: Spec, original: Any, ported: Any, tolerance: float = S
         return Verdict("invalid", "the original accepts none of the inputs")
     if verdict.sdpa_calls == 0:
         return Verdict("inert", "ported, but no input ran SDPA")
-    return verdict
+    dropped = compare_dropout(spec, original, ported)
+    return dropped if dropped is not None else verdict
+
+
+def compare_dropout(spec: Spec, original: Any, ported: Any) -> Verdict | None:
+    """In training with a dropout rate of 1.0 every probability the eager computation drops is 0, so SDPA must drop
+    exactly where eager does (under a guard such as `if self.training:` too): both outputs then match, where a rate
+    SDPA applies that eager does not (or the reverse) leaves one of them without attention. None when they match."""
+    if spec.dropout == "none":
+        return None
+    import torch
+
+    for flags in flag_settings(spec):
+        def config() -> Any:
+            return original.FuzzConfig(add_cross_attention=spec.cross, attention_dropout=1.0, **flags)
+
+        reference = original.FuzzModel._from_config(config(), attn_implementation="eager").train()
+        sdpa = ported.FuzzModel._from_config(config(), attn_implementation="sdpa").train()
+        sdpa.load_state_dict(reference.state_dict())
+        for case in inputs_for(spec):
+            try:
+                expected = run(reference, case)
+            except Exception:  # noqa: BLE001 - an input the original does not accept
+                continue
+            keep = case.keep & torch.isfinite(expected.last_hidden_state).all(-1)
+            with spying() as spy:
+                got = run(sdpa, dataclasses.replace(case, keep=keep))
+            gap = difference(expected, got, keep)
+            if spy.calls and gap > SDPA_TOLERANCE:
+                label = f"{case.name} {flags}" if flags else case.name
+                return Verdict("wrong", f"{label}: in training with dropout 1.0, SDPA differs from eager by {gap:.3g}")
+    return None
 
 
 def rounding_only(reference: Any, sdpa: Any, case: Inputs, tolerance: float) -> bool:
