@@ -177,7 +177,8 @@ class Softmax:
 class Dropout:
     call: p.DropoutCall
     # the test of an innermost `if self.dropout is not None:` around it, where `self.dropout` is the module called:
-    # the dropout happens whenever the module exists, so that branch is no condition on it
+    # the dropout happens whenever the module exists, so that branch is no condition on it; or of an innermost `if`
+    # testing the module's settings alone (`if self.training:`), which `call.training` then includes
     guard: cst.BaseExpression | None = field(default=None, compare=False)
 
 

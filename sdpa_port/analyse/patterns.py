@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import libcst as cst
@@ -516,6 +516,44 @@ def dropout_call(node: cst.BaseExpression, scope: Scope) -> DropoutCall | None:
             probability = cst.parse_expression(text)
             return DropoutCall(node.args[0].value, probability, cst.parse_expression("self.training"), attribute)
     return None
+
+
+def reads_settings_only(node: cst.BaseExpression) -> bool:
+    """An expression of the module's settings alone: attributes of `self` (`self.training`, `self.config.flag`),
+    combined by `not`, `and` and `or`; no call, no local."""
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+        return reads_settings_only(node.expression)
+    if isinstance(node, cst.BooleanOperation):
+        return reads_settings_only(node.left) and reads_settings_only(node.right)
+    if isinstance(node, cst.Attribute):
+        value: cst.BaseExpression = node
+        while isinstance(value, cst.Attribute):
+            value = value.value
+        return isinstance(value, cst.Name) and value.value == "self"
+    return False
+
+
+def guarded_dropout(call: DropoutCall, guard: cst.BaseExpression) -> DropoutCall:
+    """The dropout call run only where `guard` holds, as one whose `training` says when it is active: the guard and
+    the call's own `training` (the guard alone where that is True or one of the guard's `and` terms)."""
+    own = call.training
+    if (isinstance(own, cst.Name) and own.value == "True") or any(own.deep_equals(c) for c in _conjuncts(guard)):
+        training: cst.BaseExpression = guard
+    else:
+        training = cst.BooleanOperation(left=_grouped(guard), operator=cst.And(), right=_grouped(own))
+    return replace(call, training=training)
+
+
+def _conjuncts(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And) and not node.lpar:
+        return [*_conjuncts(node.left), *_conjuncts(node.right)]
+    return [node]
+
+
+def _grouped(node: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(node, (cst.BooleanOperation, cst.IfExp)):
+        return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return node
 
 
 def _alternatives(node: cst.BaseExpression) -> list[cst.BaseExpression]:

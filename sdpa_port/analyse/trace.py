@@ -621,6 +621,14 @@ class Tracer:
             return None
         return self.tests[-1] if p.optional_module_test(self.tests[-1]) == module else None
 
+    def setting_guard(self) -> cst.BaseExpression | None:
+        """The test of the innermost branch when it is the `if` (not an `elif` or `else`) of a test of the module's
+        settings alone: `self.training`, `self.config.use_dropout`, combined by `not`, `and`, `or`."""
+        if not self.tests or not self.path or self.path[-1][1] != 0:
+            return None
+        test = self.tests[-1]
+        return test if p.reads_settings_only(test) and not self.chain_refs(test) else None
+
     def note_assignment(self, names: Sequence[str]) -> None:
         for name in names:
             self.assignments[name] = self.assignments.get(name, 0) + 1

@@ -389,6 +389,18 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(family="523", placement="helper", twin_helper=True, mask_style="builder", causal="mask"),
         "exact", None,
     ),
+    # dropout under `if self.training:` (refused S112 before, as dropout under a condition): a test of the module's
+    # settings alone joins SDPA's rate's condition, and the `if` goes with the dropout (seeds 204069 and 204015)
+    "12z5: dropout under a test of the module's settings, 5.x": (
+        Spec(family="523", layout="flat", product="bmm_method", scale_form="pow_div", mask_style="builder",
+             dropout="functional", dropout_guarded=True, placement="helper", alternative=True),
+        "exact", None,
+    ),
+    "12z6: dropout under a test of the module's settings, 4.x": (
+        Spec(product="method", scale_place="query", scale_form="attr_mul", mask_style="manual_float", causal="buffer",
+             dropout="module", dropout_guarded=True),
+        "exact", None,
+    ),
     # found by the fuzzer while 12l was written (seed 180293, wrong by 3.19): the class style's SDPA class reads a
     # None mask as causal only when the mask is added whenever forward runs; a mask added whenever the chain runs is
     # not enough, since the eager fallback of the other branch then gets None for a causal mask

@@ -181,3 +181,20 @@ def test_a_causal_buffer_carrying_the_module_s_causality_dispatches_with_is_caus
     result = port_source(claimed, filename="modeling_fuzz.py")
     assert result.status is Status.REFUSED  # flash, claimed, would get the class without its buffer
     assert {r.code.value[0] for r in result.refusals} & {"C302", "C304"}, result.refusals
+
+
+@pytest.mark.parametrize(
+    "name,rate",
+    [
+        ("12z5: dropout under a test of the module's settings, 5.x", "dropout=self.dropout_p if self.training else 0.0,"),
+        ("12z6: dropout under a test of the module's settings, 4.x", "dropout_p=self.attn_dropout.p if self.training else 0.0,"),
+    ],
+)
+def test_dropout_under_a_test_of_the_settings_joins_the_rate_s_condition(name: str, rate: str) -> None:
+    """`if self.training:` around the dropout: SDPA's rate holds where the test does; the eager function (5.x)
+    keeps the test as written."""
+    source = ported(name)
+    assert rate in source
+    if "5.x" in name:
+        eager = source[source.index("def eager_attention_forward") : source.index("class FuzzAttention")]
+        assert "    if module.training:\n        attn_weights = nn.functional.dropout(" in eager

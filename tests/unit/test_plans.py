@@ -349,8 +349,18 @@ def test_a_dropout_module_that_may_be_none_and_a_fill_given_as_a_float() -> None
     assert result.status is Status.PORTED, result.reasons
     # parenthesised: `a if b else 0.0 if self.training else 0.0` would drop out in evaluation
     assert "dropout_p=(self.dropout.p if self.dropout is not None else 0.0) if self.training else 0.0" in result.source
-    guarded = source.replace("        if self.dropout is not None:\n", "        if self.training:\n")
-    refused = port_source(guarded, filename="modeling_tiny_zeroed.py")
+    # a test of the module's settings around it: SDPA's rate is the call's where that test holds too
+    for test, when in [
+        ("self.training", "self.training"),
+        ("self.use_dropout", "self.use_dropout and self.training"),
+        ("not self.config.frozen and self.training", "not self.config.frozen and self.training"),
+        ("self.training or self.config.always", "(self.training or self.config.always) and self.training"),
+    ]:
+        guarded = port_source(source.replace("        if self.dropout is not None:\n", f"        if {test}:\n"), filename="modeling_tiny_zeroed.py")
+        assert guarded.status is Status.PORTED, guarded.reasons
+        assert f"dropout_p=(self.dropout.p if self.dropout is not None else 0.0) if {when} else 0.0" in guarded.source
+    # a test of anything else (a local, an argument) is a condition SDPA's rate cannot follow
+    refused = port_source(source.replace("        if self.dropout is not None:\n", "        if drop:\n"), filename="modeling_tiny_zeroed.py")
     assert refused.status is Status.REFUSED and "[S112]" in " ".join(refused.reasons), refused.reasons
     # the module's own test inside another condition is still a condition
     nested = source.replace(

@@ -27,7 +27,13 @@ def dropout(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
         return None
     base, ops = tracer.decompose(found.operand, line)
     tracer.require(base, ops, PROBS, "dropout", line, Code.DROPOUT)
-    return base, [*ops, Dropout(found, tracer.module_guard(found.module))]
+    guard = tracer.module_guard(found.module)
+    if guard is None:
+        # `if self.training:` or a setting around it: SDPA's rate is the call's where the test holds too
+        guard = tracer.setting_guard()
+        if guard is not None:
+            found = p.guarded_dropout(found, guard)
+    return base, [*ops, Dropout(found, guard)]
 
 
 def identity_module(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
@@ -60,6 +66,10 @@ EXAMPLES = {
             scored("probs = nn.functional.dropout(scores.softmax(-1), p=self.p, training=self.training)"), Dropout
         ),
         Example(scored("probs = self.dropout(scores).softmax(-1)"), refused=Code.DROPOUT),
+        # under a test of the module's settings alone: the test joins the rate's condition
+        Example(scored("probs = scores.softmax(-1)\nif self.training and self.use_dropout:\n    probs = self.dropout(probs)"), Dropout),
+        # under a test of anything else, SDPA's rate cannot follow it
+        Example(scored("probs = scores.softmax(-1)\nif output_attentions:\n    probs = self.dropout(probs)"), refused=Code.DROPOUT),
     ),
     # the identity unless training with p > 0: no operation (the SDPA class runs eager whenever that holds)
     "identity_module": (
