@@ -117,6 +117,9 @@ class AddTerm:
     # added whenever the chain runs and the operands are not None: as `always`, but the branches enclosing the
     # query-key product too do not count (`if self.training and fused: ... else: <the chain>`)
     with_chain: bool = True
+    # otherwise: added whenever the chain runs, the operands are not None and this test of the module's settings
+    # holds (`if self.use_mask and mask is not None:`), if that is all the branches enclosing it test
+    setting: cst.BaseExpression | None = field(default=None, compare=False)
     # the term is a call of a helper that adds to the scores it is given (`analyse/additive.py`): the argument at
     # this index is to be zeros of the scores' shape (it holds `None` here)
     scores_arg: int | None = None
@@ -141,6 +144,8 @@ class Fill:
     # where the fill happened: the enclosing branches, and how often each name of the condition had been assigned
     path: tuple[tuple[int, int], ...] = field(default=(), compare=False)
     bindings: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+    # filled whenever the chain runs and the condition's names are not None (as `AddTerm.with_chain`)
+    with_chain: bool = field(default=True, compare=False)
 
 
 @dataclass(frozen=True)

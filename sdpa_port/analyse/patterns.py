@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -537,21 +537,30 @@ def guarded_dropout(call: DropoutCall, guard: cst.BaseExpression) -> DropoutCall
     """The dropout call run only where `guard` holds, as one whose `training` says when it is active: the guard and
     the call's own `training` (the guard alone where that is True or one of the guard's `and` terms)."""
     own = call.training
-    if (isinstance(own, cst.Name) and own.value == "True") or any(own.deep_equals(c) for c in _conjuncts(guard)):
+    if (isinstance(own, cst.Name) and own.value == "True") or any(own.deep_equals(c) for c in conjuncts(guard)):
         training: cst.BaseExpression = guard
     else:
-        training = cst.BooleanOperation(left=_grouped(guard), operator=cst.And(), right=_grouped(own))
+        training = joined([guard, own])
     return replace(call, training=training)
 
 
-def _conjuncts(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+def conjuncts(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The terms of a test joined by `and` (the test itself when it is not such a join)."""
     if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And) and not node.lpar:
-        return [*_conjuncts(node.left), *_conjuncts(node.right)]
+        return [*conjuncts(node.left), *conjuncts(node.right)]
     return [node]
 
 
+def joined(tests: Sequence[cst.BaseExpression]) -> cst.BaseExpression:
+    """Tests joined by `and`, each parenthesised where it needs to be."""
+    out = tests[0]
+    for test in tests[1:]:
+        out = cst.BooleanOperation(left=_grouped(out), operator=cst.And(), right=_grouped(test))
+    return out
+
+
 def _grouped(node: cst.BaseExpression) -> cst.BaseExpression:
-    if isinstance(node, (cst.BooleanOperation, cst.IfExp)):
+    if (isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.Or)) or isinstance(node, cst.IfExp):
         return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     return node
 

@@ -40,7 +40,9 @@ class Converted:
 def converted_fill(flow: MaskFlow, class_name: str, mask_param: str, fill: Fill, forward: ast.FunctionDef) -> Converted | str | None:
     """`Converted` when the fill on `mask_param` can become an addition of the builder's own mask; a reason when
     converted masks reach the module but the rule does not apply; None when no converted mask reaches it. Every call
-    counts, cross-attention included: the eager function adds whatever mask each call hands it."""
+    counts, cross-attention included: the eager function adds whatever mask each call hands it. `forward` is the one
+    traced, its helpers inlined; the fill must happen whenever the chain runs and the mask is given (the
+    implementations receive it exactly then)."""
     origins: set[Origin] = set()
     for site in flow.modules.sites_of([class_name]):
         origins |= flow.site_masks(site, class_name, mask_param, ()).origins
@@ -60,41 +62,12 @@ def converted_fill(flow: MaskFlow, class_name: str, mask_param: str, fill: Fill,
     tested = [n for n in ast.walk(forward) if isinstance(n, ast.expr) and _tests(n, mask_param) is not None]
     if len(reads) != 1 + len(tested):
         return f"`{mask_param}` is read other than by the fill and `is None` tests"
-    if not _filled_whenever_given(forward, mask_param):
+    if not fill.with_chain:
         return "the fill happens only under a condition, but the implementations receive the mask whenever it is given"
     passing = _passed_on_only(flow, class_name)
     if passing is not None:
         return passing
     return Converted(frozenset(o.line for o in converted))
-
-
-def _filled_whenever_given(function: ast.FunctionDef, name: str) -> bool:
-    """The fill on `name` sits in `function`'s body or under `if <name> is not None:` only."""
-
-    def search(statements: list[ast.stmt]) -> bool | None:
-        for statement in statements:
-            if any(_fills(n, name) for n in ast.walk(statement)):
-                if isinstance(statement, (ast.Assign, ast.Expr, ast.AugAssign, ast.AnnAssign)):
-                    return True
-                if isinstance(statement, ast.If) and _tests(statement.test, name) is True:
-                    if any(_fills(n, name) for other in statement.orelse for n in ast.walk(other)):
-                        return False
-                    return search(statement.body)
-                return False
-        return None
-
-    return bool(search(function.body))
-
-
-def _fills(node: ast.AST, name: str) -> bool:
-    return (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "masked_fill"
-        and bool(node.args)
-        and isinstance(node.args[0], ast.Name)
-        and node.args[0].id == name
-    )
 
 
 def _tests(test: ast.expr, name: str) -> bool | None:

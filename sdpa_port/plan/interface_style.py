@@ -323,6 +323,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     params = result.params
     mask_param = _mask_parameter(candidate, params)
     unconverted: set[int] = set()  # lines of `create_*_mask(...).to(torch.bool)` whose conversion is dropped
+    mask_setting: tuple[cst.BaseExpression, int] | None = None  # the setting under which the mask is added, and where
     for op, _, line in candidate.ops:
         if isinstance(op, t.Fill) and mask_param is not None and not row_safe(op, aligned):
             # transformers' sdpa combines a boolean attention mask with position_bias by replacement
@@ -337,7 +338,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
             )
         if isinstance(op, t.Fill) and any("mask" in n for n in walk_names(op.condition) & set(params)):
             filled = op.condition.value if isinstance(op.condition, cst.Name) and op.condition.value in params else None
-            converted = _converted(causality, analysis.class_name, filled, op)
+            converted = _converted(causality, analysis.class_name, filled, op, forward)
             if isinstance(converted, Converted) and mask_param in (None, filled):
                 unconverted |= converted.lines
                 mask_param = filled  # handed to the implementations as built
@@ -349,15 +350,19 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
                 line=line,
             )
         if isinstance(op, t.AddTerm) and mask_param is not None and cast_operand(op.term) == mask_param and not op.with_chain:
-            raise Refuse(
-                Code.CONDITIONAL,
-                "the attention mask is added only under a condition, but the implementations receive it whenever it "
-                "is given",
-                line=line,
-            )
+            if op.setting is None or mask_setting is not None:
+                raise Refuse(
+                    Code.CONDITIONAL,
+                    "the attention mask is added only under a condition other than one test of the module's "
+                    "settings, but the implementations receive it whenever it is given",
+                    line=line,
+                )
+            mask_setting = (op.setting, line)
     own_forward = forward_of(facts.tree, [info.name for info in facts.mro(analysis.class_name)]) if facts.tree else None
     extended = extended_mask(own_forward, mask_param) if own_forward is not None and mask_param else None
     cross = key_only_parameters(forward, start.key, start.query)
+    if mask_setting is not None:
+        _check_mask_setting(causality, analysis.class_name, mask_param, cross, *mask_setting)
     extension: tuple[str, KeptMasks] | None = None
     if extended is not None:
         assert own_forward is not None and mask_param is not None
@@ -431,6 +436,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         handed_fill=bool(unconverted),
         eager_mask=partial(_eager_mask_form, causality, analysis.class_name, forward, mask_param, cross),
         not_causal=not_causal,
+        mask_setting=code(mask_setting[0]) if mask_setting is not None else None,
     )
     statements, part = eager_body(forward, result, candidate, options)
     emitter = InterfaceEmitter(result, candidate, options)
@@ -523,6 +529,24 @@ def _causality_in_chain(
     return bool(dicts) and elsewhere and not any(site.direct for site in sites)
 
 
+def _check_mask_setting(
+    causality: "Causality", class_name: str, mask_param: str | None, cross: Sequence[str], setting: cst.BaseExpression, line: int
+) -> None:
+    """The mask added only where a setting holds (`if self.use_mask and mask is not None:`) goes to the
+    implementations under that setting, None otherwise. Exact where every mask reaching the module is
+    `create_bidirectional_mask`'s (or None): the module is then never causal, and None means no mask to every
+    implementation, as eager without the addition. A causal builder's None would mean `is_causal` instead."""
+    assert mask_param is not None
+    why = bidirectional_only(causality.flow, class_name, mask_param, cross)
+    if why is not None:
+        raise Refuse(
+            Code.CONDITIONAL,
+            f"the attention mask is added only where `{code(setting)}` holds; handing the implementations None "
+            f"otherwise is exact only where every mask reaching the module is bidirectional, and here {why}",
+            line=line,
+        )
+
+
 def _check_alternatives(forward: cst.FunctionDef, result: t.TraceResult, alternatives: Known) -> None:
     """The trace left out the sides of `alternatives` that do not compute the attention, and forward keeps them as
     written: each comparison must be the test of an `if` one branch of which holds the whole computation, and that
@@ -588,13 +612,15 @@ def _eager_mask_form(
     return EagerMask(f"{inputs[0]}.dtype", "", builders - always_built)
 
 
-def _converted(causality: "Causality", class_name: str, mask_param: str | None, fill: t.Fill) -> Converted | str | None:
+def _converted(
+    causality: "Causality", class_name: str, mask_param: str | None, fill: t.Fill, forward: cst.FunctionDef
+) -> Converted | str | None:
+    """`converted_fill` on the forward traced (its helpers inlined), which holds every read of the mask."""
     if mask_param is None:
         return None
-    found = causality.flow.modules.method(class_name, "forward")
-    if found is None:
-        return None
-    return converted_fill(causality.flow, class_name, mask_param, fill, found[1])
+    traced = ast.parse(cst.Module(body=[forward.with_changes(leading_lines=[])]).code).body[0]
+    assert isinstance(traced, ast.FunctionDef)
+    return converted_fill(causality.flow, class_name, mask_param, fill, traced)
 
 
 def _bind_handed_values(

@@ -70,6 +70,8 @@ class InterfaceOptions:
     # in position_bias) or none: the dispatch passes is_causal=False whatever `self.is_causal` says
     # (`plan/interface_style._causality_in_chain`)
     not_causal: bool = False
+    # the mask is added only where this test of the module's settings holds: the implementations get None otherwise
+    mask_setting: str | None = None
 
 
 @dataclass
@@ -271,7 +273,7 @@ class InterfaceEmitter(SdpaEmitter):
             query=code(query),
             key=code(key),
             value=code(value),
-            mask=self.interface.mask_param or "None",
+            mask=self.handed_mask(),
             dropout=code(self.dropout) if self.dropout is not None else "0.0",
             scaling=code(self.scale_expression()),
             is_causal=self.interface.causal_test or "",
@@ -305,6 +307,12 @@ class InterfaceEmitter(SdpaEmitter):
 
     def taken(self) -> set[str]:
         return set(self.interface.module_names) | set(self.eager.free) | set(self.interface.taken)
+
+    def handed_mask(self) -> str:
+        mask, setting = self.interface.mask_param, self.interface.mask_setting
+        if mask is None:
+            return "None"
+        return f"{mask} if {setting} else None" if setting is not None else mask
 
 
 def _fresh(name: str, taken: set[str]) -> str:

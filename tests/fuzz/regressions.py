@@ -401,6 +401,39 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
              dropout="module", dropout_guarded=True),
         "exact", None,
     ),
+    # the mask added only where a flag of the settings holds (`if self.flag_terms and attention_mask is not None:`,
+    # refused S110 before): the implementations get it under that flag and None otherwise, which is exact for
+    # bidirectional masks; a causal builder's None would mean `is_causal`, so causal masks stay refused (seed 204060)
+    "12z7: the mask added under a flag of the settings, bidirectional masks, 5.x": (
+        Spec(family="523", terms=(("mask", "flag"),), mask_style="builder"),
+        "exact", None,
+    ),
+    "12z8: the mask added under a flag of the settings, causal masks, 5.x": (
+        Spec(family="523", terms=(("mask", "flag"),), mask_style="builder", causal="mask"),
+        "refused", "S110",
+    ),
+    # a builder's mask converted to booleans and filled (MPT's form), the fill in the branch beside an alternative or
+    # in a helper: refused M203 before ("only under a condition", read from forward's text); now the rule is the
+    # tracer's: filled whenever the chain runs and the mask is given, the helpers inlined (seeds 204155, 204000).
+    # Filled only under a flag, the implementations would get the mask whenever given: still M203
+    "12z9: a converted mask filled in the chain's branch beside an alternative, 5.x": (
+        Spec(family="523", product="method", terms=(("mask", "not_none"), ("relative", "plain")), mask_style="builder",
+             causal="mask", fill_form="masked_fill_inplace", fill_value="tensor_finfo_min", is_causal_attr=True,
+             alternative=True, bool_fill=True, flat_bias=True),
+        "exact", None,
+    ),
+    "12z10: a converted mask filled in a helper, 5.x": (
+        Spec(family="523", product="einsum", terms=(("alibi", "plain"), ("mask", "plain")), mask_style="builder",
+             causal="mask", fill_form="masked_fill_inplace", fill_value="minus_inf", is_causal_attr=True,
+             placement="helper", bool_fill=True, flat_bias=True, returned_together=True),
+        "exact", None,
+    ),
+    "12z11: a converted mask filled under a flag of the settings, 5.x": (
+        Spec(family="523", product="method", terms=(("mask", "flag"), ("relative", "plain")), mask_style="builder",
+             causal="mask", fill_form="masked_fill_inplace", fill_value="tensor_finfo_min", is_causal_attr=True,
+             alternative=True, bool_fill=True, flat_bias=True),
+        "refused", "M203",
+    ),
     # found by the fuzzer while 12l was written (seed 180293, wrong by 3.19): the class style's SDPA class reads a
     # None mask as causal only when the mask is added whenever forward runs; a mask added whenever the chain runs is
     # not enough, since the eager fallback of the other branch then gets None for a causal mask

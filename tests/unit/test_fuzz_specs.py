@@ -198,3 +198,16 @@ def test_dropout_under_a_test_of_the_settings_joins_the_rate_s_condition(name: s
     if "5.x" in name:
         eager = source[source.index("def eager_attention_forward") : source.index("class FuzzAttention")]
         assert "    if module.training:\n        attn_weights = nn.functional.dropout(" in eager
+
+
+def test_a_mask_added_under_a_flag_of_the_settings_goes_to_the_implementations_under_it() -> None:
+    """`if self.flag_terms and attention_mask is not None:` around the addition: the implementations get the mask
+    where the flag holds and None elsewhere; the eager function keeps the test as written."""
+    source = ported("12z7: the mask added under a flag of the settings, bidirectional masks, 5.x")
+    forward = source[source.index("class FuzzAttention") :]
+    assert "attention_mask if self.flag_terms else None" in forward
+    eager = source[source.index("def eager_attention_forward") : source.index("class FuzzAttention")]
+    assert "    if module.flag_terms and attention_mask is not None:\n" in eager
+    spec, _, _ = regression("12z8: the mask added under a flag of the settings, causal masks, 5.x")
+    refused = port_source(render(spec), filename="modeling_fuzz.py")
+    assert refused.status is Status.REFUSED and "create_causal_mask" in refused.reasons[0], refused.reasons

@@ -21,6 +21,7 @@ from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import PROBS, AddTerm, Fill, Guard, Op, Poison, Softmax, ZeroRows, short
 from sdpa_port.analyse.cstutil import code, parenthesized, precedence, primary
 from sdpa_port.analyse.forms.common import Example, method_on_chain, scored
+from sdpa_port.analyse.forms.terms import always_applied
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ def masking_fill(
         top_left,
         path=tuple(tracer.path),
         bindings=bindings_of(tracer, detached),
+        with_chain=always_applied(tracer, condition, cid),
     )
 
 

@@ -81,7 +81,8 @@ def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Reco
     args[index] = argument.with_changes(value=cst.Name("None"))
     term = tracer.detach(node.with_changes(args=args), base.cid)
     applied = always_applied(tracer, term), always_applied(tracer, term, base.cid)
-    return base, [*ops, AddTerm(term, current.rank, *applied, scores_arg=index)]
+    setting = setting_applied(tracer, term, base.cid)
+    return base, [*ops, AddTerm(term, current.rank, *applied, setting, scores_arg=index)]
 
 
 def add_term(
@@ -100,6 +101,7 @@ def add_term(
         current.rank,
         always_applied(tracer, term),
         always_applied(tracer, term, current.cid),
+        setting_applied(tracer, term, current.cid),
         may_be_number=may_be_number(tracer, term),
     )
 
@@ -126,12 +128,7 @@ def always_applied(tracer: Tracer, term: cst.BaseExpression, cid: int | None = N
     """Only `x is not None` tests of the term's own names enclose it (an `else` branch counts as a condition). With
     the chain's `cid`: whenever that chain runs, the branches enclosing its query-key product aside (`if
     self.training and fused: ... else: <the chain>`)."""
-    path, tests = tracer.path, tracer.tests
-    if cid is not None and 0 <= cid < len(tracer.candidates):
-        candidate = tracer.candidates[cid]
-        shared = len(candidate.start_path)
-        if tuple(path[:shared]) == candidate.start_path:
-            path, tests = path[shared:], tests[candidate.start_tests :]
+    path, tests = _enclosing(tracer, cid)
     if len(tests) != len(path):
         return False
     names = p.walk_names(term)
@@ -140,6 +137,38 @@ def always_applied(tracer: Tracer, term: cst.BaseExpression, cid: int | None = N
         if checked is None or not checked <= names:
             return False
     return True
+
+
+def setting_applied(tracer: Tracer, term: cst.BaseExpression, cid: int) -> cst.BaseExpression | None:
+    """The test of the module's settings alone under which the term is added whenever the chain runs and its
+    operands are not None: every branch enclosing it (past those enclosing the chain's product) is the first of its
+    `if`, and each part of its test joined by `and` is an `x is not None` of the term's names or reads the settings
+    alone (`self.use_mask`); those parts joined, or None where no part reads a setting or another part is found."""
+    path, tests = _enclosing(tracer, cid)
+    if len(tests) != len(path) or any(index != 0 for _, index in path):
+        return None
+    names = p.walk_names(term)
+    settings: list[cst.BaseExpression] = []
+    for part in (part for test in tests for part in p.conjuncts(test)):
+        checked = _only_not_none(part)
+        if checked is not None and checked <= names:
+            continue
+        if not p.reads_settings_only(part) or tracer.chain_refs(part):
+            return None
+        settings.append(part)
+    return p.joined(settings) if settings else None
+
+
+def _enclosing(tracer: Tracer, cid: int | None) -> tuple[list[tuple[int, int]], list[cst.BaseExpression]]:
+    """The branches (if, index) enclosing the current statement and their if/elif tests; with a chain's `cid`, only
+    those past the ones enclosing its query-key product."""
+    path, tests = tracer.path, tracer.tests
+    if cid is not None and 0 <= cid < len(tracer.candidates):
+        candidate = tracer.candidates[cid]
+        shared = len(candidate.start_path)
+        if tuple(path[:shared]) == candidate.start_path:
+            return path[shared:], tests[candidate.start_tests :]
+    return path, tests
 
 
 def add_two_chains(tracer: Tracer, node: cst.BinaryOperation, line: int) -> tuple[ChainVal, list[Op]]:
