@@ -80,8 +80,9 @@ def setting_values(classes: list[type], config: Any) -> dict[str, list[str | Non
 
 
 def eager_sides(classes: list[type], changes: dict[str, Any]) -> list[str]:
-    """The settings (`self.reorder_and_upcast_attn`) through which `changes` send a ported attention class's forward
-    into a branch the port keeps as written beside its dispatch: an `if` testing the setting alone (or its `not`),
+    """The settings (`self.reorder_and_upcast_attn`, `self.config.x`) through which `changes` send a ported attention
+    class's forward into a branch the port keeps as written beside its dispatch: an `if` testing the setting alone
+    (or its `not`),
     one branch of which calls the implementation looked up in `ALL_ATTENTION_FUNCTIONS` and the branch the change
     takes does not. SDPA is not expected to run there."""
     out: list[str] = []
@@ -101,16 +102,30 @@ def eager_sides(classes: list[type], changes: dict[str, Any]) -> list[str]:
                     continue
                 negated = isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not)
                 read = node.test.operand if isinstance(node.test, ast.UnaryOp) and negated else node.test
-                if not (isinstance(read, ast.Attribute) and isinstance(read.value, ast.Name) and read.value.id == "self"):
-                    continue
-                field_name = fields.get(read.attr)
+                field_name = _setting_field(read, fields)
                 if field_name is None or field_name not in changes:
                     continue
                 taken = node.body if bool(changes[field_name]) != negated else node.orelse
                 other = node.orelse if taken is node.body else node.body
                 if _dispatches(other, dispatchers) and not _dispatches(taken, dispatchers):
-                    out.append(f"self.{read.attr}")
+                    out.append(ast.unparse(read))
     return sorted(set(out))
+
+
+def _setting_field(read: ast.expr, fields: dict[str, str]) -> str | None:
+    """The config field a test reads: `self.x` where `__init__` stores the field in `x`, or `self.config.x`."""
+    if not isinstance(read, ast.Attribute):
+        return None
+    owner = read.value
+    if _is_self(owner):
+        return fields.get(read.attr)
+    if isinstance(owner, ast.Attribute) and owner.attr == "config" and _is_self(owner.value):
+        return read.attr
+    return None
+
+
+def _is_self(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
 
 
 def expected_on_eager(checks: list[C], sides: list[str]) -> list[C]:

@@ -163,6 +163,10 @@ def test_a_setting_that_sends_forward_to_the_side_kept_eager_expects_no_sdpa(tmp
     negated = _module(tmp_path, "terms_kept_not", KEPT_SIDE.replace("if self.upcast:", "if not self.upcast:"))
     assert eager_sides([negated.Attention], {"reorder_and_upcast_attn": True}) == []
     assert eager_sides([negated.Attention], {"reorder_and_upcast_attn": False}) == ["self.upcast"]
+    # the setting read through the module's config
+    configured = _module(tmp_path, "terms_kept_config", KEPT_SIDE.replace("if self.upcast:", "if self.config.reorder_and_upcast_attn:"))
+    assert eager_sides([configured.Attention], {"reorder_and_upcast_attn": True}) == ["self.config.reorder_and_upcast_attn"]
+    assert eager_sides([configured.Attention], {"reorder_and_upcast_attn": False}) == []
     checks = [
         Check("M[right] sdpa == eager", False, 1.0),
         Check("M[right] sdpa executed", False, None, "0 SDPA call(s)"),
