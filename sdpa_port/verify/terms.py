@@ -93,7 +93,7 @@ def eager_sides(classes: list[type], changes: dict[str, Any]) -> list[str]:
             dispatchers = {
                 target.id
                 for node in ast.walk(forward)
-                if isinstance(node, ast.Assign) and "ALL_ATTENTION_FUNCTIONS" in ast.dump(node.value)
+                if isinstance(node, ast.Assign) and _reads_registry(node.value)
                 for target in node.targets
                 if isinstance(target, ast.Name)
             }
@@ -122,6 +122,11 @@ def _setting_field(read: ast.expr, fields: dict[str, str]) -> str | None:
     if isinstance(owner, ast.Attribute) and owner.attr == "config" and _is_self(owner.value):
         return read.attr
     return None
+
+
+def _reads_registry(node: ast.expr) -> bool:
+    """The expression reads `ALL_ATTENTION_FUNCTIONS` (`ALL_ATTENTION_FUNCTIONS.get_interface(...)`, `[...]`)."""
+    return any(isinstance(n, ast.Name) and n.id == "ALL_ATTENTION_FUNCTIONS" for n in ast.walk(node))
 
 
 def _is_self(node: ast.expr) -> bool:
