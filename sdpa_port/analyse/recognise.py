@@ -428,15 +428,20 @@ def _helper_calls(
     finder = _Calls()
     forward.body.visit(finder)
     out = []
-    cache: dict[tuple[str, frozenset[str], frozenset[str]], tuple[Helper, t.TraceResult, list[t.Candidate]] | None] = {}
+    cache: dict[
+        tuple[str, frozenset[str], frozenset[str], tuple[tuple[str, int], ...]],
+        tuple[Helper, t.TraceResult, list[t.Candidate]] | None,
+    ] = {}
     weights = weights_request(p.name.value for p in forward.params.params)
     for call in finder.calls:
         helper = helper_for(facts, class_name, call)
         keys = key_layout_params(helper, call, caller) if helper is not None else frozenset()
+        bound = bind_arguments(helper.function, helper.as_method_call(call)) if helper is not None else None
+        ranks = passed_ranks(bound, caller, forward)
         asked = _bound_to(helper, call, weights) if helper is not None and weights is not None else frozenset()
-        key = (code(call.func), keys, asked)
+        key = (code(call.func), keys, asked, ranks)
         if key not in cache:
-            cache[key] = _traced_helper(facts, class_name, call, line_of, keys, asked)
+            cache[key] = _traced_helper(facts, class_name, call, line_of, keys, asked, ranks)
         found = cache[key]
         if found is None:
             continue
@@ -451,7 +456,13 @@ def _helper_calls(
 
 
 def _traced_helper(
-    facts: ModuleFacts, class_name: str, call: cst.Call, line_of: LineOf, keys: frozenset[str], asked: frozenset[str]
+    facts: ModuleFacts,
+    class_name: str,
+    call: cst.Call,
+    line_of: LineOf,
+    keys: frozenset[str],
+    asked: frozenset[str],
+    ranks: tuple[tuple[str, int], ...] = (),
 ) -> tuple[Helper, t.TraceResult, list[t.Candidate]] | None:
     """The helper's trace; where it finds no one attention SDPA can take, the trace with its parameters that receive
     forward's `output_attentions` false (the SDPA class returns to eager when it is true, and the inlined helper is
@@ -459,11 +470,13 @@ def _traced_helper(
     helper = helper_for(facts, class_name, call)
     if helper is None:
         return None
-    result = t.Tracer(facts, class_name, helper.function, line_of, key_params=keys).run()
+    result = t.Tracer(facts, class_name, helper.function, line_of, key_params=keys, param_ranks=ranks).run()
     attention = result.attention()
     if asked and not (len(attention) == 1 and attention[0].poison is None):
         known = Known(falsy=asked)
-        retried = t.Tracer(facts, class_name, helper.function, line_of, known=known, key_params=keys).run()
+        retried = t.Tracer(
+            facts, class_name, helper.function, line_of, known=known, key_params=keys, param_ranks=ranks
+        ).run()
         found = retried.attention()
         if len(found) == 1 and found[0].poison is None:
             return helper, retried, found
@@ -485,6 +498,18 @@ def key_layout_params(helper: Helper, call: cst.Call, caller: t.Tracer) -> froze
     if bound is None:
         return frozenset()
     return frozenset(name for name, value in bound.items() if products.transposed_key(caller, value))
+
+
+def passed_ranks(
+    bound: dict[str, cst.BaseExpression] | None, caller: t.Tracer, forward: cst.FunctionDef
+) -> tuple[tuple[str, int], ...]:
+    """The helper's parameters a call (its arguments `bound` to them) passes a tensor of known rank, read from
+    forward's text alone: an expression whose last reshape or permute gives it, or a name every assignment of which
+    in forward does (so it is that rank whenever the call runs)."""
+    if bound is None:
+        return ()
+    ranks = ((name, caller.rank_in_method(value, forward, 0)) for name, value in bound.items())
+    return tuple(sorted((name, rank) for name, rank in ranks if rank is not None))
 
 
 def helper_for(facts: ModuleFacts, class_name: str, call: cst.Call) -> Helper | None:

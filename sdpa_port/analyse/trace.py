@@ -177,11 +177,15 @@ class Tracer:
         selected_start: cst.CSTNode | None = None,
         known: Known = Known(),
         key_params: frozenset[str] = frozenset(),
+        param_ranks: tuple[tuple[str, int], ...] = (),
     ) -> None:
         self.facts = facts
         # parameters every caller passes a key laid out (..., dim, length) (`self._attn(q, self.split_heads(k,
         # k=True), v)`): `q @ k` on them is a product with the key transposed
         self.key_params = key_params
+        # the rank of what the caller passes to a parameter (a helper's `query`, 4-D where forward built it so)
+        self.param_ranks = dict(param_ranks)
+        self._ranking: set[str] = set()  # names whose rank is being read (`x = x * s` reads the x before)
         # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
         self.known = holding(known, block_body(function.body)) if known != Known() else known
         self.class_name = class_name
@@ -905,8 +909,15 @@ class Tracer:
         if depth > 6:
             return None
         if isinstance(node, cst.Name):
-            local = self.scope.local_value(node.value)
-            return None if local is None else self.rank_of(local, depth + 1)
+            name = node.value
+            local = self.scope.local_value(name)
+            if name in self._ranking or local is None:
+                return self.parameter_rank(name, self_read=name in self._ranking)
+            self._ranking.add(name)
+            try:
+                return self.rank_of(local, depth + 1)
+            finally:
+                self._ranking.discard(name)
         reshaped = p.reshape_args(node)
         if reshaped is not None:
             return self.view_rank(reshaped[1])
@@ -935,6 +946,11 @@ class Tracer:
             operand = p.arg(node, 0, "input")  # `normalize(q, dim=-1)` (cosine attention) keeps q's shape
             return None if operand is None else self.rank_of(operand, depth + 1)
         return self.rank_returned(node, depth)
+
+    def parameter_rank(self, name: str, self_read: bool) -> int | None:
+        """The rank the caller passes to parameter `name`, where it still holds that value: never assigned so far,
+        or read (`self_read`) inside its one assignment so far, `x = x * s`, whose rank the caller's decides."""
+        return self.param_ranks.get(name) if self.assignments.get(name, 0) == (1 if self_read else 0) else None
 
     def rank_returned(self, node: cst.BaseExpression, depth: int) -> int | None:
         """`self.split(x)`: the rank every `return` of that method gives, read from its last reshape or permute

@@ -22,7 +22,7 @@ from sdpa_port.analyse.cstutil import (
 )
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import walk_names
-from sdpa_port.analyse.recognise import ClassAnalysis, Helper, bind_arguments, site_operands
+from sdpa_port.analyse.recognise import ClassAnalysis, Helper, bind_arguments, passed_ranks, site_operands
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.rewrite.sdpa_body import EmitOptions, MaskContract, SdpaEmitter, SideNames, function_names
@@ -45,10 +45,12 @@ def trace_sdpa_path(
     key_params: frozenset[str] = frozenset(),
     aligned: bool = False,
     known: Known = Known(),
+    ranks: tuple[tuple[str, int], ...] = (),
 ) -> tuple[t.TraceResult, t.Candidate]:
     """Trace a specialised function and select its single attention chain (`aligned`: see `keys_aligned_in`;
-    `known`: tests whose other side the trace leaves out, while the function keeps it)."""
-    discovery = t.Tracer(facts, class_name, function, key_params=key_params, known=known).run()
+    `known`: tests whose other side the trace leaves out, while the function keeps it; `ranks`: of the tensors the
+    caller passes to a helper's parameters, see `passed_ranks`)."""
+    discovery = t.Tracer(facts, class_name, function, key_params=key_params, known=known, param_ranks=ranks).run()
     attention = discovery.attention()
     if len(attention) != 1:
         raise Refuse(Code.REPEATED, f"expected one attention computation on the SDPA path, found {len(attention)}")
@@ -56,7 +58,13 @@ def trace_sdpa_path(
     if candidate.poison is not None:
         raise Refuse.because(candidate.poison, line=candidate.poison_line)
     selected = t.Tracer(
-        facts, class_name, function, selected_start=candidate.start_node, key_params=key_params, known=known
+        facts,
+        class_name,
+        function,
+        selected_start=candidate.start_node,
+        key_params=key_params,
+        known=known,
+        param_ranks=ranks,
     ).run()
     chosen = [c for c in selected.candidates if c.start_node is candidate.start_node]
     if len(chosen) != 1 or chosen[0].stage != t.OUT or chosen[0].poison is not None:
@@ -200,7 +208,10 @@ class Inliner(StatementWalker):
             keys = frozenset(name for name, value in bound.items() if products.transposed_key(self.caller(), value))
             if self._aligned is None:  # a fact of the class, the same for every inlined call
                 self._aligned = keys_aligned_in(self.facts, self.analysis)
-            result, candidate = trace_sdpa_path(self.facts, self.analysis.class_name, special, keys, self._aligned)
+            ranks = passed_ranks(bound, self.caller(), self.forward)
+            result, candidate = trace_sdpa_path(
+                self.facts, self.analysis.class_name, special, keys, self._aligned, ranks=ranks
+            )
             emitter = SdpaEmitter(result, candidate, self.with_aliases(self.options, bound))
             body = emitter.block(block_body(special.body))
             self.removed_reads |= emitter.removed_reads | set(bound)

@@ -434,6 +434,22 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
              alternative=True, bool_fill=True, flat_bias=True),
         "refused", "M203",
     ),
+    # the chain in a helper whose query forward built 4-D, scaled again in the helper (`query = query / s`):
+    # `softmax(dim=3)` was S105 (and regrouped scores S108) since the helper's parameters had no rank; the rank the
+    # caller passes is read from forward's text and holds in the helper until it reassigns the name
+    # (seeds 204042, 204214)
+    "12z12: softmax over dim=3 in a helper, the query's rank from the caller, 5.x": (
+        Spec(family="523", scale_place="qk_quarter", terms=(("mask", "plain"),), mask_style="builder",
+             fill_form="masked_fill", fill_value="minus_inf", softmax="dim3", dropout="module", is_causal_attr=True,
+             placement="helper", config_stored=False, flat_bias=True),
+        "exact", None,
+    ),
+    "12z13: softmax over dim=3 in a helper, the query's rank from the caller, 4.x": (
+        Spec(scale_place="query", scale_form="inplace_div", scale_guard="flag_else", mask_style="manual_float",
+             fill_form="masked_fill_inplace", fill_value="minus_1e9", softmax="dim3", is_causal_attr=True,
+             placement="helper", flat_bias=True, returned_together=True, scores_returned=True),
+        "exact", None,
+    ),
     # found by the fuzzer while 12l was written (seed 180293, wrong by 3.19): the class style's SDPA class reads a
     # None mask as causal only when the mask is added whenever forward runs; a mask added whenever the chain runs is
     # not enough, since the eager fallback of the other branch then gets None for a causal mask

@@ -78,3 +78,26 @@ def test_example_needs_its_form(form: forms.Form, example: Example, monkeypatch:
     assert not (ported and any(isinstance(op, example.op) for op in chain_ops(source))), (
         f"{form.name}: the example is read the same without the form\n{example.body}"
     )
+
+
+@pytest.mark.parametrize(
+    "body,rank",
+    [
+        ("return query", 4),  # never assigned: what the caller passed
+        ("query = query * 2\nreturn query", 4),  # its one assignment scales that value
+        ("query = query.flatten(0, 1)\nreturn query", None),  # assigned otherwise
+        ("if flag:\n    query = query.flatten(0, 1)\nquery = query * 2\nreturn query", None),  # on one path only
+        ("query = other\nreturn query", None),
+    ],
+)
+def test_a_helper_parameter_has_the_rank_the_caller_passes_while_it_holds_that_value(body: str, rank: int | None) -> None:
+    """A helper's `query` is as forward built it (`passed_ranks`: 4-D): through `query = query * s` too, but not once
+    the helper assigns it otherwise, on any path."""
+    source = "def helper(query, other, flag):\n" + textwrap.indent(body, "    ") + "\n"
+    module = cst.parse_module(source)
+    facts = ModuleFacts.of(module, ast.parse(source))
+    function = module.body[0]
+    assert isinstance(function, cst.FunctionDef)
+    tracer = t.Tracer(facts, None, function, param_ranks=(("query", 4),))
+    tracer.run()
+    assert tracer.rank_of(cst.Name("query")) == rank
