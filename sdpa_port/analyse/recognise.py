@@ -505,10 +505,14 @@ def passed_ranks(
 ) -> tuple[tuple[str, int], ...]:
     """The helper's parameters a call (its arguments `bound` to them) passes a tensor of known rank, read from
     forward's text alone: an expression whose last reshape or permute gives it, or a name every assignment of which
-    in forward does (so it is that rank whenever the call runs)."""
+    in forward does and that is no parameter of forward (so it is that rank whenever the call runs)."""
     if bound is None:
         return ()
-    ranks = ((name, caller.rank_in_method(value, forward, 0)) for name, value in bound.items())
+    ranks = (
+        (name, caller.rank_in_method(value, forward, 0))
+        for name, value in bound.items()
+        if not (isinstance(value, cst.Name) and value.value in caller.params)
+    )
     return tuple(sorted((name, rank) for name, rank in ranks if rank is not None))
 
 

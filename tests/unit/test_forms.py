@@ -101,3 +101,25 @@ def test_a_helper_parameter_has_the_rank_the_caller_passes_while_it_holds_that_v
     tracer = t.Tracer(facts, None, function, param_ranks=(("query", 4),))
     tracer.run()
     assert tracer.rank_of(cst.Name("query")) == rank
+
+
+def test_a_rank_passed_to_a_helper_is_read_only_from_names_forward_assigns() -> None:
+    """`built` is 4-D wherever it is bound; forward's parameter `query` is whatever the caller gave until forward
+    reassigns it, which may be after the call: its assignments say nothing of the value passed."""
+    from sdpa_port.analyse.recognise import passed_ranks
+
+    source = (
+        "def forward(self, query):\n"
+        "    built = query.view(1, 2, 3, 4)\n"
+        "    out = self.helper(query, built)\n"
+        "    query = query.view(1, 2, 3, 4)\n"
+        "    return out\n"
+    )
+    module = cst.parse_module(source)
+    facts = ModuleFacts.of(module, ast.parse(source))
+    forward = module.body[0]
+    assert isinstance(forward, cst.FunctionDef)
+    caller = t.Tracer(facts, None, forward)
+    caller.run()
+    bound: dict[str, cst.BaseExpression] = {"a": cst.Name("query"), "b": cst.Name("built")}
+    assert passed_ranks(bound, caller, forward) == (("b", 4),)
