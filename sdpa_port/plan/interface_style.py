@@ -530,7 +530,12 @@ def _causality_in_chain(
 
 
 def _check_mask_setting(
-    causality: "Causality", class_name: str, mask_param: str | None, cross: Sequence[str], setting: cst.BaseExpression, line: int
+    causality: "Causality",
+    class_name: str,
+    mask_param: str | None,
+    cross: Sequence[str],
+    setting: cst.BaseExpression,
+    line: int,
 ) -> None:
     """The mask added only where a setting holds (`if self.use_mask and mask is not None:`) goes to the
     implementations under that setting, None otherwise. Exact where every mask reaching the module is

@@ -82,9 +82,8 @@ def setting_values(classes: list[type], config: Any) -> dict[str, list[str | Non
 def eager_sides(classes: list[type], changes: dict[str, Any]) -> list[str]:
     """The settings (`self.reorder_and_upcast_attn`, `self.config.x`) through which `changes` send a ported attention
     class's forward into a branch the port keeps as written beside its dispatch: an `if` testing the setting alone
-    (or its `not`),
-    one branch of which calls the implementation looked up in `ALL_ATTENTION_FUNCTIONS` and the branch the change
-    takes does not. SDPA is not expected to run there."""
+    (or its `not`), one branch of which calls the implementation looked up in `ALL_ATTENTION_FUNCTIONS` and the
+    branch the change takes does not. SDPA is not expected to run there."""
     out: list[str] = []
     for tree in _class_trees(classes):
         fields = _config_fields(tree)

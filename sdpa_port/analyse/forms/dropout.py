@@ -47,6 +47,8 @@ def identity_module(tracer: Tracer, node: cst.BaseExpression, line: int) -> Reco
     return base, ops
 
 
+_GUARDED = "probs = scores.softmax(-1)\nif {test}:\n    probs = self.dropout(probs)"
+
 _MAYBE_DROP = """
 class MaybeDrop(nn.Module):
     def __init__(self, p):
@@ -67,9 +69,9 @@ EXAMPLES = {
         ),
         Example(scored("probs = self.dropout(scores).softmax(-1)"), refused=Code.DROPOUT),
         # under a test of the module's settings alone: the test joins the rate's condition
-        Example(scored("probs = scores.softmax(-1)\nif self.training and self.use_dropout:\n    probs = self.dropout(probs)"), Dropout),
+        Example(scored(_GUARDED.format(test="self.training and self.use_dropout")), Dropout),
         # under a test of anything else, SDPA's rate cannot follow it
-        Example(scored("probs = scores.softmax(-1)\nif output_attentions:\n    probs = self.dropout(probs)"), refused=Code.DROPOUT),
+        Example(scored(_GUARDED.format(test="output_attentions")), refused=Code.DROPOUT),
     ),
     # the identity unless training with p > 0: no operation (the SDPA class runs eager whenever that holds)
     "identity_module": (
