@@ -186,6 +186,8 @@ class Tracer:
         # the rank of what the caller passes to a parameter (a helper's `query`, 4-D where forward built it so)
         self.param_ranks = dict(param_ranks)
         self._ranking: set[str] = set()  # names whose rank is being read (`x = x * s` reads the x before)
+        # per method read by `rank_in_method`: the method, and the values assigned to each name in it
+        self._assigned: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression]]]] = {}
         # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
         self.known = holding(known, block_body(function.body)) if known != Known() else known
         self.class_name = class_name
@@ -984,14 +986,22 @@ class Tracer:
         if found is not None:
             return self.rank_in_method(found[0], method, depth + 1)
         if isinstance(node, cst.Name):
-            assigned = [
-                a.value
-                for a in nodes_of_type(method.body, cst.Assign)
-                if len(a.targets) == 1 and m.matches(a.targets[0].target, m.Name(node.value))
-            ]
+            assigned = self.assigned_in(method).get(node.value, [])
             ranks = {self.rank_in_method(value, method, depth + 1) for value in assigned}
             return ranks.pop() if len(ranks) == 1 else None
         return None
+
+    def assigned_in(self, method: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
+        """The values each name is assigned in `method` by a plain `name = value` (one walk per method)."""
+        found = self._assigned.get(id(method))
+        if found is None or found[0] is not method:
+            values: dict[str, list[cst.BaseExpression]] = {}
+            for a in nodes_of_type(method.body, cst.Assign):
+                if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name):
+                    values.setdefault(a.targets[0].target.value, []).append(a.value)
+            found = (method, values)
+            self._assigned[id(method)] = found
+        return found[1]
 
     # -------------------------------------------------------------- output
 
