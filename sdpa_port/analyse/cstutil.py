@@ -330,38 +330,55 @@ def rebuild_if(
 
 
 def all_assigned_names(statements: Iterable[cst.CSTNode]) -> set[str]:
+    return set(assigned_values(statements))
+
+
+def assigned_values(statements: Iterable[cst.CSTNode]) -> dict[str, list[cst.BaseExpression | None]]:
+    """Every name the statements bind (not inside nested functions or classes), with the value of each binding:
+    the expression of a plain `name = value` (`a = b = value` included), None for any other binding (tuple
+    unpacking, an augmented or annotated assignment, a `for` or `with` target, `:=`, a nested definition)."""
     collector = _Assigned()
     for statement in statements:
         statement.visit(collector)
-    return collector.names
+    return collector.values
 
 
 class _Assigned(cst.CSTVisitor):
     def __init__(self) -> None:
-        self.names: set[str] = set()
+        self.values: dict[str, list[cst.BaseExpression | None]] = {}
 
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self.names.update(assigned_names(node.target))
+    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
+        plain = value if isinstance(target, cst.Name) else None
+        for name in assigned_names(target):
+            self.values.setdefault(name, []).append(plain)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._bind(target.target, node.value)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self.names.update(assigned_names(node.target))
+        self._bind(node.target, None)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self.names.update(assigned_names(node.target))
+        self._bind(node.target, None)
 
     def visit_For(self, node: cst.For) -> None:
-        self.names.update(assigned_names(node.target))
+        self._bind(node.target, None)
 
     def visit_WithItem(self, node: cst.WithItem) -> None:
         if node.asname is not None:
-            self.names.update(assigned_names(node.asname.name))
+            self._bind(node.asname.name, None)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        self.names.add(node.name.value)
+        self.values.setdefault(node.name.value, []).append(None)
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.values.setdefault(node.name.value, []).append(None)
         return False
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self.names.update(assigned_names(node.target))
+        self._bind(node.target, None)
 
 
 def is_docstring(statement: cst.CSTNode) -> bool:

@@ -23,6 +23,7 @@ from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.known import Known, decide, holding
 from sdpa_port.analyse.cstutil import (
     assigned_names,
+    assigned_values,
     block_body,
     code,
     if_branches,
@@ -184,10 +185,12 @@ class Tracer:
         # k=True), v)`): `q @ k` on them is a product with the key transposed
         self.key_params = key_params
         # the rank of what the caller passes to a parameter (a helper's `query`, 4-D where forward built it so)
-        self.param_ranks = dict(param_ranks)
+        # (a parameter also bound otherwise than by `name = value`, by a `for` or tuple unpacking, has none)
+        rebound = {name for name, values in assigned_values([function.body]).items() if None in values}
+        self.param_ranks = {name: rank for name, rank in param_ranks if name not in rebound}
         self._ranking: set[str] = set()  # names whose rank is being read (`x = x * s` reads the x before)
         # per method read by `rank_in_method`: the method, and the values assigned to each name in it
-        self._assigned: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression]]]] = {}
+        self._assigned: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression | None]]]] = {}
         # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
         self.known = holding(known, block_body(function.body)) if known != Known() else known
         self.class_name = class_name
@@ -987,19 +990,16 @@ class Tracer:
             return self.rank_in_method(found[0], method, depth + 1)
         if isinstance(node, cst.Name):
             assigned = self.assigned_in(method).get(node.value, [])
-            ranks = {self.rank_in_method(value, method, depth + 1) for value in assigned}
+            ranks = {None if value is None else self.rank_in_method(value, method, depth + 1) for value in assigned}
             return ranks.pop() if len(ranks) == 1 else None
         return None
 
-    def assigned_in(self, method: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
-        """The values each name is assigned in `method` by a plain `name = value` (one walk per method)."""
+    def assigned_in(self, method: cst.FunctionDef) -> dict[str, list[cst.BaseExpression | None]]:
+        """The value of each binding of each name in `method`, None for one that is no plain `name = value` (one walk
+        per method)."""
         found = self._assigned.get(id(method))
         if found is None or found[0] is not method:
-            values: dict[str, list[cst.BaseExpression]] = {}
-            for a in nodes_of_type(method.body, cst.Assign):
-                if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name):
-                    values.setdefault(a.targets[0].target.value, []).append(a.value)
-            found = (method, values)
+            found = (method, assigned_values([method.body]))
             self._assigned[id(method)] = found
         return found[1]
 

@@ -88,6 +88,9 @@ def test_example_needs_its_form(form: forms.Form, example: Example, monkeypatch:
         ("query = query.flatten(0, 1)\nreturn query", None),  # assigned otherwise
         ("if flag:\n    query = query.flatten(0, 1)\nquery = query * 2\nreturn query", None),  # on one path only
         ("query = other\nreturn query", None),
+        ("for query in other:\n    pass\nreturn query", None),  # bound otherwise than by `name = value`
+        ("query, flag = other\nreturn query", None),
+        ("with other as query:\n    pass\nreturn query", None),
     ],
 )
 def test_a_helper_parameter_has_the_rank_the_caller_passes_while_it_holds_that_value(body: str, rank: int | None) -> None:
@@ -105,13 +108,17 @@ def test_a_helper_parameter_has_the_rank_the_caller_passes_while_it_holds_that_v
 
 def test_a_rank_passed_to_a_helper_is_read_only_from_names_forward_assigns() -> None:
     """`built` is 4-D wherever it is bound; forward's parameter `query` is whatever the caller gave until forward
-    reassigns it, which may be after the call: its assignments say nothing of the value passed."""
+    reassigns it, which may be after the call: its assignments say nothing of the value passed; `both` is also bound
+    by unpacking, which no reshape tells the rank of."""
     from sdpa_port.analyse.recognise import passed_ranks
 
     source = (
         "def forward(self, query):\n"
         "    built = query.view(1, 2, 3, 4)\n"
-        "    out = self.helper(query, built)\n"
+        "    both = query.view(1, 2, 3, 4)\n"
+        "    if query.dim() > 4:\n"
+        "        both, rest = query.unbind(0)\n"
+        "    out = self.helper(query, built, both)\n"
         "    query = query.view(1, 2, 3, 4)\n"
         "    return out\n"
     )
@@ -121,5 +128,6 @@ def test_a_rank_passed_to_a_helper_is_read_only_from_names_forward_assigns() -> 
     assert isinstance(forward, cst.FunctionDef)
     caller = t.Tracer(facts, None, forward)
     caller.run()
-    bound: dict[str, cst.BaseExpression] = {"a": cst.Name("query"), "b": cst.Name("built")}
+    # `both` is also bound by tuple unpacking, to a value of another rank: no rank for it
+    bound: dict[str, cst.BaseExpression] = {"a": cst.Name("query"), "b": cst.Name("built"), "c": cst.Name("both")}
     assert passed_ranks(bound, caller, forward) == (("b", 4),)
