@@ -76,6 +76,9 @@ class ClassAnalysis:
     # of those, the comparisons of the module's settings whose side holds another computation of the output as a
     # whole (`if self.num_landmarks == self.seq_len: <attention> else: <an approximation>`, `_one_branch`)
     alternatives: tuple[str, ...] = ()
+    # why the side of `alternatives` that stays eager cannot be ported (`_one_branch`): the refusal of the whole
+    # trace, told in the warning that the SDPA class falls back there
+    eager_side: Refusal | None = None
 
     @property
     def ported(self) -> bool:
@@ -353,6 +356,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
     head_masks: list[str] = sorted(known.none)
     flags: list[str] = sorted(known.falsy)
     alternatives: list[str] = []
+    eager_side: Refusal | None = None
     helper_calls: list[HelperCall] = []
     if inline and helpers:
         refusal = Refusal(Code.REPEATED, class_name, line_of(forward), "attention is computed both in forward and in a helper method")
@@ -366,6 +370,12 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
             branch = None if optional is not None else _one_branch(facts, class_name, forward, line_of)
             retried = optional or branch
             if retried is not None:
+                if retried is branch:
+                    eager_side = (
+                        Refusal(Code.REPEATED, class_name, inline[1].start_line, "forward computes several attentions")
+                        if candidate is None or candidate.poison is None
+                        else Refusal.of(candidate.poison, class_name, candidate.poison_line or candidate.start_line)
+                    )
                 known, result, candidate = retried
                 head_masks.extend(sorted(known.none))
                 flags.extend(sorted(known.falsy))
@@ -418,6 +428,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
         eager_only_params=tuple(dict.fromkeys(head_masks)),
         eager_only_flags=tuple(dict.fromkeys(flags)),
         alternatives=tuple(dict.fromkeys(alternatives)),
+        eager_side=eager_side,
         output_attentions=output_attentions,
     )
 
@@ -435,8 +446,8 @@ def _helper_calls(
     weights = weights_request(p.name.value for p in forward.params.params)
     for call in finder.calls:
         helper = helper_for(facts, class_name, call)
-        keys = key_layout_params(helper, call, caller) if helper is not None else frozenset()
         bound = bind_arguments(helper.function, helper.as_method_call(call)) if helper is not None else None
+        keys = key_layout_params(bound, caller)
         ranks = passed_ranks(bound, caller, forward)
         asked = _bound_to(helper, call, weights) if helper is not None and weights is not None else frozenset()
         key = (code(call.func), keys, asked, ranks)
@@ -491,10 +502,10 @@ def _bound_to(helper: Helper, call: cst.Call, name: str) -> frozenset[str]:
     return frozenset(param for param, value in bound.items() if m.matches(value, m.Name(name)))
 
 
-def key_layout_params(helper: Helper, call: cst.Call, caller: t.Tracer) -> frozenset[str]:
-    """The helper's parameters that this call passes a key laid out (..., dim, length), as the caller's trace
-    reads its argument (`self.split_heads(key, k=True)` permuting the features second to last)."""
-    bound = bind_arguments(helper.function, helper.as_method_call(call))
+def key_layout_params(bound: dict[str, cst.BaseExpression] | None, caller: t.Tracer) -> frozenset[str]:
+    """The helper's parameters that a call (its arguments `bound` to them) passes a key laid out (..., dim, length),
+    as the caller's trace reads its argument (`self.split_heads(key, k=True)` permuting the features second to
+    last)."""
     if bound is None:
         return frozenset()
     return frozenset(name for name, value in bound.items() if products.transposed_key(caller, value))

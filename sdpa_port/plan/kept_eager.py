@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import libcst as cst
+
+from sdpa_port.analyse.cstutil import code
+from sdpa_port.analyse.known import negated_comparison
 from sdpa_port.analyse.mask_flow import Kind, MaskFlow, reads_implementation
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.module_sites import typed_kwargs
@@ -38,11 +42,30 @@ class Split:
     standing: list[Refusal]
 
     def warnings(self) -> list[str]:
-        return [
+        kept = [
             f"{name} stays eager, the other attention classes are ported: {refusal} (nothing built per "
             "implementation reaches it)"
             for name, refusal in self.kept
         ]
+        # a port whose SDPA side of a test of the module's settings is the rare one (`if self.is_cross_attention:`)
+        # is exact, and does little for the other side: said, with why that side is not ported
+        sides = [
+            f"{a.class_name} computes its attention with SDPA only where "
+            f"{' and '.join(f'`{_negation(side)}`' for side in a.alternatives)}; otherwise it runs the eager computation: "
+            f"{a.eager_side}"
+            for a in self.ported
+            if a.alternatives and a.eager_side is not None
+        ]
+        return kept + sides
+
+
+def _negation(test: str) -> str:
+    """The test that holds where `test` (an alternative known false) does not: `self.x` for `not self.x`."""
+    node = cst.parse_expression(test)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+        return code(node.expression)
+    negated = negated_comparison(node)
+    return code(negated) if negated is not None else f"not {test}"
 
 
 def split_refused(facts: ModuleFacts, analyses: list[ClassAnalysis]) -> Split:

@@ -8,7 +8,6 @@ from typing import Sequence
 import libcst as cst
 
 from sdpa_port.analyse import trace as t
-from sdpa_port.analyse.forms import products
 from sdpa_port.analyse.cross import keys_aligned
 from sdpa_port.analyse.masked_rows import masked_rows_reason
 from sdpa_port.analyse.cstutil import (
@@ -22,7 +21,14 @@ from sdpa_port.analyse.cstutil import (
 )
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import walk_names
-from sdpa_port.analyse.recognise import ClassAnalysis, Helper, bind_arguments, passed_ranks, site_operands
+from sdpa_port.analyse.recognise import (
+    ClassAnalysis,
+    Helper,
+    bind_arguments,
+    key_layout_params,
+    passed_ranks,
+    site_operands,
+)
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.rewrite.sdpa_body import EmitOptions, MaskContract, SdpaEmitter, SideNames, function_names
@@ -205,7 +211,7 @@ class Inliner(StatementWalker):
             # the helper's docstring describes the helper, not the lines that now stand in for its call
             special = special.with_changes(body=special.body.with_changes(body=list(special_body[1:])))
         if self.options is not None:
-            keys = frozenset(name for name, value in bound.items() if products.transposed_key(self.caller(), value))
+            keys = key_layout_params(bound, self.caller())
             if self._aligned is None:  # a fact of the class, the same for every inlined call
                 self._aligned = keys_aligned_in(self.facts, self.analysis)
             ranks = passed_ranks(bound, self.caller(), self.forward)

@@ -267,3 +267,19 @@ def test_eager_attention_built_in_another_file_is_refused_not_unchanged() -> Non
     assert result.status is Status.REFUSED, (result.status, result.detail)
     assert [(r.code.code, r.where) for r in result.refusals] == [("W407", "BlockAttention")]
     assert result.source == ATTENTION_PY
+
+
+@pytest.mark.parametrize(
+    "test,holds",
+    [
+        ("not self.is_cross_attention", "self.is_cross_attention"),
+        ("self.num_landmarks != self.seq_len", "self.num_landmarks == self.seq_len"),
+        ("self.mode == 'exact'", "self.mode != 'exact'"),
+        ("self.flag", "not self.flag"),
+    ],
+)
+def test_the_fallback_warning_names_the_side_that_takes_sdpa(test: str, holds: str) -> None:
+    """An alternative is a test known false where SDPA runs: the warning names what holds there instead."""
+    from sdpa_port.plan.kept_eager import _negation
+
+    assert _negation(test) == holds

@@ -511,6 +511,11 @@ def test_an_exact_attention_beside_an_approximation_chosen_by_the_modules_settin
     assert "landmarks" not in sdpa_forward.split("falling back")[1].split("TINY_ATTENTION_CLASSES")[0].replace(
         "self.num_landmarks", ""
     )
+    # the warning says where SDPA runs and why the other side is not ported
+    assert ported.warnings == (
+        "TinyAttention computes its attention with SDPA only where `self.num_landmarks == self.seq_len`; otherwise "
+        "it runs the eager computation: TinyAttention (line 28): forward computes several attentions [S109]",
+    )
     by_length = LANDMARKS.replace("if self.num_landmarks == self.seq_len:", "if key.shape[2] == self.seq_len:")
     refused = port_source(by_length, style=Style.CLASS)
     assert refused.status is Status.REFUSED and "S109" in " ".join(refused.reasons)
