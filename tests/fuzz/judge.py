@@ -206,48 +206,65 @@ def flag_settings(spec: Spec) -> list[dict[str, bool]]:
     return [dict(zip(names, values)) for values in itertools.product((False, True), repeat=len(names))] or [{}]
 
 
-def compare_modules(spec: Spec, original: Any, ported: Any, tolerance: float = SDPA_TOLERANCE) -> Verdict:
-    """Run the original (eager) against the port (eager and SDPA) on every input and flag setting."""
-    import torch
-
+def built_models(
+    spec: Spec, original: Any, ported: Any, flags: dict[str, bool], training: bool = False, **settings: Any
+) -> Verdict | tuple[Any, Any, Any]:
+    """The original built eager with sharpened weights, and the port built eager and SDPA holding those weights, each
+    from a config of its own (`flags` and `settings` set on it), all in training or in eval; a verdict where one
+    does not build."""
     from sdpa_port.verify.checks import sharpen
 
+    def config() -> Any:
+        return original.FuzzConfig(add_cross_attention=spec.cross, **settings, **flags)
+
+    try:
+        reference = original.FuzzModel._from_config(config(), attn_implementation="eager")
+    except Exception as error:  # noqa: BLE001 - a generator bug
+        return Verdict("invalid", f"the original does not build: {type(error).__name__}: {error}")
+    sharpen(reference)
+    try:
+        eager = ported.FuzzModel._from_config(config(), attn_implementation="eager")
+        sdpa = ported.FuzzModel._from_config(config(), attn_implementation="sdpa")
+        eager.load_state_dict(reference.state_dict())
+        sdpa.load_state_dict(reference.state_dict())
+    except Exception as error:  # noqa: BLE001
+        return Verdict("crash", f"the port does not build: {type(error).__name__}: {error}")
+    return reference.train(training), eager.train(training), sdpa.train(training)
+
+
+def reference_cases(
+    spec: Spec, reference: Any, flags: dict[str, bool], verdict: Verdict
+) -> Iterator[tuple[Inputs, Any, str]]:
+    """Each input the original accepts, with its output, the positions to compare and a label; an input the original
+    refuses, or whose every position it leaves non-finite (-inf fills on fully masked rows), counts as skipped."""
+    import torch
+
+    for case in inputs_for(spec):
+        try:
+            expected = run(reference, case)
+        except Exception:  # noqa: BLE001 - the original does not accept this input (e.g. no mask)
+            verdict.skipped += 1
+            continue
+        keep = case.keep & torch.isfinite(expected.last_hidden_state).all(-1)
+        if not bool(keep.any()):
+            verdict.skipped += 1
+            continue
+        yield dataclasses.replace(case, keep=keep), expected, f"{case.name} {flags}" if flags else case.name
+
+
+def compare_modules(spec: Spec, original: Any, ported: Any, tolerance: float = SDPA_TOLERANCE) -> Verdict:
+    """Run the original (eager) against the port (eager and SDPA) on every input and flag setting."""
     verdict = Verdict("exact")
     ran_any = False
     for flags in flag_settings(spec):
-        def config() -> Any:
-            return original.FuzzConfig(add_cross_attention=spec.cross, **flags)
-
-        try:
-            reference = original.FuzzModel._from_config(config(), attn_implementation="eager").eval()
-        except Exception as error:  # noqa: BLE001 - a generator bug
-            return Verdict("invalid", f"the original does not build: {type(error).__name__}: {error}")
-        sharpen(reference)
-        state = reference.state_dict()
-        try:
-            eager = ported.FuzzModel._from_config(config(), attn_implementation="eager").eval()
-            sdpa = ported.FuzzModel._from_config(config(), attn_implementation="sdpa").eval()
-            eager.load_state_dict(state)
-            sdpa.load_state_dict(state)
-        except Exception as error:  # noqa: BLE001
-            return Verdict("crash", f"the port does not build: {type(error).__name__}: {error}")
+        built = built_models(spec, original, ported, flags)
+        if isinstance(built, Verdict):
+            return built
+        reference, eager, sdpa = built
         if sdpa.config._attn_implementation != "sdpa":
             return Verdict("inert", f"built with {sdpa.config._attn_implementation!r}")
-        for case in inputs_for(spec):
-            try:
-                expected = run(reference, case)
-            except Exception:  # noqa: BLE001 - the original does not accept this input (e.g. no mask)
-                verdict.skipped += 1
-                continue
-            # where the original itself gives NaN (-inf fills on fully masked rows) there is nothing to match; every
-            # other position is compared
-            keep = case.keep & torch.isfinite(expected.last_hidden_state).all(-1)
-            if not bool(keep.any()):
-                verdict.skipped += 1
-                continue
-            case = dataclasses.replace(case, keep=keep)
+        for case, expected, label in reference_cases(spec, reference, flags, verdict):
             ran_any = True
-            label = f"{case.name} {flags}" if flags else case.name
             try:
                 eager_out = run(eager, case)
             except Exception as error:  # noqa: BLE001
@@ -280,26 +297,16 @@ def compare_dropout(spec: Spec, original: Any, ported: Any) -> Verdict | None:
     SDPA applies that eager does not (or the reverse) leaves one of them without attention. None when they match."""
     if spec.dropout == "none":
         return None
-    import torch
-
     for flags in flag_settings(spec):
-        def config() -> Any:
-            return original.FuzzConfig(add_cross_attention=spec.cross, attention_dropout=1.0, **flags)
-
-        reference = original.FuzzModel._from_config(config(), attn_implementation="eager").train()
-        sdpa = ported.FuzzModel._from_config(config(), attn_implementation="sdpa").train()
-        sdpa.load_state_dict(reference.state_dict())
-        for case in inputs_for(spec):
-            try:
-                expected = run(reference, case)
-            except Exception:  # noqa: BLE001 - an input the original does not accept
-                continue
-            keep = case.keep & torch.isfinite(expected.last_hidden_state).all(-1)
+        built = built_models(spec, original, ported, flags, training=True, attention_dropout=1.0)
+        if isinstance(built, Verdict):
+            return built
+        reference, _, sdpa = built
+        for case, expected, label in reference_cases(spec, reference, flags, Verdict("exact")):
             with spying() as spy:
-                got = run(sdpa, dataclasses.replace(case, keep=keep))
-            gap = difference(expected, got, keep)
+                got = run(sdpa, case)
+            gap = difference(expected, got, case.keep)
             if spy.calls and gap > SDPA_TOLERANCE:
-                label = f"{case.name} {flags}" if flags else case.name
                 return Verdict("wrong", f"{label}: in training with dropout 1.0, SDPA differs from eager by {gap:.3g}")
     return None
 
