@@ -130,6 +130,17 @@ def _without_optional(
     """The trace of `forward` taking one optional argument (default None, tested with `is not None`) to be None,
     or one flag of the module that `__init__` sets to False (`self.save_attention`) to be false, when that leaves
     one attention computation SDPA can take."""
+    for known in _optional_facts(facts, class_name, forward):
+        result = t.Tracer(facts, class_name, forward, line_of, known=known).run()
+        inline = result.attention()
+        if len(inline) == 1 and inline[0].poison is None:
+            return known, result, inline[0]
+    return None
+
+
+def _optional_facts(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[Known]:
+    """The facts `_without_optional` tries, in order: each optional argument None, each flag off by default false,
+    each switch of the call false, the request for the weights false alone and with each of those."""
     tested = {
         node.left.value
         for node in nodes_of_type(forward.body, cst.Comparison)
@@ -178,20 +189,28 @@ def _without_optional(
         if len(switches) > 1:
             # fairseq's `need_head_weights` turns `need_weights` on: every switch off with the request
             trials.append(Known(falsy=switches | weights))
-    for known in trials:
-        result = t.Tracer(facts, class_name, forward, line_of, known=known).run()
-        inline = result.attention()
-        if len(inline) == 1 and inline[0].poison is None:
-            return known, result, inline[0]
-    return None
+    return trials
 
 
-def _one_branch(
-    facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf
-) -> tuple[Known, t.TraceResult, t.Candidate] | None:
+@dataclass(frozen=True)
+class OneBranch:
+    """What `_one_branch` found: the facts on the SDPA path (the side known false, with any optional fact), the trace
+    and its one attention, the side, and why the other side stays eager."""
+
+    known: Known
+    result: t.TraceResult
+    candidate: t.Candidate
+    side: str
+    eager_side: Refusal
+
+
+def _one_branch(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf) -> OneBranch | None:
     """Several attentions, one per side of a test of the module's own settings (`if self.num_landmarks ==
     self.seq_len:` exact attention, else an approximation): the trace taking the side with the one attention SDPA
-    can take, known through the comparison that sends the SDPA class back to eager otherwise."""
+    can take, known through the comparison that sends the SDPA class back to eager otherwise. Where that side's one
+    attention has a step only an optional argument or a switch of the call takes (`if return_scores: return
+    scores`), that fact is known too, as `_without_optional` tries them."""
+    optional: list[Known] | None = None
     for test in nodes_of_type(forward.body, cst.If):
         if not _settings_only(test.test):
             continue
@@ -199,13 +218,39 @@ def _one_branch(
             # a flag choosing between two computations, not a step only one setting takes (a hook, a talking-heads
             # projection: `_without_optional` tries those, off by default), nor the module's training mode
             continue
-        for other_side in _sides(test.test):
-            known = Known(falsy=frozenset({code(other_side)}))
+        sides = _sides(test.test)
+        for index, other_side in enumerate(sides):
+            side = code(other_side)
+            known = Known(falsy=frozenset({side}))
             result = t.Tracer(facts, class_name, forward, line_of, known=known).run()
             inline = result.attention()
+            if len(inline) != 1:
+                continue
+            if inline[0].poison is not None:
+                # one attention on this side, with a step an optional fact may rule out
+                optional = _optional_facts(facts, class_name, forward) if optional is None else optional
+                for extra in optional:
+                    known = Known(falsy=extra.falsy | {side}, none=extra.none)
+                    result = t.Tracer(facts, class_name, forward, line_of, known=known).run()
+                    inline = result.attention()
+                    if len(inline) == 1 and inline[0].poison is None:
+                        break
             if len(inline) == 1 and inline[0].poison is None:
-                return known, result, inline[0]
+                opposite = Known(falsy=(known.falsy - {side}) | {code(sides[1 - index])}, none=known.none)
+                return OneBranch(known, result, inline[0], side, _why_eager(facts, class_name, forward, line_of, opposite))
     return None
+
+
+def _why_eager(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf, known: Known) -> Refusal:
+    """Why the side of a settings test that `known` leaves is not ported: its one attention's refusal, or that it
+    computes several attentions, or another one."""
+    inline = t.Tracer(facts, class_name, forward, line_of, known=known).run().attention()
+    line = line_of(forward)
+    if len(inline) == 1 and inline[0].poison is not None:
+        return Refusal.of(inline[0].poison, class_name, inline[0].poison_line or inline[0].start_line)
+    if len(inline) > 1:
+        return Refusal(Code.REPEATED, class_name, inline[1].start_line, "that side computes several attentions")
+    return Refusal(Code.REPEATED, class_name, line, "that side computes the output another way")
 
 
 def one_side_helpers(facts: ModuleFacts, analysis: ClassAnalysis) -> ClassAnalysis | None:
@@ -368,19 +413,14 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
             # on the other side, or when that argument is given, as for a head mask
             optional = None if candidate is None else _without_optional(facts, class_name, forward, line_of)
             branch = None if optional is not None else _one_branch(facts, class_name, forward, line_of)
-            retried = optional or branch
+            retried = optional or (None if branch is None else (branch.known, branch.result, branch.candidate))
             if retried is not None:
-                if retried is branch:
-                    eager_side = (
-                        Refusal(Code.REPEATED, class_name, inline[1].start_line, "forward computes several attentions")
-                        if candidate is None or candidate.poison is None
-                        else Refusal.of(candidate.poison, class_name, candidate.poison_line or candidate.start_line)
-                    )
                 known, result, candidate = retried
                 head_masks.extend(sorted(known.none))
                 flags.extend(sorted(known.falsy))
-                if retried is branch:
-                    alternatives.extend(sorted(known.falsy))
+                if branch is not None:
+                    alternatives.append(branch.side)
+                    eager_side = branch.eager_side
         if candidate is None:
             refusal = Refusal(Code.REPEATED, class_name, inline[1].start_line, "forward computes several attentions")
         elif candidate.poison is not None:

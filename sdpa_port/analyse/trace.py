@@ -636,7 +636,12 @@ class Tracer:
         if not self.tests or not self.path or self.path[-1][1] != 0:
             return None
         test = self.tests[-1]
-        return test if p.reads_settings_only(test) and not self.chain_refs(test) else None
+        return test if self.reads_settings(test) else None
+
+    def reads_settings(self, test: cst.BaseExpression) -> bool:
+        """A test of the module's settings alone (`self.training`, `self.config.x`, with `not`/`and`/`or`), no chain
+        value among its reads: the same on every call of the module's forward."""
+        return p.reads_settings_only(test) and not self.chain_refs(test)
 
     def note_assignment(self, names: Sequence[str]) -> None:
         for name in names:

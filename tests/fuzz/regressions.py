@@ -450,6 +450,13 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
              placement="helper", flat_bias=True, returned_together=True, scores_returned=True),
         "exact", None,
     ),
+    # a settings branch (`if not self.approximate:` exact, else tanh) whose exact side returns its scores under a
+    # switch of the call (`if return_scores:`): was S109, since `_one_branch` tried the side alone; the side is now
+    # tried with each optional fact too, and the SDPA class falls back for either (seeds 206070, 206177)
+    "12z14: a switch of the call on the exact side of a settings branch, 4.x": (
+        Spec(settings_branch=True, switches="single"),
+        "exact", None,
+    ),
     # found by the fuzzer while 12l was written (seed 180293, wrong by 3.19): the class style's SDPA class reads a
     # None mask as causal only when the mask is added whenever forward runs; a mask added whenever the chain runs is
     # not enough, since the eager fallback of the other branch then gets None for a causal mask

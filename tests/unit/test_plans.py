@@ -511,15 +511,37 @@ def test_an_exact_attention_beside_an_approximation_chosen_by_the_modules_settin
     assert "landmarks" not in sdpa_forward.split("falling back")[1].split("TINY_ATTENTION_CLASSES")[0].replace(
         "self.num_landmarks", ""
     )
-    # the warning says where SDPA runs and why the other side is not ported
+    # the warning says where SDPA runs and why the other side is not ported (read from that side's trace)
     assert ported.warnings == (
         "TinyAttention computes its attention with SDPA only where `self.num_landmarks == self.seq_len`; otherwise "
-        "it runs the eager computation: TinyAttention (line 28): forward computes several attentions [S109]",
+        "it runs the eager computation: TinyAttention (line 30): the value operand depends on the scores [S111]",
     )
     by_length = LANDMARKS.replace("if self.num_landmarks == self.seq_len:", "if key.shape[2] == self.seq_len:")
     refused = port_source(by_length, style=Style.CLASS)
     assert refused.status is Status.REFUSED and "S109" in " ".join(refused.reasons)
 
+
+
+def test_the_exact_side_of_a_settings_test_may_hold_a_step_only_a_switch_of_the_call_takes() -> None:
+    """The exact side returns its scores when the call asks (`if return_scores: return scores`): that side alone is
+    not one attention SDPA can take, that side with the switch off is; the SDPA class falls back for either. A step
+    under a switch on by default stays refused, and the attention interface cannot fall back for a switch."""
+    switched = LANDMARKS.replace(
+        "output_attentions=False):", "output_attentions=False, return_scores=False):"
+    ).replace(
+        "            probs = nn.functional.softmax(scores, dim=-1)\n",
+        "            if return_scores:\n                return scores\n            probs = nn.functional.softmax(scores, dim=-1)\n",
+    )
+    assert "return_scores:" in switched
+    ported = port_source(switched, style=Style.CLASS)
+    assert ported.status is Status.PORTED, ported.reasons
+    assert "if output_attentions or return_scores or self.num_landmarks != self.seq_len:" in ported.source
+    # the attention interface cannot fall back to eager for a switch of the call
+    interface = port_source(switched, style=Style.INTERFACE)
+    assert interface.status is Status.REFUSED and "`return_scores`" in interface.reasons[0], interface.reasons
+    on_by_default = switched.replace("return_scores=False):", "return_scores=True):")
+    refused = port_source(on_by_default, style=Style.CLASS)
+    assert refused.status is Status.REFUSED, refused.source
 
 
 def test_a_settings_test_with_a_string_literal_renders_in_the_fallback_warning() -> None:

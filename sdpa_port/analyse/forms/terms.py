@@ -153,7 +153,7 @@ def setting_applied(tracer: Tracer, term: cst.BaseExpression, cid: int) -> cst.B
         checked = _only_not_none(part)
         if checked is not None and checked <= names:
             continue
-        if not p.reads_settings_only(part) or tracer.chain_refs(part):
+        if not tracer.reads_settings(part):
             return None
         settings.append(part)
     return p.joined(settings) if settings else None
