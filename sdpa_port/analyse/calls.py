@@ -8,6 +8,10 @@ port would be reported as done and never run SDPA. The calls are the ones `modul
 from __future__ import annotations
 
 import ast
+from typing import Sequence
+
+import libcst as cst
+import libcst.matchers as m
 
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.module_sites import ModuleCall, ModuleSites, parameter_default
@@ -92,3 +96,64 @@ def _rebinds(function: ast.FunctionDef, name: str) -> bool:
 
 def _is_true(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
+
+
+def sdpa_side_never_built(facts: ModuleFacts, class_name: str, alternatives: Sequence[str]) -> tuple[str, bool] | None:
+    """A side of a test of the module's settings that the SDPA class takes (`alternatives` are known false there) that
+    no construction of the class reaches: the test reads a flag `self.x` set from a constructor parameter with a
+    literal default, and every call building the class in this file leaves that parameter at a value taking the
+    other side (`if self.is_cross_attention:` SDPA, while the file builds the class for self-attention alone). The
+    flag (`self.x`) and the value every construction gives it; None when some construction may reach the side, or
+    none is found, or a value cannot be read."""
+    for alternative in alternatives:
+        test = cst.parse_expression(alternative)
+        wanted = True  # the flag's truth on the SDPA side: `not self.x` known false means `self.x` holds
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test = test.expression
+        else:
+            wanted = False
+        if not m.matches(test, m.Attribute(value=m.Name("self"))):
+            continue
+        assert isinstance(test, cst.Attribute)
+        given = _constructed_values(facts, class_name, test.attr.value)
+        if given and wanted not in given:
+            return f"self.{test.attr.value}", not wanted
+    return None
+
+
+def _constructed_values(facts: ModuleFacts, class_name: str, attribute: str) -> set[bool] | None:
+    """The truth every construction of `class_name` in this file gives `self.<attribute>`, where `__init__` sets it
+    from one of its parameters with a literal True/False default; None where any value cannot be read."""
+    values = facts.find_attribute_values(class_name, attribute)
+    found = facts.find_method(class_name, "__init__")
+    sites = facts.module_sites
+    if len(values) != 1 or not isinstance(values[0], cst.Name) or found is None or sites.subclasses(class_name) - {class_name}:
+        return None
+    name = values[0].value
+    params = [*found[1].params.params, *found[1].params.kwonly_params]
+    param = next((p for p in params if p.name.value == name), None)
+    if param is None or param.default is None or not m.matches(param.default, m.Name("True") | m.Name("False")):
+        return None
+    default = m.matches(param.default, m.Name("True"))
+    positional = [p.name.value for p in found[1].params.params][1:]
+    position = positional.index(name) if name in positional else None
+    out: set[bool] = set()
+    constructions = [c for c in sites.constructions() if c.class_name == class_name]
+    for construction in constructions:
+        call = construction.call
+        if call is None or any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            return None
+        keywords = [k.value for k in call.keywords if k.arg == name]
+        if keywords:
+            value: ast.expr | None = keywords[0]
+        elif position is not None and position < len(call.args):
+            value = call.args[position]
+        else:
+            value = None
+        if value is None:
+            out.add(default)
+        elif isinstance(value, ast.Constant) and isinstance(value.value, bool):
+            out.add(value.value)
+        else:
+            return None
+    return out

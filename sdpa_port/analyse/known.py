@@ -25,6 +25,16 @@ class Known:
 Decision = Union[bool, None]
 
 
+def negation(test: str) -> str:
+    """The test that holds where `test` (written out, as in `Known.falsy`) does not: `self.x` for `not self.x`,
+    `a != b` for `a == b`, otherwise `not test`."""
+    node = cst.parse_expression(test)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+        return code(node.expression)
+    negated = negated_comparison(node)
+    return code(negated) if negated is not None else f"not {test}"
+
+
 def negated_comparison(test: cst.BaseExpression) -> cst.Comparison | None:
     """`a != b` for `a == b` and the reverse; None for any other test."""
     if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:

@@ -12,7 +12,7 @@ there is not followed.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
 from sdpa_port.analyse.module_facts import ModuleFacts
@@ -51,6 +51,7 @@ class Construction:
     line: int
     site: Site | None
     is_causal: str | None  # the `is_causal=` argument it passes, as written; None when it passes none
+    call: ast.Call | None = field(default=None, compare=False)  # the call itself
 
     @property
     def pinned(self) -> bool:
@@ -207,17 +208,17 @@ class ModuleSites:
                     self._sites[key] = site
                     for call, names in calls:
                         for name in names:
-                            self._constructions.append(Construction(name, call.lineno, site, _causal_argument(call)))
+                            self._constructions.append(Construction(name, call.lineno, site, _causal_argument(call), call))
         # re-point constructions at the final (merged) site of their attribute
         self._constructions = [
-            Construction(c.class_name, c.line, self._sites[c.site.key] if c.site else None, c.is_causal)
+            Construction(c.class_name, c.line, self._sites[c.site.key] if c.site else None, c.is_causal, c.call)
             for c in self._constructions
         ]
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Call) and node not in attributed:
                 names = self._constructed_by(node.func, {})
                 for name in names:
-                    self._constructions.append(Construction(name, node.lineno, None, _causal_argument(node)))
+                    self._constructions.append(Construction(name, node.lineno, None, _causal_argument(node), node))
 
     def _stored_locals(
         self, function: ast.FunctionDef, aliases: Mapping[str, frozenset[str]]

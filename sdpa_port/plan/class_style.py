@@ -22,7 +22,7 @@ from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, site_operands
 from sdpa_port.analyse.site import TermKind
 from sdpa_port.analyse.selection import attention_dicts, supports_sdpa
-from sdpa_port.plan.gate import authors_refusal, selection_refusals
+from sdpa_port.plan.gate import authors_refusal, selection_refusals, unreached_side_refusal
 from sdpa_port.plan.kept_eager import split_refused
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.render import render_module
@@ -116,7 +116,7 @@ def plan_class_style(
     elsewhere: list[str] = []  # attention classes no class of this file builds
     for analysis in analyses:
         name = sdpa_class_name(analysis.class_name, facts)
-        inert = _always_asked_for_weights(facts, analysis)
+        inert = _always_asked_for_weights(facts, analysis) or unreached_side_refusal(facts, analysis)
         if inert is not None:
             reasons.append(inert)
             continue

@@ -7,7 +7,10 @@ import ast
 
 import libcst as cst
 
+from sdpa_port.analyse.calls import sdpa_side_never_built
+from sdpa_port.analyse.known import negation
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.recognise import ClassAnalysis
 from sdpa_port.analyse.selection import attention_dicts
 from sdpa_port.refusals import Code, Refusal
 
@@ -65,3 +68,22 @@ def selection_refusals(facts: ModuleFacts, attention_classes: set[str] | frozens
                 )
             )
     return out
+
+
+def unreached_side_refusal(facts: ModuleFacts, analysis: ClassAnalysis) -> Refusal | None:
+    """A port that computes with SDPA only on one side of a test of the module's settings (`ClassAnalysis.alternatives`)
+    that no construction of the class in this file reaches (`if self.is_cross_attention:` where every construction
+    builds self-attention): its SDPA path would never run, so the port would be inert."""
+    unreached = sdpa_side_never_built(facts, analysis.class_name, analysis.alternatives)
+    if unreached is None:
+        return None
+    flag, value = unreached
+    where = " and ".join(f"`{negation(side)}`" for side in analysis.alternatives)
+    why = f" ({analysis.eager_side})" if analysis.eager_side is not None else ""
+    return Refusal(
+        Code.SDPA_SIDE_UNBUILT,
+        analysis.class_name,
+        analysis.sites[0].line if analysis.sites else 0,
+        f"SDPA can run only where {where}, but every construction of {analysis.class_name} in this file sets `{flag}` "
+        f"to {value}: the other side stays eager{why}, so SDPA would never run",
+    )

@@ -61,6 +61,7 @@ from sdpa_port.rewrite.sdpa_forward import inline_helpers, keys_aligned_in, trac
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 from sdpa_port.plan.bool_masks import AddInsteadOfFill, Converted, converted_fill, unconvert
 from sdpa_port.plan.kept_eager import split_refused
+from sdpa_port.plan.gate import unreached_side_refusal
 from sdpa_port.plan.threading import plan_threading
 from sdpa_port.rewrite.layout import fresh_name, separated, with_star_kwargs
 from sdpa_port.rewrite.thread_kwargs import Threading, thread_kwargs
@@ -298,6 +299,9 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
     # a test of the module's settings whose other side computes the output some other way (an approximation, another
     # helper) keeps that side as written: only the side with the attention dispatches
     alternatives = Known(falsy=frozenset(analysis.alternatives))
+    unreached = unreached_side_refusal(facts, analysis)
+    if unreached is not None:
+        raise Refuse(unreached.code, unreached.detail)
     if analysis.eager_only_params or set(analysis.eager_only_flags) - alternatives.falsy:
         names = ", ".join(f"`{name}`" for name in (*analysis.eager_only_params, *analysis.eager_only_flags))
         raise Refuse(

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import libcst as cst
-
-from sdpa_port.analyse.cstutil import code
-from sdpa_port.analyse.known import negated_comparison
+from sdpa_port.analyse.known import negation
 from sdpa_port.analyse.mask_flow import Kind, MaskFlow, reads_implementation
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.module_sites import typed_kwargs
@@ -51,21 +48,12 @@ class Split:
         # is exact, and does little for the other side: said, with why that side is not ported
         sides = [
             f"{a.class_name} computes its attention with SDPA only where "
-            f"{' and '.join(f'`{_negation(side)}`' for side in a.alternatives)}; otherwise it runs the eager computation: "
+            f"{' and '.join(f'`{negation(side)}`' for side in a.alternatives)}; otherwise it runs the eager computation: "
             f"{a.eager_side}"
             for a in self.ported
             if a.alternatives and a.eager_side is not None
         ]
         return kept + sides
-
-
-def _negation(test: str) -> str:
-    """The test that holds where `test` (an alternative known false) does not: `self.x` for `not self.x`."""
-    node = cst.parse_expression(test)
-    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
-        return code(node.expression)
-    negated = negated_comparison(node)
-    return code(negated) if negated is not None else f"not {test}"
 
 
 def split_refused(facts: ModuleFacts, analyses: list[ClassAnalysis]) -> Split:

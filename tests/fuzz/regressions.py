@@ -457,6 +457,19 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(settings_branch=True, switches="single"),
         "exact", None,
     ),
+    # the SDPA class takes only the cross-attention side of `if self.is_cross_attention:` (the other side fills with
+    # a finite buffer, M201): ported, it was inert where the file builds no cross-attention (seeds 204161, 206111,
+    # 206127); refused W408 there, ported where a construction reaches that side
+    "12z15: the SDPA side of a settings test that no construction reaches, 4.x": (
+        Spec(causal="buffer", causal_guard="cross_pass_else", fill_value="masked_bias", mask_style="manual_float",
+             is_causal_attr=True),
+        "refused", "W408",
+    ),
+    "12z16: the SDPA side of a settings test that the cross-attention construction reaches, 4.x": (
+        Spec(causal="buffer", causal_guard="cross_pass_else", fill_value="masked_bias", mask_style="manual_float",
+             is_causal_attr=True, cross=True),
+        "exact", None,
+    ),
     # found by the fuzzer while 12l was written (seed 180293, wrong by 3.19): the class style's SDPA class reads a
     # None mask as causal only when the mask is added whenever forward runs; a mask added whenever the chain runs is
     # not enough, since the eager fallback of the other branch then gets None for a causal mask

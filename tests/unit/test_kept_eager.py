@@ -280,6 +280,6 @@ def test_eager_attention_built_in_another_file_is_refused_not_unchanged() -> Non
 )
 def test_the_fallback_warning_names_the_side_that_takes_sdpa(test: str, holds: str) -> None:
     """An alternative is a test known false where SDPA runs: the warning names what holds there instead."""
-    from sdpa_port.plan.kept_eager import _negation
+    from sdpa_port.analyse.known import negation
 
-    assert _negation(test) == holds
+    assert negation(test) == holds

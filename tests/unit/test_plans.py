@@ -798,3 +798,22 @@ def test_fairseq_style_switches_fall_back_together() -> None:
     live = FAIRSEQ_STYLE.replace("        if need_head_weights:\n            need_weights = True\n", "        need_weights = bool(attn_bias)\n")
     refused = port_source(live, style=Style.CLASS)
     assert refused.status is Status.REFUSED, refused.source  # assigned on every path: nothing known about it
+
+
+def test_a_port_whose_sdpa_side_no_construction_reaches_is_refused() -> None:
+    """SDPA can take only the cross-attention side of `if self.is_cross_attention:`. Built for self-attention alone,
+    the port would never run SDPA: refused (W408) in both styles. A construction for cross-attention, or one whose
+    flag is not a literal, may reach the SDPA side: ported."""
+    from test_refusal_docs import source_of
+
+    source = source_of("W408")
+    for style in (Style.CLASS, Style.INTERFACE):
+        refused = port_source(source, style=style)
+        assert [r.code.code for r in refused.refusals] == ["W408"], (style, refused.reasons)
+        assert "`self.is_cross_attention` to False" in refused.reasons[0] and "[S101]" in refused.reasons[0]
+    built = "        self.attention = TinyAttention(config)\n"
+    assert built in source
+    for construction in ("TinyAttention(config, True)", "TinyAttention(config, is_cross_attention=config.cross)"):
+        crossed = source.replace(built, built + f"        self.crossattention = {construction}\n")
+        ported = port_source(crossed, style=Style.CLASS)
+        assert ported.status is Status.PORTED, (construction, ported.reasons)
