@@ -98,7 +98,9 @@ def _is_true(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
 
 
-def sdpa_side_never_built(facts: ModuleFacts, class_name: str, alternatives: Sequence[str]) -> tuple[str, bool] | None:
+def sdpa_side_never_built(
+    facts: ModuleFacts, class_name: str, alternatives: Sequence[str]
+) -> tuple[str, bool] | None:
     """A side of a test of the module's settings that the SDPA class takes (`alternatives` are known false there) that
     no construction of the class reaches: the test reads a flag `self.x` set from a constructor parameter with a
     literal default, and every call building the class in this file leaves that parameter at a value taking the
@@ -127,7 +129,9 @@ def _constructed_values(facts: ModuleFacts, class_name: str, attribute: str) -> 
     values = facts.find_attribute_values(class_name, attribute)
     found = facts.find_method(class_name, "__init__")
     sites = facts.module_sites
-    if len(values) != 1 or not isinstance(values[0], cst.Name) or found is None or sites.subclasses(class_name) - {class_name}:
+    if len(values) != 1 or not isinstance(values[0], cst.Name) or found is None:
+        return None
+    if sites.subclasses(class_name) - {class_name}:  # a subclass built elsewhere in the file shares the flag
         return None
     name = values[0].value
     params = [*found[1].params.params, *found[1].params.kwonly_params]
@@ -141,7 +145,9 @@ def _constructed_values(facts: ModuleFacts, class_name: str, attribute: str) -> 
     constructions = [c for c in sites.constructions() if c.class_name == class_name]
     for construction in constructions:
         call = construction.call
-        if call is None or any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        if call is None or any(isinstance(a, ast.Starred) for a in call.args):
+            return None
+        if any(k.arg is None for k in call.keywords):  # `**kwargs` may carry the flag
             return None
         keywords = [k.value for k in call.keywords if k.arg == name]
         if keywords:

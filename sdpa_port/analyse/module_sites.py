@@ -208,7 +208,8 @@ class ModuleSites:
                     self._sites[key] = site
                     for call, names in calls:
                         for name in names:
-                            self._constructions.append(Construction(name, call.lineno, site, _causal_argument(call), call))
+                            causal = _causal_argument(call)
+                            self._constructions.append(Construction(name, call.lineno, site, causal, call))
         # re-point constructions at the final (merged) site of their attribute
         self._constructions = [
             Construction(c.class_name, c.line, self._sites[c.site.key] if c.site else None, c.is_causal, c.call)

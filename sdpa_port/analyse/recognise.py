@@ -76,8 +76,8 @@ class ClassAnalysis:
     # of those, the comparisons of the module's settings whose side holds another computation of the output as a
     # whole (`if self.num_landmarks == self.seq_len: <attention> else: <an approximation>`, `_one_branch`)
     alternatives: tuple[str, ...] = ()
-    # why the side of `alternatives` that stays eager cannot be ported (`_one_branch`): the refusal of the whole
-    # trace, told in the warning that the SDPA class falls back there
+    # why the side of `alternatives` that stays eager is not ported (`_one_branch`, read from that side's own trace):
+    # told in the warning that the SDPA class falls back there; None where that side computes no attention
     eager_side: Refusal | None = None
 
     @property
@@ -201,7 +201,7 @@ class OneBranch:
     result: t.TraceResult
     candidate: t.Candidate
     side: str
-    eager_side: Refusal
+    eager_side: Refusal | None
 
 
 def _one_branch(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf) -> OneBranch | None:
@@ -237,20 +237,22 @@ def _one_branch(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, l
                         break
             if len(inline) == 1 and inline[0].poison is None:
                 opposite = Known(falsy=(known.falsy - {side}) | {code(sides[1 - index])}, none=known.none)
-                return OneBranch(known, result, inline[0], side, _why_eager(facts, class_name, forward, line_of, opposite))
+                why = _why_eager(facts, class_name, forward, line_of, opposite)
+                return OneBranch(known, result, inline[0], side, why)
     return None
 
 
-def _why_eager(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf, known: Known) -> Refusal:
+def _why_eager(
+    facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf, known: Known
+) -> Refusal | None:
     """Why the side of a settings test that `known` leaves is not ported: its one attention's refusal, or that it
-    computes several attentions, or another one."""
+    computes several; None where it computes no attention, or one SDPA could take."""
     inline = t.Tracer(facts, class_name, forward, line_of, known=known).run().attention()
-    line = line_of(forward)
     if len(inline) == 1 and inline[0].poison is not None:
         return Refusal.of(inline[0].poison, class_name, inline[0].poison_line or inline[0].start_line)
     if len(inline) > 1:
         return Refusal(Code.REPEATED, class_name, inline[1].start_line, "that side computes several attentions")
-    return Refusal(Code.REPEATED, class_name, line, "that side computes the output another way")
+    return None
 
 
 def one_side_helpers(facts: ModuleFacts, analysis: ClassAnalysis) -> ClassAnalysis | None:

@@ -71,9 +71,10 @@ def selection_refusals(facts: ModuleFacts, attention_classes: set[str] | frozens
 
 
 def unreached_side_refusal(facts: ModuleFacts, analysis: ClassAnalysis) -> Refusal | None:
-    """A port that computes with SDPA only on one side of a test of the module's settings (`ClassAnalysis.alternatives`)
-    that no construction of the class in this file reaches (`if self.is_cross_attention:` where every construction
-    builds self-attention): its SDPA path would never run, so the port would be inert."""
+    """A port that computes with SDPA only on one side of a test of the module's settings
+    (`ClassAnalysis.alternatives`) that no construction of the class in this file reaches (`if
+    self.is_cross_attention:` where every construction builds self-attention): its SDPA path would never run, so the
+    port would be inert."""
     unreached = sdpa_side_never_built(facts, analysis.class_name, analysis.alternatives)
     if unreached is None:
         return None

@@ -48,8 +48,8 @@ class Split:
         # is exact, and does little for the other side: said, with why that side is not ported
         sides = [
             f"{a.class_name} computes its attention with SDPA only where "
-            f"{' and '.join(f'`{negation(side)}`' for side in a.alternatives)}; otherwise it runs the eager computation: "
-            f"{a.eager_side}"
+            f"{' and '.join(f'`{negation(side)}`' for side in a.alternatives)}; otherwise it runs the eager "
+            f"computation: {a.eager_side}"
             for a in self.ported
             if a.alternatives and a.eager_side is not None
         ]

@@ -530,7 +530,9 @@ def test_the_exact_side_of_a_settings_test_may_hold_a_step_only_a_switch_of_the_
         "output_attentions=False):", "output_attentions=False, return_scores=False):"
     ).replace(
         "            probs = nn.functional.softmax(scores, dim=-1)\n",
-        "            if return_scores:\n                return scores\n            probs = nn.functional.softmax(scores, dim=-1)\n",
+        "            if return_scores:\n"
+        "                return scores\n"
+        "            probs = nn.functional.softmax(scores, dim=-1)\n",
     )
     assert "return_scores:" in switched
     ported = port_source(switched, style=Style.CLASS)
