@@ -498,3 +498,43 @@ def test_a_config_switch_off_by_default_sends_the_sdpa_class_back_to_eager() -> 
     on = init.replace('getattr(config, "talking_head", False)', 'getattr(config, "talking_head", True)')
     refused = analyse(attention_module(body, init=on))
     assert refused is not None and refused.refusal is not None and refused.refusal.code.code == "S101"
+
+
+def test_assigned_values_marks_every_binding_that_is_no_plain_assignment() -> None:
+    """`assigned_values` gives each binding's value: the expression of `name = value` (each name of `a = b = v`),
+    None for every other kind, so that a reader of ranks or values can tell a name bound otherwise too."""
+    import libcst as cst
+
+    from sdpa_port.analyse.cstutil import all_assigned_names, assigned_values
+
+    source = (
+        "a = b = x.view(1, 2)\n"
+        "c, d = pair\n"
+        "a += 1\n"
+        "e: int = 3\n"
+        "for f in items:\n"
+        "    pass\n"
+        "with g() as h:\n"
+        "    pass\n"
+        "if (i := 4):\n"
+        "    pass\n"
+        "def j():\n"
+        "    k = 5\n"
+        "class L:\n"
+        "    m = 6\n"
+    )
+    values = assigned_values(cst.parse_module(source).body)
+    shown = {name: [None if v is None else cst.Module([]).code_for_node(v) for v in vs] for name, vs in values.items()}
+    assert shown == {
+        "a": ["x.view(1, 2)", None],
+        "b": ["x.view(1, 2)"],
+        "c": [None],
+        "d": [None],
+        "e": [None],
+        "f": [None],
+        "h": [None],
+        "i": [None],
+        "j": [None],
+        "L": [None],
+    }
+    assert all_assigned_names(cst.parse_module(source).body) == set(shown)
