@@ -186,7 +186,9 @@ class Tracer:
         self.key_params = key_params
         # the rank of what the caller passes to a parameter (a helper's `query`, 4-D where forward built it so)
         # (a parameter also bound otherwise than by `name = value`, by a `for` or tuple unpacking, has none)
-        rebound = {name for name, values in assigned_values([function.body]).items() if None in values}
+        rebound = (
+            {name for name, values in assigned_values([function.body]).items() if None in values} if param_ranks else set()
+        )
         self.param_ranks = {name: rank for name, rank in param_ranks if name not in rebound}
         self._ranking: set[str] = set()  # names whose rank is being read (`x = x * s` reads the x before)
         # per method read by `rank_in_method`: the method, and the values assigned to each name in it
