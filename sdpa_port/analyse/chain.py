@@ -46,6 +46,9 @@ class ChainVal:
     cid: int
     stage: Stage
     rank: int | None
+    # when the value was made (`Tracer.advance`, counting the statements that change a chain): a value made later
+    # from the same chain is further along it; not part of the value's identity
+    step: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)

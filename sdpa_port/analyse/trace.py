@@ -13,6 +13,7 @@ and the rewriting passes turn it into SDPA code.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from typing import Callable, Sequence
 
@@ -191,6 +192,9 @@ class Tracer:
         )
         self.param_ranks = {name: rank for name, rank in param_ranks if name not in rebound}
         self._ranking: set[str] = set()  # names whose rank is being read (`x = x * s` reads the x before)
+        self._steps = itertools.count(1)  # `ChainVal.step`
+        # a value's step -> the step of the value it was made from, and the expression that made it
+        self._made: dict[int, tuple[int, str]] = {}
         # per method read by `rank_in_method`: the method, and the values assigned to each name in it
         self._assigned: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression | None]]]] = {}
         # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
@@ -431,10 +435,38 @@ class Tracer:
             for name in names:
                 self.env[name] = base
             return
+        made = (base.step, code(value))
+        repeated = self._repeated(base, made, names[0])
+        if ops and repeated is not None:
+            # the statement before, repeated (FLAVA computes its softmax twice): an alias of what it made, its
+            # operations recorded once
+            self.plans[small] = ChainStmt([], names, depth, line)
+            self.env[names[0]] = repeated
+            self.note_assignment(names)
+            return
         self.record(base, ops, depth, line)
         self.plans[small] = ChainStmt(ops, names, depth, line)
-        self.env[names[0]] = self.advance(base, ops)
+        after = self.advance(base, ops)
+        self.env[names[0]] = after
+        if ops:
+            self._made[after.step] = made
         self.note_assignment(names)
+
+    def _repeated(self, base: ChainVal, made: tuple[int, str], target: str) -> ChainVal | None:
+        """The value `target` holds when an earlier statement made it from the same value by the same expression
+        (`probs = softmax(scores)` twice in a row), and no other name holds a value further along the chain."""
+        held = self.env.get(target)
+        if not isinstance(held, ChainVal) or held.cid != base.cid or self._made.get(held.step) != made:
+            return None
+        return held if self._later(base) == [target] else None
+
+    def _later(self, base: ChainVal) -> list[str]:
+        """The names holding a value further along `base`'s chain than `base`."""
+        return sorted(
+            name
+            for name, value in self.env.items()
+            if isinstance(value, ChainVal) and value.cid == base.cid and value.step > base.step
+        )
 
     def aug_assign(self, small: cst.AugAssign, depth: int, line: int) -> None:
         target = small.target
@@ -609,7 +641,7 @@ class Tracer:
     # -------------------------------------------------------------- bookkeeping
 
     def advance(self, base: ChainVal, ops: Sequence[Op]) -> ChainVal:
-        value = base
+        value = replace(base, step=next(self._steps)) if ops else base
         for op in ops:
             if isinstance(op, Softmax):
                 value = replace(value, stage=PROBS)
@@ -621,6 +653,17 @@ class Tracer:
 
     def record(self, base: ChainVal, ops: Sequence[Op], depth: int, line: int) -> None:
         candidate = self.candidates[base.cid]
+        later = self._later(base)
+        if ops and later:
+            # the chain forks: a name holds a value further along it than the one this statement goes on from, so
+            # the operations recorded for the chain would mix two computations (`other = scores + bias` then
+            # `scores = scores + bias` would add the bias twice)
+            candidate.poisoned(
+                Code.SCORES_READ,
+                f"the {base.stage.value} fork: `{later[0]}` holds a later value of them than the one this statement "
+                "goes on from",
+                line,
+            )
         for op in ops:
             candidate.ops.append((op, depth, line))
             if isinstance(op, Softmax):

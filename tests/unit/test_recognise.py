@@ -538,3 +538,39 @@ def test_assigned_values_marks_every_binding_that_is_no_plain_assignment() -> No
         "L": [None],
     }
     assert all_assigned_names(cst.parse_module(source).body) == set(shown)
+
+
+FORKED = """
+scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(query.size(-1))
+{fork}
+probs = nn.functional.softmax(scores, dim=-1)
+return torch.matmul(probs, value), probs
+"""
+
+
+@pytest.mark.parametrize(
+    "fork,refused",
+    [
+        # a second name goes on from the scores, and the chain goes on from the earlier value: the operations
+        # recorded for the chain would hold both (the bias added twice, the scores doubled)
+        ("other = scores + attention_mask\nscores = scores + attention_mask", True),
+        ("other = scores * 2\nscores = scores + attention_mask", True),
+        ("first = scores + query @ key.transpose(-1, -2)\nscores = query @ key.transpose(-1, -2) + scores", True),
+        # an alias, and an earlier statement repeated (FLAVA's softmax twice): one computation
+        ("other = scores\nscores = other + attention_mask", False),
+        ("other = scores + attention_mask\nother = scores + attention_mask\nscores = other", False),
+        ("scores = scores + attention_mask\nscores = scores + attention_mask", False),  # in turn: added twice
+        ("probs = nn.functional.softmax(scores, dim=-1)", False),  # the softmax below repeats it
+    ],
+)
+def test_scores_that_fork_into_two_computations_are_refused(fork: str, refused: bool) -> None:
+    analysis = analyse(attention_module(FORKED.format(fork=fork), init=INIT))
+    assert analysis is not None
+    if refused:
+        assert analysis.refusal is not None and "fork" in analysis.refusal.detail, analysis.refusal
+        assert analysis.refusal.code.code == "S104"
+        return
+    assert analysis.refusal is None, str(analysis.refusal)
+    (site,) = analysis.sites
+    added = fork.count("scores + attention_mask") if "other" not in fork else 1
+    assert [t.expression for t in site.terms] == ["attention_mask"] * added
