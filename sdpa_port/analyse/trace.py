@@ -72,6 +72,8 @@ from sdpa_port.analyse.forms import FORMS, fills, products, scales, terms
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.refusals import Code
 
+Made = tuple[int, str, tuple[tuple[str, int], ...]]  # how a chain value was made, see `Tracer._made`
+
 # the chain's values and operations are read across the package as `trace.X`
 __all__ = [
     "OUT",
@@ -193,8 +195,9 @@ class Tracer:
         self.param_ranks = {name: rank for name, rank in param_ranks if name not in rebound}
         self._ranking: set[str] = set()  # names whose rank is being read (`x = x * s` reads the x before)
         self._steps = itertools.count(1)  # `ChainVal.step`
-        # a value's step -> the step of the value it was made from, and the expression that made it
-        self._made: dict[int, tuple[int, str]] = {}
+        # a value's step -> the step of the value it was made from, the expression that made it, and how often each
+        # name the expression reads had been assigned
+        self._made: dict[int, Made] = {}
         # per method read by `rank_in_method`: the method, and the values assigned to each name in it
         self._assigned: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression | None]]]] = {}
         # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
@@ -435,7 +438,9 @@ class Tracer:
             for name in names:
                 self.env[name] = base
             return
-        made = (base.step, code(value))
+        # what makes the value: the chain value it goes on from, the expression, and how often each name it reads has
+        # been assigned so far (a name assigned in between makes the same text another value)
+        made = (base.step, code(value), tuple(sorted((n, self.assignments.get(n, 0)) for n in _names_in(value))))
         repeated = self._repeated(base, made, names[0])
         if ops and repeated is not None:
             # the statement before, repeated (FLAVA computes its softmax twice): an alias of what it made, its
@@ -452,9 +457,10 @@ class Tracer:
             self._made[after.step] = made
         self.note_assignment(names)
 
-    def _repeated(self, base: ChainVal, made: tuple[int, str], target: str) -> ChainVal | None:
-        """The value `target` holds when an earlier statement made it from the same value by the same expression
-        (`probs = softmax(scores)` twice in a row), and no other name holds a value further along the chain."""
+    def _repeated(self, base: ChainVal, made: Made, target: str) -> ChainVal | None:
+        """The value `target` holds when an earlier statement made it from the same value by the same expression,
+        none of whose names has been assigned since (`probs = softmax(scores)` twice in a row), and no other name
+        holds a value further along the chain."""
         held = self.env.get(target)
         if not isinstance(held, ChainVal) or held.cid != base.cid or self._made.get(held.step) != made:
             return None

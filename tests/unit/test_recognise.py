@@ -559,6 +559,12 @@ return torch.matmul(probs, value), probs
         # an alias, and an earlier statement repeated (FLAVA's softmax twice): one computation
         ("other = scores\nscores = other + attention_mask", False),
         ("other = scores + attention_mask\nother = scores + attention_mask\nscores = other", False),
+        # the same text, but a name it reads assigned in between: another value, so a fork
+        (
+            "other = scores + attention_mask\nattention_mask = attention_mask * 2\n"
+            "other = scores + attention_mask\nscores = other",
+            True,
+        ),
         ("scores = scores + attention_mask\nscores = scores + attention_mask", False),  # in turn: added twice
         ("probs = nn.functional.softmax(scores, dim=-1)", False),  # the softmax below repeats it
     ],
