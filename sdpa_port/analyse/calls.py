@@ -13,6 +13,7 @@ from typing import Sequence
 import libcst as cst
 import libcst.matchers as m
 
+from sdpa_port.analyse.known import false_flag
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.module_sites import ModuleCall, ModuleSites, parameter_default
 
@@ -45,15 +46,10 @@ def _passes_true(
     default: ast.expr | None,
     seen: frozenset[str],
 ) -> bool:
-    value: ast.expr | None = default
-    keywords = [k for k in call.keywords if k.arg == parameter]
-    positional = [a for a in call.args if not isinstance(a, ast.Starred)]
-    if keywords:
-        value = keywords[0].value
-    elif position is not None and position < len(positional):
-        value = positional[position]
-    elif any(k.arg is None for k in call.keywords) or len(positional) < len(call.args):
+    readable, value = _passed_value(call.args, call.keywords, parameter, position)
+    if not readable:
         return False  # `**kwargs` or `*args` may carry it
+    value = value if value is not None else default
     if value is None:
         return False
     if _is_true(value):
@@ -98,6 +94,24 @@ def _is_true(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
 
 
+def _passed_value(
+    args: Sequence[ast.expr], keywords: Sequence[ast.keyword], parameter: str, position: int | None
+) -> tuple[bool, ast.expr | None]:
+    """Whether what a call (its `args` and `keywords`) passes for `parameter` (by keyword, else at `position` among the positional arguments)
+    can be read, and the value passed (None: none, the default holds). Unreadable where `*args` or `**kwargs` may
+    carry it; an argument before them cannot be carried twice."""
+    named = [k.value for k in keywords if k.arg == parameter]
+    if named:
+        return True, named[0]
+    starred = [i for i, a in enumerate(args) if isinstance(a, ast.Starred)]
+    fixed = starred[0] if starred else len(args)  # the arguments whose position is known
+    if position is not None and position < fixed:
+        return True, args[position]
+    if starred or any(k.arg is None for k in keywords):
+        return False, None
+    return True, None
+
+
 def sdpa_side_never_built(
     facts: ModuleFacts, class_name: str, alternatives: Sequence[str]
 ) -> tuple[str, bool] | None:
@@ -108,18 +122,13 @@ def sdpa_side_never_built(
     flag (`self.x`) and the value every construction gives it; None when some construction may reach the side, or
     none is found, or a value cannot be read."""
     for alternative in alternatives:
-        test = cst.parse_expression(alternative)
-        wanted = True  # the flag's truth on the SDPA side: `not self.x` known false means `self.x` holds
-        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-            test = test.expression
-        else:
-            wanted = False
-        if not m.matches(test, m.Attribute(value=m.Name("self"))):
+        flag = false_flag(alternative)
+        if flag is None:
             continue
-        assert isinstance(test, cst.Attribute)
-        given = _constructed_values(facts, class_name, test.attr.value)
+        attribute, wanted = flag
+        given = _constructed_values(facts, class_name, attribute)
         if given and wanted not in given:
-            return f"self.{test.attr.value}", not wanted
+            return f"self.{attribute}", not wanted
     return None
 
 
@@ -142,20 +151,12 @@ def _constructed_values(facts: ModuleFacts, class_name: str, attribute: str) -> 
     positional = [p.name.value for p in found[1].params.params][1:]
     position = positional.index(name) if name in positional else None
     out: set[bool] = set()
-    constructions = [c for c in sites.constructions() if c.class_name == class_name]
-    for construction in constructions:
-        call = construction.call
-        if call is None or any(isinstance(a, ast.Starred) for a in call.args):
+    for construction in (c for c in sites.constructions() if c.class_name == class_name):
+        if construction.call is None:
             return None
-        if any(k.arg is None for k in call.keywords):  # `**kwargs` may carry the flag
+        readable, value = _passed_value(construction.call.args, construction.call.keywords, name, position)
+        if not readable:
             return None
-        keywords = [k.value for k in call.keywords if k.arg == name]
-        if keywords:
-            value: ast.expr | None = keywords[0]
-        elif position is not None and position < len(call.args):
-            value = call.args[position]
-        else:
-            value = None
         if value is None:
             out.add(default)
         elif isinstance(value, ast.Constant) and isinstance(value.value, bool):

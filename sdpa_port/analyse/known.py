@@ -35,6 +35,24 @@ def negation(test: str) -> str:
     return code(negated) if negated is not None else f"not {test}"
 
 
+def holds_where(alternatives: Sequence[str]) -> str:
+    """Where the SDPA side of settings tests holds, written for a message: each known-false test negated, quoted and
+    joined (`self.x` and `a != b`)."""
+    return " and ".join(f"`{negation(side)}`" for side in alternatives)
+
+
+def false_flag(test: str) -> tuple[str, bool] | None:
+    """A known-false test of one flag of the module, read: `self.x` gives ("x", False) and `not self.x` gives ("x",
+    True), the flag's truth where the test is false; None for any other test."""
+    node = cst.parse_expression(test)
+    truth = False
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+        node, truth = node.expression, True
+    if isinstance(node, cst.Attribute) and m.matches(node.value, m.Name("self")):
+        return node.attr.value, truth
+    return None
+
+
 def negated_comparison(test: cst.BaseExpression) -> cst.Comparison | None:
     """`a != b` for `a == b` and the reverse; None for any other test."""
     if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:

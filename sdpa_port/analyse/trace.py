@@ -440,9 +440,10 @@ class Tracer:
             return
         # what makes the value: the chain value it goes on from, the expression, and how often each name it reads has
         # been assigned so far (a name assigned in between makes the same text another value)
-        made = (base.step, code(value), tuple(sorted((n, self.assignments.get(n, 0)) for n in _names_in(value))))
-        repeated = self._repeated(base, made, names[0])
-        if ops and repeated is not None:
+        # (only a statement with operations makes a value that a later one can repeat)
+        made = self._making(base, value) if ops else None
+        repeated = self._repeated(base, made, names[0]) if made is not None else None
+        if repeated is not None:
             # the statement before, repeated (FLAVA computes its softmax twice): an alias of what it made, its
             # operations recorded once
             self.plans[small] = ChainStmt([], names, depth, line)
@@ -453,9 +454,12 @@ class Tracer:
         self.plans[small] = ChainStmt(ops, names, depth, line)
         after = self.advance(base, ops)
         self.env[names[0]] = after
-        if ops:
+        if made is not None:
             self._made[after.step] = made
         self.note_assignment(names)
+
+    def _making(self, base: ChainVal, value: cst.BaseExpression) -> Made:
+        return base.step, code(value), tuple(sorted((n, self.assignments.get(n, 0)) for n in _names_in(value)))
 
     def _repeated(self, base: ChainVal, made: Made, target: str) -> ChainVal | None:
         """The value `target` holds when an earlier statement made it from the same value by the same expression,

@@ -8,7 +8,7 @@ import ast
 import libcst as cst
 
 from sdpa_port.analyse.calls import sdpa_side_never_built
-from sdpa_port.analyse.known import negation
+from sdpa_port.analyse.known import holds_where
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.recognise import ClassAnalysis
 from sdpa_port.analyse.selection import attention_dicts
@@ -79,7 +79,7 @@ def unreached_side_refusal(facts: ModuleFacts, analysis: ClassAnalysis) -> Refus
     if unreached is None:
         return None
     flag, value = unreached
-    where = " and ".join(f"`{negation(side)}`" for side in analysis.alternatives)
+    where = holds_where(analysis.alternatives)
     why = f" ({analysis.eager_side})" if analysis.eager_side is not None else ""
     return Refusal(
         Code.SDPA_SIDE_UNBUILT,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sdpa_port.analyse.known import negation
+from sdpa_port.analyse.known import holds_where
 from sdpa_port.analyse.mask_flow import Kind, MaskFlow, reads_implementation
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.module_sites import typed_kwargs
@@ -48,7 +48,7 @@ class Split:
         # is exact, and does little for the other side: said, with why that side is not ported
         sides = [
             f"{a.class_name} computes its attention with SDPA only where "
-            f"{' and '.join(f'`{negation(side)}`' for side in a.alternatives)}; otherwise it runs the eager "
+            f"{holds_where(a.alternatives)}; otherwise it runs the eager "
             f"computation: {a.eager_side}"
             for a in self.ported
             if a.alternatives and a.eager_side is not None

@@ -819,3 +819,14 @@ def test_a_port_whose_sdpa_side_no_construction_reaches_is_refused() -> None:
         crossed = source.replace(built, built + f"        self.crossattention = {construction}\n")
         ported = port_source(crossed, style=Style.CLASS)
         assert ported.status is Status.PORTED, (construction, ported.reasons)
+    # how each construction passes the flag: read where no `*args`/`**kwargs` can carry it, or it comes before them
+    for construction, code_ in (
+        ("TinyAttention(config, is_cross_attention=False, **options)", "W408"),
+        ("TinyAttention(config, False, *options)", "W408"),
+        ("TinyAttention(config, **options)", None),
+        ("TinyAttention(config, *options)", None),
+        ("TinyAttention(*options, is_cross_attention=True)", None),
+    ):
+        passed = source.replace(built, f"        options = {{}}\n        self.attention = {construction}\n")
+        result = port_source(passed, style=Style.CLASS)
+        assert [r.code.code for r in result.refusals] == ([code_] if code_ else []), (construction, result.reasons)
