@@ -686,7 +686,7 @@ def describe(
     head_mask: str | None = None
     causal = CausalSource.NONE
     output_line = candidate.start_line
-    value = ""
+    values: list[str] = []  # of each product with V
     layout = Layout.HEADS if start.rank in (4, None) else Layout.FLAT
     query_scale = start.query_scale
     if query_scale is not None:
@@ -734,8 +734,9 @@ def describe(
                 if op.heads is not None:
                     layout = Layout.FLAT_TO_HEADS
             case t.Output():
-                output_line = line
-                value = code(op.value)
+                if not values:
+                    output_line = line
+                values.append(code(op.value))
             case t.Start() | t.Shift():
                 pass
             case _:
@@ -750,7 +751,7 @@ def describe(
         output_line=output_line,
         query=code(start.query),
         key=code(start.key),
-        value=value,
+        value=values[0] if values else "",
         product=start.product.form,
         layout=layout,
         scaling=tuple(scaling),
@@ -763,6 +764,7 @@ def describe(
         zero_rows=zero_rows,
         causal=causal,
         returns_weights=bool(result.probs_names_after_output),
+        more_values=tuple(values[1:]),
     )
 
 

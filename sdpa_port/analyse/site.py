@@ -91,6 +91,9 @@ class AttentionSite:
     causal: CausalSource
     returns_weights: bool
     zero_rows: bool = False  # the probabilities are zeroed at masked keys: rows masked whole give 0
+    # the values of further products with the same probabilities (LiLT's text values beside its layout values): one
+    # SDPA call each, with the same query, key, mask and scale
+    more_values: tuple[str, ...] = ()
 
     @property
     def scale_summary(self) -> str:
@@ -103,7 +106,8 @@ class AttentionSite:
     def describe(self) -> str:
         lines = [
             f"{self.class_name}.{self.method} (line {self.line}-{self.output_line})",
-            f"  q, k, v: {self.query}, {self.key}, {self.value}  [{self.product.value}, {self.layout.value}]",
+            f"  q, k, v: {self.query}, {self.key}, {', '.join((self.value, *self.more_values))}  "
+            f"[{self.product.value}, {self.layout.value}]",
             f"  scale: {self.scale_summary}",
         ]
         for term in self.terms:

@@ -70,9 +70,8 @@ from sdpa_port.analyse.chain import (  # the chain's values and operations, used
 )
 from sdpa_port.analyse.forms import FORMS, fills, products, scales, terms
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.remakes import Branch, Made, Remakes
 from sdpa_port.refusals import Code
-
-Made = tuple[int, str, tuple[tuple[str, int], ...]]  # how a chain value was made, see `Tracer._made`
 
 # the chain's values and operations are read across the package as `trace.X`
 __all__ = [
@@ -195,9 +194,10 @@ class Tracer:
         self.param_ranks = {name: rank for name, rank in param_ranks if name not in rebound}
         self._ranking: set[str] = set()  # names whose rank is being read (`x = x * s` reads the x before)
         self._steps = itertools.count(1)  # `ChainVal.step`
-        # a value's step -> the step of the value it was made from, the expression that made it, and how often each
-        # name the expression reads had been assigned
-        self._made: dict[int, Made] = {}
+        self.remakes = Remakes()  # values made again by an equivalent statement
+        # per chain that reached a product with V: how the probabilities that reached it were made, and the dropout
+        # draw of each product with them
+        self._outputs: dict[int, tuple[Made, list[int | None]]] = {}
         # per method read by `rank_in_method`: the method, and the values assigned to each name in it
         self._assigned: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression | None]]]] = {}
         # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
@@ -216,6 +216,7 @@ class Tracer:
         self.tests: list[cst.BaseExpression] = []
         # (id of the `if`, branch index) of the enclosing if/elif/else branches; `tests` holds the if/elif tests
         self.path: list[tuple[int, int]] = []
+        self.branches: list[Branch] = []  # the same branches, by their tests (for `remakes`)
         self.assignments: dict[str, int] = {}  # how often each name has been assigned so far
         self.output_seen = False
         self.probs_after_output: set[str] = set()
@@ -329,7 +330,9 @@ class Tracer:
             if test is not None:
                 self.tests.append(test)
             self.path.append((id(node), index))
+            self.branches.append(branch_of(branches, index))
             self.block(body, depth + 1)
+            self.branches.pop()
             self.path.pop()
             if test is not None:
                 self.tests.pop()
@@ -415,7 +418,7 @@ class Tracer:
         if output is not None:
             self.output_statement(small, value, output, names, depth, line)
             return
-        if self.reads_only_weights(value):
+        if self.reads_only_weights(value) and not self.remade(value, line):
             if not self.weights_passed_along(value):
                 for cid in self.chain_value_refs(value):
                     self.candidates[cid].poisoned(
@@ -438,44 +441,37 @@ class Tracer:
             for name in names:
                 self.env[name] = base
             return
-        # what makes the value: the chain value it goes on from, the expression, and how often each name it reads has
-        # been assigned so far (a name assigned in between makes the same text another value)
-        # (only a statement with operations makes a value that a later one can repeat)
-        made = self._making(base, value) if ops else None
-        repeated = self._repeated(base, made, names[0]) if made is not None else None
-        if repeated is not None:
-            # the statement before, repeated (FLAVA computes its softmax twice): an alias of what it made, its
-            # operations recorded once
-            self.plans[small] = ChainStmt([], names, depth, line)
-            self.env[names[0]] = repeated
-            self.note_assignment(names)
-            return
-        self.record(base, ops, depth, line)
-        self.plans[small] = ChainStmt(ops, names, depth, line)
+        # how the value is made: an earlier statement that made it the same way makes this one a remake (FLAVA
+        # computes its softmax twice, LiLT its masked scores once per stream), the operations recorded once
+        made = self.remakes.key(base, value, self.env, self.assignments, self.branches) if ops else None
+        remade = self.remakes.first(made) if made is not None else None
+        if remade is None:
+            self.record(base, ops, depth, line)
+        self.plans[small] = ChainStmt(ops if remade is None else [], names, depth, line)
         after = self.advance(base, ops)
+        if ops:
+            self.remakes.note(base, after.step, ops, made, remade)
         self.env[names[0]] = after
-        if made is not None:
-            self._made[after.step] = made
         self.note_assignment(names)
 
-    def _making(self, base: ChainVal, value: cst.BaseExpression) -> Made:
-        return base.step, code(value), tuple(sorted((n, self.assignments.get(n, 0)) for n in _names_in(value)))
-
-    def _repeated(self, base: ChainVal, made: Made, target: str) -> ChainVal | None:
-        """The value `target` holds when an earlier statement made it from the same value by the same expression,
-        none of whose names has been assigned since (`probs = softmax(scores)` twice in a row), and no other name
-        holds a value further along the chain."""
-        held = self.env.get(target)
-        if not isinstance(held, ChainVal) or held.cid != base.cid or self._made.get(held.step) != made:
-            return None
-        return held if self._later(base) == [target] else None
+    def remade(self, value: cst.BaseExpression, line: int) -> bool:
+        """The expression makes again a value of a chain an earlier statement made (after LiLT's product with its
+        layout values, the dropout of the probabilities for the text values)."""
+        try:
+            base, ops = self.decompose(value, line)
+        except (NotChain, Poison):
+            return False
+        made = self.remakes.key(base, value, self.env, self.assignments, self.branches)
+        return bool(ops) and self.remakes.first(made) is not None
 
     def _later(self, base: ChainVal) -> list[str]:
-        """The names holding a value further along `base`'s chain than `base`."""
+        """The names holding a value further along `base`'s chain than `base` (remade values stand where the value
+        they make again stands)."""
+        place = self.remakes.canonical(base.step)
         return sorted(
             name
             for name, value in self.env.items()
-            if isinstance(value, ChainVal) and value.cid == base.cid and value.step > base.step
+            if isinstance(value, ChainVal) and value.cid == base.cid and self.remakes.canonical(value.step) > place
         )
 
     def aug_assign(self, small: cst.AugAssign, depth: int, line: int) -> None:
@@ -582,8 +578,13 @@ class Tracer:
             raise AssertionError(str(error))
         if self.advance(base, ops).stage != PROBS:
             self.candidates[base.cid].poisoned(Code.SOFTMAX_DIM, "the scores reach the product with V without a softmax", line)
-        if self.candidates[base.cid].stage == OUT:
-            self.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the probabilities are multiplied by a second tensor", line)
+        probabilities = self.remakes.key(base, product.left, self.env, self.assignments, self.branches)
+        draw = next(self._steps) if any(isinstance(op, Dropout) for op in ops) else self.remakes.draw(base.step)
+        again = self.candidates[base.cid].stage == OUT
+        if again:
+            self.second_output(base.cid, probabilities, draw, line)
+        else:
+            self._outputs[base.cid] = (probabilities, [draw])
         if self.chain_refs(product.right):
             self.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
         rank = product.rank if product.rank is not None else base.rank
@@ -594,8 +595,9 @@ class Tracer:
                 rank, order, value_order = roles.rank, roles.result, roles.right
                 operand = p.permuted(product.right, value_order)
         output = Output(product, node, operand, rank, order, value_order)
-        self.record(base, [*ops, output], depth, line)
-        self.plans[small] = OutputStmt(list(ops), output, depth, line)
+        # a further product with the same probabilities records only itself: its SDPA call repeats the first's
+        self.record(base, [output] if again else [*ops, output], depth, line)
+        self.plans[small] = OutputStmt([] if again else list(ops), output, depth, line)
         candidate = self.candidates[base.cid]
         candidate.stage = OUT
         self.output_seen = True
@@ -609,6 +611,21 @@ class Tracer:
         for name in names:
             self.env.pop(name, None)
         self.note_assignment(names)
+
+    def second_output(self, cid: int, probabilities: Made, draw: int | None, line: int) -> None:
+        """A further product with V of a chain's probabilities: an SDPA call of its own with the same query, key,
+        mask and scale (LiLT's text and layout values), where the probabilities are those the first product took,
+        made the same way, and, if dropped out, by a draw of their own (each SDPA call draws its own dropout)."""
+        first, draws = self._outputs.get(cid, (None, []))
+        if probabilities != first:
+            self.candidates[cid].poisoned(Code.VALUE_SIDE, "the probabilities are multiplied by a second tensor", line)
+        elif draw is not None and draw in draws:
+            self.candidates[cid].poisoned(
+                Code.VALUE_SIDE,
+                "one dropout draw of the probabilities reaches two products with V (SDPA calls draw their own)",
+                line,
+            )
+        draws.append(draw)
 
     # -------------------------------------------------------------- chain expressions
 
@@ -1093,6 +1110,12 @@ class Tracer:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def branch_of(branches: Sequence[tuple[cst.BaseExpression | None, object]], index: int) -> Branch:
+    """Branch `index` of an `if` whose branches are `branches` (each test, None for `else`)."""
+    tests = [test for test, _ in branches if test is not None]
+    return Branch(" | ".join(code(test) for test in tests), index, frozenset(n for t in tests for n in _names_in(t)))
 
 
 def _all_params(params: cst.Parameters) -> list[cst.Param]:

@@ -20,6 +20,8 @@ CASES = [
     # ... which is the number 0 when no term kind is configured
     ("modeling_tiny_disentangled.py", "TinyDisentangledModel", "encoder", {"term_kinds": ()}),
     ("modeling_tiny_disentangled.py", "TinyDisentangledModel", "encoder", {"relative_attention": False}),
+    # two streams sharing one score matrix: one SDPA call per stream's values
+    ("modeling_tiny_streams.py", "TinyStreamsModel", "encoder", {}),
 ]
 
 

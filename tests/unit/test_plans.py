@@ -830,3 +830,15 @@ def test_a_port_whose_sdpa_side_no_construction_reaches_is_refused() -> None:
         passed = source.replace(built, f"        options = {{}}\n        self.attention = {construction}\n")
         result = port_source(passed, style=Style.CLASS)
         assert [r.code.code for r in result.refusals] == ([code_] if code_ else []), (construction, result.reasons)
+
+
+def test_probabilities_reaching_two_products_with_v_port_in_the_class_style_only() -> None:
+    """The two-stream fixture: one SDPA call per product in the class style; the interface style, which dispatches
+    one call per module, refuses it and names both values."""
+    source = (Path(__file__).resolve().parents[2] / "fixtures" / "class_style" / "modeling_tiny_streams.py").read_text()
+    ported = port_source(source, style=Style.CLASS)
+    assert ported.status is Status.PORTED, ported.reasons
+    assert ported.source.count("scaled_dot_product_attention(") == 2
+    refused = port_source(source, style=Style.INTERFACE)
+    assert [r.code.code for r in refused.refusals] == ["F602"], refused.reasons
+    assert "2 products with V (`v`, `layout_v`)" in refused.reasons[0]

@@ -201,7 +201,7 @@ def test_nan_guard_is_dropped() -> None:
         ),
         (
             "scores = torch.matmul(query, key.transpose(-1, -2))\nprobs = scores.softmax(-1)\n"
-            "out = torch.matmul(probs, value)\nreturn out + torch.matmul(probs, attention_mask)",
+            "out = torch.matmul(probs, value)\nreturn out + torch.matmul(probs.to(value.dtype), attention_mask)",
             "multiplied by a second tensor",
         ),
         (
@@ -548,35 +548,111 @@ return torch.matmul(probs, value), probs
 """
 
 
+PRODUCT = "query @ key.transpose(-1, -2)"
+
+
 @pytest.mark.parametrize(
-    "fork,refused",
+    "fork,terms",
     [
-        # a second name goes on from the scores, and the chain goes on from the earlier value: the operations
-        # recorded for the chain would hold both (the bias added twice, the scores doubled)
-        ("other = scores + attention_mask\nscores = scores + attention_mask", True),
-        ("other = scores * 2\nscores = scores + attention_mask", True),
-        ("first = scores + query @ key.transpose(-1, -2)\nscores = query @ key.transpose(-1, -2) + scores", True),
-        # an alias, and an earlier statement repeated (FLAVA's softmax twice): one computation
-        ("other = scores\nscores = other + attention_mask", False),
-        ("other = scores + attention_mask\nother = scores + attention_mask\nscores = other", False),
+        # a second name goes on from the scores, and the chain goes on from the earlier value another way: the
+        # operations recorded for the chain would hold both (the bias added twice, the scores doubled)
+        ("other = scores * 2\nscores = scores + attention_mask", None),
+        ("other = scores + attention_mask\nscores = scores + 2 * attention_mask", None),
+        ("other = scores + attention_mask\nscores = scores - attention_mask", None),
+        # an alias, and the same computation made again (FLAVA's softmax twice, LiLT's sum in both orders): one
+        # computation, its operations recorded once
+        ("other = scores\nscores = other + attention_mask", ["attention_mask"]),
+        ("other = scores + attention_mask\nother = scores + attention_mask\nscores = other", ["attention_mask"]),
+        ("other = scores + attention_mask\nscores = scores + attention_mask", ["attention_mask"]),
+        ("other = scores + attention_mask\nscores = attention_mask + scores", ["attention_mask"]),
+        (f"first = scores + {PRODUCT}\nscores = {PRODUCT} + scores", [PRODUCT]),
         # the same text, but a name it reads assigned in between: another value, so a fork
         (
             "other = scores + attention_mask\nattention_mask = attention_mask * 2\n"
             "other = scores + attention_mask\nscores = other",
-            True,
+            None,
         ),
-        ("scores = scores + attention_mask\nscores = scores + attention_mask", False),  # in turn: added twice
-        ("probs = nn.functional.softmax(scores, dim=-1)", False),  # the softmax below repeats it
+        # the same text under other branch tests: another computation where the tests differ
+        (
+            "other = scores\nif attention_mask is not None:\n    other = scores + attention_mask\n"
+            "if attention_mask is not None and attention_mask.dim() == 4:\n    scores = scores + attention_mask",
+            None,
+        ),
+        ("scores = scores + attention_mask\nscores = scores + attention_mask", ["attention_mask"] * 2),  # in turn
+        ("probs = nn.functional.softmax(scores, dim=-1)", []),  # the softmax below makes it again
     ],
 )
-def test_scores_that_fork_into_two_computations_are_refused(fork: str, refused: bool) -> None:
+def test_scores_that_fork_into_two_computations_are_refused(fork: str, terms: list[str] | None) -> None:
     analysis = analyse(attention_module(FORKED.format(fork=fork), init=INIT))
     assert analysis is not None
-    if refused:
+    if terms is None:
         assert analysis.refusal is not None and "fork" in analysis.refusal.detail, analysis.refusal
         assert analysis.refusal.code.code == "S104"
         return
     assert analysis.refusal is None, str(analysis.refusal)
     (site,) = analysis.sites
-    added = fork.count("scores + attention_mask") if "other" not in fork else 1
-    assert [t.expression for t in site.terms] == ["attention_mask"] * added
+    assert [t.expression for t in site.terms] == terms
+
+
+STREAMS = """
+scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling
+probs = nn.functional.softmax(scores, dim=-1)
+{first}
+{second}
+return text + layout
+"""
+
+
+@pytest.mark.parametrize(
+    "first,second,more,refusal",
+    [
+        # the same probabilities reach two products with V: one SDPA call each
+        ("text = torch.matmul(probs, value)", "layout = torch.matmul(probs, attention_mask)", ["attention_mask"], None),
+        # each dropped out by a draw of its own (the dropout made again for the second product)
+        (
+            "text = torch.matmul(self.dropout(probs), value)",
+            "layout = torch.matmul(self.dropout(probs), attention_mask)",
+            ["attention_mask"],
+            None,
+        ),
+        (
+            "dropped = self.dropout(probs)\ntext = torch.matmul(dropped, value)",
+            "dropped = self.dropout(probs)\nlayout = torch.matmul(dropped, attention_mask)",
+            ["attention_mask"],
+            None,
+        ),
+        # one draw reaching both products: SDPA calls would draw two
+        (
+            "probs = self.dropout(probs)\ntext = torch.matmul(probs, value)",
+            "layout = torch.matmul(probs, attention_mask)",
+            None,
+            "one dropout draw",
+        ),
+        (
+            "dropped = self.dropout(probs)\nagain = dropped.to(value.dtype)\ntext = torch.matmul(again, value)",
+            "again = dropped.to(value.dtype)\nlayout = torch.matmul(again, attention_mask)",
+            None,
+            "one dropout draw",
+        ),
+        # other probabilities: another computation
+        (
+            "text = torch.matmul(self.dropout(probs), value)",
+            "layout = torch.matmul(probs, attention_mask)",
+            None,
+            "multiplied by a second tensor",
+        ),
+    ],
+)
+def test_probabilities_reaching_several_products_with_v(
+    first: str, second: str, more: list[str] | None, refusal: str | None
+) -> None:
+    analysis = analyse(attention_module(STREAMS.format(first=first, second=second), init=INIT))
+    assert analysis is not None
+    if refusal is not None:
+        assert analysis.refusal is not None and refusal in analysis.refusal.detail, analysis.refusal
+        assert analysis.refusal.code.code == "S111"
+        return
+    assert analysis.refusal is None, str(analysis.refusal)
+    (site,) = analysis.sites
+    assert (site.value, list(site.more_values)) == ("value", more)
+    assert site.dropout is None or site.dropout.probability == "self.dropout.p"
