@@ -470,6 +470,21 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
              is_causal_attr=True, cross=True),
         "exact", None,
     ),
+    # two products with V of one attention's probabilities (LiLT's streams): the chain made again for the second
+    # stream, each with its own dropout, is one SDPA call per product; one dropout draw reaching both is refused
+    "12z17: a second stream made again from the scores, with dropout, 4.x": (
+        Spec(terms=(("bias", "not_none"), ("mask", "not_none")), mask_style="manual_float", dropout="module",
+             streams="remade"),
+        "exact", None,
+    ),
+    "12z18: a second product with V of the same dropped-out probabilities, 4.x": (
+        Spec(mask_style="manual_float", dropout="module", streams="shared"),
+        "refused", "S111",
+    ),
+    "12z19: a second stream made again, interface style": (
+        Spec(family="523", mask_style="manual_float", dropout="module", streams="remade"),
+        "refused", "F602",
+    ),
     # found by the fuzzer while 12l was written (seed 180293, wrong by 3.19): the class style's SDPA class reads a
     # None mask as causal only when the mask is added whenever forward runs; a mask added whenever the chain runs is
     # not enough, since the eager fallback of the other branch then gets None for a causal mask

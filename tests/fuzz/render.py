@@ -7,6 +7,7 @@ key/value cache and cross-attention. It uses relative imports, so it is loaded i
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from spec import Spec
@@ -406,6 +407,56 @@ def chain(spec: Spec, n: Names, code: Code) -> None:
 
 
 def eager_chain(spec: Spec, n: Names, code: Code) -> None:
+    start = len(code.lines)
+    one_stream(spec, n, code)
+    if spec.streams == "one":
+        return
+    # a second stream: its product with V reads `value.flip(-1)`, its output is added to the first's
+    lines = code.lines[start:]
+    fork = next(i for i, line in enumerate(lines) if line.lstrip().startswith("attn_weights = "))  # the product
+    output = next(i for i, line in enumerate(lines) if line.lstrip().startswith("attn_output = "))
+    indent = lines[output][: len(lines[output]) - len(lines[output].lstrip())]
+    if spec.streams == "remade":  # the chain made again from the scores, by the same statements
+        alias = lines[fork][: len(lines[fork]) - len(lines[fork].lstrip())] + "stream_weights = attn_weights"
+        lines.insert(fork + 1, alias)
+        # names the first stream computed on the way (a causal slice, a bias) are read again, not recomputed
+        copied = _without_blocks_emptied(
+            [line.replace("attn_weights", "stream_weights") for line in lines[fork + 2 :] if not _binds_other(line)]
+        )
+    else:  # the same probabilities
+        copied = lines[output:]
+    second = [_second_value(line.replace("attn_output", "stream_output"), n.value) for line in copied]
+    code.lines[start:] = [*lines, *second, indent + "attn_output = attn_output + stream_output"]
+
+
+def _binds_other(line: str) -> bool:
+    """An assignment to names other than the chain's own (`causal_mask = ...`, `query_length, key_length = ...`)."""
+    match = re.match(r"\s*([A-Za-z_][\w, ]*?)\s*=[^=]", line)
+    return match is not None and not {"attn_weights", "attn_output"} & {n.strip() for n in match.group(1).split(",")}
+
+
+def _without_blocks_emptied(lines: list[str]) -> list[str]:
+    """`pass` in each block whose statements were all left out."""
+    out: list[str] = []
+    for index, line in enumerate(lines):
+        out.append(line)
+        if line.rstrip().endswith(":"):
+            depth = len(line) - len(line.lstrip())
+            following = lines[index + 1] if index + 1 < len(lines) else ""
+            if len(following) - len(following.lstrip()) <= depth:
+                out.append(" " * (depth + 4) + "pass")
+    return out
+
+
+def _second_value(line: str, value: str) -> str:
+    """The product with V of a copied line reads the second stream's value."""
+    if "stream_output =" not in line or value not in line or "weights" not in line:
+        return line
+    head, tail = line.rsplit(value, 1)
+    return f"{head}{value}.flip(-1){tail}"
+
+
+def one_stream(spec: Spec, n: Names, code: Code) -> None:
     if spec.mask_assert:
         code.add("assert attention_mask is not None")
     if n.flat:

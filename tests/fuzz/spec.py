@@ -146,6 +146,10 @@ class Spec:
     twin_helper: bool = False
     # with `settings_branch`: the exact side chosen by a flag, `if not self.approximate:`, rather than a comparison
     settings_flag: bool = False
+    # a second product with V of the same probabilities, its value `value.flip(-1)`, added to the output (LiLT's two
+    # streams): "remade" computes the chain again from the scores for it (a draw of its own where there is dropout),
+    # "shared" multiplies the same probabilities (one draw: with dropout, SDPA calls cannot reproduce it)
+    streams: str = "one"
 
     # -------------------------------------------------------------- derived facts
 
@@ -183,6 +187,7 @@ class Spec:
 
 
 SPARSE_SIBLINGS = ("none", "own", "mask")
+STREAMS = ("one", "remade", "shared")
 
 
 def _pick(rng: random.Random, choices: tuple[str, ...], weights: tuple[float, ...] | None = None) -> str:
@@ -266,7 +271,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         prompt_keys=rng.random() < 0.2,
         own_flag_guard=rng.random() < 0.5,
         twin_helper=rng.random() < 0.3,
-        settings_flag=rng.random() < 0.5,  # drawn last
+        settings_flag=rng.random() < 0.5,
+        streams=_pick(rng, STREAMS, (0.88, 0.08, 0.04)),  # drawn last
     )
     return normalise(spec)
 
