@@ -234,6 +234,9 @@ class OutputStmt:
     output: Output
     depth: int
     line: int
+    # the names holding the probabilities the product takes, as it runs (which output the weights returned go with
+    # where the probabilities reach several products)
+    holders: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -280,6 +283,9 @@ class TraceResult:
     probs_names_after_output: set[str]
     params: tuple[str, ...]
     fallbacks: tuple[str, ...] = ()  # conditions under which only the eager computation is exact
+    # where a chain's probabilities reach several products with V: the statements of the streams after the first
+    # (made again for them, and their products), which one eager computation leaves out
+    other_streams: frozenset[cst.CSTNode] = frozenset()
 
     def attention(self) -> list[Candidate]:
         """Candidates that reach a product with V: the attention computations of the function."""

@@ -198,6 +198,11 @@ class Tracer:
         # per chain that reached a product with V: how the probabilities that reached it were made, and the dropout
         # draw of each product with them
         self._outputs: dict[int, tuple[Made, list[int | None]]] = {}
+        self._output_smalls: dict[int, list[tuple[cst.CSTNode, int]]] = {}  # each product's statement, its base step
+        # a value's step -> its statement, the step of the value it went on from, its chain
+        self._made_by: dict[int, tuple[cst.CSTNode, int, int]] = {}
+        # a value a name holds after branches that each made one of their own -> the values of the other branches
+        self._merged: dict[int, set[int]] = {}
         # per method read by `rank_in_method`: the method, and the values assigned to each name in it
         self._assigned: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression | None]]]] = {}
         # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
@@ -239,7 +244,36 @@ class Tracer:
             probs_names_after_output=self.probs_after_output,
             params=self.params,
             fallbacks=tuple(dict.fromkeys(self.fallbacks)),
+            other_streams=self.other_streams(),
         )
+
+    def other_streams(self) -> frozenset[cst.CSTNode]:
+        """The statements of the streams after the first, where a chain's probabilities reach several products: the
+        later products, and the statements making a place on the chain made more than once that the first product's
+        values do not come from."""
+        out: set[cst.CSTNode] = set()
+        for cid, outputs in self._output_smalls.items():
+            if len(outputs) < 2:
+                continue
+            first: set[cst.CSTNode] = set()
+            steps, seen = [outputs[0][1]], set()
+            while steps:  # back from the first product, through every branch that made a value it took
+                step = steps.pop()
+                if step in seen:
+                    continue
+                seen.add(step)
+                steps.extend(self._merged.get(step, ()))
+                if step in self._made_by:
+                    small, base, _ = self._made_by[step]
+                    first.add(small)
+                    steps.append(base)
+            makers: dict[int, list[cst.CSTNode]] = {}
+            for made, (small, _, chain) in self._made_by.items():
+                if chain == cid:
+                    makers.setdefault(self.remakes.canonical(made), []).append(small)
+            out.update(small for smalls in makers.values() if len(smalls) > 1 for small in smalls if small not in first)
+            out.update(small for small, _ in outputs[1:])
+        return frozenset(out)
 
     # -------------------------------------------------------------- statements
 
@@ -346,6 +380,8 @@ class Tracer:
             first = values[0]
             if all(v is not None and _same_value(v, first) for v in values):
                 merged[name] = first  # type: ignore[assignment]
+                if isinstance(first, ChainVal):  # the same place on the chain, made in each branch its own way
+                    self._merged.setdefault(first.step, set()).update(v.step for v in values if isinstance(v, ChainVal))
                 continue
             chains = [v for v in values if isinstance(v, ChainVal)]
             if not chains:
@@ -360,11 +396,13 @@ class Tracer:
             ranks = {c.rank for c in chains}
             if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1 and len(ranks) == 1:
                 merged[name] = chains[0]
+                self._merged.setdefault(chains[0].step, set()).update(c.step for c in chains[1:])
                 continue
             cid = chains[0].cid
             if len(cids) == 1 and len(stages) == 1 and chains[0].stage == PROBS:
                 # an alias of the weights made only in some branches (e.g. for output_attentions)
                 merged[name] = chains[0]
+                self._merged.setdefault(chains[0].step, set()).update(c.step for c in chains[1:])
                 continue
             if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1:
                 self.candidates[cid].poisoned(Code.CONDITIONAL, "the scores change layout under a condition", line)
@@ -451,6 +489,7 @@ class Tracer:
         after = self.advance(base, ops)
         if ops:
             self.remakes.note(base, after.step, ops, made, remade)
+            self._made_by[after.step] = (small, base.step, base.cid)
         self.env[names[0]] = after
         self.note_assignment(names)
 
@@ -597,7 +636,9 @@ class Tracer:
         output = Output(product, node, operand, rank, order, value_order)
         # a further product with the same probabilities records only itself: its SDPA call repeats the first's
         self.record(base, [output] if again else [*ops, output], depth, line)
-        self.plans[small] = OutputStmt([] if again else list(ops), output, depth, line)
+        holders = frozenset(n for n, v in self.env.items() if isinstance(v, ChainVal) and v.step == base.step)
+        self.plans[small] = OutputStmt([] if again else list(ops), output, depth, line, holders)
+        self._output_smalls.setdefault(base.cid, []).append((small, base.step))
         candidate = self.candidates[base.cid]
         candidate.stage = OUT
         self.output_seen = True

@@ -317,16 +317,6 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
             "chooses between them; the attention interface dispatches one computation, and these cannot be shown "
             "to be the same one",
         )
-    twinned = next((site for site in analysis.sites if site.more_values), None)
-    if twinned is not None:
-        values = ", ".join(f"`{value}`" for value in (twinned.value, *twinned.more_values))
-        raise Refuse(
-            Code.NOT_EXTRACTABLE,
-            f"its probabilities reach {1 + len(twinned.more_values)} products with V ({values}); the interface style "
-            "dispatches one call per attention module, and dispatching once per product is not implemented (the "
-            "class style makes one SDPA call per product)",
-            line=twinned.output_line,
-        )
     if analysis.helpers:
         forward = inline_helpers(facts, analysis, forward)
     aligned = keys_aligned_in(facts, analysis)

@@ -93,6 +93,7 @@ class InterfaceEmitter(SdpaEmitter):
     def __init__(self, result: t.TraceResult, candidate: t.Candidate, options: InterfaceOptions) -> None:
         super().__init__(result, candidate, EmitOptions(options.names))
         self.interface = options
+        self.other_streams = result.other_streams
         self.eager = EagerPart()
         self.dispatched = False
         self.position_bias = False  # the dispatch hands additive terms over as `position_bias`
@@ -261,6 +262,9 @@ class InterfaceEmitter(SdpaEmitter):
         # the probabilities the dispatch must give: those read later, and those the statement itself passes along
         # (`return out @ v, weights`, or `out, weights = out @ v, weights` where a helper's return was inlined)
         weights = sorted((self.probs_after_output - self.assigned_by(small)) | self.passed_along(small, plan))
+        if self.other_streams:
+            # several products with V: each dispatch gives the weights its own probabilities stand for
+            weights = [name for name in weights if name in plan.holders or not self.held_elsewhere(name)]
         output_name = _fresh("attention_output", self.taken())
         extra = [(parameter_name(name), name) for name in self.eager.free]
         if self.interface.position_ids and "position_ids" not in {keyword for keyword, _ in extra}:
@@ -268,6 +272,7 @@ class InterfaceEmitter(SdpaEmitter):
         dispatch = render_statements(
             "interface_style/dispatch.py.jinja",
             eager=self.interface.eager_name,
+            again=self.dispatched,
             output=output_name,
             weights=weights[0] if weights else "_",
             query=code(query),
@@ -305,6 +310,10 @@ class InterfaceEmitter(SdpaEmitter):
         self.eager.heads = layout.heads
         return out
 
+    def held_elsewhere(self, name: str) -> bool:
+        """`name` holds the probabilities of some product with V (`OutputStmt.holders`)."""
+        return any(isinstance(plan, t.OutputStmt) and name in plan.holders for plan in self.plans.values())
+
     def taken(self) -> set[str]:
         return set(self.interface.module_names) | set(self.eager.free) | set(self.interface.taken)
 
@@ -336,6 +345,7 @@ class _Filter(StatementWalker):
         self.plans = result.plans
         self.dropped_ifs = result.dropped_ifs
         self.moved = moved
+        self.others = result.other_streams  # the eager function computes the first stream alone
         self.output: t.OutputStmt | None = None
         self.output_small: cst.BaseSmallStatement | None = None
 
@@ -343,6 +353,8 @@ class _Filter(StatementWalker):
         kept: list[cst.BaseSmallStatement] = []
         for small in statement.body:
             plan = self.plans.get(small)
+            if small in self.others:
+                continue
             if isinstance(plan, t.ChainStmt) or small in self.moved:
                 kept.append(small)
             elif isinstance(plan, t.OutputStmt):
@@ -431,6 +443,20 @@ def eager_body(
     body = [*adapters, *(replace_names(s, restore) for s in body)]
     weights = sorted(result.probs_names_after_output)
     returned = weights[0] if weights else "None"
+    if weights and result.other_streams:
+        # the weights forward returns may belong to another stream: the eager function returns its own stream's,
+        # the probabilities its product takes (each stream's are made the same way), where forward returns those
+        products = [plan for plan in result.plans.values() if isinstance(plan, t.OutputStmt)]
+        probabilities = output.product.left
+        if not isinstance(probabilities, cst.Name) or any(
+            not any(name in plan.holders for plan in products) for name in weights
+        ):
+            raise Refuse(
+                Code.NOT_EXTRACTABLE,
+                "the weights returned are not the probabilities a product with V takes, and with several products "
+                "the eager function cannot say which stream's to return",
+            )
+        returned = probabilities.value
     if output.rank == 3:
         heads = _heads_in_eager(candidate)
         if heads is None:

@@ -21,6 +21,8 @@ CASES = {
     "modeling_tiny_relative.py": ("TinyRelativeModel", "encoder"),
     # states length first: einsum operands permuted for SDPA, a biased query, a subtracted distance penalty
     "modeling_tiny_lengthfirst.py": ("TinyLengthFirstModel", "encoder"),
+    # two streams sharing one score matrix, the second stream's weights returned: one dispatch per stream's values
+    "modeling_tiny_streams5.py": ("TinyStreams5Model", "encoder"),
 }
 
 

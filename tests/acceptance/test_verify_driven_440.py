@@ -35,6 +35,7 @@ CASES = {
     "vit_mae": "image",  # random masking, drawn alike in every model
     "sam": "image",  # the vision neck's channels are the prompt decoder's width: sizes tied across sub-configs
     "idefics2": "text+image",  # image placeholder tokens, one per resampler latent and image; images per example
+    "lilt": "text+boxes",  # one score matrix for its text and layout streams: one SDPA call per stream's values
 }
 
 
@@ -65,6 +66,8 @@ def test_driven_models_verify(model: str, workdir: Path) -> None:
         ("detr", "scale"),
         ("idefics2", "scale"),
         ("sam", "scale"),
+        ("lilt", "scale"),
+        ("lilt", "mask"),
     ],
 )
 def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> None:

@@ -41,6 +41,8 @@ CASES = {
     "superglue": "image",
     # its decoder layer asks its self-attention for weights it reads only under its own output_attentions
     "mask2former": "image",
+    # one score matrix for its text and layout streams: one dispatch per stream's values
+    "lilt": "text+boxes",
 }
 
 
@@ -66,7 +68,7 @@ def test_attention_switched_on_by_a_config_flag_is_said(workdir: Path) -> None:
         ("bros", "scale"), ("lxmert", "scale"), ("timesformer", "scale"), ("patchtsmixer", "scale"), ("vilt", "attn_mask"),
         ("tvp", "scale"), ("git", "scale"), ("dab_detr", "scale"), ("sew_d", "scale"), ("sew_d", "mask"),
         ("layoutlmv3", "scale"), ("superglue", "scale"),
-        ("mask2former", "scale"),
+        ("mask2former", "scale"), ("lilt", "scale"), ("lilt", "attn_mask"),
     ],
 )
 def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> None:

@@ -483,7 +483,16 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
     ),
     "12z19: a second stream made again, interface style": (
         Spec(family="523", mask_style="manual_float", dropout="module", streams="remade"),
-        "refused", "F602",
+        "exact", None,
+    ),
+    # found by the fuzzer (seed 208681, the port's eager output changed by 0.533): the eager function of the first of
+    # two streams followed only the `if` branch of a scale chosen by a flag, and lost the `else`
+    "12z20: two streams with a scale chosen by a flag in each, interface style": (
+        Spec(family="523", layout="flat", product="einsum_flat", scale_place="after_terms", scale_form="full_div",
+             scale_guard="flag_else", terms=(("bias", "plain"), ("mask", "not_none")), mask_style="builder",
+             causal="mask", fill_value="minus_1e9", dropout="module", output_attentions=False, is_causal_attr=True,
+             wiring="direct", flat_bias=True, length_first=True, streams="remade"),
+        "exact", None,
     ),
     # found by the fuzzer while 12l was written (seed 180293, wrong by 3.19): the class style's SDPA class reads a
     # None mask as causal only when the mask is added whenever forward runs; a mask added whenever the chain runs is

@@ -832,13 +832,57 @@ def test_a_port_whose_sdpa_side_no_construction_reaches_is_refused() -> None:
         assert [r.code.code for r in result.refusals] == ([code_] if code_ else []), (construction, result.reasons)
 
 
-def test_probabilities_reaching_two_products_with_v_port_in_the_class_style_only() -> None:
-    """The two-stream fixture: one SDPA call per product in the class style; the interface style, which dispatches
-    one call per module, refuses it and names both values."""
+def test_probabilities_reaching_two_products_with_v_port_with_one_call_each() -> None:
+    """The two-stream fixture: one SDPA call per product in the class style; in the interface style one eager
+    function (the first stream's computation alone) and one dispatch per product, the implementation chosen once,
+    each dispatch's weights those of its own stream."""
     source = (Path(__file__).resolve().parents[2] / "fixtures" / "class_style" / "modeling_tiny_streams.py").read_text()
     ported = port_source(source, style=Style.CLASS)
     assert ported.status is Status.PORTED, ported.reasons
     assert ported.source.count("scaled_dot_product_attention(") == 2
+    interface = port_source(source, style=Style.INTERFACE)
+    assert interface.status is Status.PORTED, interface.reasons
+    assert interface.source.count("attention_interface(") == 2
+    assert interface.source.count("ALL_ATTENTION_FUNCTIONS.get_interface(") == 1
+    assert "attention_output, probs = attention_interface(" in interface.source  # the weights forward returns
+    assert "attention_output, _ = attention_interface(" in interface.source
+    eager = interface.source[interface.source.index("def eager_attention_forward") :]
+    eager = eager[: eager.index("\nclass ")]
+    assert "shared_scores" not in eager and "layout_probs" not in eager  # the second stream stays out
+    assert eager.count("softmax(") == 1
+
+
+def test_two_streams_returning_weights_no_product_takes_are_refused_in_the_interface_style() -> None:
+    """The weights forward returns must be the probabilities of some product with V: the eager function returns
+    its own stream's. Weights from before the dropout are not, and are refused."""
+    path = Path(__file__).resolve().parents[2] / "fixtures" / "interface_style" / "modeling_tiny_streams5.py"
+    source = path.read_text()
+    drawn = "        probs = nn.functional.softmax(scores, dim=-1)\n        probs = self.dropout(probs)\n"
+    assert drawn in source
+    source = source.replace(drawn, drawn.replace("probs = nn", "undropped = nn").replace("(probs)", "(undropped)"))
+    source = source.replace("outputs + (probs,)", "outputs + (undropped,)")
     refused = port_source(source, style=Style.INTERFACE)
     assert [r.code.code for r in refused.refusals] == ["F602"], refused.reasons
-    assert "2 products with V (`v`, `layout_v`)" in refused.reasons[0]
+    assert "the weights returned are not the probabilities a product with V takes" in refused.reasons[0]
+
+
+def test_the_first_streams_eager_function_keeps_every_branch_it_takes() -> None:
+    """A step each stream takes in an if/else (here a scale chosen by a setting): the eager function computing the
+    first stream keeps both branches, though the value after them is the one the `if` branch made (the fuzzer's seed
+    208681 lost the `else` and changed the eager output by 0.533)."""
+    path = Path(__file__).resolve().parents[2] / "fixtures" / "interface_style" / "modeling_tiny_streams5.py"
+    source = path.read_text()
+    for name in ("shared_scores", "scores"):
+        mask = f"        if attention_mask is not None:\n            {name} = "
+        assert mask in source
+        chosen = (
+            f"        if self.shrink > 1:\n            {name} = {name} * 0.5\n"
+            f"        else:\n            {name} = {name} * 0.25\n"
+        )
+        source = source.replace(mask, chosen + mask)
+    ported = port_source(source, style=Style.INTERFACE)
+    assert ported.status is Status.PORTED, ported.reasons
+    eager = ported.source[ported.source.index("def eager_attention_forward") :]
+    eager = eager[: eager.index("\nclass ")]
+    assert "shared_scores = shared_scores * 0.5" in eager and "shared_scores = shared_scores * 0.25" in eager, eager
+    assert "    scores = scores *" not in eager
