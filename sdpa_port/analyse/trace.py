@@ -446,6 +446,9 @@ class Tracer:
                 self.keep_expression(small.value, line, small, allow_probs=True)
         else:
             self.keep_expression(small, line, small)
+        # a value changed in place is another value to `remakes`, as if assigned (`m.mul_(2)`, `m[0] = 1`)
+        for name in _changed_in_place(small):
+            self.assignments[name] = self.assignments.get(name, 0) + 1
 
     def assign(
         self, targets: list[cst.BaseExpression], value: cst.BaseExpression, small: cst.CSTNode, depth: int, line: int
@@ -597,7 +600,9 @@ class Tracer:
                     return
                 self.record(receiver, ops, depth, line)
                 self.plans[small] = ChainStmt(ops, [found[0].value], depth, line)
-                self.env[found[0].value] = self.advance(receiver, ops)
+                after = self.advance(receiver, ops)
+                self._made_by[after.step] = (small, receiver.step, receiver.cid)
+                self.env[found[0].value] = after
                 return
         self.keep_expression(value, line, small)
 
@@ -1157,6 +1162,28 @@ def branch_of(branches: Sequence[tuple[cst.BaseExpression | None, object]], inde
     """Branch `index` of an `if` whose branches are `branches` (each test, None for `else`)."""
     tests = [test for test, _ in branches if test is not None]
     return Branch(" | ".join(code(test) for test in tests), index, frozenset(n for t in tests for n in _names_in(t)))
+
+
+def _changed_in_place(small: cst.BaseSmallStatement) -> set[str]:
+    """The names whose value a statement changes without rebinding them: the receiver of an in-place method
+    (`m.mul_(2)`, `m.masked_fill_(...)`) and the object an item or attribute is assigned into (`m[0] = 1`)."""
+    out: set[str] = set()
+    if isinstance(small, cst.Expr):
+        found = p.method_call(small.value)
+        if found is not None and found[1].endswith("_") and not found[1].startswith("_"):
+            out |= {n.value for n in [_root_name(found[0])] if n is not None}
+    elif isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+        targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+        for target in targets:
+            if isinstance(target, (cst.Subscript, cst.Attribute)):
+                out |= {n.value for n in [_root_name(target)] if n is not None}
+    return out
+
+
+def _root_name(node: cst.BaseExpression) -> cst.Name | None:
+    while isinstance(node, (cst.Subscript, cst.Attribute)):
+        node = node.value
+    return node if isinstance(node, cst.Name) else None
 
 
 def _all_params(params: cst.Parameters) -> list[cst.Param]:

@@ -572,6 +572,9 @@ PRODUCT = "query @ key.transpose(-1, -2)"
             "other = scores + attention_mask\nscores = other",
             None,
         ),
+        # ... or changed in place in between
+        ("other = scores + attention_mask\nattention_mask.mul_(2)\nscores = scores + attention_mask", None),
+        ("other = scores + attention_mask\nattention_mask[0] = 1\nscores = scores + attention_mask", None),
         # the same text under other branch tests: another computation where the tests differ
         (
             "other = scores\nif attention_mask is not None:\n    other = scores + attention_mask\n"
