@@ -97,9 +97,9 @@ def _is_true(node: ast.expr) -> bool:
 def _passed_value(
     args: Sequence[ast.expr], keywords: Sequence[ast.keyword], parameter: str, position: int | None
 ) -> tuple[bool, ast.expr | None]:
-    """Whether what a call (its `args` and `keywords`) passes for `parameter` (by keyword, else at `position` among the positional arguments)
-    can be read, and the value passed (None: none, the default holds). Unreadable where `*args` or `**kwargs` may
-    carry it; an argument before them cannot be carried twice."""
+    """Whether what a call (its `args` and `keywords`) passes for `parameter` (by keyword, else at `position` among
+    the positional arguments) can be read, and the value passed (None: none, the default holds). Unreadable where
+    `*args` or `**kwargs` may carry it; an argument before them cannot be carried twice."""
     named = [k.value for k in keywords if k.arg == parameter]
     if named:
         return True, named[0]

@@ -61,13 +61,14 @@ class Remakes:
         assignments: Mapping[str, int],
         branches: Sequence[Branch],
     ) -> Made:
+        read = p.walk_names(value)
         chains = {
             name: cst.Name(f"chain_{held.cid}_{self.canonical(held.step)}")
-            for name, held in env.items()
-            if isinstance(held, ChainVal) and name in p.walk_names(value)
+            for name in read
+            if isinstance(held := env.get(name), ChainVal)
         }
         placed = replace_names(value, chains).visit(_Ordered(frozenset(n.value for n in chains.values())))
-        names = (p.walk_names(value) - set(chains)).union(*(b.names for b in branches))
+        names = (read - set(chains)).union(*(b.names for b in branches))
         return Made(
             base.cid,
             self.canonical(base.step),

@@ -14,7 +14,7 @@ and the rewriting passes turn it into SDPA code.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import libcst as cst
@@ -195,10 +195,7 @@ class Tracer:
         self._ranking: set[str] = set()  # names whose rank is being read (`x = x * s` reads the x before)
         self._steps = itertools.count(1)  # `ChainVal.step`
         self.remakes = Remakes()  # values made again by an equivalent statement
-        # per chain that reached a product with V: how the probabilities that reached it were made, and the dropout
-        # draw of each product with them
-        self._outputs: dict[int, tuple[Made, list[int | None]]] = {}
-        self._output_smalls: dict[int, list[tuple[cst.CSTNode, int]]] = {}  # each product's statement, its base step
+        self._products: dict[int, Products] = {}  # per chain that reached a product with V
         # a value's step -> its statement, the step of the value it went on from, its chain
         self._made_by: dict[int, tuple[cst.CSTNode, int, int]] = {}
         # a value a name holds after branches that each made one of their own -> the values of the other branches
@@ -252,7 +249,8 @@ class Tracer:
         later products, and the statements making a place on the chain made more than once that the first product's
         values do not come from."""
         out: set[cst.CSTNode] = set()
-        for cid, outputs in self._output_smalls.items():
+        for cid, taken in self._products.items():
+            outputs = taken.statements
             if len(outputs) < 2:
                 continue
             first: set[cst.CSTNode] = set()
@@ -381,7 +379,7 @@ class Tracer:
             if all(v is not None and _same_value(v, first) for v in values):
                 merged[name] = first  # type: ignore[assignment]
                 if isinstance(first, ChainVal):  # the same place on the chain, made in each branch its own way
-                    self._merged.setdefault(first.step, set()).update(v.step for v in values if isinstance(v, ChainVal))
+                    self.note_merged(first, values)
                 continue
             chains = [v for v in values if isinstance(v, ChainVal)]
             if not chains:
@@ -396,13 +394,13 @@ class Tracer:
             ranks = {c.rank for c in chains}
             if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1 and len(ranks) == 1:
                 merged[name] = chains[0]
-                self._merged.setdefault(chains[0].step, set()).update(c.step for c in chains[1:])
+                self.note_merged(chains[0], chains)
                 continue
             cid = chains[0].cid
             if len(cids) == 1 and len(stages) == 1 and chains[0].stage == PROBS:
                 # an alias of the weights made only in some branches (e.g. for output_attentions)
                 merged[name] = chains[0]
-                self._merged.setdefault(chains[0].step, set()).update(c.step for c in chains[1:])
+                self.note_merged(chains[0], chains)
                 continue
             if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1:
                 self.candidates[cid].poisoned(Code.CONDITIONAL, "the scores change layout under a condition", line)
@@ -625,10 +623,11 @@ class Tracer:
         probabilities = self.remakes.key(base, product.left, self.env, self.assignments, self.branches)
         draw = next(self._steps) if any(isinstance(op, Dropout) for op in ops) else self.remakes.draw(base.step)
         again = self.candidates[base.cid].stage == OUT
+        taken = self._products.get(base.cid)
         if again:
-            self.second_output(base.cid, probabilities, draw, line)
-        else:
-            self._outputs[base.cid] = (probabilities, [draw])
+            self.second_output(base.cid, taken, probabilities, draw, line)
+        if taken is None:
+            taken = self._products[base.cid] = Products(probabilities)
         if self.chain_refs(product.right):
             self.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
         rank = product.rank if product.rank is not None else base.rank
@@ -643,7 +642,8 @@ class Tracer:
         self.record(base, [output] if again else [*ops, output], depth, line)
         holders = frozenset(n for n, v in self.env.items() if isinstance(v, ChainVal) and v.step == base.step)
         self.plans[small] = OutputStmt([] if again else list(ops), output, depth, line, holders)
-        self._output_smalls.setdefault(base.cid, []).append((small, base.step))
+        taken.draws.append(draw)
+        taken.statements.append((small, base.step))
         candidate = self.candidates[base.cid]
         candidate.stage = OUT
         self.output_seen = True
@@ -658,20 +658,24 @@ class Tracer:
             self.env.pop(name, None)
         self.note_assignment(names)
 
-    def second_output(self, cid: int, probabilities: Made, draw: int | None, line: int) -> None:
+    def second_output(
+        self, cid: int, taken: Products | None, probabilities: Made, draw: int | None, line: int
+    ) -> None:
         """A further product with V of a chain's probabilities: an SDPA call of its own with the same query, key,
         mask and scale (LiLT's text and layout values), where the probabilities are those the first product took,
         made the same way, and, if dropped out, by a draw of their own (each SDPA call draws its own dropout)."""
-        first, draws = self._outputs.get(cid, (None, []))
-        if probabilities != first:
+        if taken is None or probabilities != taken.probabilities:
             self.candidates[cid].poisoned(Code.VALUE_SIDE, "the probabilities are multiplied by a second tensor", line)
-        elif draw is not None and draw in draws:
+        elif draw is not None and draw in taken.draws:
             self.candidates[cid].poisoned(
                 Code.VALUE_SIDE,
                 "one dropout draw of the probabilities reaches two products with V (SDPA calls draw their own)",
                 line,
             )
-        draws.append(draw)
+
+    def note_merged(self, held: ChainVal, values: Sequence[Value | None]) -> None:
+        """After branches, `held` stands for the chain values each branch made (`values`)."""
+        self._merged.setdefault(held.step, set()).update(v.step for v in values if isinstance(v, ChainVal))
 
     # -------------------------------------------------------------- chain expressions
 
@@ -1156,6 +1160,16 @@ class Tracer:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+@dataclass
+class Products:
+    """The products with V of one chain's probabilities: how the first one's probabilities were made, the dropout
+    draw each took (None: none), and each one's statement with the step of the probabilities it took."""
+
+    probabilities: Made
+    draws: list[int | None] = field(default_factory=list)
+    statements: list[tuple[cst.CSTNode, int]] = field(default_factory=list)
 
 
 def branch_of(branches: Sequence[tuple[cst.BaseExpression | None, object]], index: int) -> Branch:
