@@ -86,6 +86,8 @@ class Start:
     # these are the orders and the operands as the product reads them
     orders: tuple[p.Order | None, p.Order | None] = (None, None)
     operands: tuple[cst.BaseExpression, cst.BaseExpression] | None = None
+    # the query and key of a score matrix joined from blocks (`forms/blocks.py`): built, not read, so always named
+    joined: bool = False
 
 
 @dataclass(frozen=True)
@@ -267,6 +269,15 @@ class Candidate:
     # tests (`Tracer.tests`): a step inside these alone runs whenever the product does
     start_path: tuple[tuple[int, int], ...] = ()
     start_tests: int = 0
+    # how often each name the product's operands read had been assigned when it was computed
+    start_bindings: tuple[tuple[str, int], ...] = ()
+    # the query-key products (and concatenations) of the chains joined into this one: blocks of its scores, or the
+    # products of other branches (`Tracer.alternatives`)
+    members: tuple[cst.CSTNode, ...] = ()
+
+    def starts(self) -> int:
+        """How many query-key products the chain has: more than one where branches each compute their own."""
+        return sum(isinstance(op, Start) for op, _, _ in self.ops)
 
     def poisoned(self, code: Code, detail: str, line: int) -> None:
         if self.poison is None:

@@ -69,6 +69,7 @@ from sdpa_port.analyse.chain import (  # the chain's values and operations, used
     ZeroRows,
 )
 from sdpa_port.analyse.forms import FORMS, fills, products, scales, terms
+from sdpa_port.analyse.forms.blocks import Block
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.remakes import Branch, Made, Remakes
 from sdpa_port.refusals import Code
@@ -179,6 +180,7 @@ class Tracer:
         line_of: LineOf | None = None,
         selected_start: cst.CSTNode | None = None,
         known: Known = Known(),
+        selected_members: frozenset[cst.CSTNode] = frozenset(),
         key_params: frozenset[str] = frozenset(),
         param_ranks: tuple[tuple[str, int], ...] = (),
     ) -> None:
@@ -207,7 +209,12 @@ class Tracer:
         self.class_name = class_name
         self.function = function
         self.line_of = line_of or (lambda node: 0)
+        # on a re-trace for one chain: its query-key product, and the products joined into it (`Candidate.members`)
         self.selected_start = selected_start
+        self.selected_members = selected_members
+        # chains joined into another (`join`) -> that chain, and the line where they joined
+        self._joined: dict[int, tuple[int, int]] = {}
+        self.blocks: dict[int, Block] = {}  # chains whose scores are joined from blocks -> their operands
         self.env: dict[str, Value] = {}
         self.scope = FunctionScope(facts, class_name, self.env)
         self.candidates: list[Candidate] = []
@@ -233,6 +240,16 @@ class Tracer:
 
     def run(self) -> TraceResult:
         self.block(block_body(self.function.body), 0)
+        for cid, (into, line) in self._joined.items():
+            # what happened to a joined chain's values after it joined happened to the chain it joined
+            joined, target = self.candidates[cid], self.candidates[self.joined_into(cid)]
+            if joined.poison is not None:
+                target.poisoned(joined.poison.code, joined.poison.detail, joined.poison_line)
+            else:
+                later = [at for op, _, at in joined.ops if not isinstance(op, Start)]
+                if later:  # `block += 1`, `block.mul_(2)`: the statement is gone with the block's product
+                    detail = f"scores joined into others at line {line} are changed again at line {later[0]}"
+                    target.poisoned(Code.SCORES_READ, detail, later[0])
         return TraceResult(
             candidates=self.candidates,
             plans=self.plans,
@@ -354,6 +371,7 @@ class Tracer:
             if test is not None:
                 self.keep_expression(test, line, test)
         start_env = dict(self.env)
+        first_new = len(self.candidates)
         results: list[dict[str, Value]] = []
         has_else = branches[-1][0] is None
         for index, (test, body) in enumerate(branches):
@@ -381,7 +399,14 @@ class Tracer:
                 if isinstance(first, ChainVal):  # the same place on the chain, made in each branch its own way
                     self.note_merged(first, values)
                 continue
+            alternative = self.alternatives(values, first_new, line)
+            if alternative is not None:
+                merged[name] = alternative
+                continue
             chains = [v for v in values if isinstance(v, ChainVal)]
+            if chains and all(c.cid in self._joined for c in chains):
+                merged[name] = chains[0]  # scores joined into others: a later use is refused for those
+                continue
             if not chains:
                 if all(v is not None and self.value_is_scalar(v) for v in values):
                     merged[name] = ScalarVal()
@@ -673,6 +698,59 @@ class Tracer:
                 line,
             )
 
+    def may_start(self, node: cst.CSTNode) -> bool:
+        """A query-key product (or a concatenation of them) may start a chain: on a re-trace for one chain, only its
+        own."""
+        return self.selected_start is None or node is self.selected_start or node in self.selected_members
+
+    def join(self, cid: int, into: int, line: int, drop: bool = False) -> None:
+        """Chain `cid` is part of chain `into` from here on; a later use of its values is refused for `into`. With
+        `drop`, its product is no operation of its own (a block, whose operands `into`'s product reads)."""
+        candidate = self.candidates[cid]
+        candidate.absorbed = True
+        self._joined[cid] = (into, line)
+        if not drop:
+            return
+        for plan in self.plans.values():
+            if isinstance(plan, ChainStmt) and any(op is candidate.start for op in plan.ops):
+                plan.ops = [op for op in plan.ops if op is not candidate.start]
+
+    def joined_into(self, cid: int) -> int:
+        while cid in self._joined:
+            cid = self._joined[cid][0]
+        return cid
+
+    def alternatives(self, values: Sequence[Value | None], first_new: int, line: int) -> ChainVal | None:
+        """Every branch of an `if` made a bare query-key product of its own for one name (LUKE's scores joined from
+        blocks when there are entities, one product otherwise): one chain from here on, whose product is the one of
+        the branch that ran. None where the values are not that (the products must be new in the branches, with no
+        operation yet, of one rank and dtype)."""
+        chains = [v for v in values if isinstance(v, ChainVal)]
+        if len(chains) < 2 or len(chains) != len(values) or len({c.cid for c in chains}) != len(chains):
+            return None
+        candidates = [self.candidates[c.cid] for c in chains]
+        for chain, candidate in zip(chains, candidates):
+            start = candidate.start
+            if chain.cid < first_new or chain.stage is not SCORES or start is None or candidate.poison is not None:
+                return None
+            if candidate.absorbed or [op for op, _, _ in candidate.ops] != [start]:
+                return None
+        starts = [c.start for c in candidates if c.start is not None]
+        if len({(s.rank, s.upcast, s.operands_upcast) for s in starts}) != 1:
+            return None
+        first = min(candidates, key=lambda c: c.cid)
+        for candidate in candidates:
+            if candidate is first:
+                continue
+            first.ops.extend(candidate.ops)
+            first.members += tuple(n for n in (candidate.start_node, *candidate.members) if n is not None)
+            first.names_assigned_after_start |= candidate.names_assigned_after_start
+            self.join(candidate.cid, first.cid, line)
+        first.start_path, first.start_tests = tuple(self.path), len(self.tests)
+        held = next(c for c in chains if c.cid == first.cid)
+        self.note_merged(held, chains)
+        return held
+
     def note_merged(self, held: ChainVal, values: Sequence[Value | None]) -> None:
         """After branches, `held` stands for the chain values each branch made (`values`)."""
         self._merged.setdefault(held.step, set()).update(v.step for v in values if isinstance(v, ChainVal))
@@ -685,6 +763,12 @@ class Tracer:
         if isinstance(node, cst.Name):
             value = self.env.get(node.value)
             if isinstance(value, ChainVal):
+                if value.cid in self._joined:
+                    raise Poison(
+                        Code.SCORES_READ,
+                        f"`{node.value}` is used again after its scores joined others at line {self._joined[value.cid][1]}",
+                        {self.joined_into(value.cid)},
+                    )
                 return value, []
             raise NotChain()
         for form in FORMS:
@@ -857,7 +941,7 @@ class Tracer:
         for name in _names_in(node):
             value = self.env.get(name)
             if isinstance(value, ChainVal):
-                out.add(value.cid)
+                out.add(self.joined_into(value.cid))  # reading scores joined into others reads those
         return out
 
     def chain_or_start(self, node: cst.CSTNode) -> set[int]:
@@ -868,7 +952,7 @@ class Tracer:
         finder = _Products(self.scope)
         node.visit(finder)
         for product_node, product in finder.found:
-            if self.selected_start is not None and product_node is not self.selected_start:
+            if not self.may_start(product_node):
                 continue
             if self.chain_value_refs(product.left) or self.chain_value_refs(product.right):
                 continue
@@ -923,7 +1007,7 @@ class Tracer:
             return set()
         finder = _ChainReads(self.env, None)
         node.visit(finder)
-        return {self.env[n.value].cid for n in finder.plain}  # type: ignore[union-attr]
+        return {self.joined_into(self.env[n.value].cid) for n in finder.plain}  # type: ignore[union-attr]
 
     def detach(self, node: cst.BaseExpression, cid: int) -> cst.BaseExpression:
         """An operand of a chain op with its `.dtype`/`.device` reads of the scores pointed at the query."""
@@ -951,6 +1035,12 @@ class Tracer:
 
     def keep_expression(self, node: cst.CSTNode, line: int, key: cst.CSTNode, allow_probs: bool = False) -> None:
         """A statement that is not part of the chain: chain reads must be of `.dtype`/`.device`/`expand_as`."""
+        for joined in sorted(_names_in(node)):
+            held = self.env.get(joined)
+            if isinstance(held, ChainVal) and held.cid in self._joined:
+                self.candidates[self.joined_into(held.cid)].poisoned(
+                    Code.SCORES_READ, f"`{joined}`, scores joined into others, is read by `{short(node)}`", line
+                )
         finder = _ChainReads(self.env, None)
         node.visit(finder)
         replacements: dict[cst.CSTNode, KeepAction] = {}

@@ -380,6 +380,20 @@ class _Filter(StatementWalker):
         return []
 
 
+def _handed_operands(candidate: t.Candidate) -> dict[cst.CSTNode, cst.CSTNode]:
+    """Where each branch computes its own product (`Tracer.alternatives`), the dispatch in a branch hands over that
+    branch's operands: a product reading plain names reads the `query` and `key` handed over instead (the names
+    themselves may differ in the other branches). A product of operands built (joined blocks) or permuted reads its
+    names as written, passed on from forward."""
+    mapping: dict[cst.CSTNode, cst.CSTNode] = {}
+    for op, _, _ in candidate.ops:
+        if isinstance(op, t.Start) and not op.joined and op.orders == (None, None) and op.operands is None:
+            if isinstance(op.query, cst.Name) and isinstance(op.key, cst.Name):
+                mapping[op.query] = cst.Name("__sdpa_port_query__")  # restored once the free names are read
+                mapping[op.key] = cst.Name("__sdpa_port_key__")
+    return mapping
+
+
 def eager_body(
     function: cst.FunctionDef, result: t.TraceResult, candidate: t.Candidate, options: InterfaceOptions
 ) -> tuple[list[cst.BaseStatement], EagerPart]:
@@ -409,7 +423,15 @@ def eager_body(
     orders = (*start.orders, output.value_order)
     operands = (start.query, start.key, output.value)
     restore: dict[str, cst.BaseExpression] = {}  # placeholders of operands written as expressions
+    alternatives = candidate.starts() > 1
+    if alternatives:
+        statements = [replace_nodes(s, _handed_operands(candidate)) for s in statements]
+        for parameter in ("query", "key"):
+            restore[f"__sdpa_port_{parameter}__"] = cst.Name(parameter)
+            provided.add(f"__sdpa_port_{parameter}__")
     for operand, source, order, parameter in zip(operands, written, orders, ("query", "key", "value")):
+        if alternatives and parameter != "value":
+            continue  # each branch's product reads its own operands (`_handed_operands`)
         if order is not None:
             # an einsum's operand, handed over laid out for SDPA: put back in the einsum's own order (flattened
             # first where the einsum reads (batch * heads, length, dim) in some order)

@@ -388,6 +388,8 @@ class SdpaEmitter(StatementWalker):
             if isinstance(plan, t.ChainStmt):
                 for op in plan.ops:
                     if isinstance(op, t.Start):
+                        if self.candidate.starts() > 1:
+                            continue  # each branch computes its own product: it names its operands (`start_chain`)
                         raise Refuse(Code.CONDITIONAL, "the query-key product is computed under a condition", line=plan.line)
                     if isinstance(op, t.Scale):
                         kinds.add(Side.SCALE)
@@ -528,11 +530,13 @@ class SdpaEmitter(StatementWalker):
         self.query, self.key = op.query, op.key
         out: list[cst.BaseStatement] = []
         rebound = self.candidate.names_assigned_after_start
-        # an operand laid out for SDPA (an einsum's) is named once: shapes and dtypes are read from it
-        if walk_names(op.query) & rebound or op.orders[0] is not None:
+        # an operand laid out for SDPA (an einsum's) or built (a joined matrix's) is named once: shapes and dtypes are
+        # read from it; where branches each compute their own product, each names its operands the same
+        built = op.joined or self.candidate.starts() > 1
+        if walk_names(op.query) & rebound or op.orders[0] is not None or built:
             out.append(assignment(self.names.query, op.query))
             self.query = cst.Name(self.names.query)
-        if walk_names(op.key) & rebound or op.orders[1] is not None:
+        if walk_names(op.key) & rebound or op.orders[1] is not None or built:
             out.append(assignment(self.names.key, op.key))
             self.key = cst.Name(self.names.key)
         return out

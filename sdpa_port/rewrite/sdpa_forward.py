@@ -68,6 +68,7 @@ def trace_sdpa_path(
         class_name,
         function,
         selected_start=candidate.start_node,
+        selected_members=frozenset(candidate.members),
         key_params=key_params,
         known=known,
         param_ranks=ranks,

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 BATCH = 2
 TEXT_LENGTH = 8  # token ids (as in checks.make_batch)
 DECODER_LENGTH = 6
+ENTITY_LENGTH = 3  # entities beside the tokens (LUKE)
 FRAMES = 16  # audio frames after the feature encoder's convolutions
 FEATURE_FRAMES = 32  # frames of mel features
 REGIONS = 5  # region features (visual_feats, visual_embeds)
@@ -442,6 +443,18 @@ def _static_categorical(view: ConfigView, names: set[str], vocab: int) -> tuple[
     return TensorSpec("static_categorical_features", "categorical", (BATCH, count), dtype="long", cardinality=cardinality), ""
 
 
+def _entity_ids(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
+    """Entity ids (LUKE's entities beside the tokens), below the entity vocabulary."""
+    high = int(view.get(("entity_vocab_size",), None, 10))
+    return TensorSpec("entity_ids", "ids", (BATCH, ENTITY_LENGTH), high=high, low=1, dtype="long"), "entities"
+
+
+def _entity_positions(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
+    """The token positions of each entity's mention, as many as the configured mention length."""
+    width = int(view.get(("max_mention_length",), None, 30))
+    return TensorSpec("entity_position_ids", "ids", (BATCH, ENTITY_LENGTH, width), high=TEXT_LENGTH, dtype="long"), "entities"
+
+
 def _static_real(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
     return TensorSpec("static_real_features", "normal", (BATCH, int(view.get(("num_static_real_features",), None, 0) or 0))), ""
 
@@ -468,10 +481,15 @@ _BUILDERS: dict[str, Callable[..., tuple[Any, str]]] = {
     "future_time_features": _series("future_time_features", future=True, width="num_time_features"),
     "static_categorical_features": _static_categorical,
     "static_real_features": _static_real,
+    "entity_ids": _entity_ids,
+    "entity_position_ids": _entity_positions,
 }
 
 # optional arguments built only when the config says the model uses them
 _WITH_CONFIG: dict[str, Callable[[ConfigView], bool]] = {
     "static_categorical_features": lambda view: bool(view.get(("num_static_categorical_features",))),
     "static_real_features": lambda view: bool(view.get(("num_static_real_features",))),
+    # the entities' own attention path (LUKE's entity-aware queries) runs only when they are given
+    "entity_ids": lambda view: bool(view.get(("entity_vocab_size",))),
+    "entity_position_ids": lambda view: bool(view.get(("entity_vocab_size",))),
 }

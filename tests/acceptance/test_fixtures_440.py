@@ -22,6 +22,10 @@ CASES = [
     ("modeling_tiny_disentangled.py", "TinyDisentangledModel", "encoder", {"relative_attention": False}),
     # two streams sharing one score matrix: one SDPA call per stream's values
     ("modeling_tiny_streams.py", "TinyStreamsModel", "encoder", {}),
+    # four score blocks joined by torch.cat: one SDPA call on operands joined along the head dimension ...
+    ("modeling_tiny_blocks.py", "TinyBlocksModel", "encoder", {}),
+    # ... and, where the config builds no blocks, the other branch's one product
+    ("modeling_tiny_blocks.py", "TinyBlocksModel", "encoder", {"block_queries": False}),
 ]
 
 
@@ -56,3 +60,50 @@ def test_a_configured_talking_heads_projection_falls_back_to_eager() -> None:
     )}
     assert checks["eager unchanged"].passed and checks["sdpa == eager"].passed, checks
     assert not checks["sdpa executed"].passed, checks["sdpa executed"]
+
+
+def _blocks_parity(source: str, tag: str, directory: Path) -> list:  # type: ignore[type-arg]
+    """Parity of a port of the blocks fixture (its source given) against the fixture, on padded inputs."""
+    from sdpa_port.verify import parity
+    from sdpa_port.verify.loader import load_in_package
+
+    package = "transformers.models.gpt2"
+    original = load_in_package(FIXTURES / "class_style" / "modeling_tiny_blocks.py", package, alias=f"fixture_blocks_{tag}")
+    written = directory / f"modeling_tiny_blocks_{tag}.py"
+    written.write_text(source, encoding="utf-8")
+    ported = load_in_package(written, package, alias=f"ported_blocks_{tag}")
+    config = original.TinyBlocksConfig()
+    return parity.check_forward(original.TinyBlocksModel, ported.TinyBlocksModel, config, "right", kind="encoder")
+
+
+@pytest.mark.parametrize(
+    "sabotage",
+    [
+        # a block's query on another block's slice
+        ("memory_token_query, memory_query]", "memory_query, memory_token_query]"),
+        # the memory rows read the tokens' keys (as if the memory-to-token block shared them)
+        ("torch.cat([recall_key, recall_key.new_zeros", "torch.cat([token_key, recall_key.new_zeros"),
+    ],
+    ids=["slice", "shared"],
+)
+def test_the_joined_blocks_parity_sees_a_misplaced_block(sabotage: tuple[str, str], tmp_path: Path) -> None:
+    golden = (FIXTURES / "golden" / "modeling_tiny_blocks.py").read_text(encoding="utf-8")
+    assert golden.count(sabotage[0]) == 1
+    checks = _blocks_parity(golden.replace(*sabotage), "sabotaged", tmp_path)
+    assert any(c.name.endswith("sdpa == eager") and not c.passed for c in checks), [str(c) for c in checks]
+
+
+def test_keys_taken_for_one_tensor_would_be_seen(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The rule that lets rows of blocks share their keys (the same tensors) guards exactness: a port made believing
+    every key alike (the memory rows' recall keys taken for the tokens' keys) fails parity."""
+    from sdpa_port import Status, port_source
+    from sdpa_port.analyse.cstutil import code
+    from sdpa_port.analyse.forms import blocks
+
+    monkeypatch.setattr(blocks, "_identity", lambda tracer, node: "alike" if "key" in code(node) else None)
+    source = (FIXTURES / "class_style" / "modeling_tiny_blocks.py").read_text(encoding="utf-8")
+    result = port_source(source, filename="modeling_tiny_blocks.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert "recall_key" not in result.source.split("sdpa_key = ")[1].split("\n")[0]
+    checks = _blocks_parity(result.source, "alike", tmp_path)
+    assert any(c.name.endswith("sdpa == eager") and not c.passed for c in checks), [str(c) for c in checks]

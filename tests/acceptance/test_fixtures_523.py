@@ -23,10 +23,13 @@ CASES = {
     "modeling_tiny_lengthfirst.py": ("TinyLengthFirstModel", "encoder"),
     # two streams sharing one score matrix, the second stream's weights returned: one dispatch per stream's values
     "modeling_tiny_streams5.py": ("TinyStreams5Model", "encoder"),
+    # four score blocks joined by torch.cat, or one product where the config builds no blocks: the operands each
+    # branch builds are dispatched, the eager function computes both branches as written
+    "modeling_tiny_blocks5.py": ("TinyBlocks5Model", "encoder"),
 }
 
 
-def _checks(name: str, ported_source: str | None, padding: str, directory: Path | None = None):  # type: ignore[no-untyped-def]
+def _checks(name: str, ported_source: str | None, padding: str, directory: Path | None = None, **overrides):  # type: ignore[no-untyped-def]
     from sdpa_port.verify import parity
     from sdpa_port.verify.loader import load_in_package, load_source_in_package
 
@@ -37,7 +40,7 @@ def _checks(name: str, ported_source: str | None, padding: str, directory: Path 
     else:
         assert directory is not None
         ported = load_source_in_package(ported_source, PACKAGE, directory, f"{Path(name).stem}_broken")
-    config = getattr(original, model).config_class()
+    config = getattr(original, model).config_class(**overrides)
     side = ("left" if kind == "decoder" else "right") if padding == "padded" else "none"
     return parity.check_forward(getattr(original, model), getattr(ported, model), config, side, kind=kind)
 
@@ -50,10 +53,23 @@ def test_golden_fixture_parity(name: str, padding: str) -> None:
     assert not failed, "\n".join(failed)
 
 
-@pytest.mark.parametrize("name", CASES)
-@pytest.mark.parametrize("kind", ["scale", "mask", "attn_mask"])
+# fixtures whose dispatch hands over no additive term (`position_bias`) to withhold
+NO_TERM = {"modeling_tiny_blocks5.py"}
+
+
+@pytest.mark.parametrize(
+    "name,kind",
+    [(name, kind) for name in CASES for kind in ("scale", "mask", "attn_mask") if kind != "mask" or name not in NO_TERM],
+)
 def test_golden_fixture_sabotage_is_seen(name: str, kind: str, tmp_path: Path) -> None:
     broken = sabotage_interface((FIXTURES / "golden" / name).read_text(encoding="utf-8"), kind)
     checks = _checks(name, broken, "padded", tmp_path)
     failed = [c for c in checks if c.name.endswith("sdpa == eager") and not c.passed]
     assert failed, "the sabotage went unnoticed:\n" + "\n".join(str(c) for c in checks)
+
+
+def test_the_blocks_fixture_without_blocks_dispatches_the_other_branch() -> None:
+    """`block_queries=False`: the plain product's branch, whose eager product reads the query and key handed over."""
+    checks = _checks("modeling_tiny_blocks5.py", None, "padded", block_queries=False)
+    failed = [str(c) for c in checks if not c.passed]
+    assert not failed, "\n".join(failed)

@@ -36,6 +36,8 @@ CASES = {
     "sam": "image",  # the vision neck's channels are the prompt decoder's width: sizes tied across sub-configs
     "idefics2": "text+image",  # image placeholder tokens, one per resampler latent and image; images per example
     "lilt": "text+boxes",  # one score matrix for its text and layout streams: one SDPA call per stream's values
+    # entity ids beside the tokens: its four word and entity score blocks joined into one matrix, one SDPA call
+    "luke": "text+entities",
 }
 
 
@@ -68,6 +70,8 @@ def test_driven_models_verify(model: str, workdir: Path) -> None:
         ("sam", "scale"),
         ("lilt", "scale"),
         ("lilt", "mask"),
+        ("luke", "scale"),
+        ("luke", "mask"),
     ],
 )
 def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> None:
@@ -218,3 +222,20 @@ def test_composite_models_built_eager_run_no_sdpa_inside(
     checks = verify(model, port_for_kind(model, "sub-configs"), workdir, "without_pass")
     failed = [str(c) for c in checks if not c.passed]
     assert failed and any("eager" in line for line in failed), [str(c) for c in checks]
+
+
+@pytest.mark.parametrize(
+    "sabotage",
+    [
+        # the entities' rows with their two blocks' queries swapped
+        ("torch.cat([e2w_query_layer, e2e_query_layer], dim=-1)", "torch.cat([e2e_query_layer, e2w_query_layer], dim=-1)"),
+        # the word keys without the zeros that keep them off the entity blocks' slice
+        ("torch.cat([w2w_key_layer, w2w_key_layer.new_zeros", "torch.cat([w2w_key_layer, w2w_key_layer.new_ones"),
+    ],
+    ids=["swapped", "ones"],
+)
+def test_luke_checks_see_a_misplaced_block(sabotage: tuple[str, str], workdir: Path) -> None:
+    """The entity path runs in the check (entity ids are built): a port that joins the blocks wrongly fails it."""
+    source = port_for_kind("luke", CASES["luke"])
+    assert source.count(sabotage[0]) == 1, sabotage[0]
+    assert_sabotage_seen(verify("luke", source.replace(*sabotage), workdir, "blocks"))

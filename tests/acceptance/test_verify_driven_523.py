@@ -43,6 +43,8 @@ CASES = {
     "mask2former": "image",
     # one score matrix for its text and layout streams: one dispatch per stream's values
     "lilt": "text+boxes",
+    # entity ids beside the tokens: its four word and entity score blocks joined into one matrix for the dispatch
+    "luke": "text+entities",
 }
 
 
@@ -69,6 +71,7 @@ def test_attention_switched_on_by_a_config_flag_is_said(workdir: Path) -> None:
         ("tvp", "scale"), ("git", "scale"), ("dab_detr", "scale"), ("sew_d", "scale"), ("sew_d", "mask"),
         ("layoutlmv3", "scale"), ("superglue", "scale"),
         ("mask2former", "scale"), ("lilt", "scale"), ("lilt", "attn_mask"),
+        ("luke", "scale"), ("luke", "attn_mask"),
     ],
 )
 def test_driven_checks_see_sabotage(model: str, kind: str, workdir: Path) -> None:
@@ -142,3 +145,20 @@ def test_a_pinned_is_causal_that_only_bidirectional_masks_reach_becomes_false(wo
     assert_driven_and_passed(verify("bridgetower", source, workdir), "text+image")
     pinned = source.replace(unpinned, unpinned.replace("is_causal=False", "is_causal=True"))
     assert_sabotage_seen(verify("bridgetower", pinned, workdir, "pinned"))
+
+
+@pytest.mark.parametrize(
+    "sabotage",
+    [
+        # the entities' rows with their two blocks' queries swapped
+        ("torch.cat([e2w_query_layer, e2e_query_layer], dim=-1)", "torch.cat([e2e_query_layer, e2w_query_layer], dim=-1)"),
+        # the word keys without the zeros that keep them off the entity blocks' slice
+        ("torch.cat([w2w_key_layer, w2w_key_layer.new_zeros", "torch.cat([w2w_key_layer, w2w_key_layer.new_ones"),
+    ],
+    ids=["swapped", "ones"],
+)
+def test_luke_checks_see_a_misplaced_block(sabotage: tuple[str, str], workdir: Path) -> None:
+    """The entity path runs in the check (entity ids are built): a port that joins the blocks wrongly fails it."""
+    source = port_for_kind("luke", CASES["luke"])
+    assert source.count(sabotage[0]) == 1, sabotage[0]
+    assert_sabotage_seen(verify("luke", source.replace(*sabotage), workdir, "blocks"))

@@ -201,6 +201,19 @@ def test_static_features_only_when_the_config_uses_them() -> None:
     assert plan.spec("static_real_features") is None
 
 
+def test_entities_beside_the_tokens_when_the_config_has_an_entity_vocabulary() -> None:
+    """LUKE's entity-aware attention runs only with entities: their ids and the token positions of their mentions."""
+    names = ("input_ids", "attention_mask", "entity_ids", "entity_position_ids")
+    plan = only(plan_inputs(params(*names), ConfigView.of({"vocab_size": 50, "entity_vocab_size": 7, "max_mention_length": 5})))
+    assert shapes(plan) == {"input_ids": (2, 8), "entity_ids": (2, 3), "entity_position_ids": (2, 3, 5), "attention_mask": (2, 8)}
+    entities, positions = plan.spec("entity_ids"), plan.spec("entity_position_ids")
+    assert entities is not None and entities.high == 7 and entities.low >= 0
+    assert positions is not None and positions.high == 8 and positions.low == 0  # positions of real tokens
+    assert "entities" in plan.kinds
+    without = only(plan_inputs(params(*names), ConfigView.of({"vocab_size": 50})))
+    assert set(shapes(without)) == {"input_ids", "attention_mask"}
+
+
 def test_flattened_patches_carry_row_and_column() -> None:
     plan = only(plan_inputs(params("flattened_patches", "attention_mask"), ConfigView.of({"vision_config": {"model_type": "v", "patch_embed_hidden_size": 48}})))
     assert shapes(plan)["flattened_patches"] == (2, 16, 50)

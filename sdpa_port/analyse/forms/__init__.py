@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable
 import libcst as cst
 
 from sdpa_port.analyse.chain import ChainVal, Op
-from sdpa_port.analyse.forms import dropout, fills, guards, products, scales, shift, softmax, terms, views, wrappers
+from sdpa_port.analyse.forms import blocks, dropout, fills, guards, products, scales, shift, softmax, terms, views, wrappers
 from sdpa_port.analyse.forms.common import Example
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ def _form(name: str, recognise: Callable[["Tracer", cst.BaseExpression, int], Re
 
 FORMS: tuple[Form, ...] = (
     _form("query-key product", products.query_key_product),
+    _form("blocks joined", blocks.joined_blocks),
     _form("softmax", softmax.softmax),
     _form("dropout", dropout.dropout),
     _form("identity module", dropout.identity_module),

@@ -35,7 +35,7 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
         return None
     if product.initial is not None and tracer.chain_refs(product.initial):
         return None
-    if tracer.selected_start is not None and node is not tracer.selected_start:
+    if not tracer.may_start(node):
         return None
     key: cst.BaseExpression | None
     key_factor: tuple[cst.BaseExpression, bool] | None = None
@@ -73,7 +73,16 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
         (query, key) if orders != (None, None) else None,
     )
     cid = len(tracer.candidates)
-    candidate = Candidate(cid, start, line, start_node=node, start_path=tuple(tracer.path), start_tests=len(tracer.tests))
+    read = p.walk_names(start.query) | p.walk_names(start.key)
+    candidate = Candidate(
+        cid,
+        start,
+        line,
+        start_node=node,
+        start_path=tuple(tracer.path),
+        start_tests=len(tracer.tests),
+        start_bindings=tuple((name, tracer.assignments.get(name, 0)) for name in sorted(read)),
+    )
     tracer.candidates.append(candidate)
     ops: list[Op] = [start]
     base = ChainVal(cid, SCORES, rank)

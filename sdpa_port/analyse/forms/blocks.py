@@ -1,0 +1,322 @@
+"""A score matrix assembled from blocks: `torch.cat` of query-key products along the keys or along the queries.
+
+LUKE scores words and entities with four query projections: word-to-word and word-to-entity products concatenated
+along the keys make the words' rows, entity-to-word and entity-to-entity products the entities' rows, and the two
+rows are concatenated along the queries. Such a matrix is one product `Q @ Kᵀ` whose operands are concatenated along
+the head dimension, each block on a slice of its own: its query on its rows and its key on its columns, zeros
+elsewhere, so that every entry is its own block's product plus exact zeros. Blocks side by side that read one query
+share its slice, as do rows of blocks that read the same keys (LUKE's matrix is then one product over twice the head
+dimension). The blocks must be bare products whose operands are unchanged up to the `torch.cat`; what follows the
+concatenation (a scale, a mask) applies to the whole matrix as to any product. SDPA is always given the scale, so the
+wider head dimension does not change it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Hashable, Iterable, Sequence
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.chain import SCORES, Candidate, ChainVal, ExprVal, NotChain, Poison, Start, short
+from sdpa_port.analyse.cstutil import code, primary
+from sdpa_port.analyse.forms.common import Example
+from sdpa_port.refusals import Code
+
+if TYPE_CHECKING:
+    from sdpa_port.analyse.forms import Recognised
+    from sdpa_port.analyse.trace import Tracer
+
+CONCATENATIONS = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
+
+
+@dataclass(frozen=True)
+class Block:
+    """A block's operands laid out for one product, and what they are: equal ids, the same tensor (None: not known).
+    Zeros beside an operand take their leading sizes from its `like` (a plain operand where there is one) and their
+    widths from `widths`, an operand per slice of the head dimension."""
+
+    query: cst.BaseExpression
+    key: cst.BaseExpression
+    query_id: Hashable | None
+    key_id: Hashable | None
+    query_like: cst.BaseExpression
+    key_like: cst.BaseExpression
+    widths: tuple[cst.BaseExpression, ...]
+
+
+def joined_blocks(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+    """`torch.cat([scores_a, scores_b], dim=-1)` of bare query-key products (or of blocks joined so before), along
+    the keys or the queries: a new chain starts at one product of operands joined as the module docstring says."""
+    if not isinstance(node, cst.Call) or tracer.scope.qualify(node.func) not in CONCATENATIONS:
+        return None
+    listed = p.arg(node, 0, "tensors")
+    if not isinstance(listed, (cst.List, cst.Tuple)) or not listed.elements:
+        return None
+    if not any(tracer.chain_or_start(element.value) for element in listed.elements):
+        return None
+    if not tracer.may_start(node):
+        return None
+    parts: list[tuple[Candidate, Block]] = []
+    for element in listed.elements:
+        if isinstance(element, cst.StarredElement):
+            raise Poison(Code.SCORES_TRANSFORMED, "the scores are concatenated from a starred list", tracer.chain_refs(listed))
+        parts.append(_part(tracer, element.value, line))
+    cids = {candidate.cid for candidate, _ in parts}
+    ranks = {candidate.start.rank for candidate, _ in parts if candidate.start is not None}
+    if len(ranks) != 1:
+        raise Poison(Code.LAYOUT, "the concatenated scores differ in rank", cids)
+    (rank,) = ranks
+    axis = _axis(p.arg(node, 1, "dim"), rank)
+    if axis is None:
+        dim = p.arg(node, 1, "dim")
+        where = f"dimension `{code(dim)}`" if dim is not None else "dimension 0"
+        raise Poison(Code.SCORES_TRANSFORMED, f"the scores are concatenated along {where}, not the queries or the keys", cids)
+    starts = [candidate.start for candidate, _ in parts if candidate.start is not None]
+    if len({(s.upcast, s.operands_upcast) for s in starts}) != 1:
+        raise Poison(Code.SCORES_TRANSFORMED, "the concatenated scores are computed in different dtypes", cids)
+    block = _joined([b for _, b in parts], along_keys=axis == -1)
+    start = Start(
+        starts[0].product,
+        block.query,
+        block.key,
+        rank,
+        starts[0].upcast,
+        operands_upcast=starts[0].operands_upcast,
+        joined=True,
+    )
+    cid = len(tracer.candidates)
+    members = tuple(member for candidate, _ in parts for member in (candidate.start_node, *candidate.members) if member is not None)
+    candidate = Candidate(
+        cid,
+        start,
+        line,
+        start_node=node,
+        start_path=tuple(tracer.path),
+        start_tests=len(tracer.tests),
+        start_bindings=tuple(sorted({binding for part, _ in parts for binding in part.start_bindings})),
+        members=members,
+    )
+    tracer.candidates.append(candidate)
+    tracer.blocks[cid] = block
+    for part, _ in parts:
+        tracer.join(part.cid, cid, line, drop=True)
+    return ChainVal(cid, SCORES, rank), [start]
+
+
+def _part(tracer: Tracer, node: cst.BaseExpression, line: int) -> tuple[Candidate, Block]:
+    """One listed tensor: a bare query-key product (named or inline), or a block matrix joined before."""
+    try:
+        base, ops = tracer.decompose(node, line)
+    except NotChain as error:
+        raise Poison(
+            Code.SCORES_TRANSFORMED, f"the scores are concatenated with `{short(node)}`, which is no query-key product", tracer.chain_refs(node)
+        ) from error
+    candidate = tracer.candidates[base.cid]
+    start = candidate.start
+    recorded = [op for op, _, _ in candidate.ops]
+    named, inline = recorded == [start] and not ops, ops == [start] and not recorded
+    bare = base.stage is SCORES and start is not None and (named or inline)
+    if not bare or candidate.poison is not None or candidate.absorbed:
+        raise Poison(
+            Code.SCORES_TRANSFORMED,
+            f"`{short(node)}` is changed before the scores are concatenated (only bare query-key products join into one)",
+            {base.cid},
+        )
+    assert start is not None
+    if inline:
+        candidate.ops.append((start, 0, line))  # an inline product: its chain starts here
+    changed = sorted(
+        name for name, count in candidate.start_bindings if tracer.assignments.get(name, 0) != count
+    )
+    if changed:
+        raise Poison(
+            Code.SCORES_TRANSFORMED,
+            f"`{changed[0]}` changes between the product `{short(node)}` and the concatenation of the scores",
+            {base.cid},
+        )
+    if candidate.cid in tracer.blocks:
+        return candidate, tracer.blocks[candidate.cid]
+    query, key = start.query, start.key
+    return candidate, Block(query, key, _identity(tracer, query), _identity(tracer, key), query, key, (key,))
+
+
+def _axis(dim: cst.BaseExpression | None, rank: int | None) -> int | None:
+    """-1 for the keys' dimension, -2 for the queries', else None."""
+    value = p.number(dim) if dim is not None else 0.0
+    if value is None or value != int(value):
+        return None
+    index = int(value)
+    if index in (-1, -2):
+        return index
+    if rank is not None and index in (rank - 1, rank - 2):
+        return index - rank
+    return None
+
+
+def _identity(tracer: Tracer, node: cst.BaseExpression) -> Hashable | None:
+    """What a block operand is, comparable between blocks: its expression (a name read through the expression it
+    holds), when every name it reads has kept one value throughout (a parameter never assigned, a local assigned
+    once), else None."""
+    for _ in range(4):
+        if not isinstance(node, cst.Name):
+            break
+        held = tracer.env.get(node.value)
+        if not isinstance(held, ExprVal):
+            break
+        node = held.node
+    for name in p.walk_names(node):
+        count = tracer.assignments.get(name, 0)
+        if count > (0 if name in tracer.params else 1):
+            return None
+    return code(node)
+
+
+def _joined(blocks: Sequence[Block], along_keys: bool) -> Block:
+    """Blocks side by side (`along_keys`) or stacked: one query and one key whose product is the joined matrix."""
+    first = blocks[0]
+    widths = tuple(width for b in blocks for width in b.widths)
+    if along_keys:
+        if _same(b.query_id for b in blocks):  # one query: its slices, the keys one after another
+            keys = _cat([b.key for b in blocks], -2)
+            return Block(first.query, keys, first.query_id, _ids("keys", [b.key_id for b in blocks]), first.query_like, keys, first.widths)
+        keys = _cat([_on_own_slices(blocks, index, query=False) for index in range(len(blocks))], -2)
+        return Block(
+            _cat([b.query for b in blocks], -1),
+            keys,
+            _ids("slices", [b.query_id for b in blocks]),
+            _ids("sliced", [b.key_id for b in blocks]),
+            first.query_like,
+            keys,
+            widths,
+        )
+    if _same(b.key_id for b in blocks):  # one key: its slices, the queries one after another
+        queries = _cat([b.query for b in blocks], -2)
+        return Block(queries, first.key, _ids("rows", [b.query_id for b in blocks]), first.key_id, queries, first.key_like, first.widths)
+    queries = _cat([_on_own_slices(blocks, index, query=True) for index in range(len(blocks))], -2)
+    return Block(
+        queries,
+        _cat([b.key for b in blocks], -1),
+        _ids("sliced", [b.query_id for b in blocks]),
+        _ids("slices", [b.key_id for b in blocks]),
+        queries,
+        first.key_like,
+        widths,
+    )
+
+
+def _same(ids: Iterable[Hashable | None]) -> bool:
+    listed = list(ids)
+    return listed[0] is not None and all(i == listed[0] for i in listed)
+
+
+def _ids(kind: str, ids: Sequence[Hashable | None]) -> Hashable | None:
+    return None if any(i is None for i in ids) else (kind, *ids)
+
+
+def _on_own_slices(blocks: Sequence[Block], index: int, query: bool) -> cst.BaseExpression:
+    """Block `index`'s query (or key) on its own slices of the head dimension: zeros as wide as each slice of the
+    other blocks around it."""
+    own = blocks[index]
+    operand, like = (own.query, own.query_like) if query else (own.key, own.key_like)
+    pieces: list[cst.BaseExpression] = []
+    for i, block in enumerate(blocks):
+        pieces.extend([operand] if i == index else [_zeros(like, width) for width in block.widths])
+    return _cat(pieces, -1)
+
+
+def _zeros(like: cst.BaseExpression, wide: cst.BaseExpression) -> cst.BaseExpression:
+    """`like.new_zeros(like.shape[:-1] + wide.shape[-1:])`."""
+    shape = cst.BinaryOperation(_shape_slice(like, upper=True), cst.Add(), _shape_slice(wide, upper=False))
+    return cst.Call(func=cst.Attribute(value=primary(like.deep_clone()), attr=cst.Name("new_zeros")), args=[cst.Arg(shape)])
+
+
+def _shape_slice(node: cst.BaseExpression, upper: bool) -> cst.BaseExpression:
+    """`node.shape[:-1]` (`upper`) or `node.shape[-1:]`."""
+    bound = cst.UnaryOperation(cst.Minus(), cst.Integer("1"))
+    piece = cst.Slice(lower=None, upper=bound) if upper else cst.Slice(lower=bound, upper=None)
+    return cst.Subscript(
+        value=cst.Attribute(value=primary(node.deep_clone()), attr=cst.Name("shape")), slice=[cst.SubscriptElement(piece)]
+    )
+
+
+def _cat(pieces: Sequence[cst.BaseExpression], dim: int) -> cst.BaseExpression:
+    """`torch.cat([...], dim=dim)`, a piece that is itself concatenated along `dim` spliced in; one piece alone."""
+    flat = [inner for piece in pieces for inner in (_cat_pieces(piece, dim) or [piece])]
+    if len(flat) == 1:
+        return flat[0]
+    dimension = cst.UnaryOperation(cst.Minus(), cst.Integer(str(-dim)))
+    return cst.Call(
+        func=cst.Attribute(value=cst.Name("torch"), attr=cst.Name("cat")),
+        args=[
+            cst.Arg(cst.List([cst.Element(piece.deep_clone()) for piece in flat])),
+            cst.Arg(dimension, keyword=cst.Name("dim"), equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))),
+        ],
+    )
+
+
+def _cat_pieces(node: cst.BaseExpression, dim: int) -> list[cst.BaseExpression] | None:
+    """The pieces of `torch.cat([...], dim=dim)` as `_cat` writes it, else None."""
+    if not (isinstance(node, cst.Call) and m.matches(node.func, m.Attribute(m.Name("torch"), m.Name("cat")))):
+        return None
+    listed, given = p.arg(node, 0, "tensors"), p.arg(node, 1, "dim")
+    if not isinstance(listed, cst.List) or given is None or p.number(given) != dim:
+        return None
+    if any(isinstance(e, cst.StarredElement) for e in listed.elements):
+        return None
+    return [e.value for e in listed.elements]
+
+
+_WORDS_AND_ENTITIES = """entities = query.flip(-2)
+to_words = query @ key.transpose(-1, -2)
+to_entities = (query * 2) @ entities.transpose(-1, -2)
+"""
+
+EXAMPLES = {
+    "joined_blocks": (
+        # two blocks side by side, each with its own query: one product over both queries' slices
+        Example(
+            _WORDS_AND_ENTITIES
+            + "scores = torch.cat([to_words, to_entities], dim=-1)\nprobs = scores.softmax(-1)\n"
+            "return probs @ torch.cat([value, value.flip(-2)], dim=-2)",
+            Start,
+        ),
+        # LUKE's four blocks: rows of blocks along the keys, then the rows along the queries
+        Example(
+            _WORDS_AND_ENTITIES
+            + "from_entities = torch.cat([(query + 1) @ key.transpose(-1, -2), query.flip(-1) @ entities.transpose(-1, -2)], dim=-1)\n"
+            "scores = torch.cat([torch.cat([to_words, to_entities], dim=-1), from_entities], dim=-2)\n"
+            "probs = scores.softmax(-1)\nreturn probs @ torch.cat([value, value.flip(-2)], dim=-2)",
+            Start,
+        ),
+        # a block scaled on its own is not a block of one product
+        Example(
+            _WORDS_AND_ENTITIES
+            + "scores = torch.cat([to_words / 8.0, to_entities], dim=-1)\nprobs = scores.softmax(-1)\n"
+            "return probs @ torch.cat([value, value], dim=-2)",
+            refused=Code.SCORES_TRANSFORMED,
+        ),
+        # concatenated along the heads: no product of the query and key dimensions
+        Example(
+            _WORDS_AND_ENTITIES
+            + "scores = torch.cat([to_words, to_entities], dim=1)\nprobs = scores.softmax(-1)\nreturn probs @ value",
+            refused=Code.SCORES_TRANSFORMED,
+        ),
+        # an operand reassigned between its product and the concatenation
+        Example(
+            _WORDS_AND_ENTITIES
+            + "entities = entities * 2\nscores = torch.cat([to_words, to_entities], dim=-1)\n"
+            "probs = scores.softmax(-1)\nreturn probs @ torch.cat([value, value], dim=-2)",
+            refused=Code.SCORES_TRANSFORMED,
+        ),
+        # a block read again after it joined the matrix
+        Example(
+            _WORDS_AND_ENTITIES
+            + "scores = torch.cat([to_words, to_entities], dim=-1)\nself.kept = to_words.sum()\n"
+            "probs = scores.softmax(-1)\nreturn probs @ torch.cat([value, value], dim=-2)",
+            refused=Code.SCORES_READ,
+        ),
+    ),
+}
