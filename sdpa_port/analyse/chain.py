@@ -38,6 +38,12 @@ class KeepAction(enum.Enum):
     RESHAPE_AS = "reshape_as"  # `x.reshape_as(scores)` / `x.view_as(scores)` -> `x.reshape(<the scores' shape>)`
 
 
+# the query SDPA is handed, where an operation reads the scores' dtype or device and the tracer cannot write that
+# query as an expression valid wherever the operation runs (a product joined from blocks, or one computed by each
+# branch its own way): the emitters name their query operand and put the name in its place
+HANDED_QUERY = "__sdpa_port_query__"
+
+
 # ------------------------------------------------------------------ values and operations
 
 

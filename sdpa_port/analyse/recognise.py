@@ -416,6 +416,7 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
             optional = None if candidate is None else _without_optional(facts, class_name, forward, line_of)
             branch = None if optional is not None else _one_branch(facts, class_name, forward, line_of)
             retried = optional or (None if branch is None else (branch.known, branch.result, branch.candidate))
+            whole = candidate  # the computation read across both sides of the test
             if retried is not None:
                 known, result, candidate = retried
                 head_masks.extend(sorted(known.none))
@@ -423,6 +424,9 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
                 if branch is not None:
                     alternatives.append(branch.side)
                     eager_side = branch.eager_side
+                    if eager_side is None and whole is not None and whole.poison is not None:
+                        # the other side would port alone, not in one computation with this side: why, said
+                        eager_side = Refusal.of(whole.poison, class_name, whole.poison_line or whole.start_line)
         if candidate is None:
             refusal = Refusal(Code.REPEATED, class_name, inline[1].start_line, "forward computes several attentions")
         elif candidate.poison is not None:

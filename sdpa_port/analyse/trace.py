@@ -45,6 +45,7 @@ from sdpa_port.analyse.chain import (  # the chain's values and operations, used
     Dropout,
     ExprVal,
     Fill,
+    HANDED_QUERY,
     Guard,
     HeadMask,
     KeepAction,
@@ -90,6 +91,7 @@ __all__ = [
     "Fill",
     "FunctionScope",
     "Guard",
+    "HANDED_QUERY",
     "HeadMask",
     "KeepAction",
     "KeepStmt",
@@ -1020,6 +1022,8 @@ class Tracer:
             return node
         mapping: dict[cst.CSTNode, cst.CSTNode] = {}
         query = primary(start.operands[0] if start.operands else start.query)  # its dtype and device, in any layout
+        if start.joined or self.candidates[cid].starts() > 1:
+            query = cst.Name(HANDED_QUERY)
         for attribute in finder.attributes:
             mapping[attribute] = cst.Attribute(value=query, attr=attribute.attr)
         for call in finder.expands:
@@ -1150,14 +1154,12 @@ class Tracer:
         if found is not None:
             assert isinstance(node, cst.Call)
             return len(node.args) if all(not a.star for a in node.args) else None
-        if (
-            isinstance(node, cst.Subscript)
-            and len(node.slice) == 1
-            and isinstance(node.slice[0].slice, cst.Index)
-            and isinstance(node.slice[0].slice.value, cst.Integer)
-        ):
-            inner = self.rank_of(node.value, depth + 1)  # `x[0]` drops the first dimension
-            return inner - 1 if inner is not None else None
+        if isinstance(node, cst.Subscript) and all(_basic_index(element.slice) is not None for element in node.slice):
+            # `x[0]` drops the first dimension, `x[:, :, :n]` keeps every one
+            inner = self.rank_of(node.value, depth + 1)
+            if inner is None or len(node.slice) > inner:
+                return None
+            return inner - sum(_basic_index(element.slice) == "integer" for element in node.slice)
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Multiply, cst.Divide)):
             # a tensor scaled by a number keeps its rank
             for tensor, other in ((node.left, node.right), (node.right, node.left)):
@@ -1282,6 +1284,17 @@ def _changed_in_place(small: cst.BaseSmallStatement) -> set[str]:
             if isinstance(target, (cst.Subscript, cst.Attribute)):
                 out |= {n.value for n in [_root_name(target)] if n is not None}
     return out
+
+
+def _basic_index(index: cst.BaseSlice) -> str | None:
+    """"integer" for `x[2]` or `x[-1]` (the dimension dropped), "slice" for `x[a:b]` (kept), else None (`x[None]`,
+    `x[...]`, a tensor index: not read)."""
+    if isinstance(index, cst.Slice):
+        return "slice"
+    value = index.value if isinstance(index, cst.Index) else None
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+        value = value.expression
+    return "integer" if isinstance(value, cst.Integer) else None
 
 
 def _root_name(node: cst.BaseExpression) -> cst.Name | None:

@@ -451,7 +451,7 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
             "the flat (batch * heads) layout is never viewed per head, so it cannot be handed to the interface as "
             "(batch, heads, length, dim)",
         )
-    body = emitter.block(block_body(forward.body))
+    body = emitter.emit(block_body(forward.body))
     if not emitter.dispatched:
         raise Refuse(Code.NOT_EXTRACTABLE, "the product with V was not reached on the dispatch path")
     if emitter.eager_mask_tests and emitter.eager_mask.build_always:

@@ -29,6 +29,7 @@ from sdpa_port.analyse.cstutil import (
     plus,
     primary,
     rebuild_if,
+    replace_names,
     replace_nodes,
 )
 from sdpa_port.analyse.patterns import DropoutCall, cast_operand, inverse, permuted, walk_names
@@ -179,6 +180,14 @@ class SdpaEmitter(StatementWalker):
         self.shifted = False  # the row's maximum was subtracted from the scores (`Shift`)
         # names the enclosing `if` tests have shown not to be None, innermost last
         self.not_none: list[set[str]] = []
+
+    def emit(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """The SDPA code of a function body: the walk, with the query handed to SDPA named where an operation read
+        the scores' dtype or device through it (`trace.HANDED_QUERY`)."""
+        body = self.block(statements)
+        if self.query is None or not any(n == t.HANDED_QUERY for s in body for n in walk_names(s)):
+            return body
+        return [replace_names(s, {t.HANDED_QUERY: self.query_root()}) for s in body]
 
     # -------------------------------------------------------------- layout
 

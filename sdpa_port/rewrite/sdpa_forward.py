@@ -111,7 +111,7 @@ def build_sdpa_forward(
     if not analysis.helpers:
         result, candidate = trace_sdpa_path(facts, analysis.class_name, special, aligned=keys_aligned_in(facts, analysis))
         emitter = SdpaEmitter(result, candidate, options)
-        body = emitter.block(block_body(special.body))
+        body = emitter.emit(block_body(special.body))
         removable = emitter.removed_reads
     else:
         inliner = Inliner(facts, analysis, options, special)
@@ -220,7 +220,7 @@ class Inliner(StatementWalker):
                 self.facts, self.analysis.class_name, special, keys, self._aligned, ranks=ranks
             )
             emitter = SdpaEmitter(result, candidate, self.with_aliases(self.options, bound))
-            body = emitter.block(block_body(special.body))
+            body = emitter.emit(block_body(special.body))
             self.removed_reads |= emitter.removed_reads | set(bound)
         else:
             body = list(block_body(special.body))

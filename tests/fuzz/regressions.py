@@ -494,6 +494,41 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
              wiring="direct", flat_bias=True, length_first=True, streams="remade"),
         "exact", None,
     ),
+    # scores joined by torch.cat from four blocks (LUKE's form): one product of operands joined along the head
+    # dimension; with a cache the keys are reassigned, so no two blocks share a slice of the keys
+    "12z21: scores joined from blocks, with a cache and a causal mask, 4.x": (
+        Spec(causal="mask", mask_style="causal_helper", cache=True, dropout="module", blocks="joined"),
+        "exact", None,
+    ),
+    # the blocks under a flag, one plain product otherwise: one chain whose operands each branch names
+    "12z22: blocks in one branch of a flag, a plain product in the other, interface style": (
+        Spec(family="523", mask_style="builder", causal="buffer", dropout="module", blocks="branch"),
+        "exact", None,
+    ),
+    # the joined scores squared: refused as after any product
+    "12z23: joined scores squared, 4.x": (
+        Spec(mask_style="manual_float", blocks="joined", hazard="square"),
+        "refused", "S103",
+    ),
+    # found by the fuzzer (seed 210331, wrong by 1.5): the zeros beside a joined query took their widths from the
+    # keys, so the query read what the keys read (the cache) and the keys looked like the queries' own positions to
+    # the check of masked rows; refused M202 as without blocks
+    "12z24: blocks with a cache and a top-left causal slice replacing by a finite value, 4.x": (
+        Spec(scale_place="qk_quarter", scale_form="full_div", terms=(("bool_mask", "not_none"),), mask_style="manual_bool",
+             causal="buffer", causal_slice="top_left", lengths_from_scores=True, fill_form="where_inverted",
+             fill_value="minus_1e4", causal_guard="cross_pass_else", dropout="functional", head_mask=True, cache=True,
+             is_causal_attr=True, wiring="direct", blocks="joined"),
+        "refused", "M202",
+    ),
+    # found by the fuzzer (seeds 210029, 210035, 210192, 210472): a mask's `finfo(scores.dtype)` read through the
+    # blocks' joined query, which the branch without blocks never builds (UnboundLocalError there); now the query
+    # each branch names
+    "12z25: blocks under a flag and a floor reading the scores' dtype, 4.x": (
+        Spec(product="operator", scale_place="none", scale_form="pow_div", scale_guard="flag", terms=(("mask", "plain"),),
+             fill_form="masked_fill_inplace", guard_floor=True, mask_assert=True, softmax="upcast", dropout="module",
+             head_mask=True, cache=True, config_stored=False, flat_bias=True, blocks="branch"),
+        "exact", None,
+    ),
     # found by the fuzzer while 12l was written (seed 180293, wrong by 3.19): the class style's SDPA class reads a
     # None mask as causal only when the mask is added whenever forward runs; a mask added whenever the chain runs is
     # not enough, since the eager fallback of the other branch then gets None for a causal mask

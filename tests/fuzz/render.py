@@ -303,7 +303,16 @@ def product_lines(spec: Spec, n: Names, code: Code) -> None:
     elif spec.scale_place == "qk_quarter":
         code.add(f"{q} = {q} * {n.attr('head_dim')} ** -0.25")
         code.add(f"{k} = {k} * {n.attr('head_dim')} ** -0.25")
-    if product == "matmul":
+    if spec.blocks == "joined":
+        block_lines(n, code)
+    elif spec.blocks == "branch":
+        code.add(f"if {n.attr('flag_blocks')}:")
+        with code.indent():
+            block_lines(n, code)
+        code.add("else:")
+        with code.indent():
+            code.add(f"attn_weights = torch.matmul({q}, {k}.transpose(-1, -2))")
+    elif product == "matmul":
         code.add(f"attn_weights = torch.matmul({q}, {k}.transpose(-1, -2))")
     elif product == "operator":
         code.add(f"attn_weights = {q} @ {k}.transpose(-2, -1)")
@@ -338,6 +347,25 @@ def product_lines(spec: Spec, n: Names, code: Code) -> None:
             f"attn_weights = torch.baddbmm(torch.zeros(bsz * {n.attr('num_heads')}, {n.q_len}, {n.k_len}, "
             f"dtype={q}.dtype, device={q}.device), {q}, {k}.transpose(1, 2), beta=0.0, alpha={alpha})"
         )
+
+
+def block_lines(n: Names, code: Code) -> None:
+    """Scores joined from four blocks: the query split in two along its length, the key likewise, each block's query
+    scaled its own way (no two blocks share a query), the first key half read through two names (one key per column
+    of blocks); the upper row joined along `-1`, the lower along `3`, the rows along `2`."""
+    q, k = n.query, n.key
+    code.add(f"split_q = {q}.shape[-2] // 2")
+    code.add(f"split_k = {k}.shape[-2] // 2")
+    code.add(f"first_keys = {k}[:, :, :split_k]")
+    code.add(f"rest_keys = {k}[:, :, split_k:]")
+    code.add(
+        f"upper = torch.cat([torch.matmul({q}[:, :, :split_q], first_keys.transpose(-1, -2)), "
+        f"torch.matmul({q}[:, :, :split_q] * 0.5, rest_keys.transpose(-1, -2))], dim=-1)"
+    )
+    code.add(f"again_keys = {k}[:, :, :split_k]")
+    code.add(f"lower_left = torch.matmul({q}[:, :, split_q:] * 2.0, again_keys.transpose(-1, -2))")
+    code.add(f"lower = torch.cat([lower_left, torch.matmul({q}[:, :, split_q:], rest_keys.transpose(-1, -2))], dim=3)")
+    code.add("attn_weights = torch.cat([upper, lower], dim=2)")
 
 
 def replace_form(spec: Spec) -> Spec:
@@ -626,6 +654,8 @@ def attention_class(spec: Spec, code: Code) -> None:
             code.add("self.flag_causal = config.flag_causal")
             if spec.twin_helper:
                 code.add("self.reorder_and_upcast = config.flag_twin")
+            if spec.blocks == "branch":
+                code.add("self.flag_blocks = config.flag_blocks")
             if spec.settings_branch:
                 code.add("self.seq_len = 16")
                 code.add("self.landmarks = 16 + int(config.flag_landmarks)")
@@ -1175,6 +1205,7 @@ class FuzzConfig(PretrainedConfig):
         flag_causal=False,
         flag_landmarks=False,
         flag_twin=False,
+        flag_blocks=False,
         attn_impl="eager",
         pad_token_id=0,
         **kwargs,
@@ -1189,6 +1220,7 @@ class FuzzConfig(PretrainedConfig):
         self.flag_causal = flag_causal
         self.flag_landmarks = flag_landmarks
         self.flag_twin = flag_twin
+        self.flag_blocks = flag_blocks
         self.attn_impl = attn_impl
         super().__init__(pad_token_id=pad_token_id, **kwargs)
 '''

@@ -150,6 +150,10 @@ class Spec:
     # streams): "remade" computes the chain again from the scores for it (a draw of its own where there is dropout),
     # "shared" multiplies the same probabilities (one draw: with dropout, SDPA calls cannot reproduce it)
     streams: str = "one"
+    # the scores joined by `torch.cat` from four blocks (the query and key each split in two along their lengths,
+    # each block's query scaled its own way, a key half read through two names: LUKE's form): "joined" always,
+    # "branch" only under `if self.flag_blocks:`, one plain product otherwise
+    blocks: str = "none"
 
     # -------------------------------------------------------------- derived facts
 
@@ -175,6 +179,8 @@ class Spec:
             out.append("flag_landmarks")
         if self.twin_helper:
             out.append("flag_twin")
+        if self.blocks == "branch":
+            out.append("flag_blocks")
         return out
 
     def describe(self) -> str:
@@ -188,6 +194,7 @@ class Spec:
 
 SPARSE_SIBLINGS = ("none", "own", "mask")
 STREAMS = ("one", "remade", "shared")
+BLOCKS = ("none", "joined", "branch")
 
 
 def _pick(rng: random.Random, choices: tuple[str, ...], weights: tuple[float, ...] | None = None) -> str:
@@ -272,7 +279,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         own_flag_guard=rng.random() < 0.5,
         twin_helper=rng.random() < 0.3,
         settings_flag=rng.random() < 0.5,
-        streams=_pick(rng, STREAMS, (0.88, 0.08, 0.04)),  # drawn last
+        streams=_pick(rng, STREAMS, (0.88, 0.08, 0.04)),
+        blocks=_pick(rng, BLOCKS, (0.8, 0.1, 0.1)),  # drawn last
     )
     return normalise(spec)
 
@@ -377,6 +385,9 @@ def normalise(spec: Spec) -> Spec:
         changes["twin_helper"] = False  # one branching at a time, between two helpers computing the attention
     if spec.settings_flag and not changes.get("settings_branch", spec.settings_branch):
         changes["settings_flag"] = False
+    blockable = changes.get("layout", spec.layout) == "heads" and changes.get("product", spec.product) in ("matmul", "operator", "method")
+    if spec.blocks != "none" and not (blockable and spec.streams == "one"):
+        changes["blocks"] = "none"  # 4-D scores from a plain product; the second stream copies the lines after it
     return replace(spec, **changes) if changes else spec
 
 

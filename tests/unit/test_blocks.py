@@ -39,13 +39,18 @@ def test_each_branch_names_the_operands_of_its_own_product() -> None:
     # the token rows read one key per block, the memory rows theirs: four slices, zeros beside each operand
     joined = forward.split("sdpa_query = ")[1].split("\n")[0]
     assert joined.count("new_zeros(") == 4, joined
+    # the zeros take their widths from operands of their own side: the joined query reads no key, the joined key no
+    # query (what the keys read decides whether they are the queries' own positions; seed 210331)
+    assert "key" not in joined.replace("sdpa_key", ""), joined
+    keys = forward.split("sdpa_key = ")[1].split("\n")[0]
+    assert "query" not in keys, keys
 
 
 @pytest.mark.parametrize(
     "change,code,reason",
     [
         # a branch whose scores are scaled before the branches meet: no bare product of its own
-        ((PLAIN, PLAIN.replace("))\n", ")) * 2\n")), None, ""),
+        ((PLAIN, PLAIN.replace("))\n", ")) * 2\n")), "S110", "the scores are replaced under a condition"),
         # a block kept aside after it joined the matrix
         ((JOINED, JOINED + "            self.kept = remembered\n"), "S104", "`remembered` is used again after its scores joined"),
         # a block changed after it joined (its statement goes with the block's product)
@@ -64,7 +69,7 @@ def test_each_branch_names_the_operands_of_its_own_product() -> None:
     ],
     ids=["scaled-branch", "kept-block", "block-changed", "block-changed-in-place", "in-place", "scaled-block", "heads"],
 )
-def test_look_alikes_keep_the_blocks_on_eager(change: tuple[str, str], code: str | None, reason: str) -> None:
+def test_look_alikes_keep_the_blocks_on_eager(change: tuple[str, str], code: str, reason: str) -> None:
     """What the blocks' branch does that no joined product expresses leaves that branch (a test of the module's
     settings) on eager, said with the reason; the other branch's one product ports."""
     source = fixture()
@@ -73,9 +78,8 @@ def test_look_alikes_keep_the_blocks_on_eager(change: tuple[str, str], code: str
     assert ported.status is Status.PORTED, ported.reasons
     assert "        if output_attentions or self.block_queries:\n" in sdpa_forward(ported.source)
     assert sdpa_forward(ported.source).count("sdpa_query") == 0  # one product, the plain branch's
-    if code is not None:
-        (warning,) = ported.warnings
-        assert "only where `not self.block_queries`" in warning and f"[{code}]" in warning and reason in warning, warning
+    (warning,) = ported.warnings
+    assert "only where `not self.block_queries`" in warning and f"[{code}]" in warning and reason in warning, warning
 
 
 def test_a_product_replaced_in_one_branch_only_is_refused() -> None:

@@ -36,7 +36,9 @@ CONCATENATIONS = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
 class Block:
     """A block's operands laid out for one product, and what they are: equal ids, the same tensor (None: not known).
     Zeros beside an operand take their leading sizes from its `like` (a plain operand where there is one) and their
-    widths from `widths`, an operand per slice of the head dimension."""
+    widths from an operand of the same side per slice of the head dimension (`query_widths`, `key_widths`): the
+    joined query reads only what the queries read, the joined key what the keys read, as analyses of where the keys
+    come from (caches, cross-attention states) expect."""
 
     query: cst.BaseExpression
     key: cst.BaseExpression
@@ -44,7 +46,8 @@ class Block:
     key_id: Hashable | None
     query_like: cst.BaseExpression
     key_like: cst.BaseExpression
-    widths: tuple[cst.BaseExpression, ...]
+    query_widths: tuple[cst.BaseExpression, ...]
+    key_widths: tuple[cst.BaseExpression, ...]
 
 
 def joined_blocks(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
@@ -140,7 +143,7 @@ def _part(tracer: Tracer, node: cst.BaseExpression, line: int) -> tuple[Candidat
     if candidate.cid in tracer.blocks:
         return candidate, tracer.blocks[candidate.cid]
     query, key = start.query, start.key
-    return candidate, Block(query, key, _identity(tracer, query), _identity(tracer, key), query, key, (key,))
+    return candidate, Block(query, key, _identity(tracer, query), _identity(tracer, key), query, key, (query,), (key,))
 
 
 def _axis(dim: cst.BaseExpression | None, rank: int | None) -> int | None:
@@ -177,11 +180,12 @@ def _identity(tracer: Tracer, node: cst.BaseExpression) -> Hashable | None:
 def _joined(blocks: Sequence[Block], along_keys: bool) -> Block:
     """Blocks side by side (`along_keys`) or stacked: one query and one key whose product is the joined matrix."""
     first = blocks[0]
-    widths = tuple(width for b in blocks for width in b.widths)
+    widths = (tuple(w for b in blocks for w in b.query_widths), tuple(w for b in blocks for w in b.key_widths))
     if along_keys:
         if _same(b.query_id for b in blocks):  # one query: its slices, the keys one after another
             keys = _cat([b.key for b in blocks], -2)
-            return Block(first.query, keys, first.query_id, _ids("keys", [b.key_id for b in blocks]), first.query_like, keys, first.widths)
+            key_id = _ids("keys", [b.key_id for b in blocks])
+            return Block(first.query, keys, first.query_id, key_id, first.query_like, keys, first.query_widths, first.key_widths)
         keys = _cat([_on_own_slices(blocks, index, query=False) for index in range(len(blocks))], -2)
         return Block(
             _cat([b.query for b in blocks], -1),
@@ -190,11 +194,12 @@ def _joined(blocks: Sequence[Block], along_keys: bool) -> Block:
             _ids("sliced", [b.key_id for b in blocks]),
             first.query_like,
             keys,
-            widths,
+            *widths,
         )
     if _same(b.key_id for b in blocks):  # one key: its slices, the queries one after another
         queries = _cat([b.query for b in blocks], -2)
-        return Block(queries, first.key, _ids("rows", [b.query_id for b in blocks]), first.key_id, queries, first.key_like, first.widths)
+        query_id = _ids("rows", [b.query_id for b in blocks])
+        return Block(queries, first.key, query_id, first.key_id, queries, first.key_like, first.query_widths, first.key_widths)
     queries = _cat([_on_own_slices(blocks, index, query=True) for index in range(len(blocks))], -2)
     return Block(
         queries,
@@ -203,7 +208,7 @@ def _joined(blocks: Sequence[Block], along_keys: bool) -> Block:
         _ids("slices", [b.key_id for b in blocks]),
         queries,
         first.key_like,
-        widths,
+        *widths,
     )
 
 
@@ -218,12 +223,13 @@ def _ids(kind: str, ids: Sequence[Hashable | None]) -> Hashable | None:
 
 def _on_own_slices(blocks: Sequence[Block], index: int, query: bool) -> cst.BaseExpression:
     """Block `index`'s query (or key) on its own slices of the head dimension: zeros as wide as each slice of the
-    other blocks around it."""
+    other blocks around it (read from operands of the same side)."""
     own = blocks[index]
     operand, like = (own.query, own.query_like) if query else (own.key, own.key_like)
     pieces: list[cst.BaseExpression] = []
     for i, block in enumerate(blocks):
-        pieces.extend([operand] if i == index else [_zeros(like, width) for width in block.widths])
+        widths = block.query_widths if query else block.key_widths
+        pieces.extend([operand] if i == index else [_zeros(like, width) for width in widths])
     return _cat(pieces, -1)
 
 
