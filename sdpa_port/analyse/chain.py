@@ -285,6 +285,18 @@ class Candidate:
         """How many query-key products the chain has: more than one where branches each compute their own."""
         return sum(isinstance(op, Start) for op, _, _ in self.ops)
 
+    def operands(self) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+        """The query and key of the chain's product; where branches each compute their own, a tuple of each one's:
+        what the queries or the keys read on any path (where the keys come from is judged over all of them)."""
+        starts = [op for op, _, _ in self.ops if isinstance(op, Start)]
+        if len(starts) < 2:
+            assert self.start is not None
+            return self.start.query, self.start.key
+        return (
+            cst.Tuple([cst.Element(s.query) for s in starts]),
+            cst.Tuple([cst.Element(s.key) for s in starts]),
+        )
+
     def poisoned(self, code: Code, detail: str, line: int) -> None:
         if self.poison is None:
             self.poison = Reason(code, detail)

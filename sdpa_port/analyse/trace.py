@@ -484,7 +484,9 @@ class Tracer:
         if output is not None:
             self.output_statement(small, value, output, names, depth, line)
             return
-        if self.reads_only_weights(value) and not self.remade(value, line):
+        weights_only = self.reads_only_weights(value)
+        again = self.remade(value, line) if weights_only else None  # decomposed once, used below
+        if weights_only and again is None:
             if not self.weights_passed_along(value):
                 for cid in self.chain_value_refs(value):
                     self.candidates[cid].poisoned(
@@ -494,7 +496,7 @@ class Tracer:
             self.bind_plain(targets, value)
             return
         try:
-            base, ops = self.decompose(value, line)
+            base, ops = again if again is not None else self.decompose(value, line)
         except NotChain:
             self.keep_expression(value, line, small, allow_probs=self.output_seen)
             self.bind_plain(targets, value)
@@ -521,15 +523,15 @@ class Tracer:
         self.env[names[0]] = after
         self.note_assignment(names)
 
-    def remade(self, value: cst.BaseExpression, line: int) -> bool:
-        """The expression makes again a value of a chain an earlier statement made (after LiLT's product with its
-        layout values, the dropout of the probabilities for the text values)."""
+    def remade(self, value: cst.BaseExpression, line: int) -> tuple[ChainVal, list[Op]] | None:
+        """The expression's chain value and operations where it makes again a value of a chain an earlier statement
+        made (after LiLT's product with its layout values, the dropout of the probabilities for the text values)."""
         try:
             base, ops = self.decompose(value, line)
         except (NotChain, Poison):
-            return False
+            return None
         made = self.remakes.key(base, value, self.env, self.assignments, self.branches)
-        return bool(ops) and self.remakes.first(made) is not None
+        return (base, ops) if ops and self.remakes.first(made) is not None else None
 
     def _later(self, base: ChainVal) -> list[str]:
         """The names holding a value further along `base`'s chain than `base` (remade values stand where the value

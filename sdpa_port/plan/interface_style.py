@@ -364,7 +364,8 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
             mask_setting = (op.setting, line)
     own_forward = forward_of(facts.tree, [info.name for info in facts.mro(analysis.class_name)]) if facts.tree else None
     extended = extended_mask(own_forward, mask_param) if own_forward is not None and mask_param else None
-    cross = key_only_parameters(forward, start.key, start.query)
+    queries, keys = candidate.operands()
+    cross = key_only_parameters(forward, keys, queries)
     if mask_setting is not None:
         _check_mask_setting(causality, analysis.class_name, mask_param, cross, *mask_setting)
     extension: tuple[str, KeptMasks] | None = None

@@ -76,16 +76,10 @@ class InterfaceOptions:
 
 @dataclass
 class EagerPart:
-    """What the eager function needs: its statements, the values it reads from forward, the operand names."""
+    """What forward's dispatch needs to know of the eager function: the name of its output, and the values it reads
+    from forward (passed as keywords)."""
 
-    statements: list[cst.BaseStatement] = field(default_factory=list)
     output_name: str = "attn_output"
-    weights: str | None = None
-    rank: int | None = None
-    heads: tuple[cst.BaseExpression, cst.BaseExpression] | None = None
-    query: cst.BaseExpression | None = None
-    key: cst.BaseExpression | None = None
-    value: cst.BaseExpression | None = None
     free: list[str] = field(default_factory=list)
 
 
@@ -305,9 +299,6 @@ class InterfaceEmitter(SdpaEmitter):
             converted = permuted(flat, plan.output.order)
         out.append(line.with_changes(body=[replace_nodes(small, {plan.output.node: converted})]))
         self.dispatched = True
-        self.eager.weights = weights[0] if weights else None
-        self.eager.rank = rank
-        self.eager.heads = layout.heads
         return out
 
     def held_elsewhere(self, name: str) -> bool:

@@ -129,3 +129,23 @@ def test_the_eager_function_reads_the_handed_operands_only_in_the_product_that_t
     assert "        scores = torch.matmul(query, key.transpose(-1, -2))\n" in eager, eager
     assert "        scores = torch.matmul(query_ * 2, key_.transpose(-1, -2))\n" in eager, eager
     assert "query_=query," in ported.source and "key_=key," in ported.source
+
+
+def test_where_the_keys_come_from_is_read_over_every_branch() -> None:
+    """A branch reading keys from the encoder's states beside one reading the module's own: the site lists both
+    branches' operands, so the checks of where keys come from (caches, cross-attention states) see the encoder's."""
+    from helpers import analyse, attention_module
+
+    body = """
+    if self.flag:
+        scores = query @ key.transpose(-1, -2)
+    else:
+        scores = query @ encoder_hidden_states.transpose(-1, -2)
+    probs = scores.softmax(-1)
+    return probs @ value
+    """
+    source = attention_module(body, init="self.flag = config.flag", signature="query, key, value, encoder_hidden_states=None")
+    analysis = analyse(source)
+    assert analysis is not None and analysis.refusal is None, analysis
+    (site,) = analysis.sites
+    assert (site.query, site.key) == ("(query, query)", "(key, encoder_hidden_states)")

@@ -22,7 +22,7 @@ import libcst.matchers as m
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import SCORES, Candidate, ChainVal, ExprVal, NotChain, Poison, Start, short
 from sdpa_port.analyse.cstutil import code, primary
-from sdpa_port.analyse.forms.common import Example
+from sdpa_port.analyse.forms.common import Example, scored
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -64,9 +64,14 @@ def joined_blocks(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recogn
         return None
     parts: list[tuple[Candidate, Block]] = []
     for element in listed.elements:
-        if isinstance(element, cst.StarredElement):
-            raise Poison(Code.SCORES_TRANSFORMED, "the scores are concatenated from a starred list", tracer.chain_refs(listed))
-        parts.append(_part(tracer, element.value, line))
+        try:
+            if isinstance(element, cst.StarredElement):
+                raise Poison(Code.SCORES_TRANSFORMED, "the scores are concatenated from a starred list", set())
+            parts.append(_part(tracer, element.value, line))
+        except Poison as poison:
+            # refused for every chain listed, those read by name and the products listed before this one
+            poison.cids |= tracer.chain_refs(listed) | {candidate.cid for candidate, _ in parts}
+            raise
     cids = {candidate.cid for candidate, _ in parts}
     ranks = {candidate.start.rank for candidate, _ in parts if candidate.start is not None}
     if len(ranks) != 1:
@@ -122,7 +127,9 @@ def _part(tracer: Tracer, node: cst.BaseExpression, line: int) -> tuple[Candidat
     recorded = [op for op, _, _ in candidate.ops]
     named, inline = recorded == [start] and not ops, ops == [start] and not recorded
     bare = base.stage is SCORES and start is not None and (named or inline)
-    if not bare or candidate.poison is not None or candidate.absorbed:
+    if candidate.poison is not None:  # refused already (a block concatenated wrongly): that reason stands
+        raise Poison(candidate.poison.code, candidate.poison.detail, {base.cid})
+    if not bare or candidate.absorbed:
         raise Poison(
             Code.SCORES_TRANSFORMED,
             f"`{short(node)}` is changed before the scores are concatenated (only bare query-key products join into one)",
@@ -302,6 +309,11 @@ EXAMPLES = {
             _WORDS_AND_ENTITIES
             + "scores = torch.cat([to_words / 8.0, to_entities], dim=-1)\nprobs = scores.softmax(-1)\n"
             "return probs @ torch.cat([value, value], dim=-2)",
+            refused=Code.SCORES_TRANSFORMED,
+        ),
+        # scores padded with a tensor of no product: refused for the scores (it was read as an unknown origin)
+        Example(
+            scored("probs = torch.cat([scores, query.new_zeros(query.shape[:-1] + (3,))], dim=-1).softmax(-1)"),
             refused=Code.SCORES_TRANSFORMED,
         ),
         # concatenated along the heads: no product of the query and key dimensions
