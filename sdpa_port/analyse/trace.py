@@ -702,6 +702,31 @@ class Tracer:
                 line,
             )
 
+    def new_chain(
+        self,
+        start: Start,
+        node: cst.CSTNode,
+        line: int,
+        bindings: tuple[tuple[str, int], ...],
+        members: tuple[cst.CSTNode, ...] = (),
+    ) -> int:
+        """A chain starting at the product `node` (a recognised query-key product, or blocks joined into one) here,
+        with what its operands read (`Candidate.start_bindings`) and the products joined into it: its id."""
+        cid = len(self.candidates)
+        self.candidates.append(
+            Candidate(
+                cid,
+                start,
+                line,
+                start_node=node,
+                start_path=tuple(self.path),
+                start_tests=len(self.tests),
+                start_bindings=bindings,
+                members=members,
+            )
+        )
+        return cid
+
     def may_start(self, node: cst.CSTNode) -> bool:
         """A query-key product (or a concatenation of them) may start a chain: on a re-trace for one chain, only its
         own."""

@@ -72,3 +72,17 @@ def assert_alone_sabotage_seen(checks) -> None:  # type: ignore[no-untyped-def]
     alone = [c for c in checks if c.name.endswith(" alone")]
     assert alone and not any(c.name == "not verified" for c in checks), lines
     assert any(not c.passed and c.max_diff is not None for c in alone), f"the sabotage went unnoticed:\n{lines}"
+
+
+# LUKE's port with its word and entity blocks joined wrongly: (text in the port, its replacement)
+MISPLACED_BLOCKS = [
+    # the entities' rows with their two blocks' queries swapped
+    ("torch.cat([e2w_query_layer, e2e_query_layer], dim=-1)", "torch.cat([e2e_query_layer, e2w_query_layer], dim=-1)"),
+    # the word keys without the zeros that keep them off the entity blocks' slice
+    ("torch.cat([w2w_key_layer, w2w_key_layer.new_zeros", "torch.cat([w2w_key_layer, w2w_key_layer.new_ones"),
+]
+
+
+def assert_misplaced_blocks_seen(sabotage: tuple[str, str], source: str, directory: Path) -> None:
+    assert source.count(sabotage[0]) == 1, sabotage[0]
+    assert_sabotage_seen(verify("luke", source.replace(*sabotage), directory, "blocks"))

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from driven import (
+    MISPLACED_BLOCKS,
     assert_alone_sabotage_seen,
     assert_checked_alone,
     assert_driven_and_passed,
+    assert_misplaced_blocks_seen,
     assert_sabotage_seen,
     broken,
     port_for_kind,
@@ -224,18 +226,7 @@ def test_composite_models_built_eager_run_no_sdpa_inside(
     assert failed and any("eager" in line for line in failed), [str(c) for c in checks]
 
 
-@pytest.mark.parametrize(
-    "sabotage",
-    [
-        # the entities' rows with their two blocks' queries swapped
-        ("torch.cat([e2w_query_layer, e2e_query_layer], dim=-1)", "torch.cat([e2e_query_layer, e2w_query_layer], dim=-1)"),
-        # the word keys without the zeros that keep them off the entity blocks' slice
-        ("torch.cat([w2w_key_layer, w2w_key_layer.new_zeros", "torch.cat([w2w_key_layer, w2w_key_layer.new_ones"),
-    ],
-    ids=["swapped", "ones"],
-)
+@pytest.mark.parametrize("sabotage", MISPLACED_BLOCKS, ids=["swapped", "ones"])
 def test_luke_checks_see_a_misplaced_block(sabotage: tuple[str, str], workdir: Path) -> None:
     """The entity path runs in the check (entity ids are built): a port that joins the blocks wrongly fails it."""
-    source = port_for_kind("luke", CASES["luke"])
-    assert source.count(sabotage[0]) == 1, sabotage[0]
-    assert_sabotage_seen(verify("luke", source.replace(*sabotage), workdir, "blocks"))
+    assert_misplaced_blocks_seen(sabotage, port_for_kind("luke", CASES["luke"]), workdir)

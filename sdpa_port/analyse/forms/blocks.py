@@ -95,19 +95,9 @@ def joined_blocks(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recogn
         operands_upcast=starts[0].operands_upcast,
         joined=True,
     )
-    cid = len(tracer.candidates)
     members = tuple(member for candidate, _ in parts for member in (candidate.start_node, *candidate.members) if member is not None)
-    candidate = Candidate(
-        cid,
-        start,
-        line,
-        start_node=node,
-        start_path=tuple(tracer.path),
-        start_tests=len(tracer.tests),
-        start_bindings=tuple(sorted({binding for part, _ in parts for binding in part.start_bindings})),
-        members=members,
-    )
-    tracer.candidates.append(candidate)
+    bindings = tuple(sorted({binding for part, _ in parts for binding in part.start_bindings}))
+    cid = tracer.new_chain(start, node, line, bindings, members)
     tracer.blocks[cid] = block
     for part, _ in parts:
         tracer.join(part.cid, cid, line, drop=True)

@@ -16,7 +16,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
-from sdpa_port.analyse.chain import SCORES, AddTerm, Candidate, ChainVal, Op, Poison, Scale, Start, short
+from sdpa_port.analyse.chain import SCORES, AddTerm, ChainVal, Op, Poison, Scale, Start, short
 from sdpa_port.analyse.cstutil import binary, block_body, code, nodes_of_type, primary
 from sdpa_port.analyse.forms.common import Example, scored, strip_casts
 from sdpa_port.refusals import Code
@@ -72,18 +72,8 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
         orders,
         (query, key) if orders != (None, None) else None,
     )
-    cid = len(tracer.candidates)
     read = p.walk_names(start.query) | p.walk_names(start.key)
-    candidate = Candidate(
-        cid,
-        start,
-        line,
-        start_node=node,
-        start_path=tuple(tracer.path),
-        start_tests=len(tracer.tests),
-        start_bindings=tuple((name, tracer.assignments.get(name, 0)) for name in sorted(read)),
-    )
-    tracer.candidates.append(candidate)
+    cid = tracer.new_chain(start, node, line, tuple((name, tracer.assignments.get(name, 0)) for name in sorted(read)))
     ops: list[Op] = [start]
     base = ChainVal(cid, SCORES, rank)
     if key_factor is not None:
