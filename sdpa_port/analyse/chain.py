@@ -281,14 +281,23 @@ class Candidate:
     # products of other branches (`Tracer.alternatives`)
     members: tuple[cst.CSTNode, ...] = ()
 
-    def starts(self) -> int:
-        """How many query-key products the chain has: more than one where branches each compute their own."""
-        return sum(isinstance(op, Start) for op, _, _ in self.ops)
+    def start_ops(self) -> list[Start]:
+        """The chain's query-key products: more than one where branches each compute their own."""
+        return [op for op, _, _ in self.ops if isinstance(op, Start)]
+
+    def branched(self) -> bool:
+        """Branches each compute their own product (`Tracer.alternatives`)."""
+        return len(self.start_ops()) > 1
+
+    def built(self) -> bool:
+        """The operands SDPA is handed are built, not read: a product joined from blocks, or one per branch. The
+        emitters name them, and operations reading the scores' dtype read it through that name (`HANDED_QUERY`)."""
+        return self.branched() or (self.start is not None and self.start.joined)
 
     def operands(self) -> tuple[cst.BaseExpression, cst.BaseExpression]:
         """The query and key of the chain's product; where branches each compute their own, a tuple of each one's:
         what the queries or the keys read on any path (where the keys come from is judged over all of them)."""
-        starts = [op for op, _, _ in self.ops if isinstance(op, Start)]
+        starts = self.start_ops()
         if len(starts) < 2:
             assert self.start is not None
             return self.start.query, self.start.key

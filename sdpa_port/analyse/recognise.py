@@ -747,14 +747,15 @@ def describe(
                 t.unreachable(op)
     if causal is CausalSource.NONE and any(term.kind is TermKind.MASK for term in terms):
         causal = CausalSource.MASK
+    queries, keys = candidate.operands()
     return AttentionSite(
         class_name=class_name,
         method=method,
         owner=owner,
         line=candidate.start_line,
         output_line=output_line,
-        query=code(candidate.operands()[0]),
-        key=code(candidate.operands()[1]),
+        query=code(queries),
+        key=code(keys),
         value=values[0] if values else "",
         product=start.product.form,
         layout=layout,

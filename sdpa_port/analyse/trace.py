@@ -1049,7 +1049,7 @@ class Tracer:
             return node
         mapping: dict[cst.CSTNode, cst.CSTNode] = {}
         query = primary(start.operands[0] if start.operands else start.query)  # its dtype and device, in any layout
-        if start.joined or self.candidates[cid].starts() > 1:
+        if self.candidates[cid].built():
             query = cst.Name(HANDED_QUERY)
         for attribute in finder.attributes:
             mapping[attribute] = cst.Attribute(value=query, attr=attribute.attr)

@@ -414,7 +414,7 @@ def eager_body(
     orders = (*start.orders, output.value_order)
     operands = (start.query, start.key, output.value)
     restore: dict[str, cst.BaseExpression] = {}  # placeholders of operands written as expressions
-    alternatives = candidate.starts() > 1
+    alternatives = candidate.branched()
     if alternatives:
         statements = [replace_nodes(s, _handed_operands(candidate)) for s in statements]
         for parameter in ("query", "key"):

@@ -185,7 +185,7 @@ class SdpaEmitter(StatementWalker):
         """The SDPA code of a function body: the walk, with the query handed to SDPA named where an operation read
         the scores' dtype or device through it (`trace.HANDED_QUERY`)."""
         body = self.block(statements)
-        if self.query is None or not any(n == t.HANDED_QUERY for s in body for n in walk_names(s)):
+        if self.query is None or not self.candidate.built():
             return body
         return [replace_names(s, {t.HANDED_QUERY: self.query_root()}) for s in body]
 
@@ -397,7 +397,7 @@ class SdpaEmitter(StatementWalker):
             if isinstance(plan, t.ChainStmt):
                 for op in plan.ops:
                     if isinstance(op, t.Start):
-                        if self.candidate.starts() > 1:
+                        if self.candidate.branched():
                             continue  # each branch computes its own product: it names its operands (`start_chain`)
                         raise Refuse(Code.CONDITIONAL, "the query-key product is computed under a condition", line=plan.line)
                     if isinstance(op, t.Scale):
@@ -541,7 +541,7 @@ class SdpaEmitter(StatementWalker):
         rebound = self.candidate.names_assigned_after_start
         # an operand laid out for SDPA (an einsum's) or built (a joined matrix's) is named once: shapes and dtypes are
         # read from it; where branches each compute their own product, each names its operands the same
-        built = op.joined or self.candidate.starts() > 1
+        built = self.candidate.built()
         if walk_names(op.query) & rebound or op.orders[0] is not None or built:
             out.append(assignment(self.names.query, op.query))
             self.query = cst.Name(self.names.query)

@@ -443,6 +443,11 @@ def _static_categorical(view: ConfigView, names: set[str], vocab: int) -> tuple[
     return TensorSpec("static_categorical_features", "categorical", (BATCH, count), dtype="long", cardinality=cardinality), ""
 
 
+def _has_entities(view: ConfigView) -> bool:
+    """The config has an entity vocabulary: its model's entity-aware attention runs only when entities are given."""
+    return bool(view.get(("entity_vocab_size",)))
+
+
 def _entity_ids(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
     """Entity ids (LUKE's entities beside the tokens), below the entity vocabulary."""
     high = int(view.get(("entity_vocab_size",), None, 10))
@@ -489,7 +494,6 @@ _BUILDERS: dict[str, Callable[..., tuple[Any, str]]] = {
 _WITH_CONFIG: dict[str, Callable[[ConfigView], bool]] = {
     "static_categorical_features": lambda view: bool(view.get(("num_static_categorical_features",))),
     "static_real_features": lambda view: bool(view.get(("num_static_real_features",))),
-    # the entities' own attention path (LUKE's entity-aware queries) runs only when they are given
-    "entity_ids": lambda view: bool(view.get(("entity_vocab_size",))),
-    "entity_position_ids": lambda view: bool(view.get(("entity_vocab_size",))),
+    "entity_ids": _has_entities,
+    "entity_position_ids": _has_entities,
 }

@@ -77,9 +77,9 @@ def joined_blocks(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recogn
     if len(ranks) != 1:
         raise Poison(Code.LAYOUT, "the concatenated scores differ in rank", cids)
     (rank,) = ranks
-    axis = _axis(p.arg(node, 1, "dim"), rank)
+    dim = p.arg(node, 1, "dim")
+    axis = _axis(dim, rank)
     if axis is None:
-        dim = p.arg(node, 1, "dim")
         where = f"dimension `{code(dim)}`" if dim is not None else "dimension 0"
         raise Poison(Code.SCORES_TRANSFORMED, f"the scores are concatenated along {where}, not the queries or the keys", cids)
     starts = [candidate.start for candidate, _ in parts if candidate.start is not None]
@@ -175,37 +175,38 @@ def _identity(tracer: Tracer, node: cst.BaseExpression) -> Hashable | None:
 
 
 def _joined(blocks: Sequence[Block], along_keys: bool) -> Block:
-    """Blocks side by side (`along_keys`) or stacked: one query and one key whose product is the joined matrix."""
+    """Blocks side by side (`along_keys`) or stacked: one query and one key whose product is the joined matrix.
+    Stacking is joining side by side with the roles of query and key exchanged."""
+    if not along_keys:
+        return _swapped(_side_by_side([_swapped(b) for b in blocks]))
+    return _side_by_side(blocks)
+
+
+def _side_by_side(blocks: Sequence[Block]) -> Block:
+    """Blocks side by side: the keys one after another, and the queries either one shared query (its slices) or
+    each on slices of its own, the keys padded with zeros to match."""
     first = blocks[0]
-    widths = (tuple(w for b in blocks for w in b.query_widths), tuple(w for b in blocks for w in b.key_widths))
-    if along_keys:
-        if _same(b.query_id for b in blocks):  # one query: its slices, the keys one after another
-            keys = _cat([b.key for b in blocks], -2)
-            key_id = _ids("keys", [b.key_id for b in blocks])
-            return Block(first.query, keys, first.query_id, key_id, first.query_like, keys, first.query_widths, first.key_widths)
-        keys = _cat([_on_own_slices(blocks, index, query=False) for index in range(len(blocks))], -2)
-        return Block(
-            _cat([b.query for b in blocks], -1),
-            keys,
-            _ids("slices", [b.query_id for b in blocks]),
-            _ids("sliced", [b.key_id for b in blocks]),
-            first.query_like,
-            keys,
-            *widths,
-        )
-    if _same(b.key_id for b in blocks):  # one key: its slices, the queries one after another
-        queries = _cat([b.query for b in blocks], -2)
-        query_id = _ids("rows", [b.query_id for b in blocks])
-        return Block(queries, first.key, query_id, first.key_id, queries, first.key_like, first.query_widths, first.key_widths)
-    queries = _cat([_on_own_slices(blocks, index, query=True) for index in range(len(blocks))], -2)
+    if _same(b.query_id for b in blocks):
+        keys = _cat([b.key for b in blocks], -2)
+        key_id = _ids("keys", [b.key_id for b in blocks])
+        return Block(first.query, keys, first.query_id, key_id, first.query_like, keys, first.query_widths, first.key_widths)
+    keys = _cat([_on_own_slices(blocks, index) for index in range(len(blocks))], -2)
     return Block(
-        queries,
-        _cat([b.key for b in blocks], -1),
-        _ids("sliced", [b.query_id for b in blocks]),
-        _ids("slices", [b.key_id for b in blocks]),
-        queries,
-        first.key_like,
-        *widths,
+        _cat([b.query for b in blocks], -1),
+        keys,
+        _ids("slices", [b.query_id for b in blocks]),
+        _ids("sliced", [b.key_id for b in blocks]),
+        first.query_like,
+        keys,
+        tuple(w for b in blocks for w in b.query_widths),
+        tuple(w for b in blocks for w in b.key_widths),
+    )
+
+
+def _swapped(block: Block) -> Block:
+    """The block with the roles of its query and key exchanged (its transposed product)."""
+    return Block(
+        block.key, block.query, block.key_id, block.query_id, block.key_like, block.query_like, block.key_widths, block.query_widths
     )
 
 
@@ -218,15 +219,13 @@ def _ids(kind: str, ids: Sequence[Hashable | None]) -> Hashable | None:
     return None if any(i is None for i in ids) else (kind, *ids)
 
 
-def _on_own_slices(blocks: Sequence[Block], index: int, query: bool) -> cst.BaseExpression:
-    """Block `index`'s query (or key) on its own slices of the head dimension: zeros as wide as each slice of the
-    other blocks around it (read from operands of the same side)."""
+def _on_own_slices(blocks: Sequence[Block], index: int) -> cst.BaseExpression:
+    """Block `index`'s key on its own slices of the head dimension: zeros as wide as each slice of the other blocks
+    around it (read from their keys, so that the joined key reads only what the keys read)."""
     own = blocks[index]
-    operand, like = (own.query, own.query_like) if query else (own.key, own.key_like)
     pieces: list[cst.BaseExpression] = []
     for i, block in enumerate(blocks):
-        widths = block.query_widths if query else block.key_widths
-        pieces.extend([operand] if i == index else [_zeros(like, width) for width in widths])
+        pieces.extend([own.key] if i == index else [_zeros(own.key_like, width) for width in block.key_widths])
     return _cat(pieces, -1)
 
 
