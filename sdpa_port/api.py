@@ -12,6 +12,7 @@ from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.discover.eager_sites import find_eager_attention, undispatched_sites
 from sdpa_port.discover.modular import note_modular_origin
 from sdpa_port.discover.screen import Screen, screen
+from sdpa_port.analyse.score_helpers import with_score_helpers
 from sdpa_port.plan.class_style import ClassStylePlan, apply_class_style, plan_class_style
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
@@ -107,6 +108,8 @@ def _port_class_style(module: cst.Module, facts: ModuleFacts, lines: Lines, firs
     if relaxed:  # calls rewritten in place, on their own lines: the facts are read again, the lines stay
         tree = ast.parse(module.code)
         facts, lines = ModuleFacts.of(module, tree), Lines(module, top_level_starts(tree))
+    # a helper method computing part of the scores is read, and copied into the SDPA forward, as its statements
+    facts, inlined = with_score_helpers(facts, lines)
     planned = plan_class_style(module, facts, lines, first.softmax_classes)
     if isinstance(planned, PortResult):
         return planned
@@ -114,6 +117,11 @@ def _port_class_style(module: cst.Module, facts: ModuleFacts, lines: Lines, firs
     new_module, notes = apply_class_style(module, facts, planned)
     notes = [*relaxed, *notes]
     new_source = new_module.code
+    notes += [  # where the SDPA forward kept the side of the call (the helper's first statement is written again)
+        f"{written.helper}: the scores it returns are computed in the SDPA forward by its statements, written out there"
+        for written in inlined
+        if new_source.count(written.first) > module.code.count(written.first)
+    ]
     compile(new_source, "<sdpa-port>", "exec")
     sites = tuple(site for item in planned.classes for site in item.analysis.sites)
     return PortResult(

@@ -43,5 +43,17 @@ class Lines:
             for node, position in wrapper.resolve(PositionProvider).items():
                 self.positions[node] = position.start.line + offset
 
+    def place(self, tree: cst.CSTNode, line: int) -> None:
+        """Every node of `tree` (made, not parsed: a helper's statement written out at its call) is at `line`, where
+        it has no line of its own."""
+        lines = self
+
+        class _Place(cst.CSTVisitor):
+            def on_visit(self, node: cst.CSTNode) -> bool:
+                lines.positions.setdefault(node, line)
+                return True
+
+        tree.visit(_Place())
+
     def __call__(self, node: cst.CSTNode) -> int:
         return self.positions.get(node, 0)

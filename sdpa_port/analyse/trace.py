@@ -216,6 +216,8 @@ class Tracer:
         self.selected_members = selected_members
         # chains joined into another (`join`) -> that chain, and the line where they joined
         self._joined: dict[int, tuple[int, int]] = {}
+        # of a chain merged into another by `alternatives`: how many of its operations the merged chain took over
+        self._taken: dict[int, int] = {}
         self.blocks: dict[int, Block] = {}  # chains whose scores are joined from blocks -> their operands
         self.env: dict[str, Value] = {}
         self.scope = FunctionScope(facts, class_name, self.env)
@@ -248,7 +250,7 @@ class Tracer:
             if joined.poison is not None:
                 target.poisoned(joined.poison.code, joined.poison.detail, joined.poison_line)
             else:
-                later = [at for op, _, at in joined.ops if not isinstance(op, Start)]
+                later = [at for op, _, at in joined.ops[self._taken.get(cid, 0) :] if not isinstance(op, Start)]
                 if later:  # `block += 1`, `block.mul_(2)`: the statement is gone with the block's product
                     detail = f"scores joined into others at line {line} are changed again at line {later[0]}"
                     target.poisoned(Code.SCORES_READ, detail, later[0])
@@ -393,6 +395,11 @@ class Tracer:
             results.append(start_env)
         merged: dict[str, Value] = {}
         names = set().union(*(r.keys() for r in results))
+        # the names made alternatives first: a name holding, in some branches only, a step of a chain that
+        # alternatives then merge (the Conformer's `scores_ac` before `scores = (scores_ac + scores_bd) / d`)
+        # is one of its earlier values, read later as any earlier value is (a fork, or a read of the scores)
+        alternated: set[int] = set()
+        deferred: list[str] = []
         for name in names:
             values = [r.get(name) for r in results]
             first = values[0]
@@ -404,6 +411,7 @@ class Tracer:
             alternative = self.alternatives(values, first_new, line)
             if alternative is not None:
                 merged[name] = alternative
+                alternated.add(alternative.cid)
                 continue
             chains = [v for v in values if isinstance(v, ChainVal)]
             if chains and all(c.cid in self._joined for c in chains):
@@ -423,20 +431,29 @@ class Tracer:
                 merged[name] = chains[0]
                 self.note_merged(chains[0], chains)
                 continue
-            cid = chains[0].cid
             if len(cids) == 1 and len(stages) == 1 and chains[0].stage == PROBS:
                 # an alias of the weights made only in some branches (e.g. for output_attentions)
                 merged[name] = chains[0]
                 self.note_merged(chains[0], chains)
                 continue
+            deferred.append(name)
+        for name in deferred:
+            values = [r.get(name) for r in results]
+            chains = [v for v in values if isinstance(v, ChainVal)]
+            merged[name] = chains[0]
+            if all(c.stage is SCORES and self.joined_into(c.cid) in alternated for c in chains):
+                continue
+            cids = {c.cid for c in chains}
+            stages = {c.stage for c in chains}
             if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1:
-                self.candidates[cid].poisoned(Code.CONDITIONAL, "the scores change layout under a condition", line)
+                self.candidates[chains[0].cid].poisoned(Code.CONDITIONAL, "the scores change layout under a condition", line)
             elif len(cids) == 1 and len(stages) > 1:
-                self.candidates[cid].poisoned(Code.CONDITIONAL, "the softmax or the product with V happens only under a condition", line)
+                self.candidates[chains[0].cid].poisoned(
+                    Code.CONDITIONAL, "the softmax or the product with V happens only under a condition", line
+                )
             else:
                 for c in cids:
                     self.candidates[c].poisoned(Code.CONDITIONAL, "the scores are replaced under a condition", line)
-            merged[name] = chains[0]
         self.env.clear()
         self.env.update(merged)
 
@@ -750,10 +767,12 @@ class Tracer:
         return cid
 
     def alternatives(self, values: Sequence[Value | None], first_new: int, line: int) -> ChainVal | None:
-        """Every branch of an `if` made a bare query-key product of its own for one name (LUKE's scores joined from
-        blocks when there are entities, one product otherwise): one chain from here on, whose product is the one of
-        the branch that ran. None where the values are not that (the products must be new in the branches, with no
-        operation yet, of one rank and dtype)."""
+        """Every branch of an `if` made a query-key product of its own for one name (LUKE's scores joined from blocks
+        when there are entities, one product otherwise; the Conformer's relative scores `(ac + bd) / sqrt(d)` in one
+        branch, `q @ kᵀ / sqrt(d)` in the other): one chain from here on, whose product is the one of the branch that
+        ran. None where the values are not that: the products must be new in the branches, of one rank and dtype, and
+        what each branch did to its scores after the product only scales them by a number or adds terms (each
+        branch's statements update the side values SDPA is handed in that branch)."""
         chains = [v for v in values if isinstance(v, ChainVal)]
         if len(chains) < 2 or len(chains) != len(values) or len({c.cid for c in chains}) != len(chains):
             return None
@@ -762,21 +781,28 @@ class Tracer:
             start = candidate.start
             if chain.cid < first_new or chain.stage is not SCORES or start is None or candidate.poison is not None:
                 return None
-            if candidate.absorbed or [op for op, _, _ in candidate.ops] != [start]:
+            ops = [op for op, _, _ in candidate.ops]
+            if candidate.absorbed or not ops or ops[0] is not start or not all(_branch_op(op) for op in ops[1:]):
                 return None
         starts = [c.start for c in candidates if c.start is not None]
-        if len({(s.rank, s.upcast, s.operands_upcast) for s in starts}) != 1:
+        # a rank the tracer could not read in one branch is the one another branch shows (the product is the same
+        # `(.., queries, keys)` matrix on every path); two known ranks must agree
+        ranks = {c.rank for c in chains} - {None}
+        if len({(s.upcast, s.operands_upcast) for s in starts}) != 1 or len(ranks) > 1:
             return None
         first = min(candidates, key=lambda c: c.cid)
         for candidate in candidates:
             if candidate is first:
                 continue
             first.ops.extend(candidate.ops)
+            self._taken[candidate.cid] = len(candidate.ops)
             first.members += tuple(n for n in (candidate.start_node, *candidate.members) if n is not None)
             first.names_assigned_after_start |= candidate.names_assigned_after_start
             self.join(candidate.cid, first.cid, line)
         first.start_path, first.start_tests = tuple(self.path), len(self.tests)
         held = next(c for c in chains if c.cid == first.cid)
+        if held.rank is None and ranks:
+            held = replace(held, rank=next(iter(ranks)))
         self.note_merged(held, chains)
         return held
 
@@ -1289,6 +1315,12 @@ class Products:
     probabilities: Made
     draws: list[int | None] = field(default_factory=list)
     statements: list[tuple[cst.CSTNode, int]] = field(default_factory=list)
+
+
+def _branch_op(op: Op) -> bool:
+    """An operation one branch may apply to its own product before the branches meet: a scale by a number or an
+    added term, which the emitters turn into updates of the scale and the mask inside that branch."""
+    return isinstance(op, AddTerm) or (isinstance(op, Scale) and not op.per_query)
 
 
 def branch_of(branches: Sequence[tuple[cst.BaseExpression | None, object]], index: int) -> Branch:

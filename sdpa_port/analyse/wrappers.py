@@ -36,6 +36,21 @@ def inlined(call: cst.Call, facts: ModuleFacts, class_name: str | None, qualify:
     if callee is None:
         return None
     function, skipped, applied = callee
+    bound = bind_arguments(call, function, skipped)
+    if bound is None:
+        return None
+    # an autograd Function's context, whatever its name (DeBERTa's 4.x XSoftmax calls it `self`)
+    context = function.params.params[0].name.value if applied else None
+    return _straight_line(function, bound, context, qualify, frozenset(facts.imports.aliases))
+
+
+def bind_arguments(
+    call: cst.Call, function: cst.FunctionDef, skipped: int, simple: bool = True
+) -> dict[str, cst.BaseExpression] | None:
+    """Each parameter of `function` after the first `skipped` (`self`, `ctx`) -> what `call` passes for it, or its
+    default; None unless every one is bound, by position or keyword, and (with `simple`) to a simple expression (a
+    name, an attribute of one, a number), which reading again wherever the parameter is read evaluates nothing
+    twice."""
     params = function.params
     if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.star_kwarg is not None or params.kwonly_params:
         return None
@@ -54,11 +69,16 @@ def inlined(call: cst.Call, facts: ModuleFacts, class_name: str | None, qualify:
     for name in names:
         if name not in bound and defaults.get(name) is not None:
             bound[name] = defaults[name]
-    if set(bound) != set(names) or not all(_simple(value) for value in bound.values()):
+    if set(bound) != set(names) or (simple and not all(is_simple(value) for value in bound.values())):
         return None
-    # an autograd Function's context, whatever its name (DeBERTa's 4.x XSoftmax calls it `self`)
-    context = function.params.params[0].name.value if applied else None
-    return _straight_line(function, bound, context, qualify, frozenset(facts.imports.aliases))
+    return bound
+
+
+def substituted_names(node: cst.BaseExpression, env: dict[str, cst.BaseExpression]) -> cst.BaseExpression:
+    """`node` with each name read in `env` replaced by its expression (attribute names and keywords stay)."""
+    result = node.visit(_Replace(env, {}, None))
+    assert isinstance(result, cst.BaseExpression)
+    return result
 
 
 def _callee(call: cst.Call, facts: ModuleFacts, class_name: str | None) -> tuple[cst.FunctionDef, int, bool] | None:
@@ -88,12 +108,12 @@ def _is_static(function: cst.FunctionDef) -> bool:
     return any(m.matches(d.decorator, m.Name("staticmethod")) for d in function.decorators)
 
 
-def _simple(node: cst.BaseExpression) -> bool:
+def is_simple(node: cst.BaseExpression) -> bool:
     if isinstance(node, (cst.Name, cst.Integer, cst.Float)):
         return True
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
         return isinstance(node.expression, (cst.Integer, cst.Float))
-    return isinstance(node, cst.Attribute) and _simple(node.value)
+    return isinstance(node, cst.Attribute) and is_simple(node.value)
 
 
 def _straight_line(

@@ -26,6 +26,10 @@ CASES = [
     ("modeling_tiny_blocks.py", "TinyBlocksModel", "encoder", {}),
     # ... and, where the config builds no blocks, the other branch's one product
     ("modeling_tiny_blocks.py", "TinyBlocksModel", "encoder", {"block_queries": False}),
+    # relative scores a helper method computes, written out in the SDPA forward: a position term joins the mask ...
+    ("modeling_tiny_conformer.py", "TinyConformerModel", "encoder", {}),
+    # ... and under the other setting forward's own product, scaled in its own branch
+    ("modeling_tiny_conformer.py", "TinyConformerModel", "encoder", {"position_type": "plain"}),
 ]
 
 
@@ -106,4 +110,35 @@ def test_keys_taken_for_one_tensor_would_be_seen(monkeypatch: pytest.MonkeyPatch
     assert result.status is Status.PORTED, result.reasons
     assert "recall_key" not in result.source.split("sdpa_key = ")[1].split("\n")[0]
     checks = _blocks_parity(result.source, "alike", tmp_path)
+    assert any(c.name.endswith("sdpa == eager") and not c.passed for c in checks), [str(c) for c in checks]
+
+
+@pytest.mark.parametrize(
+    "sabotage",
+    [
+        # the helper's position term left out of the mask
+        ("            sdpa_mask = position\n", "            sdpa_mask = torch.zeros_like(position)\n"),
+        # the relative branch's scale applied to the term only
+        ("            sdpa_scale = sdpa_scale / math.sqrt(self.head_size)\n            sdpa_mask", "            sdpa_mask"),
+        # the query shifted by the position bias handed over instead of the content-biased one
+        ("            sdpa_query = content_query\n", "            sdpa_query = query_1\n"),
+    ],
+    ids=["term", "scale", "query"],
+)
+def test_the_written_out_helper_parity_sees_a_wrong_branch(sabotage: tuple[str, str], tmp_path: Path) -> None:
+    """The relative branch's port, broken in its term, its scale or its query, fails parity: the fixture's biases are
+    drawn large enough (randn) that the scores are far from uniform."""
+    from sdpa_port.verify import parity
+    from sdpa_port.verify.loader import load_in_package
+
+    golden = (FIXTURES / "golden" / "modeling_tiny_conformer.py").read_text(encoding="utf-8")
+    assert golden.count(sabotage[0]) == 1, sabotage[0]
+    package = "transformers.models.gpt2"
+    original = load_in_package(FIXTURES / "class_style" / "modeling_tiny_conformer.py", package, alias="fixture_conformer")
+    written = tmp_path / "modeling_tiny_conformer_broken.py"
+    written.write_text(golden.replace(*sabotage), encoding="utf-8")
+    ported = load_in_package(written, package, alias=f"broken_conformer_{tmp_path.name}")
+    checks = parity.check_forward(
+        original.TinyConformerModel, ported.TinyConformerModel, original.TinyConformerConfig(), "right", kind="encoder"
+    )
     assert any(c.name.endswith("sdpa == eager") and not c.passed for c in checks), [str(c) for c in checks]

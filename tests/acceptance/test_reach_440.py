@@ -30,12 +30,15 @@ CASES = {
     "nystromformer": ("exact attention beside a Nystrom approximation, chosen by the module's settings", "scale"),
     "cvt": ("einsum operands as one list, constructors threaded, outputs amplifying rounding", "slight"),
     "funnel": ("einsum on (batch, length, heads, dim) operands, a query plus a bias, a mask subtracted", "mask"),
-    # relative positions shifted by a reshape under one setting (the default): eager keeps that setting, and the
-    # verifier reaches SDPA under another value of it (rotary)
-    "wav2vec2_conformer": ("scores a setting computes unreadably, kept on eager under that setting", "scale"),
+    # relative scores a helper method returns under one setting (the default), shifted by a reshape: the helper's
+    # statements written out in the SDPA forward, its position term in the mask, each branch's own scale; the mask
+    # sabotage withholds that term
+    "wav2vec2_conformer": ("scores a helper method computes, each branch of a setting scaling its own", "mask"),
     # the weights returned permuted (`einsum("bnij->ijbn", probs)`) by the helper under `if output_attentions:`
     "xlnet": ("a helper keeping a step for the weights it returns, given forward's output_attentions", "scale"),
-    "wav2vec2_bert": ("the same, with a relative-key term read from the query under the default setting", "mask"),
+    "wav2vec2_bert": ("the same helper, with a relative-key term read from the query under the default setting", "mask"),
+    # the same helper in a composite of speech and text models
+    "seamless_m4t": ("the same helper in a speech encoder beside text attention", "mask"),
 }
 
 

@@ -49,8 +49,9 @@ def test_each_branch_names_the_operands_of_its_own_product() -> None:
 @pytest.mark.parametrize(
     "change,code,reason",
     [
-        # a branch whose scores are scaled before the branches meet: no bare product of its own
-        ((PLAIN, PLAIN.replace("))\n", ")) * 2\n")), "S110", "the scores are replaced under a condition"),
+        # a branch whose scores change dtype before the branches meet: the branches' scores differ in more than
+        # a scale or a term (one branch's product in float32, the other's not)
+        ((PLAIN, PLAIN.replace("))\n", ")).float()\n")), "S110", "the scores are replaced under a condition"),
         # a block kept aside after it joined the matrix
         ((JOINED, JOINED + "            self.kept = remembered\n"), "S104", "`remembered` is used again after its scores joined"),
         # a block changed after it joined (its statement goes with the block's product)
@@ -67,7 +68,7 @@ def test_each_branch_names_the_operands_of_its_own_product() -> None:
         # concatenated along the heads
         (("torch.cat([recalled, remembered], dim=3)", "torch.cat([recalled, remembered], dim=1)"), "S101", "along dimension `1`"),
     ],
-    ids=["scaled-branch", "kept-block", "block-changed", "block-changed-in-place", "in-place", "scaled-block", "heads"],
+    ids=["cast-branch", "kept-block", "block-changed", "block-changed-in-place", "in-place", "scaled-block", "heads"],
 )
 def test_look_alikes_keep_the_blocks_on_eager(change: tuple[str, str], code: str, reason: str) -> None:
     """What the blocks' branch does that no joined product expresses leaves that branch (a test of the module's
@@ -80,6 +81,23 @@ def test_look_alikes_keep_the_blocks_on_eager(change: tuple[str, str], code: str
     assert sdpa_forward(ported.source).count("sdpa_query") == 0  # one product, the plain branch's
     (warning,) = ported.warnings
     assert "only where `not self.block_queries`" in warning and f"[{code}]" in warning and reason in warning, warning
+
+
+def test_a_branch_may_scale_its_own_product_or_add_a_term_before_the_branches_meet() -> None:
+    """Each branch's own scale and terms become updates of the scale and the mask SDPA is handed, in that branch."""
+    scaled = PLAIN.replace("))\n", ")) * 2\n")
+    termed = "            scores = torch.cat([token_rows, memory_rows], dim=2) + self.block_bias\n"
+    ported = port_source(fixture().replace(PLAIN, scaled).replace(JOINED, termed), style=Style.CLASS)
+    assert ported.status is Status.PORTED and not ported.warnings, (ported.reasons, ported.warnings)
+    forward = sdpa_forward(ported.source)
+    assert forward.count("scaled_dot_product_attention(") == 1 and "scale=sdpa_scale" in forward
+    assert "sdpa_scale = 1.0\n" in forward and "sdpa_mask = None\n" in forward
+    blocks, plain = forward.split("        else:\n")[0], forward.split("        else:\n")[1]
+    assert "            sdpa_mask = self.block_bias\n" in blocks and "sdpa_scale = sdpa_scale * 2" not in blocks
+    assert "            sdpa_scale = sdpa_scale * 2\n" in plain and "block_bias" not in plain
+    # the common scale after the branches scales both the scale and any mask a branch began
+    tail = forward.split("        else:\n")[1].split("sdpa_scale = sdpa_scale * 2\n")[1]
+    assert "sdpa_scale = sdpa_scale * self.scaling" in tail and "sdpa_mask * self.scaling" in tail, tail
 
 
 def test_a_product_replaced_in_one_branch_only_is_refused() -> None:

@@ -603,19 +603,23 @@ class TinyPreTrainedModel(PreTrainedModel):
 
 
 def test_scores_a_setting_computes_unreadably_keep_that_setting_on_eager() -> None:
-    """One attention whose scores a settings test replaces on one side by a helper's (Wav2Vec2-Conformer's relative
-    positions shifted by a reshape): the SDPA class takes the side it can read and falls back to eager under the
-    other setting. A test that reads an argument cannot be decided before the computation: still refused."""
+    """One attention whose scores a settings test replaces on one side by a helper's, whose product is read again by
+    a shifted term: the SDPA class takes the side it can read and falls back to eager under the other setting. A test that reads an argument cannot be decided before the computation: refused, for that term."""
     ported = port_source(RELATIVE_ON_ONE_SIDE, style=Style.CLASS)
     assert ported.status is Status.PORTED, ported.reasons
     assert 'if output_attentions or self.position_embeddings_type == "relative":' in ported.source
     sdpa_forward = ported.source.split("class TinySdpaAttention")[1].split("falling back")[1]
     assert "_relative_scores" not in sdpa_forward.split("TINY_ATTENTION_CLASSES")[0]
+    # the helper is read as its statements (`score_helpers`), whose product feeds a term too: that side stays eager,
+    # with the reason at the helper's line, and nothing is said written out
+    (warning,) = ported.warnings
+    assert "TinyAttention (line 19): the scores are passed to `torch.zeros_like` [S101]" in warning, warning
+    assert not any("_relative_scores" in note for note in ported.notes), ported.notes
     by_argument = RELATIVE_ON_ONE_SIDE.replace(
         'if self.position_embeddings_type == "relative":', "if query.shape[2] > 64:"
     )
     refused = port_source(by_argument, style=Style.CLASS)
-    assert refused.status is Status.REFUSED and "S110" in " ".join(refused.reasons), refused.reasons
+    assert refused.status is Status.REFUSED and "[S101]" in " ".join(refused.reasons), refused.reasons
 
 
 SUPPORTED_WITH_A_TOWER = '''
