@@ -55,6 +55,8 @@ def with_score_helpers(facts: ModuleFacts, lines: Lines) -> tuple[ModuleFacts, t
         forward = info.methods.get("forward")
         if forward is None:
             continue
+        if not any(_helper_call(facts, name, line) for line in nodes_of_type(forward, cst.SimpleStatementLine)):
+            continue  # most forwards call none: their lines (a metadata pass per class) are not computed
         lines.prepare(i.name for i in facts.mro(name))
         new, helpers = _inline(facts, name, forward, lines)
         if not helpers:
