@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 TERM_FLAGS_CHECKED = 2
+SETTINGS_CHECKED = 3
 
 C = TypeVar("C")  # a verifier `Check`
 
@@ -59,8 +60,9 @@ def setting_values(classes: list[type], config: Any) -> dict[str, list[str | Non
     "relative"`, the attribute read from `config.position_embeddings_type`): each field maps to the other literals
     compared, then None. An SDPA class that falls back to eager under one setting is reached under another."""
     out: dict[str, list[str]] = {}
-    for tree in _class_trees(classes):
-        fields = _config_fields(tree)
+    trees = _class_trees(classes)
+    fields = _all_config_fields(trees)  # an SDPA class compares what its eager base's `__init__` stored
+    for tree in trees:
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq))):
                 continue
@@ -83,8 +85,10 @@ def eager_sides(classes: list[type], changes: dict[str, Any]) -> list[str]:
     """The settings (`self.reorder_and_upcast_attn`, `self.config.x`) through which `changes` send a ported attention
     class's forward into a branch the port keeps as written beside its dispatch: an `if` testing the setting alone
     (or its `not`), one branch of which calls the implementation looked up in `ALL_ATTENTION_FUNCTIONS` and the
-    branch the change takes does not. SDPA is not expected to run there."""
-    out: list[str] = []
+    branch the change takes does not; or, in a class-style SDPA class, a part of the test that sends it back to
+    the eager forward (`if output_attentions or self.position_type == "relative": return super().forward(...)`)
+    which the change makes true. SDPA is not expected to run there."""
+    out: list[str] = _fallback_sides(classes, changes)
     for tree in _class_trees(classes):
         fields = _config_fields(tree)
         forwards = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "forward"]
@@ -109,6 +113,53 @@ def eager_sides(classes: list[type], changes: dict[str, Any]) -> list[str]:
                 if _dispatches(other, dispatchers) and not _dispatches(taken, dispatchers):
                     out.append(ast.unparse(read))
     return sorted(set(out))
+
+
+def _fallback_sides(classes: list[type], changes: dict[str, Any]) -> list[str]:
+    trees = _class_trees(classes)
+    fields = _all_config_fields(trees)
+    out: list[str] = []
+    for tree in trees:
+        for forward in (node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "forward"):
+            for statement in forward.body:
+                if not isinstance(statement, ast.If) or not any(_returns_super_forward(s) for s in statement.body):
+                    continue
+                test = statement.test
+                parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or) else [test]
+                out.extend(ast.unparse(part) for part in parts if _true_under(part, fields, changes))
+    return out
+
+
+def _returns_super_forward(statement: ast.stmt) -> bool:
+    """`return super().forward(...)`."""
+    if not isinstance(statement, ast.Return) or not isinstance(statement.value, ast.Call):
+        return False
+    func = statement.value.func
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr == "forward"
+        and isinstance(func.value, ast.Call)
+        and isinstance(func.value.func, ast.Name)
+        and func.value.func.id == "super"
+    )
+
+
+def _true_under(part: ast.expr, fields: dict[str, str], changes: dict[str, Any]) -> bool:
+    """A part of a fallback test that `changes` decide true: a setting (or its `not`), or a setting compared with a
+    string by `==` or `!=`."""
+    if isinstance(part, ast.UnaryOp) and isinstance(part.op, ast.Not):
+        field_name = _setting_field(part.operand, fields)
+        return field_name is not None and field_name in changes and not changes[field_name]
+    if isinstance(part, ast.Compare) and len(part.ops) == 1 and isinstance(part.ops[0], (ast.Eq, ast.NotEq)):
+        sides = (part.left, part.comparators[0])
+        literal = next((s for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)), None)
+        read = next((s for s in sides if s is not literal), None)
+        field_name = _setting_field(read, fields) if read is not None and literal is not None else None
+        if literal is None or field_name is None or field_name not in changes:
+            return False
+        return (changes[field_name] == literal.value) == isinstance(part.ops[0], ast.Eq)
+    field_name = _setting_field(part, fields)
+    return field_name is not None and field_name in changes and bool(changes[field_name])
 
 
 def _setting_field(read: ast.expr, fields: dict[str, str]) -> str | None:
@@ -171,6 +222,11 @@ def _config_fields(tree: Any) -> dict[str, str]:
         if len(sources) == 1:
             fields[target.attr] = next(iter(sources))
     return fields
+
+
+def _all_config_fields(trees: list[Any]) -> dict[str, str]:
+    """`_config_fields` over a class and its bases: the SDPA class's `self.x` is what its eager base stored."""
+    return {attribute: field for tree in trees for attribute, field in _config_fields(tree).items()}
 
 
 def _class_trees(classes: list[type]) -> list[Any]:
@@ -251,4 +307,12 @@ def term_trials(classes: list[type], config: Any) -> list[tuple[str, dict[str, A
         changes: dict[str, Any] = {flag: True for flag in flags}
         changes.update({name: list(members) for name, members in lists.items()})
         trials.append((", ".join(f"{name}={value}" for name, value in changes.items()), changes))
-    return trials
+    # every other value a string setting is compared with: each branch of `if self.position_embeddings_type ==
+    # "relative": ... else: ...` is a computation of its own, ported or kept on eager by design (`eager_sides`)
+    settings = [
+        (f"{name}={value!r}", {name: value})
+        for name, values in setting_values(classes, config).items()
+        for value in values
+        if value is not None
+    ]
+    return trials + settings[:SETTINGS_CHECKED]

@@ -175,3 +175,31 @@ def test_a_setting_that_sends_forward_to_the_side_kept_eager_expects_no_sdpa(tmp
     assert [c.passed for c in found] == [False, True]
     assert "the port keeps `self.upcast` on eager" in found[1].detail
     assert expected_on_eager(checks, []) == checks
+
+
+def test_every_other_value_of_a_string_setting_is_a_trial_and_a_fallback_under_it_expects_no_sdpa(tmp_path: Path) -> None:
+    """Each branch of a test of a string setting is a computation of its own: the checks run again under every other
+    literal the attention compares the setting with (not None, which no config is built with). Where the class-style
+    SDPA class falls back to `super().forward` under that value, no SDPA call is expected there; under a value its
+    fallback test leaves false, one is."""
+    from sdpa_port.verify.terms import eager_sides
+
+    ported = _module(tmp_path, "settings_trials", SETTINGS)
+    config = SimpleNamespace(position_embeddings_type="rotary", norm="pre")
+    assert term_trials([ported.SdpaAttention], config) == [
+        ("position_embeddings_type='relative'", {"position_embeddings_type": "relative"}),
+        ("position_embeddings_type='relative_key'", {"position_embeddings_type": "relative_key"}),
+    ]
+    assert eager_sides([ported.SdpaAttention], {"position_embeddings_type": "relative_key"}) == [
+        "self.position_embeddings_type == 'relative_key'"
+    ]
+    assert eager_sides([ported.SdpaAttention], {"position_embeddings_type": "relative"}) == []
+    negated = _module(
+        tmp_path,
+        "settings_trials_not",
+        SETTINGS.replace('if self.position_embeddings_type == "relative_key":', 'if output_attentions or self.position_embeddings_type != "rotary":'),
+    )
+    assert eager_sides([negated.SdpaAttention], {"position_embeddings_type": "relative"}) == [
+        "self.position_embeddings_type != 'rotary'"
+    ]
+    assert eager_sides([negated.SdpaAttention], {"position_embeddings_type": "rotary"}) == []
