@@ -5,7 +5,9 @@ names through each function (`ast`, flow-insensitive): a product (`matmul`, `@`,
 feeds a softmax whose result feeds another product. A softmax is a softmax call, or a call of what the file defines
 around one: a function or method whose body calls a softmax (`masked_softmax(x, mask)`, `self._softmax(x)`), or an
 autograd Function whose `forward` does (`XSoftmax.apply(x, mask, -1)`), followed through wrappers of wrappers. When the recogniser finds nothing to port while this finds a
-site, the file is refused naming the site instead of reported as having no attention: a miss is never silent.
+site, the file is refused naming the site instead of reported as having no attention: a miss is never silent. A
+product is likewise a product call, or a call of a function or method of the file that holds one and no softmax (a
+helper returning the scores, `self._relative_scores(query, key)`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ def find_eager_attention(tree: ast.Module) -> list[EagerSite]:
     """Every function or method holding a product -> softmax -> product chain, with the softmax's line."""
     functions = [_Function.of(where, function) for where, function in _functions(tree)]
     softmaxes = _softmax_wrappers(functions)
-    return [site for function in functions for site in _sites(function, softmaxes)]
+    products = _product_wrappers(functions, softmaxes)
+    if products:
+        functions = [function.with_products(products) for function in functions]
+    return [site for function in functions for site in _sites(function, softmaxes, products)]
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,10 @@ class _Function:
     def of(cls, where: str, function: ast.AST) -> _Function:
         nodes = _walk(function)
         return cls(where, nodes, [node for node in nodes if _is_product(node)])
+
+    def with_products(self, wrappers: frozenset[str]) -> _Function:
+        """The same function, the calls of the file's product helpers counted among its products."""
+        return _Function(self.where, self.nodes, [node for node in self.nodes if _is_product(node, wrappers)])
 
 
 def _functions(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
@@ -82,6 +91,36 @@ def _softmax_wrappers(functions: list[_Function]) -> frozenset[str]:
     return frozenset(names)
 
 
+def _product_wrappers(functions: list[_Function], softmaxes: frozenset[str]) -> frozenset[str]:
+    """The names a call of which is a product: the file's functions and methods (not a `forward`) whose body holds a
+    product and calls no softmax, to a fixed point so that a helper of a helper counts."""
+    called_by: dict[str, set[str]] = {}  # helper -> the names it calls (`x.f(...)`, `f(...)`)
+    names: set[str] = set()
+    for function in functions:
+        method = function.where.rpartition(".")[2]
+        if method == "forward" or not any(isinstance(node, (ast.Call, ast.BinOp)) for node in function.nodes):
+            continue
+        calls = [node for node in function.nodes if isinstance(node, ast.Call)]
+        if any(_is_softmax(call, softmaxes) for call in calls):
+            continue
+        if function.products:
+            names.add(method)
+        called_by.setdefault(method, set()).update(_called_name(call) for call in calls)
+    changed = True
+    while changed:
+        changed = False
+        for name, called in called_by.items():
+            if name not in names and called & names:
+                names.add(name)
+                changed = True
+    return frozenset(names)
+
+
+def _called_name(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
 def undispatched_sites(tree: ast.Module) -> list[EagerSite]:
     """The eager attention of a file that is not an implementation it dispatches to: module-level functions handed
     around as values (`attention_interface = eager_attention_forward`, `get_interface(..., eager_attention_forward)`)
@@ -106,13 +145,13 @@ def _walk(node: ast.AST) -> list[ast.AST]:
     return out
 
 
-def _is_product(node: ast.AST) -> bool:
+def _is_product(node: ast.AST, wrappers: frozenset[str] = frozenset()) -> bool:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
         return True
     if isinstance(node, ast.Call):
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-        return name in PRODUCT_FUNCTIONS
+        return name in PRODUCT_FUNCTIONS or name in wrappers
     return False
 
 
@@ -164,7 +203,7 @@ class _Expression:
     softmaxes: tuple[_Softmax, ...]
 
     @classmethod
-    def of(cls, node: ast.AST, softmax_names: frozenset[str]) -> _Expression:
+    def of(cls, node: ast.AST, softmax_names: frozenset[str], wrappers: frozenset[str] = frozenset()) -> _Expression:
         nodes = _walk(node)
         softmaxes = []
         for inner in nodes:
@@ -175,10 +214,10 @@ class _Expression:
             if isinstance(inner.func, ast.Attribute):
                 operands.append(inner.func.value)
             read = frozenset().union(*map(_names, operands))
-            product = any(_is_product(n) for operand in operands for n in _walk(operand))
+            product = any(_is_product(n, wrappers) for operand in operands for n in _walk(operand))
             softmaxes.append(_Softmax(inner, read, product))
         names = frozenset(n.id for n in nodes if isinstance(n, ast.Name))
-        return cls(names, any(map(_is_product, nodes)), tuple(softmaxes))
+        return cls(names, any(_is_product(n, wrappers) for n in nodes), tuple(softmaxes))
 
     def holds_scores(self, scores: set[str]) -> bool:
         return self.product or bool(self.names & scores)
@@ -188,7 +227,7 @@ class _Expression:
         return [s.call for s in self.softmaxes if s.product or s.names & scores]
 
 
-def _sites(function: _Function, names: frozenset[str]) -> list[EagerSite]:
+def _sites(function: _Function, names: frozenset[str], wrappers: frozenset[str] = frozenset()) -> list[EagerSite]:
     """The function as a site, if it holds a product -> softmax -> product chain."""
     if len(function.products) < 2:
         return []  # the chain takes two products: most functions are done here
@@ -196,9 +235,9 @@ def _sites(function: _Function, names: frozenset[str]) -> list[EagerSite]:
     for node in function.nodes:
         if isinstance(node, ast.Assign):
             targets = set().union(*(_names(t) for t in node.targets))
-            assignments.append((targets, _Expression.of(node.value, names)))
+            assignments.append((targets, _Expression.of(node.value, names, wrappers)))
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
-            assignments.append((_names(node.target), _Expression.of(node.value, names)))
+            assignments.append((_names(node.target), _Expression.of(node.value, names, wrappers)))
     # names holding scores (derived from a product) and probabilities (derived from a softmax of scores)
     scores: set[str] = set()
     probabilities: set[str] = set()
@@ -222,7 +261,7 @@ def _sites(function: _Function, names: frozenset[str]) -> list[EagerSite]:
                     changed = True
     lines: list[int] = []
     for node in function.products:
-        for operand in (_Expression.of(o, names) for o in _product_operands(node)):
+        for operand in (_Expression.of(o, names, wrappers) for o in _product_operands(node)):
             inner_softmax = operand.softmaxes_over(scores)
             if operand.names & probabilities or inner_softmax:
                 line = inner_softmax[0].lineno if inner_softmax else min(softmaxes.values(), default=_line(node))

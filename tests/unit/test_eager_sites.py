@@ -68,6 +68,29 @@ class Router(nn.Module):
 '''
 
 
+SCORE_HELPER = '''
+import torch
+from torch import nn
+
+
+class TinyAttention(nn.Module):
+    def _content(self, query, key):
+        return torch.matmul(query, key.transpose(-1, -2))
+
+    def _scores(self, query, key):
+        return self._content(query, key)
+
+    def forward(self, query, key, value):
+        scores = self._scores(query, key)
+        kept = scores
+        scores /= 2.0
+        probs = torch.softmax(scores, dim=-1)
+        output = torch.matmul(probs, value)
+        kept = torch.softmax(kept, dim=-1)
+        return output + torch.matmul(kept, value.flip(-1))
+'''
+
+
 def _sites(source: str) -> list[tuple[str, int]]:
     return [(site.where, site.line) for site in find_eager_attention(ast.parse(textwrap.dedent(source)))]
 
@@ -78,6 +101,9 @@ def _sites(source: str) -> list[tuple[str, int]]:
         pytest.param(AUTOGRAD_SOFTMAX, [("TinyAttention.forward", 16)], id="autograd-function-apply"),
         pytest.param(FUNCTION_WRAPPERS, [("TinyAttention.forward", 20)], id="wrapper-of-a-wrapper-through-a-method"),
         pytest.param(LOOK_ALIKES, [("attention", 7)], id="an-attention-function-is-no-softmax"),
+        # scores a helper of a helper returns are scores (fuzz seed 213575: a chain from a helper's scores poisoned
+        # before its product with V was "no eager attention found", exit 0)
+        pytest.param(SCORE_HELPER, [("TinyAttention.forward", 17)], id="scores-from-a-helper-of-a-helper"),
     ],
 )
 def test_softmax_wrappers_are_softmaxes(source: str, expected: list[tuple[str, int]]) -> None:
@@ -90,8 +116,9 @@ def test_softmax_wrappers_are_softmaxes(source: str, expected: list[tuple[str, i
         # recognised since (the wrapper is read as what it computes); refused because no class here builds it
         (AUTOGRAD_SOFTMAX, "W407"),
         (FUNCTION_WRAPPERS, "F601"),  # the recogniser does not read wrappers of wrappers
+        (SCORE_HELPER, "S109"),  # the recogniser reads the helper's scores (two attentions here)
     ],
-    ids=["autograd", "wrappers"],
+    ids=["autograd", "wrappers", "score-helper"],
 )
 def test_a_wrapped_softmax_is_refused_not_reported_as_no_attention(source: str, code: str) -> None:
     """The miss DeBERTa and SEW-D had: attention through a masked-softmax autograd Function was `nothing to port`."""
