@@ -117,10 +117,12 @@ def _port_class_style(module: cst.Module, facts: ModuleFacts, lines: Lines, firs
     new_module, notes = apply_class_style(module, facts, planned)
     notes = [*relaxed, *notes]
     new_source = new_module.code
-    notes += [  # where the SDPA forward kept the side of the call (the helper's first statement is written again)
-        f"{written.helper}: the scores it returns are computed in the SDPA forward by its statements, written out there"
-        for written in inlined
-        if new_source.count(written.first) > module.code.count(written.first)
+    ported = {item.analysis.class_name for item in planned.classes}
+    notes += [
+        f"{owner}.{helper}: read as its statements written out at its call in forward; the SDPA forward computes "
+        "the scores it returns so where it runs that side"
+        for owner, helper in inlined
+        if owner in ported
     ]
     compile(new_source, "<sdpa-port>", "exec")
     sites = tuple(site for item in planned.classes for site in item.analysis.sites)

@@ -23,7 +23,7 @@ Every name the helper assigns gets a name of its own in the caller (`query` beco
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Sequence, cast
 
 import libcst as cst
@@ -37,20 +37,11 @@ from sdpa_port.analyse.wrappers import bind_arguments, is_simple, substituted_na
 PRODUCTS = frozenset({"matmul", "bmm", "einsum", "baddbmm"})
 
 
-@dataclass(frozen=True)
-class WrittenOut:
-    """A helper call read as the helper's statements: `Class.helper`, and the code of the first statement written
-    (which an SDPA forward holds where it kept the side of the call)."""
-
-    helper: str
-    first: str
-
-
-def with_score_helpers(facts: ModuleFacts, lines: Lines) -> tuple[ModuleFacts, tuple[WrittenOut, ...]]:
-    """`facts` with each class's own `forward` read with its score helpers inlined, and the calls written out; the
-    same facts where there are none."""
+def with_score_helpers(facts: ModuleFacts, lines: Lines) -> tuple[ModuleFacts, tuple[tuple[str, str], ...]]:
+    """`facts` with each class's own `forward` read with its score helpers inlined, and the (class, helper) pairs
+    written out; the same facts where there are none."""
     classes = dict(facts.classes)
-    inlined: list[WrittenOut] = []
+    inlined: list[tuple[str, str]] = []
     for name, info in facts.classes.items():
         forward = info.methods.get("forward")
         if forward is None:
@@ -64,7 +55,7 @@ def with_score_helpers(facts: ModuleFacts, lines: Lines) -> tuple[ModuleFacts, t
         copied = copy.copy(info)
         copied.methods = {**info.methods, "forward": new}
         classes[name] = copied
-        inlined.extend(WrittenOut(f"{name}.{helper}", first) for helper, first in helpers)
+        inlined.extend((name, helper) for helper in helpers)
     if not inlined:
         return facts, ()
     return replace(facts, classes=classes), tuple(inlined)
@@ -72,9 +63,9 @@ def with_score_helpers(facts: ModuleFacts, lines: Lines) -> tuple[ModuleFacts, t
 
 def _inline(
     facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, lines: Lines
-) -> tuple[cst.FunctionDef, list[tuple[str, str]]]:
+) -> tuple[cst.FunctionDef, list[str]]:
     taken = _names_used(forward)
-    helpers: list[tuple[str, str]] = []
+    helpers: list[str] = []
 
     def block(statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement] | None:
         out: list[cst.BaseStatement] = []
@@ -96,7 +87,7 @@ def _inline(
             target, call, helper, bound, method = found
             body = _inlined_body(helper, call, bound, target, taken, lines, lines(statement))
             first = body[0]
-            helpers.append((method, cst.Module([]).code_for_node(first.with_changes(leading_lines=[])).strip()))
+            helpers.append(method)
             body[0] = cast(
                 cst.SimpleStatementLine,
                 _placed(first.with_changes(leading_lines=[*statement.leading_lines, *first.leading_lines]), first, lines),
@@ -175,7 +166,7 @@ def _statements(function: cst.FunctionDef) -> list[cst.BaseStatement]:
 
 def _straight_line(function: cst.FunctionDef) -> bool:
     statements = _statements(function)
-    if len(statements) < 2:
+    if not statements:
         return False
     for index, statement in enumerate(statements):
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:

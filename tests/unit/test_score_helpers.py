@@ -66,9 +66,7 @@ def test_the_inlined_forward_places_its_nodes_at_the_helpers_lines() -> None:
     tree = ast.parse(source)
     facts, lines = ModuleFacts.of(module, tree), Lines(module, top_level_starts(tree))
     inlined, helpers = with_score_helpers(facts, lines)
-    assert [(h.helper, h.first) for h in helpers] == [
-        ("TinyConformerSelfAttention._relative_scores", "positions = hidden_states.size(1)")
-    ]
+    assert helpers == (("TinyConformerSelfAttention", "_relative_scores"),)
     assert facts.classes["TinyConformerSelfAttention"].methods["forward"] is not inlined.classes[
         "TinyConformerSelfAttention"
     ].methods["forward"]
@@ -136,3 +134,23 @@ def test_a_helper_a_subclass_overrides_is_not_written_out() -> None:
     assert not any("_relative_scores" in note for note in ported.notes), ported.notes
     assert "[S107]" in ported.warnings[0], ported.warnings
 
+
+
+def test_a_helper_that_only_returns_its_scores_is_written_out_too() -> None:
+    """`return q @ kᵀ / sqrt(d)` alone: the branch's product and scale are read through the call."""
+    plain = "            scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(self.head_size)\n"
+    helper = (
+        "    def _plain_scores(self, query, key):\n"
+        "        return torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(self.head_size)\n\n"
+    )
+    source = fixture()
+    assert source.count(plain) == 1
+    source = source.replace(plain, "            scores = self._plain_scores(query, key)\n").replace(HELPER, helper + HELPER)
+    ported = port_source(source, style=Style.CLASS)
+    assert ported.status is Status.PORTED and not ported.warnings, (ported.reasons, ported.warnings)
+    assert any("TinyConformerSelfAttention._plain_scores" in note for note in ported.notes), ported.notes
+    forward = sdpa_forward(ported.source)
+    other = forward[forward.index("        else:\n") :]
+    assert other.startswith("        else:\n            sdpa_query = query\n            sdpa_key = key\n"), other
+    assert "            sdpa_scale = sdpa_scale / math.sqrt(self.head_size)\n" in other
+    assert "_plain_scores" not in forward
