@@ -137,6 +137,9 @@ class AddTerm:
     # the term is a name that may hold a Python number rather than a tensor (a helper's `score = 0` returned when
     # it adds nothing): a reshape of the term must leave a number as it is
     may_be_number: bool = False
+    # the term's own rank where known (`rank` above is the scores'): below 2 (`torch.arange(k)`, along the keys
+    # only), SDPA, which takes masks of two dimensions or more, is handed it with a leading dimension of 1
+    term_rank: int | None = None
 
 
 @dataclass(frozen=True)

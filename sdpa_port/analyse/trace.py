@@ -1219,6 +1219,8 @@ class Tracer:
                 if p.scalar(other, self.scope) is not None:
                     return self.rank_of(tensor, depth + 1)
             return None
+        if isinstance(node, cst.Call) and self.scope.qualify(node.func) == "torch.arange":
+            return 1
         if isinstance(node, cst.Call) and self.scope.qualify(node.func) in p.SHAPE_KEEPING_FUNCTIONS:
             operand = p.arg(node, 0, "input")  # `normalize(q, dim=-1)` (cosine attention) keeps q's shape
             return None if operand is None else self.rank_of(operand, depth + 1)

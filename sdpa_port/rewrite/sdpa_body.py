@@ -443,6 +443,10 @@ class SdpaEmitter(StatementWalker):
                     term = self.with_zero_scores(term, op.scores_arg)
                 if self.regrouped is not None:
                     term, rank = self.regrouped_term(term, self.regrouped[0]), self.regrouped[1]
+                if op.term_rank is not None and op.term_rank < 2 and not op.may_be_number:
+                    # SDPA takes a mask of two dimensions or more; a term along the keys only (`torch.arange(k)`)
+                    # broadcasts over the queries just as well with a leading dimension of 1
+                    term = cst.Call(func=cst.parse_expression("torch.atleast_2d"), args=[cst.Arg(term)])
                 if self.layout.heads is not None and rank == 3:
                     # a `(batch * heads, ...)` term (ALiBi through baddbmm) joins the per-head mask; a number (a
                     # helper's `score = 0`) joins as it is

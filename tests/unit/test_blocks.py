@@ -100,6 +100,16 @@ def test_a_branch_may_scale_its_own_product_or_add_a_term_before_the_branches_me
     assert "sdpa_scale = sdpa_scale * self.scaling" in tail and "sdpa_mask * self.scaling" in tail, tail
 
 
+def test_a_term_along_the_keys_only_is_handed_over_with_two_dimensions() -> None:
+    """SDPA takes masks of two dimensions or more: a one-dimensional term (`torch.arange(k)`, fuzz seed 213873),
+    which may be the whole mask, joins it as `torch.atleast_2d(term)`, the same broadcast."""
+    ranged = PLAIN.replace("))\n", ")) + torch.arange(key.shape[-2], dtype=query.dtype)\n")
+    ported = port_source(fixture().replace(PLAIN, ranged), style=Style.CLASS)
+    assert ported.status is Status.PORTED and not ported.warnings, (ported.reasons, ported.warnings)
+    plain = sdpa_forward(ported.source).split("        else:\n")[1]
+    assert "            sdpa_mask = torch.atleast_2d(torch.arange(key.shape[-2], dtype=query.dtype))\n" in plain, plain
+
+
 def test_a_product_replaced_in_one_branch_only_is_refused() -> None:
     """The plain product computed before the `if` and replaced by the blocks in one branch: not a product of each
     branch's own (the rule takes products new in the branches only)."""
