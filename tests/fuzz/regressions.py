@@ -529,6 +529,54 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
              head_mask=True, cache=True, config_stored=False, flat_bias=True, blocks="branch"),
         "exact", None,
     ),
+    # the product computed by a method of the class, the query scaled in it (the parameter rebound): the class style
+    # reads the helper as its statements written out at the call
+    "12z26: scores from a helper method that scales its query, 4.x": (
+        Spec(scale_place="query", mask_style="manual_float", score_helper=True),
+        "exact", None,
+    ),
+    # the interface style writes no helper out: the scores' origin is unread, refused
+    "12z27: scores from a helper method, interface style": (
+        Spec(family="523", mask_style="builder", output_attentions=False, wiring="direct", score_helper=True),
+        "refused", "S107",
+    ),
+    # blocks under a flag, the plain branch scaling its own product or adding a per-key term before the branches
+    # meet: each branch updates the scale and mask SDPA is handed
+    "12z28: blocks under a flag, the plain branch scaled, 4.x": (
+        Spec(mask_style="causal_helper", causal="mask", dropout="module", blocks="branch", branch_op="scale"),
+        "exact", None,
+    ),
+    "12z29: blocks under a flag, the plain branch adding a term, interface style": (
+        Spec(family="523", mask_style="builder", causal="buffer", dropout="module", output_attentions=False,
+             wiring="direct", blocks="branch", branch_op="term"),
+        "exact", None,
+    ),
+    # found by the fuzzer (seed 213575, a miss): scores from a helper, aliased by a second stream before an in-place
+    # scale, refused on the way; the form-free detector did not count the helper's product, so the file was "no
+    # eager attention found" with exit 0
+    "12z30: scores from a helper aliased before an in-place scale, 4.x": (
+        Spec(scale_form="inplace_div", terms=(("mask", "not_none"), ("bias", "flag")), mask_style="manual_float",
+             causal="buffer", lengths_from_scores=True, fill_form="where_inverted", causal_guard="cross_none_else",
+             dropout="module", output_attentions=False, flat_bias=True, streams="remade", score_helper=True),
+        "refused", "F601",
+    ),
+    # found by the fuzzer (seed 213873, a crash): the plain branch's term along the keys only (`torch.arange(k)`), the
+    # mask's only content with no padding mask: SDPA takes no one-dimensional mask; now handed `atleast_2d` of it
+    "12z31: a one-dimensional term as a branch's whole mask, 4.x": (
+        Spec(product="operator", scale_place="qk_quarter", scale_form="full_div", terms=(("windowed", "flag"),),
+             mask_style="none", causal="buffer", causal_guard="flag", causal_after_terms=True, softmax="upcast",
+             dropout="functional", output_attentions=False, cache=True, is_causal_attr=True, settings_branch=True,
+             flat_bias=True, blocks="branch", branch_op="term"),
+        "exact", None,
+    ),
+    # found by the fuzzer (seed 213448, a crash): the same in interface style, unpadded (no mask built)
+    "12z32: a one-dimensional term as a branch's whole mask, interface style": (
+        Spec(family="523", product="operator", scale_place="qk_quarter", scale_form="size_div", mask_style="builder",
+             fill_form="masked_fill_inplace", fill_value="tensor_finfo_min", softmax="dim3", dropout="module",
+             output_attentions=False, cross=True, wiring="direct", settings_branch=True, flat_bias=True,
+             settings_flag=True, blocks="branch", branch_op="term"),
+        "exact", None,
+    ),
     # found by the fuzzer while 12l was written (seed 180293, wrong by 3.19): the class style's SDPA class reads a
     # None mask as causal only when the mask is added whenever forward runs; a mask added whenever the chain runs is
     # not enough, since the eager fallback of the other branch then gets None for a causal mask

@@ -296,6 +296,9 @@ def causal_lines(spec: Spec, n: Names, code: Code) -> None:
 
 def product_lines(spec: Spec, n: Names, code: Code) -> None:
     q, k = n.query, n.key
+    if spec.score_helper:
+        code.add(f"attn_weights = self._scores({q}, {k})")  # `score_helper_method` computes it
+        return
     product = spec.product
     if spec.scale_place == "query":
         factor, divide = scale_factor(replace_form(spec), n)
@@ -311,7 +314,15 @@ def product_lines(spec: Spec, n: Names, code: Code) -> None:
             block_lines(n, code)
         code.add("else:")
         with code.indent():
-            code.add(f"attn_weights = torch.matmul({q}, {k}.transpose(-1, -2))")
+            if spec.branch_op == "scale":
+                code.add(f"attn_weights = torch.matmul({q}, {k}.transpose(-1, -2)) * 0.5")
+            elif spec.branch_op == "term":
+                code.add(
+                    f"attn_weights = torch.matmul({q}, {k}.transpose(-1, -2)) + "
+                    f"torch.arange({k}.shape[-2], device={q}.device, dtype={q}.dtype) / 4.0"
+                )
+            else:
+                code.add(f"attn_weights = torch.matmul({q}, {k}.transpose(-1, -2))")
     elif product == "matmul":
         code.add(f"attn_weights = torch.matmul({q}, {k}.transpose(-1, -2))")
     elif product == "operator":
@@ -820,6 +831,8 @@ def attention_class(spec: Spec, code: Code) -> None:
                 weights = "returned_weights" if spec.scores_returned and spec.placement == "forward" else weights
                 weights = "attn_weights" if spec.scores_returned and spec.placement != "forward" else weights
                 code.add(f"return attn_output, present, {weights}")
+        if spec.score_helper:
+            score_helper_method(spec, n, code)
         if spec.placement == "helper":
             code.add("")
             code.add(f"def _attn(self, {n.query}, {n.key}, {n.value}, {', '.join(chain_parameters(spec))}):")
@@ -834,6 +847,16 @@ def attention_class(spec: Spec, code: Code) -> None:
             with code.indent():
                 chain(twin, n, code)
                 returned(twin, code)
+
+
+def score_helper_method(spec: Spec, n: Names, code: Code) -> None:
+    """`_scores(self, query, key)`: the product (and any scaling of the query before it, which rebinds the
+    parameter) as forward would compute it, returned."""
+    code.add("")
+    code.add(f"def _scores(self, {n.query}, {n.key}):")
+    with code.indent():
+        product_lines(replace(spec, score_helper=False), n, code)
+        code.add("return attn_weights")
 
 
 def returned(spec: Spec, code: Code) -> None:

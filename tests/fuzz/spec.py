@@ -154,6 +154,12 @@ class Spec:
     # each block's query scaled its own way, a key half read through two names: LUKE's form): "joined" always,
     # "branch" only under `if self.flag_blocks:`, one plain product otherwise
     blocks: str = "none"
+    # with blocks "branch": what the plain branch does to its own product before the branches meet, "scale" (by a
+    # number) or "term" (a per-key bias added)
+    branch_op: str = "none"
+    # the query-key product (with any scaling of the query before it) computed by a method of the attention class,
+    # `attn_weights = self._scores(query, key)`, which the class style reads as its statements written out
+    score_helper: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -195,6 +201,9 @@ class Spec:
 SPARSE_SIBLINGS = ("none", "own", "mask")
 STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
+BRANCH_OPS = ("none", "scale", "term")
+# products a method can compute from the query and key alone (no lengths or batch sizes of forward's)
+HELPER_PRODUCTS = ("matmul", "operator", "method", "einsum", "einsum_kt", "pretransposed", "permuted")
 
 
 def _pick(rng: random.Random, choices: tuple[str, ...], weights: tuple[float, ...] | None = None) -> str:
@@ -280,7 +289,9 @@ def draw(seed: int, family: str = "440") -> Spec:
         twin_helper=rng.random() < 0.3,
         settings_flag=rng.random() < 0.5,
         streams=_pick(rng, STREAMS, (0.88, 0.08, 0.04)),
-        blocks=_pick(rng, BLOCKS, (0.8, 0.1, 0.1)),  # drawn last
+        blocks=_pick(rng, BLOCKS, (0.8, 0.1, 0.1)),
+        branch_op=_pick(rng, BRANCH_OPS, (2, 1, 1)),  # drawn after the fields before it, so their draws stay
+        score_helper=rng.random() < 0.2,
     )
     return normalise(spec)
 
@@ -388,6 +399,14 @@ def normalise(spec: Spec) -> Spec:
     blockable = changes.get("layout", spec.layout) == "heads" and changes.get("product", spec.product) in ("matmul", "operator", "method")
     if spec.blocks != "none" and not (blockable and spec.streams == "one"):
         changes["blocks"] = "none"  # 4-D scores from a plain product; the second stream copies the lines after it
+    if spec.branch_op != "none" and changes.get("blocks", spec.blocks) != "branch":
+        changes["branch_op"] = "none"
+    if spec.score_helper and not (
+        changes.get("placement", spec.placement) == "forward"
+        and changes.get("blocks", spec.blocks) == "none"
+        and changes.get("product", spec.product) in HELPER_PRODUCTS
+    ):
+        changes["score_helper"] = False  # the chain in forward, its product one a method computes from q and k
     return replace(spec, **changes) if changes else spec
 
 
