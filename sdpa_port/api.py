@@ -9,10 +9,10 @@ import libcst as cst
 from sdpa_port.analyse.diagnose import where_reading_stops
 from sdpa_port.analyse.lines import Lines, top_level_starts
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.score_helpers import with_score_helpers
 from sdpa_port.discover.eager_sites import find_eager_attention, undispatched_sites
 from sdpa_port.discover.modular import note_modular_origin
 from sdpa_port.discover.screen import Screen, screen
-from sdpa_port.analyse.score_helpers import with_score_helpers
 from sdpa_port.plan.class_style import ClassStylePlan, apply_class_style, plan_class_style
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style

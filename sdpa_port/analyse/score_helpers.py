@@ -14,7 +14,8 @@ inlined only where that is the same computation, statement for statement:
   subclass in the file overrides, and its body is a straight line of assignments to names ending in
   `return <expression>` (no other statement, no nested function, lambda or comprehension);
 - it computes a product of two tensors (`@`, `matmul`, `bmm`, `einsum`) and no softmax: the attention itself in a
-  helper is `recognise`'s helper calls, not this.
+  helper is `recognise`'s helper calls, not this;
+- the module-level names it reads (`torch`, `math`) are not names forward binds, which would shadow them there.
 
 Every name the helper assigns gets a name of its own in the caller (`query` becomes `query_1` where forward has a
 `query`), and the `return` assigns the caller's name. Each inlined node is placed at its helper statement's line.
@@ -29,9 +30,10 @@ from typing import Sequence, cast
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import is_docstring, nodes_of_type
+from sdpa_port.analyse.cstutil import assigned_names, is_docstring, nodes_of_type
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ClassInfo, ModuleFacts
+from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.analyse.wrappers import bind_arguments, is_simple, substituted_names
 
 PRODUCTS = frozenset({"matmul", "bmm", "einsum", "baddbmm"})
@@ -64,7 +66,8 @@ def with_score_helpers(facts: ModuleFacts, lines: Lines) -> tuple[ModuleFacts, t
 def _inline(
     facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, lines: Lines
 ) -> tuple[cst.FunctionDef, list[str]]:
-    taken = _names_used(forward)
+    bound_in_forward = _bound_names(forward)
+    taken = walk_names(forward.body) | bound_in_forward  # every name forward reads or binds
     helpers: list[str] = []
 
     def block(statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement] | None:
@@ -85,6 +88,8 @@ def _inline(
             if found is None:
                 return None
             target, call, helper, bound, method = found
+            if _free_names(helper, bound) & bound_in_forward:
+                return None  # `torch` read by the helper is a local of forward's there
             body = _inlined_body(helper, call, bound, target, taken, lines, lines(statement))
             first = body[0]
             helpers.append(method)
@@ -243,24 +248,26 @@ def _inlined_body(
     return out
 
 
-def _names_used(function: cst.FunctionDef) -> set[str]:
-    """The names `function` reads, assigns or declares (not attribute names, nor the keywords of its calls)."""
-    names: set[str] = set()
-
-    class _Names(cst.CSTVisitor):
-        def visit_Name(self, node: cst.Name) -> None:
-            names.add(node.value)
-
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            node.value.visit(self)
-            return False
-
-        def visit_Arg(self, node: cst.Arg) -> bool:
-            node.value.visit(self)
-            return False
-
-    function.visit(_Names())
+def _bound_names(function: cst.FunctionDef) -> set[str]:
+    """The names `function` binds: its parameters and every assignment, loop or `with` target in it."""
+    names = {param.name.value for param in (*function.params.posonly_params, *function.params.params, *function.params.kwonly_params)}
+    for star in (function.params.star_arg, function.params.star_kwarg):
+        if isinstance(star, cst.Param):
+            names.add(star.name.value)
+    targets: list[cst.BaseExpression] = [node.target for node in nodes_of_type(function.body, cst.AssignTarget)]
+    targets += [node.target for node in nodes_of_type(function.body, cst.AugAssign)]
+    targets += [node.target for node in nodes_of_type(function.body, cst.AnnAssign)]
+    targets += [node.target for node in nodes_of_type(function.body, cst.For)]
+    targets += [item.asname.name for item in nodes_of_type(function.body, cst.WithItem) if item.asname is not None]
+    for target in targets:
+        names.update(assigned_names(target))
     return names
+
+
+def _free_names(helper: cst.FunctionDef, bound: dict[str, cst.BaseExpression]) -> set[str]:
+    """The names the helper reads that are neither its parameters nor its own locals (module-level names)."""
+    local = set(bound) | {"self"} | _bound_names(helper)
+    return {name for statement in _statements(helper) for name in walk_names(statement)} - local
 
 
 def _fresh(name: str, taken: set[str]) -> str:

@@ -106,8 +106,13 @@ def test_the_inlined_forward_places_its_nodes_at_the_helpers_lines() -> None:
         ),
         # a softmax in the helper: the attention itself, which helper calls handle, not scores
         ((RETURN, RETURN.replace("return (", "return torch.softmax(").replace(") / math", ", -1) / math")), None),
+        # a module-level name the helper reads (`math`) is a local of forward's: written out there, it would read that
+        (
+            ("        value = self.split(self.value(hidden_states))\n", "        value = self.split(self.value(hidden_states))\n        math = None\n"),
+            "[S107]",
+        ),
     ],
-    ids=["branches", "statement", "decorated", "star", "default", "softmax"],
+    ids=["branches", "statement", "decorated", "star", "default", "softmax", "shadowed"],
 )
 def test_look_alikes_are_not_written_out(change: tuple[str, str], reason: str | None) -> None:
     source = fixture()
