@@ -43,8 +43,16 @@ def package_of(input_path: Path) -> str:
     return f"transformers.models.{model_folder(input_path)}"
 
 
+# why a port comes without a parity test (said as a warning, not left to be noticed)
+NO_PARITY_TEST = (
+    "no parity test written: the emitted tests drive models that take `input_ids`, and no model class of this file "
+    "does (audio, vision); `--verify` checks the port on the inputs each model takes"
+)
+
+
 def write_parity_test(input_path: Path, written: Path, result: PortResult, tests_dir: Path | None) -> Path | None:
-    """Write the port's parity test; in a checkout, beside the model's own tests and built on its testers."""
+    """Write the port's parity test; in a checkout, beside the model's own tests and built on its testers. None when
+    no test can be made for the file (`NO_PARITY_TEST` says why)."""
     style = result.style.value if result.style else "auto"
     checkout = find_checkout(input_path)
     tester_source = None

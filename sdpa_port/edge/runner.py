@@ -135,12 +135,17 @@ def write_out(outcome: Outcome, options: RunOptions) -> Outcome:
             from sdpa_port.edge.after_port import write_parity_test
 
             tests = write_parity_test(outcome.path, destination, result, options.tests_dir)
+            if tests is None:
+                from sdpa_port.edge.after_port import NO_PARITY_TEST
+
+                result = replace(result, warnings=result.warnings + (NO_PARITY_TEST,))
     except OSError as error:
         message = f"{destination}: cannot write: {error.strerror or error}"
         failed = PortResult(Status.ERROR, outcome.original, result.style, "write failed", reasons=(message,))
         return Outcome(outcome.path, failed, error=message)
     return replace(
         outcome,
+        result=result,
         written=destination,
         tests=tests,
         writes=None,

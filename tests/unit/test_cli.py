@@ -230,3 +230,21 @@ def test_port_source_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     source = (FIXTURES / "class_style" / "modeling_tiny_decoder.py").read_text()
     result = port_source(source, filename="modeling_tiny_decoder.py")
     assert result.status is Status.ERROR and "KeyError" in result.reasons[0] and result.source == source
+
+
+def test_a_port_without_a_parity_test_says_why(tmp_path: Path) -> None:
+    """Emitted tests drive models taking `input_ids`; a file whose models take other inputs (audio, vision) is ported
+    without one, and the run says so instead of leaving the missing test to be noticed."""
+    source = (FIXTURES / "class_style" / "modeling_tiny_conformer.py").read_text(encoding="utf-8")
+    target = tmp_path / "modeling_tiny_conformer.py"
+    target.write_text(source.replace("input_ids", "input_values"), encoding="utf-8")
+    result = invoke(target, "-o", tmp_path / "out.py")
+    assert result.exit_code == 0, result.output
+    assert "no parity test written" in result.stderr and "--verify" in result.stderr, result.stderr
+    assert not list(tmp_path.glob("**/test_sdpa_parity_*.py"))
+    with_ids = tmp_path / "ids" / "modeling_tiny_conformer.py"
+    with_ids.parent.mkdir()
+    with_ids.write_text(source, encoding="utf-8")
+    result = invoke(with_ids, "-o", tmp_path / "ids" / "out.py")
+    assert result.exit_code == 0 and "no parity test written" not in result.stderr, result.stderr
+    assert list((tmp_path / "ids").glob("**/test_sdpa_parity_*.py"))
