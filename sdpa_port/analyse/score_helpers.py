@@ -30,7 +30,7 @@ from typing import Sequence, cast
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import assigned_names, is_docstring, nodes_of_type
+from sdpa_port.analyse.cstutil import all_assigned_names, is_docstring, nodes_of_type
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ClassInfo, ModuleFacts
 from sdpa_port.analyse.patterns import walk_names
@@ -249,19 +249,12 @@ def _inlined_body(
 
 
 def _bound_names(function: cst.FunctionDef) -> set[str]:
-    """The names `function` binds: its parameters and every assignment, loop or `with` target in it."""
+    """The names `function` binds: its parameters and every binding in its body (`cstutil.all_assigned_names`)."""
     names = {param.name.value for param in (*function.params.posonly_params, *function.params.params, *function.params.kwonly_params)}
     for star in (function.params.star_arg, function.params.star_kwarg):
         if isinstance(star, cst.Param):
             names.add(star.name.value)
-    targets: list[cst.BaseExpression] = [node.target for node in nodes_of_type(function.body, cst.AssignTarget)]
-    targets += [node.target for node in nodes_of_type(function.body, cst.AugAssign)]
-    targets += [node.target for node in nodes_of_type(function.body, cst.AnnAssign)]
-    targets += [node.target for node in nodes_of_type(function.body, cst.For)]
-    targets += [item.asname.name for item in nodes_of_type(function.body, cst.WithItem) if item.asname is not None]
-    for target in targets:
-        names.update(assigned_names(target))
-    return names
+    return names | all_assigned_names([function.body])
 
 
 def _free_names(helper: cst.FunctionDef, bound: dict[str, cst.BaseExpression]) -> set[str]:
