@@ -94,6 +94,9 @@ class Start:
     operands: tuple[cst.BaseExpression, cst.BaseExpression] | None = None
     # the query and key of a score matrix joined from blocks (`forms/blocks.py`): built, not read, so always named
     joined: bool = False
+    # scores an einsum lays out otherwise than SDPA (`ibnd,jbnd->ijbn`: query, key, batch, heads): the order taking
+    # them to SDPA's (batch, heads, query, key); what the chain adds to them or fills them with is permuted the same
+    layout: p.Order | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,8 @@ class Fill:
     bindings: tuple[tuple[str, int], ...] = field(default=(), compare=False)
     # filled whenever the chain runs and the condition's names are not None (as `AddTerm.with_chain`)
     with_chain: bool = field(default=True, compare=False)
+    # the condition's rank where known (scores laid out otherwise than SDPA's permute it: `Start.layout`)
+    rank: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -346,6 +351,15 @@ class NotChain(Exception):
     """An expression that does not touch any chain."""
 
     pass
+
+
+def describe_layout(layout: p.Order) -> str:
+    """`(query, key, batch, heads)`: what each dimension of scores laid out so holds."""
+    names = ("batch", "heads", "query", "key")[-len(layout) :]
+    held = [""] * len(layout)
+    for sdpa_dim, computed in enumerate(layout):
+        held[computed] = names[sdpa_dim]
+    return "(" + ", ".join(held) + ")"
 
 
 def short(node: cst.CSTNode, limit: int = 70) -> str:

@@ -24,6 +24,10 @@ DROPOUT_MODULES = frozenset({"torch.nn.Dropout"})
 MATMUL_FUNCTIONS = frozenset({"torch.matmul", "torch.bmm"})
 BADDBMM_FUNCTIONS = frozenset({"torch.baddbmm"})
 EINSUM_FUNCTIONS = frozenset({"torch.einsum"})
+# tensor factories whose positional arguments are the sizes (`torch.randn(heads, dim)`, `torch.zeros((n, d))`)
+SIZED_FACTORIES = frozenset(
+    f"torch.{name}" for name in ("zeros", "ones", "randn", "rand", "empty", "Tensor", "FloatTensor", "HalfTensor")
+)
 WHERE_FUNCTIONS = frozenset({"torch.where"})
 MAXIMUM_FUNCTIONS = frozenset({"torch.max", "torch.maximum", "torch.clamp", "torch.clamp_min"})
 CAT_FUNCTIONS = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
@@ -676,20 +680,23 @@ Order = tuple[int, ...]
 class EinsumRoles:
     """How an einsum spec maps to attention: scores (`...qd,...kd->...qk`) or output (`...qk,...kd->...qd`).
 
-    4-D operands may hold their dimensions in any order (`bind,bjnd->bnij`, `ibnd,jbnd->bnij`): the scores keep
-    SDPA's (lead, lead, query, key) order, and the orders say how to bring each operand to SDPA's layout. `left` and
-    `right` permute the operands to (lead, lead, length, dim), `result` permutes SDPA's (lead, lead, query, dim)
-    output to the spec's; None where the operand already is so."""
+    4-D operands may hold their dimensions in any order (`bind,bjnd->bnij`, `ibnd,jbnd->bnij`), and so may the
+    scores (`ibnd,jbnd->ijbn`: Transformer-XL's (query, key, batch, heads)); the orders say how to bring each operand
+    to SDPA's layout. `left` and `right` permute the operands to (lead, lead, length, dim), `result` permutes SDPA's
+    (lead, lead, query, dim) output to the spec's, `scores` the scores as the spec lays them out to SDPA's (lead,
+    lead, query, key); None where the operand already is so."""
 
     kind: EinsumRole
     rank: int
     left: Order | None = None
     right: Order | None = None
     result: Order | None = None
+    scores: Order | None = None
 
 
-def einsum_roles(spec: str, kind: EinsumRole) -> EinsumRoles | None:
-    """The spec read as the product of that kind, None where it is not one."""
+def einsum_roles(spec: str, kind: EinsumRole, scores: Order | None = None) -> EinsumRoles | None:
+    """The spec read as the product of that kind, None where it is not one. An output product's first operand is
+    the probabilities laid out as `scores` says the chain's scores are (SDPA's layout where None)."""
     if "->" not in spec or "." in spec:
         return None
     inputs, out = spec.split("->")
@@ -699,23 +706,37 @@ def einsum_roles(spec: str, kind: EinsumRole) -> EinsumRoles | None:
     a, b = parts
     if not (len(a) == len(b) == len(out)) or len(a) not in (3, 4) or any(len(set(x)) != len(x) for x in (a, b, out)):
         return None
-    return (_einsum_scores if kind is EinsumRole.SCORES else _einsum_output)(a, b, out)
+    if kind is EinsumRole.SCORES:
+        return _einsum_scores(a, b, out)
+    if scores is not None and len(scores) != len(a):
+        return None
+    return _einsum_output(a if scores is None else "".join(a[i] for i in scores), b, out)
 
 
 def _einsum_scores(a: str, b: str, out: str) -> EinsumRoles | None:
-    """Scores `a,b->out` (3-D or 4-D): out = (leads, q, k); a holds the leads, q and the contracted d; b the leads,
-    k and d, each in any order."""
-    lead, q, k = out[:-2], out[-2], out[-1]
+    """Scores `a,b->out` (3-D or 4-D): out holds the leads (read by both operands), q (by a alone) and k (by b
+    alone) in any order; a holds the leads, q and the contracted d; b the leads, k and d, each in any order."""
+    q = "".join(c for c in out if c in a and c not in b)
+    k = "".join(c for c in out if c in b and c not in a)
+    lead = "".join(c for c in out if c in a and c in b)
     contracted = set(a) - set(out)
-    if len(contracted) != 1 or set(a) != {*lead, q, *contracted} or set(b) != {*lead, k, *contracted}:
+    if len(q) != 1 or len(k) != 1 or len(contracted) != 1:
+        return None
+    if set(a) != {*lead, q, *contracted} or set(b) != {*lead, k, *contracted}:
         return None
     (d,) = contracted
-    return EinsumRoles(EinsumRole.SCORES, len(out), _order(a, f"{lead}{q}{d}"), _order(b, f"{lead}{k}{d}"))
+    left, right = _order(a, f"{lead}{q}{d}"), _order(b, f"{lead}{k}{d}")
+    scores = _order(out, f"{lead}{q}{k}")
+    if scores is not None and b != a.replace(q, k):
+        # scores laid out otherwise are read only from operands laid out alike (`ibnd,jbnd`): XLNet's segment term
+        # `ijbs,ibns->bnij` pairs a length with the heads, which no query-key product does
+        return None
+    return EinsumRoles(EinsumRole.SCORES, len(out), left, right, scores=scores)
 
 
 def _einsum_output(a: str, b: str, out: str) -> EinsumRoles | None:
-    """The product with V `a,b->out` (3-D or 4-D): a = (leads, q, k) as the scores are; b holds the leads, k and
-    the value's d, out the leads, q and d, each in any order."""
+    """The product with V `a,b->out` (3-D or 4-D): a = (leads, q, k) as SDPA lays out the scores; b holds the
+    leads, k and the value's d, out the leads, q and d, each in any order."""
     lead, q, k = a[:-2], a[-2], a[-1]
     width = set(b) - set(a)
     if len(width) != 1 or k in out or set(b) != {*lead, k, *width} or set(out) != {*lead, q, *width}:
@@ -755,6 +776,21 @@ def inverse(order: Order) -> Order:
     for i, o in enumerate(order):
         out[o] = i
     return tuple(out)
+
+
+def least_rank(node: cst.BaseExpression) -> int | None:
+    """The fewest dimensions `x[None, :, :, None]` can have, whatever `x`'s rank: one per slice and per `None` of
+    an index of slices, `None`s and integers without an Ellipsis; None for any other expression."""
+    if not isinstance(node, cst.Subscript):
+        return None
+    least = 0
+    for element in node.slice:
+        index = element.slice
+        if isinstance(index, cst.Slice) or m.matches(index, m.Index(m.Name("None"))):
+            least += 1
+        elif not m.matches(index, m.Index(m.Integer() | m.UnaryOperation(operator=m.Minus(), expression=m.Integer()))):
+            return None
+    return least
 
 
 def transposed_last_two(node: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:

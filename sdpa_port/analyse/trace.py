@@ -58,6 +58,7 @@ from sdpa_port.analyse.chain import (  # the chain's values and operations, used
     ScalarVal,
     Scale,
     Shift,
+    describe_layout,
     short,
     Softmax,
     Stage,
@@ -110,6 +111,7 @@ __all__ = [
     "Value",
     "View",
     "ZeroRows",
+    "describe_layout",
     "unreachable",
 ]
 
@@ -678,11 +680,19 @@ class Tracer:
             self.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
         rank = product.rank if product.rank is not None else base.rank
         operand, order, value_order = product.right, None, None
+        layout = self.layout_of(base.cid)
         if product.form is p.ProductForm.EINSUM:
-            roles = p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT)
+            roles = p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, layout)
             if roles:
                 rank, order, value_order = roles.rank, roles.result, roles.right
                 operand = p.permuted(product.right, value_order)
+        elif layout is not None:
+            self.candidates[base.cid].poisoned(
+                Code.LAYOUT,
+                f"the probabilities, laid out {describe_layout(layout)}, are multiplied by V as if they were laid out "
+                "(batch, heads, query, key)",
+                line,
+            )
         output = Output(product, node, operand, rank, order, value_order)
         # a further product with the same probabilities records only itself: its SDPA call repeats the first's
         self.record(base, [output] if again else [*ops, output], depth, line)
@@ -744,6 +754,11 @@ class Tracer:
         )
         return cid
 
+    def layout_of(self, cid: int) -> p.Order | None:
+        """How the chain's scores are laid out, where otherwise than SDPA's (`Start.layout`)."""
+        start = self.candidates[cid].start
+        return start.layout if start is not None else None
+
     def may_start(self, node: cst.CSTNode) -> bool:
         """A query-key product (or a concatenation of them) may start a chain: on a re-trace for one chain, only its
         own."""
@@ -788,7 +803,7 @@ class Tracer:
         # a rank the tracer could not read in one branch is the one another branch shows (the product is the same
         # `(.., queries, keys)` matrix on every path); two known ranks must agree
         ranks = {c.rank for c in chains} - {None}
-        if len({(s.upcast, s.operands_upcast) for s in starts}) != 1 or len(ranks) > 1:
+        if len({(s.upcast, s.operands_upcast, s.layout) for s in starts}) != 1 or len(ranks) > 1:
             return None
         first = min(candidates, key=lambda c: c.cid)
         for candidate in candidates:
@@ -884,6 +899,13 @@ class Tracer:
             candidate.ops.append((op, depth, line))
             if isinstance(op, Softmax):
                 candidate.stage = PROBS
+            if candidate.start is not None and candidate.start.layout is not None and not _keeps_layout(op):
+                candidate.poisoned(
+                    Code.LAYOUT,
+                    f"the scores are laid out {describe_layout(candidate.start.layout)}, and {describe_op(op)} reads "
+                    "their dimensions as SDPA lays them out",
+                    line,
+                )
 
     def module_guard(self, module: str | None) -> cst.BaseExpression | None:
         """The test of the innermost branch when it is the `if` of `if self.<module> is not None`."""
@@ -1130,6 +1152,15 @@ class Tracer:
         for read, name, index in finder.sizes:
             value = self.env[name.value]
             assert isinstance(value, ChainVal)
+            layout = self.layout_of(value.cid)
+            if layout is not None:
+                # scores laid out otherwise: size `index` is SDPA's size at the dimension the layout takes it to
+                if not -len(layout) <= index < len(layout):
+                    self.candidates[value.cid].poisoned(
+                        Code.SCORES_READ, f"`{short(node)}` reads no size of the scores", line
+                    )
+                    continue
+                index = layout.index(index % len(layout))
             last = index == -1 or (value.rank is not None and index == value.rank - 1)
             if not last and index >= 0 and value.rank is None:
                 self.candidates[value.cid].poisoned(
@@ -1221,10 +1252,39 @@ class Tracer:
             return None
         if isinstance(node, cst.Call) and self.scope.qualify(node.func) == "torch.arange":
             return 1
+        if m.matches(node, m.Attribute(value=m.Name("self"))) and self.scope.class_name is not None:
+            assert isinstance(node, cst.Attribute)
+            values = self.facts.find_attribute_values(self.scope.class_name, node.attr.value)
+            ranks = {self.created_rank(value) for value in values}
+            return ranks.pop() if len(ranks) == 1 else None
+        if isinstance(node, cst.Call) and self.scope.qualify(node.func) in p.EINSUM_FUNCTIONS:
+            spec = p.arg(node, 0, "equation")  # `einsum("ibnd,jnd->ijbn", ...)`: one dimension per output label
+            text = str(spec.evaluated_value) if isinstance(spec, cst.SimpleString) else ""
+            return len(text.split("->")[1].strip()) if "->" in text and "." not in text else None
         if isinstance(node, cst.Call) and self.scope.qualify(node.func) in p.SHAPE_KEEPING_FUNCTIONS:
             operand = p.arg(node, 0, "input")  # `normalize(q, dim=-1)` (cosine attention) keeps q's shape
             return None if operand is None else self.rank_of(operand, depth + 1)
         return self.rank_returned(node, depth)
+
+    def created_rank(self, node: cst.BaseExpression) -> int | None:
+        """The rank of a tensor `__init__` creates with its sizes written out: `nn.Parameter(torch.randn(1, heads))`,
+        `torch.zeros(n, d)`, `torch.FloatTensor(n, d)`, `torch.ones((n, d))`, `torch.zeros(8)`; None for anything else
+        (one argument other than a literal may hold a shape: `torch.zeros(config.shape)`)."""
+        if isinstance(node, cst.Call) and self.scope.qualify(node.func) == "torch.nn.Parameter" and node.args:
+            return self.created_rank(node.args[0].value)
+        if not isinstance(node, cst.Call) or self.scope.qualify(node.func) not in p.SIZED_FACTORIES:
+            return None
+        sizes = [a for a in node.args if a.keyword is None]
+        if any(a.star for a in sizes) or not sizes:
+            return None
+        if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
+            elements = sizes[0].value.elements
+            return None if any(isinstance(e, cst.StarredElement) for e in elements) else len(elements)
+        if len(sizes) == 1 and not isinstance(sizes[0].value, cst.Integer):
+            return None  # `torch.zeros(shape)`, `torch.Tensor(data)`: one argument may be a shape (or data)
+        if len(sizes) > 1 and any(isinstance(a.value, (cst.Tuple, cst.List)) for a in sizes):
+            return None
+        return len(sizes)
 
     def parameter_rank(self, name: str, self_read: bool) -> int | None:
         """The rank the caller passes to parameter `name`, where it still holds that value: never assigned so far,
@@ -1300,7 +1360,7 @@ class Tracer:
                 continue
             if self.advance(base, ops).stage == PROBS:
                 if product.form is p.ProductForm.EINSUM:
-                    if p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT) is None:
+                    if p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, self.layout_of(base.cid)) is None:
                         continue
                 return node, product
         return None
@@ -1317,6 +1377,37 @@ class Products:
     probabilities: Made
     draws: list[int | None] = field(default_factory=list)
     statements: list[tuple[cst.CSTNode, int]] = field(default_factory=list)
+
+
+def _keeps_layout(op: Op) -> bool:
+    """An operation that means the same on scores laid out otherwise than SDPA's (batch, heads, query, key), once
+    what it adds or fills with is permuted as the scores are: it reads no dimension of the scores by position (a
+    softmax's is checked where it is recognised, an einsum product with V reads the layout)."""
+    match op:
+        case Scale():
+            return not op.per_query
+        case AddTerm():
+            return op.scores_arg is None
+        case Fill():
+            return not op.causal and not op.top_left
+        case Start() | Cast() | Guard() | Softmax() | Dropout() | HeadMask() | Output():
+            return True
+        case View() | ZeroRows() | Shift():
+            return False
+        case _:
+            unreachable(op)
+
+
+def describe_op(op: Op) -> str:
+    """A few words naming an operation on the chain."""
+    return {
+        Scale: "a factor per query",
+        AddTerm: "a helper handed the scores",
+        Fill: "a causal mask",
+        View: "a view",
+        ZeroRows: "zeroing fully masked rows",
+        Shift: "subtracting the row's maximum",
+    }.get(type(op), type(op).__name__)
 
 
 def _branch_op(op: Op) -> bool:

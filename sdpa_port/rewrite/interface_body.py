@@ -177,6 +177,14 @@ class InterfaceEmitter(SdpaEmitter):
         return [*render_statements("interface_style/eager_mask.py.jinja", mask=mask, dtype=dtype), *body]
 
     def apply(self, op: t.Op) -> list[cst.BaseStatement]:
+        if isinstance(op, t.Start) and op.layout is not None:
+            # the eager function and every implementation take (batch, heads, query, key) scores and a mask so laid
+            # out; moving a computation laid out otherwise there is not written yet
+            raise Refuse(
+                Code.LAYOUT,
+                f"the scores are laid out {t.describe_layout(op.layout)}; the attention interface's functions take "
+                "them as (batch, heads, query, key) (the class style permutes what is added to them)",
+            )
         if self.is_handed_fill(op):
             return []
         if isinstance(op, t.Fill):

@@ -32,7 +32,7 @@ from sdpa_port.analyse.cstutil import (
     replace_names,
     replace_nodes,
 )
-from sdpa_port.analyse.patterns import DropoutCall, cast_operand, inverse, permuted, walk_names
+from sdpa_port.analyse.patterns import DropoutCall, cast_operand, inverse, least_rank, permuted, walk_names
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.rewrite.walk import StatementWalker
@@ -171,6 +171,9 @@ class SdpaEmitter(StatementWalker):
         self.start: t.Start | None = None
         self.probs_after_output = result.probs_names_after_output
         self.layout = self.decide_layout()
+        # scores laid out otherwise than (batch, heads, query, key): what is added to them is permuted to SDPA's mask
+        start = candidate.start
+        self.scores_layout = start.layout if start is not None else None
         # the 5-D shape the scores are viewed as, and their rank before
         self.regrouped: tuple[tuple[cst.BaseExpression, ...], int | None] | None = None
         # query and key are float32 copies: run SDPA in float32 and cast the result back, as eager does
@@ -266,6 +269,8 @@ class SdpaEmitter(StatementWalker):
             if action is t.KeepAction.STRIP_EXPAND:
                 assert isinstance(found, cst.Call) and isinstance(found.func, cst.Attribute)
                 mapping[found] = found.func.value
+            elif action is t.KeepAction.RESHAPE_AS and self.scores_layout is not None:
+                raise Refuse(Code.LAYOUT, f"`{code(found)}` reshapes to scores laid out otherwise than SDPA's")
             elif action is t.KeepAction.RESHAPE_AS:
                 assert isinstance(found, cst.Call) and isinstance(found.func, cst.Attribute)
                 mapping[found] = cst.Call(
@@ -443,7 +448,13 @@ class SdpaEmitter(StatementWalker):
                     term = self.with_zero_scores(term, op.scores_arg)
                 if self.regrouped is not None:
                     term, rank = self.regrouped_term(term, self.regrouped[0]), self.regrouped[1]
-                if op.term_rank is not None and op.term_rank < 2 and not op.may_be_number:
+                if self.scores_layout is not None:
+                    if op.may_be_number:
+                        raise Refuse(
+                            Code.LAYOUT, f"`{code(term)}` may be a number or a tensor laid out as the scores are"
+                        )
+                    term = self.laid_out(term, op.term_rank)
+                elif op.term_rank is not None and op.term_rank < 2 and not op.may_be_number:
                     # SDPA takes a mask of two dimensions or more; a term along the keys only (`torch.arange(k)`)
                     # broadcasts over the queries just as well with a leading dimension of 1
                     term = cst.Call(func=cst.parse_expression("torch.atleast_2d"), args=[cst.Arg(term)])
@@ -461,6 +472,8 @@ class SdpaEmitter(StatementWalker):
             case t.Fill() | t.Guard() if self.regrouped is not None:
                 raise Refuse(Code.LAYOUT, "the scores are masked while regrouped into another shape")
             case t.Fill():
+                if self.scores_layout is not None:
+                    op = replace(op, condition=self.laid_out(op.condition, op.rank))
                 if self.shifted and not op.absorbing:
                     raise Refuse(Code.FILL_VALUE, f"scores shifted by the row's maximum are set to `{code(op.fill)}`, which does not absorb them")
                 if op.causal and state.causal_fill is None:
@@ -496,6 +509,34 @@ class SdpaEmitter(StatementWalker):
                 raise AssertionError("the product with V is emitted by output_statement")
             case _:
                 t.unreachable(op)
+
+    def laid_out(self, node: cst.BaseExpression, rank: int | None) -> cst.BaseExpression:
+        """A term or mask condition broadcast against scores laid out otherwise than SDPA's (`Start.layout`), as
+        SDPA's mask: given the scores' rank (leading dimensions of 1 added, as broadcasting adds them) and permuted
+        as the scores are; broadcasting then permuting is permuting then broadcasting, so the entries are the same."""
+        layout = self.scores_layout
+        assert layout is not None
+        size = len(layout)
+        if rank is None:
+            rank = least_rank(node)  # an index showing as many dimensions as the scores have has no more
+            rank = rank if rank == size else None
+        if rank is not None and rank > size:
+            raise Refuse(Code.LAYOUT, f"`{code(node)}` has more dimensions than the scores it is added to")
+        if rank is None:
+            # `x[(None,) * (4 - x.dim())]`: as many leading dimensions of 1 as broadcasting would add
+            missing = cst.BinaryOperation(
+                cst.Integer(str(size)),
+                cst.Subtract(),
+                cst.Call(func=cst.Attribute(value=primary(node), attr=cst.Name("dim"))),
+                lpar=[cst.LeftParen()],
+                rpar=[cst.RightParen()],
+            )
+            ones = cst.BinaryOperation(cst.Tuple([cst.Element(cst.Name("None"))]), cst.Multiply(), missing)
+            node = cst.Subscript(value=primary(node), slice=[cst.SubscriptElement(cst.Index(ones))])
+        elif rank < size:
+            nones = [cst.SubscriptElement(cst.Index(cst.Name("None")), comma=_COMMA) for _ in range(size - rank)]
+            node = cst.Subscript(value=primary(node), slice=[*nones, cst.SubscriptElement(cst.Index(cst.Ellipsis()))])
+        return permuted(node, layout)
 
     def regrouped_term(self, term: cst.BaseExpression, shape: tuple[cst.BaseExpression, ...]) -> cst.BaseExpression:
         """A term added to the scores viewed as `shape` (`scores.view(shape) + term`, viewed back): the same term

@@ -134,9 +134,9 @@ from torch import nn
 
 class TinyAttention(nn.Module):
     def forward(self, query, key, value):
-        scores = torch.einsum("bqd,bkd->bkq", query, key)
-        probs = scores.softmax(dim=1)
-        return torch.einsum("bkq,bkd->bqd", probs, value)
+        scores = torch.einsum("...qd,...kd->...qk", query, key)
+        probs = scores.softmax(dim=-1)
+        return torch.einsum("...qk,...kd->...qd", probs, value)
 '''
 
 UNTRANSPOSED = '''

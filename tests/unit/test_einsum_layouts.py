@@ -39,16 +39,38 @@ def test_roles_and_orders(spec: str, kind: EinsumRole, orders: tuple[object, obj
     roles = einsum_roles(spec, kind)
     assert roles is not None and roles.kind is kind
     assert (roles.left, roles.right, roles.result) == orders
+    assert roles.scores is None
+
+
+@pytest.mark.parametrize(
+    "spec,scores",
+    [
+        ("ibnd,jbnd->ijbn", (2, 3, 0, 1)),  # Transformer-XL: (query, key, batch, heads)
+        ("bhqd,bhkd->bhkq", (0, 1, 3, 2)),  # (key, query): the softmax runs over dimension 2
+        ("bhqd,bhkd->bqhk", (0, 2, 1, 3)),  # heads between the lengths
+        ("bqd,bkd->bkq", (0, 2, 1)),  # 3-D, (key, query)
+    ],
+)
+def test_scores_laid_out_otherwise(spec: str, scores: tuple[int, ...]) -> None:
+    """The scores' own order is read too; a product with V of probabilities so laid out reads its first operand
+    through it (Transformer-XL's `ijbn,jbnd->ibnd`), and not without it."""
+    roles = einsum_roles(spec, SCORES)
+    assert roles is not None and roles.scores == scores
+    inputs, out = spec.split("->")
+    value = inputs.split(",")[1]
+    output = einsum_roles(f"{out},{value}->{inputs.split(',')[0]}", OUTPUT, scores)
+    assert output is not None and output.kind is OUTPUT
+    assert einsum_roles(f"{out},{value}->{inputs.split(',')[0]}", OUTPUT) is None
 
 
 @pytest.mark.parametrize(
     "spec,kind",
     [
-        ("bhqd,bhkd->bhkq", SCORES),  # scores laid out (key, query): the softmax would run over the queries
-        ("bhqd,bhkd->bqhk", SCORES),  # heads between the lengths: not SDPA's scores
         ("bnij,bjnd->bjnd", OUTPUT),  # the key length survives: not a product with V
-        ("bqd,bkd->bkq", SCORES),  # 3-D scores laid out (key, query)
         ("bhqd,bhqd->bhqd", SCORES),  # nothing contracted
+        ("bhqd,bhkd->bhqq", SCORES),  # a label twice
+        ("bhqd,bhkd->bhk", SCORES),  # the query length dropped
+        ("ijbs,ibns->bnij", SCORES),  # XLNet's segment term: operands laid out unalike, scores not SDPA's
     ],
 )
 def test_not_attention(spec: str, kind: EinsumRole) -> None:

@@ -85,6 +85,10 @@ def joined_blocks(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recogn
     starts = [candidate.start for candidate, _ in parts if candidate.start is not None]
     if len({(s.upcast, s.operands_upcast) for s in starts}) != 1:
         raise Poison(Code.SCORES_TRANSFORMED, "the concatenated scores are computed in different dtypes", cids)
+    if any(s.layout is not None for s in starts):
+        raise Poison(
+            Code.LAYOUT, "the concatenated scores are laid out otherwise than (batch, heads, query, key)", cids
+        )
     block = _joined([b for _, b in parts], along_keys=axis == -1)
     start = Start(
         starts[0].product,

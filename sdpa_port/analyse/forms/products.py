@@ -42,11 +42,12 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
     unproven: cst.BaseExpression | None = None  # a factor of the key not shown to be a number
     rank = product.rank
     orders: tuple[p.Order | None, p.Order | None] = (None, None)
+    layout: p.Order | None = None
     if product.form is p.ProductForm.EINSUM:
         roles = p.einsum_roles(product.spec or "", p.EinsumRole.SCORES)
         if roles is None:
             return None
-        key, rank, orders = product.right, roles.rank, (roles.left, roles.right)
+        key, rank, orders, layout = product.right, roles.rank, (roles.left, roles.right), roles.scores
         untransposed = p.transposed_last_two(key, 4) if roles.right == (0, 1, 3, 2) else None
         if untransposed is not None:
             # `einsum("bhqd,bhdk->bhqk", q, k.transpose(-1, -2))`: the key itself is in SDPA's layout
@@ -71,6 +72,7 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
         bound_to_float32(tracer, query) or bound_to_float32(tracer, key),
         orders,
         (query, key) if orders != (None, None) else None,
+        layout=layout,
     )
     read = p.walk_names(start.query) | p.walk_names(start.key)
     cid = tracer.new_chain(start, node, line, tuple((name, tracer.assignments.get(name, 0)) for name in sorted(read)))
@@ -304,11 +306,17 @@ EXAMPLES = {
             "return torch.einsum('bnij,jbnd->ibnd', probs, value)",
             Start,
         ),
-        # scores laid out (batch, heads, key, query): the softmax would run over the queries
+        # scores laid out (batch, heads, key, query): a softmax over dimension 2 runs over the keys, the last one
+        # over the queries
+        Example(
+            "scores = torch.einsum('bhqd,bhkd->bhkq', query, key)\nprobs = scores.softmax(2)\n"
+            "return torch.einsum('bhkq,bhkd->bhqd', probs, value)",
+            Start,
+        ),
         Example(
             "scores = torch.einsum('bhqd,bhkd->bhkq', query, key)\nprobs = scores.softmax(-1)\n"
             "return torch.einsum('bhkq,bhkd->bhqd', probs, value)",
-            refused=Code.UNRECOGNISED,
+            refused=Code.SOFTMAX_DIM,
         ),
         # a key divided by a number scales the product
         Example(

@@ -11,7 +11,18 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from sdpa_port.analyse import patterns as p
-from sdpa_port.analyse.chain import PROBS, SCORES, Candidate, ChainVal, NotChain, Op, Poison, Softmax, short
+from sdpa_port.analyse.chain import (
+    PROBS,
+    SCORES,
+    Candidate,
+    ChainVal,
+    NotChain,
+    Op,
+    Poison,
+    Softmax,
+    describe_layout,
+    short,
+)
 from sdpa_port.analyse.cstutil import code
 from sdpa_port.analyse.forms.common import Example, scored
 from sdpa_port.refusals import Code
@@ -30,7 +41,19 @@ def softmax(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
     except NotChain:
         return unknown_origin(tracer, node, found, line)
     tracer.require(base, ops, SCORES, "softmax", line, Code.SOFTMAX_DIM)
-    if found.dim is not None:
+    start = tracer.candidates[base.cid].start
+    layout = start.layout if start is not None else None
+    if layout is not None:
+        # scores laid out otherwise (`ijbn`): the key dimension is where the layout puts it, named either way
+        dim = p.number(found.dim) if found.dim is not None else None
+        if dim is None or dim not in (layout[-1], layout[-1] - len(layout)):
+            raise Poison(
+                Code.SOFTMAX_DIM,
+                f"the softmax runs over dim={code(found.dim) if found.dim is not None else '(implicit)'}, not the key "
+                f"dimension ({layout[-1]}) of scores laid out {describe_layout(layout)}",
+                {base.cid},
+            )
+    elif found.dim is not None:
         dim = p.number(found.dim)
         rank = tracer.advance(base, ops).rank
         if dim is None or not (dim == -1 or (rank is not None and dim == rank - 1)):
@@ -59,6 +82,10 @@ def unknown_origin(
 
 
 _HEADS = "b, s, _ = query.shape\nquery = query.view(b, s, 4, -1).transpose(1, 2)\n"
+_LAID_OUT = (
+    "scores = torch.einsum('ibnd,jbnd->ijbn', query, key)\nprobs = scores.softmax(dim={dim})\n"
+    "return torch.einsum('ijbn,jbnd->ibnd', probs, value)"
+)
 
 EXAMPLES = {
     "softmax": (
@@ -66,6 +93,11 @@ EXAMPLES = {
         Example(scored("probs = self.softmax(scores)"), Softmax),
         Example(scored("probs = scores.softmax(dim=3)", _HEADS), Softmax),  # the last dimension of 4-D scores
         Example(scored("probs = scores.softmax(dim=1)"), refused=Code.SOFTMAX_DIM),
+        # scores laid out (query, key, batch, heads): the key dimension is 1
+        Example(_LAID_OUT.format(dim=1), Softmax),
+        Example(_LAID_OUT.format(dim=-3), Softmax),
+        Example(_LAID_OUT.format(dim=-1), refused=Code.SOFTMAX_DIM),
+        Example(_LAID_OUT.format(dim=0), refused=Code.SOFTMAX_DIM),
         Example(
             "scores = self.score(query, key)\nprobs = scores.softmax(-1)\nreturn probs @ value",
             refused=Code.UNKNOWN_PRODUCT,
