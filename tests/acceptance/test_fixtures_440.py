@@ -30,6 +30,8 @@ CASES = [
     ("modeling_tiny_conformer.py", "TinyConformerModel", "encoder", {}),
     # ... and under the other setting forward's own product, scaled in its own branch
     ("modeling_tiny_conformer.py", "TinyConformerModel", "encoder", {"position_type": "plain"}),
+    # scores laid out (query, key, batch, heads): the relative term, the per-head bias and the fill permuted
+    ("modeling_tiny_laid_out.py", "TinyLaidOutModel", "encoder", {}),
 ]
 
 
@@ -128,17 +130,48 @@ def test_keys_taken_for_one_tensor_would_be_seen(monkeypatch: pytest.MonkeyPatch
 def test_the_written_out_helper_parity_sees_a_wrong_branch(sabotage: tuple[str, str], tmp_path: Path) -> None:
     """The relative branch's port, broken in its term, its scale or its query, fails parity: the fixture's biases are
     drawn large enough (randn) that the scores are far from uniform."""
+    checks = _broken_golden_checks("conformer", "TinyConformer", sabotage, tmp_path)
+    assert any(c.name.endswith("sdpa == eager") and not c.passed for c in checks), [str(c) for c in checks]
+
+
+def _broken_golden_checks(stem: str, model: str, sabotage: tuple[str, str], directory: Path):  # type: ignore[no-untyped-def]
+    """Parity, on right-padded inputs, of fixture `modeling_tiny_<stem>.py` against its golden port with one
+    replacement made (`sabotage`, whose text the golden port holds once)."""
     from sdpa_port.verify import parity
     from sdpa_port.verify.loader import load_in_package
 
-    golden = (FIXTURES / "golden" / "modeling_tiny_conformer.py").read_text(encoding="utf-8")
+    golden = (FIXTURES / "golden" / f"modeling_tiny_{stem}.py").read_text(encoding="utf-8")
     assert golden.count(sabotage[0]) == 1, sabotage[0]
     package = "transformers.models.gpt2"
-    original = load_in_package(FIXTURES / "class_style" / "modeling_tiny_conformer.py", package, alias="fixture_conformer")
-    written = tmp_path / "modeling_tiny_conformer_broken.py"
+    original = load_in_package(FIXTURES / "class_style" / f"modeling_tiny_{stem}.py", package, alias=f"fixture_{stem}")
+    written = directory / f"modeling_tiny_{stem}_broken.py"
     written.write_text(golden.replace(*sabotage), encoding="utf-8")
-    ported = load_in_package(written, package, alias=f"broken_conformer_{tmp_path.name}")
-    checks = parity.check_forward(
-        original.TinyConformerModel, ported.TinyConformerModel, original.TinyConformerConfig(), "right", kind="encoder"
-    )
+    ported = load_in_package(written, package, alias=f"broken_{stem}_{directory.name}")
+    config = getattr(original, f"{model}Config")()
+    models = getattr(original, f"{model}Model"), getattr(ported, f"{model}Model")
+    return parity.check_forward(*models, config, "right", kind="encoder")
+
+
+@pytest.mark.parametrize(
+    "sabotage",
+    [
+        # the relative term with its query and key dimensions swapped (it still broadcasts: square scores)
+        ("position.permute(2, 3, 0, 1)", "position.permute(2, 3, 1, 0)"),
+        # the relative term left as the einsum lays it out
+        ("position.permute(2, 3, 0, 1)", "position"),
+        # the per-head bias left as written (it then runs along the keys)
+        ("self.head_bias[(None,) * (4 - self.head_bias.dim())].permute(2, 3, 0, 1)", "self.head_bias"),
+        # the padded keys' fill laid along the queries
+        ("padded[None, :, :, None].permute(2, 3, 0, 1)", "padded[None, :, :, None].permute(2, 3, 1, 0)"),
+    ],
+    ids=["swapped", "term", "bias", "fill"],
+)
+def test_the_laid_out_parity_sees_an_unpermuted_term(sabotage: tuple[str, str], tmp_path: Path) -> None:
+    """Each thing added to scores laid out (query, key, batch, heads) must be permuted as they are: permuted
+    otherwise, the port fails parity; left as written, it fails parity or does not run."""
+    try:
+        checks = _broken_golden_checks("laid_out", "TinyLaidOut", sabotage, tmp_path)
+    except RuntimeError as error:  # shapes that do not broadcast
+        assert "must match the size" in str(error), error
+        return
     assert any(c.name.endswith("sdpa == eager") and not c.passed for c in checks), [str(c) for c in checks]
