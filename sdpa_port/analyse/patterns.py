@@ -627,11 +627,10 @@ def product(node: cst.BaseExpression, scope: Scope) -> Product | None:
         form = ProductForm(receiver[1])
         return Product(form, receiver[0], node.args[0].value, 3 if form is ProductForm.BMM else None)
     if qualified in EINSUM_FUNCTIONS:
-        spec_node = arg(node, 0, "equation")
+        spec = einsum_spec(node)
         operands = _einsum_operands(node)
-        if not isinstance(spec_node, cst.SimpleString) or operands is None:
+        if spec is None or operands is None:
             return None
-        spec = str(spec_node.evaluated_value).replace(" ", "")
         return Product(ProductForm.EINSUM, operands[0], operands[1], None, spec=spec)
     if qualified in BADDBMM_FUNCTIONS or method_call(node, {"baddbmm"}) is not None:
         if qualified in BADDBMM_FUNCTIONS:
@@ -646,6 +645,12 @@ def product(node: cst.BaseExpression, scope: Scope) -> Product | None:
         alpha = _keyword(node, "alpha")
         return Product(ProductForm.BADDBMM, left, right, 3, alpha=alpha, beta=beta, initial=initial)
     return None
+
+
+def einsum_spec(call: cst.Call) -> str | None:
+    """The equation of `einsum("ibnd, jbnd -> ijbn", ...)` without its spaces, None where it is not a literal."""
+    spec = arg(call, 0, "equation")
+    return str(spec.evaluated_value).replace(" ", "") if isinstance(spec, cst.SimpleString) else None
 
 
 def _einsum_operands(call: cst.Call) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:

@@ -895,15 +895,17 @@ class Tracer:
                 "goes on from",
                 line,
             )
+        layout = self.layout_of(base.cid)
         for op in ops:
             candidate.ops.append((op, depth, line))
             if isinstance(op, Softmax):
                 candidate.stage = PROBS
-            if candidate.start is not None and candidate.start.layout is not None and not _keeps_layout(op):
+            reads = _reads_sdpa_layout(op) if layout is not None else None
+            if layout is not None and reads is not None:
                 candidate.poisoned(
                     Code.LAYOUT,
-                    f"the scores are laid out {describe_layout(candidate.start.layout)}, and {describe_op(op)} reads "
-                    "their dimensions as SDPA lays them out",
+                    f"the scores are laid out {describe_layout(layout)}, and {reads} reads their "
+                    "dimensions as SDPA lays them out",
                     line,
                 )
 
@@ -1258,9 +1260,8 @@ class Tracer:
             ranks = {self.created_rank(value) for value in values}
             return ranks.pop() if len(ranks) == 1 else None
         if isinstance(node, cst.Call) and self.scope.qualify(node.func) in p.EINSUM_FUNCTIONS:
-            spec = p.arg(node, 0, "equation")  # `einsum("ibnd,jnd->ijbn", ...)`: one dimension per output label
-            text = str(spec.evaluated_value) if isinstance(spec, cst.SimpleString) else ""
-            return len(text.split("->")[1].strip()) if "->" in text and "." not in text else None
+            spec = p.einsum_spec(node)  # `einsum("ibnd,jnd->ijbn", ...)`: one dimension per output label
+            return len(spec.split("->")[1]) if spec is not None and "->" in spec and "." not in spec else None
         if isinstance(node, cst.Call) and self.scope.qualify(node.func) in p.SHAPE_KEEPING_FUNCTIONS:
             operand = p.arg(node, 0, "input")  # `normalize(q, dim=-1)` (cosine attention) keeps q's shape
             return None if operand is None else self.rank_of(operand, depth + 1)
@@ -1379,35 +1380,27 @@ class Products:
     statements: list[tuple[cst.CSTNode, int]] = field(default_factory=list)
 
 
-def _keeps_layout(op: Op) -> bool:
-    """An operation that means the same on scores laid out otherwise than SDPA's (batch, heads, query, key), once
-    what it adds or fills with is permuted as the scores are: it reads no dimension of the scores by position (a
-    softmax's is checked where it is recognised, an einsum product with V reads the layout)."""
+def _reads_sdpa_layout(op: Op) -> str | None:
+    """What an operation reads of the scores' dimensions by position as SDPA lays them out, in a few words; None
+    for one that means the same on scores laid out otherwise, once what it adds or fills with is permuted as the
+    scores are (a softmax's dimension is checked where it is recognised, an einsum product with V reads the layout)."""
     match op:
         case Scale():
-            return not op.per_query
+            return "a factor per query" if op.per_query else None
         case AddTerm():
-            return op.scores_arg is None
+            return "a helper handed the scores" if op.scores_arg is not None else None
         case Fill():
-            return not op.causal and not op.top_left
+            return "a causal mask" if op.causal or op.top_left else None
+        case View():
+            return "a view"
+        case ZeroRows():
+            return "zeroing fully masked rows"
+        case Shift():
+            return "subtracting the row's maximum"
         case Start() | Cast() | Guard() | Softmax() | Dropout() | HeadMask() | Output():
-            return True
-        case View() | ZeroRows() | Shift():
-            return False
+            return None
         case _:
             unreachable(op)
-
-
-def describe_op(op: Op) -> str:
-    """A few words naming an operation on the chain."""
-    return {
-        Scale: "a factor per query",
-        AddTerm: "a helper handed the scores",
-        Fill: "a causal mask",
-        View: "a view",
-        ZeroRows: "zeroing fully masked rows",
-        Shift: "subtracting the row's maximum",
-    }.get(type(op), type(op).__name__)
 
 
 def _branch_op(op: Op) -> bool:

@@ -41,8 +41,7 @@ def softmax(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
     except NotChain:
         return unknown_origin(tracer, node, found, line)
     tracer.require(base, ops, SCORES, "softmax", line, Code.SOFTMAX_DIM)
-    start = tracer.candidates[base.cid].start
-    layout = start.layout if start is not None else None
+    layout = tracer.layout_of(base.cid)
     if layout is not None:
         # scores laid out otherwise (`ijbn`): the key dimension is where the layout puts it, named either way
         dim = p.number(found.dim) if found.dim is not None else None
