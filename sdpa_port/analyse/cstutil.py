@@ -51,6 +51,7 @@ class ReplaceNames(cst.CSTTransformer):
 # ---------------------------------------------------------------- building expressions with the right parentheses
 
 ATOM = 100
+COMPARISON = 5  # `a < b`, `a != b`: binds more loosely than every binary operator
 _BINARY_PRECEDENCE: dict[type, int] = {
     cst.BitOr: 6,
     cst.BitXor: 7,
@@ -83,7 +84,7 @@ def precedence(node: cst.BaseExpression) -> int:
     if isinstance(node, cst.UnaryOperation):
         return 4 if isinstance(node.operator, cst.Not) else 12
     if isinstance(node, cst.Comparison):
-        return 5
+        return COMPARISON
     if isinstance(node, cst.BinaryOperation):
         return _BINARY_PRECEDENCE[type(node.operator)]
     if isinstance(node, cst.Await):

@@ -586,6 +586,31 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
              is_causal_attr=True, settings_branch=True, flat_bias=True),
         "exact", None,
     ),
+    # found by the fuzzer's dtype axes (seeds 600035, 600042 and nine more of 600000:600300, crashes): a fill where a
+    # 0/1 tensor of another dtype is 0 (`bias == 0`, `mask.eq(0)`) lost its comparison, `torch.where(bias, ...)`
+    # taking no float or integer condition; the kept side is now `bias != 0` unless `bias` is proven boolean
+    "35a: a float causal buffer filled where it is 0": (
+        Spec(causal="buffer", fill_form="masked_fill_inplace", buffer_dtype="float", compare="eq0"),
+        "exact", None,
+    ),
+    "35b: an integer causal buffer compared with 0 by a method": (
+        Spec(causal="buffer", fill_form="masked_fill", buffer_dtype="long", compare="eq_method"),
+        "exact", None,
+    ),
+    "35c: an integer padding mask compared with 0": (
+        Spec(mask_style="manual_bool", terms=(("bool_mask", "not_none"),), mask_dtype="long", compare="eq0",
+             fill_form="masked_fill"),
+        "exact", None,
+    ),
+    "35d: a float padding mask negated by logical_not": (
+        Spec(mask_style="manual_bool", terms=(("bool_mask", "not_none"),), mask_dtype="float", compare="logical_not",
+             fill_form="where_inverted"),
+        "exact", None,
+    ),
+    "35e: a uint8 causal buffer masked below one half": (
+        Spec(causal="buffer", fill_form="masked_fill", buffer_dtype="uint8", compare="lt_half", cache=True),
+        "exact", None,
+    ),
 }
 
 

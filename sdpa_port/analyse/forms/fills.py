@@ -18,6 +18,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.booleans import BooleanReader, zero_one_threshold
 from sdpa_port.analyse.chain import PROBS, AddTerm, Fill, Guard, Op, Poison, Softmax, ZeroRows, short
 from sdpa_port.analyse.cstutil import code, parenthesized, precedence, primary
 from sdpa_port.analyse.forms.common import Example, method_on_chain, scored
@@ -125,9 +126,7 @@ def masking_fill(
         raise Poison(
             Code.FILL_VALUE, f"masked scores are set to `{short(fill)}`, not to a large negative value", {cid}
         )
-    negated = None if keep_where_true else negation_of(tracer, condition)
-    if negated is not None:  # `masked_fill(bias == 0, f)` keeps where `bias` is true
-        condition, keep_where_true = negated, True
+    condition, keep_where_true = kept_condition(tracer, condition, keep_where_true)
     triangle = triangle_slice(tracer, condition) if keep_where_true else None
     diagonal = triangle[0] if triangle is not None and _bottom_right(triangle[1]) else None
     top_left = triangle is not None and _top_left(triangle[1])
@@ -168,9 +167,7 @@ def zero_rows(
     row, whose probabilities at `mask` would then not be 0 before the zeroing)."""
     if p.fill_number(fill, tracer.scope) != 0:
         raise Poison(Code.FILL_VALUE, f"the probabilities are set to `{short(fill)}` after the softmax", {cid})
-    negated = None if keep_where_true else negation_of(tracer, condition)
-    if negated is not None:  # as `fill` reads it: `masked_fill(~keep, 0)` keeps where `keep` is true
-        condition, keep_where_true = negated, True
+    condition, keep_where_true = kept_condition(tracer, condition, keep_where_true)  # as `fill` reads it
     detached = tracer.detach(condition, cid)
     ops = [op for op, _, _ in tracer.candidates[cid].ops] + list(pending)
     fills = [op for op in ops if isinstance(op, Fill)]
@@ -229,6 +226,9 @@ def triangle_slice(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> 
     found = p.method_call(node, p.CAST_METHODS | {"bool"})  # a cast keeps the 0/1 entries
     if found is not None:
         return triangle_slice(tracer, found[0], depth + 1)
+    threshold = zero_one_threshold(node)
+    if threshold is not None and threshold[1]:  # `bias != 0`, `bias > 0.5`: true where the 0/1 buffer is 1
+        return triangle_slice(tracer, threshold[0], depth + 1)
     if not isinstance(node, cst.Subscript):
         return None
     buffer = p.self_attribute_name(node.value)
@@ -241,10 +241,38 @@ def triangle_slice(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> 
     return None if kind is None else (kind, node)
 
 
+def kept_condition(
+    tracer: Tracer, condition: cst.BaseExpression, keep_where_true: bool
+) -> tuple[cst.BaseExpression, bool]:
+    """A fill's condition read as where it keeps, when it can be: `masked_fill(bias == 0, f)` and
+    `masked_fill(bias < 0.5, f)` over a 0/1 triangle keep where `bias != 0` (`bias` itself, when boolean)."""
+    negated = None if keep_where_true else negation_of(tracer, condition)
+    if negated is not None:
+        return negated, True
+    threshold = _triangle_threshold(tracer, condition)
+    if threshold is not None and threshold[1] == keep_where_true:  # true where the triangle keeps, or masks
+        return threshold[0], True
+    return condition, keep_where_true
+
+
 def negation_of(tracer: Tracer, node: cst.BaseExpression) -> cst.BaseExpression | None:
-    """The condition a negation negates: `~x`, `x == 0`, `x.logical_not()`, `torch.logical_not(x)`."""
+    """The boolean a negation negates: `~x` gives `x` (a valid mask only for a boolean `x`); `x == 0`, `x.eq(0)`,
+    `x.logical_not()` and `torch.logical_not(x)` give `x` where it is proven boolean and `x != 0` otherwise, so a
+    mask of any dtype keeps its comparison."""
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
         return node.expression
+    operand = _compared_with_zero(tracer, node)
+    if operand is None:
+        found = p.method_call(node, {"logical_not"})
+        if found is not None and isinstance(node, cst.Call) and not node.args:
+            operand = found[0]
+        elif isinstance(node, cst.Call) and tracer.scope.qualify(node.func) == "torch.logical_not" and len(node.args) == 1:
+            operand = node.args[0].value
+    return None if operand is None else booleans(tracer).kept_where(operand)
+
+
+def _compared_with_zero(tracer: Tracer, node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`x` of `x == 0`, `x.eq(0)` or `torch.eq(x, 0)`."""
     if (
         isinstance(node, cst.Comparison)
         and len(node.comparisons) == 1
@@ -252,12 +280,40 @@ def negation_of(tracer: Tracer, node: cst.BaseExpression) -> cst.BaseExpression 
         and p.number(node.comparisons[0].comparator) == 0.0
     ):
         return node.left
-    found = p.method_call(node, {"logical_not"})
-    if found is not None and isinstance(node, cst.Call) and not node.args:
+    found = p.method_call(node, {"eq"})
+    if found is not None and isinstance(node, cst.Call) and len(node.args) == 1 and p.number(node.args[0].value) == 0.0:
         return found[0]
-    if isinstance(node, cst.Call) and tracer.scope.qualify(node.func) == "torch.logical_not" and len(node.args) == 1:
+    if (
+        isinstance(node, cst.Call)
+        and tracer.scope.qualify(node.func) == "torch.eq"
+        and len(node.args) == 2
+        and p.number(node.args[1].value) == 0.0
+    ):
         return node.args[0].value
     return None
+
+
+def booleans(tracer: Tracer) -> BooleanReader:
+    """What the tracer's function proves boolean: its locals on every path, and the class's registered buffers."""
+
+    def buffer(name: str) -> tuple[cst.BaseExpression, dict[str, list[cst.BaseExpression]]] | None:
+        if tracer.class_name is None:
+            return None
+        registered = tracer.facts.find_buffer(tracer.class_name, name)
+        if registered is None:
+            return None
+        return registered, tracer.facts.find_buffer_locals(tracer.class_name, name)
+
+    return BooleanReader(tracer.scope, tracer.scope.local_values, buffer)
+
+
+def _triangle_threshold(tracer: Tracer, node: cst.BaseExpression) -> tuple[cst.BaseExpression, bool] | None:
+    """A triangle buffer's slice compared with a number between its 0s and 1s (`bias < 0.5`, `bias != 0`): the
+    slice as a boolean, and whether the comparison holds where the buffer keeps (is 1)."""
+    found = zero_one_threshold(node)
+    if found is None or triangle_slice(tracer, found[0]) is None:
+        return None
+    return booleans(tracer).kept_where(found[0]), found[1]
 
 
 def _times(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
