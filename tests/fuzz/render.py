@@ -133,8 +133,25 @@ def fill_value(spec: Spec, n: Names) -> str:
     return "-1e9"
 
 
+def conditions(spec: Spec, keep: str) -> tuple[str, str]:
+    """Where the 0/1 tensor `keep` keeps and where it masks, as the spec's comparison writes them."""
+    kept_forms = {"natural": keep, "ne0": f"{keep} != 0", "gt_half": f"{keep} > 0.5", "bool_cast": f"{keep}.bool()"}
+    masked_forms = {
+        "eq0": f"{keep} == 0",
+        "eq_method": f"{keep}.eq(0)",
+        "torch_eq": f"torch.eq({keep}, 0)",
+        "lt_half": f"{keep} < 0.5",
+        "logical_not": f"{keep}.logical_not()",
+    }
+    if spec.compare in kept_forms:
+        kept = kept_forms[spec.compare]
+        return kept, f"~{kept}" if spec.compare == "natural" else f"~({kept})"
+    masked = masked_forms[spec.compare]
+    return f"~({masked})", masked
+
+
 def fill_statement(spec: Spec, n: Names, keep: str, code: Code) -> None:
-    """Mask the scores where `keep` is False, in the spec's form."""
+    """Mask the scores where the 0/1 tensor `keep` is 0, in the spec's form and comparison."""
     value = fill_value(spec, n)
     form = spec.fill_form
     if form == "blend" and keep == "causal_mask" and spec.fill_value != "minus_inf":
@@ -144,17 +161,19 @@ def fill_statement(spec: Spec, n: Names, keep: str, code: Code) -> None:
         return
     if form == "blend":
         form = "where"
+    kept, masked = conditions(spec, keep)
     if form == "where" or (form == "masked_fill_inplace" and value.startswith("torch.tensor")):
         if spec.fill_value in ("finfo_min", "minus_1e4", "minus_1e9", "minus_inf"):
             code.add(f"mask_value = torch.full([], {value}, dtype=attn_weights.dtype, device=attn_weights.device)")
             value = "mask_value"
-        code.add(f"attn_weights = torch.where({keep}, attn_weights, {value})")
+        code.add(f"attn_weights = torch.where({kept}, attn_weights, {value})")
     elif form == "masked_fill":
-        code.add(f"attn_weights = attn_weights.masked_fill(~{keep}, {value})")
+        code.add(f"attn_weights = attn_weights.masked_fill({masked}, {value})")
     elif form == "masked_fill_inplace":
-        code.add(f"attn_weights.masked_fill_({keep} == 0, {value})")
+        masked = f"{keep} == 0" if spec.compare == "natural" else masked
+        code.add(f"attn_weights.masked_fill_({masked}, {value})")
     else:
-        code.add(f"attn_weights = torch.where(~{keep}, {value}, attn_weights)")
+        code.add(f"attn_weights = torch.where({masked}, {value}, attn_weights)")
 
 
 def in_heads(n: Names, code: Code, body) -> None:  # type: ignore[no-untyped-def]
@@ -547,10 +566,11 @@ def one_stream(spec: Spec, n: Names, code: Code) -> None:
             code.add("returned_weights = None")
     softmax_lines(spec, n, code)
     if spec.zero_masked:
+        kept, masked = conditions(spec, "causal_mask")
         if spec.fill_form in ("masked_fill", "masked_fill_inplace"):
-            code.add("attn_weights = attn_weights.masked_fill(~causal_mask, 0.0)")
+            code.add(f"attn_weights = attn_weights.masked_fill({masked}, 0.0)")
         else:
-            code.add("attn_weights = torch.where(causal_mask, attn_weights, 0.0)")
+            code.add(f"attn_weights = torch.where({kept}, attn_weights, 0.0)")
     if hazard == "post_softmax_term":
         code.add("attn_weights = attn_weights + 1e-3")
     if hazard == "optional_renorm":
@@ -683,8 +703,9 @@ def attention_class(spec: Spec, code: Code) -> None:
             for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
                 code.add(f"self.{name} = nn.Linear(config.hidden_size, config.hidden_size)")
             if spec.causal == "buffer":
+                dtype = "" if spec.buffer_dtype == "float" else f", dtype=torch.{spec.buffer_dtype}"
                 tril = (
-                    f"torch.tril(torch.ones(({MAX_POSITIONS}, {MAX_POSITIONS}), dtype=torch.bool))"
+                    f"torch.tril(torch.ones(({MAX_POSITIONS}, {MAX_POSITIONS}){dtype}))"
                     f".view(1, 1, {MAX_POSITIONS}, {MAX_POSITIONS})"
                 )
                 if spec.buffer_form == "inline":
@@ -1027,7 +1048,8 @@ def mask_lines(spec: Spec, code: Code) -> None:
             code.add("mask = attention_mask[:, None, None, :].to(hidden_states.dtype)")
             code.add("mask = (1.0 - mask) * torch.finfo(hidden_states.dtype).min")
     elif style == "manual_bool":
-        code.add("mask = attention_mask[:, None, None, :].bool() if attention_mask is not None else None")
+        cast = {"bool": ".bool()", "long": "", "float": ".float()"}[spec.mask_dtype]
+        code.add(f"mask = attention_mask[:, None, None, :]{cast} if attention_mask is not None else None")
     else:
         code.add("mask = None")
     if not spec.cross:
@@ -1042,7 +1064,8 @@ def mask_lines(spec: Spec, code: Code) -> None:
         elif style == "extended":
             code.add("encoder_mask = self.invert_attention_mask(encoder_attention_mask)")
         elif style == "manual_bool":
-            code.add("encoder_mask = encoder_attention_mask[:, None, None, :].bool()")
+            cast = {"bool": ".bool()", "long": "", "float": ".float()"}[spec.mask_dtype]
+            code.add(f"encoder_mask = encoder_attention_mask[:, None, None, :]{cast}")
         else:
             code.add("encoder_mask = encoder_attention_mask[:, None, None, :].to(hidden_states.dtype)")
             code.add("encoder_mask = (1.0 - encoder_mask) * torch.finfo(hidden_states.dtype).min")

@@ -160,6 +160,14 @@ class Spec:
     # the query-key product (with any scaling of the query before it) computed by a method of the attention class,
     # `attn_weights = self._scores(query, key)`, which the class style reads as its statements written out
     score_helper: bool = False
+    # the dtype of the causal buffer's entries (a triangle of 0s and 1s): `tril(ones(n, n, dtype=...))`, float
+    # without a dtype
+    buffer_dtype: str = "bool"
+    # 4.x, the `manual_bool` style: the padding mask's dtype as the model hands it to the attention (a 0/1 tensor)
+    mask_dtype: str = "bool"
+    # how a fill reads a 0/1 tensor (the causal buffer's slice, the padding mask): "natural" the existing forms
+    # (boolean tensors only), else a comparison that makes a boolean of any dtype (`mask == 0`, `mask.eq(0)`, ...)
+    compare: str = "natural"
 
     # -------------------------------------------------------------- derived facts
 
@@ -203,6 +211,10 @@ STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
 BRANCH_OPS = ("none", "scale", "term")
 # products a method can compute from the query and key alone (no lengths or batch sizes of forward's)
+# a causal buffer's and a padding mask's dtypes; the comparisons a fill makes of such a 0/1 tensor
+BUFFER_DTYPES = ("bool", "uint8", "float", "long")
+MASK_DTYPES = ("bool", "long", "float")
+COMPARES = ("natural", "eq0", "eq_method", "torch_eq", "ne0", "lt_half", "gt_half", "logical_not", "bool_cast")
 HELPER_PRODUCTS = ("matmul", "operator", "method", "einsum", "einsum_kt", "pretransposed", "permuted")
 
 
@@ -292,6 +304,9 @@ def draw(seed: int, family: str = "440") -> Spec:
         blocks=_pick(rng, BLOCKS, (0.8, 0.1, 0.1)),
         branch_op=_pick(rng, BRANCH_OPS, (2, 1, 1)),  # drawn after the fields before it, so their draws stay
         score_helper=rng.random() < 0.2,
+        buffer_dtype=_pick(rng, BUFFER_DTYPES, (2, 1, 1, 1)),  # drawn last: the fields above keep their seeds
+        mask_dtype=_pick(rng, MASK_DTYPES, (2, 1, 1)),
+        compare=_pick(rng, COMPARES, (4, 1, 1, 1, 1, 1, 1, 1, 1)),
     )
     return normalise(spec)
 
@@ -407,6 +422,18 @@ def normalise(spec: Spec) -> Spec:
         and changes.get("product", spec.product) in HELPER_PRODUCTS
     ):
         changes["score_helper"] = False  # the chain in forward, its product one a method computes from q and k
+    compared = changes.get("causal", spec.causal) == "buffer" or style == "manual_bool"
+    if spec.buffer_dtype != "bool" and spec.causal != "buffer":
+        changes["buffer_dtype"] = "bool"
+    if spec.buffer_dtype == "float" and changes.get("buffer_form", spec.buffer_form) == "window":
+        changes["buffer_dtype"] = "long"  # the window is cut out with bitwise_xor, which takes no floats
+    if spec.mask_dtype != "bool" and style != "manual_bool":
+        changes["mask_dtype"] = "bool"
+    if not compared and spec.compare != "natural":
+        changes["compare"] = "natural"
+    booleans = changes.get("buffer_dtype", spec.buffer_dtype) == "bool" and changes.get("mask_dtype", spec.mask_dtype) == "bool"
+    if compared and not booleans and changes.get("compare", spec.compare) == "natural":
+        changes["compare"] = "eq0"  # a 0/1 tensor of another dtype is compared before it masks
     return replace(spec, **changes) if changes else spec
 
 
