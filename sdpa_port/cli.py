@@ -1,7 +1,8 @@
 """The `sdpa-port` command: a thin typer layer over `sdpa_port.edge.runner`.
 
-Exit codes: 0 done or nothing to do, 1 changes needed (--check/--diff), 2 bad input, usage or internal error,
-3 refused. Diffs and reports go to stdout; progress and warnings to stderr.
+Exit codes: 0 done or nothing to do, 1 changes needed (--check/--diff) or a failed verification, 2 bad input,
+usage, --verify without torch or internal error, 3 refused. Diffs and reports go to stdout; progress and warnings to
+stderr.
 """
 
 from __future__ import annotations
@@ -48,13 +49,16 @@ def port(
     ] = None,
     no_tests: Annotated[bool, typer.Option("--no-tests", help="Do not emit parity tests.")] = False,
     verify: Annotated[
-        bool,
+        Optional[bool],
         typer.Option(
-            "--verify",
+            "--verify/--no-verify",
             help="Before writing, import the original and the port (this executes the modeling code) and run the "
-            "parity checks; write nothing and exit 1 if one fails.",
+            "parity checks; write nothing and exit 1 if one fails. Default: on for one file of the installed "
+            "transformers or of a Transformers checkout that is being written; off for any other file, a batch, "
+            "--check and --diff.",
+            show_default=False,
         ),
-    ] = False,
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per file on stdout instead of text lines.")] = False,
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", help="Files processed in parallel (default: all cores).")] = None,
 ) -> None:
@@ -65,13 +69,18 @@ def port(
     is given. A file that cannot be ported exactly is refused with one line per reason and left untouched. Several
     files are ported in parallel, reported in input order, with a progress bar on a terminal and a summary on stderr.
 
-    Exit codes: 0 done or nothing to do, 1 changes needed (--check/--diff), 2 bad input or internal error,
-    3 refused. Benchmarks: `sdpa-port bench --help`.
+    Verifying executes the modeling file: it runs by default only for a single file of the installed transformers
+    (or a model name) or of a Transformers checkout, written in place or to -o; any other port is written
+    unverified, with a line saying so, unless --verify is given. Verifying needs torch and transformers.
+
+    Exit codes: 0 done or nothing to do, 1 changes needed (--check/--diff) or a failed verification, 2 bad input,
+    missing torch for --verify or internal error, 3 refused. Benchmarks: `sdpa-port bench --help`.
     """
     from sdpa_port.edge.files import InputError, discover
     from sdpa_port.edge.progress import progress_bar
-    from sdpa_port.edge.report import out, print_outcome, print_summary
+    from sdpa_port.edge.report import out, print_outcome, print_summary, print_unverified_beside
     from sdpa_port.edge.runner import RunOptions, run
+    from sdpa_port.edge.trust import MissingDependency, decide
 
     try:
         targets = discover(list(paths))
@@ -82,8 +91,13 @@ def port(
     writing = not (diff or check)
     if writing and output is None and any(t.model for t in targets):
         raise _fail("a model name resolves inside the installed transformers; give -o FILE, --diff or --check")
+    try:
+        verifying = decide(verify, targets, writing)
+    except MissingDependency as error:
+        raise _fail(str(error))
     options = RunOptions(
-        style=style, write=writing, want_diff=diff, output=output, tests=not no_tests, tests_dir=tests_dir, verify=verify
+        style=style, write=writing, want_diff=diff, output=output, tests=not no_tests, tests_dir=tests_dir,
+        verify=verifying,
     )
     many = len(targets) > 1
 
@@ -91,7 +105,8 @@ def port(
         if as_json:
             out(json.dumps(outcome_json(outcome)))
         else:
-            print_outcome(outcome, show_diff=diff)
+            # one file's run says why a port it writes is unverified, unless --no-verify said not to check it
+            print_outcome(outcome, show_diff=diff, say_unverified=not many and verify is not False)
 
     bar = progress_bar(len(targets))
     try:
@@ -101,6 +116,8 @@ def port(
             bar.close()
     if many:
         print_summary(summary)
+    elif verify is not False and not as_json:
+        print_unverified_beside(summary)
     raise typer.Exit(summary.exit_code(checking=not writing))
 
 
@@ -121,7 +138,8 @@ def outcome_json(outcome) -> dict:  # type: ignore[no-untyped-def]
         "written": str(outcome.written) if outcome.written else None,
         "tests": str(outcome.tests) if outcome.tests else None,
         "verification": list(outcome.verification),
-        "verified": (not outcome.verify_failed) if outcome.verification else None,
+        "verified": outcome.verified,  # null: the checks did not run, or not in full (`unverified` says why)
+        "unverified": outcome.unverified,
     }
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
 from sdpa_port.api import port_source
-from sdpa_port.edge.files import InputError, read_source, resolve_model_name
+from sdpa_port.edge.files import InputError, installed_transformers, read_source, resolve_model_name
 from sdpa_port.result import Status
 
 
@@ -36,10 +35,8 @@ class Prepared:
 
 
 def transformers_root() -> Path | None:
-    spec = importlib.util.find_spec("transformers")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]).resolve()
+    root = installed_transformers()
+    return root.resolve() if root is not None else None
 
 
 def installed_module_name(path: Path, root: Path | None) -> str | None:

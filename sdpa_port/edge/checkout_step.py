@@ -20,6 +20,7 @@ from sdpa_port.checkout.ruff import Ruff, RuffError, changed_lines, find_ruff
 from sdpa_port.checkout.tree import Directory, Overlay
 from sdpa_port.edge.files import atomic_write
 from sdpa_port.edge.runner import Outcome, RunOptions
+from sdpa_port.edge.trust import COPIES, FAMILY
 from sdpa_port.result import PortResult, Status
 
 
@@ -75,7 +76,10 @@ def _one_checkout(
         else:
             result_here = PortResult(Status.PORTED, text, None, "copies follow their ported sources")
             extra.append(
-                Outcome(destination, result_here, written=destination, original=original, kind="copies", context=notes)
+                Outcome(
+                    destination, result_here, written=destination, original=original, kind="copies", context=notes,
+                    unverified=COPIES,
+                )
             )
     warnings = _warnings(family)
     for position, (index, outcome) in enumerate(zip(indexes, ports)):
@@ -144,7 +148,9 @@ def _family_outcome(path: Path, original: str, text: str, notes: tuple[str, ...]
         from sdpa_port.edge.after_port import write_parity_test
 
         tests = write_parity_test(path, path, result, options.tests_dir)
-    return Outcome(path, result, written=path, tests=tests, original=original, kind="family", context=notes)
+    return Outcome(
+        path, result, written=path, tests=tests, original=original, kind="family", context=notes, unverified=FAMILY
+    )
 
 
 def _lost(original: str, final: str, path: str) -> tuple[str, ...]:

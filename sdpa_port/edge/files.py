@@ -154,14 +154,22 @@ def _sibling_imports(tree: ast.Module) -> set[str]:
 
 def resolve_model_name(name: str) -> Target | None:
     """`bert` -> the installed `transformers/models/bert/modeling_bert.py`, found without importing transformers."""
-    if not name.replace("_", "").isalnum():
+    root = installed_transformers() if name.replace("_", "").isalnum() else None
+    if root is None:
         return None
-    spec = importlib.util.find_spec("transformers")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = Path(list(spec.submodule_search_locations)[0])
     candidate = root / "models" / name / f"modeling_{name}.py"
     return Target(candidate, model=name) if candidate.exists() else None
+
+
+def installed_transformers() -> Path | None:
+    """The folder of the transformers package `import transformers` would load, found without importing it."""
+    try:
+        spec = importlib.util.find_spec("transformers")
+    except (ImportError, ValueError):  # a module in sys.modules without a spec
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -10,6 +10,8 @@ import typer
 from sdpa_port.edge.runner import Outcome, Summary
 from sdpa_port.result import Status
 
+NOT_VERIFIED = "not verified"  # how the checks name a model they could not drive (verify/drive.py, which needs torch)
+
 
 def out(text: str, nl: bool = True) -> None:
     """To stdout as it is at this moment: a progress bar may have put there a proxy that prints above it."""
@@ -20,7 +22,7 @@ def err(text: str) -> None:
     typer.echo(text, file=sys.stderr)
 
 
-def print_outcome(outcome: Outcome, show_diff: bool = False) -> None:
+def print_outcome(outcome: Outcome, show_diff: bool = False, say_unverified: bool = False) -> None:
     result = outcome.result
     path = str(outcome.path)
     if show_diff and outcome.diff:
@@ -30,12 +32,12 @@ def print_outcome(outcome: Outcome, show_diff: bool = False) -> None:
     elif outcome.verify_failed:
         out(f"verification failed: {path} (nothing written)")
         for line in outcome.verification:
-            if "FAILED" in line or "could not" in line:
+            if "FAILED" in line or "could not" in line or line.startswith(NOT_VERIFIED):
                 out(f"  {line}")
     elif result.status is Status.PORTED:
         where = f" -> {outcome.written}" if outcome.written and outcome.written != outcome.path else ""
         verb = "ported" if outcome.written else "would port"
-        verified = " (verified)" if outcome.verification else ""
+        verified = " (verified)" if outcome.verified else ""
         family = " with its family" if outcome.kind == "family" else ""
         out(f"{verb}{family}: {path}{where} ({', '.join(result.attention_classes)}){verified}")
         if outcome.tests:
@@ -52,6 +54,15 @@ def print_outcome(outcome: Outcome, show_diff: bool = False) -> None:
         out(f"  {note}")
     for warning in result.warnings:
         err(f"warning: {path}: {warning}")
+    if say_unverified and outcome.kind == "port" and outcome.written and outcome.unverified:
+        err(f"not verified: {path}: {outcome.unverified}")
+
+
+def print_unverified_beside(summary: Summary) -> None:
+    """One line for the files a one-file run changed beside its port (copies of the ported code in a checkout)."""
+    others = [o for o in summary.outcomes if o.kind != "port" and o.written and o.unverified]
+    if others:
+        err(f"not verified: {len(others)} other file(s) changed to follow the port; only the files named are verified")
 
 
 def print_summary(summary: Summary) -> None:
@@ -60,14 +71,19 @@ def print_summary(summary: Summary) -> None:
 
 
 def summary_lines(summary: Summary) -> list[str]:
-    """Counts per outcome (ported, already supported, nothing to port, refused with its reasons, errors)."""
+    """Counts per outcome (ported, how many of those verified and why the others not, already supported, nothing to
+    port, refused with its reasons, errors)."""
     counts = Counter(o.status for o in summary.outcomes if o.kind != "copies")
+    ports = [o for o in summary.outcomes if o.status is Status.PORTED and o.kind != "copies"]
+    unverified = Counter(o.unverified for o in ports if o.unverified)
     already = sum(1 for o in summary.outcomes if o.status is Status.UNCHANGED and "already" in o.result.detail)
     family = sum(1 for o in summary.outcomes if o.kind == "family")
     copies = sum(1 for o in summary.outcomes if o.kind == "copies")
     rows = [
         ("ported", counts[Status.PORTED] - family),
         *([("ported with their family", family), ("copies updated", copies)] if family or copies else []),
+        ("verified", sum(1 for o in ports if o.verified)),
+        *([("verification failed", sum(1 for o in ports if o.verify_failed))] if any(o.verify_failed for o in ports) else []),
         ("already support SDPA", already),
         ("nothing to port", counts[Status.UNCHANGED] - already),
         ("refused", counts[Status.REFUSED]),
@@ -77,6 +93,11 @@ def summary_lines(summary: Summary) -> list[str]:
     lines = [f"sdpa-port: {len(summary.outcomes)} file(s)"]
     for label, count in rows:
         lines.append(f"  {label:<{width}}  {count:5d}")
+        if label == "verified":
+            lines.extend(
+                f"  {'':<{width}}  {n:5d}  not verified: {why}"
+                for why, n in sorted(unverified.items(), key=lambda item: (-item[1], item[0]))
+            )
         if label == "refused":
             # each refused file counted once per code among its reasons
             codes = Counter(

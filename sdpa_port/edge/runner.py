@@ -12,6 +12,7 @@ from sdpa_port.api import NOT_MODELING, port_source
 from sdpa_port.edge.files import InputError, Target, atomic_write, read_source
 from sdpa_port.edge.modular_step import carry_into_modular, generated_from_modular, modular_source_of
 from sdpa_port.edge.pool import available_cores, run_here, run_in_processes
+from sdpa_port.edge.trust import Verifying
 from sdpa_port.result import PortResult, Status, Style
 
 
@@ -23,7 +24,7 @@ class RunOptions:
     output: Path | None = None
     tests: bool = True  # write test_sdpa_parity_<model>.py beside each written port
     tests_dir: Path | None = None
-    verify: bool = False  # run the parity checks before writing (imports and executes the files)
+    verify: Verifying = Verifying()  # whether the parity checks run before writing (they execute the files)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Outcome:
     tests: Path | None = None
     verification: tuple[str, ...] = ()
     verify_failed: bool = False
+    unverified: str | None = None  # why a port goes unverified (not checked, or checked only in part)
     original: str = field(default="", repr=False)  # the text before the port, when it was written
     # "port" (asked for), "family" (ported because it copies ported code), "copies" (copies follow ported code)
     kind: str = "port"
@@ -52,6 +54,13 @@ class Outcome:
     @property
     def status(self) -> Status:
         return self.result.status
+
+    @property
+    def verified(self) -> bool | None:
+        """True when the checks passed, False when one failed (nothing written), None when they did not run."""
+        if self.unverified is not None or not self.verification:
+            return None
+        return not self.verify_failed
 
 
 @dataclass
@@ -105,19 +114,28 @@ def process(target: Target, options: RunOptions) -> Outcome:
         if carried is not None:
             diff += unified_diff(carried[1], carried[2], str(carried[0]))
     verification: tuple[str, ...] = ()
-    if options.verify and result.status is Status.PORTED:
+    unverified: str | None = None
+    if result.status is Status.PORTED and not options.verify.run:
+        unverified = options.verify.unverified
+    elif result.status is Status.PORTED:
         from sdpa_port.edge.after_port import verify_port
 
         report = verify_port(path, source, result)
         verification = report.lines
-        if not report.passed:
+        if not report.passed and options.verify.by_default and report.undriven:
+            # verifying by default, a port the checks cannot drive is written as an unverified one would be
+            unverified = f"the checks could not drive it: {report.undriven}"
+        elif not report.passed:
             return Outcome(path, result, None, diff, verification=verification, verify_failed=True)
     if options.write and result.status is Status.PORTED:
         # written by the parent (write_out): a worker that dies after its work leaves nothing half-recorded, and the
         # file is rerun from its original text
         writes = _Writes(options.output or path, carried)
-        return Outcome(path, result, None, diff, verification=verification, original=source, context=context, writes=writes)
-    return Outcome(path, result, None, diff, verification=verification, context=context)
+        return Outcome(
+            path, result, None, diff, verification=verification, unverified=unverified, original=source,
+            context=context, writes=writes,
+        )
+    return Outcome(path, result, None, diff, verification=verification, unverified=unverified, context=context)
 
 
 def write_out(outcome: Outcome, options: RunOptions) -> Outcome:

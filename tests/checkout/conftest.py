@@ -82,8 +82,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=problem))
 
 
-def build_session(version: str, models: list[str], workdir: Path, repo_tests: bool) -> Session:
-    """Lay out, run the model tests, port each model in place with the CLI, run the emitted and model tests again."""
+def build_session(version: str, models: list[str], workdir: Path, repo_tests: bool, verified: str) -> Session:
+    """Lay out, run the model tests, port each model in place with the CLI, run the emitted and model tests again.
+
+    A file of a checkout is verified before it is written by default; only the `verified` model keeps that default
+    (verifying costs about ten seconds of CPU a model, and the emitted tests check every port again); the others are
+    ported with --no-verify."""
     started = time.perf_counter()
     overlay = Path(os.environ["SDPA_PORT_TRANSFORMERS_TESTS"]) if version == "4.40.2" else None
     archive = sdist(version, Path(os.environ["SDPA_PORT_SDISTS"]))
@@ -105,7 +109,8 @@ def build_session(version: str, models: list[str], workdir: Path, repo_tests: bo
         path = f"src/transformers/models/{folder}/modeling_{name}.py"
         if (root / f"src/transformers/models/{folder}/modular_{name}.py").is_file():
             path = f"src/transformers/models/{folder}/modular_{name}.py"
-        completed = session.timings.run(f"port {model}", [sys.executable, "-m", "sdpa_port", path], root, timeout=900)
+        command = [sys.executable, "-m", "sdpa_port", path, *([] if model == verified else ["--no-verify"])]
+        completed = session.timings.run(f"port {model}", command, root, timeout=900)
         after = snapshot(root)
         changed = {p: (before.get(p), t) for p, t in after.items() if before.get(p) != t}
         session.ports[model] = Port(model, completed.returncode, completed.stdout + completed.stderr, changed)

@@ -19,6 +19,7 @@ WITH_REPO_TESTS = ["t5", "bert", "gpt2", "mbart", "distilbert", "opt"]
 # `folder/name`: data2vec/modeling_data2vec_text.py, whose copies of BERT's code follow BERT's port first and then
 # meet its own port (a swap already made must not be made again, or its BertModel.forward marker would be lost)
 MODELS = [*WITH_REPO_TESTS, "data2vec/data2vec_text"]
+VERIFIED = "bert"  # ported with the default (which verifies it), the others with --no-verify
 
 # not holding in the release itself: clap's copy of BertEmbeddings.__init__ differs (persistent=True), and two
 # markers in gpt_neox's tests name test files the 4.40.2 overlay does not carry
@@ -40,7 +41,15 @@ PREEXISTING = {
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
-    return build_session("4.40.2", MODELS, tmp_path_factory.mktemp("checkout440"), repo_tests=True)
+    return build_session("4.40.2", MODELS, tmp_path_factory.mktemp("checkout440"), repo_tests=True, verified=VERIFIED)
+
+
+def test_a_port_in_the_checkout_is_verified_by_default(session: Session) -> None:
+    """Without --verify, the port of a checkout's file runs the parity checks against the checkout's transformers
+    (PYTHONPATH=src) before it is written."""
+    port = session.ports[VERIFIED]
+    assert port.returncode == 0, port.output
+    assert any(line.startswith("ported: ") and line.endswith(" (verified)") for line in port.output.splitlines()), port.output
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.checkout523
 # `folder/name`: src/transformers/models/<folder>/modeling_<name>.py, its tests in tests/models/<folder>
 MODELS = ["xglm", "codegen", "gptj", "switch_transformers", "blip/blip_text"]
 MODULAR = {"switch_transformers"}
+VERIFIED = "switch_transformers"  # ported with the default (which verifies it), the others with --no-verify
 
 # not holding in the release itself: idefics2 and idefics3 copy CLIPAttention.__init__ without its is_causal line
 PREEXISTING = {
@@ -30,7 +31,15 @@ PREEXISTING = {
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
-    return build_session("5.23.0", MODELS, tmp_path_factory.mktemp("checkout523"), repo_tests=False)
+    return build_session("5.23.0", MODELS, tmp_path_factory.mktemp("checkout523"), repo_tests=False, verified=VERIFIED)
+
+
+def test_a_port_in_the_checkout_is_verified_by_default(session: Session) -> None:
+    """Without --verify, the port of a checkout's modular file runs the parity checks on the generated file,
+    against the checkout's transformers (PYTHONPATH=src), before either is written."""
+    port = session.ports[VERIFIED]
+    assert port.returncode == 0, port.output
+    assert any(line.startswith("ported: ") and line.endswith(" (verified)") for line in port.output.splitlines()), port.output
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -199,7 +199,7 @@ def test_summary_counts_every_kind_and_groups_refusal_reasons(tmp_path: Path) ->
     rows = [re.match(r"^  (\S.*?)\s+(\d+)$", line) for line in lines[1:]]
     counts = {row.group(1): int(row.group(2)) for row in rows if row}
     assert lines[0] == f"sdpa-port: {len(summary.outcomes)} file(s)"
-    assert counts == {"ported": 2, "already support SDPA": 1, "nothing to port": 1, "refused": 2, "errors": 0}
+    assert counts == {"ported": 2, "verified": 0, "already support SDPA": 1, "nothing to port": 1, "refused": 2, "errors": 0}
     # the refused files are counted by code, each code with its title
     assert any(line.split()[1:3] == ["S101", "the"] for line in lines if line.strip()[:1].isdigit())
 
