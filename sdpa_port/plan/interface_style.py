@@ -500,6 +500,13 @@ def _plan_module(
         fold_function=fold_function,
     )
     statements, part, emitter, body = _emit(forward, result, candidate, options)
+    if emitter.folded and _claims_reaching(facts, causality, analysis.class_name):
+        raise Refuse(
+            Code.TERMS_IN_MASK,
+            "the additive terms are folded into the float mask (the target release's sdpa reads no `position_bias`, "
+            "or the release is unknown), but the file claims flash, flex or attention-backend kernels, which take "
+            "another mask or none",
+        )
     if emitter.folded and mask_param is not None:
         # the mask handed over carries the terms: the eager function takes its own (as built) by keyword
         statements, part, emitter, body = _emit(forward, result, candidate, replace(options, mask_by_keyword=True))
@@ -600,12 +607,26 @@ def _causality_in_chain(
         return False
     if not any(isinstance(op, t.Fill) for op, _, _ in candidate.ops):
         return True
-    if not _other_implementations(facts, ("_supports_flash_attn", "_supports_flash_attn_2")):
+    if not _other_implementations(facts, FLASH):
         return True
+    return _flash_elsewhere(facts, causality, class_name)
+
+
+def _flash_elsewhere(facts: ModuleFacts, causality: "Causality", class_name: str) -> bool:
+    """Flash attention never runs the class: an attention-classes dict gives flash another class, and the class is
+    built through such dicts only."""
     dicts = [entries for entries in attention_dicts(facts).values() if entries["eager"] == class_name]
     elsewhere = all(any(k.startswith("flash") and v != class_name for k, v in e.items()) for e in dicts)
     sites = causality.flow.modules.sites_of({class_name} | causality.flow.modules.subclasses(class_name))
     return bool(dicts) and elsewhere and not any(site.direct for site in sites)
+
+
+def _claims_reaching(facts: ModuleFacts, causality: "Causality", class_name: str) -> bool:
+    """An implementation the file already claims, other than eager and sdpa, may run the class: flex or registered
+    kernels (every other implementation falls back to it), or flash where no dict gives flash another class."""
+    if _other_implementations(facts, ("_supports_flex_attn", "_supports_attention_backend")):
+        return True
+    return _other_implementations(facts, FLASH) and not _flash_elsewhere(facts, causality, class_name)
 
 
 def _check_mask_setting(
@@ -963,6 +984,7 @@ class Causality:
         return self.self_attention
 
 
+FLASH = ("_supports_flash_attn", "_supports_flash_attn_2")
 OTHER_IMPLEMENTATIONS = ("_supports_flash_attn", "_supports_flash_attn_2", "_supports_flex_attn", "_supports_attention_backend")
 
 

@@ -271,3 +271,33 @@ def test_the_fold_function_reads_as_python() -> None:
     fold = _function(result.source, "fold_additive_terms")
     compile(textwrap.dedent(fold), "<fold>", "exec")
     assert fold.count("torch.where(") == 2
+
+
+def test_a_wheel_tree_carries_its_release_for_the_files_in_it(tmp_path: Path) -> None:
+    """The corpus ports a wheel's files in a tree extracted from it: the release's sources come along, so each file
+    is ported for its own release."""
+    import zipfile
+
+    from sdpa_port.edge.wheels import copy_tree, extract_tree, wheel_path
+
+    wheel = wheel_path(tmp_path, "5.10.4")
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("transformers/__init__.py", '__version__ = "5.10.4"\n')
+        archive.writestr("transformers/" + SDPA, SDPA_WITHOUT)
+        archive.writestr("transformers/modeling_utils.py", "")
+        archive.writestr("transformers/models/t5/modeling_t5.py", "import torch\n")
+    tree = copy_tree(extract_tree(wheel, tmp_path / "trees"), tmp_path / "copy")
+    assert not (tree / "transformers" / "modeling_utils.py").exists()
+    found = target_release(tree / "transformers" / "models" / "t5" / "modeling_t5.py")
+    assert found is not None and found.version == "5.10.4" and not found.sdpa_position_bias
+
+
+def test_a_file_claiming_flex_is_refused_only_where_the_terms_must_ride_on_the_mask() -> None:
+    from test_refusal_docs import source_of
+
+    source = source_of("M205")
+    assert "_supports_flex_attn = True" in source
+    folded = port_source(source, style="interface", release=BEFORE_POSITION_BIAS)
+    assert folded.status is Status.REFUSED and {r.code.code for r in folded.refusals} == {"M205"}
+    handed = port_source(source, style="interface", release=POSITION_BIAS)
+    assert handed.status is Status.PORTED, handed.reasons
