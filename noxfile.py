@@ -6,6 +6,9 @@
           differential fuzzer (fixed seeds, the regression specs, the judge's own sensitivity).
 - tf523:  transformers 5.23.0 + torch 2.13.0 CPU: interface-style acceptance on real files, with parity, and the
           fuzzer's interface-style family.
+- tf510:  transformers 5.10.4 (its sdpa reads no position_bias): the T5 family's folded position biases, with parity.
+- tf525:  transformers 5.25.0 (the model updates continuous batching's paged cache), installed without its `kernels`
+          requirement: serving checks of claimed ports, and the decoders that may not claim them.
 - corpus: every PyTorch modeling file of both releases, read from their wheels, ported in one batch.
 - checkout440: a contributor's transformers 4.40.2 checkout (sdist + the repository's tests at that tag), six models
   ported in place with the CLI, then the repository's checks: pinned ruff, `# Copied from` consistency, the emitted
@@ -21,7 +24,7 @@ import os
 
 import nox
 
-nox.options.sessions = ["unit", "tf440", "tf523", "corpus", "checkout440", "checkout523", "serving"]
+nox.options.sessions = ["unit", "tf440", "tf523", "tf510", "tf525", "corpus", "checkout440", "checkout523", "serving"]
 nox.options.reuse_existing_virtualenvs = True
 
 TORCH = "torch==2.13.0"  # installed first: a CPU build from this machine's disk, never a CUDA download
@@ -65,6 +68,33 @@ def tf523(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("transformers==5.23.0", "-e", ".", PYTEST)
     _pytest(session, "tests/acceptance", "tests/fuzz", "-m", "tf523", "-q", env={"SDPA_PORT_REQUIRE": "tf523"})
+
+
+# transformers 5.25.0 requires `kernels>=0.19.1` (hub kernels, a binary wheel not served for every interpreter), which
+# nothing tested here imports: the release is installed without its dependencies, and these (its METADATA's
+# Requires-Dist, less `kernels`) beside it
+TF525_DEPS = [
+    "huggingface-hub>=2.4.0,<3.0", "numpy>=1.17", "packaging>=20.0", "pyyaml>=5.1", "regex>=2025.10.22",
+    "tokenizers>=0.23.1,<0.24.0", "typer", "safetensors>=0.8.0", "tqdm>=4.60",
+]
+
+
+@nox.session
+def tf510(session: nox.Session) -> None:
+    """Interface-style ports run inside 5.10.4, whose sdpa and flex read no `position_bias` (the T5 family)."""
+    session.install(TORCH)
+    session.install("transformers==5.10.4", "-e", ".", PYTEST)
+    _pytest(session, "tests/acceptance", "-m", "tf510", "-q", env={"SDPA_PORT_REQUIRE": "tf510"})
+
+
+@nox.session
+def tf525(session: nox.Session) -> None:
+    """Serving checks of interface-style ports inside 5.25.0 (continuous batching, registered kernels)."""
+    session.install(TORCH)
+    session.install(*TF525_DEPS)
+    session.install("--no-deps", "transformers==5.25.0")
+    session.install("-e", ".", PYTEST)
+    _pytest(session, "tests/acceptance", "-m", "tf525", "-q", env={"SDPA_PORT_REQUIRE": "tf525"})
 
 
 @nox.session

@@ -12,6 +12,7 @@ from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.score_helpers import with_score_helpers
 from sdpa_port.discover.eager_sites import find_eager_attention, undispatched_sites
 from sdpa_port.discover.modular import note_modular_origin
+from sdpa_port.discover.release import Release
 from sdpa_port.discover.screen import Screen, screen
 from sdpa_port.plan.class_style import ClassStylePlan, apply_class_style, plan_class_style
 from sdpa_port.refusals import Code, Refuse, Refusal
@@ -23,8 +24,13 @@ from sdpa_port.rewrite.weight_requests import relax_weight_requests
 NOT_MODELING = "not a modeling file: it neither imports torch nor defines a module class"
 
 
-def port_source(source: str, *, style: Style | str = Style.AUTO, filename: str | None = None) -> PortResult:
-    """Port one modeling file's source to SDPA. Never raises for bad input: errors come back as results."""
+def port_source(
+    source: str, *, style: Style | str = Style.AUTO, filename: str | None = None, release: Release | None = None
+) -> PortResult:
+    """Port one modeling file's source to SDPA. Never raises for bad input: errors come back as results.
+
+    `release`: the transformers release the port will run in (`sdpa_port.discover.release`), which decides what the
+    interface style hands its implementations; None (unknown) takes the form exact in every 5.x release."""
     style = Style(style)
     where = f"{filename}:" if filename else "line "
     try:
@@ -60,7 +66,7 @@ def port_source(source: str, *, style: Style | str = Style.AUTO, filename: str |
         else:
             from sdpa_port.plan.interface_style import port_interface_style
 
-            result = port_interface_style(module, facts, lines, first)
+            result = port_interface_style(module, facts, lines, first, release)
         return _provenance(source, tree, _unrecognised(tree, result), filename)
     except SyntaxError as error:
         message = f"{filename or 'input'}: internal error: the port does not compile ({error.msg}, line {error.lineno})"

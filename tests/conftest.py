@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ENVIRONMENTS = {"tf440": "4.40.2", "tf523": "5.23.0"}
+ENVIRONMENTS = {"tf440": "4.40.2", "tf523": "5.23.0", "tf510": "5.10.4", "tf525": "5.25.0"}
 # the corpus tests read these wheels from the folder named by SDPA_PORT_WHEELS (nothing needs to be installed)
 CORPUS_RELEASES = ("4.40.2", "5.23.0")
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdpa_port.api import port_source
+from sdpa_port.discover.release import target_release
 from sdpa_port.edge.files import InputError, installed_transformers, read_source, resolve_model_name
 from sdpa_port.result import Status
 
@@ -96,7 +97,7 @@ def prepare(target: str, out_dir: Path, package: str | None = None) -> Prepared:
     root = transformers_root()
     chosen = guess_package(path, root, package)
     try:
-        result = port_source(source, filename=path.name)
+        result = port_source(source, filename=path.name, release=target_release(path))
     except ImportError as error:  # a style whose planner is not available in this checkout
         raise TargetError(f"{path}: cannot port: {error}") from None
     if result.status is Status.PORTED:

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sdpa_port.api import port_source
+from sdpa_port.discover.release import target_release
 from sdpa_port.checkout.context import Checkout, find_checkout
 from sdpa_port.checkout.family import FamilyResult, Ported, keep_consistent, lost_markers, removed_markers
 from sdpa_port.checkout.ruff import Ruff, RuffError, changed_lines, find_ruff
@@ -53,7 +54,9 @@ def _one_checkout(
     base = Overlay(Directory(checkout.root), originals)
 
     def port(path: str, source: str) -> Ported:
-        answer = port_source(source, style=options.style, filename=str(checkout.root / path))
+        answer = port_source(
+            source, style=options.style, filename=str(checkout.root / path), release=target_release(checkout.root / path)
+        )
         if answer.status is Status.PORTED:
             return Ported(answer.source, answer.detail)
         return Ported(None, "; ".join(answer.reasons) or answer.detail)
@@ -141,7 +144,7 @@ def _warn(outcome: Outcome, warning: str) -> Outcome:
 
 
 def _family_outcome(path: Path, original: str, text: str, notes: tuple[str, ...], options: RunOptions) -> Outcome:
-    answer = port_source(original, style=options.style, filename=str(path))
+    answer = port_source(original, style=options.style, filename=str(path), release=target_release(path))
     result = replace(answer, source=text, warnings=_engine_warnings(answer))
     tests = None
     if options.tests:

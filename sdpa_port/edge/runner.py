@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from sdpa_port.api import NOT_MODELING, port_source
+from sdpa_port.discover.release import target_release
 from sdpa_port.edge.files import InputError, Target, atomic_write, read_source
 from sdpa_port.edge.modular_step import carry_into_modular, generated_from_modular, modular_source_of
 from sdpa_port.edge.pool import available_cores, run_here, run_in_processes
@@ -96,7 +97,7 @@ def process(target: Target, options: RunOptions) -> Outcome:
     if modular is None:
         modular = modular_source_of(path, source)
     try:
-        result = port_source(source, style=options.style, filename=str(path))
+        result = port_source(source, style=options.style, filename=str(path), release=target_release(path))
     except RecursionError:
         result = PortResult(Status.ERROR, source, None, "internal error", reasons=(f"{path}: recursion limit reached",))
     except Exception as error:  # the edge turns any crash into an error outcome for this file only

@@ -1,6 +1,8 @@
 """Trees of transformers modeling files read out of a release wheel (for the corpus tests and the batch benchmark).
 
-A wheel is a zip file: nothing is installed or imported. An extracted tree is cached beside the wheel's cache and
+A wheel is a zip file: nothing is installed or imported. The tree also holds the release's own sources the port
+reads its facts from (`discover/release.py`: the package's `__init__.py`, its attention integrations, the paged
+cache), so a file of the tree is ported for its release. An extracted tree is cached beside the wheel's cache and
 reused while the wheel is unchanged; it is written into a temporary folder first and renamed into place, so a cache
 is either complete or absent.
 """
@@ -14,10 +16,13 @@ import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
+from sdpa_port.discover.release import SOURCES
 from sdpa_port.edge.files import is_pytorch_modeling_file
 
-MODELS = "transformers/models/"
+PACKAGE = "transformers/"
+MODELS = PACKAGE + "models/"
 STAMP = ".sdpa-port-tree.json"
+LAYOUT = 2  # what an extracted tree holds: 2, the release's sources beside the modeling files
 
 
 class WheelError(Exception):
@@ -47,16 +52,23 @@ def modeling_members(wheel: Path, modular: bool = False) -> list[str]:
     return sorted(out)
 
 
+def release_members(wheel: Path) -> list[str]:
+    """Paths in the wheel of the release's sources its facts are read from (those it has)."""
+    with zipfile.ZipFile(wheel) as archive:
+        present = set(archive.namelist())
+    return [PACKAGE + source for source in SOURCES if PACKAGE + source in present]
+
+
 def extract_tree(wheel: Path, cache: Path, modular: bool = False) -> Path:
     """The cached tree `<cache>/<wheel stem>[-modular]/transformers/models/...`; its root is returned."""
     if not wheel.is_file():
         raise WheelError(f"{wheel}: no such wheel")
     stat = wheel.stat()
-    stamp = {"wheel": wheel.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "modular": modular}
+    stamp = {"wheel": wheel.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "modular": modular, "layout": LAYOUT}
     root = cache / (wheel.stem + ("-modular" if modular else ""))
     if _stamp(root) == stamp:
         return root
-    members = modeling_members(wheel, modular)
+    members = modeling_members(wheel, modular) + release_members(wheel)
     cache.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=cache))
     try:
@@ -74,8 +86,13 @@ def extract_tree(wheel: Path, cache: Path, modular: bool = False) -> Path:
 
 
 def copy_tree(root: Path, destination: Path) -> Path:
-    """A writable copy of an extracted tree (its `transformers/models` part), for a run that ports in place."""
+    """A writable copy of an extracted tree (its `transformers/models` part and the release's sources), for a run
+    that ports in place."""
     shutil.copytree(root / MODELS, destination / MODELS)
+    for source in SOURCES:
+        if (root / PACKAGE / source).is_file():
+            (destination / PACKAGE / source).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / PACKAGE / source, destination / PACKAGE / source)
     return destination
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Mapping, Sequence
 
@@ -32,6 +32,7 @@ from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.module_sites import Construction
 from sdpa_port.analyse.patterns import cast_operand, walk_names
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, one_side_helpers
+from sdpa_port.discover.release import Release
 from sdpa_port.discover.screen import Screen
 from sdpa_port.analyse.selection import attention_dicts
 from sdpa_port.plan.causal_sites import (
@@ -55,7 +56,15 @@ from sdpa_port.rewrite.causal_sites import pass_is_causal, unpin_is_causal
 from sdpa_port.rewrite.extended_masks import convert_block
 from sdpa_port.rewrite.kept_masks import SKIP, keep_causal_masks
 from sdpa_port.rewrite.cleanup import remove_dead
-from sdpa_port.rewrite.interface_body import EagerMask, InterfaceEmitter, InterfaceOptions, eager_body, parameter_name
+from sdpa_port.rewrite.paged_updates import pass_kwargs_to_updates
+from sdpa_port.rewrite.interface_body import (
+    EagerMask,
+    EagerPart,
+    InterfaceEmitter,
+    InterfaceOptions,
+    eager_body,
+    parameter_name,
+)
 from sdpa_port.rewrite.sdpa_body import SideNames, function_names, whole_chain_branch
 from sdpa_port.rewrite.sdpa_forward import inline_helpers, keys_aligned_in, trace_sdpa_path
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
@@ -70,6 +79,7 @@ from sdpa_port.rewrite.export_positions import shift_ranges, shifted_ranges
 from sdpa_port.rewrite.alibi_masks import AlibiFacts, accept_4d_masks, alibi_builders
 
 CAUSAL_BUILDER = "create_causal_mask"
+FOLD_FUNCTION = "fold_additive_terms"
 BIDIRECTIONAL_BUILDER = "create_bidirectional_mask"
 
 
@@ -84,6 +94,12 @@ class ModulePlan:
     add_config_parameter: bool  # __init__ has no `config` parameter: add one and pass it at constructions
     is_causal: str | None  # expression to assign in __init__, None when the class already sets it
     position_bias: bool = False  # the dispatch passes additive terms (ALiBi, relative positions) as position_bias
+    # the dispatch folds the additive terms into the float mask it hands over (the release's sdpa reads no
+    # position_bias), through the file's fold function where a mask or causality joins them (`fold_called`)
+    folded: bool = False
+    fold_called: bool = False
+    # cache updates in forward given the forward's kwargs (`update(..., kwargs=kwargs)`), as the release's models do
+    updates_with_kwargs: int = 0
     causal_sites: CausalSites | None = None  # __init__ takes `is_causal`, these sites pass True
     replaces_pinned: bool = False  # the class's own `self.is_causal = <literal>` in __init__ gives way to the above
     # lines of `create_*_mask(...).to(torch.bool)` handing this module its mask: the conversion is dropped and the
@@ -114,6 +130,7 @@ class InterfacePlan:
     # (class, line) of `torch.arange(past, n + past)` position ranges, rewritten so that a static cache exports
     shifted_ranges: list[tuple[str, int]] = field(default_factory=list)
     alibi: AlibiFacts | None = None  # ALiBi builders reading 2-D masks
+    fold_function: str | None = None  # the module-level function folding additive terms into the mask, if any
 
     @property
     def attention_backend(self) -> bool:
@@ -122,7 +139,7 @@ class InterfacePlan:
         return (
             self.threading is not None
             and self.threading.complete
-            and not any(module.position_bias for module in self.modules)
+            and not any(module.position_bias or module.folded for module in self.modules)
             and not (self.alibi is not None and self.alibi.unknown)
             and not self.kept
             and not any(module.eager_mask_tests for module in self.modules)
@@ -133,8 +150,11 @@ class InterfacePlan:
         return bool(self.modules or self.flag_only)
 
 
-def port_interface_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen) -> PortResult:
-    """The interface port of a file `port_source` has screened (it answers files already supporting SDPA)."""
+def port_interface_style(
+    module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen, release: Release | None = None
+) -> PortResult:
+    """The interface port of a file `port_source` has screened (it answers files already supporting SDPA), for the
+    transformers `release` it will run in (None: unknown, the form exact in every 5.x release)."""
     analyses = attention_classes(facts, lines, first.softmax_classes)
     names = tuple(a.class_name for a in analyses)
     split = split_refused(facts, analyses)
@@ -145,7 +165,7 @@ def port_interface_style(module: cst.Module, facts: ModuleFacts, lines: Lines, f
     if not analyses and not dispatching:
         return PortResult(Status.UNCHANGED, module.code, Style.INTERFACE, NO_ATTENTION)
     try:
-        plan = plan_interface(module, facts, analyses, dispatching)
+        plan = plan_interface(module, facts, analyses, dispatching, release)
     except Refuse as error:
         return PortResult.refused(module.code, Style.INTERFACE, [error.placed(names[0] if names else "<module>")], names)
     plan.warnings[:0] = split.warnings()
@@ -178,9 +198,21 @@ def port_interface_style(module: cst.Module, facts: ModuleFacts, lines: Lines, f
 
 
 def plan_interface(
-    module: cst.Module, facts: ModuleFacts, analyses: list[ClassAnalysis], dispatching: dict[str, str]
+    module: cst.Module,
+    facts: ModuleFacts,
+    analyses: list[ClassAnalysis],
+    dispatching: dict[str, str],
+    release: Release | None = None,
 ) -> InterfacePlan:
     plan = InterfacePlan()
+    # additive terms go as `position_bias` where the release's sdpa applies it (5.17.0 on); elsewhere, and where the
+    # release is unknown, they are folded into the float mask, exact for sdpa and eager in every release
+    fold = release is None or not release.sdpa_position_bias
+    fold_function = fresh_name(FOLD_FUNCTION, facts.top_level_names) if fold else None
+    # the model updates continuous batching's paged cache itself (5.25.0): its cache updates take the kwargs
+    paged_updates = release is not None and release.model_updates_paged_cache and release.paged_update_parameters == (
+        "kwargs",
+    )
     for root in facts.pretrained_roots:
         value = facts.classes[root].class_vars.get("_supports_sdpa")
         if isinstance(value, cst.Name) and value.value == "False":
@@ -191,7 +223,7 @@ def plan_interface(
         eager_name = _eager_function_name(analysis.class_name, facts, len(analyses), eager_names)
         eager_names[analysis.class_name] = eager_name
         try:
-            plan.modules.append(_plan_module(facts, analysis, eager_name, causality))
+            plan.modules.append(_plan_module(facts, analysis, eager_name, causality, fold_function, paged_updates))
         except Refuse as error:
             line = analysis.sites[0].line if analysis.sites else 0
             raise Refuse.because(error.reason, error.where or analysis.class_name, error.line or line) from None
@@ -277,7 +309,17 @@ def plan_interface(
             for p in plan.modules
             if p.position_bias
         )
-        plan.threading = plan_threading(facts, eager_classes, eager_classes)
+        plan.warnings.extend(
+            f"{p.class_name} folds its additive terms (ALiBi, relative positions) into the float mask it hands over, "
+            f"since {_release_name(release)} sdpa reads no `position_bias`: sdpa and eager apply them; flash "
+            "attention ignores a float mask, flex takes a BlockMask (and reads a float mask at one head), kernels that "
+            "ignore the mask would drop them; only sdpa is claimed, `_supports_attention_backend` is not set"
+            for p in plan.modules
+            if p.folded
+        )
+        if any(p.fold_called for p in plan.modules):
+            plan.fold_function = fold_function
+        plan.threading = plan_threading(facts, eager_classes, eager_classes, release)
         plan.warnings.extend(
             f"{problem}; `_supports_attention_backend` is not set"
             for problem in plan.threading.problems
@@ -288,7 +330,20 @@ def plan_interface(
     return plan
 
 
-def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, causality: "Causality") -> ModulePlan:
+def _release_name(release: Release | None) -> str:
+    if release is None:
+        return "in some 5.x releases (the target release is unknown)"
+    return f"transformers {release.version}'s" if release.version else "the target release's"
+
+
+def _plan_module(
+    facts: ModuleFacts,
+    analysis: ClassAnalysis,
+    eager_name: str,
+    causality: "Causality",
+    fold_function: str | None = None,
+    paged_updates: bool = False,
+) -> ModulePlan:
     found = facts.find_method(analysis.class_name, "forward")
     assert found is not None
     forward = found[1]
@@ -442,17 +497,19 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         eager_mask=partial(_eager_mask_form, causality, analysis.class_name, forward, mask_param, cross),
         not_causal=not_causal,
         mask_setting=code(mask_setting[0]) if mask_setting is not None else None,
+        fold_function=fold_function,
     )
-    statements, part = eager_body(forward, result, candidate, options)
-    emitter = InterfaceEmitter(result, candidate, options)
-    emitter.eager = part
-    if start.rank == 3 and emitter.layout.heads is None:
+    statements, part, emitter, body = _emit(forward, result, candidate, options)
+    if emitter.folded and _claims_reaching(facts, causality, analysis.class_name):
         raise Refuse(
-            Code.LAYOUT,
-            "the flat (batch * heads) layout is never viewed per head, so it cannot be handed to the interface as "
-            "(batch, heads, length, dim)",
+            Code.TERMS_IN_MASK,
+            "the additive terms are folded into the float mask (the target release's sdpa reads no `position_bias`, "
+            "or the release is unknown), but the file claims flash, flex or attention-backend kernels, which take "
+            "another mask or none",
         )
-    body = emitter.emit(block_body(forward.body))
+    if emitter.folded and mask_param is not None:
+        # the mask handed over carries the terms: the eager function takes its own (as built) by keyword
+        statements, part, emitter, body = _emit(forward, result, candidate, replace(options, mask_by_keyword=True))
     if not emitter.dispatched:
         raise Refuse(Code.NOT_EXTRACTABLE, "the product with V was not reached on the dispatch path")
     if emitter.eager_mask_tests and emitter.eager_mask.build_always:
@@ -471,10 +528,15 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         causality.kept.append(extension[1])
     if added_kwargs is not None:
         new_forward = with_star_kwargs(new_forward, added_kwargs)
+    updates = 0
+    if paged_updates:
+        assert kwargs is not None
+        new_forward, updates = pass_kwargs_to_updates(new_forward, kwargs)
     eager = _eager_function(facts, eager_name, statements, part.free, analysis)
     if unconverted:
         assert mask_param is not None
-        adding = AddInsteadOfFill(mask_param)
+        # the eager function reads the mask as handed over, or by keyword (renamed where the signature has the name)
+        adding = AddInsteadOfFill(parameter_name(mask_param) if emitter.interface.mask_by_keyword else mask_param)
         added = eager.visit(adding)
         assert isinstance(added, cst.FunctionDef) and adding.count, "planning found the fill in the eager path"
         eager = added
@@ -499,12 +561,31 @@ def _plan_module(facts: ModuleFacts, analysis: ClassAnalysis, eager_name: str, c
         add_parameter,
         causal_value,
         position_bias=emitter.position_bias,
+        folded=emitter.folded,
+        fold_called=emitter.fold_called,
+        updates_with_kwargs=updates,
         causal_sites=causal_sites,
         replaces_pinned=replaces_pinned,
         unconverted=frozenset(unconverted),
         inlined=tuple(h.helper.name for h in analysis.helpers if h.helper.is_method and h.helper.owner == analysis.class_name),
         eager_mask_tests=tuple(emitter.eager_mask_tests),
     )
+
+
+def _emit(
+    forward: cst.FunctionDef, result: t.TraceResult, candidate: t.Candidate, options: InterfaceOptions
+) -> tuple[list[cst.BaseStatement], EagerPart, InterfaceEmitter, list[cst.BaseStatement]]:
+    """The eager function's statements and forward's new body, with the emitter that wrote it."""
+    statements, part = eager_body(forward, result, candidate, options)
+    emitter = InterfaceEmitter(result, candidate, options)
+    emitter.eager = part
+    if candidate.start is not None and candidate.start.rank == 3 and emitter.layout.heads is None:
+        raise Refuse(
+            Code.LAYOUT,
+            "the flat (batch * heads) layout is never viewed per head, so it cannot be handed to the interface as "
+            "(batch, heads, length, dim)",
+        )
+    return statements, part, emitter, emitter.emit(block_body(forward.body))
 
 
 def _causality_in_chain(
@@ -526,12 +607,26 @@ def _causality_in_chain(
         return False
     if not any(isinstance(op, t.Fill) for op, _, _ in candidate.ops):
         return True
-    if not _other_implementations(facts, ("_supports_flash_attn", "_supports_flash_attn_2")):
+    if not _other_implementations(facts, FLASH):
         return True
+    return _flash_elsewhere(facts, causality, class_name)
+
+
+def _flash_elsewhere(facts: ModuleFacts, causality: "Causality", class_name: str) -> bool:
+    """Flash attention never runs the class: an attention-classes dict gives flash another class, and the class is
+    built through such dicts only."""
     dicts = [entries for entries in attention_dicts(facts).values() if entries["eager"] == class_name]
     elsewhere = all(any(k.startswith("flash") and v != class_name for k, v in e.items()) for e in dicts)
     sites = causality.flow.modules.sites_of({class_name} | causality.flow.modules.subclasses(class_name))
     return bool(dicts) and elsewhere and not any(site.direct for site in sites)
+
+
+def _claims_reaching(facts: ModuleFacts, causality: "Causality", class_name: str) -> bool:
+    """An implementation the file already claims, other than eager and sdpa, may run the class: flex or registered
+    kernels (every other implementation falls back to it), or flash where no dict gives flash another class."""
+    if _other_implementations(facts, ("_supports_flex_attn", "_supports_attention_backend")):
+        return True
+    return _other_implementations(facts, FLASH) and not _flash_elsewhere(facts, causality, class_name)
 
 
 def _check_mask_setting(
@@ -889,6 +984,7 @@ class Causality:
         return self.self_attention
 
 
+FLASH = ("_supports_flash_attn", "_supports_flash_attn_2")
 OTHER_IMPLEMENTATIONS = ("_supports_flash_attn", "_supports_flash_attn_2", "_supports_flex_attn", "_supports_attention_backend")
 
 
@@ -1074,6 +1170,11 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
             assert not transformer.missing, "planning checked every construction has a config in scope"
             plan.notes.append(f"{item.class_name} takes `config` ({transformer.count} construction(s) pass it)")
         plan.notes.append(f"{item.class_name} dispatches through ALL_ATTENTION_FUNCTIONS with {item.eager.name.value}")
+        if item.updates_with_kwargs:
+            plan.notes.append(
+                f"{item.class_name}.forward passes its kwargs to {item.updates_with_kwargs} cache update(s), which "
+                "the release's paged cache takes (`update(..., kwargs=kwargs)`, as its models call it)"
+            )
         if item.replaces_pinned:
             plan.notes.append(
                 f"{item.class_name} pinned `self.is_causal` to a literal that nothing in the file reads and only eager "
@@ -1083,6 +1184,10 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
             plan.notes.append(f"{item.class_name}.is_causal = {item.is_causal}")
         if item.causal_sites is not None:
             module = _pass_causal(module, item.causal_sites, plan.notes)
+    if plan.fold_function is not None:
+        first = next(item.class_name for item in plan.modules if item.fold_called)
+        module = _insert_before(module, first, render_module("interface_style/fold_terms.py.jinja", name=plan.fold_function).body[0])
+        plan.notes.append(f"{plan.fold_function}: folds additive terms into the mask handed to the implementations")
     # eager functions go right before the first class that uses them
     for item in plan.modules:
         module = _insert_before(module, item.class_name, item.eager)

@@ -3,7 +3,9 @@
 The chain statements (query-key product to the product with V) move, unchanged, into a module-level eager function;
 the statements around them stay in forward and hand their values to it as keyword arguments. For the other
 implementations the forward also passes `scaling`, `dropout` and, for additive terms other than the attention
-mask, their sum as `position_bias` (which transformers' sdpa and flex implementations add to the mask).
+mask, their sum as `position_bias` (which transformers' sdpa and flex implementations add to the mask from 5.17.0 on).
+Where the release's sdpa reads no `position_bias` (`InterfaceOptions.fold_function`), the terms are folded into the
+float mask handed over instead, and the eager function takes its own mask by keyword.
 """
 
 from __future__ import annotations
@@ -72,6 +74,12 @@ class InterfaceOptions:
     not_causal: bool = False
     # the mask is added only where this test of the module's settings holds: the implementations get None otherwise
     mask_setting: str | None = None
+    # the release's sdpa reads no `position_bias`: additive terms are folded into the mask handed over, by the
+    # module-level function of this name (`fold_terms.py.jinja`) where a mask or causality joins them
+    fold_function: str | None = None
+    # the eager function takes the mask by keyword (its own, as built for the implementation in use), the folded one
+    # going positionally to the others
+    mask_by_keyword: bool = False
 
 
 @dataclass
@@ -91,6 +99,8 @@ class InterfaceEmitter(SdpaEmitter):
         self.eager = EagerPart()
         self.dispatched = False
         self.position_bias = False  # the dispatch hands additive terms over as `position_bias`
+        self.folded = False  # the dispatch folds additive terms into the mask it hands over
+        self.fold_called = False  # ... through the fold function (a mask or causality joins them)
         # branches that stay eager beside the dispatch and read the mask, each with the test of its `if`: they take
         # the mask in eager's form
         self.eager_mask_branches: list[tuple[cst.If | cst.Else, str]] = []
@@ -268,9 +278,17 @@ class InterfaceEmitter(SdpaEmitter):
             # several products with V: each dispatch gives the weights its own probabilities stand for
             weights = [name for name in weights if name in plan.holders or not self.held_elsewhere(name)]
         output_name = _fresh("attention_output", self.taken())
-        extra = [(parameter_name(name), name) for name in self.eager.free]
+        mask_variable = _fresh("dispatch_mask", self.taken())
+        # the mask the implementations get as transformers built it (converted for eager where weights are asked for)
+        handed = mask_variable if self.interface.weights_requested and self.handed_mask() != "None" else self.handed_mask()
+        extra = [
+            (parameter_name(name), handed if self.interface.mask_by_keyword and name == self.interface.mask_param else name)
+            for name in self.eager.free
+        ]
         if self.interface.position_ids and "position_ids" not in {keyword for keyword, _ in extra}:
             extra.append(("position_ids", "position_ids"))
+        causal_variable = _fresh("dispatch_is_causal", self.taken())
+        folded = self.folded_mask(bias, handed, causal_variable) if bias and self.interface.fold_function else ""
         dispatch = render_statements(
             "interface_style/dispatch.py.jinja",
             eager=self.interface.eager_name,
@@ -285,17 +303,19 @@ class InterfaceEmitter(SdpaEmitter):
             scaling=code(self.scale_expression()),
             is_causal=self.interface.causal_test or "",
             not_causal=self.interface.not_causal,
-            causal_variable=_fresh("dispatch_is_causal", self.taken()),
-            position_bias=bias,
+            causal_variable=causal_variable,
+            position_bias="" if folded else bias,
+            folded=folded,
             extra=extra,
             kwargs=self.interface.forward_kwargs or "",
             weights_requested=self.interface.weights_requested or "",
-            mask_variable=_fresh("dispatch_mask", self.taken()),
+            mask_variable=mask_variable,
             query_root=code(primary(self.query)),
             key_root=code(primary(self.key)),
         )
         out.extend(dispatch)
-        self.position_bias = bool(bias)
+        self.position_bias = bool(bias) and not folded
+        self.folded = self.folded or bool(folded)
         for name in weights[1:]:
             out.append(cst.parse_statement(f"{name} = {weights[0]}"))
         # the dispatch returns (batch, query, heads, dim): back to SDPA's layout, then to the product's
@@ -308,6 +328,25 @@ class InterfaceEmitter(SdpaEmitter):
         out.append(line.with_changes(body=[replace_nodes(small, {plan.output.node: converted})]))
         self.dispatched = True
         return out
+
+    def folded_mask(self, terms: str, handed: str, causal_variable: str) -> str:
+        """The mask handed over with the additive `terms` folded in, for a release whose sdpa reads no
+        `position_bias`: the terms alone where no mask and no causality join them, else the fold function's call
+        (given the causality sdpa would apply, as the dispatch decides it)."""
+        if self.interface.not_causal:
+            causal = "False"
+        elif self.interface.causal_test:
+            causal = causal_variable
+        elif self.interface.forward_kwargs:
+            causal = f'{self.interface.forward_kwargs}.get("is_causal", self.is_causal)'
+        else:
+            causal = "self.is_causal"
+        if handed == "None" and causal == "False":
+            return terms
+        assert self.interface.fold_function is not None
+        self.fold_called = True
+        query, key = code(primary(self.query)) if self.query else "", code(primary(self.key)) if self.key else ""
+        return f"{self.interface.fold_function}({terms}, {handed}, {causal}, {query}, {key})"
 
     def held_elsewhere(self, name: str) -> bool:
         """`name` holds the probabilities of some product with V (`OutputStmt.holders`)."""
@@ -451,7 +490,7 @@ def eager_body(
                 flat = f"{parameter}.flatten(0, 1)" if flatten[parameter] else parameter
                 adapters.append(assignment(operand.value, cst.parse_expression(flat)))
             provided.add(operand.value)
-    if options.mask_param:
+    if options.mask_param and not options.mask_by_keyword:
         if options.mask_param != "attention_mask":
             adapters.append(cst.parse_statement(f"{options.mask_param} = attention_mask"))
         provided.add(options.mask_param)

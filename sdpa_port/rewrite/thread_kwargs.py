@@ -56,6 +56,8 @@ class Threading:
     reached: set[str] = field(default_factory=set)  # attention classes some model forward reaches
     # base models (their forward calls the layers) without `position_ids`: they get the parameter and llama's default
     position_defaults: set[str] = field(default_factory=set)
+    # base models -> the name their forward reads the cache by (`past_key_values`; `cache` in 5.25.0's models)
+    caches: dict[str, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -146,11 +148,14 @@ def star_kwargs(function: cst.FunctionDef) -> str | None:
 # ------------------------------------------------------------------ applying
 
 
-def with_position_ids(forward: cst.FunctionDef, before: cst.BaseStatement) -> cst.FunctionDef:
-    """A `position_ids=None` parameter, and llama's default for it built before the statement `before`."""
+def with_position_ids(
+    forward: cst.FunctionDef, before: cst.BaseStatement, cache: str = "past_key_values"
+) -> cst.FunctionDef:
+    """A `position_ids=None` parameter, and llama's default for it built before the statement `before` (reading the
+    length of the cache forward takes as `cache`)."""
     taken = names_in(forward)
     past = fresh_name("past_seen_tokens", taken)
-    defaults = render_statements("interface_style/position_ids.py.jinja", past=past)
+    defaults = render_statements("interface_style/position_ids.py.jinja", past=past, cache=cache)
     body: list[cst.BaseStatement] = []
     for statement in block_body(forward.body):
         if statement is before:
@@ -173,7 +178,7 @@ def thread_kwargs(module: cst.Module, plan: Threading) -> tuple[cst.Module, list
     """Apply the plan; returns the new module and a note per edited forward."""
     notes: list[str] = []
     for owner, members in sorted(plan.owners.items()):
-        transformer = _ThreadForward(members, plan, owner in plan.position_defaults)
+        transformer = _ThreadForward(members, plan, owner in plan.position_defaults, plan.caches.get(owner))
         module = transform_named(module, {owner}, transformer)
         if transformer.threaded:
             passed = " and position_ids" if transformer.positions else ""
@@ -186,10 +191,13 @@ def thread_kwargs(module: cst.Module, plan: Threading) -> tuple[cst.Module, list
 class _ThreadForward(cst.CSTTransformer):
     """In a class's `forward`: calls of submodules leading to attention get `**kwargs` (and `position_ids=`)."""
 
-    def __init__(self, members: dict[str, frozenset[str]], plan: Threading, default_positions: bool) -> None:
+    def __init__(
+        self, members: dict[str, frozenset[str]], plan: Threading, default_positions: bool, cache: str | None = None
+    ) -> None:
         self.loops = Submodules(members)
         self.plan = plan
         self.default_positions = default_positions
+        self.cache = cache or "past_key_values"
         self.functions: list[cst.FunctionDef] = []
         self.threaded = 0
         self.positions = 0
@@ -204,7 +212,7 @@ class _ThreadForward(cst.CSTTransformer):
         if self.functions or updated.name.value != "forward":
             return updated
         if self.default_positions and self.first_call is not None:
-            updated = with_position_ids(updated, self.first_call)
+            updated = with_position_ids(updated, self.first_call, self.cache)
         if self.threaded and star_kwargs(updated) is None:
             updated = with_star_kwargs(updated, "kwargs")
         return updated

@@ -9,12 +9,14 @@ import pytest
 from harness import load, modeling_path, original, sabotage, sabotage_interface
 
 from sdpa_port import Status, port_source
+from sdpa_port.discover.release import target_release
 
 
 def port_for_kind(model: str, kinds: str) -> str:
     """The port of `model`; fails saying so when the tool no longer ports it (the test then needs another model
     of the same input kind), never skips."""
-    result = port_source(modeling_path(model).read_text(encoding="utf-8"), filename=modeling_path(model).name)
+    path = modeling_path(model)
+    result = port_source(path.read_text(encoding="utf-8"), filename=path.name, release=target_release(path))
     if result.status is not Status.PORTED:
         reasons = "; ".join(result.reasons[:2]) or result.detail
         pytest.fail(

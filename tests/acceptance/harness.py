@@ -12,8 +12,10 @@ from typing import Any
 import libcst as cst
 
 from sdpa_port import Status, port_source
+from sdpa_port.discover.release import target_release
 
 SDPA_CALL = "torch.nn.functional.scaled_dot_product_attention"
+FOLD = "fold_additive_terms"  # the function a port folds additive terms into the mask with
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,9 @@ def _package(model: str) -> str:
 
 
 def port_file(model: str) -> str:
-    result = port_source(modeling_path(model).read_text(encoding="utf-8"), filename=f"modeling_{_stem(model)}.py")
+    """The port of an installed model's file, for the installed release (what `sdpa-port <model>` writes)."""
+    path = modeling_path(model)
+    result = port_source(path.read_text(encoding="utf-8"), filename=f"modeling_{_stem(model)}.py", release=target_release(path))
     assert result.status is Status.PORTED, (result.status, result.detail, result.reasons)
     return result.source
 
@@ -110,9 +114,12 @@ class _SabotageDispatch(cst.CSTTransformer):
             return updated
         self.count += 1
         if self.kind == "mask":
-            return updated.with_changes(
-                args=[a for a in updated.args if not (a.keyword and a.keyword.value == "position_bias")]
-            )
+            # the additive terms withheld, however handed over: as position_bias, or folded into the mask
+            args = [a for a in updated.args if not (a.keyword and a.keyword.value == "position_bias")]
+            folded = args[4].value
+            if isinstance(folded, cst.Call) and isinstance(folded.func, cst.Name) and folded.func.value.endswith(FOLD):
+                args[4] = args[4].with_changes(value=folded.args[1].value)
+            return updated.with_changes(args=args)
         if self.kind == "scale":
             args = []
             for a in updated.args:
@@ -138,7 +145,8 @@ class _SabotageDispatch(cst.CSTTransformer):
 
 
 def sabotage_interface(source: str, kind: str) -> str:
-    """The interface port with its dispatch broken: `mask` drops position_bias, `scale` halves scaling, `output` shifts."""
+    """The interface port with its dispatch broken: `mask` drops the additive terms (position_bias, or those folded
+    into the mask), `scale` halves scaling, `output` shifts."""
     transformer = _SabotageDispatch(kind)
     result = cst.parse_module(source).visit(transformer)
     assert transformer.count > 0, "no dispatch to sabotage"

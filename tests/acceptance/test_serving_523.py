@@ -66,11 +66,12 @@ def test_paged_eager_drops_position_bias_so_bloom_is_not_claimed(ported) -> None
     from harness import modeling_path
 
     from sdpa_port import port_source
+    from sdpa_port.discover.release import target_release
     from sdpa_port.verify import serving
 
     checks = serving.check_continuous_batching(*_classes("bloom", ported), "eager")
     assert not checks[0].passed, "paged|eager now applies position_bias: bloom could claim it"
-    result = port_source(modeling_path("bloom").read_text(encoding="utf-8"))
+    result = port_source(modeling_path("bloom").read_text(encoding="utf-8"), release=target_release(modeling_path("bloom")))
     assert any("position_bias" in w and "paged|eager" in w for w in result.warnings)
     assert "_supports_attention_backend" not in result.source
 
@@ -134,8 +135,9 @@ def test_decoders_that_would_fail_a_check_are_not_flagged(model: str, reason: st
     from harness import modeling_path
 
     from sdpa_port import port_source
+    from sdpa_port.discover.release import target_release
 
-    result = port_source(modeling_path(model).read_text(encoding="utf-8"))
+    result = port_source(modeling_path(model).read_text(encoding="utf-8"), release=target_release(modeling_path(model)))
     assert "_supports_attention_backend" not in result.source
     assert any(reason in w for w in result.warnings), result.warnings
 

@@ -10,6 +10,27 @@ import libcst as cst
 from sdpa_port.analyse.lines import Lines, top_level_starts
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.recognise import ClassAnalysis, analyse_class
+from sdpa_port.discover.release import Release
+
+# a release whose sdpa and flex apply `position_bias` (5.17.0 on) and whose implementations update continuous
+# batching's paged cache (5.23.0's facts, as tests/unit/test_release.py reads them from sources of that shape)
+POSITION_BIAS = Release(
+    "5.23.0",
+    sdpa_position_bias=True,
+    flex_position_bias=True,
+    model_updates_paged_cache=False,
+    paged_update_parameters=("kwargs",),
+    paged_cache_methods=frozenset({"__init__", "update"}),
+)
+# 5.25.0's: the model updates the paged cache itself, with its kwargs
+MODEL_UPDATES = Release(
+    "5.25.0",
+    sdpa_position_bias=True,
+    flex_position_bias=True,
+    model_updates_paged_cache=True,
+    paged_update_parameters=("kwargs",),
+    paged_cache_methods=frozenset({"__init__", "update"}),
+)
 
 HEADER = """\
 import math

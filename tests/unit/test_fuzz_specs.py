@@ -13,11 +13,13 @@ from regressions import REGRESSIONS, regression  # noqa: E402
 from render import render  # noqa: E402
 
 from sdpa_port import Status, port_source  # noqa: E402
+from sdpa_port.discover.release import Release  # noqa: E402
+from helpers import POSITION_BIAS  # noqa: E402
 
 
-def ported(name: str) -> str:
+def ported(name: str, release: Release | None = None) -> str:
     spec, _, _ = regression(name)
-    result = port_source(render(spec), filename="modeling_fuzz.py")
+    result = port_source(render(spec), filename="modeling_fuzz.py", release=release)
     assert result.status is Status.PORTED, result.reasons
     return result.source
 
@@ -98,7 +100,7 @@ def test_a_none_guarded_flat_term_joins_the_mask_per_head() -> None:
 def test_a_causal_buffer_under_a_setting_is_handed_over_in_its_branch(name: str, guard: str) -> None:
     """The fill joins the additive terms (`position_bias`) in the branch that applies it; a fresh variable that
     still holds None is assigned, not tested again."""
-    source = ported(name)
+    source = ported(name, POSITION_BIAS)
     dispatching = source[source.index("class FuzzAttention") :]
     assert "position_bias=sdpa_mask" in dispatching
     assert "sdpa_mask = None" in dispatching
@@ -169,7 +171,7 @@ CAUSAL_BESIDE = "12m: the attention in one branch of a setting, the mask read in
 def test_a_causal_buffer_carrying_the_module_s_causality_dispatches_with_is_causal_false(name: str) -> None:
     """The module says it is causal and fills its own causal buffer; only bidirectional masks reach it. The buffer
     goes over in position_bias and the dispatch passes is_causal=False, taken out of the caller's kwargs."""
-    source = ported(name)
+    source = ported(name, POSITION_BIAS)
     forward = source[source.index("class FuzzAttention") :]
     assert "if self.is_causal:" in forward and "position_bias=sdpa_mask" in forward
     assert forward.count("            is_causal=False,\n") == 1
@@ -178,7 +180,7 @@ def test_a_causal_buffer_carrying_the_module_s_causality_dispatches_with_is_caus
         '    base_model_prefix = "model"\n', '    base_model_prefix = "model"\n    _supports_flash_attn = True\n'
     )
     assert "_supports_flash_attn = True" in claimed
-    result = port_source(claimed, filename="modeling_fuzz.py")
+    result = port_source(claimed, filename="modeling_fuzz.py", release=POSITION_BIAS)
     assert result.status is Status.REFUSED  # flash, claimed, would get the class without its buffer
     assert {r.code.value[0] for r in result.refusals} & {"C302", "C304"}, result.refusals
 

@@ -16,6 +16,8 @@ from sdpa_port.plan.threading import plan_threading
 from sdpa_port.rewrite.layout import separated, with_star_kwargs
 from sdpa_port.rewrite.thread_kwargs import thread_kwargs
 
+from helpers import POSITION_BIAS
+
 MODEL = textwrap.dedent(
     '''
     import torch
@@ -300,7 +302,7 @@ def test_alibi_from_a_2d_mask_also_takes_4d_masks_and_position_bias_withholds_th
     source = MODEL.replace("class TinyAttention(nn.Module):", ALIBI + "\n\nclass TinyAttention(nn.Module):")
     source = source.replace("def forward(self, hidden_states, attention_mask=None, past_key_values=None, output_attentions=False):\n        query", "def forward(self, hidden_states, attention_mask=None, past_key_values=None, output_attentions=False, alibi=None):\n        query")
     source = source.replace("scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling\n", "scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling + alibi\n")
-    result = port_source(source, style="interface")
+    result = port_source(source, style="interface", release=POSITION_BIAS)
     assert result.status is Status.PORTED, result.reasons
     builder = next(ast.unparse(n) for n in ast.parse(result.source).body if isinstance(n, ast.FunctionDef) and n.name == "build_alibi_tensor")
     assert "if attention_mask.dim() == 4:" in builder
