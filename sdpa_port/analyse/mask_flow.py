@@ -172,6 +172,8 @@ class MaskFlow:
         self.imports = facts.imports
         self.modules = facts.module_sites
         self.per_implementation = _per_implementation_functions(self.modules.tree, facts.imports)
+        # the file's own module-level functions (another library's helper may have transformers' name)
+        self.own_functions = frozenset(n.name for n in self.modules.tree.body if isinstance(n, ast.FunctionDef))
         # attributes of a module set outside `__init__`: state a derivation cannot follow
         self.stateful = frozenset(
             name
@@ -610,7 +612,11 @@ class _Evaluator:
             return method if method in PER_IMPLEMENTATION_HELPERS else None
         if isinstance(func, ast.Name) and name in self.state.env:
             return None
-        if name in PER_IMPLEMENTATION_HELPERS or name in self.flows.per_implementation:
+        if name in self.flows.per_implementation:
+            return name
+        if isinstance(func, ast.Name) and name in self.flows.own_functions:
+            return None  # the file's own function of that name, read above: it builds nothing per implementation
+        if name in PER_IMPLEMENTATION_HELPERS:
             return name
         qualified = self.flows.imports.aliases.get(name, "") if isinstance(func, ast.Name) else ""
         return name if any(part in qualified for part in MASK_MODULES) else None

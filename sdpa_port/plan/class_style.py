@@ -17,6 +17,7 @@ from sdpa_port.analyse.calls import always_asks_for_weights
 from sdpa_port.analyse.cross import key_only_parameters
 from sdpa_port.analyse.cstutil import block_body, code, is_docstring, is_pass, one_per_line
 from sdpa_port.analyse.lines import Lines
+from sdpa_port.analyse.mask_helpers import CAUSAL, EXTENDED, PLAIN, MaskHelpers
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, site_operands
@@ -55,6 +56,7 @@ class SdpaClassPlan:
 class ClassStylePlan:
     classes: list[SdpaClassPlan] = field(default_factory=list)
     masks: mask_helpers.MaskSwapPlan | None = None
+    helpers: MaskHelpers | None = None  # Transformers' own mask helpers as the file reaches them
     flag_classes: tuple[str, ...] = ()
     warnings: list[str] = field(default_factory=list)
 
@@ -109,7 +111,9 @@ def plan_class_style(
     dicts = attention_dicts(facts)
     dict_of = {entries["eager"]: name for name, entries in dicts.items()}
     attention_names = frozenset(names)
-    swaps = _helpers_used(facts)
+    helpers = MaskHelpers.of(facts)
+    plan.helpers = helpers
+    swaps = _helpers_used(helpers.used(facts))
     contracts = _mask_contracts(facts, analyses, swaps)
     reasons: list[Refusal] = []
     registrations: list[tuple[ClassAnalysis, str, Registration]] = []
@@ -170,9 +174,9 @@ def plan_class_style(
     model_classes = frozenset(n for n in facts.classes if facts.is_subclass(n, "PreTrainedModel"))
     unguarded = mask_helpers.unguarded_helpers(
         module,
-        facts.imports,
+        helpers,
         model_classes,
-        _helper_callers(facts),
+        set(helpers.used(facts)),
         weights=any(
             item.analysis.output_attentions is not None and _passes(facts, item.analysis.output_attentions)
             for item in plan.classes
@@ -186,8 +190,8 @@ def plan_class_style(
             "mask helpers kept where the calling method cannot tell that the layers fall back to eager: "
             + ", ".join(sorted(unguarded))
         )
-    causal = causal and mask_helpers.CAUSAL not in unguarded
-    plain = mask_helpers.PLAIN not in unguarded
+    causal = causal and CAUSAL not in unguarded
+    plain = PLAIN not in unguarded
     plan.masks = mask_helpers.MaskSwapPlan(
         causal=causal,
         plain=swaps.plain and bool(contracts) and plain,
@@ -283,11 +287,14 @@ class MaskSwaps:
         return self.causal or self.plain or self.extended
 
 
-def _helpers_used(facts: ModuleFacts) -> MaskSwaps:
+def _helpers_used(used: dict[str, frozenset[str]]) -> MaskSwaps:
+    """Which of Transformers' own helpers the file calls (`used`: class -> helpers); a function or method of the same
+    name from elsewhere is no helper with a `_for_sdpa` twin, and none of their contracts holds for it."""
+    called = frozenset().union(*used.values()) if used else frozenset()
     return MaskSwaps(
-        causal=bool(facts.classes_calling({mask_helpers.CAUSAL})),
-        plain=bool(facts.classes_calling({mask_helpers.PLAIN})),
-        extended=bool(facts.classes_calling({mask_helpers.EXTENDED}, attribute_of_self=True)),
+        causal=CAUSAL in called,
+        plain=PLAIN in called,
+        extended=EXTENDED in called,
     )
 
 
@@ -397,12 +404,6 @@ def _passes(facts: ModuleFacts, suffix: str) -> bool:
     return False
 
 
-def _helper_callers(facts: ModuleFacts) -> set[str]:
-    return facts.classes_calling({mask_helpers.CAUSAL, mask_helpers.PLAIN}) | facts.classes_calling(
-        {mask_helpers.EXTENDED}, attribute_of_self=True
-    )
-
-
 def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePlan) -> tuple[cst.Module, list[str]]:
     notes: list[str] = []
     needed: list[tuple[str, str | None]] = []
@@ -432,8 +433,9 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
         else:
             module = register.add_dict_entry(module, registration.dict_name, "sdpa", item.name)
             notes.append(f'registered "sdpa": {item.name} in {registration.dict_name}')
-    if plan.masks is not None:
-        module, report = mask_helpers.swap_mask_helpers(module, facts.imports, plan.masks, _helper_callers(facts))
+    if plan.masks is not None and plan.helpers is not None:
+        callers = set(plan.helpers.used(facts))
+        module, report = mask_helpers.swap_mask_helpers(module, plan.helpers, plan.masks, callers)
         for swap in report.swapped:
             notes.append(f"mask helper for SDPA in {swap}")
         needed.extend(("modeling_attn_mask_utils", name) for name in sorted(report.needed_imports))
