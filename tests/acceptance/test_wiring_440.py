@@ -1,6 +1,6 @@
-"""The wiring cases of issue 35 run inside transformers 4.40.2: a model's own mask helper of another signature
-(`tests/unit/wiring_sources.py`), eager against SDPA on sharpened random weights, for the calls the port once got
-wrong."""
+"""The wiring cases of issue 35 run inside transformers 4.40.2: a model's own mask helper of another signature, and
+causality its caller chooses per call (`tests/unit/wiring_sources.py`), each eager against SDPA on sharpened random
+weights, for the calls the port once got wrong."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
-from wiring_sources import QFORMER  # noqa: E402
+from wiring_sources import PER_CALL, QFORMER  # noqa: E402
 
 from sdpa_port import Status, port_source  # noqa: E402
 
@@ -75,5 +75,15 @@ def test_a_models_own_extended_helper_keeps_its_masks(padding: str, is_decoder: 
     raised (the caller's flag taken for a dtype) and an unpadded decoder call lost its causal mask (None, read as no
     mask)."""
     reference, sdpa = _models(QFORMER, "qformer", tmp_path)
+    gap, calls = _gap(reference, sdpa, padding, is_decoder=is_decoder)
+    assert calls and gap <= TOLERANCE, gap
+
+
+@pytest.mark.parametrize("padding", ["right", "none"])
+@pytest.mark.parametrize("is_decoder", [False, True])
+def test_causality_chosen_by_the_caller(padding: str, is_decoder: bool, tmp_path: Path) -> None:
+    """With the causal helper's None read as causal by a module marked `is_causal = True`, the plain helper's None
+    for an unpadded bidirectional call was read so too (wrong by 10.7 here)."""
+    reference, sdpa = _models(PER_CALL, "per_call", tmp_path)
     gap, calls = _gap(reference, sdpa, padding, is_decoder=is_decoder)
     assert calls and gap <= TOLERANCE, gap

@@ -1,5 +1,5 @@
-"""How a class-style port is wired (issue 35): which mask helpers it swaps. Each group starts from a file of
-`wiring_sources.py` that the tool once ported wrongly."""
+"""How a class-style port is wired (issue 35): which mask helpers it swaps, and where a None mask may mean causal.
+Each group starts from a file of `wiring_sources.py` that the tool once ported wrongly."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import ast
 
 import libcst as cst
 import pytest
-from wiring_sources import ALWAYS_CAUSAL, QFORMER, replaced, src
+from wiring_sources import ALWAYS_CAUSAL, PER_CALL, QFORMER, replaced, src
 
 from sdpa_port import Status, port_source
+from sdpa_port.analyse.mask_flow import implementation_test
 from sdpa_port.analyse.mask_helpers import MaskHelpers
 from sdpa_port.analyse.module_facts import ModuleFacts
 
@@ -18,6 +19,12 @@ def port(source: str) -> str:
     result = port_source(source, filename="modeling_tiny.py")
     assert result.status is Status.PORTED, result.reasons
     return result.source
+
+
+def refusal_codes(source: str) -> set[str]:
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED, (result.status, result.detail)
+    return {r.code.code for r in result.refusals}
 
 
 def helpers(source: str) -> MaskHelpers:
@@ -138,3 +145,94 @@ def test_a_remote_copy_of_the_causal_helper_is_no_causal_contract() -> None:
     ported = port(own)
     assert "_for_sdpa" not in ported and "sdpa_is_causal" not in ported
     assert "_for_sdpa" in port(ALWAYS_CAUSAL) and "sdpa_is_causal" in port(ALWAYS_CAUSAL)
+
+
+# ---------------------------------------------------------------- 2. causality the caller chooses per call
+
+LOOKUP = "        self.attention = TINY_ATTENTION_CLASSES[config._attn_implementation](config)\n"
+
+
+def test_a_helper_chosen_by_a_call_argument_keeps_the_causal_masks() -> None:
+    """PER_CALL's model picks the causal or the plain helper by its `is_decoder` argument, and its attention says
+    `self.is_causal = True`: the plain helper's None for an unpadded bidirectional call was read as causal (wrong
+    by 10.7 in tests/acceptance/test_wiring_440.py). The causal helper now keeps its full masks there; the plain
+    one's None means no mask."""
+    ported = port(PER_CALL)
+    assert "_prepare_4d_causal_attention_mask_for_sdpa" not in ported and "sdpa_is_causal" not in ported
+    assert "_prepare_4d_attention_mask_for_sdpa(attention_mask, hidden_states.dtype, tgt_len=shape[1])" in ported
+
+
+def test_a_helper_chosen_by_the_config_is_the_same_question() -> None:
+    by_config = replaced(PER_CALL, "        if is_decoder:\n", "        if self.config.is_decoder:\n")
+    assert "sdpa_is_causal" not in port(by_config)
+
+
+def test_a_module_marked_causal_where_causal_masks_reach_it_keeps_the_fast_path() -> None:
+    assert "sdpa_is_causal = attention_mask is None and self.is_causal" in port(ALWAYS_CAUSAL)
+
+
+def test_marks_are_read_per_construction() -> None:
+    """`self.is_causal = is_causal` from `__init__`, read at each construction: every layer the causal helper's masks
+    reach must pass `is_causal=True`. One built with the default False beside one passing True had the contract
+    (some construction passed True), and read the None of an unpadded causal mask as no mask."""
+    per_site = replaced(
+        replaced(ALWAYS_CAUSAL, "    def __init__(self, config):\n        super().__init__()\n        self.num_heads",
+                 "    def __init__(self, config, is_causal=False):\n        super().__init__()\n        self.num_heads"),
+        "        self.is_causal = True\n", "        self.is_causal = is_causal\n",
+    )
+    two = replaced(
+        replaced(per_site, LOOKUP, LOOKUP.replace("(config)", "(config, is_causal=True)")
+                 + "        self.second = TINY_ATTENTION_CLASSES[config._attn_implementation](config{second})\n"),
+        "        hidden_states = self.norm(hidden_states + self.attention(hidden_states, attention_mask))\n",
+        "        hidden_states = self.norm(hidden_states + self.attention(hidden_states, attention_mask))\n"
+        "        hidden_states = hidden_states + self.second(hidden_states, attention_mask)\n",
+    )
+    assert "sdpa_is_causal" in port(two.replace("{second}", ", is_causal=True"))
+    assert "sdpa_is_causal" not in port(two.replace("{second}", ""))  # left at False, given causal masks
+    assert "sdpa_is_causal" not in port(two.replace("{second}", ", True"))  # not read: a positional argument
+
+
+def test_a_loop_zipping_the_layers_is_followed() -> None:
+    """`for layer, layer_head_mask in zip(self.layers, head_mask)` (the fixtures' decoder): the masks reaching the
+    layers are seen, so the causal contract can be shown."""
+    zipped = replaced(
+        replaced(ALWAYS_CAUSAL, "        for layer in self.layers:\n", "        for layer, scale in zip(self.layers, [1.0, 1.0]):\n"),
+        "            hidden_states = layer(hidden_states, mask)\n", "            hidden_states = layer(hidden_states, mask) * scale\n",
+    )
+    assert "sdpa_is_causal" in port(zipped)
+    unpacked = replaced(zipped, "for layer, scale in zip(", "for pair in zip(").replace(
+        "layer(hidden_states, mask) * scale", "pair[0](hidden_states, mask) * pair[1]"
+    )
+    assert "sdpa_is_causal" not in port(unpacked)  # the layer is not a name the flow follows
+
+
+def test_a_file_calling_the_causal_twin_itself_is_refused_where_none_cannot_mean_causal() -> None:
+    """PLBart's model code (Bart's) calls `_prepare_4d_causal_attention_mask_for_sdpa` itself: its None reaches the
+    layers whatever the port does, so an SDPA class not marked causal where it arrives would attend to every key."""
+    twin = replaced(
+        replaced(ALWAYS_CAUSAL, "_prepare_4d_attention_mask, _prepare_4d_causal_attention_mask\n",
+                 "_prepare_4d_attention_mask, _prepare_4d_causal_attention_mask_for_sdpa\n"),
+        "mask = _prepare_4d_causal_attention_mask(", "mask = _prepare_4d_causal_attention_mask_for_sdpa(",
+    )
+    assert "sdpa_is_causal = attention_mask is None and self.is_causal" in port(twin)
+    unmarked = replaced(twin, "        self.is_causal = True\n", "")
+    assert refusal_codes(unmarked) == {"C301"}
+
+
+@pytest.mark.parametrize(
+    "test,expected",
+    [
+        ('config._attn_implementation == "flash_attention_2"', False),
+        ('self.config._attn_implementation != "eager"', True),
+        ('config._attn_implementation in ("sdpa", "flash_attention_2")', True),
+        ("self._use_flash_attention_2", False),
+        ("not self._use_flash_attention_2 and x", None),
+        ("self._use_flash_attention_2 and x", False),
+        ("self.other", None),
+        ("config._attn_implementation == name", None),
+    ],
+)
+def test_tests_of_the_implementation_decided_on_the_sdpa_side(test: str, expected: bool | None) -> None:
+    """The mask flow follows only the SDPA side of such tests (OPT's flash branch passes the 2-D mask on)."""
+    flags = {"_use_flash_attention_2": [ast.parse('config._attn_implementation == "flash_attention_2"', mode="eval").body]}
+    assert implementation_test(ast.parse(test, mode="eval").body, flags.get) is expected
