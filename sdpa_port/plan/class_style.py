@@ -24,7 +24,7 @@ from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, site_o
 from sdpa_port.analyse.site import TermKind
 from sdpa_port.analyse.selection import attention_dicts, supports_sdpa
 from sdpa_port.plan.causal_contract import marks_follow_masks
-from sdpa_port.plan.gate import authors_refusal, selection_refusals, unreached_side_refusal
+from sdpa_port.plan.gate import authors_refusal, override_refusals, selection_refusals, unreached_side_refusal
 from sdpa_port.plan.kept_eager import split_refused
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.render import render_module
@@ -105,6 +105,7 @@ def plan_class_style(
     analyses = split.ported
     names = tuple(a.class_name for a in analyses)
     gate = [r for r in (authors_refusal(facts),) if r is not None] + selection_refusals(facts, frozenset(names))
+    gate += override_refusals(facts, frozenset(names))
     if gate:
         return PortResult.refused(module.code, Style.CLASS, gate, names)
     plan = ClassStylePlan()

@@ -1,5 +1,6 @@
-"""How a class-style port is wired (issue 35): which mask helpers it swaps, and where a None mask may mean causal.
-Each group starts from a file of `wiring_sources.py` that the tool once ported wrongly."""
+"""How a class-style port is wired (issue 35): which mask helpers it swaps, where a None mask may mean causal, and
+whether a model built with "sdpa" builds the SDPA class at all. Each group starts from a file of
+`wiring_sources.py` that the tool once ported wrongly."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import ast
 
 import libcst as cst
 import pytest
-from wiring_sources import ALWAYS_CAUSAL, PER_CALL, QFORMER, replaced, src
+from wiring_sources import ALWAYS_CAUSAL, OVERRIDDEN, PER_CALL, QFORMER, replaced, src
 
 from sdpa_port import Status, port_source
 from sdpa_port.analyse.mask_flow import implementation_test
@@ -236,3 +237,35 @@ def test_tests_of_the_implementation_decided_on_the_sdpa_side(test: str, expecte
     """The mask flow follows only the SDPA side of such tests (OPT's flash branch passes the 2-D mask on)."""
     flags = {"_use_flash_attention_2": [ast.parse('config._attn_implementation == "flash_attention_2"', mode="eval").body]}
     assert implementation_test(ast.parse(test, mode="eval").body, flags.get) is expected
+
+
+# ---------------------------------------------------------------- 3. a port is written only if sdpa reaches it
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        '        config._attn_implementation = "eager"\n',
+        '        config._attn_implementation = "flash_attention_2"\n',
+        '        setattr(config, "_attn_implementation", "eager")\n',
+        '        config.update({"_attn_implementation": "eager"})\n',
+        '        TINY_ATTENTION_CLASSES["flash_attention_2"] = TinyAttention\n',
+    ],
+)
+def test_a_selection_the_file_overrides_is_refused(before: str) -> None:
+    """OVERRIDDEN's layer sets the implementation before its lookup: a model built with "sdpa" kept building the
+    eager class while the port claimed `_supports_sdpa = True`."""
+    source = replaced(ALWAYS_CAUSAL, LOOKUP, before + LOOKUP)
+    assert refusal_codes(source) == {"W409"}
+
+
+def test_the_overridden_layer_is_refused() -> None:
+    assert refusal_codes(OVERRIDDEN) == {"W409"}
+
+
+def test_handing_on_the_implementation_chosen_is_no_override() -> None:
+    """A sub-config or a module attribute given the parent's choice (IDEFICS2, Bark, Mistral) selects as the model
+    does."""
+    handed = replaced(ALWAYS_CAUSAL, LOOKUP, "        config.text_config._attn_implementation = config._attn_implementation\n"
+                      "        self._attn_implementation = config._attn_implementation\n" + LOOKUP)
+    assert "class TinySdpaAttention" in port(handed)
