@@ -586,6 +586,37 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
              is_causal_attr=True, settings_branch=True, flat_bias=True),
         "exact", None,
     ),
+    # issue 35, class-style wiring seen on public remote code: each was ported (wrong, a crash or inert) before its fix
+    "35a: another library's mask function under the name of transformers' plain helper": (
+        Spec(mask_style="plain_helper", own_helper="function", cross=True, terms=(("mask", "not_none"),)),
+        "exact", None,
+    ),
+    "35b: another library's mask function under the name of transformers' causal helper": (
+        Spec(causal="mask", mask_style="causal_helper", own_helper="function", is_causal_attr=True, cache=True),
+        "exact", None,
+    ),
+    "35c: the model's own get_extended_attention_mask with the caller's is_decoder (LAVIS's Q-Former)": (
+        Spec(mask_style="extended", own_helper="method"),
+        "exact", None,
+    ),
+    "35d: the caller's is_decoder picks the causal or the plain helper": (
+        Spec(causal="mask", mask_style="causal_helper", call_causal="helper", is_causal_attr=True, cache=True),
+        "exact", None,
+    ),
+    # found by the fuzzer on the axis above (seed 40043, refused before): an attention no SDPA call expresses, handed
+    # the mask of the file's own function, was kept from staying eager as if transformers' helper built that mask
+    "35c2: a sibling handed the mask of the file's own helper stays eager": (
+        Spec(mask_style="plain_helper", own_helper="function", sparse_sibling="mask"),
+        "exact", None,
+    ),
+    "35e: the layer sets config._attn_implementation before its lookup": (
+        Spec(selection_override="shared"),
+        "refused", "W409",
+    ),
+    "35f: the layer sets the implementation of a config copy, the port writing the lookup": (
+        Spec(selection_override="copy", wiring="direct"),
+        "refused", "W409",
+    ),
 }
 
 

@@ -160,6 +160,18 @@ class Spec:
     # the query-key product (with any scaling of the query before it) computed by a method of the attention class,
     # `attn_weights = self._scores(query, key)`, which the class style reads as its statements written out
     score_helper: bool = False
+    # 4.x: a mask helper of another library with the name of Transformers' and another signature, defined in the file
+    # (a BERT-derived Q-Former's): "function" shadows the imported helper the mask style calls, with the caller's
+    # `is_decoder` before the dtype; "method" is the model's own `get_extended_attention_mask(self, attention_mask,
+    # input_shape, device, is_decoder, has_query=False)` (LAVIS's)
+    own_helper: str = "none"
+    # 4.x: causality chosen per call by an `is_decoder` argument of the model's forward (default True): "helper" picks
+    # the causal or the plain mask helper by it (BLIP's and LAVIS's text models), "argument" hands it down through the
+    # layer to the attention, whose causal fill runs under `if is_decoder:`
+    call_causal: str = "none"
+    # 4.x: the layer sets the implementation before it builds its attention: "shared" writes
+    # `config._attn_implementation = "eager"` into the model's config, "copy" into a copy of it
+    selection_override: str = "none"
 
     # -------------------------------------------------------------- derived facts
 
@@ -202,6 +214,9 @@ SPARSE_SIBLINGS = ("none", "own", "mask")
 STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
 BRANCH_OPS = ("none", "scale", "term")
+OWN_HELPERS = ("none", "function", "method")
+CALL_CAUSAL = ("none", "helper", "argument")
+SELECTION_OVERRIDES = ("none", "shared", "copy")
 # products a method can compute from the query and key alone (no lengths or batch sizes of forward's)
 HELPER_PRODUCTS = ("matmul", "operator", "method", "einsum", "einsum_kt", "pretransposed", "permuted")
 
@@ -292,6 +307,9 @@ def draw(seed: int, family: str = "440") -> Spec:
         blocks=_pick(rng, BLOCKS, (0.8, 0.1, 0.1)),
         branch_op=_pick(rng, BRANCH_OPS, (2, 1, 1)),  # drawn after the fields before it, so their draws stay
         score_helper=rng.random() < 0.2,
+        own_helper=_pick(rng, OWN_HELPERS, (6, 1, 1)),  # drawn last, so the fields above keep their draws
+        call_causal=_pick(rng, CALL_CAUSAL, (5, 1, 2)),
+        selection_override=_pick(rng, SELECTION_OVERRIDES, (16, 1, 1)),
     )
     return normalise(spec)
 
@@ -407,7 +425,42 @@ def normalise(spec: Spec) -> Spec:
         and changes.get("product", spec.product) in HELPER_PRODUCTS
     ):
         changes["score_helper"] = False  # the chain in forward, its product one a method computes from q and k
+    changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
+
+
+def _wiring(spec: Spec, changes: dict[str, Any]) -> dict[str, Any]:
+    """The 4.x wiring axes where the skeleton can draw them: an own helper in place of the one the mask style calls,
+    causality from the call where the mask or a plain causal fill in forward carries it, and an override of the
+    implementation before a lookup keyed by `config._attn_implementation` (in a dict, or one the port writes)."""
+    out: dict[str, Any] = {}
+    style = changes.get("mask_style", spec.mask_style)
+    causal_by_call = spec.call_causal
+    if causal_by_call == "helper" and not (spec.family == "440" and spec.causal == "mask"):
+        causal_by_call = "none"
+    if causal_by_call == "argument" and not (
+        spec.family == "440"
+        and spec.causal == "buffer"
+        and changes.get("causal_guard", spec.causal_guard) == "plain"
+        and changes.get("placement", spec.placement) == "forward"
+        and not changes.get("own_flag_guard", spec.own_flag_guard)
+        and not changes.get("zero_masked", spec.zero_masked)
+    ):
+        causal_by_call = "none"  # the fill in forward, where the argument is; nothing reads its mask when it is off
+    if causal_by_call != spec.call_causal:
+        out["call_causal"] = causal_by_call
+    own = spec.own_helper
+    if own == "function" and not (spec.family == "440" and style in ("plain_helper", "causal_helper")):
+        own = "none"
+    if own == "method" and not (spec.family == "440" and style == "extended"):
+        own = "none"
+    if own != "none" and causal_by_call == "helper":
+        own = "none"  # the call picks between Transformers' two helpers
+    if own != spec.own_helper:
+        out["own_helper"] = own
+    if spec.selection_override != "none" and not (spec.family == "440" and spec.wiring in ("dict", "direct")):
+        out["selection_override"] = "none"
+    return out
 
 
 def _interface_family(spec: Spec) -> Spec:
