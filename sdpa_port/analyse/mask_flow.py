@@ -14,8 +14,10 @@ from __future__ import annotations
 import ast
 import enum
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
+from sdpa_port.analyse.cstutil import code
+from sdpa_port.analyse.mask_helpers import CAUSAL_FUNCTIONS, EXTENDED, MaskHelpers
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.names import ImportMap
 from sdpa_port.analyse.module_sites import ModuleCall, Site, parameter_default
@@ -167,11 +169,19 @@ class MaskFlow:
     implementation, not which builder built it.
     """
 
-    def __init__(self, facts: ModuleFacts, derive: bool = False) -> None:
+    def __init__(self, facts: ModuleFacts, derive: bool = False, helpers: MaskHelpers | None = None) -> None:
         self.derive = derive
+        # with `helpers` (the class style's question: where may a `_for_sdpa` helper's None arrive, and what does it
+        # mean), Transformers' own 4.x helpers and their twins build masks too: the causal ones causal masks, the
+        # plain ones and the inherited `get_extended_attention_mask` (swapped only where the config is no decoder)
+        # masks whose None means no mask
+        self.helpers = helpers
+        self.facts = facts
         self.imports = facts.imports
         self.modules = facts.module_sites
         self.per_implementation = _per_implementation_functions(self.modules.tree, facts.imports)
+        # the file's own module-level functions (another library's helper may have transformers' name)
+        self.own_functions = frozenset(n.name for n in self.modules.tree.body if isinstance(n, ast.FunctionDef))
         # attributes of a module set outside `__init__`: state a derivation cannot follow
         self.stateful = frozenset(
             name
@@ -187,6 +197,20 @@ class MaskFlow:
         self._reading: set[tuple[str, str]] = set()
         self._params: dict[tuple[str, str, str, Restriction | None], frozenset[Origin]] = {}
         self._active: set[tuple[str, str, str, Restriction | None]] = set()
+
+    def decided(self, test: ast.expr, class_name: str) -> bool | None:
+        """With `helpers`, the value on the SDPA side of a test of the implementation (`config._attn_implementation
+        == "flash_attention_2"`, or a flag of the module's `__init__` set so), None for any other test."""
+        if self.helpers is None:
+            return None
+        return implementation_test(test, lambda name: self._flag_values(class_name, name))
+
+    def _flag_values(self, class_name: str, name: str) -> list[ast.expr] | None:
+        values = self.facts.find_attribute_values(class_name, name)
+        if not values:
+            return None
+        parsed = [ast.parse(code(v).strip(), mode="eval").body for v in values]
+        return parsed
 
     # ------------------------------------------------------------------ values inside one method
 
@@ -438,6 +462,9 @@ class _Reader:
         if isinstance(node, ast.If):
             self.record(node.test, state)
             yes, no = _refine(node.test, state)
+            decided = self.flows.decided(node.test, self.context[0])
+            if decided is not None:  # a test of the implementation, on the SDPA side: one branch runs
+                return self.block(node.body, yes) if decided else self.block(node.orelse, no)
             return _join(self.block(node.body, yes), self.block(node.orelse, no))
         if isinstance(node, (ast.For, ast.While)):
             self.record(node.iter if isinstance(node, ast.For) else node.test, state)
@@ -532,6 +559,9 @@ class _Evaluator:
                 return frozenset({_Builder(Kind.CAUSAL, line)})
             if node.id == BIDIRECTIONAL_BUILDER:
                 return frozenset({_Builder(Kind.BIDIRECTIONAL, line)})
+            helper = self.flows.helpers.builder(node.id) if self.flows.helpers is not None else None
+            if helper is not None:
+                return frozenset({_Builder(Kind.CAUSAL if helper in CAUSAL_FUNCTIONS else Kind.BIDIRECTIONAL, line)})
             if self.flows.derive:
                 return frozenset()  # a global, a builtin or `self`: no mask of this call
             return _unknown(node, f"`{node.id}`")
@@ -575,6 +605,9 @@ class _Evaluator:
                 return frozenset({Origin(Kind.PER_IMPLEMENTATION, line, built)})
         if method is not None and self.flows.modules.method(self.context[0], method) is not None:
             return self.returned(node, method, 0)[0]
+        helpers = self.flows.helpers
+        if method == EXTENDED and helpers is not None and self.context[0] in helpers.extended:
+            return frozenset({Origin(Kind.BIDIRECTIONAL, line, f"`self.{EXTENDED}(...)`")})
         if not self.flows.derive and _to_bool(node):
             assert isinstance(node.func, ast.Attribute)
             masks = self.value(node.func.value)
@@ -610,7 +643,11 @@ class _Evaluator:
             return method if method in PER_IMPLEMENTATION_HELPERS else None
         if isinstance(func, ast.Name) and name in self.state.env:
             return None
-        if name in PER_IMPLEMENTATION_HELPERS or name in self.flows.per_implementation:
+        if name in self.flows.per_implementation:
+            return name
+        if isinstance(func, ast.Name) and name in self.flows.own_functions:
+            return None  # the file's own function of that name, read above: it builds nothing per implementation
+        if name in PER_IMPLEMENTATION_HELPERS:
             return name
         qualified = self.flows.imports.aliases.get(name, "") if isinstance(func, ast.Name) else ""
         return name if any(part in qualified for part in MASK_MODULES) else None
@@ -675,6 +712,42 @@ PER_IMPLEMENTATION_HELPERS = frozenset(
     }
 )
 MASK_MODULES = ("masking_utils", "modeling_attn_mask_utils")
+
+
+SDPA = "sdpa"
+
+
+def implementation_test(test: ast.expr, flag: Callable[[str], list[ast.expr] | None]) -> bool | None:
+    """The value of `test` where the implementation is "sdpa": a comparison of `<x>._attn_implementation` with
+    string literals (`==`, `!=`, `in`, `not in`), `self.<flag>` where every value `flag` gives the attribute is
+    such a comparison deciding alike, and `not`, `and`, `or` of them; None when the test does not follow."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = implementation_test(test.operand, flag)
+        return None if inner is None else not inner
+    if isinstance(test, ast.BoolOp):
+        parts = [implementation_test(v, flag) for v in test.values]
+        decisive = isinstance(test.op, ast.Or)  # `or`: one True decides; `and`: one False
+        if decisive in parts:
+            return decisive
+        return None if None in parts else not decisive
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left, op, right = test.left, test.ops[0], test.comparators[0]
+        if not (isinstance(left, ast.Attribute) and left.attr == "_attn_implementation"):
+            return None
+        if isinstance(op, (ast.Eq, ast.NotEq)) and isinstance(right, ast.Constant) and isinstance(right.value, str):
+            return (right.value == SDPA) == isinstance(op, ast.Eq)
+        if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+            names = [e.value for e in right.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            if len(names) != len(right.elts):
+                return None
+            return (SDPA in names) == isinstance(op, ast.In)
+        return None
+    attribute = _self_attribute(test)
+    values = flag(attribute) if attribute is not None else None
+    if not values:
+        return None
+    decisions = {implementation_test(v, lambda _: None) for v in values}
+    return decisions.pop() if len(decisions) == 1 and None not in decisions else None
 
 
 def reads_implementation(function: ast.AST) -> bool:

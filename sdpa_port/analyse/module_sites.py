@@ -365,26 +365,14 @@ class ModuleSites:
                     if refs:
                         names[node.targets[0].id] = names.get(node.targets[0].id, frozenset()) | refs
                 elif isinstance(node, (ast.For, ast.comprehension)):
-                    iterable = node.iter
-                    target = node.target
-                    if (
-                        isinstance(iterable, ast.Call)
-                        and isinstance(iterable.func, ast.Name)
-                        and iterable.func.id in ("enumerate", "reversed")
-                        and len(iterable.args) == 1
-                    ):
-                        if iterable.func.id == "enumerate":
-                            if not (isinstance(target, ast.Tuple) and len(target.elts) == 2):
-                                continue
-                            target = target.elts[1]
-                        iterable = iterable.args[0]
-                    refs = frozenset(
-                        _Ref(r.site, r.classes, True)
-                        for r in self._resolve(iterable, class_name, names)
-                        if not r.element
-                    )
-                    if refs and isinstance(target, ast.Name):
-                        names[target.id] = names.get(target.id, frozenset()) | refs
+                    for target, iterable in _loop_bindings(node):
+                        refs = frozenset(
+                            _Ref(r.site, r.classes, True)
+                            for r in self._resolve(iterable, class_name, names)
+                            if not r.element
+                        )
+                        if refs and isinstance(target, ast.Name):
+                            names[target.id] = names.get(target.id, frozenset()) | refs
         parents = _parents(function)
         context = (class_name, function.name)
         for node in ast.walk(function):
@@ -518,6 +506,40 @@ def _causal_argument(call: ast.Call) -> str | None:
     return None
 
 
+def _loop_bindings(loop: ast.For | ast.comprehension) -> list[tuple[ast.expr, ast.expr]]:
+    """(loop variable, what it runs over) for a loop over modules: `for x in m`, `for x in reversed(m)`, `for i, x in
+    enumerate(m)`, and each variable of `for x, y in zip(m, n)`."""
+    iterable, target = loop.iter, loop.target
+    if not (isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and not iterable.keywords):
+        return [(target, iterable)]
+    name, args = iterable.func.id, iterable.args
+    if name == "reversed" and len(args) == 1:
+        return [(target, args[0])]
+    if name == "enumerate" and len(args) == 1:
+        return [(target.elts[1], args[0])] if isinstance(target, ast.Tuple) and len(target.elts) == 2 else []
+    if name == "zip" and _zipped(loop):
+        assert isinstance(target, ast.Tuple)
+        return list(zip(target.elts, args))
+    return [(target, iterable)]
+
+
+def _zipped(loop: ast.AST) -> bool:
+    """`for x, y in zip(m, n)`: one plain variable per zipped iterable."""
+    if not isinstance(loop, (ast.For, ast.comprehension)):
+        return False
+    iterable, target = loop.iter, loop.target
+    return (
+        isinstance(iterable, ast.Call)
+        and isinstance(iterable.func, ast.Name)
+        and iterable.func.id == "zip"
+        and not iterable.keywords
+        and not any(isinstance(a, ast.Starred) for a in iterable.args)
+        and isinstance(target, ast.Tuple)
+        and len(target.elts) == len(iterable.args)
+        and all(isinstance(e, ast.Name) for e in target.elts)
+    )
+
+
 def _parents(function: ast.AST) -> dict[ast.AST, ast.AST]:
     out: dict[ast.AST, ast.AST] = {}
     for node in ast.walk(function):
@@ -542,6 +564,8 @@ def _harmless(node: ast.expr, parent: ast.AST | None, parents: Mapping[ast.AST, 
             and isinstance(grand, (ast.For, ast.comprehension))
             and grand.iter is parent
         ):
+            return True
+        if parent.func.id == "zip" and grand is not None and _zipped(grand) and getattr(grand, "iter", None) is parent:
             return True
     if isinstance(parent, ast.Assign) and node in parent.targets:
         return True

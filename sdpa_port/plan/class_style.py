@@ -17,12 +17,14 @@ from sdpa_port.analyse.calls import always_asks_for_weights
 from sdpa_port.analyse.cross import key_only_parameters
 from sdpa_port.analyse.cstutil import block_body, code, is_docstring, is_pass, one_per_line
 from sdpa_port.analyse.lines import Lines
+from sdpa_port.analyse.mask_helpers import CAUSAL, CAUSAL_SDPA, EXTENDED, PLAIN, PLAIN_SDPA, MaskHelpers
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, site_operands
 from sdpa_port.analyse.site import TermKind
 from sdpa_port.analyse.selection import attention_dicts, supports_sdpa
-from sdpa_port.plan.gate import authors_refusal, selection_refusals, unreached_side_refusal
+from sdpa_port.plan.causal_contract import marks_follow_masks
+from sdpa_port.plan.gate import authors_refusal, override_refusals, selection_refusals, unreached_side_refusal
 from sdpa_port.plan.kept_eager import split_refused
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.render import render_module
@@ -55,6 +57,7 @@ class SdpaClassPlan:
 class ClassStylePlan:
     classes: list[SdpaClassPlan] = field(default_factory=list)
     masks: mask_helpers.MaskSwapPlan | None = None
+    helpers: MaskHelpers | None = None  # Transformers' own mask helpers as the file reaches them
     flag_classes: tuple[str, ...] = ()
     warnings: list[str] = field(default_factory=list)
 
@@ -102,6 +105,7 @@ def plan_class_style(
     analyses = split.ported
     names = tuple(a.class_name for a in analyses)
     gate = [r for r in (authors_refusal(facts),) if r is not None] + selection_refusals(facts, frozenset(names))
+    gate += override_refusals(facts, frozenset(names))
     if gate:
         return PortResult.refused(module.code, Style.CLASS, gate, names)
     plan = ClassStylePlan()
@@ -109,8 +113,10 @@ def plan_class_style(
     dicts = attention_dicts(facts)
     dict_of = {entries["eager"]: name for name, entries in dicts.items()}
     attention_names = frozenset(names)
-    swaps = _helpers_used(facts)
-    contracts = _mask_contracts(facts, analyses, swaps)
+    helpers = MaskHelpers.of(facts)
+    plan.helpers = helpers
+    swaps = _helpers_used(helpers.used(facts))
+    contracts = _mask_contracts(facts, helpers, analyses, swaps)
     reasons: list[Refusal] = []
     registrations: list[tuple[ClassAnalysis, str, Registration]] = []
     elsewhere: list[str] = []  # attention classes no class of this file builds
@@ -146,6 +152,9 @@ def plan_class_style(
         built = _build_forwards(facts, registrations, contracts)
     if not isinstance(built, list):
         return PortResult.refused(module.code, Style.CLASS, [built], names)
+    unmarked = _unmarked_twin_callers(helpers.used(facts), analyses, contracts)
+    if unmarked:
+        return PortResult.refused(module.code, Style.CLASS, unmarked, names)
     plan.classes = built
     if not plan.classes and elsewhere:
         # eager attention that is not ported must be said: built by another file (a remote-code `attention.py`
@@ -170,9 +179,9 @@ def plan_class_style(
     model_classes = frozenset(n for n in facts.classes if facts.is_subclass(n, "PreTrainedModel"))
     unguarded = mask_helpers.unguarded_helpers(
         module,
-        facts.imports,
+        helpers,
         model_classes,
-        _helper_callers(facts),
+        set(helpers.used(facts)),
         weights=any(
             item.analysis.output_attentions is not None and _passes(facts, item.analysis.output_attentions)
             for item in plan.classes
@@ -186,8 +195,8 @@ def plan_class_style(
             "mask helpers kept where the calling method cannot tell that the layers fall back to eager: "
             + ", ".join(sorted(unguarded))
         )
-    causal = causal and mask_helpers.CAUSAL not in unguarded
-    plain = mask_helpers.PLAIN not in unguarded
+    causal = causal and CAUSAL not in unguarded
+    plain = PLAIN not in unguarded
     plan.masks = mask_helpers.MaskSwapPlan(
         causal=causal,
         plain=swaps.plain and bool(contracts) and plain,
@@ -197,8 +206,8 @@ def plan_class_style(
     if swaps.causal and not causal:
         plan.warnings.append(
             "the causal mask helper is kept: not every attention module can take a missing mask as causal (it must "
-            "mark its causal instances with `is_causal`, have the mask as its only masking term, and tell "
-            "self-attention from cross-attention calls)"
+            "mark its causal instances with `is_causal`, exactly those the causal helper's masks reach, have the mask "
+            "as its only masking term, and tell self-attention from cross-attention calls)"
         )
     plan.flag_classes = facts.pretrained_roots
     return plan
@@ -283,19 +292,25 @@ class MaskSwaps:
         return self.causal or self.plain or self.extended
 
 
-def _helpers_used(facts: ModuleFacts) -> MaskSwaps:
+def _helpers_used(used: dict[str, frozenset[str]]) -> MaskSwaps:
+    """Which of Transformers' own helpers the file calls (`used`: class -> helpers), a twin the file already calls
+    counting as its helper (its None reaches the layers as the swapped helper's would); a function or method of the
+    same name from elsewhere is no helper with a `_for_sdpa` twin, and none of their contracts holds for it."""
+    called = frozenset().union(*used.values()) if used else frozenset()
     return MaskSwaps(
-        causal=bool(facts.classes_calling({mask_helpers.CAUSAL})),
-        plain=bool(facts.classes_calling({mask_helpers.PLAIN})),
-        extended=bool(facts.classes_calling({mask_helpers.EXTENDED}, attribute_of_self=True)),
+        causal=bool(called & {CAUSAL, CAUSAL_SDPA}),
+        plain=bool(called & {PLAIN, PLAIN_SDPA}),
+        extended=EXTENDED in called,
     )
 
 
-def _mask_contracts(facts: ModuleFacts, analyses: list[ClassAnalysis], swaps: MaskSwaps) -> dict[str, MaskContract]:
+def _mask_contracts(
+    facts: ModuleFacts, helpers: MaskHelpers, analyses: list[ClassAnalysis], swaps: MaskSwaps
+) -> dict[str, MaskContract]:
     """What each attention class's SDPA forward must accept if the model switches to the `_for_sdpa` helpers."""
     if not swaps:
         return {}
-    causal: dict[str, str | None] = {a.class_name: _causal_when_none(facts, a) for a in analyses}
+    causal: dict[str, str | None] = {a.class_name: _causal_when_none(facts, helpers, a) for a in analyses}
     every_causal = swaps.causal and all(value is not None for value in causal.values())
     contracts: dict[str, MaskContract] = {}
     for analysis in analyses:
@@ -306,11 +321,34 @@ def _mask_contracts(facts: ModuleFacts, analyses: list[ClassAnalysis], swaps: Ma
     return contracts
 
 
-def _causal_when_none(facts: ModuleFacts, analysis: ClassAnalysis) -> str | None:
+def _unmarked_twin_callers(
+    used: dict[str, frozenset[str]], analyses: list[ClassAnalysis], contracts: dict[str, MaskContract]
+) -> list[Refusal]:
+    """A file already calling `_prepare_4d_causal_attention_mask_for_sdpa` (PLBart's model code is Bart's) hands its
+    layers None for causal masks whatever the port does: an SDPA class that cannot read None as causal would
+    attend to every key."""
+    callers = sorted(name for name, helpers in used.items() if CAUSAL_SDPA in helpers)
+    if not callers:
+        return []
+    return [
+        Refusal(
+            Code.CAUSAL_BY_USE,
+            analysis.class_name,
+            0,
+            f"`{callers[0]}` calls `{CAUSAL_SDPA}`, whose None means a causal mask, but {analysis.class_name} is not "
+            "marked causal exactly where those masks reach it, so its SDPA class would read None as no mask",
+        )
+        for analysis in analyses
+        if contracts.get(analysis.class_name, MaskContract()).causal_when_none is None
+    ]
+
+
+def _causal_when_none(facts: ModuleFacts, helpers: MaskHelpers, analysis: ClassAnalysis) -> str | None:
     """The condition under which a None mask means "causal" for this class, or None when it cannot be told.
 
     The class must mark its causal instances with `self.is_causal`, add the mask as the chain's only masking term
-    (SDPA cannot combine `is_causal` with another mask), and tell self- from cross-attention calls.
+    (SDPA cannot combine `is_causal` with another mask), tell self- from cross-attention calls, and be marked causal
+    exactly where the causal helper's masks reach it (`causal_contract`).
     """
     if not _marks_causal_layers(facts, analysis.class_name):
         return None
@@ -325,7 +363,20 @@ def _causal_when_none(facts: ModuleFacts, analysis: ClassAnalysis) -> str | None
         return None
     first = operands[0]
     cross = key_only_parameters(forward[1], first.key, first.query, first.helper)
+    mask = _mask_parameter(forward[1], analysis.sites[0].terms[0].expression, cross)
+    if mask is None or not marks_follow_masks(facts, helpers, analysis.class_name, mask, cross):
+        return None
     return CAUSAL_CONTRACT + "".join(f" and {p} is None" for p in cross)
+
+
+def _mask_parameter(forward: cst.FunctionDef, term: str, cross: tuple[str, ...]) -> str | None:
+    """The parameter of forward holding the chain's mask in self-attention calls: the term itself, or the one mask
+    parameter that serves no cross-attention."""
+    params = [p for p in mask_parameters(forward) if p not in cross]
+    if term in params:
+        return term
+    own = [p for p in params if not p.startswith("encoder")]
+    return own[0] if len(own) == 1 else None
 
 
 def _build_forwards(
@@ -397,12 +448,6 @@ def _passes(facts: ModuleFacts, suffix: str) -> bool:
     return False
 
 
-def _helper_callers(facts: ModuleFacts) -> set[str]:
-    return facts.classes_calling({mask_helpers.CAUSAL, mask_helpers.PLAIN}) | facts.classes_calling(
-        {mask_helpers.EXTENDED}, attribute_of_self=True
-    )
-
-
 def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePlan) -> tuple[cst.Module, list[str]]:
     notes: list[str] = []
     needed: list[tuple[str, str | None]] = []
@@ -432,8 +477,9 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
         else:
             module = register.add_dict_entry(module, registration.dict_name, "sdpa", item.name)
             notes.append(f'registered "sdpa": {item.name} in {registration.dict_name}')
-    if plan.masks is not None:
-        module, report = mask_helpers.swap_mask_helpers(module, facts.imports, plan.masks, _helper_callers(facts))
+    if plan.masks is not None and plan.helpers is not None:
+        callers = set(plan.helpers.used(facts))
+        module, report = mask_helpers.swap_mask_helpers(module, plan.helpers, plan.masks, callers)
         for swap in report.swapped:
             notes.append(f"mask helper for SDPA in {swap}")
         needed.extend(("modeling_attn_mask_utils", name) for name in sorted(report.needed_imports))

@@ -1,4 +1,7 @@
-"""Build masks with the `_for_sdpa` helpers when SDPA is selected; the eager path keeps the plain ones."""
+"""Build masks with the `_for_sdpa` helpers when SDPA is selected; the eager path keeps the plain ones.
+
+Only calls of Transformers' own helpers are swapped (`analyse.mask_helpers`): a function or method of the same name
+from elsewhere keeps its call, whose float mask SDPA takes as it is."""
 
 from __future__ import annotations
 
@@ -7,14 +10,9 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from sdpa_port.analyse.cstutil import expr
-from sdpa_port.analyse.names import ImportMap
+from sdpa_port.analyse.mask_helpers import CAUSAL, EXTENDED, PLAIN, SDPA_SUFFIX, MaskHelpers
 from sdpa_port.analyse.patterns import arg
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
-
-CAUSAL = "_prepare_4d_causal_attention_mask"
-PLAIN = "_prepare_4d_attention_mask"
-EXTENDED = "get_extended_attention_mask"
-SDPA_SUFFIX = "_for_sdpa"
 
 
 @dataclass(frozen=True)
@@ -35,22 +33,22 @@ class MaskSwapReport:
 
 
 def swap_mask_helpers(
-    module: cst.Module, imports: ImportMap, plan: MaskSwapPlan, callers: set[str]
+    module: cst.Module, helpers: MaskHelpers, plan: MaskSwapPlan, callers: set[str]
 ) -> tuple[cst.Module, MaskSwapReport]:
     """`callers`: the classes that call a mask helper (found cheaply beforehand)."""
     report = MaskSwapReport()
-    transformer = _Swap(imports, plan, report)
+    transformer = _Swap(helpers, plan, report)
     result = transform_named(module, callers & plan.classes, transformer)
     return result, report
 
 
 def unguarded_helpers(
-    module: cst.Module, imports: ImportMap, classes: frozenset[str], callers: set[str], weights: bool, heads: bool
+    module: cst.Module, helpers: MaskHelpers, classes: frozenset[str], callers: set[str], weights: bool, heads: bool
 ) -> set[str]:
     """The helpers called (in `classes`) where the swap's guard cannot keep full masks for layers falling back to
     eager: asked for the weights (`weights`) or given a head mask (`heads`) while the calling method has no such
     parameter to test."""
-    finder = _HelperCalls(imports, MaskSwapPlan(True, True, True, classes), MaskSwapReport())
+    finder = _HelperCalls(helpers, MaskSwapPlan(True, True, True, classes), MaskSwapReport())
     transform_named(module, callers & classes, finder)
     out: set[str] = set()
     for helper, params in finder.calls:
@@ -62,9 +60,9 @@ def unguarded_helpers(
 
 
 class _Swap(ScopedTransformer):
-    def __init__(self, imports: ImportMap, plan: MaskSwapPlan, report: MaskSwapReport) -> None:
+    def __init__(self, helpers: MaskHelpers, plan: MaskSwapPlan, report: MaskSwapReport) -> None:
         super().__init__()
-        self.imports = imports
+        self.helpers = helpers
         self.plan = plan
         self.report = report
         self.guarded: set[int] = set()  # ids of helper statements already on the eager side of a swap
@@ -75,18 +73,17 @@ class _Swap(ScopedTransformer):
             self.guarded.add(id(fallback))
 
     def helper_of(self, call: cst.Call) -> str | None:
+        """The Transformers helper the call reaches (a name imported from transformers, or the inherited method)."""
         func = call.func
         if isinstance(func, cst.Name):
-            qualified = self.imports.qualify(func) or ""
-            name = qualified.split(".")[-1]
-            if name in (CAUSAL, PLAIN) and qualified.split(".")[-2:-1] == ["modeling_attn_mask_utils"]:
-                return name
-            return None
+            return self.helpers.function(func.value)
         if (
             isinstance(func, cst.Attribute)
             and isinstance(func.value, cst.Name)
             and func.value.value == "self"
             and func.attr.value == EXTENDED
+            and self.classes
+            and self.classes[0] in self.helpers.extended
         ):
             return EXTENDED
         return None
@@ -209,8 +206,8 @@ def _targets(small: cst.Assign | cst.AnnAssign) -> cst.CSTNode:
 class _HelperCalls(_Swap):
     """Records (helper, parameters of the calling method) for each call the swap would rewrite; changes nothing."""
 
-    def __init__(self, imports: ImportMap, plan: MaskSwapPlan, report: MaskSwapReport) -> None:
-        super().__init__(imports, plan, report)
+    def __init__(self, helpers: MaskHelpers, plan: MaskSwapPlan, report: MaskSwapReport) -> None:
+        super().__init__(helpers, plan, report)
         self.calls: list[tuple[str, frozenset[str]]] = []
 
     def leave_SimpleStatementLine(

@@ -117,7 +117,7 @@ def inputs_for(spec: Spec) -> list[Inputs]:
             Inputs("cross, equal lengths, no masks", {"input_ids": ids, "encoder_hidden_states": square}, ones.bool(),
                    encoder=True),
         ]
-    if spec.per_call:  # the same model asked for bidirectional attention, with and without padding
+    if spec.per_call or spec.call_causal != "none":  # the same model asked for bidirectional attention, with and without padding
         out += [
             Inputs("bidirectional call, right padding", {"input_ids": ids, "attention_mask": right, "is_decoder": False},
                    right.bool()),

@@ -589,27 +589,58 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
     # found by the fuzzer's dtype axes (seeds 600035, 600042 and nine more of 600000:600300, crashes): a fill where a
     # 0/1 tensor of another dtype is 0 (`bias == 0`, `mask.eq(0)`) lost its comparison, `torch.where(bias, ...)`
     # taking no float or integer condition; the kept side is now `bias != 0` unless `bias` is proven boolean
-    "35a: a float causal buffer filled where it is 0": (
+    "35g: a float causal buffer filled where it is 0": (
         Spec(causal="buffer", fill_form="masked_fill_inplace", buffer_dtype="float", compare="eq0"),
         "exact", None,
     ),
-    "35b: an integer causal buffer compared with 0 by a method": (
+    "35h: an integer causal buffer compared with 0 by a method": (
         Spec(causal="buffer", fill_form="masked_fill", buffer_dtype="long", compare="eq_method"),
         "exact", None,
     ),
-    "35c: an integer padding mask compared with 0": (
+    "35i: an integer padding mask compared with 0": (
         Spec(mask_style="manual_bool", terms=(("bool_mask", "not_none"),), mask_dtype="long", compare="eq0",
              fill_form="masked_fill"),
         "exact", None,
     ),
-    "35d: a float padding mask negated by logical_not": (
+    "35j: a float padding mask negated by logical_not": (
         Spec(mask_style="manual_bool", terms=(("bool_mask", "not_none"),), mask_dtype="float", compare="logical_not",
              fill_form="where_inverted"),
         "exact", None,
     ),
-    "35e: a uint8 causal buffer masked below one half": (
+    "35k: a uint8 causal buffer masked below one half": (
         Spec(causal="buffer", fill_form="masked_fill", buffer_dtype="uint8", compare="lt_half", cache=True),
         "exact", None,
+    ),
+    # issue 35, class-style wiring seen on public remote code: each was ported (wrong, a crash or inert) before its fix
+    "35a: another library's mask function under the name of transformers' plain helper": (
+        Spec(mask_style="plain_helper", own_helper="function", cross=True, terms=(("mask", "not_none"),)),
+        "exact", None,
+    ),
+    "35b: another library's mask function under the name of transformers' causal helper": (
+        Spec(causal="mask", mask_style="causal_helper", own_helper="function", is_causal_attr=True, cache=True),
+        "exact", None,
+    ),
+    "35c: the model's own get_extended_attention_mask with the caller's is_decoder (LAVIS's Q-Former)": (
+        Spec(mask_style="extended", own_helper="method"),
+        "exact", None,
+    ),
+    "35d: the caller's is_decoder picks the causal or the plain helper": (
+        Spec(causal="mask", mask_style="causal_helper", call_causal="helper", is_causal_attr=True, cache=True),
+        "exact", None,
+    ),
+    # found by the fuzzer on the axis above (seed 40043, refused before): an attention no SDPA call expresses, handed
+    # the mask of the file's own function, was kept from staying eager as if transformers' helper built that mask
+    "35c2: a sibling handed the mask of the file's own helper stays eager": (
+        Spec(mask_style="plain_helper", own_helper="function", sparse_sibling="mask"),
+        "exact", None,
+    ),
+    "35e: the layer sets config._attn_implementation before its lookup": (
+        Spec(selection_override="shared"),
+        "refused", "W409",
+    ),
+    "35f: the layer sets the implementation of a config copy, the port writing the lookup": (
+        Spec(selection_override="copy", wiring="direct"),
+        "refused", "W409",
     ),
 }
 

@@ -309,6 +309,10 @@ def causal_lines(spec: Spec, n: Names, code: Code) -> None:
         code.add(f"if {n.attr('is_causal')}:")
         with code.indent():
             body()
+    elif spec.call_causal == "argument":  # causal only where the caller says so
+        code.add("if is_decoder:")
+        with code.indent():
+            body()
     else:
         body()
 
@@ -745,6 +749,8 @@ def attention_class(spec: Spec, code: Code) -> None:
                 params.append("return_scores=False")
             if spec.switches == "chained":
                 params.append("all_scores=False")
+            if spec.call_causal == "argument":
+                params.append("is_decoder=False")
         code.add(f"def forward({', '.join(params)}):")
         with code.indent():
             if spec.switches == "chained":
@@ -915,6 +921,10 @@ def layer_class(spec: Spec, code: Code) -> None:
         code.add(f"def __init__(self, {config}, layer_idx):")
         with code.indent():
             code.add("super().__init__()")
+            if spec.selection_override == "copy":
+                code.add("import copy", "", f"{config} = copy.copy({config})")
+            if spec.selection_override != "none":
+                code.add(f'{config}._attn_implementation = "eager"')
             code.add(f"self.norm = nn.LayerNorm({config}.hidden_size)")
             code.add(f"self.attn = {build}({config}, layer_idx=layer_idx)")
             sibling_attribute(spec, code, config)
@@ -927,7 +937,7 @@ def layer_class(spec: Spec, code: Code) -> None:
         code.add(
             "def forward(self, hidden_states, attention_mask=None, layer_past=None, encoder_hidden_states=None, "
             "encoder_attention_mask=None, head_mask=None, use_cache=False, output_attentions=False, position_bias=None, "
-            "key_mask=None, band_mask=None):"
+            "key_mask=None, band_mask=None" + (", is_decoder=False" if spec.call_causal == "argument" else "") + "):"
         )
         with code.indent():
             keywords = ["attention_mask=attention_mask"]
@@ -939,7 +949,8 @@ def layer_class(spec: Spec, code: Code) -> None:
                 keywords += ["layer_past=layer_past", "use_cache=use_cache"]
             if spec.output_attentions:
                 keywords.append("output_attentions=output_attentions")
-            code.add(f"attn_output, present, weights = self.attn(self.norm(hidden_states), {', '.join(keywords)})")
+            own = ", is_decoder=is_decoder" if spec.call_causal == "argument" else ""
+            code.add(f"attn_output, present, weights = self.attn(self.norm(hidden_states), {', '.join(keywords)}{own})")
             code.add("hidden_states = hidden_states + attn_output")
             sibling_call(spec, code)
             if spec.cross:
@@ -1029,18 +1040,42 @@ def mask_lines(spec: Spec, code: Code) -> None:
                 "attention_mask=encoder_attention_mask, encoder_hidden_states=encoder_hidden_states)"
             )
         return
-    if style == "causal_helper":
-        code.add("mask = _prepare_4d_causal_attention_mask(attention_mask, (batch, length), hidden_states, past_length)")
+    own = spec.own_helper
+    causal_call = (
+        "_prepare_4d_causal_attention_mask(attention_mask, (batch, length), hidden_states.dtype, past_length)"
+        if own == "function"
+        else "_prepare_4d_causal_attention_mask(attention_mask, (batch, length), hidden_states, past_length)"
+    )
+    plain_call = (
+        "_prepare_4d_attention_mask(attention_mask, False, hidden_states.dtype, tgt_len=length)"
+        if own == "function"
+        else "_prepare_4d_attention_mask(attention_mask, hidden_states.dtype, tgt_len=length)"
+    )
+    if style == "causal_helper" and spec.call_causal == "helper":  # the caller picks the helper
+        code.add("if is_decoder:")
+        with code.indent():
+            code.add(f"mask = {causal_call}")
+        code.add("else:")
+        with code.indent():
+            code.add("mask = None")
+            code.add("if attention_mask is not None:")
+            with code.indent():
+                code.add(f"mask = {plain_call}")
+    elif style == "causal_helper":
+        code.add(f"mask = {causal_call}")
     elif style == "plain_helper":
         code.add("mask = None")
         code.add("if attention_mask is not None:")
         with code.indent():
-            code.add("mask = _prepare_4d_attention_mask(attention_mask, hidden_states.dtype, tgt_len=length)")
+            code.add(f"mask = {plain_call}")
     elif style == "extended":
         code.add("if attention_mask is None:")
         with code.indent():
             code.add("attention_mask = torch.ones(batch, past_length + length, device=input_ids.device)")
-        code.add("mask = self.get_extended_attention_mask(attention_mask, (batch, length))")
+        if own == "method":
+            code.add("mask = self.get_extended_attention_mask(attention_mask, (batch, length), input_ids.device, False)")
+        else:
+            code.add("mask = self.get_extended_attention_mask(attention_mask, (batch, length))")
     elif style == "manual_float":
         code.add("mask = None")
         code.add("if attention_mask is not None:")
@@ -1058,8 +1093,9 @@ def mask_lines(spec: Spec, code: Code) -> None:
     code.add("if encoder_attention_mask is not None:")
     with code.indent():
         if style in ("causal_helper", "plain_helper"):
+            flag = "False, " if own == "function" and style == "plain_helper" else ""
             code.add(
-                "encoder_mask = _prepare_4d_attention_mask(encoder_attention_mask, hidden_states.dtype, tgt_len=length)"
+                f"encoder_mask = _prepare_4d_attention_mask(encoder_attention_mask, {flag}hidden_states.dtype, tgt_len=length)"
             )
         elif style == "extended":
             code.add("encoder_mask = self.invert_attention_mask(encoder_attention_mask)")
@@ -1097,9 +1133,13 @@ def model_classes(spec: Spec, code: Code) -> None:
             code.add("self.norm = nn.LayerNorm(config.hidden_size)")
             code.add("self.post_init()")
         code.add("")
+        if spec.own_helper == "method":
+            own_extended_method(code)
         code.add(
             "def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=False, "
-            "encoder_hidden_states=None, encoder_attention_mask=None, head_mask=None, output_attentions=False):"
+            "encoder_hidden_states=None, encoder_attention_mask=None, head_mask=None, output_attentions=False"
+            + (", is_decoder=True" if spec.call_causal != "none" else "")
+            + "):"
         )
         with code.indent():
             code.add("batch, length = input_ids.shape")
@@ -1129,7 +1169,9 @@ def model_classes(spec: Spec, code: Code) -> None:
                     "hidden_states, present, weights = layer(hidden_states, attention_mask=mask, layer_past=layer_past, "
                     f"encoder_hidden_states=encoder_hidden_states, encoder_attention_mask={encoder}, "
                     "head_mask=head_mask[index], use_cache=use_cache, output_attentions=output_attentions, "
-                    f"position_bias=position_bias{band_keyword(spec)})"
+                    f"position_bias=position_bias{band_keyword(spec)}"
+                    + (", is_decoder=is_decoder" if spec.call_causal == "argument" else "")
+                    + ")"
                 )
                 code.add("if use_cache:")
                 with code.indent():
@@ -1322,6 +1364,46 @@ def band_keyword(spec: Spec) -> str:
     return ", key_mask=key_mask, band_mask=band_mask" if spec.sparse_sibling != "none" else ""
 
 
+def own_extended_method(code: Code) -> None:
+    """The model's own `get_extended_attention_mask`, with the signature of a BERT-derived Q-Former of another
+    library (the caller's `is_decoder` where transformers' takes a dtype)."""
+    code.add(
+        "def get_extended_attention_mask(self, attention_mask, input_shape, device, is_decoder, has_query=False):",
+        "    extended = attention_mask[:, None, None, :]",
+        "    if is_decoder:",
+        "        length = input_shape[1]",
+        "        past = attention_mask.shape[1] - length",
+        "        causal = torch.ones(length, past + length, device=device).tril(past)",
+        "        extended = causal[None, None, :, :] * extended",
+        "    extended = extended.to(dtype=self.dtype)",
+        "    return (1.0 - extended) * -10000.0",
+        "",
+    )
+
+
+def own_mask_function(spec: Spec, code: Code) -> None:
+    """A mask helper of another library under the name of the Transformers helper the mask style calls, with
+    another signature (a dtype where transformers' takes the embeddings, the caller's `is_decoder` first)."""
+    if spec.mask_style == "causal_helper":
+        code.add(
+            "def _prepare_4d_causal_attention_mask(attention_mask, input_shape, dtype, past_key_values_length):",
+            "    batch, length = input_shape",
+            "    keep = torch.ones(length, past_key_values_length + length, dtype=torch.bool).tril(past_key_values_length)",
+            "    keep = keep[None, None].expand(batch, 1, -1, -1)",
+            "    if attention_mask is not None:",
+            "        keep = keep & attention_mask[:, None, None, :].bool()",
+            "    return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)",
+        )
+    else:
+        code.add(
+            "def _prepare_4d_attention_mask(mask, is_decoder, dtype, tgt_len=None):",
+            "    expanded = mask[:, None, None, :].to(dtype)",
+            "    if tgt_len is not None:",
+            "        expanded = expanded.expand(-1, 1, tgt_len, -1)",
+            "    return (1.0 - expanded) * torch.finfo(dtype).min",
+        )
+
+
 def helper_function(code: Code) -> None:
     """A helper that adds a per-head, per-key bias to the scores it is given, whatever their layout (flat or per
     head)."""
@@ -1342,6 +1424,9 @@ def render(spec: Spec) -> str:
         header = HEADER
     code.lines.extend(header.format(description=spec.describe()).splitlines())
     code.add("", "")
+    if spec.own_helper == "function":
+        own_mask_function(spec, code)
+        code.add("", "")
     if any(kind == "helper" for kind, _ in spec.terms):
         helper_function(code)
         code.add("", "")

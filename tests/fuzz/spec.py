@@ -168,6 +168,18 @@ class Spec:
     # how a fill reads a 0/1 tensor (the causal buffer's slice, the padding mask): "natural" the existing forms
     # (boolean tensors only), else a comparison that makes a boolean of any dtype (`mask == 0`, `mask.eq(0)`, ...)
     compare: str = "natural"
+    # 4.x: a mask helper of another library with the name of Transformers' and another signature, defined in the file
+    # (a BERT-derived Q-Former's): "function" shadows the imported helper the mask style calls, with the caller's
+    # `is_decoder` before the dtype; "method" is the model's own `get_extended_attention_mask(self, attention_mask,
+    # input_shape, device, is_decoder, has_query=False)` (LAVIS's)
+    own_helper: str = "none"
+    # 4.x: causality chosen per call by an `is_decoder` argument of the model's forward (default True): "helper" picks
+    # the causal or the plain mask helper by it (BLIP's and LAVIS's text models), "argument" hands it down through the
+    # layer to the attention, whose causal fill runs under `if is_decoder:`
+    call_causal: str = "none"
+    # 4.x: the layer sets the implementation before it builds its attention: "shared" writes
+    # `config._attn_implementation = "eager"` into the model's config, "copy" into a copy of it
+    selection_override: str = "none"
 
     # -------------------------------------------------------------- derived facts
 
@@ -210,11 +222,14 @@ SPARSE_SIBLINGS = ("none", "own", "mask")
 STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
 BRANCH_OPS = ("none", "scale", "term")
-# products a method can compute from the query and key alone (no lengths or batch sizes of forward's)
+OWN_HELPERS = ("none", "function", "method")
+CALL_CAUSAL = ("none", "helper", "argument")
+SELECTION_OVERRIDES = ("none", "shared", "copy")
 # a causal buffer's and a padding mask's dtypes; the comparisons a fill makes of such a 0/1 tensor
 BUFFER_DTYPES = ("bool", "uint8", "float", "long")
 MASK_DTYPES = ("bool", "long", "float")
 COMPARES = ("natural", "eq0", "eq_method", "torch_eq", "ne0", "lt_half", "gt_half", "logical_not", "bool_cast")
+# products a method can compute from the query and key alone (no lengths or batch sizes of forward's)
 HELPER_PRODUCTS = ("matmul", "operator", "method", "einsum", "einsum_kt", "pretransposed", "permuted")
 
 
@@ -307,6 +322,9 @@ def draw(seed: int, family: str = "440") -> Spec:
         buffer_dtype=_pick(rng, BUFFER_DTYPES, (2, 1, 1, 1)),  # drawn last: the fields above keep their seeds
         mask_dtype=_pick(rng, MASK_DTYPES, (2, 1, 1)),
         compare=_pick(rng, COMPARES, (4, 1, 1, 1, 1, 1, 1, 1, 1)),
+        own_helper=_pick(rng, OWN_HELPERS, (6, 1, 1)),
+        call_causal=_pick(rng, CALL_CAUSAL, (5, 1, 2)),
+        selection_override=_pick(rng, SELECTION_OVERRIDES, (16, 1, 1)),
     )
     return normalise(spec)
 
@@ -434,7 +452,42 @@ def normalise(spec: Spec) -> Spec:
     booleans = changes.get("buffer_dtype", spec.buffer_dtype) == "bool" and changes.get("mask_dtype", spec.mask_dtype) == "bool"
     if compared and not booleans and changes.get("compare", spec.compare) == "natural":
         changes["compare"] = "eq0"  # a 0/1 tensor of another dtype is compared before it masks
+    changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
+
+
+def _wiring(spec: Spec, changes: dict[str, Any]) -> dict[str, Any]:
+    """The 4.x wiring axes where the skeleton can draw them: an own helper in place of the one the mask style calls,
+    causality from the call where the mask or a plain causal fill in forward carries it, and an override of the
+    implementation before a lookup keyed by `config._attn_implementation` (in a dict, or one the port writes)."""
+    out: dict[str, Any] = {}
+    style = changes.get("mask_style", spec.mask_style)
+    causal_by_call = spec.call_causal
+    if causal_by_call == "helper" and not (spec.family == "440" and spec.causal == "mask"):
+        causal_by_call = "none"
+    if causal_by_call == "argument" and not (
+        spec.family == "440"
+        and spec.causal == "buffer"
+        and changes.get("causal_guard", spec.causal_guard) == "plain"
+        and changes.get("placement", spec.placement) == "forward"
+        and not changes.get("own_flag_guard", spec.own_flag_guard)
+        and not changes.get("zero_masked", spec.zero_masked)
+    ):
+        causal_by_call = "none"  # the fill in forward, where the argument is; nothing reads its mask when it is off
+    if causal_by_call != spec.call_causal:
+        out["call_causal"] = causal_by_call
+    own = spec.own_helper
+    if own == "function" and not (spec.family == "440" and style in ("plain_helper", "causal_helper")):
+        own = "none"
+    if own == "method" and not (spec.family == "440" and style == "extended"):
+        own = "none"
+    if own != "none" and causal_by_call == "helper":
+        own = "none"  # the call picks between Transformers' two helpers
+    if own != spec.own_helper:
+        out["own_helper"] = own
+    if spec.selection_override != "none" and not (spec.family == "440" and spec.wiring in ("dict", "direct")):
+        out["selection_override"] = "none"
+    return out
 
 
 def _interface_family(spec: Spec) -> Spec:

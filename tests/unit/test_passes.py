@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import textwrap
 
 import libcst as cst
 import pytest
 
 from sdpa_port.analyse.cstutil import lay_out_call
+from sdpa_port.analyse.mask_helpers import MaskHelpers
+from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.names import ImportMap
 from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register, sub_models
 from sdpa_port.rewrite.cleanup import remove_dead
@@ -166,6 +169,7 @@ def test_insert_after_unknown_anchor_raises() -> None:
 
 MASKS_BEFORE = """
 from ...modeling_attn_mask_utils import _prepare_4d_attention_mask, _prepare_4d_causal_attention_mask
+from ...modeling_utils import PreTrainedModel
 
 
 class Decoder(PreTrainedModel):
@@ -177,10 +181,14 @@ class Decoder(PreTrainedModel):
 """
 
 
+def helpers_of(module: cst.Module) -> MaskHelpers:
+    return MaskHelpers.of(ModuleFacts.of(module, ast.parse(module.code)))
+
+
 def test_swap_mask_helpers() -> None:
     module = cst.parse_module(src(MASKS_BEFORE))
     plan = mask_helpers.MaskSwapPlan(causal=True, plain=True, extended=True, classes=frozenset({"Decoder"}))
-    result, report = mask_helpers.swap_mask_helpers(module, ImportMap.of(module), plan, {"Decoder"})
+    result, report = mask_helpers.swap_mask_helpers(module, helpers_of(module), plan, {"Decoder"})
     text = result.code
     assert (
         'if self.config._attn_implementation == "sdpa" and not output_attentions and head_mask is None:\n'
@@ -213,15 +221,15 @@ def test_swap_mask_helpers_leaves_a_swap_already_made() -> None:
     again (that changed the copy, and the marker was lost)."""
     module = cst.parse_module(src(MASKS_BEFORE))
     plan = mask_helpers.MaskSwapPlan(causal=True, plain=True, extended=True, classes=frozenset({"Decoder"}))
-    once, report = mask_helpers.swap_mask_helpers(module, ImportMap.of(module), plan, {"Decoder"})
-    twice, again = mask_helpers.swap_mask_helpers(once, ImportMap.of(once), plan, {"Decoder"})
+    once, report = mask_helpers.swap_mask_helpers(module, helpers_of(module), plan, {"Decoder"})
+    twice, again = mask_helpers.swap_mask_helpers(once, helpers_of(once), plan, {"Decoder"})
     assert len(report.swapped) == 3 and again.swapped == [] and twice.code == once.code
 
 
 def test_swap_mask_helpers_respects_plan() -> None:
     module = cst.parse_module(src(MASKS_BEFORE))
     plan = mask_helpers.MaskSwapPlan(causal=False, plain=False, extended=False, classes=frozenset({"Decoder"}))
-    result, report = mask_helpers.swap_mask_helpers(module, ImportMap.of(module), plan, {"Decoder"})
+    result, report = mask_helpers.swap_mask_helpers(module, helpers_of(module), plan, {"Decoder"})
     assert result.code == module.code and not report.swapped
 
 

@@ -38,15 +38,22 @@ class TinyLayer(nn.Module):
         super().__init__()
         self.attn = TINY_ATTENTION_CLASSES[config._attn_implementation](config.hidden_size, 4{causal})
 
+    def forward(self, hidden_states, attention_mask=None):
+        return self.attn(hidden_states, hidden_states, hidden_states, attention_mask)
+
 
 class TinyPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
 
 
 class TinyModel(TinyPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.layer = TinyLayer(config)
+
     def forward(self, input_ids, attention_mask=None, head_mask=None, output_attentions=False):
         mask = _prepare_4d_causal_attention_mask(attention_mask, input_ids.shape, input_ids, 0)
-        return mask
+        return self.layer(input_ids, mask)
 '''
 
 
