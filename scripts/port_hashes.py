@@ -5,7 +5,8 @@
 
 Each release's wheel is downloaded (`pip download --no-deps`) into `--wheels` and read without installing it; every
 `modeling_*.py` and `modular_*.py` of it is ported with `port_source` (the pure API, no file written, no torch) and
-its status, reasons and ported source are hashed. `--compare` prints each file whose hash differs and exits 1 if any
+its status, reasons and ported source are hashed, ported for the release it belongs to (read from the
+wheel's own sources). `--compare` prints each file whose hash differs and exits 1 if any
 does.
 """
 
@@ -20,13 +21,15 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from sdpa_port import port_source
+from sdpa_port.discover.release import target_release
 from sdpa_port.edge.wheels import extract_tree, wheel_path
 
 CACHE = Path(__file__).resolve().parents[1] / ".cache"
 
 
 def _port(path: str) -> tuple[str, dict[str, str]]:
-    result = port_source(Path(path).read_text(encoding="utf-8"), filename=Path(path).name)
+    source = Path(path).read_text(encoding="utf-8")
+    result = port_source(source, filename=Path(path).name, release=target_release(Path(path)))
     digest = hashlib.sha256(result.source.encode()).hexdigest()[:16]
     reasons = hashlib.sha256("\n".join((*result.reasons, *result.warnings)).encode()).hexdigest()[:16]
     return path, {"status": result.status.value, "source": digest, "reasons": reasons}

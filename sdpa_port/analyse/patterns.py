@@ -15,7 +15,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
-from sdpa_port.analyse.cstutil import binary, is_docstring, parenthesized, precedence, primary, replace_names
+from sdpa_port.analyse.cstutil import all_assigned_names, binary, is_docstring, parenthesized, precedence, primary, replace_names
 
 SOFTMAX_FUNCTIONS = frozenset({"torch.nn.functional.softmax", "torch.softmax", "torch.Tensor.softmax"})
 SOFTMAX_MODULES = frozenset({"torch.nn.Softmax"})
@@ -856,6 +856,14 @@ def reshape_args(node: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst
         return None
     assert isinstance(node, cst.Call)
     return found[0], list(node.args)
+
+
+def function_names(function: cst.FunctionDef) -> set[str]:
+    """Every name read or assigned in a function, parameters included."""
+    names = walk_names(function.body) | all_assigned_names([function.body])
+    names.update(param.name.value for param in function.params.params)
+    names.update(param.name.value for param in function.params.kwonly_params)
+    return names
 
 
 def walk_names(node: cst.CSTNode) -> set[str]:

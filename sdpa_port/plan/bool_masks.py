@@ -23,7 +23,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse.mask_flow import Kind, MaskFlow, Origin, none_comparison
-from sdpa_port.analyse.trace import Fill
+from sdpa_port.analyse.chain import Fill
 
 FINFO_MIN = m.Attribute(
     value=m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.Name("finfo"))), attr=m.Name("min")

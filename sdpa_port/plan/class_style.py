@@ -31,7 +31,8 @@ from sdpa_port.render import render_module
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register, sub_models
 from sdpa_port.rewrite.sdpa_body import MaskContract
-from sdpa_port.rewrite.sdpa_forward import ForwardPlan, build_sdpa_forward
+from sdpa_port.analyse.sdpa_side import SdpaSide, read_sdpa_side
+from sdpa_port.rewrite.sdpa_forward import build_sdpa_forward
 
 CAUSAL_CONTRACT = "self.is_causal"
 
@@ -50,7 +51,7 @@ class SdpaClassPlan:
     name: str
     registration: Registration
     forward: cst.FunctionDef
-    fallback: ForwardPlan
+    side: SdpaSide  # what the SDPA forward runs: the flags and arguments that send it back to eager
 
 
 @dataclass
@@ -388,11 +389,12 @@ def _build_forwards(
     for analysis, name, registration in registrations:
         contract = contracts.get(analysis.class_name, MaskContract())
         try:
-            forward, fallback = build_sdpa_forward(facts, analysis, contract)
+            side = read_sdpa_side(facts, analysis)
+            forward = build_sdpa_forward(facts, side, contract)
         except Refuse as error:
             line = analysis.sites[0].line if analysis.sites else 0
             return error.placed(analysis.class_name, line)
-        out.append(SdpaClassPlan(analysis, name, registration, forward, fallback))
+        out.append(SdpaClassPlan(analysis, name, registration, forward, side))
     return out
 
 
@@ -455,7 +457,7 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
     for item in plan.classes:
         module = insert_classes.insert_after(module, item.analysis.class_name, [sdpa_class(item, use_logger)])
         notes.append(f"added {item.name}({item.analysis.class_name})")
-        if not use_logger and (item.fallback.falsy or item.fallback.none):
+        if not use_logger and (item.side.falsy or item.side.none):
             needed.append(("warnings", None))
     for item in plan.classes:
         registration = item.registration
@@ -523,9 +525,9 @@ def _marks_causal_layers(facts: ModuleFacts, class_name: str) -> bool:
 
 def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
     forward = item.forward
-    parts = [*item.fallback.falsy, *(f"{name} is not None" for name in item.fallback.none)]
-    texts = [f"`{name}`" if "." in name else f"`{name}=True`" for name in item.fallback.falsy]
-    texts += [f"`{name}`" for name in item.fallback.none]
+    parts = [*item.side.falsy, *(f"{name} is not None" for name in item.side.none)]
+    texts = [f"`{name}`" if "." in name else f"`{name}=True`" for name in item.side.falsy]
+    texts += [f"`{name}`" for name in item.side.none]
     rendered = render_module(
         "class_style/sdpa_class.py.jinja",
         name=item.name,

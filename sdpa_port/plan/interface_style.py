@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse import trace as t
+from sdpa_port.analyse import chain as t
 from sdpa_port.analyse.cross import key_only_parameters, self_attention_test
 from sdpa_port.analyse.cstutil import all_assigned_names, block_body, code, is_pass, nodes_of_type, rebase_config
 from sdpa_port.analyse.flow import bound_before
@@ -30,7 +30,7 @@ from sdpa_port.analyse.mask_flow import MaskFlow
 from sdpa_port.analyse.masked_rows import row_safe
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.module_sites import Construction
-from sdpa_port.analyse.patterns import cast_operand, walk_names
+from sdpa_port.analyse.patterns import cast_operand, function_names, walk_names
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, one_side_helpers
 from sdpa_port.discover.release import Release
 from sdpa_port.discover.screen import Screen
@@ -65,8 +65,10 @@ from sdpa_port.rewrite.interface_body import (
     eager_body,
     parameter_name,
 )
-from sdpa_port.rewrite.sdpa_body import SideNames, function_names, whole_chain_branch
-from sdpa_port.rewrite.sdpa_forward import inline_helpers, keys_aligned_in, trace_sdpa_path
+from sdpa_port.rewrite.sdpa_body import SideNames, whole_chain_branch
+from sdpa_port.analyse.sdpa_path import SdpaPath, check_eager_function, read_sdpa_path
+from sdpa_port.analyse.sdpa_side import keys_aligned_in
+from sdpa_port.rewrite.sdpa_forward import inline_helpers
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 from sdpa_port.plan.bool_masks import AddInsteadOfFill, Converted, converted_fill, unconvert
 from sdpa_port.plan.kept_eager import split_refused
@@ -375,15 +377,15 @@ def _plan_module(
     if analysis.helpers:
         forward = inline_helpers(facts, analysis, forward)
     aligned = keys_aligned_in(facts, analysis)
-    result, candidate = trace_sdpa_path(facts, analysis.class_name, forward, aligned=aligned, known=alternatives)
-    _check_alternatives(forward, result, alternatives)
-    start = candidate.start
+    path = read_sdpa_path(facts, analysis.class_name, forward, aligned=aligned, known=alternatives)
+    _check_alternatives(forward, path, alternatives)
+    start = path.start
     assert start is not None
-    params = result.params
-    mask_param = _mask_parameter(candidate, params)
+    params = path.params
+    mask_param = _mask_parameter(path, params)
     unconverted: set[int] = set()  # lines of `create_*_mask(...).to(torch.bool)` whose conversion is dropped
     mask_setting: tuple[cst.BaseExpression, int] | None = None  # the setting under which the mask is added, and where
-    for op, _, line in candidate.ops:
+    for op, _, line in path.ops:
         if isinstance(op, t.Fill) and mask_param is not None and not row_safe(op, aligned):
             # transformers' sdpa combines a boolean attention mask with position_bias by replacement
             # (`where(mask, bias, min)`), not by addition: even an absorbing fill then differs in a row that
@@ -419,7 +421,7 @@ def _plan_module(
             mask_setting = (op.setting, line)
     own_forward = forward_of(facts.tree, [info.name for info in facts.mro(analysis.class_name)]) if facts.tree else None
     extended = extended_mask(own_forward, mask_param) if own_forward is not None and mask_param else None
-    queries, keys = candidate.operands()
+    queries, keys = path.operands
     cross = key_only_parameters(forward, keys, queries)
     if mask_setting is not None:
         _check_mask_setting(causality, analysis.class_name, mask_param, cross, *mask_setting)
@@ -444,7 +446,7 @@ def _plan_module(
             f"for eager alone: {why}",
             line=extended,
         )
-    moved = _operand_upcasts(forward, start) | _weights_bookkeeping(forward, result) | key_statements(forward, result, candidate)
+    moved = _operand_upcasts(forward, start) | _weights_bookkeeping(path) | key_statements(path)
     has_causal = bool(facts.find_attribute_values(analysis.class_name, "is_causal"))
     causal_value: str | None = None
     causal_sites: CausalSites | None = None
@@ -463,7 +465,7 @@ def _plan_module(
             elif (
                 error.reason.code in (Code.CAUSAL_PINNED, Code.CAUSAL_CONTRADICTED)
                 and mask_param is not None
-                and _causality_in_chain(facts, causality, analysis.class_name, mask_param, cross, candidate)
+                and _causality_in_chain(facts, causality, analysis.class_name, mask_param, cross, path)
             ):
                 not_causal = True
             else:
@@ -499,7 +501,7 @@ def _plan_module(
         mask_setting=code(mask_setting[0]) if mask_setting is not None else None,
         fold_function=fold_function,
     )
-    statements, part, emitter, body = _emit(forward, result, candidate, options)
+    statements, part, emitter, body = _emit(path, options)
     if emitter.folded and _claims_reaching(facts, causality, analysis.class_name):
         raise Refuse(
             Code.TERMS_IN_MASK,
@@ -509,7 +511,7 @@ def _plan_module(
         )
     if emitter.folded and mask_param is not None:
         # the mask handed over carries the terms: the eager function takes its own (as built) by keyword
-        statements, part, emitter, body = _emit(forward, result, candidate, replace(options, mask_by_keyword=True))
+        statements, part, emitter, body = _emit(path, replace(options, mask_by_keyword=True))
     if not emitter.dispatched:
         raise Refuse(Code.NOT_EXTRACTABLE, "the product with V was not reached on the dispatch path")
     if emitter.eager_mask_tests and emitter.eager_mask.build_always:
@@ -518,7 +520,7 @@ def _plan_module(
             KeptMasks(analysis.class_name, emitter.eager_mask.build_always, (), beside=emitter.eager_mask_tests[0])
         )
     body = remove_dead(body, emitter.removed_reads, facts.imports)
-    body = _bind_handed_values(forward, result, part.free, body)
+    body = _bind_handed_values(path, part.free, body)
     new_forward = forward.with_changes(body=forward.body.with_changes(body=body))
     if extension is not None:
         assert mask_param is not None
@@ -573,19 +575,19 @@ def _plan_module(
 
 
 def _emit(
-    forward: cst.FunctionDef, result: t.TraceResult, candidate: t.Candidate, options: InterfaceOptions
+    path: SdpaPath, options: InterfaceOptions
 ) -> tuple[list[cst.BaseStatement], EagerPart, InterfaceEmitter, list[cst.BaseStatement]]:
     """The eager function's statements and forward's new body, with the emitter that wrote it."""
-    statements, part = eager_body(forward, result, candidate, options)
-    emitter = InterfaceEmitter(result, candidate, options)
+    statements, part = eager_body(path, options)
+    emitter = InterfaceEmitter(path, options)
     emitter.eager = part
-    if candidate.start is not None and candidate.start.rank == 3 and emitter.layout.heads is None:
+    if path.start is not None and path.start.rank == 3 and emitter.layout.heads is None:
         raise Refuse(
             Code.LAYOUT,
             "the flat (batch * heads) layout is never viewed per head, so it cannot be handed to the interface as "
             "(batch, heads, length, dim)",
         )
-    return statements, part, emitter, emitter.emit(block_body(forward.body))
+    return statements, part, emitter, emitter.emit(block_body(path.function.body))
 
 
 def _causality_in_chain(
@@ -594,7 +596,7 @@ def _causality_in_chain(
     class_name: str,
     mask_param: str,
     cross: Sequence[str],
-    candidate: t.Candidate,
+    path: SdpaPath,
 ) -> bool:
     """A module whose `self.is_causal` says True (a literal, or `is_causal=True` where it is built) while no causal
     mask ever reaches it: eager's causality is the chain's own, a causal buffer filled in it or none, and the
@@ -605,7 +607,7 @@ def _causality_in_chain(
     not serve it (an attention-classes dict gives flash another class, and the class is built through one only)."""
     if bidirectional_only(causality.flow, class_name, mask_param, cross) is not None:
         return False
-    if not any(isinstance(op, t.Fill) for op, _, _ in candidate.ops):
+    if not any(isinstance(op, t.Fill) for op in path.chain_ops):
         return True
     if not _other_implementations(facts, FLASH):
         return True
@@ -652,7 +654,7 @@ def _check_mask_setting(
         )
 
 
-def _check_alternatives(forward: cst.FunctionDef, result: t.TraceResult, alternatives: Known) -> None:
+def _check_alternatives(forward: cst.FunctionDef, path: SdpaPath, alternatives: Known) -> None:
     """The trace left out the sides of `alternatives` that do not compute the attention, and forward keeps them as
     written: each comparison must be the test of an `if` one branch of which holds the whole computation, and that
     branch must be the side traced."""
@@ -679,7 +681,7 @@ def _check_alternatives(forward: cst.FunctionDef, result: t.TraceResult, alterna
     for read in reads:
         chooser = deciding.get(id(read))
         decided = None if chooser is None else decide(chooser.test, alternatives)
-        branch = None if chooser is None else whole_chain_branch(chooser, result.plans)
+        branch = None if chooser is None else whole_chain_branch(chooser, path.plans)
         if decided is None or branch is None or (branch is chooser) is not decided:
             raise Refuse(
                 Code.HEAD_MASK_INTERFACE,
@@ -728,13 +730,12 @@ def _converted(
     return converted_fill(causality.flow, class_name, mask_param, fill, traced)
 
 
-def _bind_handed_values(
-    forward: cst.FunctionDef, result: t.TraceResult, free: list[str], body: list[cst.BaseStatement]
-) -> list[cst.BaseStatement]:
+def _bind_handed_values(path: SdpaPath, free: list[str], body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
     """Values forward hands to the eager function that only some paths assign (a term computed under a flag) are
     bound to None first: the eager function reads them on those paths only, and the dispatch must not fail on the
     others."""
-    output = next((small for small, plan in _output_smalls(forward, result)), None)
+    forward = path.function
+    output = next((small for small, plan in _output_smalls(path)), None)
     params = {p.name.value for p in [*forward.params.params, *forward.params.kwonly_params, *forward.params.posonly_params]}
     bound = bound_before(block_body(forward.body), output) if output is not None else None
     if bound is None:
@@ -747,17 +748,17 @@ def _bind_handed_values(
     return [*body[:start], *bindings, *body[start:]]
 
 
-def _output_smalls(forward: cst.FunctionDef, result: t.TraceResult) -> list[tuple[cst.CSTNode, t.StmtPlan]]:
+def _output_smalls(path: SdpaPath) -> list[tuple[cst.CSTNode, t.StmtPlan]]:
     found: list[tuple[cst.CSTNode, t.StmtPlan]] = []
 
     class Find(cst.CSTVisitor):
         def on_visit(self, node: cst.CSTNode) -> bool:
-            plan = result.plans.get(node)
+            plan = path.plans.get(node)
             if isinstance(plan, t.OutputStmt):
                 found.append((node, plan))
             return True
 
-    forward.body.visit(Find())
+    path.function.body.visit(Find())
     return found
 
 
@@ -820,13 +821,13 @@ def _check_causal_attribute(facts: ModuleFacts, class_name: str, causality: "Cau
         )
 
 
-def _mask_parameter(candidate: t.Candidate, params: tuple[str, ...]) -> str | None:
+def _mask_parameter(path: SdpaPath, params: tuple[str, ...]) -> str | None:
     """The forward parameter added to the scores as the attention mask (`mask` or `mask.to(dtype)`).
 
     It goes to the implementation positionally: transformers' mask builders give eager a float mask and sdpa a
     boolean mask or None, so each implementation must receive the mask built for it.
     """
-    for op, _, _ in candidate.ops:
+    for op in path.chain_ops:
         if isinstance(op, t.AddTerm):
             name = cast_operand(op.term)
             if name is not None and name in params and "mask" in name:
@@ -844,14 +845,15 @@ def _operand_upcasts(function: cst.FunctionDef, start: t.Start) -> frozenset[cst
     return frozenset(finder.found)
 
 
-def _weights_bookkeeping(function: cst.FunctionDef, result: t.TraceResult) -> frozenset[cst.CSTNode]:
+def _weights_bookkeeping(path: SdpaPath) -> frozenset[cst.CSTNode]:
     """`attn_weights_reshaped = None` beside the chain: the weights the eager function returns are set there too."""
-    names = result.probs_names_after_output
+    function = path.function
+    names = path.probs_after_output
     found: set[cst.CSTNode] = set()
 
     class Find(cst.CSTVisitor):
         def visit_Assign(self, node: cst.Assign) -> None:
-            plan = result.plans.get(node)
+            plan = path.plans.get(node)
             if isinstance(plan, (t.ChainStmt, t.OutputStmt)):
                 return
             targets = {n for target in node.targets for n in walk_names(target.target)}
@@ -1095,13 +1097,7 @@ def _check_eager_function(facts: ModuleFacts, class_name: str, function_name: st
     function = facts.functions.get(function_name)
     if function is None:
         raise Refuse(Code.EAGER_FUNCTION, f"its eager function `{function_name}` is not defined in this file", class_name)
-    result = t.Tracer(facts, None, function).run()
-    attention = result.attention()
-    if len(attention) != 1:
-        raise Refuse(Code.EAGER_FUNCTION, f"`{function_name}` is not recognised as one attention computation", class_name)
-    poison = attention[0].poison
-    if poison is not None:
-        raise Refuse(poison.code, f"`{function_name}`: {poison.detail}", class_name, attention[0].poison_line)
+    check_eager_function(facts, function, function_name, class_name)
 
 
 def _eager_function_name(class_name: str, facts: ModuleFacts, count: int, used: dict[str, str]) -> str:

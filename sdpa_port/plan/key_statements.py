@@ -11,20 +11,21 @@ from typing import Iterator, Sequence
 
 import libcst as cst
 
-from sdpa_port.analyse import trace as t
+from sdpa_port.analyse import chain as t
 from sdpa_port.analyse.cstutil import assigned_names, block_body, if_chain
 from sdpa_port.analyse.patterns import walk_names
+from sdpa_port.analyse.sdpa_path import SdpaPath
 
 
-def key_statements(forward: cst.FunctionDef, result: t.TraceResult, candidate: t.Candidate) -> frozenset[cst.CSTNode]:
+def key_statements(path: SdpaPath) -> frozenset[cst.CSTNode]:
     """Assignments computed from the key operand, and `if ...: raise` checks reading them, between the key's last
     assignment and the product with V, whose values forward itself does not read elsewhere (the dispatch reads what
     the chain's operations hand over: terms, scale, dropout, operands)."""
-    start = candidate.start
+    start = path.start
     assert start is not None
     keys = walk_names(start.key) - {"self"}
-    walked = list(_walk(block_body(forward.body)))
-    output = next((i for i, node in enumerate(walked) if isinstance(result.plans.get(node), t.OutputStmt)), None)
+    walked = list(_walk(block_body(path.function.body)))
+    output = next((i for i, node in enumerate(walked) if isinstance(path.plans.get(node), t.OutputStmt)), None)
     if output is None or not keys:
         return frozenset()
     last_key = max(
@@ -34,7 +35,7 @@ def key_statements(forward: cst.FunctionDef, result: t.TraceResult, candidate: t
     derived = set(keys)
     moved: list[cst.CSTNode] = []
     for node in walked[last_key + 1 : output]:
-        if result.plans.get(node) is not None:
+        if path.plans.get(node) is not None:
             continue
         if isinstance(node, cst.Assign):
             targets = _targets(node)
@@ -48,11 +49,11 @@ def key_statements(forward: cst.FunctionDef, result: t.TraceResult, candidate: t
     # a moved value that forward still reads afterwards (outside the chain and the moved statements) must stay
     first = walked.index(moved[0])
     values = {name for node in moved for name in _targets(node)}
-    if values & _handed_over(candidate):
+    if values & _handed_over(path):
         return frozenset()
     inside = {inner for node in moved if isinstance(node, cst.If) for inner in _walk([node])}
     for node in walked[first:]:
-        if node in inside or isinstance(result.plans.get(node), (t.ChainStmt, t.OutputStmt)):
+        if node in inside or isinstance(path.plans.get(node), (t.ChainStmt, t.OutputStmt)):
             continue
         if _reads(node) & values:
             return frozenset()
@@ -80,10 +81,10 @@ def _targets(node: cst.CSTNode) -> set[str]:
     return set()
 
 
-def _handed_over(candidate: t.Candidate) -> set[str]:
+def _handed_over(path: SdpaPath) -> set[str]:
     """Names the dispatch in forward reads through the chain's operations."""
     names: set[str] = set()
-    for op, _, _ in candidate.ops:
+    for op in path.chain_ops:
         parts: list[cst.CSTNode | None] = []
         match op:
             case t.Start():

@@ -16,9 +16,10 @@ from typing import Callable, Sequence
 
 import libcst as cst
 
-from sdpa_port.analyse import trace as t
+from sdpa_port.analyse import chain as t
 from sdpa_port.analyse.cstutil import assigned_names, assignment, block_body, code, if_chain, replace_names, replace_nodes
 from sdpa_port.analyse.patterns import cast_operand, inverse, permuted, then, walk_names
+from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.render import render_statements
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.analyse.cstutil import primary
@@ -92,10 +93,10 @@ class EagerPart:
 
 
 class InterfaceEmitter(SdpaEmitter):
-    def __init__(self, result: t.TraceResult, candidate: t.Candidate, options: InterfaceOptions) -> None:
-        super().__init__(result, candidate, EmitOptions(options.names))
+    def __init__(self, path: SdpaPath, options: InterfaceOptions) -> None:
+        super().__init__(path, EmitOptions(options.names))
         self.interface = options
-        self.other_streams = result.other_streams
+        self.other_streams = path.other_streams
         self.eager = EagerPart()
         self.dispatched = False
         self.position_bias = False  # the dispatch hands additive terms over as `position_bias`
@@ -379,11 +380,11 @@ def parameter_name(name: str) -> str:
 class _Filter(StatementWalker):
     """Keep the chain statements (and the statements moved with them) in their control-flow skeleton."""
 
-    def __init__(self, result: t.TraceResult, moved: frozenset[cst.CSTNode]) -> None:
-        self.plans = result.plans
-        self.dropped_ifs = result.dropped_ifs
+    def __init__(self, path: SdpaPath, moved: frozenset[cst.CSTNode]) -> None:
+        self.plans = path.plans
+        self.dropped_ifs = path.dropped_ifs
         self.moved = moved
-        self.others = result.other_streams  # the eager function computes the first stream alone
+        self.others = path.other_streams  # the eager function computes the first stream alone
         self.output: t.OutputStmt | None = None
         self.output_small: cst.BaseSmallStatement | None = None
 
@@ -418,13 +419,13 @@ class _Filter(StatementWalker):
         return []
 
 
-def _handed_operands(candidate: t.Candidate) -> dict[cst.CSTNode, cst.CSTNode]:
+def _handed_operands(path: SdpaPath) -> dict[cst.CSTNode, cst.CSTNode]:
     """Where each branch computes its own product (`Tracer.alternatives`), the dispatch in a branch hands over that
     branch's operands: a product reading plain names reads the `query` and `key` handed over instead (the names
     themselves may differ in the other branches). A product of operands built (joined blocks) or permuted reads its
     names as written, passed on from forward."""
     mapping: dict[cst.CSTNode, cst.CSTNode] = {}
-    for op, _, _ in candidate.ops:
+    for op in path.chain_ops:
         if isinstance(op, t.Start) and not op.joined and op.orders == (None, None) and op.operands is None:
             if isinstance(op.query, cst.Name) and isinstance(op.key, cst.Name):
                 mapping[op.query] = cst.Name("__sdpa_port_query__")  # restored once the free names are read
@@ -432,15 +433,14 @@ def _handed_operands(candidate: t.Candidate) -> dict[cst.CSTNode, cst.CSTNode]:
     return mapping
 
 
-def eager_body(
-    function: cst.FunctionDef, result: t.TraceResult, candidate: t.Candidate, options: InterfaceOptions
-) -> tuple[list[cst.BaseStatement], EagerPart]:
+def eager_body(path: SdpaPath, options: InterfaceOptions) -> tuple[list[cst.BaseStatement], EagerPart]:
     """The eager function's statements: operand adapters, the chain as written (self -> module), the return."""
-    fil = _Filter(result, options.moved)
+    function = path.function
+    fil = _Filter(path, options.moved)
     statements = fil.block(block_body(function.body))
     if fil.output is None or fil.output_small is None:
         raise Refuse(Code.NOT_EXTRACTABLE, "the product with V was not found on the eager path")
-    start = candidate.start
+    start = path.start
     assert start is not None
     output = fil.output.output
     part = EagerPart()
@@ -461,9 +461,9 @@ def eager_body(
     orders = (*start.orders, output.value_order)
     operands = (start.query, start.key, output.value)
     restore: dict[str, cst.BaseExpression] = {}  # placeholders of operands written as expressions
-    alternatives = candidate.branched()
+    alternatives = path.branched
     if alternatives:
-        statements = [replace_nodes(s, _handed_operands(candidate)) for s in statements]
+        statements = [replace_nodes(s, _handed_operands(path)) for s in statements]
         for parameter in ("query", "key"):
             restore[f"__sdpa_port_{parameter}__"] = cst.Name(parameter)
             provided.add(f"__sdpa_port_{parameter}__")
@@ -501,12 +501,12 @@ def eager_body(
     if renames:
         body = [replace_names(s, renames) for s in body]
     body = [*adapters, *(replace_names(s, restore) for s in body)]
-    weights = sorted(result.probs_names_after_output)
+    weights = sorted(path.probs_after_output)
     returned = weights[0] if weights else "None"
-    if weights and result.other_streams:
+    if weights and path.other_streams:
         # the weights forward returns may belong to another stream: the eager function returns its own stream's,
         # the probabilities its product takes (each stream's are made the same way), where forward returns those
-        products = [plan for plan in result.plans.values() if isinstance(plan, t.OutputStmt)]
+        products = [plan for plan in path.plans.values() if isinstance(plan, t.OutputStmt)]
         probabilities = output.product.left
         if not isinstance(probabilities, cst.Name) or any(
             not any(name in plan.holders for plan in products) for name in weights
@@ -518,7 +518,7 @@ def eager_body(
             )
         returned = probabilities.value
     if output.rank == 3:
-        heads = _heads_in_eager(candidate)
+        heads = _heads_in_eager(path)
         if heads is None:
             raise Refuse(Code.LAYOUT, "the flat (batch * heads) layout cannot be split back into heads")
         # an einsum's flat layout (`...->qbd`) to (batch * heads, query, dim), split into heads, handed back
@@ -538,8 +538,8 @@ _IN_PLACE = (0, 1, 2, 3)
 
 
 
-def _heads_in_eager(candidate: t.Candidate) -> str | None:
-    for op, _, _ in candidate.ops:
+def _heads_in_eager(path: SdpaPath) -> str | None:
+    for op in path.chain_ops:
         if isinstance(op, t.View) and op.heads is not None:
             module = {"self": cst.Name("module")}
             return f"{code(replace_names(op.heads[0], module))}, {code(replace_names(op.heads[1], module))}"

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import libcst as cst
 
-from sdpa_port.analyse import trace as t
+from sdpa_port.analyse import chain as t
 from sdpa_port.analyse.cstutil import (
     all_assigned_names,
     assigned_names,
@@ -32,6 +32,7 @@ from sdpa_port.analyse.cstutil import (
     replace_names,
     replace_nodes,
 )
+from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.analyse.patterns import DropoutCall, cast_operand, inverse, least_rank, permuted, walk_names
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module, render_statements
@@ -155,13 +156,12 @@ class EmitOptions:
 class SdpaEmitter(StatementWalker):
     def __init__(
         self,
-        result: t.TraceResult,
-        candidate: t.Candidate,
+        path: SdpaPath,
         options: EmitOptions,
     ) -> None:
-        self.plans = result.plans
-        self.dropped_ifs = result.dropped_ifs
-        self.candidate = candidate
+        self.plans = path.plans
+        self.dropped_ifs = path.dropped_ifs
+        self.path = path
         self.options = options
         self.names = options.names
         self.state = _State()
@@ -169,15 +169,15 @@ class SdpaEmitter(StatementWalker):
         self.query: cst.BaseExpression | None = None
         self.key: cst.BaseExpression | None = None
         self.start: t.Start | None = None
-        self.probs_after_output = result.probs_names_after_output
+        self.probs_after_output = path.probs_after_output
         self.layout = self.decide_layout()
         # scores laid out otherwise than (batch, heads, query, key): what is added to them is permuted to SDPA's mask
-        start = candidate.start
+        start = path.start
         self.scores_layout = start.layout if start is not None else None
         # the 5-D shape the scores are viewed as, and their rank before
         self.regrouped: tuple[tuple[cst.BaseExpression, ...], int | None] | None = None
         # query and key are float32 copies: run SDPA in float32 and cast the result back, as eager does
-        self.upcast = any(isinstance(op, t.Start) and op.operands_upcast for op, _, _ in candidate.ops)
+        self.upcast = any(isinstance(op, t.Start) and op.operands_upcast for op in path.chain_ops)
         # names read by the statements the rewrite removed: their definitions may now be dead
         self.removed_reads: set[str] = set()
         self.shifted = False  # the row's maximum was subtracted from the scores (`Shift`)
@@ -188,14 +188,14 @@ class SdpaEmitter(StatementWalker):
         """The SDPA code of a function body: the walk, with the query handed to SDPA named where an operation read
         the scores' dtype or device through it (`trace.HANDED_QUERY`)."""
         body = self.block(statements)
-        if self.query is None or not self.candidate.built():
+        if self.query is None or not self.path.built:
             return body
         return [replace_names(s, {t.HANDED_QUERY: self.query_root()}) for s in body]
 
     # -------------------------------------------------------------- layout
 
     def decide_layout(self) -> Layout:
-        ops = _outside_regroupings([op for op, _, _ in self.candidate.ops])
+        ops = _outside_regroupings(self.path.chain_ops)
         start = ops[0]
         assert isinstance(start, t.Start)
         output = ops[-1]
@@ -208,7 +208,7 @@ class SdpaEmitter(StatementWalker):
             if heads is None:
                 raise Refuse(Code.LAYOUT, "the scores are reshaped to 4-D but the batch and head sizes cannot be read")
             names = walk_names(heads[0]) | walk_names(heads[1])
-            if names & self.candidate.names_assigned_after_start:
+            if names & self.path.names_assigned_after_start:
                 raise Refuse(Code.LAYOUT, "the batch or head size is reassigned inside the attention computation")
             value_rank = output.rank if output.rank is not None else 4
             return Layout(heads, value_rank == 3, value_rank == 3)
@@ -402,7 +402,7 @@ class SdpaEmitter(StatementWalker):
             if isinstance(plan, t.ChainStmt):
                 for op in plan.ops:
                     if isinstance(op, t.Start):
-                        if self.candidate.branched():
+                        if self.path.branched:
                             continue  # each branch computes its own product: it names its operands (`start_chain`)
                         raise Refuse(Code.CONDITIONAL, "the query-key product is computed under a condition", line=plan.line)
                     if isinstance(op, t.Scale):
@@ -583,10 +583,10 @@ class SdpaEmitter(StatementWalker):
         self.start = op
         self.query, self.key = op.query, op.key
         out: list[cst.BaseStatement] = []
-        rebound = self.candidate.names_assigned_after_start
+        rebound = self.path.names_assigned_after_start
         # an operand laid out for SDPA (an einsum's) or built (a joined matrix's) is named once: shapes and dtypes are
         # read from it; where branches each compute their own product, each names its operands the same
-        built = self.candidate.built()
+        built = self.path.built
         if walk_names(op.query) & rebound or op.orders[0] is not None or built:
             out.append(assignment(self.names.query, op.query))
             self.query = cst.Name(self.names.query)
@@ -1117,11 +1117,3 @@ def _dropout_expression(call: DropoutCall) -> cst.BaseExpression:
     if isinstance(training, cst.Name) and training.value == "False":
         return cst.Float("0.0")
     return cst.IfExp(test=training, body=call.probability, orelse=cst.Float("0.0"))
-
-
-def function_names(function: cst.FunctionDef) -> set[str]:
-    """Every name read or assigned in a function, parameters included."""
-    names = walk_names(function.body) | all_assigned_names([function.body])
-    names.update(param.name.value for param in function.params.params)
-    names.update(param.name.value for param in function.params.kwonly_params)
-    return names
