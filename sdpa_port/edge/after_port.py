@@ -28,7 +28,7 @@ def verify_port(input_path: Path, original_source: str, result: PortResult) -> V
     This imports torch and transformers and executes both modeling files.
     """
     from sdpa_port.verify.auto import verify_pair
-    from sdpa_port.verify.drive import Unverified
+    from sdpa_port.verify.unverified import Unverified
     from sdpa_port.verify.loader import load_source_in_package
 
     package = package_of(input_path)

@@ -10,7 +10,8 @@ import typer
 from sdpa_port.edge.runner import Outcome, Summary
 from sdpa_port.result import Status
 
-NOT_VERIFIED = "not verified"  # how the checks name a model they could not drive (verify/drive.py, which needs torch)
+# how the checks name a model they could not drive (verify/unverified.py, which needs torch)
+NOT_VERIFIED = "not verified"
 
 
 def out(text: str, nl: bool = True) -> None:
