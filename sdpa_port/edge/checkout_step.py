@@ -15,7 +15,8 @@ from pathlib import Path
 
 from sdpa_port.api import port_source
 from sdpa_port.checkout.context import Checkout, find_checkout
-from sdpa_port.checkout.family import FamilyResult, Ported, keep_consistent, lost_markers, removed_markers
+from sdpa_port.checkout.family import FamilyResult, Ported, keep_consistent
+from sdpa_port.checkout.markers import lost_markers, removed_markers
 from sdpa_port.checkout.ruff import Ruff, RuffError, changed_lines, find_ruff
 from sdpa_port.checkout.tree import Directory, Overlay
 from sdpa_port.edge.files import atomic_write
