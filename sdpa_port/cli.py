@@ -77,9 +77,10 @@ def port(
     missing torch for --verify or internal error, 3 refused. Benchmarks: `sdpa-port bench --help`.
     """
     from sdpa_port.edge.files import InputError, discover
+    from sdpa_port.edge.outcome import RunOptions
     from sdpa_port.edge.progress import progress_bar
     from sdpa_port.edge.report import out, print_outcome, print_summary, print_unverified_beside
-    from sdpa_port.edge.runner import RunOptions, run
+    from sdpa_port.edge.runner import run
     from sdpa_port.edge.trust import MissingDependency, decide
 
     try:

@@ -20,7 +20,7 @@ from sdpa_port.checkout.markers import lost_markers, removed_markers
 from sdpa_port.checkout.ruff import Ruff, RuffError, changed_lines, find_ruff
 from sdpa_port.checkout.tree import Directory, Overlay
 from sdpa_port.edge.files import atomic_write
-from sdpa_port.edge.runner import Outcome, RunOptions
+from sdpa_port.edge.outcome import Outcome, RunOptions
 from sdpa_port.edge.trust import COPIES, FAMILY
 from sdpa_port.result import PortResult, Status
 

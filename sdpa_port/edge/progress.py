@@ -6,7 +6,7 @@ import sys
 from collections import Counter
 from typing import Protocol, TextIO
 
-from sdpa_port.edge.runner import Outcome
+from sdpa_port.edge.outcome import Outcome
 from sdpa_port.result import Status
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import typer
 
-from sdpa_port.edge.runner import Outcome, Summary
+from sdpa_port.edge.outcome import Outcome, Summary
 from sdpa_port.result import Status
 
 # how the checks name a model they could not drive (verify/unverified.py, which needs torch)
