@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from sdpa_port.edge.command_help import Reflowed
 from sdpa_port.result import Status, Style
 
 port_app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
@@ -62,7 +63,7 @@ AsJson = Annotated[bool, typer.Option("--json", help="One JSON object per file o
 Jobs = Annotated[Optional[int], typer.Option("--jobs", "-j", help="Files processed in parallel (default: all cores).")]
 
 
-@port_app.command()
+@port_app.command(cls=Reflowed)
 def port(
     paths: Paths,
     output: Output = None,

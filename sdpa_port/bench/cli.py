@@ -10,6 +10,7 @@ import typer
 from sdpa_port.bench import options as option
 from sdpa_port.bench.options import Clock, Device, Malloc, Padding, clock_for, devices_for, parse_lengths, parse_phases
 from sdpa_port.bench.spec import DEFAULT_LENGTHS, BenchResult, Settings, Size
+from sdpa_port.edge.command_help import Reflowed
 
 bench_app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
 
@@ -18,7 +19,7 @@ def _say(message: str) -> None:
     typer.echo(message, err=True)
 
 
-@bench_app.command()
+@bench_app.command(cls=Reflowed)
 def bench(
     target: option.Target,
     lengths: option.Lengths = ",".join(map(str, DEFAULT_LENGTHS)),
