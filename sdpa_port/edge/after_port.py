@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from sdpa_port import __version__
 from sdpa_port.checkout.context import find_checkout
@@ -28,11 +26,12 @@ def verify_port(input_path: Path, original_source: str, result: PortResult) -> V
     This imports torch and transformers and executes both modeling files.
     """
     from sdpa_port.verify.auto import verify_pair
-    from sdpa_port.verify.unverified import Unverified
     from sdpa_port.verify.loader import load_source_in_package
+    from sdpa_port.verify.quiet import transformers_quiet
+    from sdpa_port.verify.unverified import Unverified
 
     package = package_of(input_path)
-    with tempfile.TemporaryDirectory(prefix="sdpa-port-verify-") as directory, _transformers_quiet():
+    with tempfile.TemporaryDirectory(prefix="sdpa-port-verify-") as directory, transformers_quiet():
         try:
             original = load_source_in_package(original_source, package, Path(directory), f"{input_path.stem}_original")
             ported = load_source_in_package(result.source, package, Path(directory), f"{input_path.stem}_ported")
@@ -43,20 +42,6 @@ def verify_port(input_path: Path, original_source: str, result: PortResult) -> V
     failed = any(not c.passed and not isinstance(c, Unverified) for c in checks)
     undriven = "; ".join(c.detail for c in checks if isinstance(c, Unverified)) if not (passed or failed) else None
     return Verification(passed, tuple(str(c) for c in checks), undriven)
-
-
-@contextmanager
-def _transformers_quiet() -> Iterator[None]:
-    """transformers' own warnings are about the tiny configs the checks build (`add is_decoder=True`), not the port:
-    errors only, while the checks run."""
-    from transformers.utils import logging
-
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(verbosity)
 
 
 def package_of(input_path: Path) -> str:
