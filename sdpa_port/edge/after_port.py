@@ -27,12 +27,13 @@ def verify_port(input_path: Path, original_source: str, result: PortResult) -> V
     """
     from sdpa_port.verify.auto import verify_pair
     from sdpa_port.verify.loader import load_source_in_package
+    from sdpa_port.verify.packages import package_for
     from sdpa_port.verify.quiet import transformers_quiet
     from sdpa_port.verify.unverified import Unverified
 
-    package = package_of(input_path)
     with tempfile.TemporaryDirectory(prefix="sdpa-port-verify-") as directory, transformers_quiet():
         try:
+            package = package_for(package_of(input_path), original_source, input_path)
             original = load_source_in_package(original_source, package, Path(directory), f"{input_path.stem}_original")
             ported = load_source_in_package(result.source, package, Path(directory), f"{input_path.stem}_ported")
             checks = verify_pair(original, ported)
@@ -45,7 +46,10 @@ def verify_port(input_path: Path, original_source: str, result: PortResult) -> V
 
 
 def package_of(input_path: Path) -> str:
-    """The transformers package a modeling file is loaded in: its model folder's (see `model_folder`)."""
+    """The transformers package a modeling file's folder names, tried first to load it in.
+
+    See `model_folder`; `verify.packages.package_for` checks it against the installed transformers.
+    """
     return f"transformers.models.{model_folder(input_path)}"
 
 
