@@ -1,4 +1,7 @@
-"""What follows a successful port at the edge: `--verify` (imports and runs the code) and writing parity tests."""
+"""What follows a successful port at the edge: verifying it and writing its parity test.
+
+Verifying imports and runs the code.
+"""
 
 from __future__ import annotations
 
@@ -61,8 +64,11 @@ NO_PARITY_TEST = (
 
 
 def write_parity_test(input_path: Path, written: Path, result: PortResult, tests_dir: Path | None) -> Path | None:
-    """Write the port's parity test; in a checkout, beside the model's own tests and built on its testers. None when
-    no test can be made for the file (`NO_PARITY_TEST` says why)."""
+    """Write the port's parity test, or return None when no test can be made for the file.
+
+    In a checkout the test goes beside the model's own tests, built on its testers. `NO_PARITY_TEST` says why there may
+    be none.
+    """
     style = result.style.value if result.style else "auto"
     checkout = find_checkout(input_path)
     tester_source = None

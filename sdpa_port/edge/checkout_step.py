@@ -105,8 +105,10 @@ def _one_checkout(
 
 
 def _regenerated(checkout: Checkout, outcome: Outcome) -> Outcome:
-    """Run the checkout's modular converter on the modular file the port was carried into: it must give back the
-    ported generated file. A different file is put back to the port and reported."""
+    """The outcome after running the checkout's modular converter on the modular file the port was carried into.
+
+    The converter must give back the ported generated file; a different file is put back to the port and reported.
+    """
     if not outcome.companions or outcome.written is None:
         return outcome
     modular = outcome.companions[0][0]
@@ -171,9 +173,12 @@ def _warnings(family: FamilyResult) -> tuple[str, ...]:
 
 
 def _formatted(ruff: Ruff, checkout: Checkout, outcome: Outcome) -> Outcome:
-    """The written file (and its companions) formatted with the checkout's pinned ruff, when the file was formatted
-    with it before the port: then formatting changes only lines the port wrote, as a contributor's `make style`
-    would. A file that was not formatted before is left as written (the review reports what ruff would change)."""
+    """The outcome with its files formatted by the checkout's pinned ruff, where they were formatted before.
+
+    The written file and its companions are formatted when the file was formatted with that ruff before the port: then
+    formatting changes only lines the port wrote, as a contributor's `make style` would. A file that was not formatted
+    before is left as written (the review reports what ruff would change).
+    """
     files = [(outcome.written, outcome.original)] if outcome.written is not None else []
     files.extend(outcome.companions)
     for path, before in files:

@@ -1,8 +1,8 @@
-"""Trees of transformers modeling files read out of a release wheel (for the corpus tests and the batch benchmark).
+"""Trees of transformers modeling files read out of a release wheel, for the corpus tests and benchmarks.
 
 A wheel is a zip file: nothing is installed or imported. An extracted tree is cached beside the wheel's cache and
-reused while the wheel is unchanged; it is written into a temporary folder first and renamed into place, so a cache
-is either complete or absent.
+reused while the wheel is unchanged; it is written into a temporary folder first and renamed into place, so a cache is
+either complete or absent.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ STAMP = ".sdpa-port-tree.json"
 
 
 class WheelError(Exception):
-    """No usable wheel (missing, unreadable, or without modeling files)."""
+    """No usable wheel: missing, unreadable, or without modeling files."""
 
 
 def wheel_path(directory: Path, version: str) -> Path:
@@ -29,7 +29,7 @@ def wheel_path(directory: Path, version: str) -> Path:
 
 
 def modeling_members(wheel: Path, modular: bool = False) -> list[str]:
-    """Paths in the wheel of its PyTorch modeling files (and modular files when asked), sorted."""
+    """The paths of the wheel's PyTorch modeling files, sorted, its modular files too when asked."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             names = archive.namelist()
@@ -74,7 +74,7 @@ def extract_tree(wheel: Path, cache: Path, modular: bool = False) -> Path:
 
 
 def copy_tree(root: Path, destination: Path) -> Path:
-    """A writable copy of an extracted tree (its `transformers/models` part), for a run that ports in place."""
+    """A writable copy of an extracted tree's `transformers/models` part, for a run that ports in place."""
     shutil.copytree(root / MODELS, destination / MODELS)
     return destination
 
