@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from sdpa_port.edge.command_help import Reflowed
 from sdpa_port.result import Status, Style
 
 port_app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,43 +25,56 @@ def _fail(message: str) -> "typer.Exit":
     return typer.Exit(2)
 
 
-@port_app.command()
+# the command's arguments and options, declared once here so that `port` reads as what it does
+Paths = Annotated[
+    list[Path],
+    typer.Argument(help="Modeling files, directories, or model names of the installed transformers.", show_default=False),
+]
+Output = Annotated[
+    Optional[Path],
+    typer.Option("-o", "--output", help="Write the port of the single input here and leave the input untouched."),
+]
+Diff = Annotated[bool, typer.Option("--diff", help="Print a unified diff; write nothing. Exit 1 if a file would change.")]
+CheckOnly = Annotated[bool, typer.Option("--check", help="Write nothing. Exit 1 if a file would change.")]
+TargetStyle = Annotated[
+    Style, typer.Option("--style", help="Target style; auto picks class style for 4.x files, interface for 5.x.")
+]
+TestsDir = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--tests-dir",
+        help="Where the emitted parity tests go (default: tests/models/<model>/ of the enclosing transformers "
+        "checkout, else beside the output).",
+    ),
+]
+NoTests = Annotated[bool, typer.Option("--no-tests", help="Do not emit parity tests.")]
+Verify = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--verify/--no-verify",
+        help="Before writing, import the original and the port (this executes the modeling code) and run the "
+        "parity checks; write nothing and exit 1 if one fails. Default: on for one file of the installed "
+        "transformers or of a Transformers checkout that is being written; off for any other file, a batch, "
+        "--check and --diff.",
+        show_default=False,
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="One JSON object per file on stdout instead of text lines.")]
+Jobs = Annotated[Optional[int], typer.Option("--jobs", "-j", help="Files processed in parallel (default: all cores).")]
+
+
+@port_app.command(cls=Reflowed)
 def port(
-    paths: Annotated[
-        list[Path],
-        typer.Argument(help="Modeling files, directories, or model names of the installed transformers.", show_default=False),
-    ],
-    output: Annotated[
-        Optional[Path],
-        typer.Option("-o", "--output", help="Write the port of the single input here and leave the input untouched."),
-    ] = None,
-    diff: Annotated[bool, typer.Option("--diff", help="Print a unified diff; write nothing. Exit 1 if a file would change.")] = False,
-    check: Annotated[bool, typer.Option("--check", help="Write nothing. Exit 1 if a file would change.")] = False,
-    style: Annotated[
-        Style, typer.Option("--style", help="Target style; auto picks class style for 4.x files, interface for 5.x.")
-    ] = Style.AUTO,
-    tests_dir: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--tests-dir",
-            help="Where the emitted parity tests go (default: tests/models/<model>/ of the enclosing transformers "
-            "checkout, else beside the output).",
-        ),
-    ] = None,
-    no_tests: Annotated[bool, typer.Option("--no-tests", help="Do not emit parity tests.")] = False,
-    verify: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--verify/--no-verify",
-            help="Before writing, import the original and the port (this executes the modeling code) and run the "
-            "parity checks; write nothing and exit 1 if one fails. Default: on for one file of the installed "
-            "transformers or of a Transformers checkout that is being written; off for any other file, a batch, "
-            "--check and --diff.",
-            show_default=False,
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per file on stdout instead of text lines.")] = False,
-    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", help="Files processed in parallel (default: all cores).")] = None,
+    paths: Paths,
+    output: Output = None,
+    diff: Diff = False,
+    check: CheckOnly = False,
+    style: TargetStyle = Style.AUTO,
+    tests_dir: TestsDir = None,
+    no_tests: NoTests = False,
+    verify: Verify = None,
+    as_json: AsJson = False,
+    jobs: Jobs = None,
 ) -> None:
     """Port eager attention in modeling files to torch.nn.functional.scaled_dot_product_attention.
 
@@ -77,9 +91,10 @@ def port(
     missing torch for --verify or internal error, 3 refused. Benchmarks: `sdpa-port bench --help`.
     """
     from sdpa_port.edge.files import InputError, discover
+    from sdpa_port.edge.outcome import RunOptions
     from sdpa_port.edge.progress import progress_bar
     from sdpa_port.edge.report import out, print_outcome, print_summary, print_unverified_beside
-    from sdpa_port.edge.runner import RunOptions, run
+    from sdpa_port.edge.runner import run
     from sdpa_port.edge.trust import MissingDependency, decide
 
     try:

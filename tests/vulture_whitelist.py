@@ -7,7 +7,7 @@
 """
 
 from sdpa_port.analyse.trace import KeepAction
-from sdpa_port.bench.cli import Clock, Malloc, Padding
+from sdpa_port.bench.options import Clock, Malloc, Padding
 from sdpa_port.plan.threading import _CallFinder
 from sdpa_port.verify import checks
 

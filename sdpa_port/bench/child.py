@@ -1,10 +1,12 @@
-"""One peak-memory measurement in a fresh process: `python -m sdpa_port.bench.child < request.json`.
+"""One peak-memory measurement in a fresh process.
 
-The child builds the model and the inputs, runs one warm-up pass on the same inputs (so buffers that libraries
-allocate once and keep, such as BLAS workspaces, are in the baseline), then resets the kernel's peak-RSS mark
-(`/proc/self/clear_refs`), notes the resident size, runs the measured pass and reports the peak above that
-baseline: the memory the pass itself needed. On CUDA it reports torch's peak allocated bytes above the baseline.
-Prints one JSON object on stdout.
+Run as `python -m sdpa_port.bench.child < request.json`.
+
+The child builds the model and the inputs, runs one warm-up pass on the same inputs (so buffers that libraries allocate
+once and keep, such as BLAS workspaces, are in the baseline), then resets the kernel's peak-RSS mark
+(`/proc/self/clear_refs`), notes the resident size, runs the measured pass and reports the peak above that baseline:
+the memory the pass itself needed. On CUDA it reports torch's peak allocated bytes above the baseline. Prints one JSON
+object on stdout.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Facts about the machine and the libraries a run used, for the JSON and the docs. No torch import."""
+"""Facts about the machine and the libraries a run used, for the JSON and the docs.
+
+No torch import.
+"""
 
 from __future__ import annotations
 

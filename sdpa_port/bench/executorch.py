@@ -17,7 +17,10 @@ from sdpa_port.bench.spec import Phase, Settings
 
 
 class ExecutorchUnavailable(Exception):
-    """ExecuTorch cannot time this model here (not installed, batch > 1, a failed export), with the reason."""
+    """ExecuTorch cannot time this model here, and why.
+
+    Not installed, batch > 1, a failed export.
+    """
 
 
 def executorch_latencies(model: Any, length: int, settings: Settings) -> dict[Phase, float]:
@@ -55,8 +58,10 @@ def executorch_latencies(model: Any, length: int, settings: Settings) -> dict[Ph
 
 
 def _threads(count: int) -> None:
-    """ExecuTorch's threadpool (XNNPACK runs on it) gets as many threads as torch, so the comparison is like for
-    like; its size is process-wide."""
+    """Give ExecuTorch's threadpool as many threads as torch has.
+
+    XNNPACK runs on that threadpool, so the comparison is like for like; its size is process-wide.
+    """
     from executorch.extension.pybindings import portable_lib
 
     if portable_lib._threadpool_get_thread_count() != count:

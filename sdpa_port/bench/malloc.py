@@ -24,7 +24,10 @@ TOP_PAD = 64 * 2**20
 
 
 def steady_malloc() -> bool:
-    """Fix glibc's mmap and trim thresholds in this process; False where the C library has no mallopt."""
+    """Fix glibc's mmap and trim thresholds in this process.
+
+    False where the C library has no mallopt.
+    """
     name = ctypes.util.find_library("c")
     if name is None:
         return False

@@ -1,4 +1,7 @@
-"""The torch side of a benchmark: load the model, build inputs, run one phase, time it (imports torch)."""
+"""The torch side of a benchmark: load the model, build inputs, run one phase, time it.
+
+Imports torch.
+"""
 
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ def pretrained_base() -> type:
 
 
 def pick_model_class(module: Any, wanted: str | None = None) -> type:
-    """The base model of a modeling module (`BertModel` for `BertConfig`), or the class named `wanted`."""
+    """The base model of a modeling module, such as `BertModel` for `BertConfig`, or the class named `wanted`."""
     base = pretrained_base()
     classes = {
         name: value
@@ -79,8 +82,11 @@ def accepts(model: Any, argument: str) -> bool:
 
 
 def detect_kind(model_class: type, config: Any) -> Kind:
-    """verify's model_kind (one rule for both), with a causal probe for the classes it cannot tell from their name
-    and config: a decoder when position 0 ignores later tokens."""
+    """The kind of a model class by verify's rule, probed for causality where that rule cannot tell.
+
+    Verify's `model_kind`, one rule for both, with a causal probe for the classes it cannot tell from their name and
+    config: a decoder when position 0 ignores later tokens.
+    """
     from sdpa_port.verify.checks import model_kind
 
     return Kind(model_kind(config, model_class, causal=lambda: _causal_probe(model_class, config)))
@@ -199,7 +205,10 @@ def decode_call(model: Any, inputs: Inputs, kind: Kind, state: DecodeState, toke
 
 @dataclass(frozen=True)
 class Timed:
-    """One phase of one model, ready to time: `run` is timed, `before` runs untimed ahead of it."""
+    """One phase of one model, ready to time.
+
+    `run` is timed, `before` runs untimed ahead of it.
+    """
 
     run: Callable[[], Any]
     before: Callable[[], None] | None = None

@@ -1,4 +1,7 @@
-"""PNG plots of speed-up and peak memory against sequence length (matplotlib, an optional dependency)."""
+"""PNG plots of speed-up and peak memory against sequence length.
+
+They need matplotlib, an optional dependency.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +29,10 @@ def _pyplot() -> Any:
 
 
 def plot(results: Sequence[BenchResult], path: Path, title: str | None = None) -> Path:
-    """Left: SDPA speed-up over eager per phase; right: peak forward memory of eager and SDPA. One line per result."""
+    """Plot SDPA's speed-up and both implementations' peak memory against sequence length.
+
+    Left: SDPA speed-up over eager per phase; right: peak forward memory of eager and SDPA. One line per result.
+    """
     pyplot = _pyplot()
     figure, (speed, memory) = pyplot.subplots(1, 2, figsize=(11, 4.2))
     styles = {Phase.FORWARD: "-", Phase.PREFILL: "--", Phase.DECODE: ":"}

@@ -1,4 +1,7 @@
-"""Text table, JSON file and file names of a benchmark result. No torch."""
+"""Text table, JSON file and file names of a benchmark result.
+
+No torch.
+"""
 
 from __future__ import annotations
 
@@ -51,8 +54,10 @@ def executorch_cells(row: Row) -> tuple[str, ...]:
 
 
 def table(result: BenchResult, markdown: bool = False) -> str:
-    """The rows ordered by device, phase, length; aligned text, or a Markdown table. Runs with ExecuTorch add its
-    latency and its speed-up over the SDPA model in PyTorch."""
+    """The rows as aligned text or a Markdown table, ordered by device, phase and length.
+
+    Runs with ExecuTorch add its latency and its speed-up over the SDPA model in PyTorch.
+    """
     order = {"forward": 0, "prefill": 1, "decode": 2}
     rows = sorted(result.rows, key=lambda r: (r.device, order[r.phase.value], r.length))
     header = HEADER + (EXECUTORCH_HEADER if result.settings.executorch else ())

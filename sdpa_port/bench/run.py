@@ -33,7 +33,10 @@ def phases_of(kind: Kind, wanted: tuple[str, ...] = ("forward", "prefill", "deco
 def describe_model(
     prepared: Prepared, settings: Settings, model_class: str | None, kind: Kind | None
 ) -> tuple[ModelRef, Any]:
-    """Load the module, pick the model class, synthesise the config and decide the kind (imports torch)."""
+    """Load the module, pick the model class, synthesise the config and decide the kind.
+
+    Imports torch.
+    """
     from sdpa_port.bench import measure
 
     probe = ModelRef(
@@ -82,7 +85,7 @@ def peak_memory(ref: ModelRef, settings: Settings, implementation: str, length: 
 
 
 class Steps:
-    """Numbered progress lines: `[3/24] cpu forward L=1024`."""
+    """Numbered progress lines, such as `[3/24] cpu forward L=1024`."""
 
     def __init__(self, total: int, say: Progress) -> None:
         self.total, self.done, self.say = total, 0, say
@@ -145,7 +148,10 @@ def measure_length(
 def executorch_times(
     model: Any, ref: ModelRef, settings: Settings, device: str, length: int, steps: Steps, phases: tuple[Phase, ...]
 ) -> dict[Phase, float]:
-    """Prefill and decode of the SDPA model exported and run by ExecuTorch (decoders on CPU, with --executorch)."""
+    """Prefill and decode of the SDPA model exported and run by ExecuTorch.
+
+    Decoders on CPU, with --executorch.
+    """
     if not settings.executorch or ref.kind is not Kind.DECODER or device != "cpu":
         return {}
     from sdpa_port.bench.executorch import ExecutorchUnavailable, executorch_latencies

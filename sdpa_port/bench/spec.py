@@ -113,14 +113,17 @@ class Timing:
 
 
 def paired_speedup(eager: Timing, sdpa: Timing, clock: str) -> float:
-    """Median over rounds of eager time / SDPA time within the round: calls that ran next to each other saw the
-    same background load, so their ratio drifts less with it than the ratio of two minima does."""
+    """The median over rounds of eager time over SDPA time within each round.
+
+    Calls that ran next to each other saw the same background load, so their ratio drifts less with it than the ratio
+    of two minima does.
+    """
     return statistics.median(e / s for e, s in zip(eager.samples(clock), sdpa.samples(clock)))
 
 
 @dataclass(frozen=True)
 class Row:
-    """One (device, phase, length): the best latency of each implementation and, for `forward`, peak memory."""
+    """One device, phase and length: the best latency of each implementation and, for `forward`, peak memory."""
 
     device: str
     phase: Phase

@@ -1,4 +1,7 @@
-"""What `sdpa-port bench TARGET` measures: resolve the target, port it in memory when needed. No torch."""
+"""What `sdpa-port bench TARGET` measures: the target resolved, and ported in memory when needed.
+
+No torch.
+"""
 
 from __future__ import annotations
 

@@ -24,20 +24,26 @@ class Checkout:
     converter: Path | None  # utils/modular_model_converter.py, in clones of transformers >= 4.45
 
     def relative(self, path: Path) -> str:
-        """`path` relative to the root, with `/` separators (how the copy checker names files)."""
+        """`path` relative to the root, with `/` separators, as the copy checker names files."""
         return path.resolve().relative_to(self.root).as_posix()
 
     def model_tests(self, folder: str) -> Path:
-        """The tests of a model folder (`bert`, `deprecated.mctct`)."""
+        """The tests of a model folder such as `bert` or `deprecated.mctct`."""
         return model_tests_dir(self.root, folder)
 
     def tester_module(self, folder: str, model: str) -> Path:
-        """The repository's own test file for a model (`tests/models/blip/test_modeling_blip_text.py`)."""
+        """The repository's own test file for a model.
+
+        For example `tests/models/blip/test_modeling_blip_text.py`.
+        """
         return self.model_tests(folder) / f"test_modeling_{model}.py"
 
 
 def model_tests_dir(root: Path, folder: str) -> Path:
-    """`<root>/tests/models/<folder>` for a model folder (`bert`; `deprecated.mctct` lies in `deprecated/mctct`)."""
+    """The folder of a model folder's tests under `<root>/tests/models`.
+
+    `bert` has `bert`; `deprecated.mctct` lies in `deprecated/mctct`.
+    """
     return root / MODEL_TESTS / folder.replace(".", "/")
 
 
@@ -78,7 +84,7 @@ def _read(path: Path) -> str | None:
 
 
 def pinned_version(setup_py: str, package: str) -> str | None:
-    """The exact version setup.py pins for `package` (its `_deps` list: `"ruff==0.1.5"`)."""
+    """The exact version setup.py pins for `package` in its `_deps` list, such as `"ruff==0.1.5"`."""
     found = re.search(rf"[\"']{re.escape(package)}==([0-9][^\"']*)[\"']", setup_py)
     return found.group(1) if found else None
 

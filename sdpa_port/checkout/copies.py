@@ -59,7 +59,10 @@ class Replacement:
 
 
 def parse_replacements(pattern: str) -> tuple[Replacement, ...]:
-    """The text after the marker's target: `with A->B,C->D all-casing` (every `with` is dropped, as upstream)."""
+    """The replacements the text after a marker's target names.
+
+    `with A->B,C->D all-casing`; every `with` is dropped, as upstream.
+    """
     out = []
     for part in pattern.replace("with", "").split(","):
         found = _PAIR.search(part)
@@ -78,7 +81,7 @@ def apply_replacements(code: str, replacements: Sequence[Replacement]) -> str:
 
 
 def marker_text(indent: str, target: str, replacements: Sequence[Replacement], test: bool = False) -> str:
-    """A marker line as the repository writes it (`with A->B,C->D`)."""
+    """A marker line as the repository writes it, with `with A->B,C->D`."""
     prefix = "tests" if test else "transformers"
     pairs = f" with {','.join(str(r) for r in replacements)}" if replacements else ""
     return f"{indent}# Copied from {prefix}.{target}{pairs}"
@@ -88,7 +91,7 @@ def marker_text(indent: str, target: str, replacements: Sequence[Replacement], t
 
 
 def split_lines(text: str) -> list[str]:
-    """Lines with their `\\n`, split on `\\n` only (as the repository reads files)."""
+    """Lines with their `\\n`, split on `\\n` only, as the repository reads files."""
     return re.findall(r"[^\n]*\n|[^\n]+$", text)
 
 
@@ -119,7 +122,10 @@ def _definition(indent: str) -> re.Pattern[str]:
 
 
 def split_blocks(lines: list[str], start: int, end: int, indent: int) -> list[Block]:
-    """The header of the definition at `start` and its inner blocks (with the comments and decorators above each)."""
+    """The header of the definition at `start` and its inner blocks.
+
+    Each block carries the comments and decorators above it.
+    """
     header = _definition(" " * (indent - 4)).search(lines[start])
     assert header is not None, lines[start]
     body_indent = " " * indent
@@ -165,7 +171,10 @@ def split_blocks(lines: list[str], start: int, end: int, indent: int) -> list[Bl
 
 
 def _shape(blocks: list[Block], is_class: bool) -> list[str]:
-    """The structure the repository requires copies to share: named and unnamed runs (a class's methods as one)."""
+    """The structure the repository requires copies to share: named and unnamed runs.
+
+    A class's methods count as one run.
+    """
     shape: list[str] = []
     for block in blocks[1:]:
         if block.name.startswith("_block_without_name_"):
@@ -338,7 +347,7 @@ def prepare(marker: Marker, sources: Sources, lines: list[str]) -> Comparison:
 
 
 def _own_name(observed: str, theoretical: str) -> str:
-    """`theoretical` with its header's class or function name replaced by the copy's (names may differ)."""
+    """`theoretical` with its header's class or function name replaced by the copy's, since names may differ."""
     observed_header = observed.split("\n")[0]
     header, _, rest = theoretical.partition("\n")
     for pattern in (_CLASS_NAME, _DEF_NAME):
@@ -366,7 +375,7 @@ def _without_blank_lines(code: str) -> str:
 
 
 def to_module(code: str) -> str:
-    """An indented snippet wrapped so that it formats (and parses) as a module."""
+    """An indented snippet wrapped so that it formats and parses as a module."""
     return f"{WRAPPER}{code}" if leading_indent(code) else code
 
 
@@ -382,10 +391,10 @@ def check_tree(
     formatter: Formatter | None = None,
     paths: Sequence[str] | None = None,
 ) -> list[Inconsistency]:
-    """Every marker in `paths` (default: the whole tree) whose copy does not match its source.
+    """Every marker in `paths`, by default the whole tree, whose copy does not match its source.
 
-    Copies made with replacements are compared after `formatter` when the plain comparison fails; without one they
-    are accepted when they equal the replaced source up to formatting (same syntax tree, same comments).
+    Copies made with replacements are compared after `formatter` when the plain comparison fails; without one they are
+    accepted when they equal the replaced source up to formatting (same syntax tree, same comments).
     """
     pending: list[tuple[Comparison, int]] = []
     found: list[Inconsistency] = []

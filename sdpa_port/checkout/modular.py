@@ -28,7 +28,7 @@ class Carried:
 
 
 def carry(modular: str, before: str, after: str) -> Carried:
-    """The modular text with the changes between `before` and `after` (the generated file and its port)."""
+    """The modular text with the changes between `before` and `after`, the generated file and its port."""
     module = cst.parse_module(modular)
     old = _top_level(cst.parse_module(before))
     new_module = cst.parse_module(after)
@@ -89,7 +89,7 @@ def _top_level(module: cst.Module) -> dict[str, Named]:
 
 
 def _members(body: cst.BaseSuite) -> list[tuple[str, cst.BaseStatement]]:
-    """A class body's statements keyed by what they define (method name, assigned name) or by their code."""
+    """A class body's statements keyed by what they define, a method or an assigned name, or by their code."""
     if not isinstance(body, cst.IndentedBlock):
         return []
     out = []
@@ -162,7 +162,7 @@ def _insert_after(module: cst.Module, anchor: str | None, node: Named) -> cst.Mo
 
 
 def _new_imports(before: cst.Module, after: cst.Module) -> list[tuple[int, str, str]]:
-    """(level, module, name) of the names the port's top-level `from` imports added."""
+    """The level, module and name of each name that the port's top-level `from` imports added."""
 
     def imported(module: cst.Module) -> set[tuple[int, str, str]]:
         out = set()

@@ -46,7 +46,10 @@ class Review:
         return not self.findings and not self.reformatted
 
     def lines(self, named: bool = True) -> list[str]:
-        """One line per finding (`path:line: CODE message`), and one for formatting; `named=False` drops the path."""
+        """One line per finding and one for formatting.
+
+        A finding reads `path:line: CODE message`; `named=False` drops the path.
+        """
         where = f"{self.path}:" if named else "line "
         out = [f"{where}{f}" for f in self.findings]
         if self.reformatted:
@@ -88,7 +91,7 @@ class Ruff:
         return completed.stdout
 
     def format_modules(self, modules: Sequence[str]) -> list[str]:
-        """Many snippets formatted in one run (the copy checker's formatting step)."""
+        """Many snippets formatted in one run, as the copy checker's formatting step needs."""
         if not modules:
             return []
         with tempfile.TemporaryDirectory(prefix="sdpa-port-ruff-") as directory:
@@ -101,7 +104,10 @@ class Ruff:
             return [path.read_text(encoding="utf-8") for path in paths]
 
     def review(self, path: str, before: str | None, after: str) -> Review:
-        """The findings `after` adds to `before` (None: a new file), and the lines of `after` formatting changes."""
+        """The findings `after` adds to `before`, and the lines of `after` that formatting changes.
+
+        `before` is None for a new file.
+        """
         old = Counter((f.code, f.message) for f in self.check(path, before)) if before is not None else Counter()
         added: list[Finding] = []
         for finding in self.check(path, after):
@@ -124,7 +130,10 @@ def changed_lines(text: str, formatted: str) -> list[int]:
 
 
 def find_ruff(version: str | None, config: Path | None, cwd: Path) -> Ruff | None:
-    """A ruff of exactly `version`: `$SDPA_PORT_RUFF`, else `ruff` on PATH (None when absent or another version)."""
+    """A ruff of exactly `version`, or None when absent or of another version.
+
+    `$SDPA_PORT_RUFF`, else `ruff` on PATH.
+    """
     if version is None:
         return None
     for candidate in (os.environ.get("SDPA_PORT_RUFF"), shutil.which("ruff")):

@@ -35,7 +35,10 @@ def tester_groups(source: str) -> list[TesterGroup]:
 
 
 def _names_assigned(node: ast.ClassDef, attribute: str) -> tuple[str, ...]:
-    """`all_model_classes = (A, B) if is_torch_available() else ()` -> (A, B)."""
+    """The names a test case class assigns to `name`.
+
+    `all_model_classes = (A, B) if is_torch_available() else ()` -> (A, B).
+    """
     for statement in node.body:
         if isinstance(statement, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == attribute for t in statement.targets

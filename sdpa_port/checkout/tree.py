@@ -1,4 +1,4 @@
-"""The files of a checkout as text: read from a directory, or from a directory with pending edits laid over it.
+"""The files of a checkout as text, read from a directory with pending edits laid over it or not.
 
 The copy checker and the family planner read sources through `Sources` only, so they can judge a tree before it is
 written (an `Overlay`) and run in tests on a dict of strings.
@@ -50,7 +50,7 @@ class Directory:
 
 @dataclass
 class Overlay:
-    """`base` with some files replaced (or added) by in-memory texts."""
+    """`base` with some files replaced or added by in-memory texts."""
 
     base: Sources
     edits: Mapping[str, str]
@@ -65,7 +65,7 @@ class Overlay:
 
 @dataclass(frozen=True)
 class Texts:
-    """A tree given as a dict of texts (tests and pure callers)."""
+    """A tree given as a dict of texts, for tests and pure callers."""
 
     files: Mapping[str, str]
 
@@ -77,8 +77,11 @@ class Texts:
 
 
 def module_path(dotted: str, sources: Sources, base: str = "src/transformers") -> tuple[str, list[str]] | None:
-    """`models.bert.modeling_bert.BertAttention.forward` -> (`src/.../modeling_bert.py`, [`BertAttention`, `forward`]):
-    the shortest leading part of the dotted name that is a file under `base`, and the names inside it."""
+    """The file a dotted name's module lies in, and the names inside it.
+
+    `models.bert.modeling_bert.BertAttention.forward` -> (`src/.../modeling_bert.py`, [`BertAttention`, `forward`]):
+    the shortest leading part of the dotted name that is a file under `base`.
+    """
     parts = dotted.split(".")
     for index in range(1, len(parts)):
         candidate = f"{base}/{'/'.join(parts[:index])}.py"
@@ -88,7 +91,10 @@ def module_path(dotted: str, sources: Sources, base: str = "src/transformers") -
 
 
 def relative_module(path: str, base: str = "src/transformers") -> str | None:
-    """`src/transformers/models/bert/modeling_bert.py` -> `models.bert.modeling_bert` (None outside `base`)."""
+    """The dotted module of a path under `base`, or None outside it.
+
+    `src/transformers/models/bert/modeling_bert.py` -> `models.bert.modeling_bert`.
+    """
     prefix = f"{base}/"
     if not path.startswith(prefix) or not path.endswith(".py"):
         return None

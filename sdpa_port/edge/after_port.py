@@ -1,12 +1,13 @@
-"""What follows a successful port at the edge: `--verify` (imports and runs the code) and writing parity tests."""
+"""What follows a successful port at the edge: verifying it and writing its parity test.
+
+Verifying imports and runs the code.
+"""
 
 from __future__ import annotations
 
 import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from sdpa_port import __version__
 from sdpa_port.checkout.context import find_checkout
@@ -28,12 +29,14 @@ def verify_port(input_path: Path, original_source: str, result: PortResult) -> V
     This imports torch and transformers and executes both modeling files.
     """
     from sdpa_port.verify.auto import verify_pair
-    from sdpa_port.verify.drive import Unverified
     from sdpa_port.verify.loader import load_source_in_package
+    from sdpa_port.verify.packages import package_for
+    from sdpa_port.verify.quiet import transformers_quiet
+    from sdpa_port.verify.unverified import Unverified
 
-    package = package_of(input_path)
-    with tempfile.TemporaryDirectory(prefix="sdpa-port-verify-") as directory, _transformers_quiet():
+    with tempfile.TemporaryDirectory(prefix="sdpa-port-verify-") as directory, transformers_quiet():
         try:
+            package = package_for(package_of(input_path), original_source, input_path)
             original = load_source_in_package(original_source, package, Path(directory), f"{input_path.stem}_original")
             ported = load_source_in_package(result.source, package, Path(directory), f"{input_path.stem}_ported")
             checks = verify_pair(original, ported)
@@ -45,22 +48,11 @@ def verify_port(input_path: Path, original_source: str, result: PortResult) -> V
     return Verification(passed, tuple(str(c) for c in checks), undriven)
 
 
-@contextmanager
-def _transformers_quiet() -> Iterator[None]:
-    """transformers' own warnings are about the tiny configs the checks build (`add is_decoder=True`), not the port:
-    errors only, while the checks run."""
-    from transformers.utils import logging
-
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(verbosity)
-
-
 def package_of(input_path: Path) -> str:
-    """The transformers package a modeling file is loaded in: its model folder's (see `model_folder`)."""
+    """The transformers package a modeling file's folder names, tried first to load it in.
+
+    See `model_folder`; `verify.packages.package_for` checks it against the installed transformers.
+    """
     return f"transformers.models.{model_folder(input_path)}"
 
 
@@ -72,8 +64,11 @@ NO_PARITY_TEST = (
 
 
 def write_parity_test(input_path: Path, written: Path, result: PortResult, tests_dir: Path | None) -> Path | None:
-    """Write the port's parity test; in a checkout, beside the model's own tests and built on its testers. None when
-    no test can be made for the file (`NO_PARITY_TEST` says why)."""
+    """Write the port's parity test, or return None when no test can be made for the file.
+
+    In a checkout the test goes beside the model's own tests, built on its testers. `NO_PARITY_TEST` says why there may
+    be none.
+    """
     style = result.style.value if result.style else "auto"
     checkout = find_checkout(input_path)
     tester_source = None

@@ -16,11 +16,12 @@ from pathlib import Path
 from sdpa_port.api import port_source
 from sdpa_port.discover.release import target_release
 from sdpa_port.checkout.context import Checkout, find_checkout
-from sdpa_port.checkout.family import FamilyResult, Ported, keep_consistent, lost_markers, removed_markers
+from sdpa_port.checkout.family import FamilyResult, Ported, keep_consistent
+from sdpa_port.checkout.markers import lost_markers, removed_markers
 from sdpa_port.checkout.ruff import Ruff, RuffError, changed_lines, find_ruff
 from sdpa_port.checkout.tree import Directory, Overlay
 from sdpa_port.edge.files import atomic_write
-from sdpa_port.edge.runner import Outcome, RunOptions
+from sdpa_port.edge.outcome import Outcome, RunOptions
 from sdpa_port.edge.trust import COPIES, FAMILY
 from sdpa_port.result import PortResult, Status
 
@@ -107,8 +108,10 @@ def _one_checkout(
 
 
 def _regenerated(checkout: Checkout, outcome: Outcome) -> Outcome:
-    """Run the checkout's modular converter on the modular file the port was carried into: it must give back the
-    ported generated file. A different file is put back to the port and reported."""
+    """The outcome after running the checkout's modular converter on the modular file the port was carried into.
+
+    The converter must give back the ported generated file; a different file is put back to the port and reported.
+    """
     if not outcome.companions or outcome.written is None:
         return outcome
     modular = outcome.companions[0][0]
@@ -173,9 +176,12 @@ def _warnings(family: FamilyResult) -> tuple[str, ...]:
 
 
 def _formatted(ruff: Ruff, checkout: Checkout, outcome: Outcome) -> Outcome:
-    """The written file (and its companions) formatted with the checkout's pinned ruff, when the file was formatted
-    with it before the port: then formatting changes only lines the port wrote, as a contributor's `make style`
-    would. A file that was not formatted before is left as written (the review reports what ruff would change)."""
+    """The outcome with its files formatted by the checkout's pinned ruff, where they were formatted before.
+
+    The written file and its companions are formatted when the file was formatted with that ruff before the port: then
+    formatting changes only lines the port wrote, as a contributor's `make style` would. A file that was not formatted
+    before is left as written (the review reports what ruff would change).
+    """
     files = [(outcome.written, outcome.original)] if outcome.written is not None else []
     files.extend(outcome.companions)
     for path, before in files:

@@ -53,13 +53,13 @@ def is_pytorch_modeling_file(path: Path) -> bool:
 
 
 def discover(paths: list[Path]) -> list[Target]:
-    """Expand directories into their PyTorch modeling and modular files (sorted); files are taken as given.
+    """Expand directories into their PyTorch modeling and modular files, sorted; files are taken as given.
 
-    A directory holding a remote-code model (a `config.json` with an `auto_map`) also yields the modules the map
-    names (`modelling_RW.py`) and the modules they import from their own directory (`attention.py`, `blocks.py`),
-    where those define PyTorch code. A file reached twice (named and inside a named directory) is processed once,
-    where it first appears; so is a modular file and the modeling file generated from it (either is ported through
-    the generated file, and the port carried back into the modular one).
+    A directory holding a remote-code model (a `config.json` with an `auto_map`) also yields the modules the map names
+    (`modelling_RW.py`) and the modules they import from their own directory (`attention.py`, `blocks.py`), where those
+    define PyTorch code. A file reached twice (named and inside a named directory) is processed once, where it first
+    appears; so is a modular file and the modeling file generated from it (either is ported through the generated file,
+    and the port carried back into the modular one).
     """
     out: list[Target] = []
     for path in paths:
@@ -87,8 +87,11 @@ def discover(paths: list[Path]) -> list[Target]:
 
 
 def followed_modules(directory: Path) -> set[Path]:
-    """The PyTorch modules of the remote-code models under `directory`: those each `config.json`'s `auto_map` names,
-    and, transitively, the modules they import from their own directory (`from .attention import ...`)."""
+    """The PyTorch modules of the remote-code models under `directory`.
+
+    Those each `config.json`'s `auto_map` names and, transitively, the modules they import from their own directory
+    (`from .attention import ...`).
+    """
     pending: list[Path] = []
     for config in directory.rglob("config.json"):
         for module in _auto_map_modules(config):
@@ -141,7 +144,10 @@ def _parsed(path: Path) -> ast.Module | None:
 
 
 def _sibling_imports(tree: ast.Module) -> set[str]:
-    """Modules of the same directory a file imports: `from .attention import x`, `from . import blocks`."""
+    """The modules of its own directory that a file imports.
+
+    `from .attention import x`, `from . import blocks`.
+    """
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 1:
@@ -173,7 +179,10 @@ def installed_transformers() -> Path | None:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write through a temporary file in the same directory and rename it into place (a link's target is written)."""
+    """Write through a temporary file in the same directory, renamed into place.
+
+    A link's target is written.
+    """
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     directory = path.parent if str(path.parent) else Path(".")

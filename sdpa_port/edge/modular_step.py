@@ -41,10 +41,12 @@ def modular_source_of(path: Path, source: str) -> Path | None:
 def carry_into_modular(
     modular: Path, generated: str, result: PortResult, asked_for_modular: bool
 ) -> tuple[PortResult, tuple[Path, str, str] | None, tuple[str, ...]]:
-    """The result with the port carried into `modular` (its path, old and new text), or why it could not be.
+    """The result with the port carried into `modular`, or why it could not be.
 
-    Asked to port the modular file, a port that cannot be carried is refused (writing the generated file alone
-    would be undone by the next regeneration); asked for the generated file, it is written with a warning.
+    The carried write is the modular file's path, old text and new text.
+
+    Asked to port the modular file, a port that cannot be carried is refused (writing the generated file alone would be
+    undone by the next regeneration); asked for the generated file, it is written with a warning.
     """
     text = modular.read_text(encoding="utf-8")
     carried = carry(text, generated, result.source)

@@ -48,7 +48,7 @@ def _start_worker() -> None:
 
 
 class _Call(Generic[Item, Result]):
-    """The picklable work unit: call `function(item)`, collecting garbage now and then."""
+    """The picklable work unit, calling `function(item)` and collecting garbage now and then."""
 
     def __init__(self, function: Callable[[Item], Result]) -> None:
         self.function = function
@@ -97,10 +97,10 @@ def run_in_processes(
     finished: Callable[[int, Result], None],
     order: Sequence[int] | None = None,
 ) -> list[Result]:
-    """`[function(item) for item in items]` across `workers` processes.
+    """Call `function` on every item across `workers` processes.
 
-    `finished(index, result)` is called in the parent as each item completes; `order` is the order to start items
-    in (longest first balances the load); an item whose worker process dies, or whose call raises, gets
+    `finished(index, result)` is called in the parent as each item completes; `order` is the order to start items in
+    (longest first balances the load); an item whose worker process dies, or whose call raises, gets
     `crashed(item, why)`.
     """
     results: dict[int, Result] = {}
@@ -130,8 +130,11 @@ def _run_window(
     record: Callable[[int, Result], None],
     crashed: Callable[[Item, str], Result],
 ) -> list[int]:
-    """Run `pending` (consumed from its end) keeping `window` items in flight; on a broken pool, return the
-    indexes in flight at that moment (the suspects), leaving the rest in `pending`."""
+    """Run `pending` keeping `window` items in flight, and return the suspects of a broken pool.
+
+    `pending` is consumed from its end. On a broken pool the indexes in flight at that moment are returned, the rest
+    left in `pending`.
+    """
     with ProcessPoolExecutor(max_workers=workers, mp_context=_context(), initializer=_start_worker) as pool:
         flying: dict[Future[Result], int] = {}
         try:

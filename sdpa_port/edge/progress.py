@@ -1,4 +1,7 @@
-"""A progress bar on stderr for batch runs, shown only on a terminal; rich is imported only when one is shown."""
+"""A progress bar on stderr for batch runs, shown only on a terminal.
+
+Rich is imported only when one is shown.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import sys
 from collections import Counter
 from typing import Protocol, TextIO
 
-from sdpa_port.edge.runner import Outcome
+from sdpa_port.edge.outcome import Outcome
 from sdpa_port.result import Status
 
 
@@ -17,7 +20,10 @@ class Bar(Protocol):
 
 
 def progress_bar(total: int, stream: TextIO | None = None) -> Bar | None:
-    """A bar for `total` files on `stream` (stderr), or None when that is not a terminal or there is one file."""
+    """A bar for `total` files on `stream`, by default stderr, or None where none is shown.
+
+    None when the stream is not a terminal or there is one file.
+    """
     stream = stream if stream is not None else sys.stderr
     if total < 2 or not _is_terminal(stream):
         return None
@@ -32,7 +38,10 @@ def _is_terminal(stream: TextIO) -> bool:
 
 
 class _RichBar:
-    """Lines written to stdout and stderr while it runs appear above the bar (on a terminal stdout, through it)."""
+    """The bar, above which lines written to stdout and stderr appear while it runs.
+
+    On a terminal, stdout goes through it.
+    """
 
     def __init__(self, total: int, stream: TextIO) -> None:
         from rich.console import Console

@@ -7,14 +7,18 @@ from collections import Counter
 
 import typer
 
-from sdpa_port.edge.runner import Outcome, Summary
+from sdpa_port.edge.outcome import Outcome, Summary
 from sdpa_port.result import Status
 
-NOT_VERIFIED = "not verified"  # how the checks name a model they could not drive (verify/drive.py, which needs torch)
+# how the checks name a model they could not drive (verify/unverified.py, which needs torch)
+NOT_VERIFIED = "not verified"
 
 
 def out(text: str, nl: bool = True) -> None:
-    """To stdout as it is at this moment: a progress bar may have put there a proxy that prints above it."""
+    """Print to stdout as it is at this moment.
+
+    A progress bar may have put there a proxy that prints above it.
+    """
     typer.echo(text, nl=nl, file=sys.stdout)
 
 
@@ -59,7 +63,10 @@ def print_outcome(outcome: Outcome, show_diff: bool = False, say_unverified: boo
 
 
 def print_unverified_beside(summary: Summary) -> None:
-    """One line for the files a one-file run changed beside its port (copies of the ported code in a checkout)."""
+    """One line for the files a one-file run changed beside its port.
+
+    They are the copies of the ported code in a checkout.
+    """
     others = [o for o in summary.outcomes if o.kind != "port" and o.written and o.unverified]
     if others:
         err(f"not verified: {len(others)} other file(s) changed to follow the port; only the files named are verified")
@@ -71,8 +78,11 @@ def print_summary(summary: Summary) -> None:
 
 
 def summary_lines(summary: Summary) -> list[str]:
-    """Counts per outcome (ported, how many of those verified and why the others not, already supported, nothing to
-    port, refused with its reasons, errors)."""
+    """The counts of a run's outcomes, with the reasons of refusals and unverified ports.
+
+    Ported, how many of those verified and why the others not, already supported, nothing to port, refused with its
+    reasons, errors.
+    """
     counts = Counter(o.status for o in summary.outcomes if o.kind != "copies")
     ports = [o for o in summary.outcomes if o.status is Status.PORTED and o.kind != "copies"]
     unverified = Counter(o.unverified for o in ports if o.unverified)

@@ -1,86 +1,21 @@
-"""Process files: port each one, decide what to write, and collect outcomes (no terminal output here)."""
+"""Process files: port each one, decide what to write, and collect outcomes; no terminal output here."""
 
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
 
 from sdpa_port.api import NOT_MODELING, port_source
 from sdpa_port.discover.release import target_release
+from sdpa_port.edge.checkout_step import after_ports
 from sdpa_port.edge.files import InputError, Target, atomic_write, read_source
 from sdpa_port.edge.modular_step import carry_into_modular, generated_from_modular, modular_source_of
+from sdpa_port.edge.outcome import Outcome, RunOptions, Summary, Writes
 from sdpa_port.edge.pool import available_cores, run_here, run_in_processes
-from sdpa_port.edge.trust import Verifying
-from sdpa_port.result import PortResult, Status, Style
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    style: Style = Style.AUTO
-    write: bool = True  # False under --check and --diff
-    want_diff: bool = False
-    output: Path | None = None
-    tests: bool = True  # write test_sdpa_parity_<model>.py beside each written port
-    tests_dir: Path | None = None
-    verify: Verifying = Verifying()  # whether the parity checks run before writing (they execute the files)
-
-
-@dataclass(frozen=True)
-class _Writes:
-    destination: Path
-    carried: tuple[Path, str, str] | None  # (modular file, its text, its new text)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    path: Path
-    result: PortResult
-    written: Path | None = None
-    diff: str = ""
-    error: str | None = None
-    tests: Path | None = None
-    verification: tuple[str, ...] = ()
-    verify_failed: bool = False
-    unverified: str | None = None  # why a port goes unverified (not checked, or checked only in part)
-    original: str = field(default="", repr=False)  # the text before the port, when it was written
-    # "port" (asked for), "family" (ported because it copies ported code), "copies" (copies follow ported code)
-    kind: str = "port"
-    context: tuple[str, ...] = ()  # what the checkout step did in this file
-    companions: tuple[tuple[Path, str], ...] = ()  # other files written with it (a modular source), with their old text
-    writes: _Writes | None = field(default=None, repr=False)  # what is left to write (see write_out)
-
-    @property
-    def status(self) -> Status:
-        return self.result.status
-
-    @property
-    def verified(self) -> bool | None:
-        """True when the checks passed, False when one failed (nothing written), None when they did not run."""
-        if self.unverified is not None or not self.verification:
-            return None
-        return not self.verify_failed
-
-
-@dataclass
-class Summary:
-    outcomes: list[Outcome] = field(default_factory=list)
-
-    def count(self, status: Status) -> int:
-        return sum(1 for o in self.outcomes if o.status is status)
-
-    def exit_code(self, checking: bool) -> int:
-        if any(o.status is Status.ERROR for o in self.outcomes):
-            return 2
-        if any(o.status is Status.REFUSED for o in self.outcomes):
-            return 3
-        if any(o.verify_failed for o in self.outcomes):
-            return 1
-        if checking and any(o.status is Status.PORTED for o in self.outcomes):
-            return 1
-        return 0
+from sdpa_port.result import PortResult, Status
 
 
 def process(target: Target, options: RunOptions) -> Outcome:
@@ -131,7 +66,7 @@ def process(target: Target, options: RunOptions) -> Outcome:
     if options.write and result.status is Status.PORTED:
         # written by the parent (write_out): a worker that dies after its work leaves nothing half-recorded, and the
         # file is rerun from its original text
-        writes = _Writes(options.output or path, carried)
+        writes = Writes(options.output or path, carried)
         return Outcome(
             path, result, None, diff, verification=verification, unverified=unverified, original=source,
             context=context, writes=writes,
@@ -140,7 +75,10 @@ def process(target: Target, options: RunOptions) -> Outcome:
 
 
 def write_out(outcome: Outcome, options: RunOptions) -> Outcome:
-    """Write what `process` left to write (the port, its modular source, its parity test); in the parent process."""
+    """Write what `process` left to write, in the parent process.
+
+    The port, its modular source, its parity test.
+    """
     writes = outcome.writes
     if writes is None:
         return outcome
@@ -186,10 +124,10 @@ def run(
     progress: Callable[[Outcome], None] | None = None,
     advanced: Callable[[Outcome], None] | None = None,
 ) -> Summary:
-    """Process every target, in parallel across `jobs` processes (default: every core).
+    """Process every target, in parallel across `jobs` processes, every core by default.
 
-    `progress` sees each outcome in input order, as soon as all earlier ones are done; `advanced` sees each one
-    as it completes (for a progress bar). A crash while processing one file is an error outcome for that file.
+    `progress` sees each outcome in input order, as soon as all earlier ones are done; `advanced` sees each one as it
+    completes (for a progress bar). A crash while processing one file is an error outcome for that file.
     """
     targets = list(targets)
     workers = min(jobs or available_cores(), len(targets))
@@ -213,8 +151,6 @@ def run(
     outcomes = [done[index] for index in range(len(targets))]
     if checkout_step:
         # the tree around the ports is judged once every port is written; outcomes are reported after that
-        from sdpa_port.edge.checkout_step import after_ports
-
         try:
             outcomes = after_ports(outcomes, options)
         except Exception as error:  # the ports are written; the step around them must not hide that

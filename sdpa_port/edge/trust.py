@@ -1,6 +1,9 @@
-"""Whether a run verifies its ports. Verifying imports, and so executes, the modeling file: by default it runs only
-for one file of the installed transformers or of a Transformers checkout, whose code the user runs already; any
-other file runs only with `--verify`, the consent transformers asks for with `trust_remote_code=True`."""
+"""Whether a run verifies its ports.
+
+Verifying imports, and so executes, the modeling file: by default it runs only for one file of the installed
+transformers or of a Transformers checkout, whose code the user runs already; any other file runs only with `--verify`,
+the consent transformers asks for with `trust_remote_code=True`.
+"""
 
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ class MissingDependency(Exception):
 
 @dataclass(frozen=True)
 class Verifying:
-    """What a run does about verification (decided once, for all its files)."""
+    """What a run does about verification, decided once for all its files."""
 
     run: bool = False  # load the original and the port and run the parity checks before writing
     by_default: bool = False  # run although --verify was not given: a port the checks cannot drive is still written
@@ -77,7 +80,7 @@ def decide(asked: bool | None, targets: list[Target], writing: bool) -> Verifyin
 
 
 def missing_modules() -> list[str]:
-    """Which of torch and transformers cannot be imported (found without importing them)."""
+    """Which of torch and transformers cannot be imported, found without importing them."""
     return [name for name in ("torch", "transformers") if not _importable(name)]
 
 
@@ -94,8 +97,11 @@ def in_installed_transformers(path: Path) -> bool:
 
 
 def install_hint(missing: list[str], checkout: Path | None) -> str:
-    """`pip install torch==2.13.0 'transformers>=4.40' (or pip install 'sdpa-port[verify]')` for what is missing;
-    a checkout's transformers is the checkout itself, installed editable."""
+    """The command that installs what verifying lacks.
+
+    `pip install torch==2.13.0 'transformers>=4.40'`, or `pip install 'sdpa-port[verify]'`, for what is missing; a
+    checkout's transformers is the checkout itself, installed editable.
+    """
     wanted = [TORCH] if "torch" in missing else []
     if "transformers" in missing and checkout is not None:
         command = f"pip install {' '.join(wanted)}; pip install -e {checkout}" if wanted else f"pip install -e {checkout}"

@@ -1,4 +1,4 @@
-"""Trees of transformers modeling files read out of a release wheel (for the corpus tests and the batch benchmark).
+"""Trees of transformers modeling files read out of a release wheel, for the corpus tests and benchmarks.
 
 A wheel is a zip file: nothing is installed or imported. The tree also holds the release's own sources the port
 reads its facts from (`discover/release.py`: the package's `__init__.py`, its attention integrations, the paged
@@ -26,7 +26,7 @@ LAYOUT = 2  # what an extracted tree holds: 2, the release's sources beside the 
 
 
 class WheelError(Exception):
-    """No usable wheel (missing, unreadable, or without modeling files)."""
+    """No usable wheel: missing, unreadable, or without modeling files."""
 
 
 def wheel_path(directory: Path, version: str) -> Path:
@@ -34,7 +34,7 @@ def wheel_path(directory: Path, version: str) -> Path:
 
 
 def modeling_members(wheel: Path, modular: bool = False) -> list[str]:
-    """Paths in the wheel of its PyTorch modeling files (and modular files when asked), sorted."""
+    """The paths of the wheel's PyTorch modeling files, sorted, its modular files too when asked."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             names = archive.namelist()
@@ -86,8 +86,9 @@ def extract_tree(wheel: Path, cache: Path, modular: bool = False) -> Path:
 
 
 def copy_tree(root: Path, destination: Path) -> Path:
-    """A writable copy of an extracted tree (its `transformers/models` part and the release's sources), for a run
-    that ports in place."""
+    """A writable copy of an extracted tree, for a run that ports in place.
+
+    The copy holds the tree's `transformers/models` part and the release's own sources."""
     shutil.copytree(root / MODELS, destination / MODELS)
     for source in SOURCES:
         if (root / PACKAGE / source).is_file():

@@ -16,7 +16,6 @@ import libcst as cst
 
 from sdpa_port.analyse import chain as t
 from sdpa_port.analyse.cstutil import (
-    all_assigned_names,
     assigned_names,
     assignment,
     binary,

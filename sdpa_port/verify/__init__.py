@@ -1,1 +1,4 @@
-"""Proving a port: load original and ported modules inside transformers, copy weights, compare (imports torch)."""
+"""Proving a port: the original and the port loaded inside transformers, same weights, outputs compared.
+
+Imports torch.
+"""

@@ -1,13 +1,15 @@
-"""Attention modules checked on their own, for the port's attention classes no driven model builds (imports torch).
+"""Attention modules checked on their own, for the port's attention classes that no driven model builds.
 
-A model may be out of the harness's reach (an optional package such as detectron2 or torchvision is missing, its
-inputs cannot be synthesised) or may build its attention only under configurations the harness does not make
-(ZoeDepth's patch transformer exists only with two bin configurations). The port's attention classes are then built
-from their own constructors, sharpened, and run on synthetic states: the original's eager class, the port's eager
-computation and its SDPA computation (`drive.sdpa_call` on the port's eager module), without a mask, with padded
-keys (the 4-D extended mask transformers hands such modules, expanded over the queries, or the 2-D key mask), and
-with every optional score term the module accepts. The port's eager outputs must equal the original's, its SDPA
-outputs must agree within the SDPA tolerances, and SDPA must run from the port.
+Imports torch.
+
+A model may be out of the harness's reach (an optional package such as detectron2 or torchvision is missing, its inputs
+cannot be synthesised) or may build its attention only under configurations the harness does not make (ZoeDepth's patch
+transformer exists only with two bin configurations). The port's attention classes are then built from their own
+constructors, sharpened, and run on synthetic states: the original's eager class, the port's eager computation and its
+SDPA computation (`attention_calls.sdpa_call` on the port's eager module), without a mask, with padded keys (the 4-D
+extended mask transformers hands such modules, expanded over the queries, or the 2-D key mask), and with every optional
+score term the module accepts. The port's eager outputs must equal the original's, its SDPA outputs must agree within
+the SDPA tolerances, and SDPA must run from the port.
 
 These are module checks, reported as such (`<Class> alone`): they do not prove that a model selects the class.
 """
@@ -28,17 +30,11 @@ import torch
 from sdpa_port.verify.checks import Check
 from sdpa_port.verify.configs import HEADS, HIDDEN, LEVELS
 from sdpa_port.verify.diagnose import PortCalls
-from sdpa_port.verify.drive import (
-    EAGER_TOLERANCE,
-    RELATIVE_TOLERANCE,
-    SDPA_TOLERANCE,
-    config_at,
-    eager_class_of,
-    first_tensor,
-    sdpa_call,
-    sharpen,
-    unverified,
-)
+from sdpa_port.verify.attention_calls import eager_class_of, first_tensor, sdpa_call
+from sdpa_port.verify.model_builds import sharpen
+from sdpa_port.verify.outputs import EAGER_TOLERANCE, RELATIVE_TOLERANCE, SDPA_TOLERANCE
+from sdpa_port.verify.sized_configs import config_at
+from sdpa_port.verify.unverified import unverified
 
 BATCH = 2
 LENGTH = 7
@@ -55,8 +51,11 @@ _TERMS = re.compile(r"(pos|bias)")  # optional score terms: position bias, relat
 
 @dataclass(frozen=True)
 class Pair:
-    """One attention class built twice, with the same weights: the original's eager class and the port's eager
-    class, whose SDPA computation `sdpa_class` gives."""
+    """One attention class built twice with the same weights, as the original's class and the port's.
+
+    `original` is the original's eager class, `eager` the port's eager class, whose SDPA computation `sdpa_class`
+    gives.
+    """
 
     original: torch.nn.Module
     eager: torch.nn.Module
@@ -64,7 +63,10 @@ class Pair:
 
 
 def verify_alone(original: ModuleType, ported: ModuleType, names: list[str], why: str) -> list[Check]:
-    """One check per attention class in `names` (see the module docstring); `why` says why no model covers them."""
+    """One check per attention class in `names`, as the module docstring says.
+
+    `why` says why no model covers them.
+    """
     checks = [Check("attention modules checked on their own", True, None, why)]
     for name in names:
         checks.append(_check_class(original, ported, name))
@@ -139,7 +141,7 @@ def _build(original: ModuleType, ported: ModuleType, name: str) -> Pair:
 
 
 def _config(original: ModuleType) -> Any | None:
-    """A tiny config of the file's model (its pretrained base's `config_class`), or None."""
+    """A tiny config of the file's model, from its pretrained base's `config_class`, or None."""
     for value in vars(original).values():
         config_class = getattr(value, "config_class", None)
         if isinstance(value, type) and value.__module__ == original.__name__ and isinstance(config_class, type):
@@ -170,8 +172,11 @@ def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
 
 
 def _eager_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The arguments with a config of their own per build, set to eager (transformers 5 dispatches from the config at
-    call time: `sdpa_call` switches the port's own to sdpa for one call, which must not reach the original's)."""
+    """The constructor arguments with a config of their own per build, set to eager.
+
+    Transformers 5 dispatches from the config at call time: `sdpa_call` switches the port's own config to sdpa for one
+    call, which must not reach the original's.
+    """
     out = dict(arguments)
     for name, value in arguments.items():
         if hasattr(value, "_attn_implementation"):

@@ -7,14 +7,21 @@ A model the harness cannot drive gets a `not verified` line saying why, never a 
 
 from __future__ import annotations
 
+import copy
 import inspect
+import sys
 from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
-from sdpa_port.verify import parity
-from sdpa_port.verify.configs import config_class_of, tiny_config
+import torch
+
+from sdpa_port.verify import drive, parity
+from sdpa_port.verify.candidates import candidates, model_classes
+from sdpa_port.verify.configs import config_class_of, flag_fields, tiny_config
+from sdpa_port.verify.diagnose import attention_classes, why_no_sdpa
 from sdpa_port.verify.parity import Check
+from sdpa_port.verify.terms import eager_sides, expected_on_eager, term_trials
 
 LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "MTModel")
 
@@ -25,22 +32,6 @@ class Targets:
     base: type
     lm: type | None
     kind: str
-
-
-def model_classes(module: ModuleType) -> list[type]:
-    """PreTrainedModel subclasses defined in the module, in definition order."""
-    from transformers import PreTrainedModel
-
-    out = []
-    for value in vars(module).values():
-        if (
-            isinstance(value, type)
-            and issubclass(value, PreTrainedModel)
-            and value.__module__ == module.__name__
-            and not value.__name__.endswith("PreTrainedModel")
-        ):
-            out.append(value)
-    return out
 
 
 def pick_targets(original: ModuleType) -> Targets | None:
@@ -77,11 +68,12 @@ def verify_pair(
     overrides: dict[str, Any] | None = None,
     generate: bool = True,
 ) -> list[Check]:
-    """Parity checks of `ported` against `original`: token models on padded ids (and greedy generation), any
-    other model on inputs synthesised from its forward signature and config (`drive.py`)."""
-    from sdpa_port.verify import drive
+    """Parity checks of `ported` against `original`, on token ids or on inputs the forward signature asks for.
 
-    found, _ = drive.candidates(original, ported, model_classes(original))
+    Token models on padded ids and by greedy generation; any other model on inputs synthesised from its forward
+    signature and config (`drive.py`).
+    """
+    found, _ = candidates(original, ported, model_classes(original))
     targets = pick_targets(original)
     if found and set(found[0].kinds) <= {"text"} and targets is not None:
         try:
@@ -90,7 +82,7 @@ def verify_pair(
             note = f"raised {type(error).__name__}: {str(error)[:160]}; driven instead"
             return [Check(f"{targets.base.__name__} token checks", True, None, note)] + drive.verify_driven(original, ported)
         covered = _built(targets, ported, overrides)
-        if set(drive.attention_classes(original, ported)) - covered:
+        if set(attention_classes(original, ported)) - covered:
             # attention classes the token models do not build (a vision tower): driven through other classes
             checks += drive.verify_driven(original, ported, covered=frozenset(covered))
         return checks
@@ -98,11 +90,7 @@ def verify_pair(
 
 
 def _built(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | None) -> set[str]:
-    """The port's classes the token models build for SDPA (on the meta device)."""
-    import copy
-
-    import torch
-
+    """The port's classes the token models build for SDPA, built on the meta device."""
     config = tiny_config(targets.config_class, overrides)
     names: set[str] = set()
     for model_class in filter(None, (targets.base, targets.lm)):
@@ -116,8 +104,10 @@ def _built(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | Non
 
 
 def _called(targets: Targets, ported: ModuleType, config: Any) -> set[str]:
-    """The port's classes the SDPA base model runs on a short batch: some are built only when the forward sees its
-    inputs (BigBird switches to full attention on short sequences)."""
+    """The port's classes the SDPA base model runs on a short batch, those built during the forward included.
+
+    Some are built only when the forward sees its inputs: BigBird switches to full attention on short sequences.
+    """
     names: set[str] = set()
     try:
         model = parity.build(getattr(ported, targets.base.__name__), config, "sdpa")
@@ -133,8 +123,6 @@ def _called(targets: Targets, ported: ModuleType, config: Any) -> set[str]:
 
 
 def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | None, generate: bool) -> list[Check]:
-    from sdpa_port.verify.configs import flag_fields
-
     defaults = flag_fields(targets.config_class().to_dict())  # e.g. a default language, no attention weights
     config = tiny_config(targets.config_class, {**defaults, **(overrides or {})})
     checks: list[Check] = []
@@ -165,14 +153,10 @@ def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any
 
 
 def _with_term_settings(targets: Targets, ported: ModuleType, config: Any, padding: str) -> list[Check]:
-    """The padded forward again under each config change that switches optional terms of the scores on (a relative
-    position flag off by default); the checks are named after the change."""
-    import copy
-    import sys
+    """The padded forward checked again under each config change that switches optional score terms on.
 
-    from sdpa_port.verify.diagnose import attention_classes
-    from sdpa_port.verify.terms import eager_sides, expected_on_eager, term_trials
-
+    Such as a relative position flag off by default; the checks are named after the change.
+    """
     checks: list[Check] = []
     original = sys.modules[targets.base.__module__]
     classes = [getattr(ported, name) for name in attention_classes(original, ported)]
@@ -192,8 +176,11 @@ def _with_term_settings(targets: Targets, ported: ModuleType, config: Any, paddi
 
 
 def _generate(targets: Targets, ported: ModuleType, config: Any) -> list[Check]:
-    """Greedy decoding with cache; a model whose original cannot generate from token ids alone (it needs other
-    inputs, e.g. Pop2Piano's features) gets a note instead, its forward checks standing alone."""
+    """Greedy decoding with cache, or a note where the original cannot generate from token ids alone.
+
+    A model whose original cannot generate from token ids alone (it needs other inputs, e.g. Pop2Piano's features) gets
+    a note instead, its forward checks standing alone.
+    """
     assert targets.lm is not None
     try:
         return parity.check_generate(targets.lm, getattr(ported, targets.lm.__name__), config)
@@ -208,10 +195,6 @@ def _generate(targets: Targets, ported: ModuleType, config: Any) -> list[Check]:
 
 
 def _explain_no_sdpa(checks: list[Check], targets: Targets, ported: ModuleType, config: Any) -> list[Check]:
-    import sys
-
-    from sdpa_port.verify.diagnose import why_no_sdpa
-
     try:
         model = parity.build(getattr(ported, targets.base.__name__), config, "sdpa")
         batch = parity.make_batch(config, targets.kind, "none")

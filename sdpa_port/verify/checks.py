@@ -42,10 +42,12 @@ class Check:
 
 
 def sharpen(model: torch.nn.Module, gain: float = 2.0, seed: int = 0) -> None:
-    """Re-draw weights so attention logits spread over several units (random init makes attention near uniform).
+    """Re-draw weights so that attention logits spread over several units.
 
-    Matrices get std gain/sqrt(fan_in), embeddings std 1, biases std 0.5, norm scales U(0.5, 1.5). A wrong scale or
-    a dropped additive term then moves the outputs far beyond the parity tolerance.
+    Random initialisation makes attention near uniform.
+
+    Matrices get std gain/sqrt(fan_in), embeddings std 1, biases std 0.5, norm scales U(0.5, 1.5). A wrong scale or a
+    dropped additive term then moves the outputs far beyond the parity tolerance.
     """
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -96,11 +98,14 @@ def accepts(model_class: type, argument: str) -> bool:
 
 
 def model_kind(config: Any, model_class: type, causal: Callable[[], bool] | None = None) -> str:
-    """`seq2seq` when the forward takes decoder inputs (not every class of an encoder-decoder config does: a
-    standalone decoder `...ForCausalLM`, an encoder `...EncoderModel`), `decoder` for causal models, else `encoder`.
+    """Whether a model class is a seq2seq model, a decoder or an encoder.
+
+    `seq2seq` when the forward takes decoder inputs (not every class of an encoder-decoder config does: a standalone
+    decoder `...ForCausalLM`, an encoder `...EncoderModel`), `decoder` for causal models, else `encoder`.
 
     The one rule for both the parity checks and the benchmarks. `causal`, when given, settles the classes whose name
-    and config say nothing (a base model such as `GPT2Model`) by running them (the benchmark's probe)."""
+    and config say nothing (a base model such as `GPT2Model`) by running them (the benchmark's probe).
+    """
     if getattr(config, "is_encoder_decoder", False) and accepts(model_class, "decoder_input_ids"):
         return "seq2seq"
     name = model_class.__name__
@@ -201,7 +206,7 @@ def compared(a: Any, b: Any, batch: Batch) -> Iterator[tuple[torch.Tensor, torch
 
 
 def max_difference(a: Any, b: Any, batch: Batch, relative: bool = False) -> float:
-    """Largest absolute (or relative to the largest magnitude) difference at non-padded positions."""
+    """The largest absolute difference at non-padded positions, or the largest relative to the largest magnitude."""
     worst = 0.0
     for left, right in compared(a, b, batch):
         difference = (left - right).abs()
@@ -219,10 +224,13 @@ BF16_LENGTH = 24  # tokens per example for the bf16 check: the median runs over 
 
 
 def typical_error(a: Any, b: Any, batch: Batch) -> float:
-    """The median over positions of each position's difference norm, relative to the output's RMS norm per position;
-    the largest over the outputs. A rounding that breaks a near tie of a sharp softmax moves a few positions a lot;
-    a wrong scale or term moves most of them, and so the median. Outputs of fewer than MIN_POSITIONS positions (the
-    pooled logits of a classifier) count only when no output has more."""
+    """How far outputs differ at a typical position, relative to their size.
+
+    The median over positions of each position's difference norm, relative to the output's RMS norm per position; the
+    largest over the outputs. A rounding that breaks a near tie of a sharp softmax moves a few positions a lot; a wrong
+    scale or term moves most of them, and so the median. Outputs of fewer than MIN_POSITIONS positions (the pooled
+    logits of a classifier) count only when no output has more.
+    """
     found: list[tuple[int, float]] = []
     for left, right in compared(a, b, batch):
         left, right = (left.flatten(1), right.flatten(1)) if left.dim() > 1 else (left[:, None], right[:, None])
@@ -236,9 +244,11 @@ def typical_error(a: Any, b: Any, batch: Batch) -> float:
 
 
 def with_last_hidden_states(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-    """The model's float outputs, and the last of each `*hidden_states` tuple (asked for where the forward takes
-    `output_hidden_states`): a classifier's pooled logits are a handful of numbers, its last hidden state has a
-    position per token."""
+    """The model's float outputs with the last of each hidden-states tuple added.
+
+    The last hidden state is asked for where the forward takes `output_hidden_states`: a classifier's pooled logits are
+    a handful of numbers, its last hidden state has a position per token.
+    """
     forward = getattr(model, "forward", model)
     try:
         takes = "output_hidden_states" in inspect.signature(forward).parameters
@@ -254,7 +264,10 @@ def with_last_hidden_states(model: Any, inputs: dict[str, Any]) -> dict[str, Any
 
 
 def attention_weights(output: Any) -> dict[str, tuple[torch.Tensor, ...]]:
-    """Every attention-weight output: `attentions`, or `encoder_`/`decoder_`/`cross_attentions` of seq2seq models."""
+    """Every attention-weight output of a model, seq2seq models' encoder, decoder and cross attentions included.
+
+    `attentions`, or `encoder_`/`decoder_`/`cross_attentions`.
+    """
     items = output.items() if hasattr(output, "items") else ()
     return {key: value for key, value in items if key.endswith("attentions") and value}
 
@@ -345,14 +358,16 @@ BF16_ULPS = 2.0**-7  # two units in the last place of bfloat16 (8 significant bi
 
 
 def bf16_error(reference: Any, eager: Any, sdpa: Any, batch: Batch) -> tuple[float, float, float]:
-    """(SDPA's bf16 error, eager's bf16 error, the bound) against an fp32 reference, as typical relative errors.
+    """How far SDPA and eager in bf16 are from an fp32 reference, and the bound SDPA must keep.
 
-    Both bf16 models round at every step; eager attention's own error measures what rounding costs this model on
-    these inputs. SDPA in bf16 passes when it is no more than twice as far from the fp32 result as eager in bf16,
-    plus two bf16 units: a wrong scale or a dropped term is many times that. The error is the median over positions
-    (`typical_error`), not the largest difference: on sharpened weights rounding breaks near ties of a softmax one
-    way or the other, so the largest difference of a correct port varies from input to input by more than a halved
-    bias term moves it.
+    Returns SDPA's bf16 error, eager's bf16 error and the bound, as typical relative errors.
+
+    Both bf16 models round at every step; eager attention's own error measures what rounding costs this model on these
+    inputs. SDPA in bf16 passes when it is no more than twice as far from the fp32 result as eager in bf16, plus two
+    bf16 units: a wrong scale or a dropped term is many times that. The error is the median over positions
+    (`typical_error`), not the largest difference: on sharpened weights rounding breaks near ties of a softmax one way
+    or the other, so the largest difference of a correct port varies from input to input by more than a halved bias
+    term moves it.
     """
     with torch.no_grad():
         expected = with_last_hidden_states(reference, batch.inputs)

@@ -30,7 +30,7 @@ def shrink_values(config: Any) -> dict[str, Any]:
 
 
 def shrink_fields(fields: dict[str, Any]) -> dict[str, Any]:
-    """Tiny values for the size fields among `fields` (name -> current or default value)."""
+    """Tiny values for the size fields among `fields`, which map names to current or default values."""
     values: dict[str, Any] = {}
     for name in sorted(fields):
         current = fields[name]
@@ -92,7 +92,10 @@ _LIST_DEPTHS = re.compile(r"^(depths|num_layers|layers)$")
 
 @dataclass(frozen=True)
 class Level:
-    """How far a config is shrunk for a model driven by images, audio or series; the driver tries them in order."""
+    """How far a config is shrunk for a model driven by images, audio or series.
+
+    The driver tries them in order.
+    """
 
     name: str
     scalars: bool = True  # widths, depths and heads given as integers (shrink_fields)
@@ -116,8 +119,10 @@ LEVELS = (
 
 
 def input_fields(fields: dict[str, Any], level: Level, timm_available: bool = True) -> dict[str, Any]:
-    """Changes to one config level (name -> value) that keep a non-text model small and runnable, with the
-    `flag_fields` that matter at every level."""
+    """The config changes of one level that keep a non-text model small and runnable.
+
+    Name -> value, with the `flag_fields` that matter at every level.
+    """
     values = flag_fields(fields, timm_available)
     if level.inputs:
         values.update(_input_sizes(fields))
@@ -129,10 +134,13 @@ def input_fields(fields: dict[str, Any], level: Level, timm_available: bool = Tr
 
 
 def flag_fields(fields: dict[str, Any], timm_available: bool = True) -> dict[str, Any]:
-    """Settings a check needs whatever the sizes: no pretrained backbone is ever loaded (nothing is downloaded);
-    attention weights are not requested (they force the eager fallback: ERNIE-M asks for them by default); a timm
-    backbone is replaced by the transformers one the config also offers when timm is not installed; a model that
-    needs a default language gets the first of its configured languages (X-MOD)."""
+    """Settings a check needs whatever the sizes.
+
+    No pretrained backbone is ever loaded (nothing is downloaded); attention weights are not requested (they force the
+    eager fallback: ERNIE-M asks for them by default); a timm backbone is replaced by the transformers one the config
+    also offers when timm is not installed; a model that needs a default language gets the first of its configured
+    languages (X-MOD).
+    """
     values: dict[str, Any] = {}
     if fields.get("use_pretrained_backbone"):
         values["use_pretrained_backbone"] = False
@@ -149,7 +157,7 @@ def flag_fields(fields: dict[str, Any], timm_available: bool = True) -> dict[str
 
 
 def timm_backbone(fields: dict[str, Any]) -> bool:
-    """The config's backbone is a timm one (a `timm_backbone` sub-config)."""
+    """Whether the config's backbone is a timm one, with a `timm_backbone` sub-config."""
     backbone = fields.get("backbone_config")
     return isinstance(backbone, dict) and backbone.get("model_type") == "timm_backbone"
 
@@ -236,11 +244,11 @@ def _stage_lists(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def level_kwargs(config_dict: dict[str, Any], level: Level, timm_available: bool = True) -> dict[str, Any]:
-    """Keyword arguments that rebuild a config (given as `to_dict()`) at `level`.
+    """Keyword arguments that rebuild a config, given as its `to_dict()`, at `level`.
 
-    Top-level fields are passed only where they change, so values the config derives in `__init__` are derived
-    again; sub-configs (dicts with a `model_type`) are passed whole with their changes, since a composite config's
-    defaults for them may differ from the sub-config class's own.
+    Top-level fields are passed only where they change, so values the config derives in `__init__` are derived again;
+    sub-configs (dicts with a `model_type`) are passed whole with their changes, since a composite config's defaults
+    for them may differ from the sub-config class's own.
     """
     kwargs = _level_kwargs(config_dict, level, timm_available)
     if level.tied:
@@ -269,8 +277,10 @@ def _level_kwargs(config_dict: dict[str, Any], level: Level, timm_available: boo
 
 
 def _hidden_ties(config_dict: dict[str, Any], kwargs: dict[str, Any]) -> dict[int, int]:
-    """Old size -> new size for every hidden size the level shrank (at any depth), and their halves; empty when one
-    old size would get two new ones."""
+    """Old size to new size for every hidden size the level shrank, and for their halves.
+
+    At any depth; empty when one old size would get two new ones.
+    """
     ties: dict[int, set[int]] = {}
 
     def collect(old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -328,8 +338,11 @@ def _changes(fields: dict[str, Any], level: Level, timm_available: bool) -> dict
 
 
 def _backbone_stages(fields: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """A backbone whose stages are its layers (a ViT backbone) keeps as many output stages as before, the last ones,
-    when its depth shrinks: `out_features` naming stage 24 of a two-layer model is rejected."""
+    """The output stages of a backbone whose stages are its layers, kept in number as its depth shrinks.
+
+    A ViT backbone keeps as many output stages as before, the last ones: `out_features` naming stage 24 of a two-layer
+    model is rejected.
+    """
     layers, indices, names = values.get("num_hidden_layers"), fields.get("out_indices"), fields.get("stage_names")
     if not (_int(layers) and isinstance(indices, (list, tuple)) and indices and isinstance(names, (list, tuple))):
         return {}
@@ -350,9 +363,11 @@ def _is_sub_config(value: Any) -> bool:
 
 
 def config_class_of(model_class: type) -> type | None:
-    """The config a model class is built from: its constructor's annotation when that names a config class (a
-    sub-model's own config, e.g. a Q-Former inside a composite whose shared `config_class` is the composite's),
-    else its `config_class`, else a `config` annotation."""
+    """The config class a model class is built from.
+
+    Its constructor's annotation when that names a config class (a sub-model's own config, e.g. a Q-Former inside a
+    composite whose shared `config_class` is the composite's), else its `config_class`, else a `config` annotation.
+    """
     annotated = _init_annotation(model_class)
     config_class = getattr(model_class, "config_class", None)
     if annotated is not None and not (isinstance(config_class, type) and issubclass(config_class, annotated)):

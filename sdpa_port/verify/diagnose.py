@@ -1,5 +1,8 @@
-"""Why a port built for SDPA ran no SDPA call: which attention classes the port changed, whether the model built
-them, whether they were called, and with what (imports torch)."""
+"""Why a port built for SDPA ran no SDPA call.
+
+Which attention classes the port changed, whether the model built them, whether they were called, and with what.
+Imports torch.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +12,11 @@ from typing import Any, Callable
 
 
 def changed_classes(original: ModuleType, ported: ModuleType) -> dict[str, type]:
-    """Module classes of the port that are new (class style: `XxxSdpaAttention`) or whose forward changed
-    (interface style: the attention module dispatching through `ALL_ATTENTION_FUNCTIONS`)."""
+    """The port's module classes that are new or whose forward changed.
+
+    New in class style (`XxxSdpaAttention`); changed in interface style (the attention module dispatching through
+    `ALL_ATTENTION_FUNCTIONS`).
+    """
     import torch
 
     out: dict[str, type] = {}
@@ -42,7 +48,7 @@ def attention_classes(original: ModuleType, ported: ModuleType) -> list[str]:
 
 
 def why_no_sdpa(model: Any, run: Callable[[], Any], original: ModuleType, ported: ModuleType) -> str:
-    """One sentence on why running `model` (built for SDPA) made no SDPA call."""
+    """One sentence on why running `model`, built for SDPA, made no SDPA call."""
     classes = changed_classes(original, ported)
     if not classes:
         return "the port changes no module class"
@@ -83,9 +89,11 @@ def why_no_sdpa(model: Any, run: Callable[[], Any], original: ModuleType, ported
 
 
 class PortCalls:
-    """Counts calls of `torch.nn.functional.scaled_dot_product_attention` made from the code of one module (the
-    port) while active: a model's SDPA calls may come from sub-models of other files that support SDPA already
-    (ZoeDepth's BEiT backbone), which says nothing about the port."""
+    """Counts the SDPA calls made from the code of one module, the port, while active.
+
+    Counts calls of `torch.nn.functional.scaled_dot_product_attention`: a model's SDPA calls may come from sub-models
+    of other files that support SDPA already (ZoeDepth's BEiT backbone), which says nothing about the port.
+    """
 
     DEPTH = 8  # frames walked up from the call: the port's forward, or the interface function it calls
 

@@ -1,11 +1,11 @@
-"""Deciding the inputs of a model's `forward` from its signature and its config (no torch).
+"""Deciding the inputs of a model's `forward` from its signature and its config, without torch.
 
 `plan_inputs` reads the parameter names of a model class's `forward` and the fields of its (tiny) config and returns
 the tensors to build, as shapes and value ranges: token ids, raw audio sized from the convolution strides, mel
 features, boxes, region features, images and videos at the configured size, time series sized from the context and
-prediction lengths. Where the config cannot tell a layout apart (mel features are `(batch, time, bins)` in some
-models and `(batch, bins, time)` in others) the plan lists alternatives; the driver keeps the first one the
-original model accepts. `drive.py` turns a plan into tensors.
+prediction lengths. Where the config cannot tell a layout apart (mel features are `(batch, time, bins)` in some models
+and `(batch, bins, time)` in others) the plan lists alternatives; the driver keeps the first one the original model
+accepts. `drive.py` turns a plan into tensors.
 
 What an argument means is read from its name: these are the documented argument names of transformers' `forward`
 methods, shared across models. Nothing here is keyed on a model's name.
@@ -38,7 +38,7 @@ class Param:
 
 
 def describe(function: Callable[..., Any]) -> tuple[Param, ...]:
-    """The named parameters of `function` (a model's forward), without self and catch-alls."""
+    """The named parameters of a model's forward, without self and catch-alls."""
     out = []
     for name, parameter in inspect.signature(function).parameters.items():
         if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
@@ -57,7 +57,10 @@ SUB_CONFIG_ORDER = {
 
 @dataclass(frozen=True)
 class ConfigView:
-    """A config's fields (name -> value) and those of its sub-configs (name -> fields), from `to_dict()`."""
+    """A config's fields and those of its sub-configs, read from `to_dict()`.
+
+    `fields` maps names to values, `subs` names to sub-configs' fields.
+    """
 
     fields: Mapping[str, Any]
     subs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -69,7 +72,7 @@ class ConfigView:
         return cls(top, subs)
 
     def get(self, names: Sequence[str], prefer: str | None = None, default: Any = None) -> Any:
-        """The first of `names` set (not None) in the preferred sub-configs, then the config, then the others."""
+        """The first of `names` set to a value in the preferred sub-configs, then the config, then the others."""
         for fields in self._order(prefer):
             for name in names:
                 value = fields.get(name)
@@ -95,10 +98,12 @@ def _is_config_dict(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One argument: `fill` says how values are drawn, `shape` its size.
+    """One argument of a forward, as the shape and the values to draw.
 
-    fill: ids (integers in [low, high)), normal, uniform (0..1), ones, boxes (x0<=x1, y0<=y1 within 0..high),
-    patches (flattened patches: row, column, then values), categorical (integers below each column's cardinality).
+    `fill` says how values are drawn, `shape` its size.
+
+    fill: ids (integers in [low, high)), normal, uniform (0..1), ones, boxes (x0<=x1, y0<=y1 within 0..high), patches
+    (flattened patches: row, column, then values), categorical (integers below each column's cardinality).
     """
 
     name: str
@@ -249,8 +254,11 @@ def _ids(name: str, length: int) -> Callable[..., tuple[Any, str]]:
 
 
 def _text_ids(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
-    """Token ids; with pixels, a model that replaces an image token by image features gets those tokens, as many as
-    its features per image (a resampler's latents, or one per patch) times one or two images."""
+    """Token ids, with image tokens where a model replaces them by image features.
+
+    With pixels, a model that replaces an image token by image features gets those tokens, as many as its features per
+    image (a resampler's latents, or one per patch) times one or two images.
+    """
     plain, kind = _ids("input_ids", TEXT_LENGTH)(view, names, vocab)
     token = view.get(("image_token_id", "image_token_index"))
     if "pixel_values" not in names or not isinstance(token, int) or not 0 < token < vocab:
@@ -297,7 +305,7 @@ def _image(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
 
 
 def _like_pixels(name: str) -> Callable[..., tuple[Any, str]]:
-    """A second image the size of `pixel_values` (SegGPT's prompt image and prompt mask)."""
+    """A second image the size of `pixel_values`, such as SegGPT's prompt image and prompt mask."""
 
     def build(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
         specs, kind = _pixels(view, names, vocab)
@@ -315,7 +323,10 @@ def image_size(view: ConfigView) -> tuple[int, int]:
 
 
 def conv_input_length(frames: int, kernels: Sequence[int], strides: Sequence[int]) -> int:
-    """The shortest input that a stack of valid convolutions (kernel k, stride s, no padding) maps to `frames`."""
+    """The shortest input that a stack of valid convolutions maps to `frames`.
+
+    Kernel k, stride s, no padding.
+    """
     length = frames
     for kernel, stride in reversed(list(zip(kernels, strides))):
         length = (length - 1) * int(stride) + int(kernel)
@@ -406,7 +417,7 @@ def _flattened_patches(view: ConfigView, names: set[str], vocab: int) -> tuple[A
 
 
 def series_lengths(view: ConfigView) -> tuple[int, int]:
-    """(past length, future length): the context plus the largest lag, and the prediction length."""
+    """The past and future lengths of a time series: the context plus the largest lag, and the prediction length."""
     context = int(view.get(("context_length",), None, 0) or 0)
     lags = view.get(("lags_sequence",))
     past = context + (max(lags) if lags else 0)
@@ -449,7 +460,7 @@ def _has_entities(view: ConfigView) -> bool:
 
 
 def _entity_ids(view: ConfigView, names: set[str], vocab: int) -> tuple[Any, str]:
-    """Entity ids (LUKE's entities beside the tokens), below the entity vocabulary."""
+    """Entity ids below the entity vocabulary, for LUKE's entities beside the tokens."""
     high = int(view.get(("entity_vocab_size",), None, 10))
     return TensorSpec("entity_ids", "ids", (BATCH, ENTITY_LENGTH), high=high, low=1, dtype="long"), "entities"
 

@@ -1,4 +1,4 @@
-"""Load a (ported) modeling file as a module of the installed transformers package."""
+"""Load a modeling file, ported or not, as a module of the installed transformers package."""
 
 from __future__ import annotations
 

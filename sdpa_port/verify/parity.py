@@ -23,16 +23,10 @@ from sdpa_port.verify.checks import (  # noqa: F401  (re-exported for callers)
     model_kind,
     sharpen,
 )
-from sdpa_port.verify.drive import (
-    RELATIVE_TOLERANCE,
-    Rounding,
-    attention_parity,
-    difference,
-    forward,
-    in_double,
-    replaced_classes,
-    within_rounding,
-)
+from sdpa_port.verify.attention_calls import attention_parity, replaced_classes
+from sdpa_port.verify.model_builds import forward
+from sdpa_port.verify.outputs import RELATIVE_TOLERANCE, difference
+from sdpa_port.verify.rounding import Rounding, in_double, within_rounding
 
 
 def check_forward(
@@ -81,7 +75,7 @@ def check_forward(
 
 
 def _within_rounding(original: Any, sdpa: Any, original_class: type, ported_class: type, batch: Batch) -> Rounding:
-    """`drive.within_rounding` for a token model: the difference is what the model makes of rounding."""
+    """`rounding.within_rounding` for a token model: the difference is what the model makes of rounding."""
     modules = sys.modules[original_class.__module__], sys.modules[ported_class.__module__]
     expected = forward(original, batch)
     found = difference(expected, forward(sdpa, batch), batch.keep)

@@ -32,7 +32,7 @@ LOGITS_TOLERANCE = 1e-4  # ExecuTorch (XNNPACK, fp32) against the same program r
 
 @dataclass
 class Models:
-    """The original's eager model (sharpened) and its weights, for building ported models alike."""
+    """The original's eager model, sharpened, and its weights, for building ported models alike."""
 
     original: Any
     state: dict[str, torch.Tensor]
@@ -105,9 +105,12 @@ class BatchingFailed(RuntimeError):
 
 @contextlib.contextmanager
 def _quiet_batching() -> Iterator[list[str]]:
-    """Continuous batching's logger (psutil notices, eos warnings) kept off stderr; its errors collected.
+    """Continuous batching's logger kept off stderr, its errors collected.
 
-    A filter on the logger itself, since the generation loop swaps its handlers for tqdm's while it runs."""
+    Its psutil notices and eos warnings are not the port's.
+
+    A filter on the logger itself, since the generation loop swaps its handlers for tqdm's while it runs.
+    """
     from transformers.generation.continuous_batching.utils import logger
 
     errors: list[str] = []
@@ -128,8 +131,10 @@ def _quiet_batching() -> Iterator[list[str]]:
 def check_continuous_batching(
     original_class: type, ported_class: type, config: Any, implementation: str = "sdpa", models: Models | None = None
 ) -> list[Check]:
-    """`generate_batch` (paged cache, packed prompts) of the port against each prompt's greedy `generate` of the
-    original. `implementation` "eager" runs transformers' `paged|eager`."""
+    """The port's batched generation with a paged cache against each prompt's greedy generation by the original.
+
+    `generate_batch` packs the prompts. `implementation` "eager" runs transformers' `paged|eager`.
+    """
     models = models or reference(original_class, config)
     expected = greedy_tokens(models.original)
     model = ported_model(ported_class, models, implementation)
@@ -187,8 +192,10 @@ def attention_layers(config: Any) -> int:
 def check_registered_kernel(
     original_class: type, ported_class: type, config: Any, models: Models | None = None
 ) -> list[Check]:
-    """A kernel registered through `AttentionInterface` and selected by name: called once per layer and step, always
-    with `position_ids`, and the tokens of the original."""
+    """A kernel registered through `AttentionInterface` and selected by name, as serving stacks plug theirs in.
+
+    The kernel is called once per layer and step, always with `position_ids`, and the tokens are the original's.
+    """
     models = models or reference(original_class, config)
     expected = greedy_tokens(models.original)
     record = KernelCalls([])
@@ -232,8 +239,10 @@ def exportable(model: Any, max_cache_len: int) -> Any:
 
 
 class DecodeStep(torch.nn.Module):
-    """The static-cache wrapper with positional inputs `(input_ids, cache_position)`, as ExecuTorch's runtime
-    passes them."""
+    """The static-cache wrapper called with positional inputs, as ExecuTorch's runtime passes them.
+
+    The inputs are `(input_ids, cache_position)`.
+    """
 
     def __init__(self, wrapper: torch.nn.Module) -> None:
         super().__init__()
@@ -244,7 +253,10 @@ class DecodeStep(torch.nn.Module):
 
 
 def export_static(model: Any, max_cache_len: int, strict: bool = True, length: int = 1) -> Any:
-    """A step of `length` tokens (one: the decode step) exported with a static cache, as ExecuTorch takes it."""
+    """A step of `length` tokens exported with a static cache, as ExecuTorch takes it.
+
+    One token is the decode step.
+    """
     step = DecodeStep(exportable(model, max_cache_len))
     example = (torch.ones(1, length, dtype=torch.long), torch.arange(length))
     with torch.no_grad():
@@ -283,7 +295,7 @@ def max_cache_length(prompts: tuple[tuple[int, ...], ...] = PROMPTS, new_tokens:
 def check_static_export(
     original_class: type, ported_class: type, config: Any, implementation: str = "sdpa", models: Models | None = None
 ) -> list[Check]:
-    """`torch.export` (strict) of the port with a static cache; its program decodes the original's tokens."""
+    """A strict `torch.export` of the port with a static cache, whose program decodes the original's tokens."""
     models = models or reference(original_class, config)
     expected = greedy_tokens(models.original)
     model = ported_model(ported_class, models, implementation)
@@ -338,8 +350,11 @@ def load_pte(buffer: bytes) -> Pte:
 def check_executorch(
     original_class: type, ported_class: type, config: Any, implementation: str = "sdpa", models: Models | None = None
 ) -> list[Check]:
-    """The static-cache program lowered to XNNPACK and run from its `.pte` buffer by ExecuTorch's runtime: its logits
-    at every step of a prompt and its greedy continuation equal those of the same module run eagerly."""
+    """The static-cache program lowered to XNNPACK and run by ExecuTorch, against the same module run eagerly.
+
+    The program runs from its `.pte` buffer: its logits at every step of a prompt and its greedy continuation equal
+    those of the same module run eagerly.
+    """
     name = f"{ported_class.__name__}[ExecuTorch XNNPACK .pte] logits == eager"
     missing = executorch_missing()
     if missing is not None:
@@ -365,9 +380,10 @@ def custom_sdpa_forward(
     module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
     scaling: float | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """ExecuTorch's `llama::custom_sdpa` behind the attention interface, the way optimum-executorch registers it:
-    static cache only, causal, the start position read from `position_ids` (the mask and `position_bias` are not
-    read)."""
+    """ExecuTorch's `llama::custom_sdpa` behind the attention interface, as optimum-executorch registers it.
+
+    Static cache only, causal, the start position read from `position_ids`; the mask and `position_bias` are not read.
+    """
     max_seq_len = key.shape[2]
     dtype = query.dtype
     query, key, value = (t.transpose(1, 2).to(torch.float32) for t in (query, key, value))
@@ -453,7 +469,10 @@ def _not_claimed(check: Check) -> Check:
 
 
 def serving_checks_for(ported: ModuleType, lm_class: type, config: Any) -> list[Check]:
-    """The serving checks of an interface-style port (transformers 5) of a decoder; none for other ports."""
+    """The serving checks of an interface-style port of a decoder, none for other ports.
+
+    Interface style is transformers 5's.
+    """
     import transformers
 
     if int(transformers.__version__.split(".")[0]) < 5 or not hasattr(ported, "ALL_ATTENTION_FUNCTIONS"):

@@ -1,8 +1,9 @@
-"""Config changes that switch optional terms of the attention scores on, for the verifier to run its checks under
-again: boolean flags off by default (`config.use_rel_pos`, `getattr(config, "relative_attention", False)`) and list
-fields whose members the attention tests (`"c2p" in self.pos_att_type`), and switches named after an optional input
-of the attention (`use_prompt` for MVP's `attn_prompt`). Read from the ported attention classes' source and
-signature; no torch needed."""
+"""Config changes that switch optional terms of the attention scores on, for the checks to run under again.
+
+Boolean flags off by default (`config.use_rel_pos`, `getattr(config, "relative_attention", False)`), list fields whose
+members the attention tests (`"c2p" in self.pos_att_type`), and switches named after an optional input of the attention
+(`use_prompt` for MVP's `attn_prompt`). Read from the ported attention classes' source and signature; no torch needed.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ C = TypeVar("C")  # a verifier `Check`
 
 
 def term_flags(classes: list[type], config: Any) -> list[str]:
-    """Boolean config fields, off in `config`, that the port's attention classes read (`config.use_rel_pos`):
-    they switch optional terms of the scores on, which the checks must see as well; `getattr(config, "x", d)`
-    reads count too."""
+    """Boolean config fields, off in `config`, that the port's attention classes read.
+
+    Such as `config.use_rel_pos`: they switch optional terms of the scores on, which the checks must see as well;
+    `getattr(config, "x", d)` reads count too.
+    """
     read: set[str] = set()
     for tree in _class_trees(classes):
         read |= {
@@ -34,9 +37,11 @@ def term_flags(classes: list[type], config: Any) -> list[str]:
 
 
 def term_lists(classes: list[type], config: Any) -> dict[str, list[str]]:
-    """Config list fields, empty or None in `config`, whose members switch terms of the scores on: the attention
-    classes test `"c2p" in self.pos_att_type` with `self.pos_att_type` read from `config.pos_att_type` (DeBERTa's
-    disentangled terms). Each field maps to the strings tested."""
+    """Config list fields, empty or None in `config`, whose members switch terms of the scores on.
+
+    The attention classes test `"c2p" in self.pos_att_type` with `self.pos_att_type` read from `config.pos_att_type`
+    (DeBERTa's disentangled terms). Each field maps to the strings tested.
+    """
     out: dict[str, list[str]] = {}
     for tree in _class_trees(classes):
         fields = _config_fields(tree)
@@ -56,9 +61,12 @@ def term_lists(classes: list[type], config: Any) -> dict[str, list[str]]:
 
 
 def setting_values(classes: list[type], config: Any) -> dict[str, list[str | None]]:
-    """String config fields the attention classes compare with literals (`self.position_embeddings_type ==
-    "relative"`, the attribute read from `config.position_embeddings_type`): each field maps to the other literals
-    compared, then None. An SDPA class that falls back to eager under one setting is reached under another."""
+    """String config fields that the attention classes compare with literals, and the other literals compared.
+
+    Such as `self.position_embeddings_type == "relative"`, the attribute read from `config.position_embeddings_type`:
+    each field maps to the other literals compared, then None. An SDPA class that falls back to eager under one setting
+    is reached under another.
+    """
     out: dict[str, list[str]] = {}
     trees = _class_trees(classes)
     fields = _all_config_fields(trees)  # an SDPA class compares what its eager base's `__init__` stored
@@ -82,12 +90,15 @@ def setting_values(classes: list[type], config: Any) -> dict[str, list[str | Non
 
 
 def eager_sides(classes: list[type], changes: dict[str, Any]) -> list[str]:
-    """The settings (`self.reorder_and_upcast_attn`, `self.config.x`) through which `changes` send a ported attention
-    class's forward into a branch the port keeps as written beside its dispatch: an `if` testing the setting alone
-    (or its `not`), one branch of which calls the implementation looked up in `ALL_ATTENTION_FUNCTIONS` and the
-    branch the change takes does not; or, in a class-style SDPA class, a part of the test that sends it back to
-    the eager forward (`if output_attentions or self.position_type == "relative": return super().forward(...)`)
-    which the change makes true. SDPA is not expected to run there."""
+    """The settings through which `changes` send a ported attention class to the eager branch it keeps.
+
+    The settings are read as `self.reorder_and_upcast_attn` or `self.config.x`. The branch is kept as written beside
+    the port's dispatch: an `if` testing the setting alone (or its `not`), one branch of which calls the implementation
+    looked up in `ALL_ATTENTION_FUNCTIONS` and the branch the change takes does not; or, in a class-style SDPA class, a
+    part of the test that sends it back to the eager forward
+    (`if output_attentions or self.position_type == "relative": return super().forward(...)`) which the change makes
+    true. SDPA is not expected to run there.
+    """
     out: list[str] = _fallback_sides(classes, changes)
     for tree in _class_trees(classes):
         fields = _config_fields(tree)
@@ -131,7 +142,7 @@ def _fallback_sides(classes: list[type], changes: dict[str, Any]) -> list[str]:
 
 
 def _returns_super_forward(statement: ast.stmt) -> bool:
-    """`return super().forward(...)`."""
+    """Whether the statement is `return super().forward(...)`."""
     if not isinstance(statement, ast.Return) or not isinstance(statement.value, ast.Call):
         return False
     func = statement.value.func
@@ -145,8 +156,10 @@ def _returns_super_forward(statement: ast.stmt) -> bool:
 
 
 def _true_under(part: ast.expr, fields: dict[str, str], changes: dict[str, Any]) -> bool:
-    """A part of a fallback test that `changes` decide true: a setting (or its `not`), or a setting compared with a
-    string by `==` or `!=`."""
+    """Whether `changes` make a part of a fallback test true.
+
+    A setting or its `not`, or a setting compared with a string by `==` or `!=`.
+    """
     if isinstance(part, ast.UnaryOp) and isinstance(part.op, ast.Not):
         field_name = _setting_field(part.operand, fields)
         return field_name is not None and field_name in changes and not changes[field_name]
@@ -163,7 +176,10 @@ def _true_under(part: ast.expr, fields: dict[str, str], changes: dict[str, Any])
 
 
 def _setting_field(read: ast.expr, fields: dict[str, str]) -> str | None:
-    """The config field a test reads: `self.x` where `__init__` stores the field in `x`, or `self.config.x`."""
+    """The config field a test reads, or None.
+
+    `self.x` where `__init__` stores the field in `x`, or `self.config.x`.
+    """
     if not isinstance(read, ast.Attribute):
         return None
     owner = read.value
@@ -175,7 +191,10 @@ def _setting_field(read: ast.expr, fields: dict[str, str]) -> str | None:
 
 
 def _reads_registry(node: ast.expr) -> bool:
-    """The expression reads `ALL_ATTENTION_FUNCTIONS` (`ALL_ATTENTION_FUNCTIONS.get_interface(...)`, `[...]`)."""
+    """Whether the expression reads `ALL_ATTENTION_FUNCTIONS`.
+
+    As `ALL_ATTENTION_FUNCTIONS.get_interface(...)` or `ALL_ATTENTION_FUNCTIONS[...]`.
+    """
     return any(isinstance(n, ast.Name) and n.id == "ALL_ATTENTION_FUNCTIONS" for n in ast.walk(node))
 
 
@@ -184,8 +203,11 @@ def _is_self(node: ast.expr) -> bool:
 
 
 def expected_on_eager(checks: list[C], sides: list[str]) -> list[C]:
-    """The checks of a run under a change `eager_sides` found: SDPA executing nowhere is what the port was made to
-    do there, and the "sdpa executed" checks say so instead of failing; "sdpa == eager" still judges that side."""
+    """The checks of a run under a change that sends the port to eager, judged as such.
+
+    For a change `eager_sides` found, SDPA executing nowhere is what the port was made to do, and the "sdpa executed"
+    checks say so instead of failing; "sdpa == eager" still judges that side.
+    """
     if not sides:
         return checks
     why = f"not expected: the port keeps {', '.join(f'`{side}`' for side in sides)} on eager, as written"
@@ -206,7 +228,10 @@ def _dispatches(body: list[ast.stmt], dispatchers: set[str]) -> bool:
 
 
 def _config_fields(tree: Any) -> dict[str, str]:
-    """`self.x = config.y` (or a `getattr(config, "y", ...)` read) in a class: self attribute -> config field."""
+    """The config field behind each self attribute of a class.
+
+    `self.x = config.y`, or a `getattr(config, "y", ...)` read.
+    """
     fields: dict[str, str] = {}
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
@@ -244,7 +269,7 @@ def _class_trees(classes: list[type]) -> list[Any]:
 
 
 def _getattr_config_reads(tree: Any) -> list[tuple[str, Any]]:
-    """`getattr(config, "name", default)` reads: (name, the call)."""
+    """The `getattr(config, "name", default)` reads of a tree, each with its call."""
     return [
         (node.args[1].value, node)
         for node in ast.walk(tree)
@@ -279,9 +304,11 @@ COMMON_WORDS = frozenset(
 
 
 def input_flags(classes: list[type], config: Any) -> list[str]:
-    """Boolean config fields, off in `config`, named after an optional input of the attention classes' forward
-    (`use_prompt` for MVP's `attn_prompt`): the model hands that input over only when the switch is on, so the
-    checks must run with it on as well. At most `TERM_FLAGS_CHECKED`."""
+    """Boolean config fields, off in `config`, named after an optional input of the attention classes.
+
+    Such as `use_prompt` for MVP's `attn_prompt`: the model hands that input over only when the switch is on, so the
+    checks must run with it on as well. At most `TERM_FLAGS_CHECKED`.
+    """
     words: set[str] = set()
     for attention in classes:
         try:
@@ -296,9 +323,11 @@ def input_flags(classes: list[type], config: Any) -> list[str]:
 
 
 def term_trials(classes: list[type], config: Any) -> list[tuple[str, dict[str, Any]]]:
-    """The config changes under which the checks run again, each with its label: every term flag on its own, every
-    switch of an optional input on its own (`input_flags`), then, where list fields switch terms on, every flag on
-    with those lists filled (DeBERTa's c2p and p2c need both)."""
+    """The config changes under which the checks run again, each with its label.
+
+    Every term flag on its own, every switch of an optional input on its own (`input_flags`), then, where list fields
+    switch terms on, every flag on with those lists filled (DeBERTa's c2p and p2c need both).
+    """
     flags = term_flags(classes, config)
     switches = [flag for flag in input_flags(classes, config) if flag not in flags]
     trials: list[tuple[str, dict[str, Any]]] = [(f"{flag}=True", {flag: True}) for flag in [*flags, *switches]]

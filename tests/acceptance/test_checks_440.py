@@ -118,7 +118,9 @@ def test_rounding_excuses_only_what_a_smooth_model_makes_of_rounding_in_its_atte
     import torch
 
     from sdpa_port.verify.checks import Batch
-    from sdpa_port.verify.drive import Difference, forward, within_rounding
+    from sdpa_port.verify.model_builds import forward
+    from sdpa_port.verify.outputs import Difference
+    from sdpa_port.verify.rounding import within_rounding
 
     class Attend(torch.nn.Module):  # stands for the attention module the port replaces
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -176,7 +178,7 @@ def test_infinities_by_design_compare_equal_where_both_sides_hold_them() -> None
 
     import torch
 
-    from sdpa_port.verify.drive import _infinite_entries, _same_entries, difference
+    from sdpa_port.verify.outputs import difference, infinite_entries, same_entries
 
     keep = torch.ones(2, 3, dtype=torch.bool)
     logits = torch.tensor([[[0.5, -math.inf], [1.0, 2.0], [0.0, -math.inf]]] * 2)
@@ -187,9 +189,9 @@ def test_infinities_by_design_compare_equal_where_both_sides_hold_them() -> None
     unmasked = logits.clone()
     unmasked[0, 0, 1] = 0.0
     assert math.isinf(difference({"logits": logits}, {"logits": unmasked}, keep).absolute)
-    assert _same_entries(_infinite_entries({"logits": logits}), _infinite_entries({"logits": logits * 2}))
-    assert not _same_entries(_infinite_entries({"logits": logits}), _infinite_entries({"logits": unmasked}))
-    assert _infinite_entries({"logits": torch.tensor([math.nan])}) is None
+    assert same_entries(infinite_entries({"logits": logits}), infinite_entries({"logits": logits * 2}))
+    assert not same_entries(infinite_entries({"logits": logits}), infinite_entries({"logits": unmasked}))
+    assert infinite_entries({"logits": torch.tensor([math.nan])}) is None
 
 
 def test_a_pooled_output_alone_is_still_compared() -> None:

@@ -182,6 +182,31 @@ def test_verify_port_loads_a_second_file_of_a_model_folder(workdir: Path) -> Non
     assert any("Data2VecAudioModel[audio] driven: ok" in line for line in report.lines), report.lines
 
 
+
+@pytest.mark.parametrize("copied", ["blip_text", "fixture"])
+def test_verify_port_places_a_file_copied_out_of_its_folder_by_its_imports(copied: str, tmp_path: Path) -> None:
+    """A modeling file outside a `models/<name>/` tree is loaded where its relative imports resolve: the copy of
+    blip/modeling_blip_text.py (`.configuration_blip`) in transformers.models.blip, a fixture (`...` imports only)
+    in a model package; `transformers.models.blip_text` or `...tiny_decoder`, which its name gives, do not exist."""
+    from harness import modeling_path
+
+    from sdpa_port import port_source
+    from sdpa_port.edge.after_port import package_of, verify_port
+
+    if copied == "blip_text":
+        original = modeling_path("blip").with_name("modeling_blip_text.py")
+        expected = "BlipTextModel"
+    else:
+        original = Path(__file__).resolve().parents[2] / "fixtures" / "class_style" / "modeling_tiny_decoder.py"
+        expected = "TinyDecoderModel"
+    path = tmp_path / original.name
+    path.write_text(original.read_text(encoding="utf-8"), encoding="utf-8")
+    assert not importlib.util.find_spec(package_of(path))  # the package the name gives is no installed one
+    source = path.read_text(encoding="utf-8")
+    report = verify_port(path, source, port_source(source, filename=str(path)))
+    assert report.passed, report.lines
+    assert any(line.startswith(expected) and "sdpa executed: ok" in line for line in report.lines), report.lines
+
 def test_a_worker_dying_while_verifying_is_an_error_for_that_file_only(tmp_path: Path) -> None:
     """A modeling file that kills its process when executed (as the OOM killer would): --verify executes it in a
     worker; that file is an error, the batch goes on and verifies the others. (Run through the command line, as

@@ -6,7 +6,7 @@ from conftest import Session
 from layout import model_file, model_folder
 
 from sdpa_port.checkout.copies import Inconsistency, check_tree
-from sdpa_port.checkout.family import lost_markers
+from sdpa_port.checkout.markers import lost_markers
 from sdpa_port.checkout.ruff import Ruff
 from sdpa_port.checkout.tree import Directory
 

@@ -14,7 +14,8 @@ from sdpa_port.edge import runner
 from sdpa_port.edge.files import Target, discover
 from sdpa_port.edge.progress import progress_bar
 from sdpa_port.edge.report import summary_lines
-from sdpa_port.edge.runner import RunOptions, Summary, run
+from sdpa_port.edge.outcome import Outcome, RunOptions, Summary
+from sdpa_port.edge.runner import run
 from sdpa_port.result import PortResult, Status
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -221,8 +222,8 @@ def test_progress_bar_on_a_terminal_counts_files(tmp_path: Path) -> None:
     bar = progress_bar(2, stream)
     assert bar is not None
     done = PortResult(Status.PORTED, "")
-    bar.advance(runner.Outcome(Path("a.py"), done))
-    bar.advance(runner.Outcome(Path("b.py"), done))
+    bar.advance(Outcome(Path("a.py"), done))
+    bar.advance(Outcome(Path("b.py"), done))
     bar.close()
     assert "2/2" in stream.getvalue()
 

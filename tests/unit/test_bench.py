@@ -14,8 +14,9 @@ import typer
 from typer.testing import CliRunner
 
 from sdpa_port.bench import report
-from sdpa_port.bench.cli import bench_app, parse_lengths, parse_phases
+from sdpa_port.bench.cli import bench_app
 from sdpa_port.bench.config import bench_config_kwargs, role_of
+from sdpa_port.bench.options import parse_lengths, parse_phases
 from sdpa_port.bench.run import phases_of
 from sdpa_port.bench.spec import BenchResult, Kind, ModelRef, Phase, Row, Settings, Size
 from sdpa_port.bench.target import TargetError, guess_package, prepare

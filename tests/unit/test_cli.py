@@ -136,6 +136,34 @@ def test_help_in_a_subprocess() -> None:
     assert "--check" in completed.stdout and "Exit codes" in completed.stdout
 
 
+
+@pytest.mark.parametrize("columns", [80, 120])
+@pytest.mark.parametrize("command", ["port", "bench"])
+def test_help_paragraphs_wrap_at_the_terminal_width(command: str, columns: int) -> None:
+    """A help line ends early only where the next word would not fit, and every paragraph of the docstring is there.
+
+    Typer keeps the line breaks of a docstring's later paragraphs, which then break in mid-sentence at any width
+    but the source's; the commands reflow their paragraphs (`edge/command_help.py`).
+    """
+    from sdpa_port.bench.cli import bench, bench_app
+    from sdpa_port.cli import port
+
+    app, function = (port_app, port) if command == "port" else (bench_app, bench)
+    result = runner.invoke(app, ["--help"], env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    # the prose outside the panels of arguments and options, in paragraphs
+    lines = [line.rstrip() for line in result.stdout.splitlines() if not line.lstrip().startswith(("╭", "│", "╰"))]
+    assert max(len(line) for line in lines) <= columns
+    early = [
+        line
+        for line, following in zip(lines, lines[1:])
+        if line and following and len(line) + 1 + len(following.split()[0]) <= columns - 1
+    ]
+    assert not early, f"lines broken before the width of {columns} columns:\n" + "\n".join(early)
+    prose = " ".join(" ".join(lines).split())
+    for paragraph in (function.__doc__ or "").split("\n\n"):
+        assert " ".join(paragraph.split()) in prose
+
 BAD_FILES = {
     "modeling_syntax.py": b"import torch\ndef broken(:\n",
     "modeling_empty.py": b"",

@@ -6,7 +6,8 @@ import textwrap
 
 from sdpa_port.checkout import testers
 from sdpa_port.checkout.copies import check_tree
-from sdpa_port.checkout.family import Ported, dict_name, keep_consistent
+from sdpa_port.checkout.family import Ported, keep_consistent
+from sdpa_port.checkout.follow import dict_name
 from sdpa_port.checkout.tree import Overlay, Texts
 
 ALPHA = "src/transformers/models/alpha/modeling_alpha.py"

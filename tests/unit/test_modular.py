@@ -7,7 +7,8 @@ from pathlib import Path
 
 from sdpa_port.checkout.modular import carry
 from sdpa_port.edge.files import Target, discover
-from sdpa_port.edge.runner import RunOptions, run
+from sdpa_port.edge.outcome import RunOptions
+from sdpa_port.edge.runner import run
 from sdpa_port.result import Status
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"

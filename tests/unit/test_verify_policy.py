@@ -22,7 +22,8 @@ from sdpa_port.edge import after_port, trust
 from sdpa_port.edge.after_port import Verification
 from sdpa_port.edge.files import Target, discover
 from sdpa_port.edge.report import summary_lines
-from sdpa_port.edge.runner import RunOptions, run
+from sdpa_port.edge.outcome import RunOptions
+from sdpa_port.edge.runner import run
 from sdpa_port.edge.trust import BATCH, NOT_ASKED, NOT_WRITING, UNTRUSTED, MissingDependency, Verifying, decide
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -268,7 +269,7 @@ def test_a_checkout_file_ported_in_place_without_torch_says_what_to_install(impo
 
 def test_files_changed_beside_a_port_are_said_unverified_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from sdpa_port.edge.report import print_unverified_beside
-    from sdpa_port.edge.runner import Outcome, Summary
+    from sdpa_port.edge.outcome import Outcome, Summary
     from sdpa_port.edge.trust import COPIES, FAMILY
     from sdpa_port.result import PortResult, Status
 
