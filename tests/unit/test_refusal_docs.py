@@ -1,4 +1,9 @@
-"""docs/refusals.md: every refusal code is documented, and every documented example gets exactly its code."""
+"""docs/refusals.md: every refusal code is documented, and every documented example gets exactly its code.
+
+Each code has one section, `### CODE: title`, under its family's heading (`## S: ...` for S101), with the same four
+parts in order, as ruff's rule pages have: what it is, why no exact SDPA call expresses it, what would make it
+portable, and the example (the tested block of that code).
+"""
 
 from __future__ import annotations
 
@@ -29,6 +34,38 @@ def blocks() -> tuple[str, dict[str, tuple[str, str]]]:
 SCAFFOLD, EXAMPLES = blocks()
 
 
+PARTS = ("What it is", "Why no exact SDPA call expresses it", "What would make it portable", "Example")
+HEADING = re.compile(r"^(##|###) (\S+?): (.*)$", re.M)
+
+
+def sections(text: str) -> dict[str, tuple[str, str, str]]:
+    """Each `### CODE: title` section: (the family heading above it, its title, its text up to the next heading)."""
+    found: dict[str, tuple[str, str, str]] = {}
+    family = ""
+    headings = list(HEADING.finditer(text))
+    for index, heading in enumerate(headings):
+        level, name, title = heading.groups()
+        if level == "##":
+            family = name
+            continue
+        end = headings[index + 1].start() if index + 1 < len(headings) else len(text)
+        assert name not in found, f"{name} is documented twice"
+        found[name] = (family, title, text[heading.end() : end])
+    return found
+
+
+def parts_of(body: str) -> list[tuple[str, str]]:
+    """The `**Part.**` labels of a section, in order, each with the text it heads (up to the next label)."""
+    labels = list(re.finditer(r"^\*\*(.+?)\.\*\*", body, re.M))
+    return [
+        (label.group(1), body[label.end() : labels[i + 1].start() if i + 1 < len(labels) else len(body)].strip())
+        for i, label in enumerate(labels)
+    ]
+
+
+SECTIONS = sections(DOC.read_text(encoding="utf-8"))
+
+
 def source_of(code: str) -> str:
     form, body = EXAMPLES[code]
     if form != "forward":
@@ -41,6 +78,28 @@ def test_every_code_is_documented_with_an_example() -> None:
     for code in Code:
         assert f"### {code.code}: {code.title}" in text, code
     assert sorted(EXAMPLES) == sorted(code.code for code in Code)
+
+
+def test_no_section_documents_a_code_that_does_not_exist() -> None:
+    assert sorted(SECTIONS) == sorted(code.code for code in Code)
+    for code in Code:
+        assert SECTIONS[code.code][1] == code.title, (code.code, SECTIONS[code.code][1])
+
+
+@pytest.mark.parametrize("code", sorted(SECTIONS))
+def test_section_sits_under_its_family(code: str) -> None:
+    assert SECTIONS[code][0] == code[0], f"{code} is documented under the heading of family {SECTIONS[code][0]}"
+
+
+@pytest.mark.parametrize("code", sorted(SECTIONS))
+def test_section_has_the_four_parts_in_order(code: str) -> None:
+    parts = parts_of(SECTIONS[code][2])
+    assert tuple(label for label, _ in parts) == PARTS, (code, [label for label, _ in parts])
+    for label, text in parts:
+        assert text, f"{code}: **{label}.** is empty"
+    example = parts[-1][1]
+    assert re.match(rf"<!-- example: {code}[ -]", example), f"{code}: **Example.** does not hold its tested block"
+    assert example.endswith("```"), f"{code}: text after the example block"
 
 
 @pytest.mark.parametrize("code", sorted(EXAMPLES))
