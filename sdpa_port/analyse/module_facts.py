@@ -5,16 +5,14 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
+from sdpa_port.analyse.module_sites import ModuleSites
 from sdpa_port.analyse.names import ImportMap
 from sdpa_port.discover.screen import Uses, uses
 
-if TYPE_CHECKING:
-    from sdpa_port.analyse.module_sites import ModuleSites
 
 
 class ClassInfo:
@@ -265,8 +263,6 @@ class ModuleFacts:
     def module_sites(self) -> ModuleSites:
         """The file's module construction sites and calls (`analyse.module_sites`), found once and shared by every
         pass that asks (mask flow, weight requests)."""
-        from sdpa_port.analyse.module_sites import ModuleSites
-
         return ModuleSites(self)
 
     @cached_property

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
 
-from sdpa_port.analyse.module_facts import ModuleFacts
+if TYPE_CHECKING:  # the facts build their module sites: a type-only import back
+    from sdpa_port.analyse.module_facts import ModuleFacts
 
 CONTAINERS = ("ModuleList", "Sequential", "ModuleDict")
 # `torch.utils.checkpoint.checkpoint(module, *args)`, `self._gradient_checkpointing_func(module.__call__, *args)`

@@ -15,23 +15,8 @@ from typing import Mapping, Sequence
 import libcst as cst
 
 from sdpa_port.analyse import chain as t
-from sdpa_port.analyse.cstutil import (
-    all_assigned_names,
-    assigned_names,
-    assignment,
-    binary,
-    block_body,
-    code,
-    expr,
-    if_chain,
-    nodes_in,
-    parenthesized,
-    plus,
-    primary,
-    rebuild_if,
-    replace_names,
-    replace_nodes,
-)
+from sdpa_port.analyse.cstutil import assigned_names, assignment, binary, block_body, code, expr, if_chain, nodes_in, parenthesized, plus, primary, rebuild_if
+from sdpa_port.rewrite.edit import replace_names, replace_nodes
 from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.analyse.patterns import DropoutCall, cast_operand, inverse, least_rank, permuted, walk_names
 from sdpa_port.refusals import Code, Refuse
