@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
-if TYPE_CHECKING:  # the facts build their module sites: a type-only import back
-    from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.module_facts import ModuleFacts
 
 CONTAINERS = ("ModuleList", "Sequential", "ModuleDict")
 # `torch.utils.checkpoint.checkpoint(module, *args)`, `self._gradient_checkpointing_func(module.__call__, *args)`
@@ -104,6 +103,15 @@ class _Ref:
     site: tuple[str, str] | None
     classes: frozenset[str]
     element: bool
+
+
+def module_sites(facts: ModuleFacts) -> ModuleSites:
+    """The file's module sites and calls, found once per file and shared by every pass that asks."""
+    found = facts.derived.get("module_sites")
+    if not isinstance(found, ModuleSites):
+        found = ModuleSites(facts)
+        facts.derived["module_sites"] = found
+    return found
 
 
 class ModuleSites:
