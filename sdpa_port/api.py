@@ -14,7 +14,8 @@ from sdpa_port.discover.eager_sites import find_eager_attention, undispatched_si
 from sdpa_port.discover.modular import note_modular_origin
 from sdpa_port.discover.release import Release
 from sdpa_port.discover.screen import Screen, screen
-from sdpa_port.plan.class_style import ClassStylePlan, apply_class_style, plan_class_style
+from sdpa_port.plan.class_style import ClassStylePlan, plan_class_style
+from sdpa_port.rewrite.class_style import apply_class_style
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite.copied_from import reconcile_copied_from

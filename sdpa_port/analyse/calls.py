@@ -15,7 +15,7 @@ import libcst.matchers as m
 
 from sdpa_port.analyse.known import false_flag
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.module_sites import ModuleCall, ModuleSites, parameter_default
+from sdpa_port.analyse.module_sites import ModuleCall, ModuleSites, module_sites, parameter_default
 
 
 def always_asks_for_weights(facts: ModuleFacts, class_name: str, parameter: str, position: int | None) -> bool:
@@ -23,7 +23,7 @@ def always_asks_for_weights(facts: ModuleFacts, class_name: str, parameter: str,
     `parameter` (by keyword, or at `position` among the positional arguments), leaves it to a default of True, or
     passes on a `forward` parameter of its own of which the same holds (ERNIE-M's layer defaults
     `output_attentions=True` and its encoder never passes it). False when no call is found."""
-    sites = facts.module_sites
+    sites = module_sites(facts)
     return _always_true(sites, class_name, parameter, position, frozenset())
 
 
@@ -137,7 +137,7 @@ def _constructed_values(facts: ModuleFacts, class_name: str, attribute: str) -> 
     from one of its parameters with a literal True/False default; None where any value cannot be read."""
     values = facts.find_attribute_values(class_name, attribute)
     found = facts.find_method(class_name, "__init__")
-    sites = facts.module_sites
+    sites = module_sites(facts)
     if len(values) != 1 or not isinstance(values[0], cst.Name) or found is None:
         return None
     if sites.subclasses(class_name) - {class_name}:  # a subclass built elsewhere in the file shares the flag

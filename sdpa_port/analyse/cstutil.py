@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable, Container, Iterable, Mapping, Sequence, TypeVar
+from typing import Callable, Container, Iterable, Sequence, TypeVar
 
 import libcst as cst
-import libcst.matchers as m
 
 N = TypeVar("N", bound=cst.CSTNode)
 
@@ -23,29 +22,6 @@ def expr(text: str) -> cst.BaseExpression:
 
 def stmt(text: str) -> cst.BaseStatement:
     return cst.parse_statement(text)
-
-
-class ReplaceNames(cst.CSTTransformer):
-    """Replace reads of names (not attribute names, not keywords) by expressions."""
-
-    def __init__(self, mapping: Mapping[str, cst.BaseExpression]) -> None:
-        self.mapping = mapping
-
-    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
-        # restore the attribute name, which the generic Name rule may have touched
-        return updated.with_changes(attr=original.attr)
-
-    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
-        return updated.with_changes(keyword=original.keyword)
-
-    def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
-        return original
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-        replacement = self.mapping.get(original.value)
-        if replacement is None:
-            return updated
-        return primary(replacement)  # the name may stand anywhere: a compound replacement keeps its own grouping
 
 
 # ---------------------------------------------------------------- building expressions with the right parentheses
@@ -127,32 +103,6 @@ def primary(node: cst.BaseExpression) -> cst.BaseExpression:
     return node
 
 
-class _RebaseConfig(cst.CSTTransformer):
-    """Move the `config` at the root of attribute chains between `config` and `self.config`."""
-
-    def __init__(self, to_self: bool) -> None:
-        self.to_self = to_self
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-        if self.to_self and updated.value == "config":
-            return cst.Attribute(value=cst.Name("self"), attr=cst.Name("config"))
-        return updated
-
-    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
-        # attribute names are `Name` nodes too: `x.config` keeps its name
-        updated = updated.with_changes(attr=original.attr)
-        if not self.to_self and m.matches(updated, m.Attribute(value=m.Name("self"), attr=m.Name("config"))):
-            return cst.Name("config")
-        return updated
-
-
-def rebase_config(node: cst.BaseExpression, to_self: bool) -> cst.BaseExpression:
-    """`config.x.y` -> `self.config.x.y` (to_self) or back: only the `config` at the root of a chain moves."""
-    result = node.visit(_RebaseConfig(to_self))
-    assert isinstance(result, cst.BaseExpression)
-    return result
-
-
 def _broken_parentheses() -> tuple[cst.ParenthesizedWhitespace, cst.ParenthesizedWhitespace]:
     """The whitespace after `(` and before `)` of a call broken over lines: a newline, then one level deeper
     (after the opening) or back at the statement's indentation (before the closing)."""
@@ -195,43 +145,6 @@ LINE_LENGTH = 119  # transformers' ruff line length
 def fits(statement: cst.BaseStatement, indent: int, limit: int = LINE_LENGTH) -> bool:
     """Every line of `statement`, placed `indent` columns in, stays within `limit` columns."""
     return all(indent + len(line) <= limit for line in code(statement).splitlines())
-
-
-def lay_out_call(
-    statement: cst.BaseStatement, call: cst.Call, indent: int, limit: int = LINE_LENGTH
-) -> cst.BaseStatement:
-    """`statement` with `call` (a node inside it) laid out as ruff format would: on one line when the statement
-    fits, else its arguments on one indented line, else one argument per line."""
-    for layout in (hugged, one_per_line):
-        if fits(statement, indent, limit):
-            break
-        laid = layout(call)
-        candidate = replace_nodes(statement, {call: laid})
-        statement, call = candidate, laid
-    return statement
-
-
-def replace_names(node: cst.CSTNode, mapping: Mapping[str, cst.BaseExpression]):  # type: ignore[no-untyped-def]
-    if not mapping:
-        return node
-    return node.visit(ReplaceNames(mapping))
-
-
-class ReplaceNodes(cst.CSTTransformer):
-    """Replace specific node objects (nodes compare by identity) with new nodes."""
-
-    def __init__(self, mapping: dict[cst.CSTNode, cst.CSTNode]) -> None:
-        self.mapping = mapping
-
-    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> cst.CSTNode:  # type: ignore[override]
-        replacement = self.mapping.get(original_node)
-        return replacement if replacement is not None else updated_node
-
-
-def replace_nodes(node: cst.CSTNode, mapping: dict[cst.CSTNode, cst.CSTNode]):  # type: ignore[no-untyped-def]
-    if not mapping:
-        return node
-    return node.visit(ReplaceNodes(mapping))
 
 
 def assigned_names(target: cst.BaseExpression) -> list[str]:
@@ -398,3 +311,37 @@ def reads_only_self_attributes(test: cst.BaseExpression) -> bool:
     names = nodes_of_type(test, cst.Name, into_scopes=True)
     attributes = nodes_of_type(test, cst.Attribute, into_scopes=True)
     return all(n.value == "self" or any(n is a.attr for a in attributes) for n in names)
+
+
+def function_names(function: cst.FunctionDef) -> set[str]:
+    """Every name read or assigned in a function, parameters included."""
+    names = walk_names(function.body) | all_assigned_names([function.body])
+    names.update(param.name.value for param in function.params.params)
+    names.update(param.name.value for param in function.params.kwonly_params)
+    return names
+
+
+def walk_names(node: cst.CSTNode) -> set[str]:
+    """Every `Name` read in an expression (attribute names excluded)."""
+    collector = _NameCollector()
+    node.visit(collector)
+    return collector.names
+
+
+class _NameCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Param(self, node: cst.Param) -> bool:
+        return False

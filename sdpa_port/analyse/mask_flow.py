@@ -20,7 +20,7 @@ from sdpa_port.analyse.cstutil import code
 from sdpa_port.analyse.mask_helpers import CAUSAL_FUNCTIONS, EXTENDED, MaskHelpers
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.names import ImportMap
-from sdpa_port.analyse.module_sites import ModuleCall, Site, parameter_default
+from sdpa_port.analyse.module_sites import ModuleCall, Site, module_sites, parameter_default
 
 CAUSAL_BUILDER = "create_causal_mask"
 BIDIRECTIONAL_BUILDER = "create_bidirectional_mask"
@@ -178,7 +178,7 @@ class MaskFlow:
         self.helpers = helpers
         self.facts = facts
         self.imports = facts.imports
-        self.modules = facts.module_sites
+        self.modules = module_sites(facts)
         self.per_implementation = _per_implementation_functions(self.modules.tree, facts.imports)
         # the file's own module-level functions (another library's helper may have transformers' name)
         self.own_functions = frozenset(n.name for n in self.modules.tree.body if isinstance(n, ast.FunctionDef))

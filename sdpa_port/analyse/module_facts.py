@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
@@ -13,8 +12,6 @@ from libcst.helpers import get_full_name_for_node
 from sdpa_port.analyse.names import ImportMap
 from sdpa_port.discover.screen import Uses, uses
 
-if TYPE_CHECKING:
-    from sdpa_port.analyse.module_sites import ModuleSites
 
 
 class ClassInfo:
@@ -159,6 +156,8 @@ class ModuleFacts:
     order: tuple[str, ...] = field(default=())  # top-level class/function/assignment names in source order
     # the same file read by the standard `ast` module: cheap structural queries over whole classes
     tree: ast.Module | None = None
+    # facts other modules derive from these, computed once per file (`module_sites.module_sites`)
+    derived: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, module: cst.Module, tree: ast.Module | None = None) -> "ModuleFacts":
@@ -260,14 +259,6 @@ class ModuleFacts:
                 if base.split(".")[-1] == base_suffix or base.endswith(base_suffix):
                     return True
         return False
-
-    @cached_property
-    def module_sites(self) -> ModuleSites:
-        """The file's module construction sites and calls (`analyse.module_sites`), found once and shared by every
-        pass that asks (mask flow, weight requests)."""
-        from sdpa_port.analyse.module_sites import ModuleSites
-
-        return ModuleSites(self)
 
     @cached_property
     def pretrained_roots(self) -> tuple[str, ...]:

@@ -105,6 +105,15 @@ class _Ref:
     element: bool
 
 
+def module_sites(facts: ModuleFacts) -> ModuleSites:
+    """The file's module sites and calls, found once per file and shared by every pass that asks."""
+    found = facts.derived.get("module_sites")
+    if not isinstance(found, ModuleSites):
+        found = ModuleSites(facts)
+        facts.derived["module_sites"] = found
+    return found
+
+
 class ModuleSites:
     """The sites and calls of one file's modules, found on first use and kept."""
 

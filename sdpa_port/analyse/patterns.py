@@ -15,7 +15,10 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 
-from sdpa_port.analyse.cstutil import all_assigned_names, binary, is_docstring, parenthesized, precedence, primary, replace_names
+from sdpa_port.analyse.cstutil import binary, is_docstring, parenthesized, precedence, primary
+from sdpa_port.analyse.cstutil import function_names as function_names  # read as `patterns.function_names` too
+from sdpa_port.analyse.cstutil import walk_names as walk_names  # read as `patterns.walk_names` too
+from sdpa_port.rewrite.edit import replace_names
 
 SOFTMAX_FUNCTIONS = frozenset({"torch.nn.functional.softmax", "torch.softmax", "torch.Tensor.softmax"})
 SOFTMAX_MODULES = frozenset({"torch.nn.Softmax"})
@@ -104,6 +107,12 @@ def self_attribute_name(node: cst.BaseExpression) -> str | None:
 
 
 # ---------------------------------------------------------------- numbers
+
+
+# `torch.finfo(...).min`
+FINFO_MIN = m.Attribute(
+    value=m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.Name("finfo"))), attr=m.Name("min")
+)
 
 
 def number(node: cst.BaseExpression) -> float | None:
@@ -856,38 +865,3 @@ def reshape_args(node: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst
         return None
     assert isinstance(node, cst.Call)
     return found[0], list(node.args)
-
-
-def function_names(function: cst.FunctionDef) -> set[str]:
-    """Every name read or assigned in a function, parameters included."""
-    names = walk_names(function.body) | all_assigned_names([function.body])
-    names.update(param.name.value for param in function.params.params)
-    names.update(param.name.value for param in function.params.kwonly_params)
-    return names
-
-
-def walk_names(node: cst.CSTNode) -> set[str]:
-    """Every `Name` read in an expression (attribute names excluded)."""
-    collector = _NameCollector()
-    node.visit(collector)
-    return collector.names
-
-
-class _NameCollector(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.names.add(node.value)
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)
-        return False
-
-    def visit_Arg(self, node: cst.Arg) -> bool:
-        node.value.visit(self)
-        return False
-
-    def visit_Param(self, node: cst.Param) -> bool:
-        return False
-

@@ -11,7 +11,8 @@ import libcst.matchers as m
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cross import is_cache_parameter, is_mask_parameter
-from sdpa_port.analyse.cstutil import code, nodes_of_type, reads_only_self_attributes, replace_names
+from sdpa_port.analyse.cstutil import code, nodes_of_type, reads_only_self_attributes
+from sdpa_port.rewrite.edit import replace_names
 from sdpa_port.analyse.forms import products
 from sdpa_port.analyse.known import Known, decide, negated_comparison
 from sdpa_port.analyse.lines import Lines

@@ -18,7 +18,8 @@ import libcst as cst
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import ChainVal, Dropout, Op
-from sdpa_port.analyse.cstutil import code, replace_names
+from sdpa_port.analyse.cstutil import code
+from sdpa_port.rewrite.edit import commuted, replace_names
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Remakes:
             for name in read
             if isinstance(held := env.get(name), ChainVal)
         }
-        placed = replace_names(value, chains).visit(_Ordered(frozenset(n.value for n in chains.values())))
+        placed = commuted(replace_names(value, chains), frozenset(n.value for n in chains.values()))
         names = (read - set(chains)).union(*(b.names for b in branches))
         return Made(
             base.cid,
@@ -94,21 +95,3 @@ class Remakes:
     def draw(self, step: int) -> int | None:
         """The dropout draw a value has gone through, None where none."""
         return self._draws.get(step)
-
-
-class _Ordered(cst.CSTTransformer):
-    """The operands of each `+` and `*` that reads a chain value in one order: adding or multiplying tensors
-    commutes exactly (the same rounding, the same broadcast shape)."""
-
-    def __init__(self, chains: frozenset[str]) -> None:
-        self.chains = chains
-
-    def leave_BinaryOperation(
-        self, original: cst.BinaryOperation, updated: cst.BinaryOperation
-    ) -> cst.BaseExpression:
-        if not isinstance(updated.operator, (cst.Add, cst.Multiply)):
-            return updated
-        if not (p.walk_names(updated.left) | p.walk_names(updated.right)) & self.chains:
-            return updated
-        left, right = code(updated.left), code(updated.right)
-        return updated.with_changes(left=updated.right, right=updated.left) if right < left else updated

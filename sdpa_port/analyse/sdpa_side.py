@@ -27,15 +27,8 @@ import libcst as cst
 
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cross import keys_aligned
-from sdpa_port.analyse.cstutil import (
-    all_assigned_names,
-    assigned_names,
-    assignment,
-    block_body,
-    if_chain,
-    is_docstring,
-    replace_names,
-)
+from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, assignment, block_body, if_chain, is_docstring
+from sdpa_port.rewrite.edit import replace_names
 from sdpa_port.analyse.known import Known
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import function_names, walk_names

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
 from sdpa_port.analyse.module_facts import ModuleFacts
 
 
@@ -30,3 +32,17 @@ def supports_sdpa(facts: ModuleFacts) -> bool:
         if value is not None and getattr(value, "value", None) == "True":
             return True
     return any("sdpa" in entries for entries in attention_dicts(facts).values())
+
+
+def configured_classes(facts: ModuleFacts) -> frozenset[str]:
+    """Classes whose methods can read the model's config as `self.config`: PreTrainedModels, and modules whose
+    `__init__` stores its `config` parameter there."""
+    out: set[str] = set()
+    for name in facts.classes:
+        if facts.is_subclass(name, "PreTrainedModel"):
+            out.add(name)
+            continue
+        values = facts.find_attribute_values(name, "config")
+        if values and all(isinstance(v, cst.Name) and v.value == "config" for v in values):
+            out.add(name)
+    return frozenset(out)

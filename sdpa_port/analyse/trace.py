@@ -22,16 +22,8 @@ import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.known import Known, decide, holding
-from sdpa_port.analyse.cstutil import (
-    assigned_names,
-    assigned_values,
-    block_body,
-    code,
-    if_branches,
-    nodes_of_type,
-    primary,
-    replace_names,
-)
+from sdpa_port.analyse.cstutil import assigned_names, assigned_values, block_body, code, if_branches, nodes_of_type, primary
+from sdpa_port.rewrite.edit import replace_names
 from sdpa_port.analyse.chain import (  # the chain's values and operations, used across the package as `trace.X`
     OUT,
     PROBS,
@@ -1105,7 +1097,7 @@ class Tracer:
             mapping[attribute] = cst.Attribute(value=query, attr=attribute.attr)
         for call in finder.expands:
             mapping[call] = call.func.value  # type: ignore[attr-defined]
-        from sdpa_port.analyse.cstutil import replace_nodes
+        from sdpa_port.rewrite.edit import replace_nodes
 
         return replace_nodes(node, mapping) if mapping else node
 

@@ -23,6 +23,7 @@ import libcst.matchers as m
 
 from sdpa_port.analyse.cstutil import is_docstring, nodes_of_type, parenthesized, reads_only_self_attributes
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.rewrite.edit import self_as, substitute
 
 Qualify = Callable[[cst.CSTNode], "str | None"]
 
@@ -76,8 +77,7 @@ def bind_arguments(
 
 def substituted_names(node: cst.BaseExpression, env: dict[str, cst.BaseExpression]) -> cst.BaseExpression:
     """`node` with each name read in `env` replaced by its expression (attribute names and keywords stay)."""
-    result = node.visit(_Replace(env, {}, None))
-    assert isinstance(result, cst.BaseExpression)
+    result, _ = substitute(node, env, {}, None)
     return result
 
 
@@ -195,12 +195,8 @@ def _substituted(
             if root is not None and root not in imported and root not in ("self", context):
                 continue  # a method of a tensor the body computes or receives
         return None
-    transformer = _Replace(env, saved, context)
-    result = node.visit(transformer)
-    if transformer.failed:
-        return None
-    assert isinstance(result, cst.BaseExpression)
-    return result
+    result, failed = substitute(node, env, saved, context)
+    return None if failed else result
 
 
 def _root_name(node: cst.BaseExpression) -> str | None:
@@ -208,39 +204,6 @@ def _root_name(node: cst.BaseExpression) -> str | None:
     while isinstance(node, cst.Attribute):
         node = node.value
     return node.value if isinstance(node, cst.Name) else None
-
-
-class _Replace(cst.CSTTransformer):
-    def __init__(self, env: dict[str, cst.BaseExpression], saved: dict[str, cst.BaseExpression], context: str | None):
-        self.env = env
-        self.saved = saved
-        self.context = context
-        self.failed = False
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        return not (self.context is not None and m.matches(node.value, m.Name(self.context)))
-
-    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
-        updated = updated.with_changes(attr=original.attr)  # `x.dim` reads the attribute, not a local `dim`
-        if self.context is not None and m.matches(original.value, m.Name(self.context)):
-            value = self.saved.get(original.attr.value)
-            if value is None:
-                self.failed = True
-                return updated
-            return value
-        return updated
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-        if original.value == self.context:
-            self.failed = True  # `ctx` other than an attribute written before (those are replaced whole)
-            return updated
-        value = self.env.get(original.value)
-        return value if value is not None else updated
-
-    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
-        if original.keyword is not None and updated.keyword is not None and updated.keyword.value != original.keyword.value:
-            return updated.with_changes(keyword=original.keyword)
-        return updated
 
 
 def _wrapped(value: cst.BaseExpression) -> cst.BaseExpression:
@@ -286,18 +249,5 @@ def identity_unless(
     if not reads_only_self_attributes(test):
         return None  # the test reads something besides the module's own settings
     module = cst.Attribute(value=cst.Name("self"), attr=call.func.attr)
-    settings = test.visit(_SelfAs(module))
-    assert isinstance(settings, cst.BaseExpression)
+    settings = self_as(test, module)
     return call.args[0].value, settings
-
-
-class _SelfAs(cst.CSTTransformer):
-    """`self` read as another expression (the module's attribute in its owner)."""
-
-    def __init__(self, replacement: cst.BaseExpression) -> None:
-        self.replacement = replacement
-
-    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
-        if m.matches(original.value, m.Name("self")):
-            return updated.with_changes(value=self.replacement)
-        return updated

@@ -19,7 +19,7 @@ import libcst as cst
 from sdpa_port.analyse.mask_flow import Kind, MaskFlow
 from sdpa_port.analyse.mask_helpers import MaskHelpers
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.module_sites import Construction, parameter_default
+from sdpa_port.analyse.module_sites import Construction, module_sites, parameter_default
 
 NOT_CAUSAL_SAFE = frozenset({Kind.BIDIRECTIONAL, Kind.NONE})  # kinds a module not marked causal may receive
 
@@ -62,7 +62,7 @@ def _marked(facts: ModuleFacts, class_name: str, construction: Construction) -> 
     if construction.is_causal is not None:
         return {"True": True, "False": False}.get(construction.is_causal)
     call = construction.call
-    init = facts.module_sites.method(class_name, "__init__")
+    init = module_sites(facts).method(class_name, "__init__")
     if call is None or init is None:
         return None
     params = [a.arg for a in [*init[1].args.posonlyargs, *init[1].args.args]][1:]

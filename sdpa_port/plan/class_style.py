@@ -11,25 +11,23 @@ import re
 from dataclasses import dataclass, field
 
 import libcst as cst
-import libcst.matchers as m
 
 from sdpa_port.analyse.calls import always_asks_for_weights
 from sdpa_port.analyse.cross import key_only_parameters
-from sdpa_port.analyse.cstutil import block_body, code, is_docstring, is_pass, one_per_line
+from sdpa_port.analyse.cstutil import code
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.mask_helpers import CAUSAL, CAUSAL_SDPA, EXTENDED, PLAIN, PLAIN_SDPA, MaskHelpers
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.none_safety import mask_parameters, safe_for_none
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, site_operands
 from sdpa_port.analyse.site import TermKind
-from sdpa_port.analyse.selection import attention_dicts, supports_sdpa
+from sdpa_port.analyse.selection import attention_dicts, configured_classes, supports_sdpa
 from sdpa_port.plan.causal_contract import marks_follow_masks
 from sdpa_port.plan.gate import authors_refusal, override_refusals, selection_refusals, unreached_side_refusal
 from sdpa_port.plan.kept_eager import split_refused
 from sdpa_port.refusals import Code, Refuse, Refusal
-from sdpa_port.render import render_module
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
-from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register, sub_models
+from sdpa_port.rewrite import mask_helpers, register
 from sdpa_port.rewrite.sdpa_body import MaskContract
 from sdpa_port.analyse.sdpa_side import SdpaSide, read_sdpa_side
 from sdpa_port.rewrite.sdpa_forward import build_sdpa_forward
@@ -450,52 +448,6 @@ def _passes(facts: ModuleFacts, suffix: str) -> bool:
     return False
 
 
-def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePlan) -> tuple[cst.Module, list[str]]:
-    notes: list[str] = []
-    needed: list[tuple[str, str | None]] = []
-    use_logger = facts.has_module_logger()
-    for item in plan.classes:
-        module = insert_classes.insert_after(module, item.analysis.class_name, [sdpa_class(item, use_logger)])
-        notes.append(f"added {item.name}({item.analysis.class_name})")
-        if not use_logger and (item.side.falsy or item.side.none):
-            needed.append(("warnings", None))
-    for item in plan.classes:
-        registration = item.registration
-        if registration.create:
-            module = register.create_dict(
-                module, item.name, registration.dict_name, [("eager", item.analysis.class_name), ("sdpa", item.name)]
-            )
-            skip = frozenset({item.analysis.class_name, item.name})
-            owners = facts.classes_calling({item.analysis.class_name})
-            configured = configured_classes(facts)
-            module, count = register.select_from_dict(
-                module, item.analysis.class_name, registration.dict_name, skip, owners, configured, registration.threaded
-            )
-            notes.append(f"created {registration.dict_name}; {count} construction(s) select from it")
-            if registration.threaded:
-                callers = facts.classes_calling(registration.threaded)
-                module = register.thread_implementation(module, registration.threaded, callers, configured)
-                notes.append(f"the implementation's name passed down through {', '.join(sorted(registration.threaded))}")
-        else:
-            module = register.add_dict_entry(module, registration.dict_name, "sdpa", item.name)
-            notes.append(f'registered "sdpa": {item.name} in {registration.dict_name}')
-    if plan.masks is not None and plan.helpers is not None:
-        callers = set(plan.helpers.used(facts))
-        module, report = mask_helpers.swap_mask_helpers(module, plan.helpers, plan.masks, callers)
-        for swap in report.swapped:
-            notes.append(f"mask helper for SDPA in {swap}")
-        needed.extend(("modeling_attn_mask_utils", name) for name in sorted(report.needed_imports))
-        needed.extend(("utils", name) for name in sorted(report.needed_utils))
-    for name in plan.flag_classes:
-        module = flags.set_class_flag(module, [name], "_supports_sdpa")
-        notes.append(f"{name}._supports_sdpa = True")
-    models = frozenset(n for n in facts.classes if facts.is_subclass(n, "PreTrainedModel"))
-    module, passed = sub_models.pass_implementation(module, models, models)
-    notes.extend(passed)
-    module = imports.add_imports(module, facts.imports, needed)
-    return module, notes
-
-
 def _marks_causal_layers(facts: ModuleFacts, class_name: str) -> bool:
     """Whether `self.is_causal` tells the causal instances apart, as `_for_sdpa` causal masks require.
 
@@ -523,107 +475,4 @@ def _marks_causal_layers(facts: ModuleFacts, class_name: str) -> bool:
     return False
 
 
-def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
-    forward = item.forward
-    parts = [*item.side.falsy, *(f"{name} is not None" for name in item.side.none)]
-    texts = [f"`{name}`" if "." in name else f"`{name}=True`" for name in item.side.falsy]
-    texts += [f"`{name}`" for name in item.side.none]
-    rendered = render_module(
-        "class_style/sdpa_class.py.jinja",
-        name=item.name,
-        parent=item.analysis.class_name,
-        source=_source(item.analysis),
-        fallback_test=" or ".join(parts),
-        fallback_text=" or ".join(texts) if texts else "",
-        use_logger=use_logger,
-    )
-    node = rendered.body[0]
-    assert isinstance(node, cst.ClassDef)
-    body = list(node.body.body)
-    template_forward = body[-1]
-    assert isinstance(template_forward, cst.FunctionDef)
-    prelude = [_with_fallback_arguments(s, forward.params) for s in block_body(template_forward.body) if not is_pass(s)]
-    statements = list(forward.body.body)
-    # the eager forward's docstring stays first, before the fallback (a string after code documents nothing)
-    docstring = statements[:1] if statements and is_docstring(statements[0]) else []
-    new_forward = template_forward.with_changes(
-        params=forward.params,
-        whitespace_before_params=forward.whitespace_before_params,
-        returns=forward.returns,
-        decorators=forward.decorators,
-        asynchronous=forward.asynchronous,
-        body=template_forward.body.with_changes(body=[*docstring, *prelude, *statements[len(docstring) :]]),
-    )
-    body[-1] = new_forward
-    return node.with_changes(body=node.body.with_changes(body=body))
-
-
-
-def _source(analysis: ClassAnalysis) -> str:
-    methods = sorted({f"{site.owner}.{site.method}" for site in analysis.sites})
-    return "`, `".join(methods)
-
-
-
-class _FallbackArguments(cst.CSTTransformer):
-    """`super().forward()` in the template gains the arguments that pass every parameter on."""
-
-    def __init__(self, params: cst.Parameters) -> None:
-        self.params = params
-
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        if not m.matches(updated.func, m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("forward"))):
-            return updated
-        call = updated.with_changes(args=_arguments_for(self.params))
-        # the one-line form fits when the statement stays within the line length
-        return call if len(code(call)) <= FALLBACK_ONE_LINE else one_per_line(call)
-
-
-FALLBACK_ONE_LINE = 86  # `return super().forward(...)` indented three levels stays within 119 columns
-
-
-def configured_classes(facts: ModuleFacts) -> frozenset[str]:
-    """Classes whose methods can read the model's config as `self.config`: PreTrainedModels, and modules whose
-    `__init__` stores its `config` parameter there."""
-    out: set[str] = set()
-    for name in facts.classes:
-        if facts.is_subclass(name, "PreTrainedModel"):
-            out.add(name)
-            continue
-        values = facts.find_attribute_values(name, "config")
-        if values and all(isinstance(v, cst.Name) and v.value == "config" for v in values):
-            out.add(name)
-    return frozenset(out)
-
-
-def _with_fallback_arguments(statement: cst.BaseStatement, params: cst.Parameters) -> cst.BaseStatement:
-    result = statement.visit(_FallbackArguments(params))
-    assert isinstance(result, cst.BaseStatement)
-    return result
-
-
-def _arguments_for(params: cst.Parameters) -> list[cst.Arg]:
-    """Every parameter passed on as it was received: the first positionally, the rest by keyword."""
-    out: list[cst.Arg] = []
-    positional = [p for p in [*params.posonly_params, *params.params] if p.name.value != "self"]
-    for index, param in enumerate(positional):
-        name = cst.Name(param.name.value)
-        by_position = index == 0 or param in params.posonly_params
-        out.append(cst.Arg(name) if by_position else _keyword(param.name.value))
-    if isinstance(params.star_arg, cst.Param):
-        out.append(cst.Arg(cst.Name(params.star_arg.name.value), star="*"))
-    out.extend(_keyword(param.name.value) for param in params.kwonly_params)
-    if params.star_kwarg is not None:
-        out.append(cst.Arg(cst.Name(params.star_kwarg.name.value), star="**"))
-    return [arg.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for arg in out[:-1]] + out[-1:]
-
-
-def _keyword(name: str) -> cst.Arg:
-    return cst.Arg(
-        cst.Name(name),
-        keyword=cst.Name(name),
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-    )
-
-
-__all__ = ["plan_class_style", "apply_class_style", "ClassStylePlan", "code"]
+__all__ = ["plan_class_style", "ClassStylePlan", "SdpaClassPlan", "code"]

@@ -21,7 +21,8 @@ import libcst.matchers as m
 
 from sdpa_port.analyse import chain as t
 from sdpa_port.analyse.cross import key_only_parameters, self_attention_test
-from sdpa_port.analyse.cstutil import all_assigned_names, block_body, code, is_pass, nodes_of_type, rebase_config
+from sdpa_port.analyse.cstutil import all_assigned_names, block_body, code, is_pass, nodes_of_type
+from sdpa_port.rewrite.edit import rebase_config
 from sdpa_port.analyse.flow import bound_before
 from sdpa_port.analyse.known import Known, decide
 from sdpa_port.analyse.lines import Lines
@@ -70,7 +71,8 @@ from sdpa_port.analyse.sdpa_path import SdpaPath, check_eager_function, read_sdp
 from sdpa_port.analyse.sdpa_side import keys_aligned_in
 from sdpa_port.rewrite.sdpa_forward import inline_helpers
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
-from sdpa_port.plan.bool_masks import AddInsteadOfFill, Converted, converted_fill, unconvert
+from sdpa_port.plan.bool_masks import Converted, converted_fill
+from sdpa_port.rewrite.unconverted_masks import AddInsteadOfFill, unconvert
 from sdpa_port.plan.kept_eager import split_refused
 from sdpa_port.plan.gate import unreached_side_refusal
 from sdpa_port.plan.threading import plan_threading

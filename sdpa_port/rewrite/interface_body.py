@@ -17,7 +17,8 @@ from typing import Callable, Sequence
 import libcst as cst
 
 from sdpa_port.analyse import chain as t
-from sdpa_port.analyse.cstutil import assigned_names, assignment, block_body, code, if_chain, replace_names, replace_nodes
+from sdpa_port.analyse.cstutil import assigned_names, assignment, block_body, code, if_chain
+from sdpa_port.rewrite.edit import replace_names, replace_nodes
 from sdpa_port.analyse.patterns import cast_operand, inverse, permuted, then, walk_names
 from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.render import render_statements

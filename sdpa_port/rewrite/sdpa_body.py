@@ -28,9 +28,8 @@ from sdpa_port.analyse.cstutil import (
     plus,
     primary,
     rebuild_if,
-    replace_names,
-    replace_nodes,
 )
+from sdpa_port.rewrite.edit import replace_names, replace_nodes
 from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.analyse.patterns import DropoutCall, cast_operand, inverse, least_rank, permuted, walk_names
 from sdpa_port.refusals import Code, Refuse

@@ -11,7 +11,8 @@ from typing import Mapping, Sequence
 
 import libcst as cst
 
-from sdpa_port.analyse.cstutil import block_body, replace_nodes
+from sdpa_port.analyse.cstutil import block_body
+from sdpa_port.rewrite.edit import replace_nodes
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import function_names
 from sdpa_port.analyse.recognise import ClassAnalysis

@@ -12,7 +12,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import lay_out_call
+from sdpa_port.rewrite.edit import lay_out_call
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 
 SELECTED = cst.Attribute(value=cst.Name("config"), attr=cst.Name("_attn_implementation"))

@@ -9,7 +9,8 @@ import libcst as cst
 import pytest
 
 from sdpa_port import Status, port_source
-from sdpa_port.analyse.cstutil import code, one_per_line, rebase_config
+from sdpa_port.analyse.cstutil import code, one_per_line
+from sdpa_port.rewrite.edit import rebase_config
 from sdpa_port.analyse.mask_changes import extended_mask
 
 

@@ -8,7 +8,7 @@ import textwrap
 import libcst as cst
 import pytest
 
-from sdpa_port.analyse.cstutil import lay_out_call
+from sdpa_port.rewrite.edit import lay_out_call
 from sdpa_port.analyse.mask_helpers import MaskHelpers
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.names import ImportMap
