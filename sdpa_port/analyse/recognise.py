@@ -567,7 +567,7 @@ def passed_ranks(
     if bound is None:
         return ()
     ranks = (
-        (name, caller.rank_in_method(value, forward, 0))
+        (name, caller.ranks.rank_in_method(value, forward, 0))
         for name, value in bound.items()
         if not (isinstance(value, cst.Name) and value.value in caller.params)
     )

@@ -145,7 +145,7 @@ def masking_fill(
         path=tuple(tracer.path),
         bindings=bindings_of(tracer, detached),
         with_chain=always_applied(tracer, condition, cid),
-        rank=tracer.rank_of(condition),
+        rank=tracer.ranks.rank_of(condition),
     )
 
 

@@ -61,7 +61,7 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
     query, query_upcast = strip_casts(product.left, tracer.scope)
     key, key_upcast = strip_casts(key, tracer.scope)
     if rank is None:
-        rank = tracer.rank_of(query)
+        rank = tracer.ranks.rank_of(query)
     start = Start(
         product,
         p.permuted(query, orders[0]),  # an einsum's operands laid out as SDPA takes them
@@ -260,7 +260,7 @@ def along_last(tracer: Tracer, dim: cst.BaseExpression, part: cst.BaseExpression
         return False
     if value == -1:
         return True
-    rank = tracer.rank_of(part)
+    rank = tracer.ranks.rank_of(part)
     return rank is not None and value == rank - 1
 
 

@@ -103,7 +103,7 @@ def add_term(
         always_applied(tracer, term, current.cid),
         setting_applied(tracer, term, current.cid),
         may_be_number=may_be_number(tracer, term),
-        term_rank=tracer.rank_of(term),
+        term_rank=tracer.ranks.rank_of(term),
     )
 
 

@@ -26,10 +26,10 @@ def reshape(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
     call, receiver, _ = found
     base, ops = tracer.decompose(receiver, line)
     current = tracer.advance(base, ops)
-    after = tracer.view_rank(call.args)
+    after = tracer.ranks.view_rank(call.args)
     heads = None
     if current.rank == 3 and after == 4:
-        heads = (call.args[0].value, call.args[1].value) if len(call.args) == 4 else tracer.tuple_heads(call.args)
+        heads = (call.args[0].value, call.args[1].value) if len(call.args) == 4 else tracer.ranks.tuple_heads(call.args)
     if current.rank is None and after is not None and after != 4:
         raise Poison(Code.LAYOUT, "the scores are reshaped and their layout cannot be told", {base.cid})
     if after is not None and after == (current.rank or 4):
@@ -41,7 +41,7 @@ def reshape(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
         )
     shape = None
     if (current.rank, after) in ((3, 5), (4, 5), (5, 3), (5, 4)):
-        shape = tracer.view_shape(call.args)
+        shape = tracer.ranks.view_shape(call.args)
         if shape is None:
             raise Poison(
                 Code.LAYOUT, f"the scores are regrouped by `{short(node)}`, a shape that cannot be read", {base.cid}
