@@ -13,8 +13,6 @@ and the rewriting passes turn it into SDPA code.
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import libcst as cst
@@ -63,10 +61,10 @@ from sdpa_port.analyse.chain import (  # the chain's values and operations, used
     ZeroRows,
 )
 from sdpa_port.analyse.forms import FORMS, fills, products, scales, terms
-from sdpa_port.analyse.forms.blocks import Block
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.chain_book import ChainBook, Products
 from sdpa_port.analyse.ranks import Ranks
-from sdpa_port.analyse.remakes import Branch, Made, Remakes
+from sdpa_port.analyse.remakes import Branch, Made
 from sdpa_port.analyse.scope import FunctionScope
 from sdpa_port.refusals import Code
 
@@ -133,13 +131,6 @@ class Tracer:
         # parameters every caller passes a key laid out (..., dim, length) (`self._attn(q, self.split_heads(k,
         # k=True), v)`): `q @ k` on them is a product with the key transposed
         self.key_params = key_params
-        self._steps = itertools.count(1)  # `ChainVal.step`
-        self.remakes = Remakes()  # values made again by an equivalent statement
-        self._products: dict[int, Products] = {}  # per chain that reached a product with V
-        # a value's step -> its statement, the step of the value it went on from, its chain
-        self._made_by: dict[int, tuple[cst.CSTNode, int, int]] = {}
-        # a value a name holds after branches that each made one of their own -> the values of the other branches
-        self._merged: dict[int, set[int]] = {}
         # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
         self.known = holding(known, block_body(function.body)) if known != Known() else known
         self.class_name = class_name
@@ -148,14 +139,8 @@ class Tracer:
         # on a re-trace for one chain: its query-key product, and the products joined into it (`Candidate.members`)
         self.selected_start = selected_start
         self.selected_members = selected_members
-        # chains joined into another (`join`) -> that chain, and the line where they joined
-        self._joined: dict[int, tuple[int, int]] = {}
-        # of a chain merged into another by `alternatives`: how many of its operations the merged chain took over
-        self._taken: dict[int, int] = {}
-        self.blocks: dict[int, Block] = {}  # chains whose scores are joined from blocks -> their operands
         self.env: dict[str, Value] = {}
         self.scope = FunctionScope(facts, class_name, self.env)
-        self.candidates: list[Candidate] = []
         self.plans: dict[cst.CSTNode, StmtPlan] = {}
         self.dropped_ifs: set[cst.If] = set()
         self.returns: list[cst.Return] = []
@@ -164,6 +149,7 @@ class Tracer:
         # (id of the `if`, branch index) of the enclosing if/elif/else branches; `tests` holds the if/elif tests
         self.path: list[tuple[int, int]] = []
         self.branches: list[Branch] = []  # the same branches, by their tests (for `remakes`)
+        self.chains = ChainBook(self.env, self.plans, self.path, self.tests)
         self.assignments: dict[str, int] = {}  # how often each name has been assigned so far
         self.ranks = Ranks(self.scope, function, param_ranks, self.assignments)
         self.output_seen = False
@@ -179,55 +165,17 @@ class Tracer:
 
     def run(self) -> TraceResult:
         self.block(block_body(self.function.body), 0)
-        for cid, (into, line) in self._joined.items():
-            # what happened to a joined chain's values after it joined happened to the chain it joined
-            joined, target = self.candidates[cid], self.candidates[self.joined_into(cid)]
-            if joined.poison is not None:
-                target.poisoned(joined.poison.code, joined.poison.detail, joined.poison_line)
-            else:
-                later = [at for op, _, at in joined.ops[self._taken.get(cid, 0) :] if not isinstance(op, Start)]
-                if later:  # `block += 1`, `block.mul_(2)`: the statement is gone with the block's product
-                    detail = f"scores joined into others at line {line} are changed again at line {later[0]}"
-                    target.poisoned(Code.SCORES_READ, detail, later[0])
+        self.chains.settle_joined()
         return TraceResult(
-            candidates=self.candidates,
+            candidates=self.chains.candidates,
             plans=self.plans,
             dropped_ifs=self.dropped_ifs,
             returns=self.returns,
             probs_names_after_output=self.probs_after_output,
             params=self.params,
             fallbacks=tuple(dict.fromkeys(self.fallbacks)),
-            other_streams=self.other_streams(),
+            other_streams=self.chains.other_streams(),
         )
-
-    def other_streams(self) -> frozenset[cst.CSTNode]:
-        """The statements of the streams after the first, where a chain's probabilities reach several products: the
-        later products, and the statements making a place on the chain made more than once that the first product's
-        values do not come from."""
-        out: set[cst.CSTNode] = set()
-        for cid, taken in self._products.items():
-            outputs = taken.statements
-            if len(outputs) < 2:
-                continue
-            first: set[cst.CSTNode] = set()
-            steps, seen = [outputs[0][1]], set()
-            while steps:  # back from the first product, through every branch that made a value it took
-                step = steps.pop()
-                if step in seen:
-                    continue
-                seen.add(step)
-                steps.extend(self._merged.get(step, ()))
-                if step in self._made_by:
-                    small, base, _ = self._made_by[step]
-                    first.add(small)
-                    steps.append(base)
-            makers: dict[int, list[cst.CSTNode]] = {}
-            for made, (small, _, chain) in self._made_by.items():
-                if chain == cid:
-                    makers.setdefault(self.remakes.canonical(made), []).append(small)
-            out.update(small for smalls in makers.values() if len(smalls) > 1 for small in smalls if small not in first)
-            out.update(small for small, _ in outputs[1:])
-        return frozenset(out)
 
     # -------------------------------------------------------------- statements
 
@@ -273,7 +221,7 @@ class Tracer:
             body_names = _names_in(statement.body)
             if cid in before and not (body_names & chain_names):
                 continue
-            self.candidates[cid].poisoned(Code.REPEATED, "the attention is computed inside a loop (chunked or iterative attention)", line)
+            self.chains.candidates[cid].poisoned(Code.REPEATED, "the attention is computed inside a loop (chunked or iterative attention)", line)
         if isinstance(statement, cst.For):
             for name in assigned_names(statement.target):
                 self.env.pop(name, None)
@@ -310,7 +258,7 @@ class Tracer:
             if test is not None:
                 self.keep_expression(test, line, test)
         start_env = dict(self.env)
-        first_new = len(self.candidates)
+        first_new = len(self.chains.candidates)
         results: list[dict[str, Value]] = []
         has_else = branches[-1][0] is None
         for index, (test, body) in enumerate(branches):
@@ -341,15 +289,15 @@ class Tracer:
             if all(v is not None and _same_value(v, first) for v in values):
                 merged[name] = first  # type: ignore[assignment]
                 if isinstance(first, ChainVal):  # the same place on the chain, made in each branch its own way
-                    self.note_merged(first, values)
+                    self.chains.note_merged(first, values)
                 continue
-            alternative = self.alternatives(values, first_new, line)
+            alternative = self.chains.alternatives(values, first_new, line)
             if alternative is not None:
                 merged[name] = alternative
                 alternated.add(alternative.cid)
                 continue
             chains = [v for v in values if isinstance(v, ChainVal)]
-            if chains and all(c.cid in self._joined for c in chains):
+            if chains and all(c.cid in self.chains.joined for c in chains):
                 merged[name] = chains[0]  # scores joined into others: a later use is refused for those
                 continue
             if not chains:
@@ -364,31 +312,31 @@ class Tracer:
             ranks = {c.rank for c in chains}
             if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1 and len(ranks) == 1:
                 merged[name] = chains[0]
-                self.note_merged(chains[0], chains)
+                self.chains.note_merged(chains[0], chains)
                 continue
             if len(cids) == 1 and len(stages) == 1 and chains[0].stage == PROBS:
                 # an alias of the weights made only in some branches (e.g. for output_attentions)
                 merged[name] = chains[0]
-                self.note_merged(chains[0], chains)
+                self.chains.note_merged(chains[0], chains)
                 continue
             deferred.append(name)
         for name in deferred:
             values = [r.get(name) for r in results]
             chains = [v for v in values if isinstance(v, ChainVal)]
             merged[name] = chains[0]
-            if all(c.stage is SCORES and self.joined_into(c.cid) in alternated for c in chains):
+            if all(c.stage is SCORES and self.chains.joined_into(c.cid) in alternated for c in chains):
                 continue
             cids = {c.cid for c in chains}
             stages = {c.stage for c in chains}
             if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1:
-                self.candidates[chains[0].cid].poisoned(Code.CONDITIONAL, "the scores change layout under a condition", line)
+                self.chains.candidates[chains[0].cid].poisoned(Code.CONDITIONAL, "the scores change layout under a condition", line)
             elif len(cids) == 1 and len(stages) > 1:
-                self.candidates[chains[0].cid].poisoned(
+                self.chains.candidates[chains[0].cid].poisoned(
                     Code.CONDITIONAL, "the softmax or the product with V happens only under a condition", line
                 )
             else:
                 for c in cids:
-                    self.candidates[c].poisoned(Code.CONDITIONAL, "the scores are replaced under a condition", line)
+                    self.chains.candidates[c].poisoned(Code.CONDITIONAL, "the scores are replaced under a condition", line)
         self.env.clear()
         self.env.update(merged)
 
@@ -415,7 +363,7 @@ class Tracer:
             elif small.value is not None:
                 if not self.weights_passed_along(small.value):
                     for cid in self.chain_value_refs(small.value):
-                        self.candidates[cid].poisoned(
+                        self.chains.candidates[cid].poisoned(
                             Code.VALUE_SIDE,
                             f"the probabilities are used after the product with V, in `{short(small.value)}`",
                             line,
@@ -441,7 +389,7 @@ class Tracer:
         if weights_only and again is None:
             if not self.weights_passed_along(value):
                 for cid in self.chain_value_refs(value):
-                    self.candidates[cid].poisoned(
+                    self.chains.candidates[cid].poisoned(
                         Code.VALUE_SIDE, f"the probabilities are used after the product with V, in `{short(value)}`", line
                     )
             self.keep_expression(value, line, small, allow_probs=True)
@@ -457,21 +405,21 @@ class Tracer:
             self.poison_statement(poison, value, names, line)
             return
         if not simple:
-            self.candidates[base.cid].poisoned(Code.LAYOUT, "the scores are unpacked into several names", line)
+            self.chains.candidates[base.cid].poisoned(Code.LAYOUT, "the scores are unpacked into several names", line)
             for name in names:
                 self.env[name] = base
             return
         # how the value is made: an earlier statement that made it the same way makes this one a remake (FLAVA
         # computes its softmax twice, LiLT its masked scores once per stream), the operations recorded once
-        made = self.remakes.key(base, value, self.env, self.assignments, self.branches) if ops else None
-        remade = self.remakes.first(made) if made is not None else None
+        made = self.chains.remakes.key(base, value, self.env, self.assignments, self.branches) if ops else None
+        remade = self.chains.remakes.first(made) if made is not None else None
         if remade is None:
-            self.record(base, ops, depth, line)
+            self.chains.record(base, ops, depth, line)
         self.plans[small] = ChainStmt(ops if remade is None else [], names, depth, line)
-        after = self.advance(base, ops)
+        after = self.chains.advance(base, ops)
         if ops:
-            self.remakes.note(base, after.step, ops, made, remade)
-            self._made_by[after.step] = (small, base.step, base.cid)
+            self.chains.remakes.note(base, after.step, ops, made, remade)
+            self.chains.made_by[after.step] = (small, base.step, base.cid)
         self.env[names[0]] = after
         self.note_assignment(names)
 
@@ -482,18 +430,8 @@ class Tracer:
             base, ops = self.decompose(value, line)
         except (NotChain, Poison):
             return None
-        made = self.remakes.key(base, value, self.env, self.assignments, self.branches)
-        return (base, ops) if ops and self.remakes.first(made) is not None else None
-
-    def _later(self, base: ChainVal) -> list[str]:
-        """The names holding a value further along `base`'s chain than `base` (remade values stand where the value
-        they make again stands)."""
-        place = self.remakes.canonical(base.step)
-        return sorted(
-            name
-            for name, value in self.env.items()
-            if isinstance(value, ChainVal) and value.cid == base.cid and self.remakes.canonical(value.step) > place
-        )
+        made = self.chains.remakes.key(base, value, self.env, self.assignments, self.branches)
+        return (base, ops) if ops and self.chains.remakes.first(made) is not None else None
 
     def aug_assign(self, small: cst.AugAssign, depth: int, line: int) -> None:
         target = small.target
@@ -534,7 +472,7 @@ class Tracer:
                 # `scores += relative_scores` (another product, e.g. the query times position embeddings): as for
                 # `scores + relative_scores`, the younger chain is an additive term
                 for cid in younger:
-                    self.candidates[cid].absorbed = True
+                    self.chains.candidates[cid].absorbed = True
                 ops: list[Op] = [AddTerm(small.value, current.rank)]
             elif isinstance(operator, (cst.AddAssign, cst.SubtractAssign)):
                 negate = isinstance(operator, cst.SubtractAssign)
@@ -546,9 +484,9 @@ class Tracer:
         except Poison as poison:
             self.poison_statement(poison, small.value, [target.value], line)
             return
-        self.record(current, ops, depth, line)
+        self.chains.record(current, ops, depth, line)
         self.plans[small] = ChainStmt(ops, [target.value], depth, line)
-        self.env[target.value] = self.advance(current, ops)
+        self.env[target.value] = self.chains.advance(current, ops)
 
     def expression_statement(self, small: cst.Expr, depth: int, line: int) -> None:
         value = small.value
@@ -577,10 +515,10 @@ class Tracer:
                 except Poison as poison:
                     self.poison_statement(poison, value, [], line)
                     return
-                self.record(receiver, ops, depth, line)
+                self.chains.record(receiver, ops, depth, line)
                 self.plans[small] = ChainStmt(ops, [found[0].value], depth, line)
-                after = self.advance(receiver, ops)
-                self._made_by[after.step] = (small, receiver.step, receiver.cid)
+                after = self.chains.advance(receiver, ops)
+                self.chains.made_by[after.step] = (small, receiver.step, receiver.cid)
                 self.env[found[0].value] = after
                 return
         self.keep_expression(value, line, small)
@@ -599,28 +537,28 @@ class Tracer:
             base, ops = self.decompose(product.left, line)
         except (NotChain, Poison) as error:  # pragma: no cover - find_output checked the operand
             raise AssertionError(str(error))
-        if self.advance(base, ops).stage != PROBS:
-            self.candidates[base.cid].poisoned(Code.SOFTMAX_DIM, "the scores reach the product with V without a softmax", line)
-        probabilities = self.remakes.key(base, product.left, self.env, self.assignments, self.branches)
-        draw = next(self._steps) if any(isinstance(op, Dropout) for op in ops) else self.remakes.draw(base.step)
-        again = self.candidates[base.cid].stage == OUT
-        taken = self._products.get(base.cid)
+        if self.chains.advance(base, ops).stage != PROBS:
+            self.chains.candidates[base.cid].poisoned(Code.SOFTMAX_DIM, "the scores reach the product with V without a softmax", line)
+        probabilities = self.chains.remakes.key(base, product.left, self.env, self.assignments, self.branches)
+        draw = next(self.chains.steps) if any(isinstance(op, Dropout) for op in ops) else self.chains.remakes.draw(base.step)
+        again = self.chains.candidates[base.cid].stage == OUT
+        taken = self.chains.products.get(base.cid)
         if again:
             self.second_output(base.cid, taken, probabilities, draw, line)
         if taken is None:
-            taken = self._products[base.cid] = Products(probabilities)
+            taken = self.chains.products[base.cid] = Products(probabilities)
         if self.chain_refs(product.right):
-            self.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
+            self.chains.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
         rank = product.rank if product.rank is not None else base.rank
         operand, order, value_order = product.right, None, None
-        layout = self.layout_of(base.cid)
+        layout = self.chains.layout_of(base.cid)
         if product.form is p.ProductForm.EINSUM:
             roles = p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, layout)
             if roles:
                 rank, order, value_order = roles.rank, roles.result, roles.right
                 operand = p.permuted(product.right, value_order)
         elif layout is not None:
-            self.candidates[base.cid].poisoned(
+            self.chains.candidates[base.cid].poisoned(
                 Code.LAYOUT,
                 f"the probabilities, laid out {describe_layout(layout)}, are multiplied by V as if they were laid out "
                 "(batch, heads, query, key)",
@@ -628,12 +566,12 @@ class Tracer:
             )
         output = Output(product, node, operand, rank, order, value_order)
         # a further product with the same probabilities records only itself: its SDPA call repeats the first's
-        self.record(base, [output] if again else [*ops, output], depth, line)
+        self.chains.record(base, [output] if again else [*ops, output], depth, line)
         holders = frozenset(n for n, v in self.env.items() if isinstance(v, ChainVal) and v.step == base.step)
         self.plans[small] = OutputStmt([] if again else list(ops), output, depth, line, holders)
         taken.draws.append(draw)
         taken.statements.append((small, base.step))
-        candidate = self.candidates[base.cid]
+        candidate = self.chains.candidates[base.cid]
         candidate.stage = OUT
         self.output_seen = True
         # the rest of the statement may only pass the weights along (`return output, weights`)
@@ -654,109 +592,18 @@ class Tracer:
         mask and scale (LiLT's text and layout values), where the probabilities are those the first product took,
         made the same way, and, if dropped out, by a draw of their own (each SDPA call draws its own dropout)."""
         if taken is None or probabilities != taken.probabilities:
-            self.candidates[cid].poisoned(Code.VALUE_SIDE, "the probabilities are multiplied by a second tensor", line)
+            self.chains.candidates[cid].poisoned(Code.VALUE_SIDE, "the probabilities are multiplied by a second tensor", line)
         elif draw is not None and draw in taken.draws:
-            self.candidates[cid].poisoned(
+            self.chains.candidates[cid].poisoned(
                 Code.VALUE_SIDE,
                 "one dropout draw of the probabilities reaches two products with V (SDPA calls draw their own)",
                 line,
             )
 
-    def new_chain(
-        self,
-        start: Start,
-        node: cst.CSTNode,
-        line: int,
-        bindings: tuple[tuple[str, int], ...],
-        members: tuple[cst.CSTNode, ...] = (),
-    ) -> int:
-        """A chain starting at the product `node` (a recognised query-key product, or blocks joined into one) here,
-        with what its operands read (`Candidate.start_bindings`) and the products joined into it: its id."""
-        cid = len(self.candidates)
-        self.candidates.append(
-            Candidate(
-                cid,
-                start,
-                line,
-                start_node=node,
-                start_path=tuple(self.path),
-                start_tests=len(self.tests),
-                start_bindings=bindings,
-                members=members,
-            )
-        )
-        return cid
-
-    def layout_of(self, cid: int) -> p.Order | None:
-        """How the chain's scores are laid out, where otherwise than SDPA's (`Start.layout`)."""
-        start = self.candidates[cid].start
-        return start.layout if start is not None else None
-
     def may_start(self, node: cst.CSTNode) -> bool:
         """A query-key product (or a concatenation of them) may start a chain: on a re-trace for one chain, only its
         own."""
         return self.selected_start is None or node is self.selected_start or node in self.selected_members
-
-    def join(self, cid: int, into: int, line: int, drop: bool = False) -> None:
-        """Chain `cid` is part of chain `into` from here on; a later use of its values is refused for `into`. With
-        `drop`, its product is no operation of its own (a block, whose operands `into`'s product reads)."""
-        candidate = self.candidates[cid]
-        candidate.absorbed = True
-        self._joined[cid] = (into, line)
-        if not drop:
-            return
-        for plan in self.plans.values():
-            if isinstance(plan, ChainStmt) and any(op is candidate.start for op in plan.ops):
-                plan.ops = [op for op in plan.ops if op is not candidate.start]
-
-    def joined_into(self, cid: int) -> int:
-        while cid in self._joined:
-            cid = self._joined[cid][0]
-        return cid
-
-    def alternatives(self, values: Sequence[Value | None], first_new: int, line: int) -> ChainVal | None:
-        """Every branch of an `if` made a query-key product of its own for one name (LUKE's scores joined from blocks
-        when there are entities, one product otherwise; the Conformer's relative scores `(ac + bd) / sqrt(d)` in one
-        branch, `q @ kᵀ / sqrt(d)` in the other): one chain from here on, whose product is the one of the branch that
-        ran. None where the values are not that: the products must be new in the branches, of one rank and dtype, and
-        what each branch did to its scores after the product only scales them by a number or adds terms (each
-        branch's statements update the side values SDPA is handed in that branch)."""
-        chains = [v for v in values if isinstance(v, ChainVal)]
-        if len(chains) < 2 or len(chains) != len(values) or len({c.cid for c in chains}) != len(chains):
-            return None
-        candidates = [self.candidates[c.cid] for c in chains]
-        for chain, candidate in zip(chains, candidates):
-            start = candidate.start
-            if chain.cid < first_new or chain.stage is not SCORES or start is None or candidate.poison is not None:
-                return None
-            ops = [op for op, _, _ in candidate.ops]
-            if candidate.absorbed or not ops or ops[0] is not start or not all(_branch_op(op) for op in ops[1:]):
-                return None
-        starts = [c.start for c in candidates if c.start is not None]
-        # a rank the tracer could not read in one branch is the one another branch shows (the product is the same
-        # `(.., queries, keys)` matrix on every path); two known ranks must agree
-        ranks = {c.rank for c in chains} - {None}
-        if len({(s.upcast, s.operands_upcast, s.layout) for s in starts}) != 1 or len(ranks) > 1:
-            return None
-        first = min(candidates, key=lambda c: c.cid)
-        for candidate in candidates:
-            if candidate is first:
-                continue
-            first.ops.extend(candidate.ops)
-            self._taken[candidate.cid] = len(candidate.ops)
-            first.members += tuple(n for n in (candidate.start_node, *candidate.members) if n is not None)
-            first.names_assigned_after_start |= candidate.names_assigned_after_start
-            self.join(candidate.cid, first.cid, line)
-        first.start_path, first.start_tests = tuple(self.path), len(self.tests)
-        held = next(c for c in chains if c.cid == first.cid)
-        if held.rank is None and ranks:
-            held = replace(held, rank=next(iter(ranks)))
-        self.note_merged(held, chains)
-        return held
-
-    def note_merged(self, held: ChainVal, values: Sequence[Value | None]) -> None:
-        """After branches, `held` stands for the chain values each branch made (`values`)."""
-        self._merged.setdefault(held.step, set()).update(v.step for v in values if isinstance(v, ChainVal))
 
     # -------------------------------------------------------------- chain expressions
 
@@ -766,11 +613,11 @@ class Tracer:
         if isinstance(node, cst.Name):
             value = self.env.get(node.value)
             if isinstance(value, ChainVal):
-                if value.cid in self._joined:
+                if value.cid in self.chains.joined:
                     raise Poison(
                         Code.SCORES_READ,
-                        f"`{node.value}` is used again after its scores joined others at line {self._joined[value.cid][1]}",
-                        {self.joined_into(value.cid)},
+                        f"`{node.value}` is used again after its scores joined others at line {self.chains.joined[value.cid][1]}",
+                        {self.chains.joined_into(value.cid)},
                     )
                 return value, []
             raise NotChain()
@@ -781,7 +628,7 @@ class Tracer:
         method = p.method_call(node)
         if method is not None and self.chain_or_start(method[0]):
             base, ops = self.decompose(method[0], line)
-            stage = self.advance(base, ops).stage.value
+            stage = self.chains.advance(base, ops).stage.value
             raise Poison(Code.SCORES_TRANSFORMED, f"`.{method[1]}()` is applied to the {stage}", {base.cid})
         if isinstance(node, cst.BinaryOperation):
             refs = self.chain_or_start(node.left) | self.chain_or_start(node.right)
@@ -798,49 +645,11 @@ class Tracer:
     # -------------------------------------------------------------- single operations
 
     def require(self, base: ChainVal, ops: list[Op], stage: Stage, what: str, line: int, code: Code) -> None:
-        current = self.advance(base, ops)
+        current = self.chains.advance(base, ops)
         if current.stage != stage:
             raise Poison(code, f"{what} is applied to the {current.stage.value}, expected the {stage.value}", {base.cid})
 
     # -------------------------------------------------------------- bookkeeping
-
-    def advance(self, base: ChainVal, ops: Sequence[Op]) -> ChainVal:
-        value = replace(base, step=next(self._steps)) if ops else base
-        for op in ops:
-            if isinstance(op, Softmax):
-                value = replace(value, stage=PROBS)
-            elif isinstance(op, Output):
-                value = replace(value, stage=OUT)
-            elif isinstance(op, View):
-                value = replace(value, rank=op.rank_after)
-        return value
-
-    def record(self, base: ChainVal, ops: Sequence[Op], depth: int, line: int) -> None:
-        candidate = self.candidates[base.cid]
-        later = self._later(base)
-        if ops and later:
-            # the chain forks: a name holds a value further along it than the one this statement goes on from, so
-            # the operations recorded for the chain would mix two computations (`other = scores + bias` then
-            # `scores = scores + bias` would add the bias twice)
-            candidate.poisoned(
-                Code.SCORES_READ,
-                f"the {base.stage.value} fork: `{later[0]}` holds a later value of them than the one this statement "
-                "goes on from",
-                line,
-            )
-        layout = self.layout_of(base.cid)
-        for op in ops:
-            candidate.ops.append((op, depth, line))
-            if isinstance(op, Softmax):
-                candidate.stage = PROBS
-            reads = _reads_sdpa_layout(op) if layout is not None else None
-            if layout is not None and reads is not None:
-                candidate.poisoned(
-                    Code.LAYOUT,
-                    f"the scores are laid out {describe_layout(layout)}, and {reads} reads their "
-                    "dimensions as SDPA lays them out",
-                    line,
-                )
 
     def module_guard(self, module: str | None) -> cst.BaseExpression | None:
         """The test of the innermost branch when it is the `if` of `if self.<module> is not None`."""
@@ -864,7 +673,7 @@ class Tracer:
     def note_assignment(self, names: Sequence[str]) -> None:
         for name in names:
             self.assignments[name] = self.assignments.get(name, 0) + 1
-        for candidate in self.candidates:
+        for candidate in self.chains.candidates:
             if candidate.stage != OUT:
                 candidate.names_assigned_after_start.update(names)
 
@@ -912,7 +721,7 @@ class Tracer:
 
     def poison_statement(self, poison: Poison, value: cst.BaseExpression, names: list[str], line: int) -> None:
         for cid in poison.cids:
-            self.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, line)
+            self.chains.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, line)
         stages = [v.stage for v in (self.env.get(n) for n in _names_in(value)) if isinstance(v, ChainVal)]
         stage = PROBS if PROBS in stages or OUT in stages else SCORES
         if _contains_softmax(value, self.scope):
@@ -922,17 +731,17 @@ class Tracer:
             if first is not None:
                 self.env[name] = ChainVal(first, stage, None)
                 if stage == PROBS:
-                    self.candidates[first].stage = PROBS
+                    self.chains.candidates[first].stage = PROBS
             else:
                 self.env.pop(name, None)
 
     def poison_reads(self, node: cst.CSTNode, line: int, code: Code, reason: str) -> None:
         for cid in self.chain_refs(node):
-            self.candidates[cid].poisoned(code, reason, line)
+            self.chains.candidates[cid].poisoned(code, reason, line)
 
     def poison_new(self, before: set[int], code: Code, reason: str, line: int) -> None:
         for cid in self.live_cids() - before:
-            self.candidates[cid].poisoned(code, reason, line)
+            self.chains.candidates[cid].poisoned(code, reason, line)
 
     def value_is_scalar(self, value: Value) -> bool:
         if isinstance(value, ScalarVal):
@@ -953,7 +762,7 @@ class Tracer:
         for name in _names_in(node):
             value = self.env.get(name)
             if isinstance(value, ChainVal):
-                out.add(self.joined_into(value.cid))  # reading scores joined into others reads those
+                out.add(self.chains.joined_into(value.cid))  # reading scores joined into others reads those
         return out
 
     def chain_or_start(self, node: cst.CSTNode) -> set[int]:
@@ -1019,7 +828,7 @@ class Tracer:
             return set()
         finder = _ChainReads(self.env, None)
         node.visit(finder)
-        return {self.joined_into(self.env[n.value].cid) for n in finder.plain}  # type: ignore[union-attr]
+        return {self.chains.joined_into(self.env[n.value].cid) for n in finder.plain}  # type: ignore[union-attr]
 
     def detach(self, node: cst.BaseExpression, cid: int) -> cst.BaseExpression:
         """An operand of a chain op with its `.dtype`/`.device` reads of the scores pointed at the query."""
@@ -1027,12 +836,12 @@ class Tracer:
         node.visit(finder)
         if finder.plain or finder.shapes:
             raise Poison(Code.SCORES_READ, f"`{short(node)}` reads the scores", {cid})
-        start = self.candidates[cid].start
+        start = self.chains.candidates[cid].start
         if start is None:
             return node
         mapping: dict[cst.CSTNode, cst.CSTNode] = {}
         query = primary(start.operands[0] if start.operands else start.query)  # its dtype and device, in any layout
-        if self.candidates[cid].built():
+        if self.chains.candidates[cid].built():
             query = cst.Name(HANDED_QUERY)
         for attribute in finder.attributes:
             mapping[attribute] = cst.Attribute(value=query, attr=attribute.attr)
@@ -1051,8 +860,8 @@ class Tracer:
         """A statement that is not part of the chain: chain reads must be of `.dtype`/`.device`/`expand_as`."""
         for joined in sorted(_names_in(node)):
             held = self.env.get(joined)
-            if isinstance(held, ChainVal) and held.cid in self._joined:
-                self.candidates[self.joined_into(held.cid)].poisoned(
+            if isinstance(held, ChainVal) and held.cid in self.chains.joined:
+                self.chains.candidates[self.chains.joined_into(held.cid)].poisoned(
                     Code.SCORES_READ, f"`{joined}`, scores joined into others, is read by `{short(node)}`", line
                 )
         finder = _ChainReads(self.env, None)
@@ -1065,9 +874,9 @@ class Tracer:
         for call, name in finder.reshapes:
             value = self.env[name.value]
             assert isinstance(value, ChainVal)
-            start = self.candidates[value.cid].start
+            start = self.chains.candidates[value.cid].start
             if value.stage is not SCORES or start is None or value.rank != start.rank:
-                self.candidates[value.cid].poisoned(
+                self.chains.candidates[value.cid].poisoned(
                     Code.SCORES_READ, f"`{short(node)}` takes the shape of scores that changed layout", line
                 )
                 continue
@@ -1078,27 +887,27 @@ class Tracer:
             if value.stage in (PROBS, OUT) and (allow_probs or self.output_seen):
                 self.probs_after_output.add(name.value)
                 continue
-            self.candidates[value.cid].poisoned(Code.SCORES_READ, f"the scores are read by `{short(node)}`", line)
+            self.chains.candidates[value.cid].poisoned(Code.SCORES_READ, f"the scores are read by `{short(node)}`", line)
         for name in finder.shapes:
             value = self.env[name.value]
             assert isinstance(value, ChainVal)
-            self.candidates[value.cid].poisoned(Code.SCORES_READ, f"the shape of the scores is read by `{short(node)}`", line)
+            self.chains.candidates[value.cid].poisoned(Code.SCORES_READ, f"the shape of the scores is read by `{short(node)}`", line)
         sizes: dict[cst.CSTNode, int | None] = {}
         for read, name, index in finder.sizes:
             value = self.env[name.value]
             assert isinstance(value, ChainVal)
-            layout = self.layout_of(value.cid)
+            layout = self.chains.layout_of(value.cid)
             if layout is not None:
                 # scores laid out otherwise: size `index` is SDPA's size at the dimension the layout takes it to
                 if not -len(layout) <= index < len(layout):
-                    self.candidates[value.cid].poisoned(
+                    self.chains.candidates[value.cid].poisoned(
                         Code.SCORES_READ, f"`{short(node)}` reads no size of the scores", line
                     )
                     continue
                 index = layout.index(index % len(layout))
             last = index == -1 or (value.rank is not None and index == value.rank - 1)
             if not last and index >= 0 and value.rank is None:
-                self.candidates[value.cid].poisoned(
+                self.chains.candidates[value.cid].poisoned(
                     Code.SCORES_READ, f"the shape of the scores is read by `{short(node)}`, their rank unknown", line
                 )
                 continue
@@ -1125,57 +934,18 @@ class Tracer:
                 # a chain reaches this product through an operation SDPA cannot follow: it is attention all the
                 # same, refused with that operation as the reason
                 for cid in poison.cids:
-                    self.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, self.current_line)
-                    self.candidates[cid].stage = OUT
+                    self.chains.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, self.current_line)
+                    self.chains.candidates[cid].stage = OUT
                 continue
-            if self.advance(base, ops).stage == PROBS:
+            if self.chains.advance(base, ops).stage == PROBS:
                 if product.form is p.ProductForm.EINSUM:
-                    if p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, self.layout_of(base.cid)) is None:
+                    if p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, self.chains.layout_of(base.cid)) is None:
                         continue
                 return node, product
         return None
 
 
 # ------------------------------------------------------------------ helpers
-
-
-@dataclass
-class Products:
-    """The products with V of one chain's probabilities: how the first one's probabilities were made, the dropout
-    draw each took (None: none), and each one's statement with the step of the probabilities it took."""
-
-    probabilities: Made
-    draws: list[int | None] = field(default_factory=list)
-    statements: list[tuple[cst.CSTNode, int]] = field(default_factory=list)
-
-
-def _reads_sdpa_layout(op: Op) -> str | None:
-    """What an operation reads of the scores' dimensions by position as SDPA lays them out, in a few words; None
-    for one that means the same on scores laid out otherwise, once what it adds or fills with is permuted as the
-    scores are (a softmax's dimension is checked where it is recognised, an einsum product with V reads the layout)."""
-    match op:
-        case Scale():
-            return "a factor per query" if op.per_query else None
-        case AddTerm():
-            return "a helper handed the scores" if op.scores_arg is not None else None
-        case Fill():
-            return "a causal mask" if op.causal or op.top_left else None
-        case View():
-            return "a view"
-        case ZeroRows():
-            return "zeroing fully masked rows"
-        case Shift():
-            return "subtracting the row's maximum"
-        case Start() | Cast() | Guard() | Softmax() | Dropout() | HeadMask() | Output():
-            return None
-        case _:
-            unreachable(op)
-
-
-def _branch_op(op: Op) -> bool:
-    """An operation one branch may apply to its own product before the branches meet: a scale by a number or an
-    added term, which the emitters turn into updates of the scale and the mask inside that branch."""
-    return isinstance(op, AddTerm) or (isinstance(op, Scale) and not op.per_query)
 
 
 def branch_of(branches: Sequence[tuple[cst.BaseExpression | None, object]], index: int) -> Branch:

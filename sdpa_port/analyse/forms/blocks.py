@@ -101,10 +101,10 @@ def joined_blocks(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recogn
     )
     members = tuple(member for candidate, _ in parts for member in (candidate.start_node, *candidate.members) if member is not None)
     bindings = tuple(sorted({binding for part, _ in parts for binding in part.start_bindings}))
-    cid = tracer.new_chain(start, node, line, bindings, members)
-    tracer.blocks[cid] = block
+    cid = tracer.chains.new_chain(start, node, line, bindings, members)
+    tracer.chains.blocks[cid] = block
     for part, _ in parts:
-        tracer.join(part.cid, cid, line, drop=True)
+        tracer.chains.join(part.cid, cid, line, drop=True)
     return ChainVal(cid, SCORES, rank), [start]
 
 
@@ -116,7 +116,7 @@ def _part(tracer: Tracer, node: cst.BaseExpression, line: int) -> tuple[Candidat
         raise Poison(
             Code.SCORES_TRANSFORMED, f"the scores are concatenated with `{short(node)}`, which is no query-key product", tracer.chain_refs(node)
         ) from error
-    candidate = tracer.candidates[base.cid]
+    candidate = tracer.chains.candidates[base.cid]
     start = candidate.start
     recorded = [op for op, _, _ in candidate.ops]
     named, inline = recorded == [start] and not ops, ops == [start] and not recorded
@@ -141,8 +141,8 @@ def _part(tracer: Tracer, node: cst.BaseExpression, line: int) -> tuple[Candidat
             f"`{changed[0]}` changes between the product `{short(node)}` and the concatenation of the scores",
             {base.cid},
         )
-    if candidate.cid in tracer.blocks:
-        return candidate, tracer.blocks[candidate.cid]
+    if candidate.cid in tracer.chains.blocks:
+        return candidate, tracer.chains.blocks[candidate.cid]
     query, key = start.query, start.key
     return candidate, Block(query, key, _identity(tracer, query), _identity(tracer, key), query, key, (query,), (key,))
 

@@ -119,7 +119,7 @@ def masking_fill(
     it), a zeroing of the probabilities where an earlier fill masked the scores."""
     if condition is None or fill is None:
         raise Poison(Code.FILL_VALUE, "a masking fill without a mask or a value", {cid})
-    candidate = tracer.candidates[cid]
+    candidate = tracer.chains.candidates[cid]
     if candidate.stage == PROBS or any(isinstance(op, Softmax) for op in pending):
         return zero_rows(tracer, condition, fill, keep_where_true, cid, pending)
     if not p.is_very_negative(fill, tracer.scope):
@@ -169,7 +169,7 @@ def zero_rows(
         raise Poison(Code.FILL_VALUE, f"the probabilities are set to `{short(fill)}` after the softmax", {cid})
     condition, keep_where_true = kept_condition(tracer, condition, keep_where_true)  # as `fill` reads it
     detached = tracer.detach(condition, cid)
-    ops = [op for op, _, _ in tracer.candidates[cid].ops] + list(pending)
+    ops = [op for op, _, _ in tracer.chains.candidates[cid].ops] + list(pending)
     fills = [op for op in ops if isinstance(op, Fill)]
     masks = [op for op in ops if isinstance(op, Guard)] + [
         op for op in ops if isinstance(op, AddTerm) and any("mask" in n for n in p.walk_names(op.term))

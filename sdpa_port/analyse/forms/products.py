@@ -75,7 +75,7 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
         layout=layout,
     )
     read = p.walk_names(start.query) | p.walk_names(start.key)
-    cid = tracer.new_chain(start, node, line, tuple((name, tracer.assignments.get(name, 0)) for name in sorted(read)))
+    cid = tracer.chains.new_chain(start, node, line, tuple((name, tracer.assignments.get(name, 0)) for name in sorted(read)))
     ops: list[Op] = [start]
     base = ChainVal(cid, SCORES, rank)
     if key_factor is not None:

@@ -41,7 +41,7 @@ def scaled(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | 
         raise Poison(Code.SCORES_COMBINED, "the scores are a divisor", right_refs)
     chain_side, other = (node.left, node.right) if left_refs else (node.right, node.left)
     base, ops = tracer.decompose(chain_side, line)
-    current = tracer.advance(base, ops)
+    current = tracer.chains.advance(base, ops)
     return base, cancelled(ops, scale_or_head_mask(tracer, current, other, divide, line))
 
 

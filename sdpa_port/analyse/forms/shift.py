@@ -25,7 +25,7 @@ def shifted(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
     if not tracer.chain_or_start(node.left) or not row_maximum_of(tracer, node.right, node.left):
         return None
     base, ops = tracer.decompose(node.left, line)
-    if tracer.advance(base, ops).stage != SCORES:
+    if tracer.chains.advance(base, ops).stage != SCORES:
         raise Poison(Code.PROBABILITIES_CHANGED, "the probabilities are shifted after the softmax", {base.cid})
     return base, [*ops, Shift()]
 

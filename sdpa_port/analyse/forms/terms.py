@@ -37,7 +37,7 @@ def added(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | N
         return None if subtract else add_two_chains(tracer, node, line)
     chain_side, other = (node.left, node.right) if left_refs else (node.right, node.left)
     base, ops = tracer.decompose(chain_side, line)
-    current = tracer.advance(base, ops)
+    current = tracer.chains.advance(base, ops)
     return base, [*ops, add_term(tracer, current, other, line, negate=subtract)]
 
 
@@ -72,7 +72,7 @@ def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Reco
     if shape is None:
         return None
     base, ops = tracer.decompose(argument.value, line)
-    current = tracer.advance(base, ops)
+    current = tracer.chains.advance(base, ops)
     if current.stage is not SCORES:
         return None
     if shape.reshaped and (shape.rank is None or shape.rank != current.rank):
@@ -164,8 +164,8 @@ def _enclosing(tracer: Tracer, cid: int | None) -> tuple[list[tuple[int, int]], 
     """The branches (if, index) enclosing the current statement and their if/elif tests; with a chain's `cid`, only
     those past the ones enclosing its query-key product."""
     path, tests = tracer.path, tracer.tests
-    if cid is not None and 0 <= cid < len(tracer.candidates):
-        candidate = tracer.candidates[cid]
+    if cid is not None and 0 <= cid < len(tracer.chains.candidates):
+        candidate = tracer.chains.candidates[cid]
         shared = len(candidate.start_path)
         if tuple(path[:shared]) == candidate.start_path:
             return path[shared:], tests[candidate.start_tests :]
@@ -186,9 +186,9 @@ def add_two_chains(tracer: Tracer, node: cst.BinaryOperation, line: int) -> tupl
     absorbed = right_cids if main_left else left_cids
     for cid in absorbed:
         if cid >= 0:
-            tracer.candidates[cid].absorbed = True
+            tracer.chains.candidates[cid].absorbed = True
     base, ops = tracer.decompose(chain_side, line)
-    current = tracer.advance(base, ops)
+    current = tracer.chains.advance(base, ops)
     return base, [*ops, AddTerm(other, current.rank)]
 
 

@@ -25,7 +25,7 @@ def reshape(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
         return None
     call, receiver, _ = found
     base, ops = tracer.decompose(receiver, line)
-    current = tracer.advance(base, ops)
+    current = tracer.chains.advance(base, ops)
     after = tracer.ranks.view_rank(call.args)
     heads = None
     if current.rank == 3 and after == 4:
