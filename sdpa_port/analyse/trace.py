@@ -63,6 +63,7 @@ from sdpa_port.analyse.chain import (  # the chain's values and operations, used
 from sdpa_port.analyse.forms import FORMS, fills, products, scales, terms
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.chain_book import ChainBook, Products
+from sdpa_port.analyse.chain_reads import ChainReads, ProductFinder, ReadFinder, contains_softmax
 from sdpa_port.analyse.ranks import Ranks
 from sdpa_port.analyse.remakes import Branch, Made
 from sdpa_port.analyse.scope import FunctionScope
@@ -150,6 +151,7 @@ class Tracer:
         self.path: list[tuple[int, int]] = []
         self.branches: list[Branch] = []  # the same branches, by their tests (for `remakes`)
         self.chains = ChainBook(self.env, self.plans, self.path, self.tests)
+        self.reads = ChainReads(self.env, self.chains)
         self.assignments: dict[str, int] = {}  # how often each name has been assigned so far
         self.ranks = Ranks(self.scope, function, param_ranks, self.assignments)
         self.output_seen = False
@@ -199,7 +201,7 @@ class Tracer:
         elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
             self.env.pop(statement.name.value, None)
         elif isinstance(statement, cst.Try):
-            before = set(self.live_cids())
+            before = set(self.reads.live_cids())
             self.block(block_body(statement.body), depth + 1)
             for handler in statement.handlers:
                 self.block(block_body(handler.body), depth + 1)
@@ -210,9 +212,9 @@ class Tracer:
     def loop(self, statement: cst.For | cst.While, depth: int) -> None:
         line = self.line_of(statement)
         chain_names = {name for name, value in self.env.items() if isinstance(value, ChainVal)}
-        before = set(self.live_cids())
+        before = set(self.reads.live_cids())
         self.block(block_body(statement.body), depth + 1)
-        touched = self.live_cids() - before
+        touched = self.reads.live_cids() - before
         for name in chain_names:
             value = self.env.get(name)
             if isinstance(value, ChainVal):
@@ -251,7 +253,7 @@ class Tracer:
                 return
             branches = kept
         # raise-guards on the scores' shape or dtype disappear with the scores
-        if len(branches) == 1 and self.chain_refs(branches[0][0]) and _only_raises(branches[0][1]):
+        if len(branches) == 1 and self.reads.chain_refs(branches[0][0]) and _only_raises(branches[0][1]):
             self.dropped_ifs.add(node)
             return
         for test, _ in branches:
@@ -352,7 +354,7 @@ class Tracer:
             self.aug_assign(small, depth, line)
         elif isinstance(small, cst.Expr):
             self.expression_statement(small, depth, line)
-        elif isinstance(small, cst.Assert) and self.chain_refs(small) and not self.chain_value_refs(small):
+        elif isinstance(small, cst.Assert) and self.reads.chain_refs(small) and not self.reads.chain_value_refs(small):
             self.plans[small] = ChainStmt([], [], depth, line)  # a shape check on the scores goes with them
         elif isinstance(small, cst.Return):
             self.returns.append(small)
@@ -362,7 +364,7 @@ class Tracer:
                 self.output_statement(small, small.value, output, [], depth, line)
             elif small.value is not None:
                 if not self.weights_passed_along(small.value):
-                    for cid in self.chain_value_refs(small.value):
+                    for cid in self.reads.chain_value_refs(small.value):
                         self.chains.candidates[cid].poisoned(
                             Code.VALUE_SIDE,
                             f"the probabilities are used after the product with V, in `{short(small.value)}`",
@@ -388,7 +390,7 @@ class Tracer:
         again = self.remade(value, line) if weights_only else None  # decomposed once, used below
         if weights_only and again is None:
             if not self.weights_passed_along(value):
-                for cid in self.chain_value_refs(value):
+                for cid in self.reads.chain_value_refs(value):
                     self.chains.candidates[cid].poisoned(
                         Code.VALUE_SIDE, f"the probabilities are used after the product with V, in `{short(value)}`", line
                     )
@@ -450,7 +452,7 @@ class Tracer:
                 self.env.pop(target.value, None)
                 self.note_assignment([target.value])
                 return
-            if self.chain_value_refs(small.value):
+            if self.reads.chain_value_refs(small.value):
                 self.poison_reads(small.value, line, Code.SCORES_READ, f"the scores are folded into `{target.value}`")
             self.keep_expression(small.value, line, small)
             scalar = (
@@ -547,7 +549,7 @@ class Tracer:
             self.second_output(base.cid, taken, probabilities, draw, line)
         if taken is None:
             taken = self.chains.products[base.cid] = Products(probabilities)
-        if self.chain_refs(product.right):
+        if self.reads.chain_refs(product.right):
             self.chains.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
         rank = product.rank if product.rank is not None else base.rank
         operand, order, value_order = product.right, None, None
@@ -575,7 +577,7 @@ class Tracer:
         candidate.stage = OUT
         self.output_seen = True
         # the rest of the statement may only pass the weights along (`return output, weights`)
-        for name, read in self.chain_names_in(value, exclude=node):
+        for name, read in self.reads.chain_names_in(value, exclude=node):
             value_of = self.env.get(name)
             if isinstance(value_of, ChainVal) and value_of.stage == PROBS and self.weights_passed_along(value, node):
                 self.probs_after_output.add(name)
@@ -635,7 +637,7 @@ class Tracer:
             if not refs:
                 raise NotChain()
             raise Poison(Code.SCORES_COMBINED, f"the scores are combined with `{code(node.operator).strip()}`", refs)
-        refs = self.chain_value_refs(node)
+        refs = self.reads.chain_value_refs(node)
         if refs and isinstance(node, cst.Call):
             raise Poison(Code.SCORES_TRANSFORMED, f"the scores are passed to `{short(node.func)}`", refs)
         if refs:
@@ -668,7 +670,7 @@ class Tracer:
     def reads_settings(self, test: cst.BaseExpression) -> bool:
         """A test of the module's settings alone (`self.training`, `self.config.x`, with `not`/`and`/`or`), no chain
         value among its reads: the same on every call of the module's forward."""
-        return p.reads_settings_only(test) and not self.chain_refs(test)
+        return p.reads_settings_only(test) and not self.reads.chain_refs(test)
 
     def note_assignment(self, names: Sequence[str]) -> None:
         for name in names:
@@ -724,7 +726,7 @@ class Tracer:
             self.chains.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, line)
         stages = [v.stage for v in (self.env.get(n) for n in _names_in(value)) if isinstance(v, ChainVal)]
         stage = PROBS if PROBS in stages or OUT in stages else SCORES
-        if _contains_softmax(value, self.scope):
+        if contains_softmax(value, self.scope):
             stage = PROBS
         first: int | None = min(poison.cids) if poison.cids else None
         for name in names:
@@ -736,11 +738,11 @@ class Tracer:
                 self.env.pop(name, None)
 
     def poison_reads(self, node: cst.CSTNode, line: int, code: Code, reason: str) -> None:
-        for cid in self.chain_refs(node):
+        for cid in self.reads.chain_refs(node):
             self.chains.candidates[cid].poisoned(code, reason, line)
 
     def poison_new(self, before: set[int], code: Code, reason: str, line: int) -> None:
-        for cid in self.live_cids() - before:
+        for cid in self.reads.live_cids() - before:
             self.chains.candidates[cid].poisoned(code, reason, line)
 
     def value_is_scalar(self, value: Value) -> bool:
@@ -748,34 +750,17 @@ class Tracer:
             return True
         return isinstance(value, ExprVal) and p.scalar(value.node, self.scope) is not None
 
-    def stage_of(self, cid: int) -> Stage:
-        stages = {v.stage for v in self.env.values() if isinstance(v, ChainVal) and v.cid == cid}
-        return PROBS if PROBS in stages or OUT in stages else SCORES
-
-    def live_cids(self) -> set[int]:
-        return {value.cid for value in self.env.values() if isinstance(value, ChainVal)}
-
-    def chain_refs(self, node: cst.CSTNode | None) -> set[int]:
-        if node is None:
-            return set()
-        out: set[int] = set()
-        for name in _names_in(node):
-            value = self.env.get(name)
-            if isinstance(value, ChainVal):
-                out.add(self.chains.joined_into(value.cid))  # reading scores joined into others reads those
-        return out
-
     def chain_or_start(self, node: cst.CSTNode) -> set[int]:
         """Chains read by an expression, or {-1} when it holds a query-key product that would start one."""
-        refs = self.chain_value_refs(node)
+        refs = self.reads.chain_value_refs(node)
         if refs:
             return refs
-        finder = _Products(self.scope)
+        finder = ProductFinder(self.scope)
         node.visit(finder)
         for product_node, product in finder.found:
             if not self.may_start(product_node):
                 continue
-            if self.chain_value_refs(product.left) or self.chain_value_refs(product.right):
+            if self.reads.chain_value_refs(product.left) or self.reads.chain_value_refs(product.right):
                 continue
             if product.form is p.ProductForm.EINSUM:
                 if p.einsum_roles(product.spec or "", p.EinsumRole.SCORES) is not None:
@@ -788,7 +773,7 @@ class Tracer:
         """After the product with V, a statement that reads the probabilities only passes the weights along."""
         if not self.output_seen:
             return False
-        finder = _ChainReads(self.env, None)
+        finder = ReadFinder(self.env, None)
         node.visit(finder)
         values = [self.env[n.value] for n in finder.plain]
         return bool(values) and all(isinstance(v, ChainVal) and v.stage in (PROBS, OUT) for v in values)
@@ -800,7 +785,7 @@ class Tracer:
         if isinstance(node, (cst.Tuple, cst.List)):
             return all(self.weights_passed_along(e.value, exclude) for e in node.elements)
         if isinstance(node, cst.IfExp):
-            return not self.chain_value_refs(node.test) and all(
+            return not self.reads.chain_value_refs(node.test) and all(
                 self.weights_passed_along(part, exclude) for part in (node.body, node.orelse)
             )
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
@@ -810,51 +795,17 @@ class Tracer:
             # laid out for the caller under `if output_attentions:`, a path SDPA leaves to eager
             assert isinstance(node, cst.Call)
             return self.weights_passed_along(found[0], exclude) and not any(
-                self.chain_value_refs(a.value) for a in node.args
+                self.reads.chain_value_refs(a.value) for a in node.args
             )
         if exclude is not None:
-            finder = _ChainReads(self.env, exclude)
+            finder = ReadFinder(self.env, exclude)
             node.visit(finder)
             return not finder.plain
-        return not self.chain_value_refs(node)
+        return not self.reads.chain_value_refs(node)
 
     def asked_for_weights(self) -> bool:
         """An enclosing `if` tests `output_attentions` itself."""
         return any(m.matches(test, m.Name("output_attentions")) for test in self.tests)
-
-    def chain_value_refs(self, node: cst.CSTNode | None) -> set[int]:
-        """Chains whose values an expression reads (`.dtype`, `.device`, shapes and `expand_as` excluded)."""
-        if node is None:
-            return set()
-        finder = _ChainReads(self.env, None)
-        node.visit(finder)
-        return {self.chains.joined_into(self.env[n.value].cid) for n in finder.plain}  # type: ignore[union-attr]
-
-    def detach(self, node: cst.BaseExpression, cid: int) -> cst.BaseExpression:
-        """An operand of a chain op with its `.dtype`/`.device` reads of the scores pointed at the query."""
-        finder = _ChainReads(self.env, None)
-        node.visit(finder)
-        if finder.plain or finder.shapes:
-            raise Poison(Code.SCORES_READ, f"`{short(node)}` reads the scores", {cid})
-        start = self.chains.candidates[cid].start
-        if start is None:
-            return node
-        mapping: dict[cst.CSTNode, cst.CSTNode] = {}
-        query = primary(start.operands[0] if start.operands else start.query)  # its dtype and device, in any layout
-        if self.chains.candidates[cid].built():
-            query = cst.Name(HANDED_QUERY)
-        for attribute in finder.attributes:
-            mapping[attribute] = cst.Attribute(value=query, attr=attribute.attr)
-        for call in finder.expands:
-            mapping[call] = call.func.value  # type: ignore[attr-defined]
-        from sdpa_port.rewrite.edit import replace_nodes
-
-        return replace_nodes(node, mapping) if mapping else node
-
-    def chain_names_in(self, node: cst.CSTNode, exclude: cst.CSTNode | None = None) -> list[tuple[str, cst.Name]]:
-        finder = _ChainReads(self.env, exclude)
-        node.visit(finder)
-        return [(n.value, n) for n in finder.plain]
 
     def keep_expression(self, node: cst.CSTNode, line: int, key: cst.CSTNode, allow_probs: bool = False) -> None:
         """A statement that is not part of the chain: chain reads must be of `.dtype`/`.device`/`expand_as`."""
@@ -864,7 +815,7 @@ class Tracer:
                 self.chains.candidates[self.chains.joined_into(held.cid)].poisoned(
                     Code.SCORES_READ, f"`{joined}`, scores joined into others, is read by `{short(node)}`", line
                 )
-        finder = _ChainReads(self.env, None)
+        finder = ReadFinder(self.env, None)
         node.visit(finder)
         replacements: dict[cst.CSTNode, KeepAction] = {}
         for attribute in finder.attributes:
@@ -920,11 +871,11 @@ class Tracer:
 
     def find_output(self, value: cst.BaseExpression) -> tuple[cst.BaseExpression, p.Product] | None:
         """A product whose left operand is the probabilities, anywhere inside the expression."""
-        finder = _Products(self.scope)
+        finder = ProductFinder(self.scope)
         value.visit(finder)
         for node, product in finder.found:
-            refs = self.chain_refs(product.left)
-            if not refs and not (self.selected_start is None and _contains_softmax(product.left, self.scope)):
+            refs = self.reads.chain_refs(product.left)
+            if not refs and not (self.selected_start is None and contains_softmax(product.left, self.scope)):
                 continue
             try:
                 base, ops = self.decompose(product.left, 0)
@@ -1030,31 +981,6 @@ def _only_raises(body: Sequence[cst.BaseStatement]) -> bool:
     )
 
 
-def _size_read(node: cst.CSTNode) -> tuple[cst.Name, int] | None:
-    """`x.size(i)` or `x.shape[i]` with a literal index: (x, i)."""
-    if (
-        isinstance(node, cst.Call)
-        and isinstance(node.func, cst.Attribute)
-        and node.func.attr.value == "size"
-        and isinstance(node.func.value, cst.Name)
-        and len(node.args) == 1
-        and node.args[0].keyword is None
-    ):
-        index = p.number(node.args[0].value)
-        return (node.func.value, int(index)) if index is not None and index == int(index) else None
-    if (
-        isinstance(node, cst.Subscript)
-        and isinstance(node.value, cst.Attribute)
-        and node.value.attr.value == "shape"
-        and isinstance(node.value.value, cst.Name)
-        and len(node.slice) == 1
-        and isinstance(node.slice[0].slice, cst.Index)
-    ):
-        index = p.number(node.slice[0].slice.value)
-        return (node.value.value, int(index)) if index is not None and index == int(index) else None
-    return None
-
-
 def _unbound(value: cst.BaseExpression) -> cst.BaseExpression | None:
     """`x` of `x.unbind(0)` / `x.unbind(dim=0)` / `torch.unbind(x, 0)` (the first dimension only)."""
     if not isinstance(value, cst.Call):
@@ -1069,87 +995,4 @@ def _unbound(value: cst.BaseExpression) -> cst.BaseExpression | None:
             return source
     return None
 
-
-def _contains_softmax(node: cst.CSTNode, scope: p.Scope) -> bool:
-    finder = _Softmaxes(scope)
-    node.visit(finder)
-    return finder.found
-
-
-class _Softmaxes(cst.CSTVisitor):
-    def __init__(self, scope: p.Scope) -> None:
-        self.scope = scope
-        self.found = False
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if p.softmax_call(node, self.scope) is not None:
-            self.found = True
-
-
-class _Products(cst.CSTVisitor):
-    def __init__(self, scope: p.Scope) -> None:
-        self.scope = scope
-        self.found: list[tuple[cst.BaseExpression, p.Product]] = []
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.BaseExpression):
-            product = p.product(node, self.scope)
-            if product is not None:
-                self.found.append((node, product))
-        return True
-
-
-class _ChainReads(cst.CSTVisitor):
-    """Reads of chain names, sorted into `.dtype`/`.device` attributes, `expand_as(chain)`, shape reads and others."""
-
-    def __init__(self, env: dict[str, Value], exclude: cst.CSTNode | None) -> None:
-        self.env = env
-        self.exclude = exclude
-        self.attributes: list[cst.Attribute] = []
-        self.expands: list[cst.Call] = []
-        self.reshapes: list[tuple[cst.Call, cst.Name]] = []  # `x.reshape_as(scores)`, `x.view_as(scores)`
-        self.shapes: list[cst.Name] = []
-        self.sizes: list[tuple[cst.CSTNode, cst.Name, int]] = []  # `scores.size(i)`, `scores.shape[i]`
-        self.plain: list[cst.Name] = []
-
-    def is_chain(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, cst.Name) and isinstance(self.env.get(node.value), ChainVal)
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if node is self.exclude:
-            return False
-        size = _size_read(node)
-        if size is not None and self.is_chain(size[0]):
-            self.sizes.append((node, size[0], size[1]))
-            return False
-        if isinstance(node, cst.Attribute) and self.is_chain(node.value):
-            if node.attr.value in ("dtype", "device"):
-                self.attributes.append(node)
-                return False
-            if node.attr.value in ("shape", "ndim"):
-                self.shapes.append(node.value)  # type: ignore[arg-type]
-                return False
-            if node.attr.value in ("size", "dim"):
-                self.shapes.append(node.value)  # type: ignore[arg-type]
-                return False
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-            if node.func.attr.value == "expand_as" and len(node.args) == 1 and self.is_chain(node.args[0].value):
-                self.expands.append(node)
-                node.func.value.visit(self)
-                return False
-            if node.func.attr.value in ("reshape_as", "view_as") and len(node.args) == 1 and self.is_chain(node.args[0].value):
-                target = node.args[0].value
-                assert isinstance(target, cst.Name)
-                self.reshapes.append((node, target))
-                node.func.value.visit(self)
-                return False
-        if isinstance(node, cst.Name) and self.is_chain(node):
-            self.plain.append(node)
-        if isinstance(node, cst.Arg):
-            node.value.visit(self)
-            return False
-        if isinstance(node, cst.Attribute):
-            node.value.visit(self)
-            return False
-        return True
 

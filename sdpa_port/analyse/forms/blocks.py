@@ -70,7 +70,7 @@ def joined_blocks(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recogn
             parts.append(_part(tracer, element.value, line))
         except Poison as poison:
             # refused for every chain listed, those read by name and the products listed before this one
-            poison.cids |= tracer.chain_refs(listed) | {candidate.cid for candidate, _ in parts}
+            poison.cids |= tracer.reads.chain_refs(listed) | {candidate.cid for candidate, _ in parts}
             raise
     cids = {candidate.cid for candidate, _ in parts}
     ranks = {candidate.start.rank for candidate, _ in parts if candidate.start is not None}
@@ -114,7 +114,7 @@ def _part(tracer: Tracer, node: cst.BaseExpression, line: int) -> tuple[Candidat
         base, ops = tracer.decompose(node, line)
     except NotChain as error:
         raise Poison(
-            Code.SCORES_TRANSFORMED, f"the scores are concatenated with `{short(node)}`, which is no query-key product", tracer.chain_refs(node)
+            Code.SCORES_TRANSFORMED, f"the scores are concatenated with `{short(node)}`, which is no query-key product", tracer.reads.chain_refs(node)
         ) from error
     candidate = tracer.chains.candidates[base.cid]
     start = candidate.start

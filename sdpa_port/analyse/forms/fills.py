@@ -57,12 +57,12 @@ def where(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | N
     ):
         return None
     condition, when_true, when_false = (a.value for a in node.args)
-    if tracer.chain_value_refs(condition):
-        raise Poison(Code.SCORES_READ, "the scores decide their own mask", tracer.chain_value_refs(condition))
-    if tracer.chain_or_start(when_true) and not tracer.chain_value_refs(when_false):
+    if tracer.reads.chain_value_refs(condition):
+        raise Poison(Code.SCORES_READ, "the scores decide their own mask", tracer.reads.chain_value_refs(condition))
+    if tracer.chain_or_start(when_true) and not tracer.reads.chain_value_refs(when_false):
         base, ops = tracer.decompose(when_true, line)
         return base, [*ops, masking_fill(tracer, condition, when_false, True, line, base.cid, ops)]
-    if tracer.chain_or_start(when_false) and not tracer.chain_value_refs(when_true):
+    if tracer.chain_or_start(when_false) and not tracer.reads.chain_value_refs(when_true):
         base, ops = tracer.decompose(when_false, line)
         return base, [*ops, masking_fill(tracer, condition, when_true, False, line, base.cid, ops)]
     return None
@@ -92,10 +92,10 @@ def blend(
     if kept is None or masked is None:
         return None
     for scores, weight in (kept, kept[::-1]):
-        if not tracer.chain_or_start(scores) or tracer.chain_value_refs(weight):
+        if not tracer.chain_or_start(scores) or tracer.reads.chain_value_refs(weight):
             continue
         for value, complement in (masked, masked[::-1]):
-            if tracer.chain_value_refs(value) or not _one_minus(complement, weight):
+            if tracer.reads.chain_value_refs(value) or not _one_minus(complement, weight):
                 continue
             if isinstance(node.operator, cst.Subtract):
                 value = cst.UnaryOperation(cst.Minus(), value if precedence(value) >= 12 else parenthesized(value))
@@ -133,11 +133,11 @@ def masking_fill(
     causal = diagonal is Diagonal.CAUSAL
     absorbing = p.is_absorbing(fill, tracer.scope)
     row_safe = diagonal is not None or is_padding_condition(tracer, condition)
-    detached = tracer.detach(condition, cid)
+    detached = tracer.reads.detach(condition, cid)
     return Fill(
         detached,
         keep_where_true,
-        tracer.detach(fill, cid),
+        tracer.reads.detach(fill, cid),
         causal,
         absorbing,
         row_safe,
@@ -168,7 +168,7 @@ def zero_rows(
     if p.fill_number(fill, tracer.scope) != 0:
         raise Poison(Code.FILL_VALUE, f"the probabilities are set to `{short(fill)}` after the softmax", {cid})
     condition, keep_where_true = kept_condition(tracer, condition, keep_where_true)  # as `fill` reads it
-    detached = tracer.detach(condition, cid)
+    detached = tracer.reads.detach(condition, cid)
     ops = [op for op, _, _ in tracer.chains.candidates[cid].ops] + list(pending)
     fills = [op for op in ops if isinstance(op, Fill)]
     masks = [op for op in ops if isinstance(op, Guard)] + [

@@ -31,9 +31,9 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
     product = p.product(node, tracer.scope)
     if product is None:
         return None
-    if tracer.chain_refs(product.left) or tracer.chain_refs(product.right):
+    if tracer.reads.chain_refs(product.left) or tracer.reads.chain_refs(product.right):
         return None
-    if product.initial is not None and tracer.chain_refs(product.initial):
+    if product.initial is not None and tracer.reads.chain_refs(product.initial):
         return None
     if not tracer.may_start(node):
         return None
@@ -80,7 +80,7 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
     base = ChainVal(cid, SCORES, rank)
     if key_factor is not None:
         # `q @ (k^T / s)` is `(q @ k^T) / s`: the factor scales the product, before any term
-        ops.append(Scale(tracer.detach(key_factor[0], cid), key_factor[1]))
+        ops.append(Scale(tracer.reads.detach(key_factor[0], cid), key_factor[1]))
     if unproven is not None:
         raise Poison(
             Code.SCALE_NOT_A_NUMBER,
@@ -111,7 +111,7 @@ def key_operand(tracer: Tracer, node: cst.BaseExpression, rank: int | None) -> K
     sides = [(node.left, node.right)] if divide else [(node.left, node.right), (node.right, node.left)]
     for operand, factor in sides:
         number = p.scalar(factor, tracer.scope)
-        if number is not None and not tracer.chain_refs(factor):
+        if number is not None and not tracer.reads.chain_refs(factor):
             return KeyOperand(operand, number=(number.node, divide))
     for operand, factor in sides:
         if untranspose(tracer, operand, rank) is not None:

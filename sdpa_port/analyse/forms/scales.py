@@ -29,7 +29,7 @@ def scaled(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | 
     if not left_refs and not right_refs:
         return None
     if left_refs and right_refs:
-        if any(tracer.stage_of(cid) != SCORES for cid in left_refs | right_refs if cid >= 0):
+        if any(tracer.reads.stage_of(cid) != SCORES for cid in left_refs | right_refs if cid >= 0):
             raise Poison(
                 Code.PROBABILITIES_CHANGED,
                 f"the probabilities are rescaled by themselves in `{short(node)}`",
@@ -49,15 +49,15 @@ def scale_or_head_mask(tracer: Tracer, current: ChainVal, factor: cst.BaseExpres
     if current.stage == SCORES:
         scalar = p.scalar(factor, tracer.scope)
         if scalar is None:
-            if not tracer.chain_value_refs(factor) and p.constant_along_last(factor, tracer.scope):
-                return Scale(tracer.detach(factor, current.cid), divide, per_query=True)
+            if not tracer.reads.chain_value_refs(factor) and p.constant_along_last(factor, tracer.scope):
+                return Scale(tracer.reads.detach(factor, current.cid), divide, per_query=True)
             raise Poison(
                 Code.SCALE_NOT_A_NUMBER,
                 f"the scores are scaled by `{short(factor)}`, which is not provably a number nor a tensor the same "
                 "for every key",
                 {current.cid},
             )
-        return Scale(tracer.detach(scalar.node, current.cid), divide)
+        return Scale(tracer.reads.detach(scalar.node, current.cid), divide)
     if current.stage == PROBS and not divide:
         root = _root_param(factor, tracer.params)
         guarded = root is not None and any(_tests_not_none(test, root) for test in tracer.tests)

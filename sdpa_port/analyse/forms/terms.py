@@ -44,7 +44,7 @@ def added(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | N
 def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
     """`helper(scores, ...)` where the helper (a function of this file or a method of the class) only adds
     terms that do not depend on the scores: the term `helper(zeros, ...)`."""
-    if not isinstance(node, cst.Call) or not tracer.chain_value_refs(node):
+    if not isinstance(node, cst.Call) or not tracer.reads.chain_value_refs(node):
         return None
     function: cst.FunctionDef | None = None
     skip = 0
@@ -56,7 +56,7 @@ def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Reco
         function, skip = (found[1], 1) if found is not None else (None, 0)
     if function is None or any(a.star for a in node.args):
         return None
-    chained = [i for i, a in enumerate(node.args) if tracer.chain_value_refs(a.value)]
+    chained = [i for i, a in enumerate(node.args) if tracer.reads.chain_value_refs(a.value)]
     if len(chained) != 1:
         return None
     index = chained[0]
@@ -79,7 +79,7 @@ def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Reco
         raise Poison(Code.LAYOUT, f"`{short(node.func)}` returns the scores in another shape", {base.cid})
     args = list(node.args)
     args[index] = argument.with_changes(value=cst.Name("None"))
-    term = tracer.detach(node.with_changes(args=args), base.cid)
+    term = tracer.reads.detach(node.with_changes(args=args), base.cid)
     applied = always_applied(tracer, term), always_applied(tracer, term, base.cid)
     setting = setting_applied(tracer, term, base.cid)
     return base, [*ops, AddTerm(term, current.rank, *applied, setting, scores_arg=index)]
@@ -93,9 +93,9 @@ def add_term(
         raise Poison(
             Code.PROBABILITIES_CHANGED, "a term is added to the probabilities after the softmax", {current.cid}
         )
-    if tracer.chain_value_refs(term):
+    if tracer.reads.chain_value_refs(term):
         raise Poison(Code.SCORES_READ, f"the additive term `{short(term)}` depends on the scores", {current.cid})
-    detached = tracer.detach(term, current.cid)
+    detached = tracer.reads.detach(term, current.cid)
     return AddTerm(
         cst.UnaryOperation(cst.Minus(), primary(detached)) if negate else detached,
         current.rank,

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def wrapper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    if not isinstance(node, cst.Call) or not tracer.chain_value_refs(node):
+    if not isinstance(node, cst.Call) or not tracer.reads.chain_value_refs(node):
         return None
     expression = inlined(node, tracer.facts, tracer.scope.class_name, tracer.scope.qualify)
     return None if expression is None else tracer.decompose(expression, line)
