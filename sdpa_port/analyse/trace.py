@@ -19,8 +19,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
-from sdpa_port.analyse.known import Known, decide, holding
-from sdpa_port.analyse.cstutil import assigned_names, block_body, code, if_branches, primary
+from sdpa_port.analyse.known import Known, holding
+from sdpa_port.analyse.cstutil import assigned_names, block_body, code, primary
 from sdpa_port.rewrite.edit import replace_names
 from sdpa_port.analyse.chain import (  # the chain's values and operations, used across the package as `trace.X`
     OUT,
@@ -62,6 +62,7 @@ from sdpa_port.analyse.chain import (  # the chain's values and operations, used
 )
 from sdpa_port.analyse.forms import FORMS, fills, products, scales, terms
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.branches import if_statement
 from sdpa_port.analyse.chain_book import ChainBook, Products
 from sdpa_port.analyse.chain_reads import ChainReads, ProductFinder, ReadFinder, contains_softmax
 from sdpa_port.analyse.ranks import Ranks
@@ -191,7 +192,7 @@ class Tracer:
             for small in statement.body:
                 self.small(small, depth, self.line_of(statement))
         elif isinstance(statement, cst.If):
-            self.if_statement(statement, depth)
+            if_statement(self, statement, depth)
         elif isinstance(statement, cst.With):
             for item in statement.items:
                 self.poison_reads(item.item, self.line_of(statement), Code.SCORES_READ, "a `with` item reads the scores")
@@ -227,120 +228,6 @@ class Tracer:
         if isinstance(statement, cst.For):
             for name in assigned_names(statement.target):
                 self.env.pop(name, None)
-
-    def decided(self, test: cst.BaseExpression | None) -> bool | None:
-        """What a branch test is on the SDPA path, when the known facts decide it."""
-        if test is None or self.known == Known():
-            return None
-        return decide(test, self.known)
-
-    def if_statement(self, node: cst.If, depth: int) -> None:
-        line = self.line_of(node)
-        branches = if_branches(node)
-        if self.known != Known():
-            kept: list[tuple[cst.BaseExpression | None, Sequence[cst.BaseStatement]]] = []
-            for test, body in branches:
-                decision = self.decided(test)
-                if decision is False:
-                    continue
-                kept.append((None, body) if decision is True else (test, body))
-                if decision is True:
-                    break
-            if not kept:
-                return
-            if kept[0][0] is None:  # the first branch left always runs
-                self.block(kept[0][1], depth)
-                return
-            branches = kept
-        # raise-guards on the scores' shape or dtype disappear with the scores
-        if len(branches) == 1 and self.reads.chain_refs(branches[0][0]) and _only_raises(branches[0][1]):
-            self.dropped_ifs.add(node)
-            return
-        for test, _ in branches:
-            if test is not None:
-                self.keep_expression(test, line, test)
-        start_env = dict(self.env)
-        first_new = len(self.chains.candidates)
-        results: list[dict[str, Value]] = []
-        has_else = branches[-1][0] is None
-        for index, (test, body) in enumerate(branches):
-            self.env.clear()
-            self.env.update(start_env)
-            if test is not None:
-                self.tests.append(test)
-            self.path.append((id(node), index))
-            self.branches.append(branch_of(branches, index))
-            self.block(body, depth + 1)
-            self.branches.pop()
-            self.path.pop()
-            if test is not None:
-                self.tests.pop()
-            results.append(dict(self.env))
-        if not has_else:
-            results.append(start_env)
-        merged: dict[str, Value] = {}
-        names = set().union(*(r.keys() for r in results))
-        # the names made alternatives first: a name holding, in some branches only, a step of a chain that
-        # alternatives then merge (the Conformer's `scores_ac` before `scores = (scores_ac + scores_bd) / d`)
-        # is one of its earlier values, read later as any earlier value is (a fork, or a read of the scores)
-        alternated: set[int] = set()
-        deferred: list[str] = []
-        for name in names:
-            values = [r.get(name) for r in results]
-            first = values[0]
-            if all(v is not None and _same_value(v, first) for v in values):
-                merged[name] = first  # type: ignore[assignment]
-                if isinstance(first, ChainVal):  # the same place on the chain, made in each branch its own way
-                    self.chains.note_merged(first, values)
-                continue
-            alternative = self.chains.alternatives(values, first_new, line)
-            if alternative is not None:
-                merged[name] = alternative
-                alternated.add(alternative.cid)
-                continue
-            chains = [v for v in values if isinstance(v, ChainVal)]
-            if chains and all(c.cid in self.chains.joined for c in chains):
-                merged[name] = chains[0]  # scores joined into others: a later use is refused for those
-                continue
-            if not chains:
-                if all(v is not None and self.value_is_scalar(v) for v in values):
-                    merged[name] = ScalarVal()
-                elif all(isinstance(v, (ExprVal, AnyExpr)) for v in values):
-                    nodes = [n for v in values for n in ((v.node,) if isinstance(v, ExprVal) else v.nodes)]  # type: ignore[union-attr]
-                    merged[name] = AnyExpr(tuple(dict.fromkeys(nodes)))
-                continue
-            cids = {c.cid for c in chains}
-            stages = {c.stage for c in chains}
-            ranks = {c.rank for c in chains}
-            if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1 and len(ranks) == 1:
-                merged[name] = chains[0]
-                self.chains.note_merged(chains[0], chains)
-                continue
-            if len(cids) == 1 and len(stages) == 1 and chains[0].stage == PROBS:
-                # an alias of the weights made only in some branches (e.g. for output_attentions)
-                merged[name] = chains[0]
-                self.chains.note_merged(chains[0], chains)
-                continue
-            deferred.append(name)
-        for name in deferred:
-            values = [r.get(name) for r in results]
-            chains = [v for v in values if isinstance(v, ChainVal)]
-            merged[name] = chains[0]
-            if all(c.stage is SCORES and self.chains.joined_into(c.cid) in alternated for c in chains):
-                continue
-            cids = {c.cid for c in chains}
-            stages = {c.stage for c in chains}
-            if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1:
-                self.chains.candidates[chains[0].cid].poisoned(Code.CONDITIONAL, "the scores change layout under a condition", line)
-            elif len(cids) == 1 and len(stages) > 1:
-                self.chains.candidates[chains[0].cid].poisoned(
-                    Code.CONDITIONAL, "the softmax or the product with V happens only under a condition", line
-                )
-            else:
-                for c in cids:
-                    self.chains.candidates[c].poisoned(Code.CONDITIONAL, "the scores are replaced under a condition", line)
-        self.env.clear()
-        self.env.update(merged)
 
     # -------------------------------------------------------------- small statements
 
@@ -899,12 +786,6 @@ class Tracer:
 # ------------------------------------------------------------------ helpers
 
 
-def branch_of(branches: Sequence[tuple[cst.BaseExpression | None, object]], index: int) -> Branch:
-    """Branch `index` of an `if` whose branches are `branches` (each test, None for `else`)."""
-    tests = [test for test, _ in branches if test is not None]
-    return Branch(" | ".join(code(test) for test in tests), index, frozenset(n for t in tests for n in _names_in(t)))
-
-
 def _changed_in_place(small: cst.BaseSmallStatement) -> set[str]:
     """The names whose value a statement changes without rebinding them: the receiver of an in-place method
     (`m.mul_(2)`, `m.masked_fill_(...)`) and the object an item or attribute is assigned into (`m[0] = 1`)."""
@@ -963,22 +844,6 @@ def _numeric_annotation(node: cst.BaseExpression) -> bool:
 
 def _names_in(node: cst.CSTNode) -> set[str]:
     return p.walk_names(node)
-
-
-def _same_value(a: Value, b: Value | None) -> bool:
-    if b is None:
-        return False
-    if isinstance(a, ChainVal) and isinstance(b, ChainVal):
-        return a == b
-    if isinstance(a, ExprVal) and isinstance(b, ExprVal):
-        return a.node is b.node
-    return False
-
-
-def _only_raises(body: Sequence[cst.BaseStatement]) -> bool:
-    return bool(body) and all(
-        isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, cst.Raise) for x in s.body) for s in body
-    )
 
 
 def _unbound(value: cst.BaseExpression) -> cst.BaseExpression | None:
