@@ -63,10 +63,11 @@ from sdpa_port.analyse.chain import (  # the chain's values and operations, used
 from sdpa_port.analyse.forms import FORMS, fills, products, scales, terms
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.branches import if_statement
-from sdpa_port.analyse.chain_book import ChainBook, Products
+from sdpa_port.analyse.chain_book import ChainBook
+from sdpa_port.analyse.outputs import find_output, output_statement, reads_only_weights, weights_passed_along
 from sdpa_port.analyse.chain_reads import ChainReads, ProductFinder, ReadFinder, contains_softmax
 from sdpa_port.analyse.ranks import Ranks
-from sdpa_port.analyse.remakes import Branch, Made
+from sdpa_port.analyse.remakes import Branch
 from sdpa_port.analyse.scope import FunctionScope
 from sdpa_port.refusals import Code
 
@@ -245,12 +246,12 @@ class Tracer:
             self.plans[small] = ChainStmt([], [], depth, line)  # a shape check on the scores goes with them
         elif isinstance(small, cst.Return):
             self.returns.append(small)
-            output = self.find_output(small.value) if small.value is not None else None
+            output = find_output(self, small.value) if small.value is not None else None
             if output is not None:
                 assert small.value is not None
-                self.output_statement(small, small.value, output, [], depth, line)
+                output_statement(self, small, small.value, output, [], depth, line)
             elif small.value is not None:
-                if not self.weights_passed_along(small.value):
+                if not weights_passed_along(self, small.value):
                     for cid in self.reads.chain_value_refs(small.value):
                         self.chains.candidates[cid].poisoned(
                             Code.VALUE_SIDE,
@@ -269,14 +270,14 @@ class Tracer:
     ) -> None:
         names = [n for t in targets for n in assigned_names(t)]
         simple = len(targets) == 1 and isinstance(targets[0], cst.Name)
-        output = self.find_output(value)
+        output = find_output(self, value)
         if output is not None:
-            self.output_statement(small, value, output, names, depth, line)
+            output_statement(self, small, value, output, names, depth, line)
             return
-        weights_only = self.reads_only_weights(value)
+        weights_only = reads_only_weights(self, value)
         again = self.remade(value, line) if weights_only else None  # decomposed once, used below
         if weights_only and again is None:
-            if not self.weights_passed_along(value):
+            if not weights_passed_along(self, value):
                 for cid in self.reads.chain_value_refs(value):
                     self.chains.candidates[cid].poisoned(
                         Code.VALUE_SIDE, f"the probabilities are used after the product with V, in `{short(value)}`", line
@@ -331,8 +332,8 @@ class Tracer:
         if not isinstance(current, ChainVal):
             passed = (
                 isinstance(small.operator, cst.AddAssign)
-                and self.reads_only_weights(small.value)
-                and self.weights_passed_along(small.value)
+                and reads_only_weights(self, small.value)
+                and weights_passed_along(self, small.value)
             )
             if passed:  # `outputs += (attention_probs,)`: the weights are returned, as `return out, probs` does
                 self.keep_expression(small.value, line, small, allow_probs=True)
@@ -379,9 +380,9 @@ class Tracer:
 
     def expression_statement(self, small: cst.Expr, depth: int, line: int) -> None:
         value = small.value
-        output = self.find_output(value)
+        output = find_output(self, value)
         if output is not None:  # `outputs.append(probs @ value)`
-            self.output_statement(small, value, output, [], depth, line)
+            output_statement(self, small, value, output, [], depth, line)
             return
         found = p.method_call(value)
         if found is not None and isinstance(found[0], cst.Name):
@@ -411,83 +412,6 @@ class Tracer:
                 self.env[found[0].value] = after
                 return
         self.keep_expression(value, line, small)
-
-    def output_statement(
-        self,
-        small: cst.CSTNode,
-        value: cst.BaseExpression,
-        found: tuple[cst.BaseExpression, p.Product],
-        names: list[str],
-        depth: int,
-        line: int,
-    ) -> None:
-        node, product = found
-        try:
-            base, ops = self.decompose(product.left, line)
-        except (NotChain, Poison) as error:  # pragma: no cover - find_output checked the operand
-            raise AssertionError(str(error))
-        if self.chains.advance(base, ops).stage != PROBS:
-            self.chains.candidates[base.cid].poisoned(Code.SOFTMAX_DIM, "the scores reach the product with V without a softmax", line)
-        probabilities = self.chains.remakes.key(base, product.left, self.env, self.assignments, self.branches)
-        draw = next(self.chains.steps) if any(isinstance(op, Dropout) for op in ops) else self.chains.remakes.draw(base.step)
-        again = self.chains.candidates[base.cid].stage == OUT
-        taken = self.chains.products.get(base.cid)
-        if again:
-            self.second_output(base.cid, taken, probabilities, draw, line)
-        if taken is None:
-            taken = self.chains.products[base.cid] = Products(probabilities)
-        if self.reads.chain_refs(product.right):
-            self.chains.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
-        rank = product.rank if product.rank is not None else base.rank
-        operand, order, value_order = product.right, None, None
-        layout = self.chains.layout_of(base.cid)
-        if product.form is p.ProductForm.EINSUM:
-            roles = p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, layout)
-            if roles:
-                rank, order, value_order = roles.rank, roles.result, roles.right
-                operand = p.permuted(product.right, value_order)
-        elif layout is not None:
-            self.chains.candidates[base.cid].poisoned(
-                Code.LAYOUT,
-                f"the probabilities, laid out {describe_layout(layout)}, are multiplied by V as if they were laid out "
-                "(batch, heads, query, key)",
-                line,
-            )
-        output = Output(product, node, operand, rank, order, value_order)
-        # a further product with the same probabilities records only itself: its SDPA call repeats the first's
-        self.chains.record(base, [output] if again else [*ops, output], depth, line)
-        holders = frozenset(n for n, v in self.env.items() if isinstance(v, ChainVal) and v.step == base.step)
-        self.plans[small] = OutputStmt([] if again else list(ops), output, depth, line, holders)
-        taken.draws.append(draw)
-        taken.statements.append((small, base.step))
-        candidate = self.chains.candidates[base.cid]
-        candidate.stage = OUT
-        self.output_seen = True
-        # the rest of the statement may only pass the weights along (`return output, weights`)
-        for name, read in self.reads.chain_names_in(value, exclude=node):
-            value_of = self.env.get(name)
-            if isinstance(value_of, ChainVal) and value_of.stage == PROBS and self.weights_passed_along(value, node):
-                self.probs_after_output.add(name)
-            else:
-                candidate.poisoned(Code.VALUE_SIDE, f"the statement with the product with V also reads `{name}`", line)
-        for name in names:
-            self.env.pop(name, None)
-        self.note_assignment(names)
-
-    def second_output(
-        self, cid: int, taken: Products | None, probabilities: Made, draw: int | None, line: int
-    ) -> None:
-        """A further product with V of a chain's probabilities: an SDPA call of its own with the same query, key,
-        mask and scale (LiLT's text and layout values), where the probabilities are those the first product took,
-        made the same way, and, if dropped out, by a draw of their own (each SDPA call draws its own dropout)."""
-        if taken is None or probabilities != taken.probabilities:
-            self.chains.candidates[cid].poisoned(Code.VALUE_SIDE, "the probabilities are multiplied by a second tensor", line)
-        elif draw is not None and draw in taken.draws:
-            self.chains.candidates[cid].poisoned(
-                Code.VALUE_SIDE,
-                "one dropout draw of the probabilities reaches two products with V (SDPA calls draw their own)",
-                line,
-            )
 
     def may_start(self, node: cst.CSTNode) -> bool:
         """A query-key product (or a concatenation of them) may start a chain: on a re-trace for one chain, only its
@@ -656,44 +580,6 @@ class Tracer:
                 return {-1}
         return set()
 
-    def reads_only_weights(self, node: cst.CSTNode) -> bool:
-        """After the product with V, a statement that reads the probabilities only passes the weights along."""
-        if not self.output_seen:
-            return False
-        finder = ReadFinder(self.env, None)
-        node.visit(finder)
-        values = [self.env[n.value] for n in finder.plain]
-        return bool(values) and all(isinstance(v, ChainVal) and v.stage in (PROBS, OUT) for v in values)
-
-    def weights_passed_along(self, node: cst.BaseExpression, exclude: cst.CSTNode | None = None) -> bool:
-        """The probabilities appear only as themselves, in tuples, or as either side of a conditional expression."""
-        if node is exclude or isinstance(node, cst.Name):
-            return True
-        if isinstance(node, (cst.Tuple, cst.List)):
-            return all(self.weights_passed_along(e.value, exclude) for e in node.elements)
-        if isinstance(node, cst.IfExp):
-            return not self.reads.chain_value_refs(node.test) and all(
-                self.weights_passed_along(part, exclude) for part in (node.body, node.orelse)
-            )
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
-            return self.weights_passed_along(node.left, exclude) and self.weights_passed_along(node.right, exclude)
-        found = p.method_call(node, {"reshape", "view", "transpose", "permute", "contiguous"})
-        if found is not None and self.asked_for_weights():
-            # laid out for the caller under `if output_attentions:`, a path SDPA leaves to eager
-            assert isinstance(node, cst.Call)
-            return self.weights_passed_along(found[0], exclude) and not any(
-                self.reads.chain_value_refs(a.value) for a in node.args
-            )
-        if exclude is not None:
-            finder = ReadFinder(self.env, exclude)
-            node.visit(finder)
-            return not finder.plain
-        return not self.reads.chain_value_refs(node)
-
-    def asked_for_weights(self) -> bool:
-        """An enclosing `if` tests `output_attentions` itself."""
-        return any(m.matches(test, m.Name("output_attentions")) for test in self.tests)
-
     def keep_expression(self, node: cst.CSTNode, line: int, key: cst.CSTNode, allow_probs: bool = False) -> None:
         """A statement that is not part of the chain: chain reads must be of `.dtype`/`.device`/`expand_as`."""
         for joined in sorted(_names_in(node)):
@@ -753,35 +639,6 @@ class Tracer:
             sizes[read] = None if last else index
         if replacements or sizes:
             self.plans[key] = KeepStmt(replacements, sizes)
-
-    # -------------------------------------------------------------- output
-
-    def find_output(self, value: cst.BaseExpression) -> tuple[cst.BaseExpression, p.Product] | None:
-        """A product whose left operand is the probabilities, anywhere inside the expression."""
-        finder = ProductFinder(self.scope)
-        value.visit(finder)
-        for node, product in finder.found:
-            refs = self.reads.chain_refs(product.left)
-            if not refs and not (self.selected_start is None and contains_softmax(product.left, self.scope)):
-                continue
-            try:
-                base, ops = self.decompose(product.left, 0)
-            except NotChain:
-                continue
-            except Poison as poison:
-                # a chain reaches this product through an operation SDPA cannot follow: it is attention all the
-                # same, refused with that operation as the reason
-                for cid in poison.cids:
-                    self.chains.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, self.current_line)
-                    self.chains.candidates[cid].stage = OUT
-                continue
-            if self.chains.advance(base, ops).stage == PROBS:
-                if product.form is p.ProductForm.EINSUM:
-                    if p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, self.chains.layout_of(base.cid)) is None:
-                        continue
-                return node, product
-        return None
-
 
 # ------------------------------------------------------------------ helpers
 
