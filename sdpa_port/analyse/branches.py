@@ -14,6 +14,7 @@ import libcst as cst
 
 from sdpa_port.analyse.chain import PROBS, SCORES, AnyExpr, ChainVal, ExprVal, ScalarVal, Value
 from sdpa_port.analyse.cstutil import code, if_branches, walk_names
+from sdpa_port.analyse.kept import keep_expression
 from sdpa_port.analyse.known import Known, decide
 from sdpa_port.analyse.remakes import Branch
 from sdpa_port.refusals import Code
@@ -43,7 +44,7 @@ def if_statement(tracer: Tracer, node: cst.If, depth: int) -> None:
         return
     for test, _ in branches:
         if test is not None:
-            tracer.keep_expression(test, line, test)
+            keep_expression(tracer, test, line, test)
     start_env = dict(tracer.env)
     first_new = len(tracer.chains.candidates)
     results = _traced(tracer, node, branches, start_env, depth)

@@ -64,8 +64,9 @@ from sdpa_port.analyse.forms import FORMS, fills, products, scales, terms
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.branches import if_statement
 from sdpa_port.analyse.chain_book import ChainBook
+from sdpa_port.analyse.kept import keep_expression
 from sdpa_port.analyse.outputs import find_output, output_statement, reads_only_weights, weights_passed_along
-from sdpa_port.analyse.chain_reads import ChainReads, ProductFinder, ReadFinder, contains_softmax
+from sdpa_port.analyse.chain_reads import ChainReads, ProductFinder, contains_softmax
 from sdpa_port.analyse.ranks import Ranks
 from sdpa_port.analyse.remakes import Branch
 from sdpa_port.analyse.scope import FunctionScope
@@ -258,9 +259,9 @@ class Tracer:
                             f"the probabilities are used after the product with V, in `{short(small.value)}`",
                             line,
                         )
-                self.keep_expression(small.value, line, small, allow_probs=True)
+                keep_expression(self, small.value, line, small, allow_probs=True)
         else:
-            self.keep_expression(small, line, small)
+            keep_expression(self, small, line, small)
         # a value changed in place is another value to `remakes`, as if assigned (`m.mul_(2)`, `m[0] = 1`)
         for name in _changed_in_place(small):
             self.assignments[name] = self.assignments.get(name, 0) + 1
@@ -282,13 +283,13 @@ class Tracer:
                     self.chains.candidates[cid].poisoned(
                         Code.VALUE_SIDE, f"the probabilities are used after the product with V, in `{short(value)}`", line
                     )
-            self.keep_expression(value, line, small, allow_probs=True)
+            keep_expression(self, value, line, small, allow_probs=True)
             self.bind_plain(targets, value)
             return
         try:
             base, ops = again if again is not None else self.decompose(value, line)
         except NotChain:
-            self.keep_expression(value, line, small, allow_probs=self.output_seen)
+            keep_expression(self, value, line, small, allow_probs=self.output_seen)
             self.bind_plain(targets, value)
             return
         except Poison as poison:
@@ -326,7 +327,7 @@ class Tracer:
     def aug_assign(self, small: cst.AugAssign, depth: int, line: int) -> None:
         target = small.target
         if not isinstance(target, cst.Name):
-            self.keep_expression(small, line, small)
+            keep_expression(self, small, line, small)
             return
         current = self.env.get(target.value)
         if not isinstance(current, ChainVal):
@@ -336,13 +337,13 @@ class Tracer:
                 and weights_passed_along(self, small.value)
             )
             if passed:  # `outputs += (attention_probs,)`: the weights are returned, as `return out, probs` does
-                self.keep_expression(small.value, line, small, allow_probs=True)
+                keep_expression(self, small.value, line, small, allow_probs=True)
                 self.env.pop(target.value, None)
                 self.note_assignment([target.value])
                 return
             if self.reads.chain_value_refs(small.value):
                 self.poison_reads(small.value, line, Code.SCORES_READ, f"the scores are folded into `{target.value}`")
-            self.keep_expression(small.value, line, small)
+            keep_expression(self, small.value, line, small)
             scalar = (
                 current is not None
                 and self.value_is_scalar(current)
@@ -411,7 +412,7 @@ class Tracer:
                 self.chains.made_by[after.step] = (small, receiver.step, receiver.cid)
                 self.env[found[0].value] = after
                 return
-        self.keep_expression(value, line, small)
+        keep_expression(self, value, line, small)
 
     def may_start(self, node: cst.CSTNode) -> bool:
         """A query-key product (or a concatenation of them) may start a chain: on a re-trace for one chain, only its
@@ -579,66 +580,6 @@ class Tracer:
             elif products.untranspose(self, product.right, product.rank) is not None:
                 return {-1}
         return set()
-
-    def keep_expression(self, node: cst.CSTNode, line: int, key: cst.CSTNode, allow_probs: bool = False) -> None:
-        """A statement that is not part of the chain: chain reads must be of `.dtype`/`.device`/`expand_as`."""
-        for joined in sorted(_names_in(node)):
-            held = self.env.get(joined)
-            if isinstance(held, ChainVal) and held.cid in self.chains.joined:
-                self.chains.candidates[self.chains.joined_into(held.cid)].poisoned(
-                    Code.SCORES_READ, f"`{joined}`, scores joined into others, is read by `{short(node)}`", line
-                )
-        finder = ReadFinder(self.env, None)
-        node.visit(finder)
-        replacements: dict[cst.CSTNode, KeepAction] = {}
-        for attribute in finder.attributes:
-            replacements[attribute] = KeepAction(attribute.attr.value)
-        for call in finder.expands:
-            replacements[call] = KeepAction.STRIP_EXPAND
-        for call, name in finder.reshapes:
-            value = self.env[name.value]
-            assert isinstance(value, ChainVal)
-            start = self.chains.candidates[value.cid].start
-            if value.stage is not SCORES or start is None or value.rank != start.rank:
-                self.chains.candidates[value.cid].poisoned(
-                    Code.SCORES_READ, f"`{short(node)}` takes the shape of scores that changed layout", line
-                )
-                continue
-            replacements[call] = KeepAction.RESHAPE_AS
-        for name in finder.plain:
-            value = self.env[name.value]
-            assert isinstance(value, ChainVal)
-            if value.stage in (PROBS, OUT) and (allow_probs or self.output_seen):
-                self.probs_after_output.add(name.value)
-                continue
-            self.chains.candidates[value.cid].poisoned(Code.SCORES_READ, f"the scores are read by `{short(node)}`", line)
-        for name in finder.shapes:
-            value = self.env[name.value]
-            assert isinstance(value, ChainVal)
-            self.chains.candidates[value.cid].poisoned(Code.SCORES_READ, f"the shape of the scores is read by `{short(node)}`", line)
-        sizes: dict[cst.CSTNode, int | None] = {}
-        for read, name, index in finder.sizes:
-            value = self.env[name.value]
-            assert isinstance(value, ChainVal)
-            layout = self.chains.layout_of(value.cid)
-            if layout is not None:
-                # scores laid out otherwise: size `index` is SDPA's size at the dimension the layout takes it to
-                if not -len(layout) <= index < len(layout):
-                    self.chains.candidates[value.cid].poisoned(
-                        Code.SCORES_READ, f"`{short(node)}` reads no size of the scores", line
-                    )
-                    continue
-                index = layout.index(index % len(layout))
-            last = index == -1 or (value.rank is not None and index == value.rank - 1)
-            if not last and index >= 0 and value.rank is None:
-                self.chains.candidates[value.cid].poisoned(
-                    Code.SCORES_READ, f"the shape of the scores is read by `{short(node)}`, their rank unknown", line
-                )
-                continue
-            # the scores are (..., queries, keys): their leading sizes are the query's, the last the key length
-            sizes[read] = None if last else index
-        if replacements or sizes:
-            self.plans[key] = KeepStmt(replacements, sizes)
 
 # ------------------------------------------------------------------ helpers
 
