@@ -16,12 +16,10 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import libcst as cst
-import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.known import Known, holding
-from sdpa_port.analyse.cstutil import assigned_names, block_body, code, primary
-from sdpa_port.rewrite.edit import replace_names
+from sdpa_port.analyse.cstutil import assigned_names, block_body, code
 from sdpa_port.analyse.chain import (  # the chain's values and operations, used across the package as `trace.X`
     OUT,
     PROBS,
@@ -60,12 +58,14 @@ from sdpa_port.analyse.chain import (  # the chain's values and operations, used
     View,
     ZeroRows,
 )
-from sdpa_port.analyse.forms import FORMS, fills, products, scales, terms
+from sdpa_port.analyse.forms import FORMS, products
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.branches import if_statement
 from sdpa_port.analyse.chain_book import ChainBook
+from sdpa_port.analyse.assignments import assign
+from sdpa_port.analyse.in_place import aug_assign, changed_in_place, expression_statement
 from sdpa_port.analyse.kept import keep_expression
-from sdpa_port.analyse.outputs import find_output, output_statement, reads_only_weights, weights_passed_along
+from sdpa_port.analyse.outputs import find_output, output_statement, weights_passed_along
 from sdpa_port.analyse.chain_reads import ChainReads, ProductFinder, contains_softmax
 from sdpa_port.analyse.ranks import Ranks
 from sdpa_port.analyse.remakes import Branch
@@ -235,14 +235,14 @@ class Tracer:
 
     def small(self, small: cst.BaseSmallStatement, depth: int, line: int) -> None:
         if isinstance(small, cst.Assign):
-            self.assign([t.target for t in small.targets], small.value, small, depth, line)
+            assign(self, [t.target for t in small.targets], small.value, small, depth, line)
         elif isinstance(small, cst.AnnAssign):
             if small.value is not None:
-                self.assign([small.target], small.value, small, depth, line)
+                assign(self, [small.target], small.value, small, depth, line)
         elif isinstance(small, cst.AugAssign):
-            self.aug_assign(small, depth, line)
+            aug_assign(self, small, depth, line)
         elif isinstance(small, cst.Expr):
-            self.expression_statement(small, depth, line)
+            expression_statement(self, small, depth, line)
         elif isinstance(small, cst.Assert) and self.reads.chain_refs(small) and not self.reads.chain_value_refs(small):
             self.plans[small] = ChainStmt([], [], depth, line)  # a shape check on the scores goes with them
         elif isinstance(small, cst.Return):
@@ -263,156 +263,8 @@ class Tracer:
         else:
             keep_expression(self, small, line, small)
         # a value changed in place is another value to `remakes`, as if assigned (`m.mul_(2)`, `m[0] = 1`)
-        for name in _changed_in_place(small):
+        for name in changed_in_place(small):
             self.assignments[name] = self.assignments.get(name, 0) + 1
-
-    def assign(
-        self, targets: list[cst.BaseExpression], value: cst.BaseExpression, small: cst.CSTNode, depth: int, line: int
-    ) -> None:
-        names = [n for t in targets for n in assigned_names(t)]
-        simple = len(targets) == 1 and isinstance(targets[0], cst.Name)
-        output = find_output(self, value)
-        if output is not None:
-            output_statement(self, small, value, output, names, depth, line)
-            return
-        weights_only = reads_only_weights(self, value)
-        again = self.remade(value, line) if weights_only else None  # decomposed once, used below
-        if weights_only and again is None:
-            if not weights_passed_along(self, value):
-                for cid in self.reads.chain_value_refs(value):
-                    self.chains.candidates[cid].poisoned(
-                        Code.VALUE_SIDE, f"the probabilities are used after the product with V, in `{short(value)}`", line
-                    )
-            keep_expression(self, value, line, small, allow_probs=True)
-            self.bind_plain(targets, value)
-            return
-        try:
-            base, ops = again if again is not None else self.decompose(value, line)
-        except NotChain:
-            keep_expression(self, value, line, small, allow_probs=self.output_seen)
-            self.bind_plain(targets, value)
-            return
-        except Poison as poison:
-            self.poison_statement(poison, value, names, line)
-            return
-        if not simple:
-            self.chains.candidates[base.cid].poisoned(Code.LAYOUT, "the scores are unpacked into several names", line)
-            for name in names:
-                self.env[name] = base
-            return
-        # how the value is made: an earlier statement that made it the same way makes this one a remake (FLAVA
-        # computes its softmax twice, LiLT its masked scores once per stream), the operations recorded once
-        made = self.chains.remakes.key(base, value, self.env, self.assignments, self.branches) if ops else None
-        remade = self.chains.remakes.first(made) if made is not None else None
-        if remade is None:
-            self.chains.record(base, ops, depth, line)
-        self.plans[small] = ChainStmt(ops if remade is None else [], names, depth, line)
-        after = self.chains.advance(base, ops)
-        if ops:
-            self.chains.remakes.note(base, after.step, ops, made, remade)
-            self.chains.made_by[after.step] = (small, base.step, base.cid)
-        self.env[names[0]] = after
-        self.note_assignment(names)
-
-    def remade(self, value: cst.BaseExpression, line: int) -> tuple[ChainVal, list[Op]] | None:
-        """The expression's chain value and operations where it makes again a value of a chain an earlier statement
-        made (after LiLT's product with its layout values, the dropout of the probabilities for the text values)."""
-        try:
-            base, ops = self.decompose(value, line)
-        except (NotChain, Poison):
-            return None
-        made = self.chains.remakes.key(base, value, self.env, self.assignments, self.branches)
-        return (base, ops) if ops and self.chains.remakes.first(made) is not None else None
-
-    def aug_assign(self, small: cst.AugAssign, depth: int, line: int) -> None:
-        target = small.target
-        if not isinstance(target, cst.Name):
-            keep_expression(self, small, line, small)
-            return
-        current = self.env.get(target.value)
-        if not isinstance(current, ChainVal):
-            passed = (
-                isinstance(small.operator, cst.AddAssign)
-                and reads_only_weights(self, small.value)
-                and weights_passed_along(self, small.value)
-            )
-            if passed:  # `outputs += (attention_probs,)`: the weights are returned, as `return out, probs` does
-                keep_expression(self, small.value, line, small, allow_probs=True)
-                self.env.pop(target.value, None)
-                self.note_assignment([target.value])
-                return
-            if self.reads.chain_value_refs(small.value):
-                self.poison_reads(small.value, line, Code.SCORES_READ, f"the scores are folded into `{target.value}`")
-            keep_expression(self, small.value, line, small)
-            scalar = (
-                current is not None
-                and self.value_is_scalar(current)
-                and p.scalar(small.value, self.scope) is not None
-                and isinstance(small.operator, (cst.AddAssign, cst.SubtractAssign, cst.MultiplyAssign, cst.DivideAssign))
-            )
-            if scalar:
-                self.env[target.value] = ScalarVal()
-            else:
-                self.env.pop(target.value, None)
-            self.note_assignment([target.value])
-            return
-        operator = small.operator
-        try:
-            younger = self.chain_or_start(small.value)
-            if isinstance(operator, cst.AddAssign) and younger and all(cid > current.cid for cid in younger):
-                # `scores += relative_scores` (another product, e.g. the query times position embeddings): as for
-                # `scores + relative_scores`, the younger chain is an additive term
-                for cid in younger:
-                    self.chains.candidates[cid].absorbed = True
-                ops: list[Op] = [AddTerm(small.value, current.rank)]
-            elif isinstance(operator, (cst.AddAssign, cst.SubtractAssign)):
-                negate = isinstance(operator, cst.SubtractAssign)
-                ops = [terms.add_term(self, current, small.value, line, negate=negate)]
-            elif isinstance(operator, (cst.MultiplyAssign, cst.DivideAssign)):
-                ops = [scales.scale_or_head_mask(self, current, small.value, isinstance(operator, cst.DivideAssign), line)]
-            else:
-                raise Poison(Code.SCORES_COMBINED, f"the scores are updated with `{code(operator).strip()}`", {current.cid})
-        except Poison as poison:
-            self.poison_statement(poison, small.value, [target.value], line)
-            return
-        self.chains.record(current, ops, depth, line)
-        self.plans[small] = ChainStmt(ops, [target.value], depth, line)
-        self.env[target.value] = self.chains.advance(current, ops)
-
-    def expression_statement(self, small: cst.Expr, depth: int, line: int) -> None:
-        value = small.value
-        output = find_output(self, value)
-        if output is not None:  # `outputs.append(probs @ value)`
-            output_statement(self, small, value, output, [], depth, line)
-            return
-        found = p.method_call(value)
-        if found is not None and isinstance(found[0], cst.Name):
-            receiver = self.env.get(found[0].value)
-            if isinstance(receiver, ChainVal):
-                name = found[1]
-                assert isinstance(value, cst.Call)
-                try:
-                    if name == "masked_fill_":
-                        ops: list[Op] = [
-                            fills.masking_fill(self, p.arg(value, 0, "mask"), p.arg(value, 1, "value"), False, line, receiver.cid)
-                        ]
-                    elif name == "add_":
-                        ops = [terms.add_term(self, receiver, value.args[0].value, line)]
-                    elif name in ("div_", "mul_"):
-                        ops = [scales.scale_or_head_mask(self, receiver, value.args[0].value, name == "div_", line)]
-                    else:
-                        what = f"`.{name}()` is applied to the {receiver.stage.value} in place"
-                        raise Poison(Code.SCORES_TRANSFORMED, what, {receiver.cid})
-                except Poison as poison:
-                    self.poison_statement(poison, value, [], line)
-                    return
-                self.chains.record(receiver, ops, depth, line)
-                self.plans[small] = ChainStmt(ops, [found[0].value], depth, line)
-                after = self.chains.advance(receiver, ops)
-                self.chains.made_by[after.step] = (small, receiver.step, receiver.cid)
-                self.env[found[0].value] = after
-                return
-        keep_expression(self, value, line, small)
 
     def may_start(self, node: cst.CSTNode) -> bool:
         """A query-key product (or a concatenation of them) may start a chain: on a re-trace for one chain, only its
@@ -491,48 +343,6 @@ class Tracer:
             if candidate.stage != OUT:
                 candidate.names_assigned_after_start.update(names)
 
-    def bind_plain(self, targets: list[cst.BaseExpression], value: cst.BaseExpression) -> None:
-        names = [n for t in targets for n in assigned_names(t)]
-        if len(targets) == 1 and isinstance(targets[0], cst.Name):
-            name = targets[0].value
-            previous = self.env.get(name)
-            node = value
-            if name in _names_in(value) and isinstance(previous, ExprVal):
-                # `x = x * 2`: the stored expression reads the previous value of x
-                node = replace_names(value, {name: previous.node})
-            self.env[name] = ExprVal(node)
-        elif (
-            len(targets) == 1
-            and isinstance(targets[0], cst.Tuple)
-            and isinstance(value, cst.Tuple)
-            and len(targets[0].elements) == len(value.elements)
-        ):
-            for target_element, value_element in zip(targets[0].elements, value.elements):
-                if isinstance(target_element.value, cst.Name) and not isinstance(value_element, cst.StarredElement):
-                    self.env[target_element.value.value] = ExprVal(value_element.value)
-                else:
-                    for name in assigned_names(target_element.value):
-                        self.env.pop(name, None)
-        elif len(targets) == 1 and isinstance(targets[0], cst.Tuple) and _unbound(value) is not None:
-            # `q, k, v = qkv.unbind(0)`: each name holds `qkv[i]`
-            source = _unbound(value)
-            assert source is not None
-            for index, element in enumerate(targets[0].elements):
-                if isinstance(element.value, cst.Name) and not isinstance(element, cst.StarredElement):
-                    item = cst.Subscript(value=primary(source), slice=[cst.SubscriptElement(cst.Index(cst.Integer(str(index))))])
-                    self.env[element.value.value] = ExprVal(item)
-                else:
-                    for name in assigned_names(element.value):
-                        self.env.pop(name, None)
-        elif len(targets) == 1 and isinstance(targets[0], cst.Tuple) and _is_shape(value):
-            # `batch, heads, length, dim = query.shape`: every name holds a number
-            for name in names:
-                self.env[name] = ScalarVal()
-        else:
-            for name in names:
-                self.env.pop(name, None)
-        self.note_assignment(names)
-
     def poison_statement(self, poison: Poison, value: cst.BaseExpression, names: list[str], line: int) -> None:
         for cid in poison.cids:
             self.chains.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, line)
@@ -584,28 +394,6 @@ class Tracer:
 # ------------------------------------------------------------------ helpers
 
 
-def _changed_in_place(small: cst.BaseSmallStatement) -> set[str]:
-    """The names whose value a statement changes without rebinding them: the receiver of an in-place method
-    (`m.mul_(2)`, `m.masked_fill_(...)`) and the object an item or attribute is assigned into (`m[0] = 1`)."""
-    out: set[str] = set()
-    if isinstance(small, cst.Expr):
-        found = p.method_call(small.value)
-        if found is not None and found[1].endswith("_") and not found[1].startswith("_"):
-            out |= {n.value for n in [_root_name(found[0])] if n is not None}
-    elif isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-        targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
-        for target in targets:
-            if isinstance(target, (cst.Subscript, cst.Attribute)):
-                out |= {n.value for n in [_root_name(target)] if n is not None}
-    return out
-
-
-def _root_name(node: cst.BaseExpression) -> cst.Name | None:
-    while isinstance(node, (cst.Subscript, cst.Attribute)):
-        node = node.value
-    return node if isinstance(node, cst.Name) else None
-
-
 def _all_params(params: cst.Parameters) -> list[cst.Param]:
     out = [*params.posonly_params, *params.params, *params.kwonly_params]
     if isinstance(params.star_arg, cst.Param):
@@ -613,16 +401,6 @@ def _all_params(params: cst.Parameters) -> list[cst.Param]:
     if params.star_kwarg is not None:
         out.append(params.star_kwarg)
     return out
-
-
-def _is_shape(node: cst.BaseExpression) -> bool:
-    if isinstance(node, cst.Attribute) and node.attr.value == "shape":
-        return True
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "size":
-        return not node.args
-    if isinstance(node, cst.Subscript):
-        return _is_shape(node.value)
-    return False
 
 
 def _numeric_annotation(node: cst.BaseExpression) -> bool:
@@ -642,20 +420,3 @@ def _numeric_annotation(node: cst.BaseExpression) -> bool:
 
 def _names_in(node: cst.CSTNode) -> set[str]:
     return p.walk_names(node)
-
-
-def _unbound(value: cst.BaseExpression) -> cst.BaseExpression | None:
-    """`x` of `x.unbind(0)` / `x.unbind(dim=0)` / `torch.unbind(x, 0)` (the first dimension only)."""
-    if not isinstance(value, cst.Call):
-        return None
-    dims = [a for a in value.args if a.keyword is None or a.keyword.value == "dim"]
-    if isinstance(value.func, cst.Attribute) and value.func.attr.value == "unbind":
-        if m.matches(value.func.value, m.Name("torch")):
-            source, dims = (dims[0].value, dims[1:]) if dims else (None, [])
-        else:
-            source = value.func.value
-        if source is not None and (not dims or m.matches(dims[0].value, m.Integer("0"))) and len(dims) <= 1:
-            return source
-    return None
-
-
