@@ -1,14 +1,15 @@
-"""Follow the attention score chain through one function body (read-only).
+"""Follow the attention score chains through one function body, statement by statement (read-only).
 
 The tracer walks the statements of a function in order, keeping an environment of what each local name holds.
 A product of a query with a transposed key starts a *chain*; what each later expression that feeds the chain does
-to it is decided by the recognisers of `forms/` (one per form: products, softmax, dropout, views, fills, guards,
-terms, scales, shifts, softmax wrappers), each an operation of the closed set in `chain.py`. Anything else that
-touches the chain poisons it, with a reason. The tracer itself keeps the environment, the branches, the in-place
-statements and the bookkeeping of the chains.
+to it is decided by the recognisers of `forms/` (one per form), each an operation of the closed set in `chain.py`.
+Anything else that touches the chain poisons it, with a reason.
 
-The result says, statement by statement, what the chain does; `recognise.py` turns it into an AttentionSite
-and the rewriting passes turn it into SDPA code.
+The tracer dispatches each kind of statement to its module: `branches` (if statements), `assignments`,
+`in_place` (augmented assignments and in-place methods), `outputs` (the product with V and the weights after it)
+and `kept` (statements off the chain). It holds the chains' bookkeeping (`chain_book`), the reads of chains
+(`chain_reads`) and the ranks of tensors (`ranks`). The result says what the chain does; `recognise.py` turns it
+into an AttentionSite and the rewriting passes turn it into SDPA code.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Callable, Sequence
 import libcst as cst
 
 from sdpa_port.analyse import patterns as p
-from sdpa_port.analyse.known import Known, holding
-from sdpa_port.analyse.cstutil import assigned_names, block_body, code
+from sdpa_port.analyse.assignments import assign
+from sdpa_port.analyse.branches import if_statement
 from sdpa_port.analyse.chain import (  # the chain's values and operations, used across the package as `trace.X`
     OUT,
     PROBS,
@@ -58,15 +59,15 @@ from sdpa_port.analyse.chain import (  # the chain's values and operations, used
     View,
     ZeroRows,
 )
-from sdpa_port.analyse.forms import FORMS, products
-from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.branches import if_statement
 from sdpa_port.analyse.chain_book import ChainBook
-from sdpa_port.analyse.assignments import assign
+from sdpa_port.analyse.chain_reads import ChainReads, ProductFinder, contains_softmax
+from sdpa_port.analyse.cstutil import assigned_names, block_body, code, walk_names
+from sdpa_port.analyse.forms import FORMS, products
 from sdpa_port.analyse.in_place import aug_assign, changed_in_place, expression_statement
 from sdpa_port.analyse.kept import keep_expression
+from sdpa_port.analyse.known import Known, holding
+from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.outputs import find_output, output_statement, weights_passed_along
-from sdpa_port.analyse.chain_reads import ChainReads, ProductFinder, contains_softmax
 from sdpa_port.analyse.ranks import Ranks
 from sdpa_port.analyse.remakes import Branch
 from sdpa_port.analyse.scope import FunctionScope
@@ -112,13 +113,24 @@ __all__ = [
 ]
 
 
-# ------------------------------------------------------------------ the tracer
-
-
 LineOf = Callable[[cst.CSTNode], int]
 
 
 class Tracer:
+    """Trace one function's statements in order and find the attention score chains they compute.
+
+    It reads one function of a modeling file: a method of `class_name` or a module-level function, with the module's
+    `facts`; under `known` facts, branches they decide off the SDPA path are not followed; with `selected_start`, a
+    re-trace, only that chain starts. `run()` produces a `TraceResult`: every chain found (a `Candidate` with its
+    operations, or the reason it is poisoned) and the plan of each statement that touches one.
+
+    Only `analyse/` constructs one: `recognise.py` (forward and its helpers), `diagnose.py`, `sdpa_path.py` and
+    `sdpa_side.py`. The recognisers of `forms/` and the statement modules take it first and read its parts: `env`
+    and `scope` (what each local holds), `chains` (a `ChainBook`: the candidates and how their values relate),
+    `reads` (a `ChainReads`: which chains an expression reads), `ranks` (a `Ranks`), and `plans`, `tests`, `path`
+    and `branches` (each statement's plan, the enclosing branches).
+    """
+
     def __init__(
         self,
         facts: ModuleFacts,
@@ -169,6 +181,7 @@ class Tracer:
     # -------------------------------------------------------------- entry
 
     def run(self) -> TraceResult:
+        """Trace the whole body."""
         self.block(block_body(self.function.body), 0)
         self.chains.settle_joined()
         return TraceResult(
@@ -189,6 +202,7 @@ class Tracer:
             self.statement(statement, depth)
 
     def statement(self, statement: cst.BaseStatement, depth: int) -> None:
+        """One statement, handed to its module by kind; a `with` or `try` body is traced in place."""
         self.current_line = self.line_of(statement)
         if isinstance(statement, cst.SimpleStatementLine):
             for small in statement.body:
@@ -213,6 +227,7 @@ class Tracer:
             self.poison_reads(statement, self.line_of(statement), Code.SCORES_READ, "read by an unsupported statement")
 
     def loop(self, statement: cst.For | cst.While, depth: int) -> None:
+        """A loop body, traced once: a chain it computes or changes is computed inside a loop, refused."""
         line = self.line_of(statement)
         chain_names = {name for name, value in self.env.items() if isinstance(value, ChainVal)}
         before = set(self.reads.live_cids())
@@ -223,7 +238,7 @@ class Tracer:
             if isinstance(value, ChainVal):
                 touched.add(value.cid)
         for cid in touched:
-            body_names = _names_in(statement.body)
+            body_names = walk_names(statement.body)
             if cid in before and not (body_names & chain_names):
                 continue
             self.chains.candidates[cid].poisoned(Code.REPEATED, "the attention is computed inside a loop (chunked or iterative attention)", line)
@@ -231,9 +246,8 @@ class Tracer:
             for name in assigned_names(statement.target):
                 self.env.pop(name, None)
 
-    # -------------------------------------------------------------- small statements
-
     def small(self, small: cst.BaseSmallStatement, depth: int, line: int) -> None:
+        """One statement of a line, handed to its module by kind; a `return` is read here."""
         if isinstance(small, cst.Assign):
             assign(self, [t.target for t in small.targets], small.value, small, depth, line)
         elif isinstance(small, cst.AnnAssign):
@@ -265,11 +279,6 @@ class Tracer:
         # a value changed in place is another value to `remakes`, as if assigned (`m.mul_(2)`, `m[0] = 1`)
         for name in changed_in_place(small):
             self.assignments[name] = self.assignments.get(name, 0) + 1
-
-    def may_start(self, node: cst.CSTNode) -> bool:
-        """A query-key product (or a concatenation of them) may start a chain: on a re-trace for one chain, only its
-        own."""
-        return self.selected_start is None or node is self.selected_start or node in self.selected_members
 
     # -------------------------------------------------------------- chain expressions
 
@@ -308,14 +317,37 @@ class Tracer:
             raise Poison(Code.SCORES_READ, f"the scores are used in `{short(node)}`", refs)
         raise NotChain()
 
-    # -------------------------------------------------------------- single operations
+    def chain_or_start(self, node: cst.CSTNode) -> set[int]:
+        """Chains read by an expression, or {-1} when it holds a query-key product that would start one."""
+        refs = self.reads.chain_value_refs(node)
+        if refs:
+            return refs
+        finder = ProductFinder(self.scope)
+        node.visit(finder)
+        for product_node, product in finder.found:
+            if not self.may_start(product_node):
+                continue
+            if self.reads.chain_value_refs(product.left) or self.reads.chain_value_refs(product.right):
+                continue
+            if product.form is p.ProductForm.EINSUM:
+                if p.einsum_roles(product.spec or "", p.EinsumRole.SCORES) is not None:
+                    return {-1}
+            elif products.untranspose(self, product.right, product.rank) is not None:
+                return {-1}
+        return set()
+
+    def may_start(self, node: cst.CSTNode) -> bool:
+        """A query-key product (or a concatenation of them) may start a chain: on a re-trace for one chain, only its
+        own."""
+        return self.selected_start is None or node is self.selected_start or node in self.selected_members
 
     def require(self, base: ChainVal, ops: list[Op], stage: Stage, what: str, line: int, code: Code) -> None:
+        """Refuse `what` with `code` unless the chain, after `ops`, is at `stage`."""
         current = self.chains.advance(base, ops)
         if current.stage != stage:
             raise Poison(code, f"{what} is applied to the {current.stage.value}, expected the {stage.value}", {base.cid})
 
-    # -------------------------------------------------------------- bookkeeping
+    # -------------------------------------------------------------- the enclosing branches
 
     def module_guard(self, module: str | None) -> cst.BaseExpression | None:
         """The test of the innermost branch when it is the `if` of `if self.<module> is not None`."""
@@ -336,7 +368,10 @@ class Tracer:
         value among its reads: the same on every call of the module's forward."""
         return p.reads_settings_only(test) and not self.reads.chain_refs(test)
 
+    # -------------------------------------------------------------- names and poison
+
     def note_assignment(self, names: Sequence[str]) -> None:
+        """Count an assignment of each name; the chains not yet multiplied by V see them assigned after their start."""
         for name in names:
             self.assignments[name] = self.assignments.get(name, 0) + 1
         for candidate in self.chains.candidates:
@@ -344,9 +379,10 @@ class Tracer:
                 candidate.names_assigned_after_start.update(names)
 
     def poison_statement(self, poison: Poison, value: cst.BaseExpression, names: list[str], line: int) -> None:
+        """Poison the chains a statement refused reaches; its names then hold the first, poisoned, chain."""
         for cid in poison.cids:
             self.chains.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, line)
-        stages = [v.stage for v in (self.env.get(n) for n in _names_in(value)) if isinstance(v, ChainVal)]
+        stages = [v.stage for v in (self.env.get(n) for n in walk_names(value)) if isinstance(v, ChainVal)]
         stage = PROBS if PROBS in stages or OUT in stages else SCORES
         if contains_softmax(value, self.scope):
             stage = PROBS
@@ -368,28 +404,11 @@ class Tracer:
             self.chains.candidates[cid].poisoned(code, reason, line)
 
     def value_is_scalar(self, value: Value) -> bool:
+        """The value is a number."""
         if isinstance(value, ScalarVal):
             return True
         return isinstance(value, ExprVal) and p.scalar(value.node, self.scope) is not None
 
-    def chain_or_start(self, node: cst.CSTNode) -> set[int]:
-        """Chains read by an expression, or {-1} when it holds a query-key product that would start one."""
-        refs = self.reads.chain_value_refs(node)
-        if refs:
-            return refs
-        finder = ProductFinder(self.scope)
-        node.visit(finder)
-        for product_node, product in finder.found:
-            if not self.may_start(product_node):
-                continue
-            if self.reads.chain_value_refs(product.left) or self.reads.chain_value_refs(product.right):
-                continue
-            if product.form is p.ProductForm.EINSUM:
-                if p.einsum_roles(product.spec or "", p.EinsumRole.SCORES) is not None:
-                    return {-1}
-            elif products.untranspose(self, product.right, product.rank) is not None:
-                return {-1}
-        return set()
 
 # ------------------------------------------------------------------ helpers
 
@@ -416,7 +435,3 @@ def _numeric_annotation(node: cst.BaseExpression) -> bool:
         inner = node.slice[0].slice
         return isinstance(inner, cst.Index) and _numeric_annotation(inner.value)
     return False
-
-
-def _names_in(node: cst.CSTNode) -> set[str]:
-    return p.walk_names(node)
