@@ -33,7 +33,7 @@ class Scalar:
 def scalar(
     node: cst.BaseExpression, scope: Scope, depth: int = 0, attributes: frozenset[str] = frozenset()
 ) -> Scalar | None:
-    """Prove that an expression is a plain number (or a 0-d tensor wrapping one) and give the number's expression."""
+    """Prove that an expression is a plain number, or a 0-d tensor wrapping one, and give the number's expression."""
     if depth > 8:
         return None
     if number(node) is not None:
@@ -53,39 +53,7 @@ def scalar(
         operand = inner.node if precedence(inner.node) >= precedence(node) else parenthesized(inner.node)
         return Scalar(node.with_changes(expression=operand))
     if isinstance(node, cst.Call):
-        qualified = scope.qualify(node.func)
-        if qualified in NUMBER_FUNCTIONS and not has_star_args(node):
-            return Scalar(node)
-        if (qualified in SCALAR_FUNCTIONS or (qualified or "").endswith(".torch_float")) and not has_star_args(node):
-            operands = [a for a in node.args if a.keyword is None or a.keyword.value not in PLACING_KEYWORDS]
-            if operands and all(scalar(a.value, scope, depth + 1, attributes) is not None for a in operands):
-                return Scalar(node)
-            return None
-        if qualified in SCALAR_TENSOR_FUNCTIONS:
-            if qualified == "torch.full":
-                size = arg(node, 0, "size")
-                if not (isinstance(size, (cst.List, cst.Tuple)) and not size.elements):
-                    return None
-                wrapped = arg(node, 1, "fill_value")
-            else:
-                wrapped = arg(node, 0, "data")
-            return None if wrapped is None else scalar(wrapped, scope, depth + 1, attributes)
-        # tensor.size(i) / x.dim() / len(...)
-        kept = method_call(node, SCALAR_KEEPING_METHODS)
-        if kept is not None and scalar(kept[0], scope, depth + 1, attributes) is not None:
-            return Scalar(node)  # `number_tensor.to(torch.get_default_dtype())`
-        receiver = method_call(node, {"size", "dim", "numel", "item"})
-        if receiver is not None:
-            _, name = receiver
-            if name == "size" and not node.args:
-                return None
-            return Scalar(node)
-        if m.matches(node.func, m.Name("len")):
-            return Scalar(node)
-        returned = _returned_expression(node, scope)
-        if returned is not None and scalar(returned, scope, depth + 1, attributes) is not None:
-            return Scalar(node)  # `scaled_size_sqrt(query, factor)`: the file's function returns a number
-        return None
+        return _scalar_call(node, scope, depth, attributes)
     if isinstance(node, cst.Subscript):
         # x.shape[-1], x.size()[2]
         value = node.value
@@ -99,21 +67,63 @@ def scalar(
             return Scalar(node)
         return None
     if isinstance(node, cst.Attribute):
-        attribute = self_attribute_name(node)
-        if attribute is not None:
-            if attribute in attributes:
-                # `self.n = self.n - len(pruned)`: a number if its other assignments are numbers
-                return Scalar(node)
-            values = scope.self_attribute_values(attribute)
-            visiting = attributes | {attribute}
-            if values and all(_scalar_attribute_value(v, scope, depth, visiting) for v in values):
-                return Scalar(node)
-            return None
-        # config.x / self.config.x: configuration values are numbers
-        full = get_full_name_for_node(node) or ""
-        if full.startswith("config.") or full.startswith("self.config."):
+        return _scalar_attribute(node, scope, depth, attributes)
+    return None
+
+
+def _scalar_call(node: cst.Call, scope: Scope, depth: int, attributes: frozenset[str]) -> Scalar | None:
+    """A call that gives a number: a math function of numbers, a 0-d tensor of one, a size, or a helper's number."""
+    qualified = scope.qualify(node.func)
+    if qualified in NUMBER_FUNCTIONS and not has_star_args(node):
+        return Scalar(node)
+    if (qualified in SCALAR_FUNCTIONS or (qualified or "").endswith(".torch_float")) and not has_star_args(node):
+        operands = [a for a in node.args if a.keyword is None or a.keyword.value not in PLACING_KEYWORDS]
+        if operands and all(scalar(a.value, scope, depth + 1, attributes) is not None for a in operands):
             return Scalar(node)
         return None
+    if qualified in SCALAR_TENSOR_FUNCTIONS:
+        if qualified == "torch.full":
+            size = arg(node, 0, "size")
+            if not (isinstance(size, (cst.List, cst.Tuple)) and not size.elements):
+                return None
+            wrapped = arg(node, 1, "fill_value")
+        else:
+            wrapped = arg(node, 0, "data")
+        return None if wrapped is None else scalar(wrapped, scope, depth + 1, attributes)
+    # tensor.size(i) / x.dim() / len(...)
+    kept = method_call(node, SCALAR_KEEPING_METHODS)
+    if kept is not None and scalar(kept[0], scope, depth + 1, attributes) is not None:
+        return Scalar(node)  # `number_tensor.to(torch.get_default_dtype())`
+    receiver = method_call(node, {"size", "dim", "numel", "item"})
+    if receiver is not None:
+        _, name = receiver
+        if name == "size" and not node.args:
+            return None
+        return Scalar(node)
+    if m.matches(node.func, m.Name("len")):
+        return Scalar(node)
+    returned = _returned_expression(node, scope)
+    if returned is not None and scalar(returned, scope, depth + 1, attributes) is not None:
+        return Scalar(node)  # `scaled_size_sqrt(query, factor)`: the file's function returns a number
+    return None
+
+
+def _scalar_attribute(node: cst.Attribute, scope: Scope, depth: int, attributes: frozenset[str]) -> Scalar | None:
+    """`self.x` whose every assignment is a number, or a configuration value `config.x`."""
+    attribute = self_attribute_name(node)
+    if attribute is not None:
+        if attribute in attributes:
+            # `self.n = self.n - len(pruned)`: a number if its other assignments are numbers
+            return Scalar(node)
+        values = scope.self_attribute_values(attribute)
+        visiting = attributes | {attribute}
+        if values and all(_scalar_attribute_value(v, scope, depth, visiting) for v in values):
+            return Scalar(node)
+        return None
+    # config.x / self.config.x: configuration values are numbers
+    full = get_full_name_for_node(node) or ""
+    if full.startswith("config.") or full.startswith("self.config."):
+        return Scalar(node)
     return None
 
 
