@@ -110,7 +110,7 @@ def test_a_rank_passed_to_a_helper_is_read_only_from_names_forward_assigns() -> 
     """`built` is 4-D wherever it is bound; forward's parameter `query` is whatever the caller gave until forward
     reassigns it, which may be after the call: its assignments say nothing of the value passed; `both` is also bound
     by unpacking, which no reshape tells the rank of."""
-    from sdpa_port.analyse.recognise import passed_ranks
+    from sdpa_port.analyse.helpers import passed_ranks
 
     source = (
         "def forward(self, query):\n"
