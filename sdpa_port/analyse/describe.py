@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import libcst as cst
 
 from sdpa_port.analyse import patterns as p
@@ -22,73 +24,17 @@ def describe(
     """Summarise a traced chain as the frozen facts reviewers read."""
     start = candidate.start
     assert start is not None
-    scaling: list[Scaling] = []
-    terms: list[Term] = []
-    seen_term = False
-    guards = 0
-    zero_rows = False
-    softmax = ""
-    upcast = start.upcast
-    dropout: Dropout | None = None
-    head_mask: str | None = None
-    causal = CausalSource.NONE
-    output_line = candidate.start_line
-    values: list[str] = []  # of each product with V
-    layout = Layout.HEADS if start.rank in (4, None) else Layout.FLAT
+    read = _Reading(start, result.params, output_line=candidate.start_line, upcast=start.upcast)
+    read.layout = Layout.HEADS if start.rank in (4, None) else Layout.FLAT
     query_scale = start.query_scale
     if query_scale is not None:
-        scaling.append(Scaling(ScaleSite.QUERY, code(query_scale[0]), query_scale[1], False))
+        read.scaling.append(Scaling(ScaleSite.QUERY, code(query_scale[0]), query_scale[1], False))
     # depths count from the product's own: a computation wholly inside one branch is unconditional within it
     start_depth = min((depth for _, depth, _ in candidate.ops), default=0)
     for op, depth, line in candidate.ops:
-        conditional = depth > start_depth
-        match op:
-            case t.Scale():
-                if op.per_query:
-                    where = ScaleSite.QUERY
-                elif not scaling and not seen_term and start.product.form is p.ProductForm.BADDBMM:
-                    where = ScaleSite.PRODUCT
-                else:
-                    where = ScaleSite.AFTER_TERMS if seen_term else ScaleSite.SCORES
-                scaling.append(Scaling(where, code(op.factor), op.divide, conditional))
-            case t.AddTerm():
-                seen_term = True
-                terms.append(Term(_term_kind(op.term, result.params), code(op.term), conditional, line, op.always))
-            case t.Fill():
-                seen_term = True
-                if op.causal:
-                    causal = CausalSource.BUFFER
-                kind = TermKind.CAUSAL_BUFFER if op.causal else TermKind.MASKED_FILL
-                terms.append(Term(kind, code(op.condition), conditional, line))
-            case t.Guard():
-                guards += 1
-            case t.ZeroRows():
-                zero_rows = True
-            case t.Softmax():
-                call = op.call
-                dim = code(call.dim) if call.dim is not None else "-1"
-                softmax = f"{call.form.value}(dim={dim})"
-                upcast = upcast or call.upcast
-            case t.Cast():
-                upcast = upcast or op.upcast
-            case t.Dropout():
-                # inside its own `if self.dropout is not None:`, the dropout is as conditional as that `if`
-                own_depth = depth - 1 if op.guard is not None else depth
-                dropout = Dropout(code(op.call.probability), own_depth > start_depth)
-            case t.HeadMask():
-                head_mask = op.root
-            case t.View():
-                if op.heads is not None:
-                    layout = Layout.FLAT_TO_HEADS
-            case t.Output():
-                if not values:
-                    output_line = line
-                values.append(code(op.value))
-            case t.Start() | t.Shift():
-                pass
-            case _:
-                t.unreachable(op)
-    if causal is CausalSource.NONE and any(term.kind is TermKind.MASK for term in terms):
+        read.take(op, depth, line, start_depth)
+    causal = read.causal
+    if causal is CausalSource.NONE and any(term.kind is TermKind.MASK for term in read.terms):
         causal = CausalSource.MASK
     queries, keys = candidate.operands()
     return AttentionSite(
@@ -96,24 +42,97 @@ def describe(
         method=method,
         owner=owner,
         line=candidate.start_line,
-        output_line=output_line,
+        output_line=read.output_line,
         query=code(queries),
         key=code(keys),
-        value=values[0] if values else "",
+        value=read.values[0] if read.values else "",
         product=start.product.form,
-        layout=layout,
-        scaling=tuple(scaling),
-        terms=tuple(terms),
-        softmax=softmax + ("+upcast" if upcast else ""),
-        upcast=upcast,
-        dropout=dropout,
-        head_mask=head_mask,
-        guards=guards,
-        zero_rows=zero_rows,
+        layout=read.layout,
+        scaling=tuple(read.scaling),
+        terms=tuple(read.terms),
+        softmax=read.softmax + ("+upcast" if read.upcast else ""),
+        upcast=read.upcast,
+        dropout=read.dropout,
+        head_mask=read.head_mask,
+        guards=read.guards,
+        zero_rows=read.zero_rows,
         causal=causal,
         returns_weights=bool(result.probs_names_after_output),
-        more_values=tuple(values[1:]),
+        more_values=tuple(read.values[1:]),
     )
+
+
+@dataclass
+
+
+class _Reading:
+    """What `describe` has read so far of a chain's operations, in order."""
+
+    start: t.Start
+    params: tuple[str, ...]  # the traced function's parameters
+    output_line: int
+    upcast: bool
+    scaling: list[Scaling] = field(default_factory=list)
+    terms: list[Term] = field(default_factory=list)
+    seen_term: bool = False
+    guards: int = 0
+    zero_rows: bool = False
+    softmax: str = ""
+    dropout: Dropout | None = None
+    head_mask: str | None = None
+    causal: CausalSource = CausalSource.NONE
+    values: list[str] = field(default_factory=list)  # of each product with V
+    layout: Layout = Layout.HEADS
+
+    def take(self, op: t.Op, depth: int, line: int, start_depth: int) -> None:
+        """Read one operation, at `depth` (the product's own: `start_depth`) on `line`."""
+        conditional = depth > start_depth
+        match op:
+            case t.Scale():
+                if op.per_query:
+                    where = ScaleSite.QUERY
+                elif not self.scaling and not self.seen_term and self.start.product.form is p.ProductForm.BADDBMM:
+                    where = ScaleSite.PRODUCT
+                else:
+                    where = ScaleSite.AFTER_TERMS if self.seen_term else ScaleSite.SCORES
+                self.scaling.append(Scaling(where, code(op.factor), op.divide, conditional))
+            case t.AddTerm():
+                self.seen_term = True
+                self.terms.append(Term(_term_kind(op.term, self.params), code(op.term), conditional, line, op.always))
+            case t.Fill():
+                self.seen_term = True
+                if op.causal:
+                    self.causal = CausalSource.BUFFER
+                kind = TermKind.CAUSAL_BUFFER if op.causal else TermKind.MASKED_FILL
+                self.terms.append(Term(kind, code(op.condition), conditional, line))
+            case t.Guard():
+                self.guards += 1
+            case t.ZeroRows():
+                self.zero_rows = True
+            case t.Softmax():
+                call = op.call
+                dim = code(call.dim) if call.dim is not None else "-1"
+                self.softmax = f"{call.form.value}(dim={dim})"
+                self.upcast = self.upcast or call.upcast
+            case t.Cast():
+                self.upcast = self.upcast or op.upcast
+            case t.Dropout():
+                # inside its own `if self.dropout is not None:`, the dropout is as conditional as that `if`
+                own_depth = depth - 1 if op.guard is not None else depth
+                self.dropout = Dropout(code(op.call.probability), own_depth > start_depth)
+            case t.HeadMask():
+                self.head_mask = op.root
+            case t.View():
+                if op.heads is not None:
+                    self.layout = Layout.FLAT_TO_HEADS
+            case t.Output():
+                if not self.values:
+                    self.output_line = line
+                self.values.append(code(op.value))
+            case t.Start() | t.Shift():
+                pass
+            case _:
+                t.unreachable(op)
 
 
 def _term_kind(term: cst.BaseExpression, params: tuple[str, ...]) -> TermKind:

@@ -7,7 +7,7 @@ take, it tries the facts of `optional_facts` and the sides of `settings_sides`. 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
@@ -15,7 +15,7 @@ from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cstutil import code, nodes_of_type
 from sdpa_port.analyse.describe import describe
-from sdpa_port.analyse.helpers import CandidateCalls, HelperCall, bind_arguments, traced_helpers
+from sdpa_port.analyse.helpers import CandidateCalls, Helper, HelperCall, bind_arguments, traced_helpers
 from sdpa_port.analyse.known import Known
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
@@ -127,6 +127,7 @@ def one_side_helpers(facts: ModuleFacts, analysis: ClassAnalysis) -> ClassAnalys
 
 
 def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> ClassAnalysis | None:
+    """The analysis of a class whose forward computes eager attention, itself or through helpers; None for others."""
     found = facts.find_method(class_name, "forward")
     if found is None:
         return None
@@ -149,82 +150,118 @@ def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Class
         inline = [found_candidate]
     else:
         known = Known()
-    refusal: Refusal | None = None
-    sites: list[AttentionSite] = []
-    head_masks: list[str] = sorted(known.none)
-    flags: list[str] = sorted(known.falsy)
-    alternatives: list[str] = []
-    eager_side: Refusal | None = None
-    helper_calls: list[HelperCall] = []
+    gathered = _Gathered(head_masks=sorted(known.none), flags=sorted(known.falsy))
     if inline and helpers:
-        refusal = Refusal(Code.REPEATED, class_name, line_of(forward), "attention is computed both in forward and in a helper method")
+        gathered.refusal = Refusal(
+            Code.REPEATED, class_name, line_of(forward), "attention is computed both in forward and in a helper method"
+        )
     elif inline:
-        candidate: t.Candidate | None = inline[0] if len(inline) == 1 else None
-        if candidate is None or candidate.poison is not None:
-            # several attentions may sit on the two sides of a test of the module's settings, and a step SDPA cannot
-            # take under `if extra is not None:` for an optional argument: the SDPA class then falls back to eager
-            # on the other side, or when that argument is given, as for a head mask
-            optional = None if candidate is None else without_optional(facts, class_name, forward, line_of)
-            branch = None if optional is not None else one_branch(facts, class_name, forward, line_of)
-            retried = optional or (None if branch is None else (branch.known, branch.result, branch.candidate))
-            whole = candidate  # the computation read across both sides of the test
-            if retried is not None:
-                known, result, candidate = retried
-                head_masks.extend(sorted(known.none))
-                flags.extend(sorted(known.falsy))
-                if branch is not None:
-                    alternatives.append(branch.side)
-                    eager_side = branch.eager_side
-                    if eager_side is None and whole is not None and whole.poison is not None:
-                        # the other side would port alone, not in one computation with this side: why, said
-                        eager_side = Refusal.of(whole.poison, class_name, whole.poison_line or whole.start_line)
-        if candidate is None:
-            refusal = Refusal(Code.REPEATED, class_name, inline[1].start_line, "forward computes several attentions")
-        elif candidate.poison is not None:
-            refusal = Refusal.of(candidate.poison, class_name, candidate.poison_line or candidate.start_line)
-        else:
-            site = describe(facts, class_name, "forward", owner.name, candidate, result)
-            sites.append(site)
-            if site.head_mask:
-                head_masks.append(site.head_mask)
-            flags.extend(result.fallbacks)  # settings of a module the probabilities pass through
+        _inline_site(gathered, facts, class_name, forward, line_of, owner.name, inline, result)
     else:
-        for helper, call, helper_result, candidate in helpers:
-            method = helper.name
-            if candidate.poison is not None:
-                refusal = Refusal.of(candidate.poison, class_name, candidate.poison_line or candidate.start_line)
-                break
-            site = describe(facts, class_name, method, helper.owner, candidate, helper_result)
-            sites.append(site)
-            flags.extend(helper_result.fallbacks)
-            forward_heads: list[str] = []
-            if site.head_mask:
-                binding = bind_arguments(helper.function, helper.as_method_call(call))
-                bound = None if binding is None else binding.get(site.head_mask)
-                roots = [n for n in p.walk_names(bound) if n in params] if bound is not None else []
-                if len(roots) != 1:
-                    refusal = Refusal(
-                        Code.HELPER_CALL,
-                        class_name,
-                        site.line,
-                        f"the head mask reaches `{method}` from an expression it cannot trace",
-                    )
-                    break
-                forward_heads.append(roots[0])
-                head_masks.append(roots[0])
-            helper_calls.append(HelperCall(helper, call, tuple(forward_heads)))
-    if refusal is None:
-        for site in sites:
+        _helper_sites(gathered, facts, class_name, helpers, params)
+    if gathered.refusal is None:
+        for site in gathered.sites:
             if site.dropout is not None and site.dropout.conditional:
-                refusal = Refusal(Code.DROPOUT, class_name, site.line, "dropout is applied only under a condition")
+                gathered.refusal = Refusal(Code.DROPOUT, class_name, site.line, "dropout is applied only under a condition")
     return ClassAnalysis(
         class_name=class_name,
-        sites=tuple(sites),
-        helpers=tuple(helper_calls),
-        refusal=refusal,
-        eager_only_params=tuple(dict.fromkeys(head_masks)),
-        eager_only_flags=tuple(dict.fromkeys(flags)),
-        alternatives=tuple(dict.fromkeys(alternatives)),
-        eager_side=eager_side,
+        sites=tuple(gathered.sites),
+        helpers=tuple(gathered.helper_calls),
+        refusal=gathered.refusal,
+        eager_only_params=tuple(dict.fromkeys(gathered.head_masks)),
+        eager_only_flags=tuple(dict.fromkeys(gathered.flags)),
+        alternatives=tuple(dict.fromkeys(gathered.alternatives)),
+        eager_side=gathered.eager_side,
         output_attentions=output_attentions,
     )
+
+
+@dataclass
+
+
+class _Gathered:
+    """What `analyse_class` gathers of a class, in the order it finds it."""
+
+    head_masks: list[str]  # forward parameters only eager takes, each once where first found
+    flags: list[str]  # settings and switches only eager takes
+    sites: list[AttentionSite] = field(default_factory=list)
+    helper_calls: list[HelperCall] = field(default_factory=list)
+    alternatives: list[str] = field(default_factory=list)
+    eager_side: Refusal | None = None
+    refusal: Refusal | None = None
+
+
+def _inline_site(
+    gathered: _Gathered,
+    facts: ModuleFacts,
+    class_name: str,
+    forward: cst.FunctionDef,
+    line_of: LineOf,
+    owner: str,
+    inline: list[t.Candidate],
+    result: t.TraceResult,
+) -> None:
+    """The site of the one attention forward computes itself, or the refusal of it."""
+    candidate: t.Candidate | None = inline[0] if len(inline) == 1 else None
+    if candidate is None or candidate.poison is not None:
+        # several attentions may sit on the two sides of a test of the module's settings, and a step SDPA cannot
+        # take under `if extra is not None:` for an optional argument: the SDPA class then falls back to eager
+        # on the other side, or when that argument is given, as for a head mask
+        optional = None if candidate is None else without_optional(facts, class_name, forward, line_of)
+        branch = None if optional is not None else one_branch(facts, class_name, forward, line_of)
+        retried = optional or (None if branch is None else (branch.known, branch.result, branch.candidate))
+        whole = candidate  # the computation read across both sides of the test
+        if retried is not None:
+            known, result, candidate = retried
+            gathered.head_masks.extend(sorted(known.none))
+            gathered.flags.extend(sorted(known.falsy))
+            if branch is not None:
+                gathered.alternatives.append(branch.side)
+                gathered.eager_side = branch.eager_side
+                if gathered.eager_side is None and whole is not None and whole.poison is not None:
+                    # the other side would port alone, not in one computation with this side: why, said
+                    gathered.eager_side = Refusal.of(whole.poison, class_name, whole.poison_line or whole.start_line)
+    if candidate is None:
+        gathered.refusal = Refusal(Code.REPEATED, class_name, inline[1].start_line, "forward computes several attentions")
+    elif candidate.poison is not None:
+        gathered.refusal = Refusal.of(candidate.poison, class_name, candidate.poison_line or candidate.start_line)
+    else:
+        site = describe(facts, class_name, "forward", owner, candidate, result)
+        gathered.sites.append(site)
+        if site.head_mask:
+            gathered.head_masks.append(site.head_mask)
+        gathered.flags.extend(result.fallbacks)  # settings of a module the probabilities pass through
+
+
+def _helper_sites(
+    gathered: _Gathered,
+    facts: ModuleFacts,
+    class_name: str,
+    helpers: list[tuple[Helper, cst.Call, t.TraceResult, t.Candidate]],
+    params: tuple[str, ...],
+) -> None:
+    """The site of each helper call computing the attention, or the first refusal; forward's parameters `params`."""
+    for helper, call, helper_result, candidate in helpers:
+        method = helper.name
+        if candidate.poison is not None:
+            gathered.refusal = Refusal.of(candidate.poison, class_name, candidate.poison_line or candidate.start_line)
+            break
+        site = describe(facts, class_name, method, helper.owner, candidate, helper_result)
+        gathered.sites.append(site)
+        gathered.flags.extend(helper_result.fallbacks)
+        forward_heads: list[str] = []
+        if site.head_mask:
+            binding = bind_arguments(helper.function, helper.as_method_call(call))
+            bound = None if binding is None else binding.get(site.head_mask)
+            roots = [n for n in p.walk_names(bound) if n in params] if bound is not None else []
+            if len(roots) != 1:
+                gathered.refusal = Refusal(
+                    Code.HELPER_CALL,
+                    class_name,
+                    site.line,
+                    f"the head mask reaches `{method}` from an expression it cannot trace",
+                )
+                break
+            forward_heads.append(roots[0])
+            gathered.head_masks.append(roots[0])
+        gathered.helper_calls.append(HelperCall(helper, call, tuple(forward_heads)))
