@@ -74,8 +74,11 @@ def assign(
 
 
 def _remade(tracer: Tracer, value: cst.BaseExpression, line: int) -> tuple[ChainVal, list[Op]] | None:
-    """The expression's chain value and operations where it makes again a value of a chain an earlier statement
-    made (after LiLT's product with its layout values, the dropout of the probabilities for the text values)."""
+    """The chain value and operations of an expression that makes again a value an earlier statement made.
+
+    LiLT makes its probabilities after the product with its layout values, then their dropout for the text values; None
+    where the expression is no such remake.
+    """
     try:
         base, ops = tracer.decompose(value, line)
     except (NotChain, Poison):
@@ -129,7 +132,10 @@ def bind_plain(tracer: Tracer, targets: list[cst.BaseExpression], value: cst.Bas
 
 
 def _unbound(value: cst.BaseExpression) -> cst.BaseExpression | None:
-    """`x` of `x.unbind(0)` / `x.unbind(dim=0)` / `torch.unbind(x, 0)` (the first dimension only)."""
+    """The `x` of `x.unbind(0)`, `x.unbind(dim=0)` or `torch.unbind(x, 0)`.
+
+    The first dimension only.
+    """
     if not isinstance(value, cst.Call):
         return None
     dims = [a for a in value.args if a.keyword is None or a.keyword.value == "dim"]

@@ -54,7 +54,10 @@ def if_statement(tracer: Tracer, node: cst.If, depth: int) -> None:
 
 
 def _followed(tracer: Tracer, branches: Arms) -> Arms:
-    """The branches the known facts leave, up to the first they decide always runs (its test then None)."""
+    """The branches the known facts leave, up to the first they decide always runs.
+
+    That one's test is then None.
+    """
     kept: list[tuple[cst.BaseExpression | None, Sequence[cst.BaseStatement]]] = []
     for test, body in branches:
         decision = None if test is None else decide(test, tracer.known)
@@ -67,8 +70,10 @@ def _followed(tracer: Tracer, branches: Arms) -> Arms:
 
 
 def _traced(tracer: Tracer, node: cst.If, branches: Arms, start_env: dict[str, Value], depth: int) -> list[dict[str, Value]]:
-    """The environment after each branch, each traced from `start_env`; `start_env` itself too when there is no
-    `else`."""
+    """The environment after each branch, each traced from `start_env`.
+
+    `start_env` itself comes last when there is no `else`.
+    """
     results: list[dict[str, Value]] = []
     for index, (test, body) in enumerate(branches):
         tracer.env.clear()
@@ -115,9 +120,12 @@ def _merged(tracer: Tracer, results: list[dict[str, Value]], first_new: int, lin
 def _merge(
     tracer: Tracer, values: list[Value | None], first_new: int, line: int, alternated: set[int]
 ) -> Value | None:
-    """What a name holds after the branches, given its value after each (None: unbound there); None where it holds
-    nothing known, or, for a name holding chain values, where `_refuse_conditional` decides once every name is
-    merged. A chain the branches' own products make one is added to `alternated`."""
+    """What a name holds after the branches, given its value after each.
+
+    A value is None where the name is unbound in that branch. The result is None where it holds nothing known, or, for
+    a name holding chain values, where `_refuse_conditional` decides once every name is merged. A chain the branches'
+    own products make one is added to `alternated`.
+    """
     first = values[0]
     if all(v is not None and _same_value(v, first) for v in values):
         if isinstance(first, ChainVal):  # the same place on the chain, made in each branch its own way
@@ -153,8 +161,10 @@ def _merge(
 def _refuse_conditional(
     tracer: Tracer, values: list[Value | None], chains: list[ChainVal], alternated: set[int], line: int
 ) -> None:
-    """Poison the chains of a name whose branches left it different chain values (`values`), unless those are the
-    scores of products `alternatives` made one chain."""
+    """Poison the chains of a name whose branches left it different chain values.
+
+    Unless those are the scores of products `alternatives` made one chain.
+    """
     if all(c.stage is SCORES and tracer.chains.joined_into(c.cid) in alternated for c in chains):
         return
     cids = {c.cid for c in chains}

@@ -83,8 +83,11 @@ class ChainBook:
         bindings: tuple[tuple[str, int], ...],
         members: tuple[cst.CSTNode, ...] = (),
     ) -> int:
-        """A chain starting at the product `node` (a recognised query-key product, or blocks joined into one) here,
-        with what its operands read (`Candidate.start_bindings`) and the products joined into it: its id."""
+        """Start a chain at the product `node` here, and give its id.
+
+        The product is a recognised query-key product, or blocks joined into one; `bindings` are what its operands read
+        (`Candidate.start_bindings`), `members` the products joined into it.
+        """
         cid = len(self.candidates)
         self.candidates.append(
             Candidate(
@@ -101,13 +104,19 @@ class ChainBook:
         return cid
 
     def layout_of(self, cid: int) -> p.Order | None:
-        """How the chain's scores are laid out, where otherwise than SDPA's (`Start.layout`)."""
+        """How the chain's scores are laid out, where otherwise than SDPA's.
+
+        That is `Start.layout`; None for SDPA's own.
+        """
         start = self.candidates[cid].start
         return start.layout if start is not None else None
 
     def join(self, cid: int, into: int, line: int, drop: bool = False) -> None:
-        """Chain `cid` is part of chain `into` from here on; a later use of its values is refused for `into`. With
-        `drop`, its product is no operation of its own (a block, whose operands `into`'s product reads)."""
+        """Make chain `cid` part of chain `into` from here on.
+
+        A later use of its values is refused for `into`. With `drop`, its product is no operation of its own (a block,
+        whose operands `into`'s product reads).
+        """
         candidate = self.candidates[cid]
         candidate.absorbed = True
         self.joined[cid] = (into, line)
@@ -123,12 +132,16 @@ class ChainBook:
         return cid
 
     def alternatives(self, values: Sequence[Value | None], first_new: int, line: int) -> ChainVal | None:
-        """Every branch of an `if` made a query-key product of its own for one name (LUKE's scores joined from blocks
-        when there are entities, one product otherwise; the Conformer's relative scores `(ac + bd) / sqrt(d)` in one
-        branch, `q @ kᵀ / sqrt(d)` in the other): one chain from here on, whose product is the one of the branch that
-        ran. None where the values are not that: the products must be new in the branches, of one rank and dtype, and
-        what each branch did to its scores after the product only scales them by a number or adds terms (each
-        branch's statements update the side values SDPA is handed in that branch)."""
+        """One chain for the query-key products each branch of an `if` made of its own for one name.
+
+        LUKE's scores are joined from blocks when there are entities, one product otherwise; the Conformer's relative
+        scores are `(ac + bd) / sqrt(d)` in one branch, `q @ kᵀ / sqrt(d)` in the other. From here on they are one
+        chain, whose product is the one of the branch that ran.
+
+        None where the values are not that: the products must be new in the branches, of one rank and dtype, and what
+        each branch did to its scores after the product only scales them by a number or adds terms (each branch's
+        statements update the side values SDPA is handed in that branch).
+        """
         chains = [v for v in values if isinstance(v, ChainVal)]
         if len(chains) < 2 or len(chains) != len(values) or len({c.cid for c in chains}) != len(chains):
             return None
@@ -163,7 +176,7 @@ class ChainBook:
         return held
 
     def note_merged(self, held: ChainVal, values: Sequence[Value | None]) -> None:
-        """After branches, `held` stands for the chain values each branch made (`values`)."""
+        """Note that after branches `held` stands for the chain values each branch made."""
         self._merged.setdefault(held.step, set()).update(v.step for v in values if isinstance(v, ChainVal))
 
     def advance(self, base: ChainVal, ops: Sequence[Op]) -> ChainVal:
@@ -205,8 +218,10 @@ class ChainBook:
                 )
 
     def later(self, base: ChainVal) -> list[str]:
-        """The names holding a value further along `base`'s chain than `base` (remade values stand where the value
-        they make again stands)."""
+        """The names holding a value further along `base`'s chain than `base`.
+
+        Remade values stand where the value they make again stands.
+        """
         place = self.remakes.canonical(base.step)
         return sorted(
             name
@@ -227,9 +242,11 @@ class ChainBook:
                     target.poisoned(Code.SCORES_READ, detail, later[0])
 
     def other_streams(self) -> frozenset[cst.CSTNode]:
-        """The statements of the streams after the first, where a chain's probabilities reach several products: the
-        later products, and the statements making a place on the chain made more than once that the first product's
-        values do not come from."""
+        """The statements of the streams after the first, where a chain's probabilities reach several products.
+
+        They are the later products, and the statements making a place on the chain made more than once that the first
+        product's values do not come from.
+        """
         out: set[cst.CSTNode] = set()
         for cid, taken in self.products.items():
             outputs = taken.statements
@@ -258,8 +275,11 @@ class ChainBook:
 
 @dataclass
 class Products:
-    """The products with V of one chain's probabilities: how the first one's probabilities were made, the dropout
-    draw each took (None: none), and each one's statement with the step of the probabilities it took."""
+    """The products with V of one chain's probabilities.
+
+    How the first one's probabilities were made, the dropout draw each took (None: none), and each one's statement with
+    the step of the probabilities it took.
+    """
 
     probabilities: Made
     draws: list[int | None] = field(default_factory=list)
@@ -267,9 +287,11 @@ class Products:
 
 
 def _reads_sdpa_layout(op: Op) -> str | None:
-    """What an operation reads of the scores' dimensions by position as SDPA lays them out, in a few words; None
-    for one that means the same on scores laid out otherwise, once what it adds or fills with is permuted as the
-    scores are (a softmax's dimension is checked where it is recognised, an einsum product with V reads the layout)."""
+    """What an operation reads of the scores' dimensions by position as SDPA lays them out, in a few words.
+
+    None for one that means the same on scores laid out otherwise, once what it adds or fills with is permuted as the
+    scores are (a softmax's dimension is checked where it is recognised, an einsum product with V reads the layout).
+    """
     match op:
         case Scale():
             return "a factor per query" if op.per_query else None
@@ -290,6 +312,9 @@ def _reads_sdpa_layout(op: Op) -> str | None:
 
 
 def _branch_op(op: Op) -> bool:
-    """An operation one branch may apply to its own product before the branches meet: a scale by a number or an
-    added term, which the emitters turn into updates of the scale and the mask inside that branch."""
+    """An operation one branch may apply to its own product before the branches meet.
+
+    A scale by a number or an added term, which the emitters turn into updates of the scale and the mask inside that
+    branch.
+    """
     return isinstance(op, AddTerm) or (isinstance(op, Scale) and not op.per_query)

@@ -41,7 +41,10 @@ class ChainReads:
         return out
 
     def chain_value_refs(self, node: cst.CSTNode | None) -> set[int]:
-        """Chains whose values an expression reads (`.dtype`, `.device`, shapes and `expand_as` excluded)."""
+        """Chains whose values an expression reads.
+
+        Reads of `.dtype`, `.device`, shapes and `expand_as` are not reads of the values.
+        """
         if node is None:
             return set()
         finder = ReadFinder(self.env, None)
@@ -76,7 +79,7 @@ class ChainReads:
 
 
 def size_read(node: cst.CSTNode) -> tuple[cst.Name, int] | None:
-    """`x.size(i)` or `x.shape[i]` with a literal index: (x, i)."""
+    """The name and index of `x.size(i)` or `x.shape[i]` with a literal index."""
     if (
         isinstance(node, cst.Call)
         and isinstance(node.func, cst.Attribute)
@@ -130,7 +133,11 @@ class ProductFinder(cst.CSTVisitor):
 
 
 class ReadFinder(cst.CSTVisitor):
-    """Reads of chain names, sorted into `.dtype`/`.device` attributes, `expand_as(chain)`, shape reads and others."""
+    """Reads of chain names, sorted by what they read of the chain.
+
+    `.dtype`/`.device` attributes, `expand_as(chain)`, `reshape_as(chain)`, sizes, other shape reads, and plain reads
+    of the values.
+    """
 
     def __init__(self, env: dict[str, Value], exclude: cst.CSTNode | None) -> None:
         self.env = env

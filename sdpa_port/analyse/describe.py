@@ -85,7 +85,7 @@ class _Reading:
     layout: Layout = Layout.HEADS
 
     def take(self, op: t.Op, depth: int, line: int, start_depth: int) -> None:
-        """Read one operation, at `depth` (the product's own: `start_depth`) on `line`."""
+        """Read one operation at `depth` on `line`; `start_depth` is the product's own."""
         conditional = depth > start_depth
         match op:
             case t.Scale():

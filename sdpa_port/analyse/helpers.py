@@ -27,8 +27,11 @@ from sdpa_port.rewrite.edit import replace_names
 
 
 class Helper:
-    """A function forward calls to compute the attention: a method (`self._attn(...)`), or a module-level function
-    (`attention_fn(self, q, k, v, mask)`) read as a method by naming its module parameter `self`."""
+    """A function forward calls to compute the attention.
+
+    A method (`self._attn(...)`), or a module-level function (`attention_fn(self, q, k, v, mask)`) read as a method by
+    naming its module parameter `self`.
+    """
 
     name: str
     owner: str  # the class defining the method, or "<module>"
@@ -111,9 +114,12 @@ def _traced_helper(
     asked: frozenset[str],
     ranks: tuple[tuple[str, int], ...] = (),
 ) -> tuple[Helper, t.TraceResult, list[t.Candidate]] | None:
-    """The helper's trace; where it finds no one attention SDPA can take, the trace with its parameters that receive
+    """The helper's trace, specialised to `output_attentions` false where that leaves one attention.
+
+    Where the plain trace finds no one attention SDPA can take, the helper is traced with its parameters that receive
     forward's `output_attentions` false (the SDPA class returns to eager when it is true, and the inlined helper is
-    specialised so): XLNet returns its weights permuted under `if output_attentions:`."""
+    specialised so): XLNet returns its weights permuted under `if output_attentions:`.
+    """
     helper = helper_for(facts, class_name, call)
     if helper is None:
         return None
@@ -139,9 +145,11 @@ def _bound_to(helper: Helper, call: cst.Call, name: str) -> frozenset[str]:
 
 
 def key_layout_params(bound: dict[str, cst.BaseExpression] | None, caller: t.Tracer) -> frozenset[str]:
-    """The helper's parameters that a call (its arguments `bound` to them) passes a key laid out (..., dim, length),
-    as the caller's trace reads its argument (`self.split_heads(key, k=True)` permuting the features second to
-    last)."""
+    """The helper's parameters that a call passes a key laid out as `(..., dim, length)`.
+
+    `bound` holds the call's arguments, bound to the parameters; the caller's trace reads each argument
+    (`self.split_heads(key, k=True)` permuting the features second to last).
+    """
     if bound is None:
         return frozenset()
     return frozenset(name for name, value in bound.items() if products.transposed_key(caller, value))
@@ -150,9 +158,12 @@ def key_layout_params(bound: dict[str, cst.BaseExpression] | None, caller: t.Tra
 def passed_ranks(
     bound: dict[str, cst.BaseExpression] | None, caller: t.Tracer, forward: cst.FunctionDef
 ) -> tuple[tuple[str, int], ...]:
-    """The helper's parameters a call (its arguments `bound` to them) passes a tensor of known rank, read from
-    forward's text alone: an expression whose last reshape or permute gives it, or a name every assignment of which
-    in forward does and that is no parameter of forward (so it is that rank whenever the call runs)."""
+    """The helper's parameters a call passes a tensor of known rank, read from forward's text alone.
+
+    `bound` holds the call's arguments, bound to the parameters. A rank is known for an expression whose last reshape
+    or permute gives it, or a name every assignment of which in forward does and that is no parameter of forward (so it
+    is that rank whenever the call runs).
+    """
     if bound is None:
         return ()
     ranks = (
@@ -164,7 +175,10 @@ def passed_ranks(
 
 
 def helper_for(facts: ModuleFacts, class_name: str, call: cst.Call) -> Helper | None:
-    """The method (`self.name(...)`) or module-level function (`name(...)`, perhaps given `self`) a call invokes."""
+    """The method or module-level function a call invokes.
+
+    `self.name(...)` calls a method; `name(...)`, perhaps given `self`, a module-level function.
+    """
     func = call.func
     if m.matches(func, m.Attribute(value=m.Name("self"))):
         name = func.attr.value  # type: ignore[attr-defined]
@@ -203,8 +217,10 @@ def function_as_method(function: cst.FunctionDef, call: cst.Call) -> Helper | No
 
 
 class CandidateCalls(cst.CSTVisitor):
-    """Calls of methods on self and of plain names (candidate helpers), not inside nested functions, nor in a branch
-    the `known` facts rule out."""
+    """Calls of methods on self and of plain names, the candidate helpers.
+
+    Not inside nested functions, nor in a branch the `known` facts rule out.
+    """
 
     def __init__(self, known: Known | None = None) -> None:
         self.calls: list[cst.Call] = []
@@ -230,7 +246,7 @@ class CandidateCalls(cst.CSTVisitor):
 
 
 def bind_arguments(helper: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression] | None:
-    """Map a method's parameters (without self) to the call's argument expressions, defaults filled in."""
+    """Map a method's parameters, without self, to the call's argument expressions, defaults filled in."""
     params = [*helper.params.posonly_params, *helper.params.params]
     if params and params[0].name.value == "self":
         params = params[1:]

@@ -80,7 +80,11 @@ def aug_assign(tracer: Tracer, small: cst.AugAssign, depth: int, line: int) -> N
 
 
 def expression_statement(tracer: Tracer, small: cst.Expr, depth: int, line: int) -> None:
-    """An expression statement: a product with V (`outputs.append(probs @ v)`) or an in-place method on a chain."""
+    """Trace an expression statement: a product with V, or an in-place method on a chain.
+
+    `outputs.append(probs @ v)` holds a product with V; `scores.masked_fill_(...)`, `.add_`, `.mul_` and `.div_` are
+    operations of the chain.
+    """
     value = small.value
     output = find_output(tracer, value)
     if output is not None:  # `outputs.append(probs @ value)`
@@ -117,8 +121,11 @@ def expression_statement(tracer: Tracer, small: cst.Expr, depth: int, line: int)
 
 
 def changed_in_place(small: cst.BaseSmallStatement) -> set[str]:
-    """The names whose value a statement changes without rebinding them: the receiver of an in-place method
-    (`m.mul_(2)`, `m.masked_fill_(...)`) and the object an item or attribute is assigned into (`m[0] = 1`)."""
+    """The names whose value a statement changes without rebinding them.
+
+    The receiver of an in-place method (`m.mul_(2)`, `m.masked_fill_(...)`) and the object an item or attribute is
+    assigned into (`m[0] = 1`).
+    """
     out: set[str] = set()
     if isinstance(small, cst.Expr):
         found = p.method_call(small.value)

@@ -23,9 +23,11 @@ from sdpa_port.analyse.trace import LineOf
 def without_optional(
     facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf
 ) -> tuple[Known, t.TraceResult, t.Candidate] | None:
-    """The trace of `forward` taking one optional argument (default None, tested with `is not None`) to be None,
-    or one flag of the module that `__init__` sets to False (`self.save_attention`) to be false, when that leaves
-    one attention computation SDPA can take."""
+    """The trace of `forward` under one optional fact that leaves one attention SDPA can take.
+
+    The fact is one optional argument (default None, tested with `is not None`) None, or one flag of the module that
+    `__init__` sets to False (`self.save_attention`) false, or another of `tried_facts`.
+    """
     for known in tried_facts(facts, class_name, forward):
         result = t.Tracer(facts, class_name, forward, line_of, known=known).run()
         inline = result.attention()
@@ -35,8 +37,11 @@ def without_optional(
 
 
 def tried_facts(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[Known]:
-    """The facts `without_optional` tries, in order: each optional argument None, each flag off by default false,
-    each switch of the call false, the request for the weights false alone and with each of those."""
+    """The facts `without_optional` tries, in order.
+
+    Each optional argument None, each flag off by default false, each switch of the call false, the request for the
+    weights false alone and with each of those.
+    """
     tested = {
         node.left.value
         for node in nodes_of_type(forward.body, cst.Comparison)
@@ -89,9 +94,11 @@ def tried_facts(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -
 
 
 def _flags_off_by_default(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[str]:
-    """`self.x` attributes that forward tests and that the class's first assignment sets to a literal False (a switch
-    like BLIP-2's `save_attention`, turned on by a method) or to a config setting defaulting to False
-    (`getattr(config, "talking_head", False)`)."""
+    """The `self.x` attributes forward tests that the class first sets off.
+
+    The class's first assignment sets them to a literal False (a switch like BLIP-2's `save_attention`, turned on by a
+    method) or to a config setting defaulting to False (`getattr(config, "talking_head", False)`).
+    """
     tested = {
         code(node)
         for test in nodes_of_type(forward.body, cst.If)
@@ -107,7 +114,7 @@ def _flags_off_by_default(facts: ModuleFacts, class_name: str, forward: cst.Func
 
 
 def _config_flag_off_by_default(value: cst.BaseExpression) -> bool:
-    """`getattr(config, "talking_head", False)`: a setting off unless the config turns it on."""
+    """A setting off unless the config turns it on: `getattr(config, "talking_head", False)`."""
     return m.matches(
         value,
         m.Call(func=m.Name("getattr"), args=[m.Arg(m.Name("config")), m.Arg(m.SimpleString()), m.Arg(m.Name("False"))]),
@@ -115,9 +122,11 @@ def _config_flag_off_by_default(value: cst.BaseExpression) -> bool:
 
 
 def _optional_modules(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[str]:
-    """`self.x` attributes that forward tests with `is not None` and that the class sets to None on some path (a
-    projection built only under a config flag, DeBERTa's `head_logits_proj`): the SDPA class may fall back to eager
-    whenever they are set."""
+    """The `self.x` attributes forward tests with `is not None` that the class may set to None.
+
+    A projection built only under a config flag, DeBERTa's `head_logits_proj`: the SDPA class may fall back to eager
+    whenever they are set.
+    """
     tested = {
         code(node.left)
         for node in nodes_of_type(forward.body, cst.Comparison)

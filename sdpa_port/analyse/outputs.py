@@ -59,7 +59,10 @@ def output_statement(
     depth: int,
     line: int,
 ) -> None:
-    """A statement holding the product of a chain's probabilities with V (`found`: the product and its node)."""
+    """Record a statement holding the product of a chain's probabilities with V.
+
+    `found` is the product and its node.
+    """
     node, product = found
     try:
         base, ops = tracer.decompose(product.left, line)
@@ -117,9 +120,12 @@ def output_statement(
 def second_output(
     tracer: Tracer, cid: int, taken: Products | None, probabilities: Made, draw: int | None, line: int
 ) -> None:
-    """A further product with V of a chain's probabilities: an SDPA call of its own with the same query, key,
-    mask and scale (LiLT's text and layout values), where the probabilities are those the first product took,
-    made the same way, and, if dropped out, by a draw of their own (each SDPA call draws its own dropout)."""
+    """Check a further product with V of a chain's probabilities, an SDPA call of its own.
+
+    It has the same query, key, mask and scale (LiLT's text and layout values), where the probabilities are those the
+    first product took, made the same way, and, if dropped out, by a draw of their own (each SDPA call draws its own
+    dropout).
+    """
     if taken is None or probabilities != taken.probabilities:
         tracer.chains.candidates[cid].poisoned(Code.VALUE_SIDE, "the probabilities are multiplied by a second tensor", line)
     elif draw is not None and draw in taken.draws:

@@ -47,7 +47,10 @@ class Ranks:
         return len(args)
 
     def view_shape(self, args: Sequence[cst.Arg]) -> tuple[cst.BaseExpression, ...] | None:
-        """The sizes of `view(a, b, ...)` or `view((a, b, ...))`; None when starred or not written out."""
+        """The sizes of `view(a, b, ...)` or `view((a, b, ...))`.
+
+        None when starred or not written out.
+        """
         if any(a.star or a.keyword is not None for a in args):
             return None
         if len(args) == 1:
@@ -131,9 +134,12 @@ class Ranks:
         return self.rank_returned(node, depth)
 
     def created_rank(self, node: cst.BaseExpression) -> int | None:
-        """The rank of a tensor `__init__` creates with its sizes written out: `nn.Parameter(torch.randn(1, heads))`,
-        `torch.zeros(n, d)`, `torch.FloatTensor(n, d)`, `torch.ones((n, d))`, `torch.zeros(8)`; None for anything else
-        (one argument other than a literal may hold a shape: `torch.zeros(config.shape)`)."""
+        """The rank of a tensor `__init__` creates with its sizes written out.
+
+        `nn.Parameter(torch.randn(1, heads))`, `torch.zeros(n, d)`, `torch.FloatTensor(n, d)`, `torch.ones((n, d))`,
+        `torch.zeros(8)`; None for anything else (one argument other than a literal may hold a shape:
+        `torch.zeros(config.shape)`).
+        """
         if isinstance(node, cst.Call) and self.scope.qualify(node.func) == "torch.nn.Parameter" and node.args:
             return self.created_rank(node.args[0].value)
         if not isinstance(node, cst.Call) or self.scope.qualify(node.func) not in p.SIZED_FACTORIES:
@@ -151,13 +157,19 @@ class Ranks:
         return len(sizes)
 
     def parameter_rank(self, name: str, self_read: bool) -> int | None:
-        """The rank the caller passes to parameter `name`, where it still holds that value: never assigned so far,
-        or read (`self_read`) inside its one assignment so far, `x = x * s`, whose rank the caller's decides."""
+        """The rank the caller passes to parameter `name`, where it still holds that value.
+
+        It does when never assigned so far, or when read (`self_read`) inside its one assignment so far, `x = x * s`,
+        whose rank the caller's decides.
+        """
         return self.param_ranks.get(name) if self.assignments.get(name, 0) == (1 if self_read else 0) else None
 
     def rank_returned(self, node: cst.BaseExpression, depth: int) -> int | None:
-        """`self.split(x)`: the rank every `return` of that method gives, read from its last reshape or permute
-        (`transpose_for_scores`); None when the returns disagree or one cannot be read."""
+        """The rank every `return` of the method a call `self.split(x)` calls gives.
+
+        Read from its last reshape or permute (`transpose_for_scores`); None when the returns disagree or one cannot be
+        read.
+        """
         if not (
             isinstance(node, cst.Call)
             and m.matches(node.func, m.Attribute(value=m.Name("self")))
@@ -193,8 +205,10 @@ class Ranks:
         return None
 
     def assigned_in(self, method: cst.FunctionDef) -> dict[str, list[cst.BaseExpression | None]]:
-        """The value of each binding of each name in `method`, None for one that is no plain `name = value` (one walk
-        per method)."""
+        """The value of each binding of each name in `method`, one walk per method.
+
+        None for a binding that is no plain `name = value`.
+        """
         found = self._assigned.get(id(method))
         if found is None or found[0] is not method:
             found = (method, assigned_values([method.body]))
@@ -203,8 +217,11 @@ class Ranks:
 
 
 def _basic_index(index: cst.BaseSlice) -> str | None:
-    """"integer" for `x[2]` or `x[-1]` (the dimension dropped), "slice" for `x[a:b]` (kept), else None (`x[None]`,
-    `x[...]`, a tensor index: not read)."""
+    """How an index of one dimension is read: "integer", "slice", or None.
+
+    "integer" for `x[2]` or `x[-1]` (the dimension dropped), "slice" for `x[a:b]` (kept), else None (`x[None]`,
+    `x[...]`, a tensor index: not read).
+    """
     if isinstance(index, cst.Slice):
         return "slice"
     value = index.value if isinstance(index, cst.Index) else None

@@ -53,8 +53,11 @@ class ClassAnalysis:
 
 
 class Operands:
-    """A site's key and query expressions, and where they are read: in `forward`, or in the helper method computing
-    the attention (with the arguments `forward` binds to its parameters)."""
+    """A site's key and query expressions, and where they are read.
+
+    In `forward`, or in the helper method computing the attention, with the arguments `forward` binds to its
+    parameters.
+    """
 
     key: cst.BaseExpression
     query: cst.BaseExpression
@@ -75,7 +78,7 @@ def site_operands(analysis: "ClassAnalysis") -> list[Operands] | None:
 
 
 def attention_classes(facts: ModuleFacts, lines: Lines, only: frozenset[str] | None = None) -> list[ClassAnalysis]:
-    """Every class whose forward computes eager attention (itself or through a helper method).
+    """Every class whose forward computes eager attention, itself or through a helper method.
 
     `only` limits the search to classes known (from the ast screen) to contain a softmax or inherit one.
     """
@@ -91,10 +94,13 @@ def attention_classes(facts: ModuleFacts, lines: Lines, only: frozenset[str] | N
 
 
 def one_side_helpers(facts: ModuleFacts, analysis: ClassAnalysis) -> ClassAnalysis | None:
-    """Helpers computing the attention, one on each side of a test of the module's settings (ImageGPT's `if
-    self.reorder_and_upcast_attn: self._upcast_and_reordered_attn(...) else: self._attn(...)`): the analysis of the
-    one helper forward calls where a side of the test is false, that side recorded as an alternative (it runs as
-    written, `ClassAnalysis.alternatives`); None where no such test leaves exactly one helper call."""
+    """The analysis of the one helper forward calls on one side of a test of the module's settings.
+
+    Helpers compute the attention, one on each side of such a test (ImageGPT's `if self.reorder_and_upcast_attn:
+    self._upcast_and_reordered_attn(...) else: self._attn(...)`): the analysis keeps the helper forward calls where a
+    side of the test is false, that side recorded as an alternative (it runs as written, `ClassAnalysis.alternatives`).
+    None where no such test leaves exactly one helper call.
+    """
     if analysis.refusal is not None or len(analysis.sites) < 2 or len(analysis.helpers) != len(analysis.sites):
         return None
     found = facts.find_method(analysis.class_name, "forward")

@@ -24,8 +24,11 @@ from sdpa_port.refusals import Code, Refusal
 
 
 class OneBranch:
-    """What `one_branch` found: the facts on the SDPA path (the side known false, with any optional fact), the trace
-    and its one attention, the side, and why the other side stays eager."""
+    """What `one_branch` found.
+
+    The facts on the SDPA path (the side known false, with any optional fact), the trace and its one attention, the
+    side, and why the other side stays eager.
+    """
 
     known: Known
     result: t.TraceResult
@@ -35,11 +38,14 @@ class OneBranch:
 
 
 def one_branch(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf) -> OneBranch | None:
-    """Several attentions, one per side of a test of the module's own settings (`if self.num_landmarks ==
-    self.seq_len:` exact attention, else an approximation): the trace taking the side with the one attention SDPA
-    can take, known through the comparison that sends the SDPA class back to eager otherwise. Where that side's one
-    attention has a step only an optional argument or a switch of the call takes (`if return_scores: return
-    scores`), that fact is known too, as `without_optional` tries them."""
+    """The trace taking the side of a settings test that holds the one attention SDPA can take.
+
+    Several attentions sit one per side of a test of the module's own settings (`if self.num_landmarks ==
+    self.seq_len:` exact attention, else an approximation); the side is known through the comparison that sends the
+    SDPA class back to eager otherwise. Where that side's one attention has a step only an optional argument or a
+    switch of the call takes (`if return_scores: return scores`), that fact is known too, as `without_optional` tries
+    them.
+    """
     optional: list[Known] | None = None
     for test in nodes_of_type(forward.body, cst.If):
         if not settings_only(test.test):
@@ -75,8 +81,11 @@ def one_branch(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, li
 def _why_eager(
     facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf, known: Known
 ) -> Refusal | None:
-    """Why the side of a settings test that `known` leaves is not ported: its one attention's refusal, or that it
-    computes several; None where it computes no attention, or one SDPA could take."""
+    """Why the side of a settings test that `known` leaves is not ported.
+
+    Its one attention's refusal, or that it computes several; None where it computes no attention, or one SDPA could
+    take.
+    """
     inline = t.Tracer(facts, class_name, forward, line_of, known=known).run().attention()
     if len(inline) == 1 and inline[0].poison is not None:
         return Refusal.of(inline[0].poison, class_name, inline[0].poison_line or inline[0].start_line)
@@ -90,10 +99,12 @@ def _reads_training(test: cst.BaseExpression) -> bool:
 
 
 def sides_of(test: cst.BaseExpression) -> tuple[cst.BaseExpression, ...]:
-    """The expressions that, known false, decide `test` either way, in the order tried: a comparison's negation (its
-    `if` branch) then the comparison; for a flag (`self.x`, `self.config.x`), the flag itself first, so that the side
-    where it is off (usually the default) is the one tried first (`if not self.fast:` its `if` branch, `if
-    self.upcast:` its `else`), then `not` the flag."""
+    """The expressions that, known false, decide `test` either way, in the order tried.
+
+    A comparison's negation (its `if` branch) then the comparison; for a flag (`self.x`, `self.config.x`), the flag
+    itself first, so that the side where it is off (usually the default) is the one tried first (`if not self.fast:`
+    its `if` branch, `if self.upcast:` its `else`), then `not` the flag.
+    """
     negated = negated_comparison(test)
     if negated is not None:
         return (negated, test)
@@ -103,6 +114,9 @@ def sides_of(test: cst.BaseExpression) -> tuple[cst.BaseExpression, ...]:
 
 
 def settings_only(test: cst.BaseExpression) -> bool:
-    """A test that reads nothing but `self.` attributes and literals (no argument, no tensor it computes)."""
+    """A test that reads nothing but `self.` attributes and literals.
+
+    No argument, no tensor it computes.
+    """
     selfs = [a for a in nodes_of_type(test, cst.Attribute) if m.matches(a.value, m.Name("self"))]
     return bool(selfs) and reads_only_self_attributes(test)

@@ -1,15 +1,15 @@
-"""Follow the attention score chains through one function body, statement by statement (read-only).
+"""Follow the attention score chains through one function body, statement by statement.
 
-The tracer walks the statements of a function in order, keeping an environment of what each local name holds.
-A product of a query with a transposed key starts a *chain*; what each later expression that feeds the chain does
-to it is decided by the recognisers of `forms/` (one per form), each an operation of the closed set in `chain.py`.
+The tracer only reads. It walks the statements of a function in order, keeping an environment of what each local name
+holds. A product of a query with a transposed key starts a *chain*; what each later expression that feeds the chain
+does to it is decided by the recognisers of `forms/` (one per form), each an operation of the closed set in `chain.py`.
 Anything else that touches the chain poisons it, with a reason.
 
-The tracer dispatches each kind of statement to its module: `branches` (if statements), `assignments`,
-`in_place` (augmented assignments and in-place methods), `outputs` (the product with V and the weights after it)
-and `kept` (statements off the chain). It holds the chains' bookkeeping (`chain_book`), the reads of chains
-(`chain_reads`) and the ranks of tensors (`ranks`). The result says what the chain does; `recognise.py` turns it
-into an AttentionSite and the rewriting passes turn it into SDPA code.
+The tracer dispatches each kind of statement to its module: `branches` (if statements), `assignments`, `in_place`
+(augmented assignments and in-place methods), `outputs` (the product with V and the weights after it) and `kept`
+(statements off the chain). It holds the chains' bookkeeping (`chain_book`), the reads of chains (`chain_reads`) and
+the ranks of tensors (`ranks`). The result says what the chain does; `recognise.py` turns it into an AttentionSite and
+the rewriting passes turn it into SDPA code.
 """
 
 from __future__ import annotations
@@ -283,8 +283,11 @@ class Tracer:
     # -------------------------------------------------------------- chain expressions
 
     def decompose(self, node: cst.BaseExpression, line: int) -> tuple[ChainVal, list[Op]]:
-        """Split an expression into the chain value it starts from and the operations applied to it: the first of
-        the recognisers in `forms.FORMS` that claims it decides; what none claims is refused when it touches a chain."""
+        """Split an expression into the chain value it starts from and the operations applied to it.
+
+        The first of the recognisers in `forms.FORMS` that claims it decides; what none claims is refused when it
+        touches a chain.
+        """
         if isinstance(node, cst.Name):
             value = self.env.get(node.value)
             if isinstance(value, ChainVal):
@@ -337,8 +340,10 @@ class Tracer:
         return set()
 
     def may_start(self, node: cst.CSTNode) -> bool:
-        """A query-key product (or a concatenation of them) may start a chain: on a re-trace for one chain, only its
-        own."""
+        """Whether a query-key product, or a concatenation of them, may start a chain.
+
+        On a re-trace for one chain, only its own may.
+        """
         return self.selected_start is None or node is self.selected_start or node in self.selected_members
 
     def require(self, base: ChainVal, ops: list[Op], stage: Stage, what: str, line: int, code: Code) -> None:
@@ -356,16 +361,21 @@ class Tracer:
         return self.tests[-1] if p.optional_module_test(self.tests[-1]) == module else None
 
     def setting_guard(self) -> cst.BaseExpression | None:
-        """The test of the innermost branch when it is the `if` (not an `elif` or `else`) of a test of the module's
-        settings alone: `self.training`, `self.config.use_dropout`, combined by `not`, `and`, `or`."""
+        """The test of the innermost branch, when it is an `if` testing the module's settings alone.
+
+        Not an `elif` or `else`; the settings are `self.training`, `self.config.use_dropout`, combined by `not`, `and`,
+        `or`.
+        """
         if not self.tests or not self.path or self.path[-1][1] != 0:
             return None
         test = self.tests[-1]
         return test if self.reads_settings(test) else None
 
     def reads_settings(self, test: cst.BaseExpression) -> bool:
-        """A test of the module's settings alone (`self.training`, `self.config.x`, with `not`/`and`/`or`), no chain
-        value among its reads: the same on every call of the module's forward."""
+        """A test of the module's settings alone, the same on every call of the module's forward.
+
+        `self.training`, `self.config.x`, with `not`/`and`/`or`, and no chain value among its reads.
+        """
         return p.reads_settings_only(test) and not self.reads.chain_refs(test)
 
     # -------------------------------------------------------------- names and poison

@@ -45,7 +45,7 @@ def has_star_args(call: cst.Call) -> bool:
 
 
 def method_call(node: cst.BaseExpression, names: frozenset[str] | set[str] | None = None) -> tuple[cst.BaseExpression, str] | None:
-    """`x.name(...)` -> (x, name) when name is in `names` (or any when None)."""
+    """The receiver and method name of `x.name(...)`, when the name is in `names` or `names` is None."""
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
         name = node.func.attr.value
         if names is None or name in names:
@@ -68,7 +68,10 @@ def reshape_args(node: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst
 
 
 def cast_operand(term: cst.BaseExpression) -> str | None:
-    """The name an additive term adds, through dtype casts: `mask`, `mask.to(dtype)`, `mask.type_as(x)` -> "mask"."""
+    """The name an additive term adds, through dtype casts.
+
+    `mask`, `mask.to(dtype)`, `mask.type_as(x)` -> "mask".
+    """
     while isinstance(term, cst.Call) and isinstance(term.func, cst.Attribute) and term.func.attr.value in DTYPE_CASTS:
         term = term.func.value
     return term.value if isinstance(term, cst.Name) else None

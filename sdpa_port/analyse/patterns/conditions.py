@@ -11,8 +11,10 @@ from sdpa_port.analyse.patterns.calls import self_attribute_name
 
 
 def reads_settings_only(node: cst.BaseExpression) -> bool:
-    """An expression of the module's settings alone: attributes of `self` (`self.training`, `self.config.flag`),
-    combined by `not`, `and` and `or`; no call, no local."""
+    """An expression of the module's settings alone.
+
+    Attributes of `self` (`self.training`, `self.config.flag`), combined by `not`, `and` and `or`; no call, no local.
+    """
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
         return reads_settings_only(node.expression)
     if isinstance(node, cst.BooleanOperation):
@@ -26,7 +28,7 @@ def reads_settings_only(node: cst.BaseExpression) -> bool:
 
 
 def conjuncts(node: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The terms of a test joined by `and` (the test itself when it is not such a join)."""
+    """The terms of a test joined by `and`, or the test itself when it is not such a join."""
     if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And) and not node.lpar:
         return [*conjuncts(node.left), *conjuncts(node.right)]
     return [node]

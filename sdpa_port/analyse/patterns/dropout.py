@@ -52,8 +52,11 @@ def dropout_call(node: cst.BaseExpression, scope: Scope) -> DropoutCall | None:
 
 
 def guarded_dropout(call: DropoutCall, guard: cst.BaseExpression) -> DropoutCall:
-    """The dropout call run only where `guard` holds, as one whose `training` says when it is active: the guard and
-    the call's own `training` (the guard alone where that is True or one of the guard's `and` terms)."""
+    """The dropout call run only where `guard` holds, as one whose `training` says when it is active.
+
+    Its `training` is the guard and the call's own `training` (the guard alone where that is True or one of the guard's
+    `and` terms).
+    """
     own = call.training
     if (isinstance(own, cst.Name) and own.value == "True") or any(own.deep_equals(c) for c in conjuncts(guard)):
         training: cst.BaseExpression = guard
@@ -63,7 +66,10 @@ def guarded_dropout(call: DropoutCall, guard: cst.BaseExpression) -> DropoutCall
 
 
 def _alternatives(node: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The values a conditional expression may give (`nn.Dropout(p) if p else None`: both arms)."""
+    """The values a conditional expression may give.
+
+    Both arms of `nn.Dropout(p) if p else None`.
+    """
     if isinstance(node, cst.IfExp):
         return _alternatives(node.body) + _alternatives(node.orelse)
     return [node]

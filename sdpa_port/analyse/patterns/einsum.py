@@ -12,7 +12,10 @@ from sdpa_port.analyse.patterns.layouts import Order
 
 
 def einsum_spec(call: cst.Call) -> str | None:
-    """The equation of `einsum("ibnd, jbnd -> ijbn", ...)` without its spaces, None where it is not a literal."""
+    """The equation of `einsum("ibnd, jbnd -> ijbn", ...)` without its spaces.
+
+    None where it is not a literal.
+    """
     spec = arg(call, 0, "equation")
     return str(spec.evaluated_value).replace(" ", "") if isinstance(spec, cst.SimpleString) else None
 
@@ -26,13 +29,14 @@ class EinsumRole(enum.Enum):
 
 
 class EinsumRoles:
-    """How an einsum spec maps to attention: scores (`...qd,...kd->...qk`) or output (`...qk,...kd->...qd`).
+    """How an einsum spec maps to attention: as the scores or as the output.
 
-    4-D operands may hold their dimensions in any order (`bind,bjnd->bnij`, `ibnd,jbnd->bnij`), and so may the
-    scores (`ibnd,jbnd->ijbn`: Transformer-XL's (query, key, batch, heads)); the orders say how to bring each operand
-    to SDPA's layout. `left` and `right` permute the operands to (lead, lead, length, dim), `result` permutes SDPA's
-    (lead, lead, query, dim) output to the spec's, `scores` the scores as the spec lays them out to SDPA's (lead,
-    lead, query, key); None where the operand already is so."""
+    Scores are `...qd,...kd->...qk`, output `...qk,...kd->...qd`. 4-D operands may hold their dimensions in any order
+    (`bind,bjnd->bnij`, `ibnd,jbnd->bnij`), and so may the scores (`ibnd,jbnd->ijbn`: Transformer-XL's (query, key,
+    batch, heads)); the orders say how to bring each operand to SDPA's layout. `left` and `right` permute the operands
+    to (lead, lead, length, dim), `result` permutes SDPA's (lead, lead, query, dim) output to the spec's, `scores` the
+    scores as the spec lays them out to SDPA's (lead, lead, query, key); None where the operand already is so.
+    """
 
     kind: EinsumRole
     rank: int
@@ -43,8 +47,11 @@ class EinsumRoles:
 
 
 def einsum_roles(spec: str, kind: EinsumRole, scores: Order | None = None) -> EinsumRoles | None:
-    """The spec read as the product of that kind, None where it is not one. An output product's first operand is
-    the probabilities laid out as `scores` says the chain's scores are (SDPA's layout where None)."""
+    """The spec read as the product of that kind, None where it is not one.
+
+    An output product's first operand is the probabilities laid out as `scores` says the chain's scores are (SDPA's
+    layout where None).
+    """
     if "->" not in spec or "." in spec:
         return None
     inputs, out = spec.split("->")
@@ -62,8 +69,11 @@ def einsum_roles(spec: str, kind: EinsumRole, scores: Order | None = None) -> Ei
 
 
 def _einsum_scores(a: str, b: str, out: str) -> EinsumRoles | None:
-    """Scores `a,b->out` (3-D or 4-D): out holds the leads (read by both operands), q (by a alone) and k (by b
-    alone) in any order; a holds the leads, q and the contracted d; b the leads, k and d, each in any order."""
+    """The roles of scores `a,b->out`, 3-D or 4-D.
+
+    `out` holds the leads (read by both operands), q (by a alone) and k (by b alone) in any order; a holds the leads, q
+    and the contracted d; b the leads, k and d, each in any order.
+    """
     q = "".join(c for c in out if c in a and c not in b)
     k = "".join(c for c in out if c in b and c not in a)
     lead = "".join(c for c in out if c in a and c in b)
@@ -83,8 +93,11 @@ def _einsum_scores(a: str, b: str, out: str) -> EinsumRoles | None:
 
 
 def _einsum_output(a: str, b: str, out: str) -> EinsumRoles | None:
-    """The product with V `a,b->out` (3-D or 4-D): a = (leads, q, k) as SDPA lays out the scores; b holds the
-    leads, k and the value's d, out the leads, q and d, each in any order."""
+    """The roles of the product with V `a,b->out`, 3-D or 4-D.
+
+    a = (leads, q, k) as SDPA lays out the scores; b holds the leads, k and the value's d, out the leads, q and d, each
+    in any order.
+    """
     lead, q, k = a[:-2], a[-2], a[-1]
     width = set(b) - set(a)
     if len(width) != 1 or k in out or set(b) != {*lead, k, *width} or set(out) != {*lead, q, *width}:

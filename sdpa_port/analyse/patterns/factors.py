@@ -17,8 +17,11 @@ from sdpa_port.analyse.patterns.scalars import InitScope, scalar
 
 
 def constant_along_last(node: cst.BaseExpression, scope: Scope, depth: int = 0, attributes: frozenset[str] = frozenset()) -> bool:
-    """Prove that a tensor's last dimension has size 1 (a factor the same for every key, like Swin V2's per-head
-    `logit_scale` of shape (heads, 1, 1)), so that `(q @ k.T) * f == (q * f) @ k.T`. Numbers qualify too."""
+    """Prove that a tensor's last dimension has size 1, so that it scales every key alike.
+
+    A factor the same for every key, like Swin V2's per-head `logit_scale` of shape (heads, 1, 1), has `(q @ k.T) * f
+    == (q * f) @ k.T`. Numbers qualify too.
+    """
     if depth > 8:
         return False
     if scalar(node, scope) is not None:

@@ -13,7 +13,10 @@ Order = tuple[int, ...]
 
 
 def permuted(node: cst.BaseExpression, order: Order | None) -> cst.BaseExpression:
-    """`node.transpose(i, j)` for a swap of two dimensions, `node.permute(...)` for any other order."""
+    """The node with its dimensions in `order`.
+
+    `node.transpose(i, j)` for a swap of two dimensions, `node.permute(...)` for any other order.
+    """
     if order is None or order == tuple(range(len(order))):
         return node
     moved = [i for i, o in enumerate(order) if i != o]
@@ -32,7 +35,10 @@ def then(first: Order, second: Order) -> Order:
 
 
 def inverse(order: Order) -> Order:
-    """The order that undoes `order`: `then(order, inverse(order))` keeps every dimension in place."""
+    """The order that undoes `order`.
+
+    `then(order, inverse(order))` keeps every dimension in place.
+    """
     out = [0] * len(order)
     for i, o in enumerate(order):
         out[o] = i
@@ -40,8 +46,11 @@ def inverse(order: Order) -> Order:
 
 
 def least_rank(node: cst.BaseExpression) -> int | None:
-    """The fewest dimensions `x[None, :, :, None]` can have, whatever `x`'s rank: one per slice and per `None` of
-    an index of slices, `None`s and integers without an Ellipsis; None for any other expression."""
+    """The fewest dimensions `x[None, :, :, None]` can have, whatever `x`'s rank.
+
+    One per slice and per `None` of an index of slices, `None`s and integers without an Ellipsis; None for any other
+    expression.
+    """
     if not isinstance(node, cst.Subscript):
         return None
     least = 0
@@ -55,7 +64,10 @@ def least_rank(node: cst.BaseExpression) -> int | None:
 
 
 def transposed_last_two(node: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:
-    """`k.transpose(-1, -2)` / `k.transpose(2, 3)` / `k.permute(0, 1, 3, 2)` / `k.mT` -> k."""
+    """The `k` of a transpose of its last two dimensions.
+
+    `k.transpose(-1, -2)` / `k.transpose(2, 3)` / `k.permute(0, 1, 3, 2)` / `k.mT` -> k.
+    """
     found = method_call(node, {"transpose", "permute"})
     if found is not None:
         receiver, name = found
@@ -82,8 +94,11 @@ def transposed_last_two(node: cst.BaseExpression, rank: int | None) -> cst.BaseE
 
 
 def features_second_last(node: cst.BaseExpression) -> bool:
-    """`k.permute(0, 2, 3, 1)`: a permutation that puts the last (feature) dimension second to last, so the result is
-    a key laid out for `query @ key` (..., dim, length) without an explicit transpose."""
+    """A permutation that puts the last, feature, dimension second to last.
+
+    `k.permute(0, 2, 3, 1)`: the result is a key laid out for `query @ key` (..., dim, length) without an explicit
+    transpose.
+    """
     found = method_call(node, {"permute"})
     if found is None:
         return False

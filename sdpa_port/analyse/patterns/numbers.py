@@ -1,4 +1,7 @@
-"""Read the number a literal or a fill value stands for: `-inf`, `torch.finfo(dtype).min`, `-1e4`."""
+"""Read the number a literal or a fill value stands for.
+
+`-inf`, `torch.finfo(dtype).min`, `-1e4`, through 0-d tensors, casts, locals and `self.` attributes.
+"""
 
 from __future__ import annotations
 
@@ -48,23 +51,30 @@ def number(node: cst.BaseExpression) -> float | None:
 
 
 def is_very_negative(node: cst.BaseExpression, scope: Scope) -> bool:
-    """A fill value that masks a score out: finfo(...).min, -inf, -finfo(...).max, or a literal <= -1e4."""
+    """A fill value that masks a score out.
+
+    `finfo(...).min`, -inf, `-finfo(...).max`, or a literal <= -1e4.
+    """
     value = fill_number(node, scope)
     return value is not None and value <= VERY_NEGATIVE_LIMIT
 
 
 def is_absorbing(node: cst.BaseExpression, scope: Scope) -> bool:
-    """A fill value F with s + F == F for every realistic score s: -inf, finfo(dtype).min, -finfo(dtype).max, <= -1e30.
+    """A fill value F with s + F == F for every realistic score s.
 
-    Replacing a score by such a value and adding the value to it give the same softmax, even in a row where every
-    key is masked; for a merely very negative value (-1e4, -1e9) they differ there.
+    -inf, `finfo(dtype).min`, `-finfo(dtype).max`, <= -1e30. Replacing a score by such a value and adding the value to
+    it give the same softmax, even in a row where every key is masked; for a merely very negative value (-1e4, -1e9)
+    they differ there.
     """
     value = fill_number(node, scope)
     return value is not None and value <= ABSORBING_LIMIT
 
 
 def is_minus_infinity(node: cst.BaseExpression, scope: Scope) -> bool:
-    """-inf itself (`float("-inf")`, `-math.inf`, a 0-d tensor of it): below every finite score, however masked."""
+    """A fill value that is -inf itself, below every finite score, however masked.
+
+    `float("-inf")`, `-math.inf`, a 0-d tensor of it.
+    """
     return fill_number(node, scope) == -math.inf
 
 
@@ -73,8 +83,10 @@ _FINFO_EXTREME = -1e38
 
 
 def fill_number(node: cst.BaseExpression, scope: Scope) -> float | None:
-    """The number a fill value stands for (`0.0`, `torch.scalar_tensor(0, ...)`, -inf for `-math.inf`,
-    _FINFO_EXTREME for `torch.finfo(dtype).min`), or None."""
+    """The number a fill value stands for, or None.
+
+    `0.0`, `torch.scalar_tensor(0, ...)`, -inf for `-math.inf`, _FINFO_EXTREME for `torch.finfo(dtype).min`.
+    """
     leaf = _fill_value(node, scope)
     if leaf is None:
         return None
@@ -93,8 +105,11 @@ def fill_number(node: cst.BaseExpression, scope: Scope) -> float | None:
 
 
 def _fill_value(node: cst.BaseExpression, scope: Scope, depth: int = 0) -> cst.BaseExpression | None:
-    """The expression a fill value stands for, followed through 0-d tensor constructors, dtype casts, locals and
-    `self.` attributes; None where one of those cannot be followed."""
+    """The expression a fill value stands for, followed through what holds it.
+
+    Through 0-d tensor constructors, dtype casts, locals and `self.` attributes; None where one of those cannot be
+    followed.
+    """
     if depth > 6:
         return None
     if isinstance(node, cst.Call):

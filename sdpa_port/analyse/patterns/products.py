@@ -24,7 +24,10 @@ class ProductForm(enum.Enum):
 
 
 class Product:
-    """A batched product of two tensors: scores (left=query, right=key^T) or output (left=probs, right=value)."""
+    """A batched product of two tensors: the scores, or the output.
+
+    Scores have left=query, right=key^T; the output left=probs, right=value.
+    """
 
     form: ProductForm
     left: cst.BaseExpression
@@ -74,7 +77,10 @@ def product(node: cst.BaseExpression, scope: Scope) -> Product | None:
 
 
 def _einsum_operands(call: cst.Call) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
-    """The two operands of `einsum(spec, a, b)` or of `einsum(spec, [a, b])` (a list or tuple of exactly two)."""
+    """The two operands of `einsum(spec, a, b)` or of `einsum(spec, [a, b])`.
+
+    A list or tuple of exactly two.
+    """
     if any(a.keyword is not None for a in call.args):
         return None
     if len(call.args) == 3:

@@ -72,7 +72,10 @@ def scalar(
 
 
 def _scalar_call(node: cst.Call, scope: Scope, depth: int, attributes: frozenset[str]) -> Scalar | None:
-    """A call that gives a number: a math function of numbers, a 0-d tensor of one, a size, or a helper's number."""
+    """A call that gives a number.
+
+    A math function of numbers, a 0-d tensor of one, a size, or a helper's number.
+    """
     qualified = scope.qualify(node.func)
     if qualified in NUMBER_FUNCTIONS and not has_star_args(node):
         return Scalar(node)
@@ -135,7 +138,10 @@ def _scalar_attribute_value(
 
 
 class InitScope:
-    """Names inside `self.x = ...` belong to __init__ (embed_dim, num_heads, config): they carry numbers."""
+    """Names inside `self.x = ...` belong to __init__ and carry numbers.
+
+    `embed_dim`, `num_heads`, `config`: __init__'s own names.
+    """
 
     def __init__(self, scope: Scope) -> None:
         self.scope = scope
@@ -164,9 +170,11 @@ _NUMBER_BUILTINS = frozenset({"float", "int", "len", "abs", "min", "max", "round
 
 
 def _returned_expression(call: cst.Call, scope: Scope) -> cst.BaseExpression | None:
-    """What a call of one of the file's module-level functions returns, its parameters replaced by the call's
-    arguments, when the function is a single `return <expression>` (after an optional docstring) that reads only its
-    parameters, imported names and number builtins; otherwise None."""
+    """What a call of one of the file's module-level functions returns, its parameters replaced by the arguments.
+
+    The function must be a single `return <expression>` (after an optional docstring) that reads only its parameters,
+    imported names and number builtins; otherwise None.
+    """
     if not isinstance(call.func, cst.Name) or has_star_args(call):
         return None
     function = scope.module_function(call.func.value)
