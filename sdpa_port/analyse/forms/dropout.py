@@ -1,6 +1,8 @@
-"""Dropout of the probabilities: `self.dropout(probs)`, `nn.functional.dropout(probs, p=..., training=...)`, and
-a module of the file that hands its input back unless its own settings say otherwise (DeBERTa's StableDropout: the
-SDPA class then runs eager whenever those settings hold). Applied to the scores it is refused S112.
+"""Dropout of the probabilities, functional or a module; applied to the scores it is refused S112.
+
+`self.dropout(probs)`, `nn.functional.dropout(probs, p=..., training=...)`, and a module of the file that hands its
+input back unless its own settings say otherwise (DeBERTa's StableDropout: the SDPA class then runs eager whenever
+those settings hold).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""A floor under the scores: `scores.clamp(min=very negative)`, `torch.max(scores, finfo.min)`,
-`torch.maximum`/`torch.clamp` with such a bound (a NaN guard; whether it absorbs what it floors is noted). Any other
-clamp, or a floor that reads the scores, is refused S101.
+"""A floor under the scores, a NaN guard; any other clamp is refused S101.
+
+`scores.clamp(min=very negative)`, `torch.max(scores, finfo.min)`, `torch.maximum`/`torch.clamp` with such a bound;
+whether it absorbs what it floors is noted. A floor that reads the scores is refused S101 too.
 """
 
 from __future__ import annotations

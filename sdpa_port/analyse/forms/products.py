@@ -27,7 +27,10 @@ if TYPE_CHECKING:
 
 
 def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    """A query-key product (matmul, `@`, bmm, baddbmm, einsum) with the key transposed: a new chain starts."""
+    """A query-key product with the key transposed: a new chain starts.
+
+    A matmul, `@`, bmm, baddbmm or einsum.
+    """
     product = p.product(node, tracer.scope)
     if product is None:
         return None
@@ -94,8 +97,11 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
 
 @dataclass(frozen=True)
 class KeyOperand:
-    """The key side of a product split from a factor multiplying or dividing it: the operand, and the factor as a
-    number (with whether it divides) or, where it is not shown to be one, the factor itself (refused S102)."""
+    """The key side of a product split from a factor multiplying or dividing it.
+
+    The operand, and the factor as a number (with whether it divides) or, where it is not shown to be one, the factor
+    itself (refused S102).
+    """
 
     operand: cst.BaseExpression
     number: tuple[cst.BaseExpression, bool] | None = None
@@ -103,8 +109,11 @@ class KeyOperand:
 
 
 def key_operand(tracer: Tracer, node: cst.BaseExpression, rank: int | None) -> KeyOperand:
-    """`key.transpose(-1, -2) / scale` (or `* scale`, either side): a number scales the product; a transposed key
-    multiplied or divided by anything else is kept as unproven; any other operand is returned as it is."""
+    """The key operand of a product split from the number that scales it.
+
+    `key.transpose(-1, -2) / scale` (or `* scale`, either side): a number scales the product; a transposed key
+    multiplied or divided by anything else is kept as unproven; any other operand is returned as it is.
+    """
     if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Multiply, cst.Divide)):
         return KeyOperand(node)
     divide = isinstance(node.operator, cst.Divide)
@@ -187,7 +196,10 @@ def is_zeros(tracer: Tracer, node: cst.BaseExpression) -> bool:
 
 
 def untranspose(tracer: Tracer, node: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:
-    """The key operand of `q @ k^T`: undo a transpose of the last two dims, seen directly or through a name."""
+    """The key operand of `q @ k^T`, its transpose of the last two dims undone.
+
+    Seen directly or through a name.
+    """
     inner, _ = strip_casts(node, tracer.scope)
     key = p.transposed_last_two(inner, rank)
     if key is not None:
@@ -202,9 +214,12 @@ def untranspose(tracer: Tracer, node: cst.BaseExpression, rank: int | None) -> c
 
 
 def transposed_key(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> bool:
-    """A key laid out (..., dim, length): a transpose of the last two dims or a permute putting the features second
-    to last, a leading-dims flatten of one, a cat along the last dim with such a part (cat forces the others into
-    the same layout), or a name that holds one on every path."""
+    """A key laid out as `(..., dim, length)`.
+
+    A transpose of the last two dims or a permute putting the features second to last, a leading-dims flatten of one, a
+    cat along the last dim with such a part (cat forces the others into the same layout), or a name that holds one on
+    every path.
+    """
     if depth > 6:
         return False
     node, _ = strip_casts(node, tracer.scope)
@@ -229,8 +244,11 @@ def transposed_key(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> 
 
 
 def returned_for(tracer: Tracer, node: cst.BaseExpression) -> list[cst.BaseExpression | None]:
-    """What `tracer.method(x, k=True)` may return: the method's returns on the paths its literal boolean
-    arguments (and defaults) leave open (`split_heads(key, k=True)` returns the key permuted to (b, h, d, s))."""
+    """What `tracer.method(x, k=True)` may return, on the paths its literal boolean arguments leave open.
+
+    The method's returns on those paths, its defaults counted (`split_heads(key, k=True)` returns the key permuted to
+    (b, h, d, s)).
+    """
     if not (
         isinstance(node, cst.Call)
         and m.matches(node.func, m.Attribute(value=m.Name("self")))
@@ -265,8 +283,10 @@ def along_last(tracer: Tracer, dim: cst.BaseExpression, part: cst.BaseExpression
 
 
 def _open_returns(body: Sequence[cst.BaseStatement], flags: dict[str, bool]) -> list[cst.BaseExpression | None]:
-    """The returned values on paths that `if name:` tests of the boolean `flags` do not close (every return on an
-    undecided path counts)."""
+    """The returned values on paths that `if name:` tests of the boolean `flags` do not close.
+
+    Every return on an undecided path counts.
+    """
     out: list[cst.BaseExpression | None] = []
     for statement in body:
         if isinstance(statement, cst.SimpleStatementLine):

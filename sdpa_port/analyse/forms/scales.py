@@ -1,8 +1,9 @@
-"""Scales and head masks: the scores multiplied or divided by a number (a literal, `math.sqrt(d)`, a config value,
-an attribute or buffer that holds one, a function of the file returning one), or by a tensor the same for every key
-(a per-query scale); the probabilities multiplied by a head mask under its `... is not None` guard. A scale undone
-right after (`(x / a - shift) * a`) cancels. Scaling by anything else is refused S102; the probabilities rescaled
-otherwise, S106; the scores multiplied by themselves or dividing something, S103.
+"""Scales and head masks: the scores scaled by a number or a per-query factor, the probabilities by a head mask.
+
+The number is a literal, `math.sqrt(d)`, a config value, an attribute or buffer that holds one, a function of the file
+returning one; the factor a tensor the same for every key; the head mask applied under its `... is not None` guard. A
+scale undone right after (`(x / a - shift) * a`) cancels. Scaling by anything else is refused S102; the probabilities
+rescaled otherwise, S106; the scores multiplied by themselves or dividing something, S103.
 """
 
 from __future__ import annotations
@@ -89,8 +90,10 @@ def _tests_not_none(test: cst.BaseExpression, name: str) -> bool:
 
 
 def cancelled(ops: list[Op], op: Op) -> list[Op]:
-    """`ops` then `op`, where a scale undoing the expression's last one (`(x / a - shift) * a`, CogView's PB-Relax)
-    removes both: views, casts and shifts between them commute with scaling."""
+    """The operations `ops` then `op`, where a scale undoing the last one removes both.
+
+    `(x / a - shift) * a`, CogView's PB-Relax: views, casts and shifts between them commute with scaling.
+    """
     if isinstance(op, Scale) and not op.per_query:
         for index in range(len(ops) - 1, -1, -1):
             earlier = ops[index]

@@ -1,7 +1,8 @@
-"""The softmax over the key dimension: `softmax(x, dim=-1)` as a function, a method, an `nn.Softmax(dim=-1)`
-module of the class, or over the last dimension named by number (`dim=3` of 4-D scores). It takes the chain from
-scores to probabilities; over any other dimension it is refused S105. A softmax over something that is not a
-recognised product starts a chain refused S107 (the scores' origin is unknown).
+"""The softmax over the key dimension, which takes the chain from scores to probabilities.
+
+`softmax(x, dim=-1)` as a function, a method, an `nn.Softmax(dim=-1)` module of the class, or over the last dimension
+named by number (`dim=3` of 4-D scores). Over any other dimension it is refused S105. A softmax over something that is
+not a recognised product starts a chain refused S107 (the scores' origin is unknown).
 """
 
 from __future__ import annotations

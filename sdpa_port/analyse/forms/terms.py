@@ -1,9 +1,11 @@
-"""Additive terms of the scores: a mask, a position bias, ALiBi, relative scores from another product (`scores +
-relative_scores`: the younger chain becomes the term), a subtracted term (`scores - term` is `scores + (-term)`),
-and a helper of the file that only adds terms that do not depend on the scores (`helper(scores, ...)` reads as
-`scores + helper(zeros, ...)`). Whether only `x is not None` tests of the term's own names enclose it (it is then
-always given when given), and whether it may be the number 0 on some path, are noted. A term added after the softmax
-is refused S106; the scores added to themselves, S103; a term that reads the scores, S104.
+"""Additive terms of the scores: a mask, a position bias, ALiBi, relative scores, a helper's terms.
+
+Relative scores come from another product (`scores + relative_scores`: the younger chain becomes the term); a
+subtracted term is added negated (`scores - term` is `scores + (-term)`); a helper of the file that only adds terms
+that do not depend on the scores reads as one (`helper(scores, ...)` is `scores + helper(zeros, ...)`). Whether only `x
+is not None` tests of the term's own names enclose it (it is then always given when given), and whether it may be the
+number 0 on some path, are noted. A term added after the softmax is refused S106; the scores added to themselves, S103;
+a term that reads the scores, S104.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ if TYPE_CHECKING:
 
 
 def added(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    """`scores + term`, `term + scores`, and `scores - term` (the term negated: `x - t` is `x + (-t)` exactly)."""
+    """A term added to or subtracted from the scores.
+
+    `scores + term`, `term + scores`, and `scores - term` (the term negated: `x - t` is `x + (-t)` exactly).
+    """
     if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Add, cst.Subtract)):
         return None
     left_refs, right_refs = tracer.chain_or_start(node.left), tracer.chain_or_start(node.right)
@@ -42,8 +47,10 @@ def added(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | N
 
 
 def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    """`helper(scores, ...)` where the helper (a function of this file or a method of the class) only adds
-    terms that do not depend on the scores: the term `helper(zeros, ...)`."""
+    """A helper called on the scores that only adds terms not depending on them.
+
+    `helper(scores, ...)`, a function of this file or a method of the class: the term is `helper(zeros, ...)`.
+    """
     if not isinstance(node, cst.Call) or not tracer.reads.chain_value_refs(node):
         return None
     function: cst.FunctionDef | None = None
@@ -88,7 +95,10 @@ def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Reco
 def add_term(
     tracer: Tracer, current: ChainVal, term: cst.BaseExpression, line: int, negate: bool = False
 ) -> AddTerm:
-    """The term added to the scores (subtracted, with `negate`: the term is then `-(term)`)."""
+    """The term added to the scores.
+
+    With `negate`, subtracted: the term is then `-(term)`.
+    """
     if current.stage != SCORES:
         raise Poison(
             Code.PROBABILITIES_CHANGED, "a term is added to the probabilities after the softmax", {current.cid}
@@ -108,8 +118,11 @@ def add_term(
 
 
 def may_be_number(tracer: Tracer, term: cst.BaseExpression) -> bool:
-    """A local that holds a number literal on some path, directly or as what a method of the module returns (a
-    name the method returns that it assigns a number somewhere: `score = 0`, then `score += ...` under tests)."""
+    """A local that holds a number literal on some path.
+
+    Directly or as what a method of the module returns (a name the method returns that it assigns a number somewhere:
+    `score = 0`, then `score += ...` under tests).
+    """
     if not isinstance(term, cst.Name):
         return False
     for value in tracer.scope.local_values(term.value):
@@ -126,9 +139,11 @@ def may_be_number(tracer: Tracer, term: cst.BaseExpression) -> bool:
 
 
 def always_applied(tracer: Tracer, term: cst.BaseExpression, cid: int | None = None) -> bool:
-    """Only `x is not None` tests of the term's own names enclose it (an `else` branch counts as a condition). With
-    the chain's `cid`: whenever that chain runs, the branches enclosing its query-key product aside (`if
-    self.training and fused: ... else: <the chain>`)."""
+    """Only `x is not None` tests of the term's own names enclose it.
+
+    An `else` branch counts as a condition. With the chain's `cid`: whenever that chain runs, the branches enclosing
+    its query-key product aside (`if self.training and fused: ... else: <the chain>`).
+    """
     path, tests = _enclosing(tracer, cid)
     if len(tests) != len(path):
         return False
@@ -141,10 +156,12 @@ def always_applied(tracer: Tracer, term: cst.BaseExpression, cid: int | None = N
 
 
 def setting_applied(tracer: Tracer, term: cst.BaseExpression, cid: int) -> cst.BaseExpression | None:
-    """The test of the module's settings alone under which the term is added whenever the chain runs and its
-    operands are not None: every branch enclosing it (past those enclosing the chain's product) is the first of its
-    `if`, and each part of its test joined by `and` is an `x is not None` of the term's names or reads the settings
-    alone (`self.use_mask`); those parts joined, or None where no part reads a setting or another part is found."""
+    """The test of the module's settings alone under which the term is added whenever the chain runs.
+
+    And its operands are not None: every branch enclosing it (past those enclosing the chain's product) is the first of
+    its `if`, and each part of its test joined by `and` is an `x is not None` of the term's names or reads the settings
+    alone (`self.use_mask`); those parts joined, or None where no part reads a setting or another part is found.
+    """
     path, tests = _enclosing(tracer, cid)
     if len(tests) != len(path) or any(index != 0 for _, index in path):
         return None
@@ -161,8 +178,11 @@ def setting_applied(tracer: Tracer, term: cst.BaseExpression, cid: int) -> cst.B
 
 
 def _enclosing(tracer: Tracer, cid: int | None) -> tuple[list[tuple[int, int]], list[cst.BaseExpression]]:
-    """The branches (if, index) enclosing the current statement and their if/elif tests; with a chain's `cid`, only
-    those past the ones enclosing its query-key product."""
+    """The branches enclosing the current statement and their if/elif tests.
+
+    Each branch is (id of its `if`, index). With a chain's `cid`, only those past the ones enclosing its query-key
+    product.
+    """
     path, tests = tracer.path, tracer.tests
     if cid is not None and 0 <= cid < len(tracer.chains.candidates):
         candidate = tracer.chains.candidates[cid]

@@ -1,6 +1,8 @@
-"""Reshapes and casts of the scores: `view`/`reshape` between the (b, h, q, k) and flat (b*h, q, k) layouts or to a
-5-D grouping whose shape can be read, and dtype casts (an upcast is noted). A view that keeps the rank, or one whose
-layout cannot be told, is refused S108; an operation on the scores that is neither a view nor a cast, S101.
+"""Reshapes and casts of the scores, between the layouts SDPA can take.
+
+`view`/`reshape` between the (b, h, q, k) and flat (b*h, q, k) layouts or to a 5-D grouping whose shape can be read,
+and dtype casts (an upcast is noted). A view that keeps the rank, or one whose layout cannot be told, is refused S108;
+an operation on the scores that is neither a view nor a cast, S101.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""A softmax wrapper of the file (a function, a method, an autograd Function's `apply`, wrappers of wrappers)
-called on the scores, read as the expression it computes (`analyse/wrappers.py`).
+"""A softmax wrapper of the file called on the scores, read as the expression it computes.
+
+A function, a method, an autograd Function's `apply`, wrappers of wrappers (`analyse/wrappers.py`).
 """
 
 from __future__ import annotations
