@@ -1,5 +1,5 @@
 """Score matrices joined from blocks (`analyse/forms/blocks.py`), and a query-key product each branch of an `if`
-computes its own way (`Tracer.alternatives`): what ports, and the look-alikes refused, on the blocks fixture."""
+computes its own way (`ChainBook.alternatives`): what ports, and the look-alikes refused, on the blocks fixture."""
 
 from __future__ import annotations
 
