@@ -52,7 +52,7 @@ class ChainVal:
     cid: int
     stage: Stage
     rank: int | None
-    # when the value was made (`Tracer.advance`, counting the statements that change a chain): a value made later
+    # when the value was made (`ChainBook.advance`, counting the statements that change a chain): a value made later
     # from the same chain is further along it; not part of the value's identity
     step: int = field(default=0, compare=False)
 
@@ -286,7 +286,7 @@ class Candidate:
     # how often each name the product's operands read had been assigned when it was computed
     start_bindings: tuple[tuple[str, int], ...] = ()
     # the query-key products (and concatenations) of the chains joined into this one: blocks of its scores, or the
-    # products of other branches (`Tracer.alternatives`)
+    # products of other branches (`ChainBook.alternatives`)
     members: tuple[cst.CSTNode, ...] = ()
 
     def start_ops(self) -> list[Start]:
@@ -294,7 +294,7 @@ class Candidate:
         return [op for op, _, _ in self.ops if isinstance(op, Start)]
 
     def branched(self) -> bool:
-        """Branches each compute their own product (`Tracer.alternatives`)."""
+        """Branches each compute their own product (`ChainBook.alternatives`)."""
         return len(self.start_ops()) > 1
 
     def built(self) -> bool:

@@ -32,14 +32,8 @@ from sdpa_port.rewrite.edit import replace_names
 from sdpa_port.analyse.known import Known
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import function_names, walk_names
-from sdpa_port.analyse.recognise import (
-    ClassAnalysis,
-    Helper,
-    bind_arguments,
-    key_layout_params,
-    passed_ranks,
-    site_operands,
-)
+from sdpa_port.analyse.helpers import Helper, bind_arguments, key_layout_params, passed_ranks
+from sdpa_port.analyse.recognise import ClassAnalysis, site_operands
 from sdpa_port.analyse.sdpa_path import SdpaPath, read_sdpa_path
 from sdpa_port.rewrite.specialise import specialise
 from sdpa_port.refusals import Code, Refuse

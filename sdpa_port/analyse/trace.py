@@ -1,29 +1,26 @@
-"""Follow the attention score chain through one function body (read-only).
+"""Follow the attention score chains through one function body, statement by statement.
 
-The tracer walks the statements of a function in order, keeping an environment of what each local name holds.
-A product of a query with a transposed key starts a *chain*; what each later expression that feeds the chain does
-to it is decided by the recognisers of `forms/` (one per form: products, softmax, dropout, views, fills, guards,
-terms, scales, shifts, softmax wrappers), each an operation of the closed set in `chain.py`. Anything else that
-touches the chain poisons it, with a reason. The tracer itself keeps the environment, the branches, the in-place
-statements and the bookkeeping of the chains.
+The tracer only reads. It walks the statements of a function in order, keeping an environment of what each local name
+holds. A product of a query with a transposed key starts a *chain*; what each later expression that feeds the chain
+does to it is decided by the recognisers of `forms/` (one per form), each an operation of the closed set in `chain.py`.
+Anything else that touches the chain poisons it, with a reason.
 
-The result says, statement by statement, what the chain does; `recognise.py` turns it into an AttentionSite
-and the rewriting passes turn it into SDPA code.
+The tracer dispatches each kind of statement to its module: `branches` (if statements), `assignments`, `in_place`
+(augmented assignments and in-place methods), `outputs` (the product with V and the weights after it) and `kept`
+(statements off the chain). It holds the chains' bookkeeping (`chain_book`), the reads of chains (`chain_reads`) and
+the ranks of tensors (`ranks`). The result says what the chain does; `recognise.py` turns it into an AttentionSite and
+the rewriting passes turn it into SDPA code.
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import libcst as cst
-import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
-from sdpa_port.analyse.known import Known, decide, holding
-from sdpa_port.analyse.cstutil import assigned_names, assigned_values, block_body, code, if_branches, nodes_of_type, primary
-from sdpa_port.rewrite.edit import replace_names
+from sdpa_port.analyse.assignments import assign
+from sdpa_port.analyse.branches import if_statement
 from sdpa_port.analyse.chain import (  # the chain's values and operations, used across the package as `trace.X`
     OUT,
     PROBS,
@@ -62,10 +59,18 @@ from sdpa_port.analyse.chain import (  # the chain's values and operations, used
     View,
     ZeroRows,
 )
-from sdpa_port.analyse.forms import FORMS, fills, products, scales, terms
-from sdpa_port.analyse.forms.blocks import Block
+from sdpa_port.analyse.chain_book import ChainBook
+from sdpa_port.analyse.chain_reads import ChainReads, ProductFinder, contains_softmax
+from sdpa_port.analyse.cstutil import assigned_names, block_body, code, walk_names
+from sdpa_port.analyse.forms import FORMS, products
+from sdpa_port.analyse.in_place import aug_assign, changed_in_place, expression_statement
+from sdpa_port.analyse.kept import keep_expression
+from sdpa_port.analyse.known import Known, holding
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.remakes import Branch, Made, Remakes
+from sdpa_port.analyse.outputs import find_output, output_statement, weights_passed_along
+from sdpa_port.analyse.ranks import Ranks
+from sdpa_port.analyse.remakes import Branch
+from sdpa_port.analyse.scope import FunctionScope
 from sdpa_port.refusals import Code
 
 # the chain's values and operations are read across the package as `trace.X`
@@ -108,66 +113,24 @@ __all__ = [
 ]
 
 
-
-# ------------------------------------------------------------------ scope
-
-
-class FunctionScope:
-    """Names as the tracer currently knows them, plus `self.` attributes from the class's methods."""
-
-    def __init__(self, facts: ModuleFacts, class_name: str | None, env: dict[str, Value]) -> None:
-        self.facts = facts
-        self.class_name = class_name
-        self.env = env
-        self._evaluating: set[str] = set()
-
-    def qualify(self, node: cst.CSTNode) -> str | None:
-        return self.facts.imports.qualify(node)
-
-    def self_attribute(self, name: str) -> cst.BaseExpression | None:
-        if self.class_name is None:
-            return None
-        return self.facts.find_attribute(self.class_name, name)
-
-    def self_attribute_values(self, name: str) -> tuple[cst.BaseExpression, ...]:
-        if self.class_name is None:
-            return ()
-        return self.facts.find_attribute_values(self.class_name, name)
-
-    def local_value(self, name: str) -> cst.BaseExpression | None:
-        value = self.env.get(name)
-        return value.node if isinstance(value, ExprVal) else None
-
-    def module_function(self, name: str) -> cst.FunctionDef | None:
-        return None if name in self.env else self.facts.functions.get(name)
-
-    def local_values(self, name: str) -> tuple[cst.BaseExpression, ...]:
-        """What a local may hold: its one expression, or each of the expressions its paths assign."""
-        value = self.env.get(name)
-        if isinstance(value, ExprVal):
-            return (value.node,)
-        return value.nodes if isinstance(value, AnyExpr) else ()
-
-    def local_is_scalar(self, name: str) -> bool:
-        value = self.env.get(name)
-        if isinstance(value, ScalarVal):
-            return True
-        if not isinstance(value, ExprVal) or name in self._evaluating:
-            return False
-        self._evaluating.add(name)
-        try:
-            return p.scalar(value.node, self) is not None
-        finally:
-            self._evaluating.discard(name)
-
-
-# ------------------------------------------------------------------ the tracer
-
-
 LineOf = Callable[[cst.CSTNode], int]
 
 
 class Tracer:
+    """Trace one function's statements in order and find the attention score chains they compute.
+
+    It reads one function of a modeling file: a method of `class_name` or a module-level function, with the module's
+    `facts`; under `known` facts, branches they decide off the SDPA path are not followed; with `selected_start`, a
+    re-trace, only that chain starts. `run()` produces a `TraceResult`: every chain found (a `Candidate` with its
+    operations, or the reason it is poisoned) and the plan of each statement that touches one.
+
+    Only `analyse/` constructs one: `recognise.py` (forward and its helpers), `diagnose.py`, `sdpa_path.py` and
+    `sdpa_side.py`. The recognisers of `forms/` and the statement modules take it first and read its parts: `env`
+    and `scope` (what each local holds), `chains` (a `ChainBook`: the candidates and how their values relate),
+    `reads` (a `ChainReads`: which chains an expression reads), `ranks` (a `Ranks`), and `plans`, `tests`, `path`
+    and `branches` (each statement's plan, the enclosing branches).
+    """
+
     def __init__(
         self,
         facts: ModuleFacts,
@@ -184,22 +147,6 @@ class Tracer:
         # parameters every caller passes a key laid out (..., dim, length) (`self._attn(q, self.split_heads(k,
         # k=True), v)`): `q @ k` on them is a product with the key transposed
         self.key_params = key_params
-        # the rank of what the caller passes to a parameter (a helper's `query`, 4-D where forward built it so)
-        # (a parameter also bound otherwise than by `name = value`, by a `for` or tuple unpacking, has none)
-        rebound = (
-            {name for name, values in assigned_values([function.body]).items() if None in values} if param_ranks else set()
-        )
-        self.param_ranks = {name: rank for name, rank in param_ranks if name not in rebound}
-        self._ranking: set[str] = set()  # names whose rank is being read (`x = x * s` reads the x before)
-        self._steps = itertools.count(1)  # `ChainVal.step`
-        self.remakes = Remakes()  # values made again by an equivalent statement
-        self._products: dict[int, Products] = {}  # per chain that reached a product with V
-        # a value's step -> its statement, the step of the value it went on from, its chain
-        self._made_by: dict[int, tuple[cst.CSTNode, int, int]] = {}
-        # a value a name holds after branches that each made one of their own -> the values of the other branches
-        self._merged: dict[int, set[int]] = {}
-        # per method read by `rank_in_method`: the method, and the values assigned to each name in it
-        self._assigned: dict[int, tuple[cst.FunctionDef, dict[str, list[cst.BaseExpression | None]]]] = {}
         # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
         self.known = holding(known, block_body(function.body)) if known != Known() else known
         self.class_name = class_name
@@ -208,14 +155,8 @@ class Tracer:
         # on a re-trace for one chain: its query-key product, and the products joined into it (`Candidate.members`)
         self.selected_start = selected_start
         self.selected_members = selected_members
-        # chains joined into another (`join`) -> that chain, and the line where they joined
-        self._joined: dict[int, tuple[int, int]] = {}
-        # of a chain merged into another by `alternatives`: how many of its operations the merged chain took over
-        self._taken: dict[int, int] = {}
-        self.blocks: dict[int, Block] = {}  # chains whose scores are joined from blocks -> their operands
         self.env: dict[str, Value] = {}
         self.scope = FunctionScope(facts, class_name, self.env)
-        self.candidates: list[Candidate] = []
         self.plans: dict[cst.CSTNode, StmtPlan] = {}
         self.dropped_ifs: set[cst.If] = set()
         self.returns: list[cst.Return] = []
@@ -224,7 +165,10 @@ class Tracer:
         # (id of the `if`, branch index) of the enclosing if/elif/else branches; `tests` holds the if/elif tests
         self.path: list[tuple[int, int]] = []
         self.branches: list[Branch] = []  # the same branches, by their tests (for `remakes`)
+        self.chains = ChainBook(self.env, self.plans, self.path, self.tests)
+        self.reads = ChainReads(self.env, self.chains)
         self.assignments: dict[str, int] = {}  # how often each name has been assigned so far
+        self.ranks = Ranks(self.scope, function, param_ranks, self.assignments)
         self.output_seen = False
         self.probs_after_output: set[str] = set()
         # conditions under which a module the chain passes through is not the identity: eager runs then
@@ -237,56 +181,19 @@ class Tracer:
     # -------------------------------------------------------------- entry
 
     def run(self) -> TraceResult:
+        """Trace the whole body."""
         self.block(block_body(self.function.body), 0)
-        for cid, (into, line) in self._joined.items():
-            # what happened to a joined chain's values after it joined happened to the chain it joined
-            joined, target = self.candidates[cid], self.candidates[self.joined_into(cid)]
-            if joined.poison is not None:
-                target.poisoned(joined.poison.code, joined.poison.detail, joined.poison_line)
-            else:
-                later = [at for op, _, at in joined.ops[self._taken.get(cid, 0) :] if not isinstance(op, Start)]
-                if later:  # `block += 1`, `block.mul_(2)`: the statement is gone with the block's product
-                    detail = f"scores joined into others at line {line} are changed again at line {later[0]}"
-                    target.poisoned(Code.SCORES_READ, detail, later[0])
+        self.chains.settle_joined()
         return TraceResult(
-            candidates=self.candidates,
+            candidates=self.chains.candidates,
             plans=self.plans,
             dropped_ifs=self.dropped_ifs,
             returns=self.returns,
             probs_names_after_output=self.probs_after_output,
             params=self.params,
             fallbacks=tuple(dict.fromkeys(self.fallbacks)),
-            other_streams=self.other_streams(),
+            other_streams=self.chains.other_streams(),
         )
-
-    def other_streams(self) -> frozenset[cst.CSTNode]:
-        """The statements of the streams after the first, where a chain's probabilities reach several products: the
-        later products, and the statements making a place on the chain made more than once that the first product's
-        values do not come from."""
-        out: set[cst.CSTNode] = set()
-        for cid, taken in self._products.items():
-            outputs = taken.statements
-            if len(outputs) < 2:
-                continue
-            first: set[cst.CSTNode] = set()
-            steps, seen = [outputs[0][1]], set()
-            while steps:  # back from the first product, through every branch that made a value it took
-                step = steps.pop()
-                if step in seen:
-                    continue
-                seen.add(step)
-                steps.extend(self._merged.get(step, ()))
-                if step in self._made_by:
-                    small, base, _ = self._made_by[step]
-                    first.add(small)
-                    steps.append(base)
-            makers: dict[int, list[cst.CSTNode]] = {}
-            for made, (small, _, chain) in self._made_by.items():
-                if chain == cid:
-                    makers.setdefault(self.remakes.canonical(made), []).append(small)
-            out.update(small for smalls in makers.values() if len(smalls) > 1 for small in smalls if small not in first)
-            out.update(small for small, _ in outputs[1:])
-        return frozenset(out)
 
     # -------------------------------------------------------------- statements
 
@@ -295,12 +202,13 @@ class Tracer:
             self.statement(statement, depth)
 
     def statement(self, statement: cst.BaseStatement, depth: int) -> None:
+        """One statement, handed to its module by kind; a `with` or `try` body is traced in place."""
         self.current_line = self.line_of(statement)
         if isinstance(statement, cst.SimpleStatementLine):
             for small in statement.body:
                 self.small(small, depth, self.line_of(statement))
         elif isinstance(statement, cst.If):
-            self.if_statement(statement, depth)
+            if_statement(self, statement, depth)
         elif isinstance(statement, cst.With):
             for item in statement.items:
                 self.poison_reads(item.item, self.line_of(statement), Code.SCORES_READ, "a `with` item reads the scores")
@@ -310,7 +218,7 @@ class Tracer:
         elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
             self.env.pop(statement.name.value, None)
         elif isinstance(statement, cst.Try):
-            before = set(self.live_cids())
+            before = set(self.reads.live_cids())
             self.block(block_body(statement.body), depth + 1)
             for handler in statement.handlers:
                 self.block(block_body(handler.body), depth + 1)
@@ -319,517 +227,75 @@ class Tracer:
             self.poison_reads(statement, self.line_of(statement), Code.SCORES_READ, "read by an unsupported statement")
 
     def loop(self, statement: cst.For | cst.While, depth: int) -> None:
+        """A loop body, traced once: a chain it computes or changes is computed inside a loop, refused."""
         line = self.line_of(statement)
         chain_names = {name for name, value in self.env.items() if isinstance(value, ChainVal)}
-        before = set(self.live_cids())
+        before = set(self.reads.live_cids())
         self.block(block_body(statement.body), depth + 1)
-        touched = self.live_cids() - before
+        touched = self.reads.live_cids() - before
         for name in chain_names:
             value = self.env.get(name)
             if isinstance(value, ChainVal):
                 touched.add(value.cid)
         for cid in touched:
-            body_names = _names_in(statement.body)
+            body_names = walk_names(statement.body)
             if cid in before and not (body_names & chain_names):
                 continue
-            self.candidates[cid].poisoned(Code.REPEATED, "the attention is computed inside a loop (chunked or iterative attention)", line)
+            self.chains.candidates[cid].poisoned(Code.REPEATED, "the attention is computed inside a loop (chunked or iterative attention)", line)
         if isinstance(statement, cst.For):
             for name in assigned_names(statement.target):
                 self.env.pop(name, None)
 
-    def decided(self, test: cst.BaseExpression | None) -> bool | None:
-        """What a branch test is on the SDPA path, when the known facts decide it."""
-        if test is None or self.known == Known():
-            return None
-        return decide(test, self.known)
-
-    def if_statement(self, node: cst.If, depth: int) -> None:
-        line = self.line_of(node)
-        branches = if_branches(node)
-        if self.known != Known():
-            kept: list[tuple[cst.BaseExpression | None, Sequence[cst.BaseStatement]]] = []
-            for test, body in branches:
-                decision = self.decided(test)
-                if decision is False:
-                    continue
-                kept.append((None, body) if decision is True else (test, body))
-                if decision is True:
-                    break
-            if not kept:
-                return
-            if kept[0][0] is None:  # the first branch left always runs
-                self.block(kept[0][1], depth)
-                return
-            branches = kept
-        # raise-guards on the scores' shape or dtype disappear with the scores
-        if len(branches) == 1 and self.chain_refs(branches[0][0]) and _only_raises(branches[0][1]):
-            self.dropped_ifs.add(node)
-            return
-        for test, _ in branches:
-            if test is not None:
-                self.keep_expression(test, line, test)
-        start_env = dict(self.env)
-        first_new = len(self.candidates)
-        results: list[dict[str, Value]] = []
-        has_else = branches[-1][0] is None
-        for index, (test, body) in enumerate(branches):
-            self.env.clear()
-            self.env.update(start_env)
-            if test is not None:
-                self.tests.append(test)
-            self.path.append((id(node), index))
-            self.branches.append(branch_of(branches, index))
-            self.block(body, depth + 1)
-            self.branches.pop()
-            self.path.pop()
-            if test is not None:
-                self.tests.pop()
-            results.append(dict(self.env))
-        if not has_else:
-            results.append(start_env)
-        merged: dict[str, Value] = {}
-        names = set().union(*(r.keys() for r in results))
-        # the names made alternatives first: a name holding, in some branches only, a step of a chain that
-        # alternatives then merge (the Conformer's `scores_ac` before `scores = (scores_ac + scores_bd) / d`)
-        # is one of its earlier values, read later as any earlier value is (a fork, or a read of the scores)
-        alternated: set[int] = set()
-        deferred: list[str] = []
-        for name in names:
-            values = [r.get(name) for r in results]
-            first = values[0]
-            if all(v is not None and _same_value(v, first) for v in values):
-                merged[name] = first  # type: ignore[assignment]
-                if isinstance(first, ChainVal):  # the same place on the chain, made in each branch its own way
-                    self.note_merged(first, values)
-                continue
-            alternative = self.alternatives(values, first_new, line)
-            if alternative is not None:
-                merged[name] = alternative
-                alternated.add(alternative.cid)
-                continue
-            chains = [v for v in values if isinstance(v, ChainVal)]
-            if chains and all(c.cid in self._joined for c in chains):
-                merged[name] = chains[0]  # scores joined into others: a later use is refused for those
-                continue
-            if not chains:
-                if all(v is not None and self.value_is_scalar(v) for v in values):
-                    merged[name] = ScalarVal()
-                elif all(isinstance(v, (ExprVal, AnyExpr)) for v in values):
-                    nodes = [n for v in values for n in ((v.node,) if isinstance(v, ExprVal) else v.nodes)]  # type: ignore[union-attr]
-                    merged[name] = AnyExpr(tuple(dict.fromkeys(nodes)))
-                continue
-            cids = {c.cid for c in chains}
-            stages = {c.stage for c in chains}
-            ranks = {c.rank for c in chains}
-            if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1 and len(ranks) == 1:
-                merged[name] = chains[0]
-                self.note_merged(chains[0], chains)
-                continue
-            if len(cids) == 1 and len(stages) == 1 and chains[0].stage == PROBS:
-                # an alias of the weights made only in some branches (e.g. for output_attentions)
-                merged[name] = chains[0]
-                self.note_merged(chains[0], chains)
-                continue
-            deferred.append(name)
-        for name in deferred:
-            values = [r.get(name) for r in results]
-            chains = [v for v in values if isinstance(v, ChainVal)]
-            merged[name] = chains[0]
-            if all(c.stage is SCORES and self.joined_into(c.cid) in alternated for c in chains):
-                continue
-            cids = {c.cid for c in chains}
-            stages = {c.stage for c in chains}
-            if len(cids) == 1 and len(chains) == len(values) and len(stages) == 1:
-                self.candidates[chains[0].cid].poisoned(Code.CONDITIONAL, "the scores change layout under a condition", line)
-            elif len(cids) == 1 and len(stages) > 1:
-                self.candidates[chains[0].cid].poisoned(
-                    Code.CONDITIONAL, "the softmax or the product with V happens only under a condition", line
-                )
-            else:
-                for c in cids:
-                    self.candidates[c].poisoned(Code.CONDITIONAL, "the scores are replaced under a condition", line)
-        self.env.clear()
-        self.env.update(merged)
-
-    # -------------------------------------------------------------- small statements
-
     def small(self, small: cst.BaseSmallStatement, depth: int, line: int) -> None:
+        """One statement of a line, handed to its module by kind; a `return` is read here."""
         if isinstance(small, cst.Assign):
-            self.assign([t.target for t in small.targets], small.value, small, depth, line)
+            assign(self, [t.target for t in small.targets], small.value, small, depth, line)
         elif isinstance(small, cst.AnnAssign):
             if small.value is not None:
-                self.assign([small.target], small.value, small, depth, line)
+                assign(self, [small.target], small.value, small, depth, line)
         elif isinstance(small, cst.AugAssign):
-            self.aug_assign(small, depth, line)
+            aug_assign(self, small, depth, line)
         elif isinstance(small, cst.Expr):
-            self.expression_statement(small, depth, line)
-        elif isinstance(small, cst.Assert) and self.chain_refs(small) and not self.chain_value_refs(small):
+            expression_statement(self, small, depth, line)
+        elif isinstance(small, cst.Assert) and self.reads.chain_refs(small) and not self.reads.chain_value_refs(small):
             self.plans[small] = ChainStmt([], [], depth, line)  # a shape check on the scores goes with them
         elif isinstance(small, cst.Return):
             self.returns.append(small)
-            output = self.find_output(small.value) if small.value is not None else None
+            output = find_output(self, small.value) if small.value is not None else None
             if output is not None:
                 assert small.value is not None
-                self.output_statement(small, small.value, output, [], depth, line)
+                output_statement(self, small, small.value, output, [], depth, line)
             elif small.value is not None:
-                if not self.weights_passed_along(small.value):
-                    for cid in self.chain_value_refs(small.value):
-                        self.candidates[cid].poisoned(
+                if not weights_passed_along(self, small.value):
+                    for cid in self.reads.chain_value_refs(small.value):
+                        self.chains.candidates[cid].poisoned(
                             Code.VALUE_SIDE,
                             f"the probabilities are used after the product with V, in `{short(small.value)}`",
                             line,
                         )
-                self.keep_expression(small.value, line, small, allow_probs=True)
+                keep_expression(self, small.value, line, small, allow_probs=True)
         else:
-            self.keep_expression(small, line, small)
+            keep_expression(self, small, line, small)
         # a value changed in place is another value to `remakes`, as if assigned (`m.mul_(2)`, `m[0] = 1`)
-        for name in _changed_in_place(small):
+        for name in changed_in_place(small):
             self.assignments[name] = self.assignments.get(name, 0) + 1
-
-    def assign(
-        self, targets: list[cst.BaseExpression], value: cst.BaseExpression, small: cst.CSTNode, depth: int, line: int
-    ) -> None:
-        names = [n for t in targets for n in assigned_names(t)]
-        simple = len(targets) == 1 and isinstance(targets[0], cst.Name)
-        output = self.find_output(value)
-        if output is not None:
-            self.output_statement(small, value, output, names, depth, line)
-            return
-        weights_only = self.reads_only_weights(value)
-        again = self.remade(value, line) if weights_only else None  # decomposed once, used below
-        if weights_only and again is None:
-            if not self.weights_passed_along(value):
-                for cid in self.chain_value_refs(value):
-                    self.candidates[cid].poisoned(
-                        Code.VALUE_SIDE, f"the probabilities are used after the product with V, in `{short(value)}`", line
-                    )
-            self.keep_expression(value, line, small, allow_probs=True)
-            self.bind_plain(targets, value)
-            return
-        try:
-            base, ops = again if again is not None else self.decompose(value, line)
-        except NotChain:
-            self.keep_expression(value, line, small, allow_probs=self.output_seen)
-            self.bind_plain(targets, value)
-            return
-        except Poison as poison:
-            self.poison_statement(poison, value, names, line)
-            return
-        if not simple:
-            self.candidates[base.cid].poisoned(Code.LAYOUT, "the scores are unpacked into several names", line)
-            for name in names:
-                self.env[name] = base
-            return
-        # how the value is made: an earlier statement that made it the same way makes this one a remake (FLAVA
-        # computes its softmax twice, LiLT its masked scores once per stream), the operations recorded once
-        made = self.remakes.key(base, value, self.env, self.assignments, self.branches) if ops else None
-        remade = self.remakes.first(made) if made is not None else None
-        if remade is None:
-            self.record(base, ops, depth, line)
-        self.plans[small] = ChainStmt(ops if remade is None else [], names, depth, line)
-        after = self.advance(base, ops)
-        if ops:
-            self.remakes.note(base, after.step, ops, made, remade)
-            self._made_by[after.step] = (small, base.step, base.cid)
-        self.env[names[0]] = after
-        self.note_assignment(names)
-
-    def remade(self, value: cst.BaseExpression, line: int) -> tuple[ChainVal, list[Op]] | None:
-        """The expression's chain value and operations where it makes again a value of a chain an earlier statement
-        made (after LiLT's product with its layout values, the dropout of the probabilities for the text values)."""
-        try:
-            base, ops = self.decompose(value, line)
-        except (NotChain, Poison):
-            return None
-        made = self.remakes.key(base, value, self.env, self.assignments, self.branches)
-        return (base, ops) if ops and self.remakes.first(made) is not None else None
-
-    def _later(self, base: ChainVal) -> list[str]:
-        """The names holding a value further along `base`'s chain than `base` (remade values stand where the value
-        they make again stands)."""
-        place = self.remakes.canonical(base.step)
-        return sorted(
-            name
-            for name, value in self.env.items()
-            if isinstance(value, ChainVal) and value.cid == base.cid and self.remakes.canonical(value.step) > place
-        )
-
-    def aug_assign(self, small: cst.AugAssign, depth: int, line: int) -> None:
-        target = small.target
-        if not isinstance(target, cst.Name):
-            self.keep_expression(small, line, small)
-            return
-        current = self.env.get(target.value)
-        if not isinstance(current, ChainVal):
-            passed = (
-                isinstance(small.operator, cst.AddAssign)
-                and self.reads_only_weights(small.value)
-                and self.weights_passed_along(small.value)
-            )
-            if passed:  # `outputs += (attention_probs,)`: the weights are returned, as `return out, probs` does
-                self.keep_expression(small.value, line, small, allow_probs=True)
-                self.env.pop(target.value, None)
-                self.note_assignment([target.value])
-                return
-            if self.chain_value_refs(small.value):
-                self.poison_reads(small.value, line, Code.SCORES_READ, f"the scores are folded into `{target.value}`")
-            self.keep_expression(small.value, line, small)
-            scalar = (
-                current is not None
-                and self.value_is_scalar(current)
-                and p.scalar(small.value, self.scope) is not None
-                and isinstance(small.operator, (cst.AddAssign, cst.SubtractAssign, cst.MultiplyAssign, cst.DivideAssign))
-            )
-            if scalar:
-                self.env[target.value] = ScalarVal()
-            else:
-                self.env.pop(target.value, None)
-            self.note_assignment([target.value])
-            return
-        operator = small.operator
-        try:
-            younger = self.chain_or_start(small.value)
-            if isinstance(operator, cst.AddAssign) and younger and all(cid > current.cid for cid in younger):
-                # `scores += relative_scores` (another product, e.g. the query times position embeddings): as for
-                # `scores + relative_scores`, the younger chain is an additive term
-                for cid in younger:
-                    self.candidates[cid].absorbed = True
-                ops: list[Op] = [AddTerm(small.value, current.rank)]
-            elif isinstance(operator, (cst.AddAssign, cst.SubtractAssign)):
-                negate = isinstance(operator, cst.SubtractAssign)
-                ops = [terms.add_term(self, current, small.value, line, negate=negate)]
-            elif isinstance(operator, (cst.MultiplyAssign, cst.DivideAssign)):
-                ops = [scales.scale_or_head_mask(self, current, small.value, isinstance(operator, cst.DivideAssign), line)]
-            else:
-                raise Poison(Code.SCORES_COMBINED, f"the scores are updated with `{code(operator).strip()}`", {current.cid})
-        except Poison as poison:
-            self.poison_statement(poison, small.value, [target.value], line)
-            return
-        self.record(current, ops, depth, line)
-        self.plans[small] = ChainStmt(ops, [target.value], depth, line)
-        self.env[target.value] = self.advance(current, ops)
-
-    def expression_statement(self, small: cst.Expr, depth: int, line: int) -> None:
-        value = small.value
-        output = self.find_output(value)
-        if output is not None:  # `outputs.append(probs @ value)`
-            self.output_statement(small, value, output, [], depth, line)
-            return
-        found = p.method_call(value)
-        if found is not None and isinstance(found[0], cst.Name):
-            receiver = self.env.get(found[0].value)
-            if isinstance(receiver, ChainVal):
-                name = found[1]
-                assert isinstance(value, cst.Call)
-                try:
-                    if name == "masked_fill_":
-                        ops: list[Op] = [
-                            fills.masking_fill(self, p.arg(value, 0, "mask"), p.arg(value, 1, "value"), False, line, receiver.cid)
-                        ]
-                    elif name == "add_":
-                        ops = [terms.add_term(self, receiver, value.args[0].value, line)]
-                    elif name in ("div_", "mul_"):
-                        ops = [scales.scale_or_head_mask(self, receiver, value.args[0].value, name == "div_", line)]
-                    else:
-                        what = f"`.{name}()` is applied to the {receiver.stage.value} in place"
-                        raise Poison(Code.SCORES_TRANSFORMED, what, {receiver.cid})
-                except Poison as poison:
-                    self.poison_statement(poison, value, [], line)
-                    return
-                self.record(receiver, ops, depth, line)
-                self.plans[small] = ChainStmt(ops, [found[0].value], depth, line)
-                after = self.advance(receiver, ops)
-                self._made_by[after.step] = (small, receiver.step, receiver.cid)
-                self.env[found[0].value] = after
-                return
-        self.keep_expression(value, line, small)
-
-    def output_statement(
-        self,
-        small: cst.CSTNode,
-        value: cst.BaseExpression,
-        found: tuple[cst.BaseExpression, p.Product],
-        names: list[str],
-        depth: int,
-        line: int,
-    ) -> None:
-        node, product = found
-        try:
-            base, ops = self.decompose(product.left, line)
-        except (NotChain, Poison) as error:  # pragma: no cover - find_output checked the operand
-            raise AssertionError(str(error))
-        if self.advance(base, ops).stage != PROBS:
-            self.candidates[base.cid].poisoned(Code.SOFTMAX_DIM, "the scores reach the product with V without a softmax", line)
-        probabilities = self.remakes.key(base, product.left, self.env, self.assignments, self.branches)
-        draw = next(self._steps) if any(isinstance(op, Dropout) for op in ops) else self.remakes.draw(base.step)
-        again = self.candidates[base.cid].stage == OUT
-        taken = self._products.get(base.cid)
-        if again:
-            self.second_output(base.cid, taken, probabilities, draw, line)
-        if taken is None:
-            taken = self._products[base.cid] = Products(probabilities)
-        if self.chain_refs(product.right):
-            self.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
-        rank = product.rank if product.rank is not None else base.rank
-        operand, order, value_order = product.right, None, None
-        layout = self.layout_of(base.cid)
-        if product.form is p.ProductForm.EINSUM:
-            roles = p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, layout)
-            if roles:
-                rank, order, value_order = roles.rank, roles.result, roles.right
-                operand = p.permuted(product.right, value_order)
-        elif layout is not None:
-            self.candidates[base.cid].poisoned(
-                Code.LAYOUT,
-                f"the probabilities, laid out {describe_layout(layout)}, are multiplied by V as if they were laid out "
-                "(batch, heads, query, key)",
-                line,
-            )
-        output = Output(product, node, operand, rank, order, value_order)
-        # a further product with the same probabilities records only itself: its SDPA call repeats the first's
-        self.record(base, [output] if again else [*ops, output], depth, line)
-        holders = frozenset(n for n, v in self.env.items() if isinstance(v, ChainVal) and v.step == base.step)
-        self.plans[small] = OutputStmt([] if again else list(ops), output, depth, line, holders)
-        taken.draws.append(draw)
-        taken.statements.append((small, base.step))
-        candidate = self.candidates[base.cid]
-        candidate.stage = OUT
-        self.output_seen = True
-        # the rest of the statement may only pass the weights along (`return output, weights`)
-        for name, read in self.chain_names_in(value, exclude=node):
-            value_of = self.env.get(name)
-            if isinstance(value_of, ChainVal) and value_of.stage == PROBS and self.weights_passed_along(value, node):
-                self.probs_after_output.add(name)
-            else:
-                candidate.poisoned(Code.VALUE_SIDE, f"the statement with the product with V also reads `{name}`", line)
-        for name in names:
-            self.env.pop(name, None)
-        self.note_assignment(names)
-
-    def second_output(
-        self, cid: int, taken: Products | None, probabilities: Made, draw: int | None, line: int
-    ) -> None:
-        """A further product with V of a chain's probabilities: an SDPA call of its own with the same query, key,
-        mask and scale (LiLT's text and layout values), where the probabilities are those the first product took,
-        made the same way, and, if dropped out, by a draw of their own (each SDPA call draws its own dropout)."""
-        if taken is None or probabilities != taken.probabilities:
-            self.candidates[cid].poisoned(Code.VALUE_SIDE, "the probabilities are multiplied by a second tensor", line)
-        elif draw is not None and draw in taken.draws:
-            self.candidates[cid].poisoned(
-                Code.VALUE_SIDE,
-                "one dropout draw of the probabilities reaches two products with V (SDPA calls draw their own)",
-                line,
-            )
-
-    def new_chain(
-        self,
-        start: Start,
-        node: cst.CSTNode,
-        line: int,
-        bindings: tuple[tuple[str, int], ...],
-        members: tuple[cst.CSTNode, ...] = (),
-    ) -> int:
-        """A chain starting at the product `node` (a recognised query-key product, or blocks joined into one) here,
-        with what its operands read (`Candidate.start_bindings`) and the products joined into it: its id."""
-        cid = len(self.candidates)
-        self.candidates.append(
-            Candidate(
-                cid,
-                start,
-                line,
-                start_node=node,
-                start_path=tuple(self.path),
-                start_tests=len(self.tests),
-                start_bindings=bindings,
-                members=members,
-            )
-        )
-        return cid
-
-    def layout_of(self, cid: int) -> p.Order | None:
-        """How the chain's scores are laid out, where otherwise than SDPA's (`Start.layout`)."""
-        start = self.candidates[cid].start
-        return start.layout if start is not None else None
-
-    def may_start(self, node: cst.CSTNode) -> bool:
-        """A query-key product (or a concatenation of them) may start a chain: on a re-trace for one chain, only its
-        own."""
-        return self.selected_start is None or node is self.selected_start or node in self.selected_members
-
-    def join(self, cid: int, into: int, line: int, drop: bool = False) -> None:
-        """Chain `cid` is part of chain `into` from here on; a later use of its values is refused for `into`. With
-        `drop`, its product is no operation of its own (a block, whose operands `into`'s product reads)."""
-        candidate = self.candidates[cid]
-        candidate.absorbed = True
-        self._joined[cid] = (into, line)
-        if not drop:
-            return
-        for plan in self.plans.values():
-            if isinstance(plan, ChainStmt) and any(op is candidate.start for op in plan.ops):
-                plan.ops = [op for op in plan.ops if op is not candidate.start]
-
-    def joined_into(self, cid: int) -> int:
-        while cid in self._joined:
-            cid = self._joined[cid][0]
-        return cid
-
-    def alternatives(self, values: Sequence[Value | None], first_new: int, line: int) -> ChainVal | None:
-        """Every branch of an `if` made a query-key product of its own for one name (LUKE's scores joined from blocks
-        when there are entities, one product otherwise; the Conformer's relative scores `(ac + bd) / sqrt(d)` in one
-        branch, `q @ kᵀ / sqrt(d)` in the other): one chain from here on, whose product is the one of the branch that
-        ran. None where the values are not that: the products must be new in the branches, of one rank and dtype, and
-        what each branch did to its scores after the product only scales them by a number or adds terms (each
-        branch's statements update the side values SDPA is handed in that branch)."""
-        chains = [v for v in values if isinstance(v, ChainVal)]
-        if len(chains) < 2 or len(chains) != len(values) or len({c.cid for c in chains}) != len(chains):
-            return None
-        candidates = [self.candidates[c.cid] for c in chains]
-        for chain, candidate in zip(chains, candidates):
-            start = candidate.start
-            if chain.cid < first_new or chain.stage is not SCORES or start is None or candidate.poison is not None:
-                return None
-            ops = [op for op, _, _ in candidate.ops]
-            if candidate.absorbed or not ops or ops[0] is not start or not all(_branch_op(op) for op in ops[1:]):
-                return None
-        starts = [c.start for c in candidates if c.start is not None]
-        # a rank the tracer could not read in one branch is the one another branch shows (the product is the same
-        # `(.., queries, keys)` matrix on every path); two known ranks must agree
-        ranks = {c.rank for c in chains} - {None}
-        if len({(s.upcast, s.operands_upcast, s.layout) for s in starts}) != 1 or len(ranks) > 1:
-            return None
-        first = min(candidates, key=lambda c: c.cid)
-        for candidate in candidates:
-            if candidate is first:
-                continue
-            first.ops.extend(candidate.ops)
-            self._taken[candidate.cid] = len(candidate.ops)
-            first.members += tuple(n for n in (candidate.start_node, *candidate.members) if n is not None)
-            first.names_assigned_after_start |= candidate.names_assigned_after_start
-            self.join(candidate.cid, first.cid, line)
-        first.start_path, first.start_tests = tuple(self.path), len(self.tests)
-        held = next(c for c in chains if c.cid == first.cid)
-        if held.rank is None and ranks:
-            held = replace(held, rank=next(iter(ranks)))
-        self.note_merged(held, chains)
-        return held
-
-    def note_merged(self, held: ChainVal, values: Sequence[Value | None]) -> None:
-        """After branches, `held` stands for the chain values each branch made (`values`)."""
-        self._merged.setdefault(held.step, set()).update(v.step for v in values if isinstance(v, ChainVal))
 
     # -------------------------------------------------------------- chain expressions
 
     def decompose(self, node: cst.BaseExpression, line: int) -> tuple[ChainVal, list[Op]]:
-        """Split an expression into the chain value it starts from and the operations applied to it: the first of
-        the recognisers in `forms.FORMS` that claims it decides; what none claims is refused when it touches a chain."""
+        """Split an expression into the chain value it starts from and the operations applied to it.
+
+        The first of the recognisers in `forms.FORMS` that claims it decides; what none claims is refused when it
+        touches a chain.
+        """
         if isinstance(node, cst.Name):
             value = self.env.get(node.value)
             if isinstance(value, ChainVal):
-                if value.cid in self._joined:
+                if value.cid in self.chains.joined:
                     raise Poison(
                         Code.SCORES_READ,
-                        f"`{node.value}` is used again after its scores joined others at line {self._joined[value.cid][1]}",
-                        {self.joined_into(value.cid)},
+                        f"`{node.value}` is used again after its scores joined others at line {self.chains.joined[value.cid][1]}",
+                        {self.chains.joined_into(value.cid)},
                     )
                 return value, []
             raise NotChain()
@@ -840,192 +306,31 @@ class Tracer:
         method = p.method_call(node)
         if method is not None and self.chain_or_start(method[0]):
             base, ops = self.decompose(method[0], line)
-            stage = self.advance(base, ops).stage.value
+            stage = self.chains.advance(base, ops).stage.value
             raise Poison(Code.SCORES_TRANSFORMED, f"`.{method[1]}()` is applied to the {stage}", {base.cid})
         if isinstance(node, cst.BinaryOperation):
             refs = self.chain_or_start(node.left) | self.chain_or_start(node.right)
             if not refs:
                 raise NotChain()
             raise Poison(Code.SCORES_COMBINED, f"the scores are combined with `{code(node.operator).strip()}`", refs)
-        refs = self.chain_value_refs(node)
+        refs = self.reads.chain_value_refs(node)
         if refs and isinstance(node, cst.Call):
             raise Poison(Code.SCORES_TRANSFORMED, f"the scores are passed to `{short(node.func)}`", refs)
         if refs:
             raise Poison(Code.SCORES_READ, f"the scores are used in `{short(node)}`", refs)
         raise NotChain()
 
-    # -------------------------------------------------------------- single operations
-
-    def require(self, base: ChainVal, ops: list[Op], stage: Stage, what: str, line: int, code: Code) -> None:
-        current = self.advance(base, ops)
-        if current.stage != stage:
-            raise Poison(code, f"{what} is applied to the {current.stage.value}, expected the {stage.value}", {base.cid})
-
-    # -------------------------------------------------------------- bookkeeping
-
-    def advance(self, base: ChainVal, ops: Sequence[Op]) -> ChainVal:
-        value = replace(base, step=next(self._steps)) if ops else base
-        for op in ops:
-            if isinstance(op, Softmax):
-                value = replace(value, stage=PROBS)
-            elif isinstance(op, Output):
-                value = replace(value, stage=OUT)
-            elif isinstance(op, View):
-                value = replace(value, rank=op.rank_after)
-        return value
-
-    def record(self, base: ChainVal, ops: Sequence[Op], depth: int, line: int) -> None:
-        candidate = self.candidates[base.cid]
-        later = self._later(base)
-        if ops and later:
-            # the chain forks: a name holds a value further along it than the one this statement goes on from, so
-            # the operations recorded for the chain would mix two computations (`other = scores + bias` then
-            # `scores = scores + bias` would add the bias twice)
-            candidate.poisoned(
-                Code.SCORES_READ,
-                f"the {base.stage.value} fork: `{later[0]}` holds a later value of them than the one this statement "
-                "goes on from",
-                line,
-            )
-        layout = self.layout_of(base.cid)
-        for op in ops:
-            candidate.ops.append((op, depth, line))
-            if isinstance(op, Softmax):
-                candidate.stage = PROBS
-            reads = _reads_sdpa_layout(op) if layout is not None else None
-            if layout is not None and reads is not None:
-                candidate.poisoned(
-                    Code.LAYOUT,
-                    f"the scores are laid out {describe_layout(layout)}, and {reads} reads their "
-                    "dimensions as SDPA lays them out",
-                    line,
-                )
-
-    def module_guard(self, module: str | None) -> cst.BaseExpression | None:
-        """The test of the innermost branch when it is the `if` of `if self.<module> is not None`."""
-        if module is None or not self.tests or not self.path or self.path[-1][1] != 0:
-            return None
-        return self.tests[-1] if p.optional_module_test(self.tests[-1]) == module else None
-
-    def setting_guard(self) -> cst.BaseExpression | None:
-        """The test of the innermost branch when it is the `if` (not an `elif` or `else`) of a test of the module's
-        settings alone: `self.training`, `self.config.use_dropout`, combined by `not`, `and`, `or`."""
-        if not self.tests or not self.path or self.path[-1][1] != 0:
-            return None
-        test = self.tests[-1]
-        return test if self.reads_settings(test) else None
-
-    def reads_settings(self, test: cst.BaseExpression) -> bool:
-        """A test of the module's settings alone (`self.training`, `self.config.x`, with `not`/`and`/`or`), no chain
-        value among its reads: the same on every call of the module's forward."""
-        return p.reads_settings_only(test) and not self.chain_refs(test)
-
-    def note_assignment(self, names: Sequence[str]) -> None:
-        for name in names:
-            self.assignments[name] = self.assignments.get(name, 0) + 1
-        for candidate in self.candidates:
-            if candidate.stage != OUT:
-                candidate.names_assigned_after_start.update(names)
-
-    def bind_plain(self, targets: list[cst.BaseExpression], value: cst.BaseExpression) -> None:
-        names = [n for t in targets for n in assigned_names(t)]
-        if len(targets) == 1 and isinstance(targets[0], cst.Name):
-            name = targets[0].value
-            previous = self.env.get(name)
-            node = value
-            if name in _names_in(value) and isinstance(previous, ExprVal):
-                # `x = x * 2`: the stored expression reads the previous value of x
-                node = replace_names(value, {name: previous.node})
-            self.env[name] = ExprVal(node)
-        elif (
-            len(targets) == 1
-            and isinstance(targets[0], cst.Tuple)
-            and isinstance(value, cst.Tuple)
-            and len(targets[0].elements) == len(value.elements)
-        ):
-            for target_element, value_element in zip(targets[0].elements, value.elements):
-                if isinstance(target_element.value, cst.Name) and not isinstance(value_element, cst.StarredElement):
-                    self.env[target_element.value.value] = ExprVal(value_element.value)
-                else:
-                    for name in assigned_names(target_element.value):
-                        self.env.pop(name, None)
-        elif len(targets) == 1 and isinstance(targets[0], cst.Tuple) and _unbound(value) is not None:
-            # `q, k, v = qkv.unbind(0)`: each name holds `qkv[i]`
-            source = _unbound(value)
-            assert source is not None
-            for index, element in enumerate(targets[0].elements):
-                if isinstance(element.value, cst.Name) and not isinstance(element, cst.StarredElement):
-                    item = cst.Subscript(value=primary(source), slice=[cst.SubscriptElement(cst.Index(cst.Integer(str(index))))])
-                    self.env[element.value.value] = ExprVal(item)
-                else:
-                    for name in assigned_names(element.value):
-                        self.env.pop(name, None)
-        elif len(targets) == 1 and isinstance(targets[0], cst.Tuple) and _is_shape(value):
-            # `batch, heads, length, dim = query.shape`: every name holds a number
-            for name in names:
-                self.env[name] = ScalarVal()
-        else:
-            for name in names:
-                self.env.pop(name, None)
-        self.note_assignment(names)
-
-    def poison_statement(self, poison: Poison, value: cst.BaseExpression, names: list[str], line: int) -> None:
-        for cid in poison.cids:
-            self.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, line)
-        stages = [v.stage for v in (self.env.get(n) for n in _names_in(value)) if isinstance(v, ChainVal)]
-        stage = PROBS if PROBS in stages or OUT in stages else SCORES
-        if _contains_softmax(value, self.scope):
-            stage = PROBS
-        first: int | None = min(poison.cids) if poison.cids else None
-        for name in names:
-            if first is not None:
-                self.env[name] = ChainVal(first, stage, None)
-                if stage == PROBS:
-                    self.candidates[first].stage = PROBS
-            else:
-                self.env.pop(name, None)
-
-    def poison_reads(self, node: cst.CSTNode, line: int, code: Code, reason: str) -> None:
-        for cid in self.chain_refs(node):
-            self.candidates[cid].poisoned(code, reason, line)
-
-    def poison_new(self, before: set[int], code: Code, reason: str, line: int) -> None:
-        for cid in self.live_cids() - before:
-            self.candidates[cid].poisoned(code, reason, line)
-
-    def value_is_scalar(self, value: Value) -> bool:
-        if isinstance(value, ScalarVal):
-            return True
-        return isinstance(value, ExprVal) and p.scalar(value.node, self.scope) is not None
-
-    def stage_of(self, cid: int) -> Stage:
-        stages = {v.stage for v in self.env.values() if isinstance(v, ChainVal) and v.cid == cid}
-        return PROBS if PROBS in stages or OUT in stages else SCORES
-
-    def live_cids(self) -> set[int]:
-        return {value.cid for value in self.env.values() if isinstance(value, ChainVal)}
-
-    def chain_refs(self, node: cst.CSTNode | None) -> set[int]:
-        if node is None:
-            return set()
-        out: set[int] = set()
-        for name in _names_in(node):
-            value = self.env.get(name)
-            if isinstance(value, ChainVal):
-                out.add(self.joined_into(value.cid))  # reading scores joined into others reads those
-        return out
-
     def chain_or_start(self, node: cst.CSTNode) -> set[int]:
         """Chains read by an expression, or {-1} when it holds a query-key product that would start one."""
-        refs = self.chain_value_refs(node)
+        refs = self.reads.chain_value_refs(node)
         if refs:
             return refs
-        finder = _Products(self.scope)
+        finder = ProductFinder(self.scope)
         node.visit(finder)
         for product_node, product in finder.found:
             if not self.may_start(product_node):
                 continue
-            if self.chain_value_refs(product.left) or self.chain_value_refs(product.right):
+            if self.reads.chain_value_refs(product.left) or self.reads.chain_value_refs(product.right):
                 continue
             if product.form is p.ProductForm.EINSUM:
                 if p.einsum_roles(product.spec or "", p.EinsumRole.SCORES) is not None:
@@ -1034,410 +339,88 @@ class Tracer:
                 return {-1}
         return set()
 
-    def reads_only_weights(self, node: cst.CSTNode) -> bool:
-        """After the product with V, a statement that reads the probabilities only passes the weights along."""
-        if not self.output_seen:
-            return False
-        finder = _ChainReads(self.env, None)
-        node.visit(finder)
-        values = [self.env[n.value] for n in finder.plain]
-        return bool(values) and all(isinstance(v, ChainVal) and v.stage in (PROBS, OUT) for v in values)
+    def may_start(self, node: cst.CSTNode) -> bool:
+        """Whether a query-key product, or a concatenation of them, may start a chain.
 
-    def weights_passed_along(self, node: cst.BaseExpression, exclude: cst.CSTNode | None = None) -> bool:
-        """The probabilities appear only as themselves, in tuples, or as either side of a conditional expression."""
-        if node is exclude or isinstance(node, cst.Name):
+        On a re-trace for one chain, only its own may.
+        """
+        return self.selected_start is None or node is self.selected_start or node in self.selected_members
+
+    def require(self, base: ChainVal, ops: list[Op], stage: Stage, what: str, line: int, code: Code) -> None:
+        """Refuse `what` with `code` unless the chain, after `ops`, is at `stage`."""
+        current = self.chains.advance(base, ops)
+        if current.stage != stage:
+            raise Poison(code, f"{what} is applied to the {current.stage.value}, expected the {stage.value}", {base.cid})
+
+    # -------------------------------------------------------------- the enclosing branches
+
+    def module_guard(self, module: str | None) -> cst.BaseExpression | None:
+        """The test of the innermost branch when it is the `if` of `if self.<module> is not None`."""
+        if module is None or not self.tests or not self.path or self.path[-1][1] != 0:
+            return None
+        return self.tests[-1] if p.optional_module_test(self.tests[-1]) == module else None
+
+    def setting_guard(self) -> cst.BaseExpression | None:
+        """The test of the innermost branch, when it is an `if` testing the module's settings alone.
+
+        Not an `elif` or `else`; the settings are `self.training`, `self.config.use_dropout`, combined by `not`, `and`,
+        `or`.
+        """
+        if not self.tests or not self.path or self.path[-1][1] != 0:
+            return None
+        test = self.tests[-1]
+        return test if self.reads_settings(test) else None
+
+    def reads_settings(self, test: cst.BaseExpression) -> bool:
+        """A test of the module's settings alone, the same on every call of the module's forward.
+
+        `self.training`, `self.config.x`, with `not`/`and`/`or`, and no chain value among its reads.
+        """
+        return p.reads_settings_only(test) and not self.reads.chain_refs(test)
+
+    # -------------------------------------------------------------- names and poison
+
+    def note_assignment(self, names: Sequence[str]) -> None:
+        """Count an assignment of each name; the chains not yet multiplied by V see them assigned after their start."""
+        for name in names:
+            self.assignments[name] = self.assignments.get(name, 0) + 1
+        for candidate in self.chains.candidates:
+            if candidate.stage != OUT:
+                candidate.names_assigned_after_start.update(names)
+
+    def poison_statement(self, poison: Poison, value: cst.BaseExpression, names: list[str], line: int) -> None:
+        """Poison the chains a statement refused reaches; its names then hold the first, poisoned, chain."""
+        for cid in poison.cids:
+            self.chains.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, line)
+        stages = [v.stage for v in (self.env.get(n) for n in walk_names(value)) if isinstance(v, ChainVal)]
+        stage = PROBS if PROBS in stages or OUT in stages else SCORES
+        if contains_softmax(value, self.scope):
+            stage = PROBS
+        first: int | None = min(poison.cids) if poison.cids else None
+        for name in names:
+            if first is not None:
+                self.env[name] = ChainVal(first, stage, None)
+                if stage == PROBS:
+                    self.chains.candidates[first].stage = PROBS
+            else:
+                self.env.pop(name, None)
+
+    def poison_reads(self, node: cst.CSTNode, line: int, code: Code, reason: str) -> None:
+        for cid in self.reads.chain_refs(node):
+            self.chains.candidates[cid].poisoned(code, reason, line)
+
+    def poison_new(self, before: set[int], code: Code, reason: str, line: int) -> None:
+        for cid in self.reads.live_cids() - before:
+            self.chains.candidates[cid].poisoned(code, reason, line)
+
+    def value_is_scalar(self, value: Value) -> bool:
+        """The value is a number."""
+        if isinstance(value, ScalarVal):
             return True
-        if isinstance(node, (cst.Tuple, cst.List)):
-            return all(self.weights_passed_along(e.value, exclude) for e in node.elements)
-        if isinstance(node, cst.IfExp):
-            return not self.chain_value_refs(node.test) and all(
-                self.weights_passed_along(part, exclude) for part in (node.body, node.orelse)
-            )
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
-            return self.weights_passed_along(node.left, exclude) and self.weights_passed_along(node.right, exclude)
-        found = p.method_call(node, {"reshape", "view", "transpose", "permute", "contiguous"})
-        if found is not None and self.asked_for_weights():
-            # laid out for the caller under `if output_attentions:`, a path SDPA leaves to eager
-            assert isinstance(node, cst.Call)
-            return self.weights_passed_along(found[0], exclude) and not any(
-                self.chain_value_refs(a.value) for a in node.args
-            )
-        if exclude is not None:
-            finder = _ChainReads(self.env, exclude)
-            node.visit(finder)
-            return not finder.plain
-        return not self.chain_value_refs(node)
-
-    def asked_for_weights(self) -> bool:
-        """An enclosing `if` tests `output_attentions` itself."""
-        return any(m.matches(test, m.Name("output_attentions")) for test in self.tests)
-
-    def chain_value_refs(self, node: cst.CSTNode | None) -> set[int]:
-        """Chains whose values an expression reads (`.dtype`, `.device`, shapes and `expand_as` excluded)."""
-        if node is None:
-            return set()
-        finder = _ChainReads(self.env, None)
-        node.visit(finder)
-        return {self.joined_into(self.env[n.value].cid) for n in finder.plain}  # type: ignore[union-attr]
-
-    def detach(self, node: cst.BaseExpression, cid: int) -> cst.BaseExpression:
-        """An operand of a chain op with its `.dtype`/`.device` reads of the scores pointed at the query."""
-        finder = _ChainReads(self.env, None)
-        node.visit(finder)
-        if finder.plain or finder.shapes:
-            raise Poison(Code.SCORES_READ, f"`{short(node)}` reads the scores", {cid})
-        start = self.candidates[cid].start
-        if start is None:
-            return node
-        mapping: dict[cst.CSTNode, cst.CSTNode] = {}
-        query = primary(start.operands[0] if start.operands else start.query)  # its dtype and device, in any layout
-        if self.candidates[cid].built():
-            query = cst.Name(HANDED_QUERY)
-        for attribute in finder.attributes:
-            mapping[attribute] = cst.Attribute(value=query, attr=attribute.attr)
-        for call in finder.expands:
-            mapping[call] = call.func.value  # type: ignore[attr-defined]
-        from sdpa_port.rewrite.edit import replace_nodes
-
-        return replace_nodes(node, mapping) if mapping else node
-
-    def chain_names_in(self, node: cst.CSTNode, exclude: cst.CSTNode | None = None) -> list[tuple[str, cst.Name]]:
-        finder = _ChainReads(self.env, exclude)
-        node.visit(finder)
-        return [(n.value, n) for n in finder.plain]
-
-    def keep_expression(self, node: cst.CSTNode, line: int, key: cst.CSTNode, allow_probs: bool = False) -> None:
-        """A statement that is not part of the chain: chain reads must be of `.dtype`/`.device`/`expand_as`."""
-        for joined in sorted(_names_in(node)):
-            held = self.env.get(joined)
-            if isinstance(held, ChainVal) and held.cid in self._joined:
-                self.candidates[self.joined_into(held.cid)].poisoned(
-                    Code.SCORES_READ, f"`{joined}`, scores joined into others, is read by `{short(node)}`", line
-                )
-        finder = _ChainReads(self.env, None)
-        node.visit(finder)
-        replacements: dict[cst.CSTNode, KeepAction] = {}
-        for attribute in finder.attributes:
-            replacements[attribute] = KeepAction(attribute.attr.value)
-        for call in finder.expands:
-            replacements[call] = KeepAction.STRIP_EXPAND
-        for call, name in finder.reshapes:
-            value = self.env[name.value]
-            assert isinstance(value, ChainVal)
-            start = self.candidates[value.cid].start
-            if value.stage is not SCORES or start is None or value.rank != start.rank:
-                self.candidates[value.cid].poisoned(
-                    Code.SCORES_READ, f"`{short(node)}` takes the shape of scores that changed layout", line
-                )
-                continue
-            replacements[call] = KeepAction.RESHAPE_AS
-        for name in finder.plain:
-            value = self.env[name.value]
-            assert isinstance(value, ChainVal)
-            if value.stage in (PROBS, OUT) and (allow_probs or self.output_seen):
-                self.probs_after_output.add(name.value)
-                continue
-            self.candidates[value.cid].poisoned(Code.SCORES_READ, f"the scores are read by `{short(node)}`", line)
-        for name in finder.shapes:
-            value = self.env[name.value]
-            assert isinstance(value, ChainVal)
-            self.candidates[value.cid].poisoned(Code.SCORES_READ, f"the shape of the scores is read by `{short(node)}`", line)
-        sizes: dict[cst.CSTNode, int | None] = {}
-        for read, name, index in finder.sizes:
-            value = self.env[name.value]
-            assert isinstance(value, ChainVal)
-            layout = self.layout_of(value.cid)
-            if layout is not None:
-                # scores laid out otherwise: size `index` is SDPA's size at the dimension the layout takes it to
-                if not -len(layout) <= index < len(layout):
-                    self.candidates[value.cid].poisoned(
-                        Code.SCORES_READ, f"`{short(node)}` reads no size of the scores", line
-                    )
-                    continue
-                index = layout.index(index % len(layout))
-            last = index == -1 or (value.rank is not None and index == value.rank - 1)
-            if not last and index >= 0 and value.rank is None:
-                self.candidates[value.cid].poisoned(
-                    Code.SCORES_READ, f"the shape of the scores is read by `{short(node)}`, their rank unknown", line
-                )
-                continue
-            # the scores are (..., queries, keys): their leading sizes are the query's, the last the key length
-            sizes[read] = None if last else index
-        if replacements or sizes:
-            self.plans[key] = KeepStmt(replacements, sizes)
-
-    # -------------------------------------------------------------- shapes
-
-    def view_rank(self, args: Sequence[cst.Arg]) -> int | None:
-        if len(args) == 1:  # `view(shape)` or `view(*shape)`
-            return self.tuple_length(args[0].value)
-        if any(a.star for a in args):
-            return None
-        return len(args)
-
-    def view_shape(self, args: Sequence[cst.Arg]) -> tuple[cst.BaseExpression, ...] | None:
-        """The sizes of `view(a, b, ...)` or `view((a, b, ...))`; None when starred or not written out."""
-        if any(a.star or a.keyword is not None for a in args):
-            return None
-        if len(args) == 1:
-            node = args[0].value
-            if isinstance(node, cst.Name):
-                node = self.scope.local_value(node.value) or node
-            if isinstance(node, (cst.Tuple, cst.List)) and not any(isinstance(e, cst.StarredElement) for e in node.elements):
-                return tuple(e.value for e in node.elements)
-            return None
-        return tuple(a.value for a in args)
-
-    def tuple_length(self, node: cst.BaseExpression) -> int | None:
-        if isinstance(node, (cst.Tuple, cst.List)):
-            if any(isinstance(e, cst.StarredElement) for e in node.elements):
-                return None
-            return len(node.elements)
-        if isinstance(node, cst.Name):
-            local = self.scope.local_value(node.value)
-            if local is not None:
-                return self.tuple_length(local)
-        return None
-
-    def tuple_heads(self, args: Sequence[cst.Arg]) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
-        if len(args) != 1:
-            return None
-        node = args[0].value
-        if isinstance(node, cst.Name):
-            node = self.scope.local_value(node.value) or node
-        if isinstance(node, (cst.Tuple, cst.List)) and len(node.elements) == 4:
-            return node.elements[0].value, node.elements[1].value
-        return None
-
-    def rank_of(self, node: cst.BaseExpression, depth: int = 0) -> int | None:
-        if depth > 6:
-            return None
-        if isinstance(node, cst.Name):
-            name = node.value
-            local = self.scope.local_value(name)
-            if name in self._ranking or local is None:
-                return self.parameter_rank(name, self_read=name in self._ranking)
-            self._ranking.add(name)
-            try:
-                return self.rank_of(local, depth + 1)
-            finally:
-                self._ranking.discard(name)
-        reshaped = p.reshape_args(node)
-        if reshaped is not None:
-            return self.view_rank(reshaped[1])
-        found = p.method_call(node, p.CAST_METHODS | {"transpose", "contiguous"})
-        if found is not None:
-            return self.rank_of(found[0], depth + 1)
-        found = p.method_call(node, {"permute"})
-        if found is not None:
-            assert isinstance(node, cst.Call)
-            return len(node.args) if all(not a.star for a in node.args) else None
-        if isinstance(node, cst.Subscript) and all(_basic_index(element.slice) is not None for element in node.slice):
-            # `x[0]` drops the first dimension, `x[:, :, :n]` keeps every one
-            inner = self.rank_of(node.value, depth + 1)
-            if inner is None or len(node.slice) > inner:
-                return None
-            return inner - sum(_basic_index(element.slice) == "integer" for element in node.slice)
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Multiply, cst.Divide)):
-            # a tensor scaled by a number keeps its rank
-            for tensor, other in ((node.left, node.right), (node.right, node.left)):
-                if p.scalar(other, self.scope) is not None:
-                    return self.rank_of(tensor, depth + 1)
-            return None
-        if isinstance(node, cst.Call) and self.scope.qualify(node.func) == "torch.arange":
-            return 1
-        if m.matches(node, m.Attribute(value=m.Name("self"))) and self.scope.class_name is not None:
-            assert isinstance(node, cst.Attribute)
-            values = self.facts.find_attribute_values(self.scope.class_name, node.attr.value)
-            ranks = {self.created_rank(value) for value in values}
-            return ranks.pop() if len(ranks) == 1 else None
-        if isinstance(node, cst.Call) and self.scope.qualify(node.func) in p.EINSUM_FUNCTIONS:
-            spec = p.einsum_spec(node)  # `einsum("ibnd,jnd->ijbn", ...)`: one dimension per output label
-            return len(spec.split("->")[1]) if spec is not None and "->" in spec and "." not in spec else None
-        if isinstance(node, cst.Call) and self.scope.qualify(node.func) in p.SHAPE_KEEPING_FUNCTIONS:
-            operand = p.arg(node, 0, "input")  # `normalize(q, dim=-1)` (cosine attention) keeps q's shape
-            return None if operand is None else self.rank_of(operand, depth + 1)
-        return self.rank_returned(node, depth)
-
-    def created_rank(self, node: cst.BaseExpression) -> int | None:
-        """The rank of a tensor `__init__` creates with its sizes written out: `nn.Parameter(torch.randn(1, heads))`,
-        `torch.zeros(n, d)`, `torch.FloatTensor(n, d)`, `torch.ones((n, d))`, `torch.zeros(8)`; None for anything else
-        (one argument other than a literal may hold a shape: `torch.zeros(config.shape)`)."""
-        if isinstance(node, cst.Call) and self.scope.qualify(node.func) == "torch.nn.Parameter" and node.args:
-            return self.created_rank(node.args[0].value)
-        if not isinstance(node, cst.Call) or self.scope.qualify(node.func) not in p.SIZED_FACTORIES:
-            return None
-        sizes = [a for a in node.args if a.keyword is None]
-        if any(a.star for a in sizes) or not sizes:
-            return None
-        if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
-            elements = sizes[0].value.elements
-            return None if any(isinstance(e, cst.StarredElement) for e in elements) else len(elements)
-        if len(sizes) == 1 and not isinstance(sizes[0].value, cst.Integer):
-            return None  # `torch.zeros(shape)`, `torch.Tensor(data)`: one argument may be a shape (or data)
-        if len(sizes) > 1 and any(isinstance(a.value, (cst.Tuple, cst.List)) for a in sizes):
-            return None
-        return len(sizes)
-
-    def parameter_rank(self, name: str, self_read: bool) -> int | None:
-        """The rank the caller passes to parameter `name`, where it still holds that value: never assigned so far,
-        or read (`self_read`) inside its one assignment so far, `x = x * s`, whose rank the caller's decides."""
-        return self.param_ranks.get(name) if self.assignments.get(name, 0) == (1 if self_read else 0) else None
-
-    def rank_returned(self, node: cst.BaseExpression, depth: int) -> int | None:
-        """`self.split(x)`: the rank every `return` of that method gives, read from its last reshape or permute
-        (`transpose_for_scores`); None when the returns disagree or one cannot be read."""
-        if not (
-            isinstance(node, cst.Call)
-            and m.matches(node.func, m.Attribute(value=m.Name("self")))
-            and self.scope.class_name is not None
-        ):
-            return None
-        assert isinstance(node.func, cst.Attribute)
-        found = self.facts.find_method(self.scope.class_name, node.func.attr.value)
-        if found is None:
-            return None
-        values = [r.value for r in nodes_of_type(found[1].body, cst.Return)]
-        ranks = {self.rank_in_method(value, found[1], depth + 1) if value is not None else None for value in values}
-        return ranks.pop() if len(ranks) == 1 else None
-
-    def rank_in_method(self, node: cst.BaseExpression, method: cst.FunctionDef, depth: int) -> int | None:
-        if depth > 6:
-            return None
-        reshaped = p.reshape_args(node)
-        if reshaped is not None:  # sizes written out only: the names of this function are not the method's
-            sizes = reshaped[1]
-            return len(sizes) if len(sizes) > 1 and not any(a.star for a in sizes) else None
-        found = p.method_call(node, {"permute"})
-        if found is not None:
-            assert isinstance(node, cst.Call)
-            return len(node.args) if all(not a.star for a in node.args) else None
-        found = p.method_call(node, p.CAST_METHODS | {"transpose", "contiguous"})
-        if found is not None:
-            return self.rank_in_method(found[0], method, depth + 1)
-        if isinstance(node, cst.Name):
-            assigned = self.assigned_in(method).get(node.value, [])
-            ranks = {None if value is None else self.rank_in_method(value, method, depth + 1) for value in assigned}
-            return ranks.pop() if len(ranks) == 1 else None
-        return None
-
-    def assigned_in(self, method: cst.FunctionDef) -> dict[str, list[cst.BaseExpression | None]]:
-        """The value of each binding of each name in `method`, None for one that is no plain `name = value` (one walk
-        per method)."""
-        found = self._assigned.get(id(method))
-        if found is None or found[0] is not method:
-            found = (method, assigned_values([method.body]))
-            self._assigned[id(method)] = found
-        return found[1]
-
-    # -------------------------------------------------------------- output
-
-    def find_output(self, value: cst.BaseExpression) -> tuple[cst.BaseExpression, p.Product] | None:
-        """A product whose left operand is the probabilities, anywhere inside the expression."""
-        finder = _Products(self.scope)
-        value.visit(finder)
-        for node, product in finder.found:
-            refs = self.chain_refs(product.left)
-            if not refs and not (self.selected_start is None and _contains_softmax(product.left, self.scope)):
-                continue
-            try:
-                base, ops = self.decompose(product.left, 0)
-            except NotChain:
-                continue
-            except Poison as poison:
-                # a chain reaches this product through an operation SDPA cannot follow: it is attention all the
-                # same, refused with that operation as the reason
-                for cid in poison.cids:
-                    self.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, self.current_line)
-                    self.candidates[cid].stage = OUT
-                continue
-            if self.advance(base, ops).stage == PROBS:
-                if product.form is p.ProductForm.EINSUM:
-                    if p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, self.layout_of(base.cid)) is None:
-                        continue
-                return node, product
-        return None
+        return isinstance(value, ExprVal) and p.scalar(value.node, self.scope) is not None
 
 
 # ------------------------------------------------------------------ helpers
-
-
-@dataclass
-class Products:
-    """The products with V of one chain's probabilities: how the first one's probabilities were made, the dropout
-    draw each took (None: none), and each one's statement with the step of the probabilities it took."""
-
-    probabilities: Made
-    draws: list[int | None] = field(default_factory=list)
-    statements: list[tuple[cst.CSTNode, int]] = field(default_factory=list)
-
-
-def _reads_sdpa_layout(op: Op) -> str | None:
-    """What an operation reads of the scores' dimensions by position as SDPA lays them out, in a few words; None
-    for one that means the same on scores laid out otherwise, once what it adds or fills with is permuted as the
-    scores are (a softmax's dimension is checked where it is recognised, an einsum product with V reads the layout)."""
-    match op:
-        case Scale():
-            return "a factor per query" if op.per_query else None
-        case AddTerm():
-            return "a helper handed the scores" if op.scores_arg is not None else None
-        case Fill():
-            return "a causal mask" if op.causal or op.top_left else None
-        case View():
-            return "a view"
-        case ZeroRows():
-            return "zeroing fully masked rows"
-        case Shift():
-            return "subtracting the row's maximum"
-        case Start() | Cast() | Guard() | Softmax() | Dropout() | HeadMask() | Output():
-            return None
-        case _:
-            unreachable(op)
-
-
-def _branch_op(op: Op) -> bool:
-    """An operation one branch may apply to its own product before the branches meet: a scale by a number or an
-    added term, which the emitters turn into updates of the scale and the mask inside that branch."""
-    return isinstance(op, AddTerm) or (isinstance(op, Scale) and not op.per_query)
-
-
-def branch_of(branches: Sequence[tuple[cst.BaseExpression | None, object]], index: int) -> Branch:
-    """Branch `index` of an `if` whose branches are `branches` (each test, None for `else`)."""
-    tests = [test for test, _ in branches if test is not None]
-    return Branch(" | ".join(code(test) for test in tests), index, frozenset(n for t in tests for n in _names_in(t)))
-
-
-def _changed_in_place(small: cst.BaseSmallStatement) -> set[str]:
-    """The names whose value a statement changes without rebinding them: the receiver of an in-place method
-    (`m.mul_(2)`, `m.masked_fill_(...)`) and the object an item or attribute is assigned into (`m[0] = 1`)."""
-    out: set[str] = set()
-    if isinstance(small, cst.Expr):
-        found = p.method_call(small.value)
-        if found is not None and found[1].endswith("_") and not found[1].startswith("_"):
-            out |= {n.value for n in [_root_name(found[0])] if n is not None}
-    elif isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-        targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
-        for target in targets:
-            if isinstance(target, (cst.Subscript, cst.Attribute)):
-                out |= {n.value for n in [_root_name(target)] if n is not None}
-    return out
-
-
-def _basic_index(index: cst.BaseSlice) -> str | None:
-    """"integer" for `x[2]` or `x[-1]` (the dimension dropped), "slice" for `x[a:b]` (kept), else None (`x[None]`,
-    `x[...]`, a tensor index: not read)."""
-    if isinstance(index, cst.Slice):
-        return "slice"
-    value = index.value if isinstance(index, cst.Index) else None
-    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
-        value = value.expression
-    return "integer" if isinstance(value, cst.Integer) else None
-
-
-def _root_name(node: cst.BaseExpression) -> cst.Name | None:
-    while isinstance(node, (cst.Subscript, cst.Attribute)):
-        node = node.value
-    return node if isinstance(node, cst.Name) else None
 
 
 def _all_params(params: cst.Parameters) -> list[cst.Param]:
@@ -1447,16 +430,6 @@ def _all_params(params: cst.Parameters) -> list[cst.Param]:
     if params.star_kwarg is not None:
         out.append(params.star_kwarg)
     return out
-
-
-def _is_shape(node: cst.BaseExpression) -> bool:
-    if isinstance(node, cst.Attribute) and node.attr.value == "shape":
-        return True
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "size":
-        return not node.args
-    if isinstance(node, cst.Subscript):
-        return _is_shape(node.value)
-    return False
 
 
 def _numeric_annotation(node: cst.BaseExpression) -> bool:
@@ -1472,148 +445,3 @@ def _numeric_annotation(node: cst.BaseExpression) -> bool:
         inner = node.slice[0].slice
         return isinstance(inner, cst.Index) and _numeric_annotation(inner.value)
     return False
-
-
-def _names_in(node: cst.CSTNode) -> set[str]:
-    return p.walk_names(node)
-
-
-def _same_value(a: Value, b: Value | None) -> bool:
-    if b is None:
-        return False
-    if isinstance(a, ChainVal) and isinstance(b, ChainVal):
-        return a == b
-    if isinstance(a, ExprVal) and isinstance(b, ExprVal):
-        return a.node is b.node
-    return False
-
-
-def _only_raises(body: Sequence[cst.BaseStatement]) -> bool:
-    return bool(body) and all(
-        isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, cst.Raise) for x in s.body) for s in body
-    )
-
-
-def _size_read(node: cst.CSTNode) -> tuple[cst.Name, int] | None:
-    """`x.size(i)` or `x.shape[i]` with a literal index: (x, i)."""
-    if (
-        isinstance(node, cst.Call)
-        and isinstance(node.func, cst.Attribute)
-        and node.func.attr.value == "size"
-        and isinstance(node.func.value, cst.Name)
-        and len(node.args) == 1
-        and node.args[0].keyword is None
-    ):
-        index = p.number(node.args[0].value)
-        return (node.func.value, int(index)) if index is not None and index == int(index) else None
-    if (
-        isinstance(node, cst.Subscript)
-        and isinstance(node.value, cst.Attribute)
-        and node.value.attr.value == "shape"
-        and isinstance(node.value.value, cst.Name)
-        and len(node.slice) == 1
-        and isinstance(node.slice[0].slice, cst.Index)
-    ):
-        index = p.number(node.slice[0].slice.value)
-        return (node.value.value, int(index)) if index is not None and index == int(index) else None
-    return None
-
-
-def _unbound(value: cst.BaseExpression) -> cst.BaseExpression | None:
-    """`x` of `x.unbind(0)` / `x.unbind(dim=0)` / `torch.unbind(x, 0)` (the first dimension only)."""
-    if not isinstance(value, cst.Call):
-        return None
-    dims = [a for a in value.args if a.keyword is None or a.keyword.value == "dim"]
-    if isinstance(value.func, cst.Attribute) and value.func.attr.value == "unbind":
-        if m.matches(value.func.value, m.Name("torch")):
-            source, dims = (dims[0].value, dims[1:]) if dims else (None, [])
-        else:
-            source = value.func.value
-        if source is not None and (not dims or m.matches(dims[0].value, m.Integer("0"))) and len(dims) <= 1:
-            return source
-    return None
-
-
-def _contains_softmax(node: cst.CSTNode, scope: p.Scope) -> bool:
-    finder = _Softmaxes(scope)
-    node.visit(finder)
-    return finder.found
-
-
-class _Softmaxes(cst.CSTVisitor):
-    def __init__(self, scope: p.Scope) -> None:
-        self.scope = scope
-        self.found = False
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if p.softmax_call(node, self.scope) is not None:
-            self.found = True
-
-
-class _Products(cst.CSTVisitor):
-    def __init__(self, scope: p.Scope) -> None:
-        self.scope = scope
-        self.found: list[tuple[cst.BaseExpression, p.Product]] = []
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.BaseExpression):
-            product = p.product(node, self.scope)
-            if product is not None:
-                self.found.append((node, product))
-        return True
-
-
-class _ChainReads(cst.CSTVisitor):
-    """Reads of chain names, sorted into `.dtype`/`.device` attributes, `expand_as(chain)`, shape reads and others."""
-
-    def __init__(self, env: dict[str, Value], exclude: cst.CSTNode | None) -> None:
-        self.env = env
-        self.exclude = exclude
-        self.attributes: list[cst.Attribute] = []
-        self.expands: list[cst.Call] = []
-        self.reshapes: list[tuple[cst.Call, cst.Name]] = []  # `x.reshape_as(scores)`, `x.view_as(scores)`
-        self.shapes: list[cst.Name] = []
-        self.sizes: list[tuple[cst.CSTNode, cst.Name, int]] = []  # `scores.size(i)`, `scores.shape[i]`
-        self.plain: list[cst.Name] = []
-
-    def is_chain(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, cst.Name) and isinstance(self.env.get(node.value), ChainVal)
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if node is self.exclude:
-            return False
-        size = _size_read(node)
-        if size is not None and self.is_chain(size[0]):
-            self.sizes.append((node, size[0], size[1]))
-            return False
-        if isinstance(node, cst.Attribute) and self.is_chain(node.value):
-            if node.attr.value in ("dtype", "device"):
-                self.attributes.append(node)
-                return False
-            if node.attr.value in ("shape", "ndim"):
-                self.shapes.append(node.value)  # type: ignore[arg-type]
-                return False
-            if node.attr.value in ("size", "dim"):
-                self.shapes.append(node.value)  # type: ignore[arg-type]
-                return False
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-            if node.func.attr.value == "expand_as" and len(node.args) == 1 and self.is_chain(node.args[0].value):
-                self.expands.append(node)
-                node.func.value.visit(self)
-                return False
-            if node.func.attr.value in ("reshape_as", "view_as") and len(node.args) == 1 and self.is_chain(node.args[0].value):
-                target = node.args[0].value
-                assert isinstance(target, cst.Name)
-                self.reshapes.append((node, target))
-                node.func.value.visit(self)
-                return False
-        if isinstance(node, cst.Name) and self.is_chain(node):
-            self.plain.append(node)
-        if isinstance(node, cst.Arg):
-            node.value.visit(self)
-            return False
-        if isinstance(node, cst.Attribute):
-            node.value.visit(self)
-            return False
-        return True
-

@@ -451,7 +451,7 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         "exact", None,
     ),
     # a settings branch (`if self.landmarks == self.seq_len:` exact, else tanh) whose exact side returns its scores
-    # under a switch of the call (`if return_scores:`): was S109, since `_one_branch` tried the side alone; the side
+    # under a switch of the call (`if return_scores:`): was S109, since `one_branch` tried the side alone; the side
     # is now tried with each optional fact too, and the SDPA class falls back for either (seeds 206070, 206177)
     "12z14: a switch of the call on the exact side of a settings branch, 4.x": (
         Spec(settings_branch=True, switches="single"),

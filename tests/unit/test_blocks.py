@@ -1,5 +1,5 @@
 """Score matrices joined from blocks (`analyse/forms/blocks.py`), and a query-key product each branch of an `if`
-computes its own way (`Tracer.alternatives`): what ports, and the look-alikes refused, on the blocks fixture."""
+computes its own way (`ChainBook.alternatives`): what ports, and the look-alikes refused, on the blocks fixture."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sdpa_port import Status, Style, port_source
-from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.chain_book import ChainBook
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "class_style" / "modeling_tiny_blocks.py"
 JOINED = "            scores = torch.cat([token_rows, memory_rows], dim=2)\n"
@@ -126,7 +126,7 @@ def test_a_product_replaced_in_one_branch_only_is_refused() -> None:
 
 def test_without_the_alternatives_rule_the_blocks_stay_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """The blocks' branch ports because of the rule: without it, only the other branch does."""
-    monkeypatch.setattr(t.Tracer, "alternatives", lambda self, values, first_new, line: None)
+    monkeypatch.setattr(ChainBook, "alternatives", lambda self, values, first_new, line: None)
     ported = port_source(fixture(), style=Style.CLASS)
     assert "        if output_attentions or self.block_queries:\n" in sdpa_forward(ported.source)
 

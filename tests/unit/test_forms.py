@@ -103,14 +103,14 @@ def test_a_helper_parameter_has_the_rank_the_caller_passes_while_it_holds_that_v
     assert isinstance(function, cst.FunctionDef)
     tracer = t.Tracer(facts, None, function, param_ranks=(("query", 4),))
     tracer.run()
-    assert tracer.rank_of(cst.Name("query")) == rank
+    assert tracer.ranks.rank_of(cst.Name("query")) == rank
 
 
 def test_a_rank_passed_to_a_helper_is_read_only_from_names_forward_assigns() -> None:
     """`built` is 4-D wherever it is bound; forward's parameter `query` is whatever the caller gave until forward
     reassigns it, which may be after the call: its assignments say nothing of the value passed; `both` is also bound
     by unpacking, which no reshape tells the rank of."""
-    from sdpa_port.analyse.recognise import passed_ranks
+    from sdpa_port.analyse.helpers import passed_ranks
 
     source = (
         "def forward(self, query):\n"

@@ -1,5 +1,5 @@
 """Scores a helper method computes (`analyse/score_helpers.py`), written out in the class style's SDPA forward, and
-a branch scaling its own product or adding a term before the branches meet (`Tracer.alternatives`): what ports, on
+a branch scaling its own product or adding a term before the branches meet (`ChainBook.alternatives`): what ports, on
 the Conformer fixture, and the look-alikes whose relative side stays on eager, with the reason."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The forms of an eager attention score chain the tracer reads, one recogniser each.
 
-The tracer (`analyse/trace.py`) keeps the environment (what each local holds) and the chains' bookkeeping; what an
-expression does to a chain is decided here. A recogniser takes the tracer, an expression and its line, and answers
+The tracer (`analyse/trace.py`) keeps the environment (what each local holds), the chains' bookkeeping
+(`tracer.chains`), their reads (`tracer.reads`) and the ranks of tensors (`tracer.ranks`); what an expression does
+to a chain is decided here. A recogniser takes the tracer, an expression and its line, and answers
 
 - `None`: the expression is not this form (the next one is tried);
 - `(chain value, operations)`: the chain the expression continues (found through `tracer.decompose` on the

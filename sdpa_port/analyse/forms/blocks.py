@@ -34,11 +34,13 @@ CONCATENATIONS = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
 
 @dataclass(frozen=True)
 class Block:
-    """A block's operands laid out for one product, and what they are: equal ids, the same tensor (None: not known).
-    Zeros beside an operand take their leading sizes from its `like` (a plain operand where there is one) and their
-    widths from an operand of the same side per slice of the head dimension (`query_widths`, `key_widths`): the
-    joined query reads only what the queries read, the joined key what the keys read, as analyses of where the keys
-    come from (caches, cross-attention states) expect."""
+    """A block's operands laid out for one product, and what they are.
+
+    What they are: equal ids, the same tensor (None: not known). Zeros beside an operand take their leading sizes from
+    its `like` (a plain operand where there is one) and their widths from an operand of the same side per slice of the
+    head dimension (`query_widths`, `key_widths`): the joined query reads only what the queries read, the joined key
+    what the keys read, as analyses of where the keys come from (caches, cross-attention states) expect.
+    """
 
     query: cst.BaseExpression
     key: cst.BaseExpression
@@ -51,8 +53,11 @@ class Block:
 
 
 def joined_blocks(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    """`torch.cat([scores_a, scores_b], dim=-1)` of bare query-key products (or of blocks joined so before), along
-    the keys or the queries: a new chain starts at one product of operands joined as the module docstring says."""
+    """Query-key products joined along the keys or the queries by `torch.cat`: a new chain starts.
+
+    `torch.cat([scores_a, scores_b], dim=-1)` of bare query-key products (or of blocks joined so before); the chain
+    starts at one product of operands joined as the module docstring says.
+    """
     if not isinstance(node, cst.Call) or tracer.scope.qualify(node.func) not in CONCATENATIONS:
         return None
     listed = p.arg(node, 0, "tensors")
@@ -70,7 +75,7 @@ def joined_blocks(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recogn
             parts.append(_part(tracer, element.value, line))
         except Poison as poison:
             # refused for every chain listed, those read by name and the products listed before this one
-            poison.cids |= tracer.chain_refs(listed) | {candidate.cid for candidate, _ in parts}
+            poison.cids |= tracer.reads.chain_refs(listed) | {candidate.cid for candidate, _ in parts}
             raise
     cids = {candidate.cid for candidate, _ in parts}
     ranks = {candidate.start.rank for candidate, _ in parts if candidate.start is not None}
@@ -101,22 +106,22 @@ def joined_blocks(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recogn
     )
     members = tuple(member for candidate, _ in parts for member in (candidate.start_node, *candidate.members) if member is not None)
     bindings = tuple(sorted({binding for part, _ in parts for binding in part.start_bindings}))
-    cid = tracer.new_chain(start, node, line, bindings, members)
-    tracer.blocks[cid] = block
+    cid = tracer.chains.new_chain(start, node, line, bindings, members)
+    tracer.chains.blocks[cid] = block
     for part, _ in parts:
-        tracer.join(part.cid, cid, line, drop=True)
+        tracer.chains.join(part.cid, cid, line, drop=True)
     return ChainVal(cid, SCORES, rank), [start]
 
 
 def _part(tracer: Tracer, node: cst.BaseExpression, line: int) -> tuple[Candidate, Block]:
-    """One listed tensor: a bare query-key product (named or inline), or a block matrix joined before."""
+    """One listed tensor: a bare query-key product, named or inline, or a block matrix joined before."""
     try:
         base, ops = tracer.decompose(node, line)
     except NotChain as error:
         raise Poison(
-            Code.SCORES_TRANSFORMED, f"the scores are concatenated with `{short(node)}`, which is no query-key product", tracer.chain_refs(node)
+            Code.SCORES_TRANSFORMED, f"the scores are concatenated with `{short(node)}`, which is no query-key product", tracer.reads.chain_refs(node)
         ) from error
-    candidate = tracer.candidates[base.cid]
+    candidate = tracer.chains.candidates[base.cid]
     start = candidate.start
     recorded = [op for op, _, _ in candidate.ops]
     named, inline = recorded == [start] and not ops, ops == [start] and not recorded
@@ -141,8 +146,8 @@ def _part(tracer: Tracer, node: cst.BaseExpression, line: int) -> tuple[Candidat
             f"`{changed[0]}` changes between the product `{short(node)}` and the concatenation of the scores",
             {base.cid},
         )
-    if candidate.cid in tracer.blocks:
-        return candidate, tracer.blocks[candidate.cid]
+    if candidate.cid in tracer.chains.blocks:
+        return candidate, tracer.chains.blocks[candidate.cid]
     query, key = start.query, start.key
     return candidate, Block(query, key, _identity(tracer, query), _identity(tracer, key), query, key, (query,), (key,))
 
@@ -161,9 +166,11 @@ def _axis(dim: cst.BaseExpression | None, rank: int | None) -> int | None:
 
 
 def _identity(tracer: Tracer, node: cst.BaseExpression) -> Hashable | None:
-    """What a block operand is, comparable between blocks: its expression (a name read through the expression it
-    holds), when every name it reads has kept one value throughout (a parameter never assigned, a local assigned
-    once), else None."""
+    """What a block operand is, comparable between blocks.
+
+    Its expression (a name read through the expression it holds), when every name it reads has kept one value
+    throughout (a parameter never assigned, a local assigned once), else None.
+    """
     for _ in range(4):
         if not isinstance(node, cst.Name):
             break
@@ -179,16 +186,22 @@ def _identity(tracer: Tracer, node: cst.BaseExpression) -> Hashable | None:
 
 
 def _joined(blocks: Sequence[Block], along_keys: bool) -> Block:
-    """Blocks side by side (`along_keys`) or stacked: one query and one key whose product is the joined matrix.
-    Stacking is joining side by side with the roles of query and key exchanged."""
+    """One query and one key whose product is the blocks' joined matrix.
+
+    The blocks sit side by side (`along_keys`) or stacked; stacking is joining side by side with the roles of query and
+    key exchanged.
+    """
     if not along_keys:
         return _swapped(_side_by_side([_swapped(b) for b in blocks]))
     return _side_by_side(blocks)
 
 
 def _side_by_side(blocks: Sequence[Block]) -> Block:
-    """Blocks side by side: the keys one after another, and the queries either one shared query (its slices) or
-    each on slices of its own, the keys padded with zeros to match."""
+    """The query and key of blocks side by side.
+
+    The keys one after another, and the queries either one shared query (its slices) or each on slices of its own, the
+    keys padded with zeros to match.
+    """
     first = blocks[0]
     if _same(b.query_id for b in blocks):
         keys = _cat([b.key for b in blocks], -2)
@@ -208,7 +221,7 @@ def _side_by_side(blocks: Sequence[Block]) -> Block:
 
 
 def _swapped(block: Block) -> Block:
-    """The block with the roles of its query and key exchanged (its transposed product)."""
+    """The block with the roles of its query and key exchanged, for its transposed product."""
     return Block(
         block.key, block.query, block.key_id, block.query_id, block.key_like, block.query_like, block.key_widths, block.query_widths
     )
@@ -224,8 +237,11 @@ def _ids(kind: str, ids: Sequence[Hashable | None]) -> Hashable | None:
 
 
 def _on_own_slices(blocks: Sequence[Block], index: int) -> cst.BaseExpression:
-    """Block `index`'s key on its own slices of the head dimension: zeros as wide as each slice of the other blocks
-    around it (read from their keys, so that the joined key reads only what the keys read)."""
+    """Block `index`'s key on its own slices of the head dimension.
+
+    Zeros as wide as each slice of the other blocks around it, read from their keys, so that the joined key reads only
+    what the keys read.
+    """
     own = blocks[index]
     pieces: list[cst.BaseExpression] = []
     for i, block in enumerate(blocks):
@@ -234,13 +250,13 @@ def _on_own_slices(blocks: Sequence[Block], index: int) -> cst.BaseExpression:
 
 
 def _zeros(like: cst.BaseExpression, wide: cst.BaseExpression) -> cst.BaseExpression:
-    """`like.new_zeros(like.shape[:-1] + wide.shape[-1:])`."""
+    """Zeros shaped as `like` but as wide as `wide`: `like.new_zeros(like.shape[:-1] + wide.shape[-1:])`."""
     shape = cst.BinaryOperation(_shape_slice(like, upper=True), cst.Add(), _shape_slice(wide, upper=False))
     return cst.Call(func=cst.Attribute(value=primary(like.deep_clone()), attr=cst.Name("new_zeros")), args=[cst.Arg(shape)])
 
 
 def _shape_slice(node: cst.BaseExpression, upper: bool) -> cst.BaseExpression:
-    """`node.shape[:-1]` (`upper`) or `node.shape[-1:]`."""
+    """The leading sizes `node.shape[:-1]` with `upper`, else the last `node.shape[-1:]`."""
     bound = cst.UnaryOperation(cst.Minus(), cst.Integer("1"))
     piece = cst.Slice(lower=None, upper=bound) if upper else cst.Slice(lower=bound, upper=None)
     return cst.Subscript(
@@ -249,7 +265,10 @@ def _shape_slice(node: cst.BaseExpression, upper: bool) -> cst.BaseExpression:
 
 
 def _cat(pieces: Sequence[cst.BaseExpression], dim: int) -> cst.BaseExpression:
-    """`torch.cat([...], dim=dim)`, a piece that is itself concatenated along `dim` spliced in; one piece alone."""
+    """The pieces joined by `torch.cat([...], dim=dim)`, or one piece alone.
+
+    A piece that is itself concatenated along `dim` is spliced in.
+    """
     flat = [inner for piece in pieces for inner in (_cat_pieces(piece, dim) or [piece])]
     if len(flat) == 1:
         return flat[0]

@@ -26,10 +26,13 @@ self.temperature = nn.Parameter(torch.ones(8))  # one per key: not a scale
 
 @dataclass(frozen=True)
 class Example:
-    """A forward body a recogniser decides, run by `tests/unit/test_forms.py` in `Attention.forward(self, query,
-    key, value, attention_mask=None, head_mask=None, output_attentions=False)` of a module whose `__init__` runs
-    EXAMPLE_INIT and `init`. Without `refused` the attention is ported and its chain holds an operation of type
-    `op`, which it no longer does with the form taken out of `FORMS`; with it, the port is refused with that code."""
+    """A forward body a recogniser decides, with what it becomes.
+
+    `tests/unit/test_forms.py` runs it in `Attention.forward(self, query, key, value, attention_mask=None,
+    head_mask=None, output_attentions=False)` of a module whose `__init__` runs EXAMPLE_INIT and `init`. Without
+    `refused` the attention is ported and its chain holds an operation of type `op`, which it no longer does with the
+    form taken out of `FORMS`; with it, the port is refused with that code.
+    """
 
     body: str
     op: type | None = None
@@ -40,8 +43,10 @@ class Example:
 
 
 def scored(lines: str, before: str = "") -> str:
-    """An example body: `before`, the scores `q @ k^T`, `lines` (ending with the probabilities in `probs`), and the
-    product with V."""
+    """An example body: `before`, the scores, `lines`, and the product with V.
+
+    The scores are `q @ k^T`; `lines` end with the probabilities in `probs`.
+    """
     return f"{before}scores = torch.matmul(query, key.transpose(-1, -2))\n{lines}\nreturn torch.matmul(probs, value)"
 
 
@@ -68,7 +73,10 @@ def casts_to_float32(node: cst.Call, scope: p.Scope) -> bool:
 
 
 def _is_dtype_cast(node: cst.Call) -> bool:
-    """`.to(x.dtype)`, `.to(torch.float32)`, `.type(value.dtype)`, `.type_as(t)` (no device moves)."""
+    """A cast of dtype only, no device move.
+
+    `.to(x.dtype)`, `.to(torch.float32)`, `.type(value.dtype)`, `.type_as(t)`.
+    """
     for a in node.args:
         if a.keyword is not None and a.keyword.value not in ("dtype",):
             return False
@@ -78,8 +86,10 @@ def _is_dtype_cast(node: cst.Call) -> bool:
 def method_on_chain(
     tracer: Tracer, node: cst.BaseExpression, names: frozenset[str] | set[str]
 ) -> tuple[cst.Call, cst.BaseExpression, str] | None:
-    """`x.name(...)` with `name` in `names` and `x` holding a chain or a product that starts one: (the call, `x`,
-    the name)."""
+    """The call, its receiver and the name of `x.name(...)` on a chain.
+
+    `name` is in `names` and `x` holds a chain or a product that starts one.
+    """
     found = p.method_call(node, names)
     if found is None or not isinstance(node, cst.Call) or not tracer.chain_or_start(found[0]):
         return None

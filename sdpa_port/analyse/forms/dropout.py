@@ -1,6 +1,8 @@
-"""Dropout of the probabilities: `self.dropout(probs)`, `nn.functional.dropout(probs, p=..., training=...)`, and
-a module of the file that hands its input back unless its own settings say otherwise (DeBERTa's StableDropout: the
-SDPA class then runs eager whenever those settings hold). Applied to the scores it is refused S112.
+"""Dropout of the probabilities, functional or a module; applied to the scores it is refused S112.
+
+`self.dropout(probs)`, `nn.functional.dropout(probs, p=..., training=...)`, and a module of the file that hands its
+input back unless its own settings say otherwise (DeBERTa's StableDropout: the SDPA class then runs eager whenever
+those settings hold).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
 def dropout(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
     found = p.dropout_call(node, tracer.scope)
-    if found is None or not tracer.chain_refs(found.operand):
+    if found is None or not tracer.reads.chain_refs(found.operand):
         return None
     base, ops = tracer.decompose(found.operand, line)
     tracer.require(base, ops, PROBS, "dropout", line, Code.DROPOUT)
@@ -39,7 +41,7 @@ def dropout(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
 def identity_module(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
     """A module of the file that is the identity unless its settings say otherwise: no operation, and a fallback."""
     identity = identity_unless(node, tracer.facts, tracer.class_name) if isinstance(node, cst.Call) else None
-    if identity is None or not tracer.chain_refs(identity[0]):
+    if identity is None or not tracer.reads.chain_refs(identity[0]):
         return None
     base, ops = tracer.decompose(identity[0], line)
     tracer.require(base, ops, PROBS, "dropout", line, Code.DROPOUT)

@@ -1,12 +1,13 @@
-"""Masking fills: the scores set to a large negative value where a condition says so, and the probabilities set to
-0 afterwards where the same mask masked them.
+"""Masking fills: the scores set very negative where a condition says so, the probabilities zeroed where it did.
+
+The probabilities are set to 0 after the softmax where the same mask masked the scores.
 
 `scores.masked_fill(mask, value)`, `torch.masked_fill`, `torch.where(condition, scores, value)` either way round, and
 GPT's TensorFlow-era blend `scores * b + v * (1 - b)` over a triangular buffer of ones. What is read: the condition
-(negations undone), whether the fill absorbs the scores it replaces (-inf, finfo.min) or not (-1e4), whether a
-triangle buffer makes it causal (bottom-right) or top-left, and whether it can mask every key of a real row. A fill
-with a value that is not very negative is refused M201; a zeroing after the softmax is exact only where an absorbing
-fill masked the same positions (M201 otherwise) and nothing else masks the row (M202 otherwise).
+(negations undone), whether the fill absorbs the scores it replaces (-inf, finfo.min) or not (-1e4), whether a triangle
+buffer makes it causal (bottom-right) or top-left, and whether it can mask every key of a real row. A fill with a value
+that is not very negative is refused M201; a zeroing after the softmax is exact only where an absorbing fill masked the
+same positions (M201 otherwise) and nothing else masks the row (M202 otherwise).
 """
 
 from __future__ import annotations
@@ -57,12 +58,12 @@ def where(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | N
     ):
         return None
     condition, when_true, when_false = (a.value for a in node.args)
-    if tracer.chain_value_refs(condition):
-        raise Poison(Code.SCORES_READ, "the scores decide their own mask", tracer.chain_value_refs(condition))
-    if tracer.chain_or_start(when_true) and not tracer.chain_value_refs(when_false):
+    if tracer.reads.chain_value_refs(condition):
+        raise Poison(Code.SCORES_READ, "the scores decide their own mask", tracer.reads.chain_value_refs(condition))
+    if tracer.chain_or_start(when_true) and not tracer.reads.chain_value_refs(when_false):
         base, ops = tracer.decompose(when_true, line)
         return base, [*ops, masking_fill(tracer, condition, when_false, True, line, base.cid, ops)]
-    if tracer.chain_or_start(when_false) and not tracer.chain_value_refs(when_true):
+    if tracer.chain_or_start(when_false) and not tracer.reads.chain_value_refs(when_true):
         base, ops = tracer.decompose(when_false, line)
         return base, [*ops, masking_fill(tracer, condition, when_true, False, line, base.cid, ops)]
     return None
@@ -82,9 +83,11 @@ def blended(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
 def blend(
     tracer: Tracer, node: cst.BinaryOperation
 ) -> tuple[cst.BaseExpression, cst.BaseExpression, cst.BaseExpression] | None:
-    """`scores * b + v * (1 - b)` (or `- c * (1 - b)`), GPT's TensorFlow-era masking, with `b` a slice of a
-    lower-triangular buffer of ones (every entry 0 or 1): exactly `torch.where(b.bool(), scores, v)` for finite
-    scores. Gives (the scores' expression, the condition, the fill)."""
+    """GPT's TensorFlow-era masking `scores * b + v * (1 - b)`: the scores, the condition, the fill.
+
+    Also `- c * (1 - b)`, with `b` a slice of a lower-triangular buffer of ones (every entry 0 or 1): exactly
+    `torch.where(b.bool(), scores, v)` for finite scores.
+    """
     if not isinstance(node.operator, (cst.Add, cst.Subtract)):
         return None
     kept = _times(node.left)
@@ -92,10 +95,10 @@ def blend(
     if kept is None or masked is None:
         return None
     for scores, weight in (kept, kept[::-1]):
-        if not tracer.chain_or_start(scores) or tracer.chain_value_refs(weight):
+        if not tracer.chain_or_start(scores) or tracer.reads.chain_value_refs(weight):
             continue
         for value, complement in (masked, masked[::-1]):
-            if tracer.chain_value_refs(value) or not _one_minus(complement, weight):
+            if tracer.reads.chain_value_refs(value) or not _one_minus(complement, weight):
                 continue
             if isinstance(node.operator, cst.Subtract):
                 value = cst.UnaryOperation(cst.Minus(), value if precedence(value) >= 12 else parenthesized(value))
@@ -115,11 +118,13 @@ def masking_fill(
     cid: int,
     pending: Sequence[Op] = (),
 ) -> Fill | ZeroRows:
-    """A masking fill of the scores; after the softmax (`pending`, the ops of the expression so far, may hold
-    it), a zeroing of the probabilities where an earlier fill masked the scores."""
+    """A masking fill of the scores, or after the softmax a zeroing where an earlier fill masked them.
+
+    `pending`, the ops of the expression so far, may hold the softmax.
+    """
     if condition is None or fill is None:
         raise Poison(Code.FILL_VALUE, "a masking fill without a mask or a value", {cid})
-    candidate = tracer.candidates[cid]
+    candidate = tracer.chains.candidates[cid]
     if candidate.stage == PROBS or any(isinstance(op, Softmax) for op in pending):
         return zero_rows(tracer, condition, fill, keep_where_true, cid, pending)
     if not p.is_very_negative(fill, tracer.scope):
@@ -133,11 +138,11 @@ def masking_fill(
     causal = diagonal is Diagonal.CAUSAL
     absorbing = p.is_absorbing(fill, tracer.scope)
     row_safe = diagonal is not None or is_padding_condition(tracer, condition)
-    detached = tracer.detach(condition, cid)
+    detached = tracer.reads.detach(condition, cid)
     return Fill(
         detached,
         keep_where_true,
-        tracer.detach(fill, cid),
+        tracer.reads.detach(fill, cid),
         causal,
         absorbing,
         row_safe,
@@ -145,7 +150,7 @@ def masking_fill(
         path=tuple(tracer.path),
         bindings=bindings_of(tracer, detached),
         with_chain=always_applied(tracer, condition, cid),
-        rank=tracer.rank_of(condition),
+        rank=tracer.ranks.rank_of(condition),
     )
 
 
@@ -161,15 +166,17 @@ def zero_rows(
     cid: int,
     pending: Sequence[Op],
 ) -> ZeroRows:
-    """`softmax(masked).masked_fill(mask, 0)`: exact on SDPA as zeroed output rows where `mask` masks every key,
-    when the scores were masked by `mask` with an absorbing value, in the same or an enclosing branch, with no
-    name of it reassigned since, and nothing else masks the scores (another mask could empty the rest of a
-    row, whose probabilities at `mask` would then not be 0 before the zeroing)."""
+    """A zeroing of the probabilities where `mask` masks every key, exact on SDPA as zeroed output rows.
+
+    `softmax(masked).masked_fill(mask, 0)` is exact when the scores were masked by `mask` with an absorbing value, in
+    the same or an enclosing branch, with no name of it reassigned since, and nothing else masks the scores (another
+    mask could empty the rest of a row, whose probabilities at `mask` would then not be 0 before the zeroing).
+    """
     if p.fill_number(fill, tracer.scope) != 0:
         raise Poison(Code.FILL_VALUE, f"the probabilities are set to `{short(fill)}` after the softmax", {cid})
     condition, keep_where_true = kept_condition(tracer, condition, keep_where_true)  # as `fill` reads it
-    detached = tracer.detach(condition, cid)
-    ops = [op for op, _, _ in tracer.candidates[cid].ops] + list(pending)
+    detached = tracer.reads.detach(condition, cid)
+    ops = [op for op, _, _ in tracer.chains.candidates[cid].ops] + list(pending)
     fills = [op for op in ops if isinstance(op, Fill)]
     masks = [op for op in ops if isinstance(op, Guard)] + [
         op for op in ops if isinstance(op, AddTerm) and any("mask" in n for n in p.walk_names(op.term))
@@ -209,15 +216,20 @@ def zero_rows(
 
 
 def is_padding_condition(tracer: Tracer, node: cst.BaseExpression) -> bool:
-    """A condition read from the mask parameters only (`~attention_mask`, `mask == 0`, `mask.bool()`)."""
+    """A condition read from the mask parameters only.
+
+    `~attention_mask`, `mask == 0`, `mask.bool()`.
+    """
     names = p.walk_names(node)
     masks = {n for n in names if n in tracer.params and "mask" in n and not n.endswith("head_mask")}
     return bool(masks) and names <= masks | {"torch"}
 
 
 def triangle_slice(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> tuple[Diagonal, cst.Subscript] | None:
-    """A slice, sliced anywhere, of a registered buffer built as a triangle of ones (entries 0 or 1), through
-    locals and casts: what the buffer keeps, and the slice."""
+    """A slice of a registered buffer built as a triangle of ones: what the buffer keeps, and the slice.
+
+    Sliced anywhere, the entries 0 or 1, followed through locals and casts.
+    """
     if depth > 4:
         return None
     if isinstance(node, cst.Name):
@@ -244,8 +256,11 @@ def triangle_slice(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> 
 def kept_condition(
     tracer: Tracer, condition: cst.BaseExpression, keep_where_true: bool
 ) -> tuple[cst.BaseExpression, bool]:
-    """A fill's condition read as where it keeps, when it can be: `masked_fill(bias == 0, f)` and
-    `masked_fill(bias < 0.5, f)` over a 0/1 triangle keep where `bias != 0` (`bias` itself, when boolean)."""
+    """A fill's condition read as where it keeps, when it can be.
+
+    `masked_fill(bias == 0, f)` and `masked_fill(bias < 0.5, f)` over a 0/1 triangle keep where `bias != 0` (`bias`
+    itself, when boolean).
+    """
     negated = None if keep_where_true else negation_of(tracer, condition)
     if negated is not None:
         return negated, True
@@ -256,9 +271,11 @@ def kept_condition(
 
 
 def negation_of(tracer: Tracer, node: cst.BaseExpression) -> cst.BaseExpression | None:
-    """The boolean a negation negates: `~x` gives `x` (a valid mask only for a boolean `x`); `x == 0`, `x.eq(0)`,
-    `x.logical_not()` and `torch.logical_not(x)` give `x` where it is proven boolean and `x != 0` otherwise, so a
-    mask of any dtype keeps its comparison."""
+    """The boolean a negation negates, kept as a comparison for a mask of any dtype.
+
+    `~x` gives `x` (a valid mask only for a boolean `x`); `x == 0`, `x.eq(0)`, `x.logical_not()` and
+    `torch.logical_not(x)` give `x` where it is proven boolean and `x != 0` otherwise.
+    """
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
         return node.expression
     operand = _compared_with_zero(tracer, node)
@@ -272,7 +289,7 @@ def negation_of(tracer: Tracer, node: cst.BaseExpression) -> cst.BaseExpression 
 
 
 def _compared_with_zero(tracer: Tracer, node: cst.BaseExpression) -> cst.BaseExpression | None:
-    """`x` of `x == 0`, `x.eq(0)` or `torch.eq(x, 0)`."""
+    """The `x` of `x == 0`, `x.eq(0)` or `torch.eq(x, 0)`."""
     if (
         isinstance(node, cst.Comparison)
         and len(node.comparisons) == 1
@@ -308,8 +325,10 @@ def booleans(tracer: Tracer) -> BooleanReader:
 
 
 def _triangle_threshold(tracer: Tracer, node: cst.BaseExpression) -> tuple[cst.BaseExpression, bool] | None:
-    """A triangle buffer's slice compared with a number between its 0s and 1s (`bias < 0.5`, `bias != 0`): the
-    slice as a boolean, and whether the comparison holds where the buffer keeps (is 1)."""
+    """A triangle buffer's slice compared with a number between its 0s and 1s.
+
+    `bias < 0.5`, `bias != 0`: the slice as a boolean, and whether the comparison holds where the buffer keeps (is 1).
+    """
     found = zero_one_threshold(node)
     if found is None or triangle_slice(tracer, found[0]) is None:
         return None
@@ -324,7 +343,7 @@ def _times(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpres
 
 
 def _one_minus(node: cst.BaseExpression, weight: cst.BaseExpression) -> bool:
-    """`1 - weight` (or `1.0 - weight`), the weight written the same way."""
+    """The weight of `1 - weight` or `1.0 - weight`, when written the same way as `weight`."""
     return (
         isinstance(node, cst.BinaryOperation)
         and isinstance(node.operator, cst.Subtract)
@@ -334,7 +353,10 @@ def _one_minus(node: cst.BaseExpression, weight: cst.BaseExpression) -> bool:
 
 
 class Diagonal(enum.Enum):
-    """What a boolean buffer keeps around its diagonal (each query keeps at least itself in both)."""
+    """What a boolean buffer keeps around its diagonal.
+
+    Each query keeps at least itself in both.
+    """
 
     CAUSAL = "causal"  # tril(ones): every key up to the query
     BANDED = "banded"  # tril(ones) minus tril(ones, -w): a sliding window ending at the query
@@ -347,8 +369,11 @@ def buffer_diagonal(
     depth: int = 0,
     resolving: frozenset[str] = frozenset(),
 ) -> Diagonal | None:
-    """Read a registered buffer: `torch.tril(torch.ones(n, n))` (viewed, cast), or that XOR-ed with a tril shifted
-    below the diagonal (`bitwise_xor(bias, tril(bias, -window))`), following the locals of the registering method."""
+    """Read a registered buffer built as a lower triangle of ones, perhaps less a band below it.
+
+    `torch.tril(torch.ones(n, n))` (viewed, cast), or that XOR-ed with a tril shifted below the diagonal
+    (`bitwise_xor(bias, tril(bias, -window))`), following the locals of the registering method.
+    """
     if depth > 8:
         return None
     while True:
@@ -392,7 +417,10 @@ def buffer_diagonal(
 
 
 def _strictly_below(shift: cst.BaseExpression) -> bool:
-    """`-1`, `-w` for a configured window (a window size is at least 1): the removed tril lies below the diagonal."""
+    """A diagonal offset below the diagonal: `-1`, or `-w` for a configured window.
+
+    A window size is at least 1: the removed tril lies below the diagonal.
+    """
     value = p.number(shift)
     if value is not None:
         return value <= -1
@@ -415,13 +443,19 @@ def _rows_and_columns(node: cst.Subscript) -> tuple[cst.Slice, cst.Slice] | None
 
 
 def _top_left(node: cst.Subscript) -> bool:
-    """`[:, :, :q, :k]`: the first q rows of the first k columns (row i is position i, keys start at position 0)."""
+    """The slice `[:, :, :q, :k]`: the first q rows of the first k columns.
+
+    Row i is position i; keys start at position 0.
+    """
     found = _rows_and_columns(node)
     return found is not None and all(s.lower is None and s.upper is not None for s in found)
 
 
 def _bottom_right(node: cst.Subscript) -> bool:
-    """`[:, :, k - q : k, :k]`: the last q rows of the first k columns (each query at its own position)."""
+    """The slice `[:, :, k - q : k, :k]`: the last q rows of the first k columns.
+
+    Each query sits at its own position.
+    """
     found = _rows_and_columns(node)
     if found is None:
         return False

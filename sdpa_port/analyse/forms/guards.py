@@ -1,6 +1,7 @@
-"""A floor under the scores: `scores.clamp(min=very negative)`, `torch.max(scores, finfo.min)`,
-`torch.maximum`/`torch.clamp` with such a bound (a NaN guard; whether it absorbs what it floors is noted). Any other
-clamp, or a floor that reads the scores, is refused S101.
+"""A floor under the scores, a NaN guard; any other clamp is refused S101.
+
+`scores.clamp(min=very negative)`, `torch.max(scores, finfo.min)`, `torch.maximum`/`torch.clamp` with such a bound;
+whether it absorbs what it floors is noted. A floor that reads the scores is refused S101 too.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def clamp_method(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recogni
     if bound is None or upper is not None or not p.is_very_negative(bound, tracer.scope):
         return None
     base, ops = tracer.decompose(receiver, line)
-    return base, [*ops, Guard(tracer.detach(bound, base.cid), p.is_absorbing(bound, tracer.scope))]
+    return base, [*ops, Guard(tracer.reads.detach(bound, base.cid), p.is_absorbing(bound, tracer.scope))]
 
 
 def maximum(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
@@ -39,12 +40,12 @@ def maximum(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
         return None
     operand = p.arg(node, 0, "input")
     bound = p.arg(node, 1, "min" if "clamp" in (qualified or "") else "other")
-    if operand is None or bound is None or not tracer.chain_or_start(operand) or tracer.chain_value_refs(bound):
+    if operand is None or bound is None or not tracer.chain_or_start(operand) or tracer.reads.chain_value_refs(bound):
         return None
     if not p.is_very_negative(bound, tracer.scope) or p.arg(node, 2, "max") is not None:
         return None
     base, ops = tracer.decompose(operand, line)
-    return base, [*ops, Guard(tracer.detach(bound, base.cid), p.is_absorbing(bound, tracer.scope))]
+    return base, [*ops, Guard(tracer.reads.detach(bound, base.cid), p.is_absorbing(bound, tracer.scope))]
 
 
 EXAMPLES = {

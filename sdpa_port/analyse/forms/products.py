@@ -27,13 +27,16 @@ if TYPE_CHECKING:
 
 
 def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    """A query-key product (matmul, `@`, bmm, baddbmm, einsum) with the key transposed: a new chain starts."""
+    """A query-key product with the key transposed: a new chain starts.
+
+    A matmul, `@`, bmm, baddbmm or einsum.
+    """
     product = p.product(node, tracer.scope)
     if product is None:
         return None
-    if tracer.chain_refs(product.left) or tracer.chain_refs(product.right):
+    if tracer.reads.chain_refs(product.left) or tracer.reads.chain_refs(product.right):
         return None
-    if product.initial is not None and tracer.chain_refs(product.initial):
+    if product.initial is not None and tracer.reads.chain_refs(product.initial):
         return None
     if not tracer.may_start(node):
         return None
@@ -61,7 +64,7 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
     query, query_upcast = strip_casts(product.left, tracer.scope)
     key, key_upcast = strip_casts(key, tracer.scope)
     if rank is None:
-        rank = tracer.rank_of(query)
+        rank = tracer.ranks.rank_of(query)
     start = Start(
         product,
         p.permuted(query, orders[0]),  # an einsum's operands laid out as SDPA takes them
@@ -75,12 +78,12 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
         layout=layout,
     )
     read = p.walk_names(start.query) | p.walk_names(start.key)
-    cid = tracer.new_chain(start, node, line, tuple((name, tracer.assignments.get(name, 0)) for name in sorted(read)))
+    cid = tracer.chains.new_chain(start, node, line, tuple((name, tracer.assignments.get(name, 0)) for name in sorted(read)))
     ops: list[Op] = [start]
     base = ChainVal(cid, SCORES, rank)
     if key_factor is not None:
         # `q @ (k^T / s)` is `(q @ k^T) / s`: the factor scales the product, before any term
-        ops.append(Scale(tracer.detach(key_factor[0], cid), key_factor[1]))
+        ops.append(Scale(tracer.reads.detach(key_factor[0], cid), key_factor[1]))
     if unproven is not None:
         raise Poison(
             Code.SCALE_NOT_A_NUMBER,
@@ -94,8 +97,11 @@ def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Re
 
 @dataclass(frozen=True)
 class KeyOperand:
-    """The key side of a product split from a factor multiplying or dividing it: the operand, and the factor as a
-    number (with whether it divides) or, where it is not shown to be one, the factor itself (refused S102)."""
+    """The key side of a product split from a factor multiplying or dividing it.
+
+    The operand, and the factor as a number (with whether it divides) or, where it is not shown to be one, the factor
+    itself (refused S102).
+    """
 
     operand: cst.BaseExpression
     number: tuple[cst.BaseExpression, bool] | None = None
@@ -103,15 +109,18 @@ class KeyOperand:
 
 
 def key_operand(tracer: Tracer, node: cst.BaseExpression, rank: int | None) -> KeyOperand:
-    """`key.transpose(-1, -2) / scale` (or `* scale`, either side): a number scales the product; a transposed key
-    multiplied or divided by anything else is kept as unproven; any other operand is returned as it is."""
+    """The key operand of a product split from the number that scales it.
+
+    `key.transpose(-1, -2) / scale` (or `* scale`, either side): a number scales the product; a transposed key
+    multiplied or divided by anything else is kept as unproven; any other operand is returned as it is.
+    """
     if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Multiply, cst.Divide)):
         return KeyOperand(node)
     divide = isinstance(node.operator, cst.Divide)
     sides = [(node.left, node.right)] if divide else [(node.left, node.right), (node.right, node.left)]
     for operand, factor in sides:
         number = p.scalar(factor, tracer.scope)
-        if number is not None and not tracer.chain_refs(factor):
+        if number is not None and not tracer.reads.chain_refs(factor):
             return KeyOperand(operand, number=(number.node, divide))
     for operand, factor in sides:
         if untranspose(tracer, operand, rank) is not None:
@@ -187,7 +196,10 @@ def is_zeros(tracer: Tracer, node: cst.BaseExpression) -> bool:
 
 
 def untranspose(tracer: Tracer, node: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:
-    """The key operand of `q @ k^T`: undo a transpose of the last two dims, seen directly or through a name."""
+    """The key operand of `q @ k^T`, its transpose of the last two dims undone.
+
+    Seen directly or through a name.
+    """
     inner, _ = strip_casts(node, tracer.scope)
     key = p.transposed_last_two(inner, rank)
     if key is not None:
@@ -202,9 +214,12 @@ def untranspose(tracer: Tracer, node: cst.BaseExpression, rank: int | None) -> c
 
 
 def transposed_key(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> bool:
-    """A key laid out (..., dim, length): a transpose of the last two dims or a permute putting the features second
-    to last, a leading-dims flatten of one, a cat along the last dim with such a part (cat forces the others into
-    the same layout), or a name that holds one on every path."""
+    """A key laid out as `(..., dim, length)`.
+
+    A transpose of the last two dims or a permute putting the features second to last, a leading-dims flatten of one, a
+    cat along the last dim with such a part (cat forces the others into the same layout), or a name that holds one on
+    every path.
+    """
     if depth > 6:
         return False
     node, _ = strip_casts(node, tracer.scope)
@@ -229,8 +244,11 @@ def transposed_key(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> 
 
 
 def returned_for(tracer: Tracer, node: cst.BaseExpression) -> list[cst.BaseExpression | None]:
-    """What `tracer.method(x, k=True)` may return: the method's returns on the paths its literal boolean
-    arguments (and defaults) leave open (`split_heads(key, k=True)` returns the key permuted to (b, h, d, s))."""
+    """What `tracer.method(x, k=True)` may return, on the paths its literal boolean arguments leave open.
+
+    The method's returns on those paths, its defaults counted (`split_heads(key, k=True)` returns the key permuted to
+    (b, h, d, s)).
+    """
     if not (
         isinstance(node, cst.Call)
         and m.matches(node.func, m.Attribute(value=m.Name("self")))
@@ -260,13 +278,15 @@ def along_last(tracer: Tracer, dim: cst.BaseExpression, part: cst.BaseExpression
         return False
     if value == -1:
         return True
-    rank = tracer.rank_of(part)
+    rank = tracer.ranks.rank_of(part)
     return rank is not None and value == rank - 1
 
 
 def _open_returns(body: Sequence[cst.BaseStatement], flags: dict[str, bool]) -> list[cst.BaseExpression | None]:
-    """The returned values on paths that `if name:` tests of the boolean `flags` do not close (every return on an
-    undecided path counts)."""
+    """The returned values on paths that `if name:` tests of the boolean `flags` do not close.
+
+    Every return on an undecided path counts.
+    """
     out: list[cst.BaseExpression | None] = []
     for statement in body:
         if isinstance(statement, cst.SimpleStatementLine):

@@ -1,8 +1,9 @@
-"""Scales and head masks: the scores multiplied or divided by a number (a literal, `math.sqrt(d)`, a config value,
-an attribute or buffer that holds one, a function of the file returning one), or by a tensor the same for every key
-(a per-query scale); the probabilities multiplied by a head mask under its `... is not None` guard. A scale undone
-right after (`(x / a - shift) * a`) cancels. Scaling by anything else is refused S102; the probabilities rescaled
-otherwise, S106; the scores multiplied by themselves or dividing something, S103.
+"""Scales and head masks: the scores scaled by a number or a per-query factor, the probabilities by a head mask.
+
+The number is a literal, `math.sqrt(d)`, a config value, an attribute or buffer that holds one, a function of the file
+returning one; the factor a tensor the same for every key; the head mask applied under its `... is not None` guard. A
+scale undone right after (`(x / a - shift) * a`) cancels. Scaling by anything else is refused S102; the probabilities
+rescaled otherwise, S106; the scores multiplied by themselves or dividing something, S103.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def scaled(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | 
     if not left_refs and not right_refs:
         return None
     if left_refs and right_refs:
-        if any(tracer.stage_of(cid) != SCORES for cid in left_refs | right_refs if cid >= 0):
+        if any(tracer.reads.stage_of(cid) != SCORES for cid in left_refs | right_refs if cid >= 0):
             raise Poison(
                 Code.PROBABILITIES_CHANGED,
                 f"the probabilities are rescaled by themselves in `{short(node)}`",
@@ -41,7 +42,7 @@ def scaled(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | 
         raise Poison(Code.SCORES_COMBINED, "the scores are a divisor", right_refs)
     chain_side, other = (node.left, node.right) if left_refs else (node.right, node.left)
     base, ops = tracer.decompose(chain_side, line)
-    current = tracer.advance(base, ops)
+    current = tracer.chains.advance(base, ops)
     return base, cancelled(ops, scale_or_head_mask(tracer, current, other, divide, line))
 
 
@@ -49,15 +50,15 @@ def scale_or_head_mask(tracer: Tracer, current: ChainVal, factor: cst.BaseExpres
     if current.stage == SCORES:
         scalar = p.scalar(factor, tracer.scope)
         if scalar is None:
-            if not tracer.chain_value_refs(factor) and p.constant_along_last(factor, tracer.scope):
-                return Scale(tracer.detach(factor, current.cid), divide, per_query=True)
+            if not tracer.reads.chain_value_refs(factor) and p.constant_along_last(factor, tracer.scope):
+                return Scale(tracer.reads.detach(factor, current.cid), divide, per_query=True)
             raise Poison(
                 Code.SCALE_NOT_A_NUMBER,
                 f"the scores are scaled by `{short(factor)}`, which is not provably a number nor a tensor the same "
                 "for every key",
                 {current.cid},
             )
-        return Scale(tracer.detach(scalar.node, current.cid), divide)
+        return Scale(tracer.reads.detach(scalar.node, current.cid), divide)
     if current.stage == PROBS and not divide:
         root = _root_param(factor, tracer.params)
         guarded = root is not None and any(_tests_not_none(test, root) for test in tracer.tests)
@@ -89,8 +90,10 @@ def _tests_not_none(test: cst.BaseExpression, name: str) -> bool:
 
 
 def cancelled(ops: list[Op], op: Op) -> list[Op]:
-    """`ops` then `op`, where a scale undoing the expression's last one (`(x / a - shift) * a`, CogView's PB-Relax)
-    removes both: views, casts and shifts between them commute with scaling."""
+    """The operations `ops` then `op`, where a scale undoing the last one removes both.
+
+    `(x / a - shift) * a`, CogView's PB-Relax: views, casts and shifts between them commute with scaling.
+    """
     if isinstance(op, Scale) and not op.per_query:
         for index in range(len(ops) - 1, -1, -1):
             earlier = ops[index]

@@ -1,5 +1,7 @@
-"""A row's maximum subtracted from the scores before the softmax (`scores - scores.amax(-1, keepdim=True)`): a
-shift the softmax ignores. After the softmax it is refused S106; over another dimension it is no shift (S103).
+"""A row's maximum subtracted from the scores before the softmax: a shift the softmax ignores.
+
+`scores - scores.amax(-1, keepdim=True)`. After the softmax it is refused S106; over another dimension it is no shift
+(S103).
 """
 
 from __future__ import annotations
@@ -25,15 +27,17 @@ def shifted(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
     if not tracer.chain_or_start(node.left) or not row_maximum_of(tracer, node.right, node.left):
         return None
     base, ops = tracer.decompose(node.left, line)
-    if tracer.advance(base, ops).stage != SCORES:
+    if tracer.chains.advance(base, ops).stage != SCORES:
         raise Poison(Code.PROBABILITIES_CHANGED, "the probabilities are shifted after the softmax", {base.cid})
     return base, [*ops, Shift()]
 
 
 def row_maximum_of(tracer: Tracer, node: cst.BaseExpression, scores: cst.BaseExpression) -> bool:
-    """`node` is the maximum over the last dimension of `scores`, kept as a dimension: `scores.amax(-1,
-    keepdim=True)`, `scores.amax(dim=-1).unsqueeze(-1)`, `scores.max(-1, keepdim=True)[0]` or `.values`,
-    `torch.amax(scores, -1, keepdim=True)`; also through one local holding it."""
+    """Whether `node` is the maximum over the last dimension of `scores`, kept as a dimension.
+
+    `scores.amax(-1, keepdim=True)`, `scores.amax(dim=-1).unsqueeze(-1)`, `scores.max(-1, keepdim=True)[0]` or
+    `.values`, `torch.amax(scores, -1, keepdim=True)`; also through one local holding it.
+    """
     if isinstance(node, cst.Name):
         values = tracer.scope.local_values(node.value)
         return len(values) == 1 and row_maximum_of(tracer, values[0], scores)

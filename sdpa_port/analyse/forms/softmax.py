@@ -1,7 +1,8 @@
-"""The softmax over the key dimension: `softmax(x, dim=-1)` as a function, a method, an `nn.Softmax(dim=-1)`
-module of the class, or over the last dimension named by number (`dim=3` of 4-D scores). It takes the chain from
-scores to probabilities; over any other dimension it is refused S105. A softmax over something that is not a
-recognised product starts a chain refused S107 (the scores' origin is unknown).
+"""The softmax over the key dimension, which takes the chain from scores to probabilities.
+
+`softmax(x, dim=-1)` as a function, a method, an `nn.Softmax(dim=-1)` module of the class, or over the last dimension
+named by number (`dim=3` of 4-D scores). Over any other dimension it is refused S105. A softmax over something that is
+not a recognised product starts a chain refused S107 (the scores' origin is unknown).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def softmax(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
     except NotChain:
         return unknown_origin(tracer, node, found, line)
     tracer.require(base, ops, SCORES, "softmax", line, Code.SOFTMAX_DIM)
-    layout = tracer.layout_of(base.cid)
+    layout = tracer.chains.layout_of(base.cid)
     if layout is not None:
         # scores laid out otherwise (`ijbn`): the key dimension is where the layout puts it, named either way
         dim = p.number(found.dim) if found.dim is not None else None
@@ -54,7 +55,7 @@ def softmax(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
             )
     elif found.dim is not None:
         dim = p.number(found.dim)
-        rank = tracer.advance(base, ops).rank
+        rank = tracer.chains.advance(base, ops).rank
         if dim is None or not (dim == -1 or (rank is not None and dim == rank - 1)):
             raise Poison(
                 Code.SOFTMAX_DIM, f"the softmax runs over dim={code(found.dim)}, not the key dimension", {base.cid}
@@ -68,7 +69,7 @@ def unknown_origin(
     """A softmax whose operand is no chain: a candidate of unknown origin, refused F602 if it reaches V."""
     if tracer.selected_start is not None:
         raise NotChain()
-    cid = len(tracer.candidates)
+    cid = len(tracer.chains.candidates)
     candidate = Candidate(cid, None, line, start_node=node)
     candidate.poisoned(
         Code.UNKNOWN_PRODUCT,
@@ -76,7 +77,7 @@ def unknown_origin(
         line,
     )
     candidate.stage = PROBS
-    tracer.candidates.append(candidate)
+    tracer.chains.candidates.append(candidate)
     return ChainVal(cid, PROBS, None), [Softmax(softmax)]
 
 

@@ -1,9 +1,11 @@
-"""Additive terms of the scores: a mask, a position bias, ALiBi, relative scores from another product (`scores +
-relative_scores`: the younger chain becomes the term), a subtracted term (`scores - term` is `scores + (-term)`),
-and a helper of the file that only adds terms that do not depend on the scores (`helper(scores, ...)` reads as
-`scores + helper(zeros, ...)`). Whether only `x is not None` tests of the term's own names enclose it (it is then
-always given when given), and whether it may be the number 0 on some path, are noted. A term added after the softmax
-is refused S106; the scores added to themselves, S103; a term that reads the scores, S104.
+"""Additive terms of the scores: a mask, a position bias, ALiBi, relative scores, a helper's terms.
+
+Relative scores come from another product (`scores + relative_scores`: the younger chain becomes the term); a
+subtracted term is added negated (`scores - term` is `scores + (-term)`); a helper of the file that only adds terms
+that do not depend on the scores reads as one (`helper(scores, ...)` is `scores + helper(zeros, ...)`). Whether only `x
+is not None` tests of the term's own names enclose it (it is then always given when given), and whether it may be the
+number 0 on some path, are noted. A term added after the softmax is refused S106; the scores added to themselves, S103;
+a term that reads the scores, S104.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ if TYPE_CHECKING:
 
 
 def added(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    """`scores + term`, `term + scores`, and `scores - term` (the term negated: `x - t` is `x + (-t)` exactly)."""
+    """A term added to or subtracted from the scores.
+
+    `scores + term`, `term + scores`, and `scores - term` (the term negated: `x - t` is `x + (-t)` exactly).
+    """
     if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Add, cst.Subtract)):
         return None
     left_refs, right_refs = tracer.chain_or_start(node.left), tracer.chain_or_start(node.right)
@@ -37,14 +42,16 @@ def added(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | N
         return None if subtract else add_two_chains(tracer, node, line)
     chain_side, other = (node.left, node.right) if left_refs else (node.right, node.left)
     base, ops = tracer.decompose(chain_side, line)
-    current = tracer.advance(base, ops)
+    current = tracer.chains.advance(base, ops)
     return base, [*ops, add_term(tracer, current, other, line, negate=subtract)]
 
 
 def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    """`helper(scores, ...)` where the helper (a function of this file or a method of the class) only adds
-    terms that do not depend on the scores: the term `helper(zeros, ...)`."""
-    if not isinstance(node, cst.Call) or not tracer.chain_value_refs(node):
+    """A helper called on the scores that only adds terms not depending on them.
+
+    `helper(scores, ...)`, a function of this file or a method of the class: the term is `helper(zeros, ...)`.
+    """
+    if not isinstance(node, cst.Call) or not tracer.reads.chain_value_refs(node):
         return None
     function: cst.FunctionDef | None = None
     skip = 0
@@ -56,7 +63,7 @@ def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Reco
         function, skip = (found[1], 1) if found is not None else (None, 0)
     if function is None or any(a.star for a in node.args):
         return None
-    chained = [i for i, a in enumerate(node.args) if tracer.chain_value_refs(a.value)]
+    chained = [i for i, a in enumerate(node.args) if tracer.reads.chain_value_refs(a.value)]
     if len(chained) != 1:
         return None
     index = chained[0]
@@ -72,14 +79,14 @@ def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Reco
     if shape is None:
         return None
     base, ops = tracer.decompose(argument.value, line)
-    current = tracer.advance(base, ops)
+    current = tracer.chains.advance(base, ops)
     if current.stage is not SCORES:
         return None
     if shape.reshaped and (shape.rank is None or shape.rank != current.rank):
         raise Poison(Code.LAYOUT, f"`{short(node.func)}` returns the scores in another shape", {base.cid})
     args = list(node.args)
     args[index] = argument.with_changes(value=cst.Name("None"))
-    term = tracer.detach(node.with_changes(args=args), base.cid)
+    term = tracer.reads.detach(node.with_changes(args=args), base.cid)
     applied = always_applied(tracer, term), always_applied(tracer, term, base.cid)
     setting = setting_applied(tracer, term, base.cid)
     return base, [*ops, AddTerm(term, current.rank, *applied, setting, scores_arg=index)]
@@ -88,14 +95,17 @@ def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Reco
 def add_term(
     tracer: Tracer, current: ChainVal, term: cst.BaseExpression, line: int, negate: bool = False
 ) -> AddTerm:
-    """The term added to the scores (subtracted, with `negate`: the term is then `-(term)`)."""
+    """The term added to the scores.
+
+    With `negate`, subtracted: the term is then `-(term)`.
+    """
     if current.stage != SCORES:
         raise Poison(
             Code.PROBABILITIES_CHANGED, "a term is added to the probabilities after the softmax", {current.cid}
         )
-    if tracer.chain_value_refs(term):
+    if tracer.reads.chain_value_refs(term):
         raise Poison(Code.SCORES_READ, f"the additive term `{short(term)}` depends on the scores", {current.cid})
-    detached = tracer.detach(term, current.cid)
+    detached = tracer.reads.detach(term, current.cid)
     return AddTerm(
         cst.UnaryOperation(cst.Minus(), primary(detached)) if negate else detached,
         current.rank,
@@ -103,13 +113,16 @@ def add_term(
         always_applied(tracer, term, current.cid),
         setting_applied(tracer, term, current.cid),
         may_be_number=may_be_number(tracer, term),
-        term_rank=tracer.rank_of(term),
+        term_rank=tracer.ranks.rank_of(term),
     )
 
 
 def may_be_number(tracer: Tracer, term: cst.BaseExpression) -> bool:
-    """A local that holds a number literal on some path, directly or as what a method of the module returns (a
-    name the method returns that it assigns a number somewhere: `score = 0`, then `score += ...` under tests)."""
+    """A local that holds a number literal on some path.
+
+    Directly or as what a method of the module returns (a name the method returns that it assigns a number somewhere:
+    `score = 0`, then `score += ...` under tests).
+    """
     if not isinstance(term, cst.Name):
         return False
     for value in tracer.scope.local_values(term.value):
@@ -126,9 +139,11 @@ def may_be_number(tracer: Tracer, term: cst.BaseExpression) -> bool:
 
 
 def always_applied(tracer: Tracer, term: cst.BaseExpression, cid: int | None = None) -> bool:
-    """Only `x is not None` tests of the term's own names enclose it (an `else` branch counts as a condition). With
-    the chain's `cid`: whenever that chain runs, the branches enclosing its query-key product aside (`if
-    self.training and fused: ... else: <the chain>`)."""
+    """Only `x is not None` tests of the term's own names enclose it.
+
+    An `else` branch counts as a condition. With the chain's `cid`: whenever that chain runs, the branches enclosing
+    its query-key product aside (`if self.training and fused: ... else: <the chain>`).
+    """
     path, tests = _enclosing(tracer, cid)
     if len(tests) != len(path):
         return False
@@ -141,10 +156,12 @@ def always_applied(tracer: Tracer, term: cst.BaseExpression, cid: int | None = N
 
 
 def setting_applied(tracer: Tracer, term: cst.BaseExpression, cid: int) -> cst.BaseExpression | None:
-    """The test of the module's settings alone under which the term is added whenever the chain runs and its
-    operands are not None: every branch enclosing it (past those enclosing the chain's product) is the first of its
-    `if`, and each part of its test joined by `and` is an `x is not None` of the term's names or reads the settings
-    alone (`self.use_mask`); those parts joined, or None where no part reads a setting or another part is found."""
+    """The test of the module's settings alone under which the term is added whenever the chain runs.
+
+    And its operands are not None: every branch enclosing it (past those enclosing the chain's product) is the first of
+    its `if`, and each part of its test joined by `and` is an `x is not None` of the term's names or reads the settings
+    alone (`self.use_mask`); those parts joined, or None where no part reads a setting or another part is found.
+    """
     path, tests = _enclosing(tracer, cid)
     if len(tests) != len(path) or any(index != 0 for _, index in path):
         return None
@@ -161,11 +178,14 @@ def setting_applied(tracer: Tracer, term: cst.BaseExpression, cid: int) -> cst.B
 
 
 def _enclosing(tracer: Tracer, cid: int | None) -> tuple[list[tuple[int, int]], list[cst.BaseExpression]]:
-    """The branches (if, index) enclosing the current statement and their if/elif tests; with a chain's `cid`, only
-    those past the ones enclosing its query-key product."""
+    """The branches enclosing the current statement and their if/elif tests.
+
+    Each branch is (id of its `if`, index). With a chain's `cid`, only those past the ones enclosing its query-key
+    product.
+    """
     path, tests = tracer.path, tracer.tests
-    if cid is not None and 0 <= cid < len(tracer.candidates):
-        candidate = tracer.candidates[cid]
+    if cid is not None and 0 <= cid < len(tracer.chains.candidates):
+        candidate = tracer.chains.candidates[cid]
         shared = len(candidate.start_path)
         if tuple(path[:shared]) == candidate.start_path:
             return path[shared:], tests[candidate.start_tests :]
@@ -186,9 +206,9 @@ def add_two_chains(tracer: Tracer, node: cst.BinaryOperation, line: int) -> tupl
     absorbed = right_cids if main_left else left_cids
     for cid in absorbed:
         if cid >= 0:
-            tracer.candidates[cid].absorbed = True
+            tracer.chains.candidates[cid].absorbed = True
     base, ops = tracer.decompose(chain_side, line)
-    current = tracer.advance(base, ops)
+    current = tracer.chains.advance(base, ops)
     return base, [*ops, AddTerm(other, current.rank)]
 
 

@@ -1,6 +1,8 @@
-"""Reshapes and casts of the scores: `view`/`reshape` between the (b, h, q, k) and flat (b*h, q, k) layouts or to a
-5-D grouping whose shape can be read, and dtype casts (an upcast is noted). A view that keeps the rank, or one whose
-layout cannot be told, is refused S108; an operation on the scores that is neither a view nor a cast, S101.
+"""Reshapes and casts of the scores, between the layouts SDPA can take.
+
+`view`/`reshape` between the (b, h, q, k) and flat (b*h, q, k) layouts or to a 5-D grouping whose shape can be read,
+and dtype casts (an upcast is noted). A view that keeps the rank, or one whose layout cannot be told, is refused S108;
+an operation on the scores that is neither a view nor a cast, S101.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ def reshape(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
         return None
     call, receiver, _ = found
     base, ops = tracer.decompose(receiver, line)
-    current = tracer.advance(base, ops)
-    after = tracer.view_rank(call.args)
+    current = tracer.chains.advance(base, ops)
+    after = tracer.ranks.view_rank(call.args)
     heads = None
     if current.rank == 3 and after == 4:
-        heads = (call.args[0].value, call.args[1].value) if len(call.args) == 4 else tracer.tuple_heads(call.args)
+        heads = (call.args[0].value, call.args[1].value) if len(call.args) == 4 else tracer.ranks.tuple_heads(call.args)
     if current.rank is None and after is not None and after != 4:
         raise Poison(Code.LAYOUT, "the scores are reshaped and their layout cannot be told", {base.cid})
     if after is not None and after == (current.rank or 4):
@@ -41,7 +43,7 @@ def reshape(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
         )
     shape = None
     if (current.rank, after) in ((3, 5), (4, 5), (5, 3), (5, 4)):
-        shape = tracer.view_shape(call.args)
+        shape = tracer.ranks.view_shape(call.args)
         if shape is None:
             raise Poison(
                 Code.LAYOUT, f"the scores are regrouped by `{short(node)}`, a shape that cannot be read", {base.cid}

@@ -1,5 +1,6 @@
-"""A softmax wrapper of the file (a function, a method, an autograd Function's `apply`, wrappers of wrappers)
-called on the scores, read as the expression it computes (`analyse/wrappers.py`).
+"""A softmax wrapper of the file called on the scores, read as the expression it computes.
+
+A function, a method, an autograd Function's `apply`, wrappers of wrappers (`analyse/wrappers.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def wrapper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
-    if not isinstance(node, cst.Call) or not tracer.chain_value_refs(node):
+    if not isinstance(node, cst.Call) or not tracer.reads.chain_value_refs(node):
         return None
     expression = inlined(node, tracer.facts, tracer.scope.class_name, tracer.scope.qualify)
     return None if expression is None else tracer.decompose(expression, line)

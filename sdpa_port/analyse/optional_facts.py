@@ -1,0 +1,159 @@
+"""The facts that may leave one attention SDPA can take: an optional input None, a flag off.
+
+`without_optional` traces forward under each of `tried_facts` in turn: an optional argument None, a flag of the
+module off by default, a switch of the call off, an optional module None, the request for the weights off. On the
+path where such a fact does not hold, the SDPA class falls back to eager.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.cross import is_cache_parameter, is_mask_parameter
+from sdpa_port.analyse.cstutil import code, nodes_of_type
+from sdpa_port.analyse.known import Known
+from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.trace import LineOf
+
+
+def without_optional(
+    facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf
+) -> tuple[Known, t.TraceResult, t.Candidate] | None:
+    """The trace of `forward` under one optional fact that leaves one attention SDPA can take.
+
+    The fact is one optional argument (default None, tested with `is not None`) None, or one flag of the module that
+    `__init__` sets to False (`self.save_attention`) false, or another of `tried_facts`.
+    """
+    for known in tried_facts(facts, class_name, forward):
+        result = t.Tracer(facts, class_name, forward, line_of, known=known).run()
+        inline = result.attention()
+        if len(inline) == 1 and inline[0].poison is None:
+            return known, result, inline[0]
+    return None
+
+
+def tried_facts(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[Known]:
+    """The facts `without_optional` tries, in order.
+
+    Each optional argument None, each flag off by default false, each switch of the call false, the request for the
+    weights false alone and with each of those.
+    """
+    tested = {
+        node.left.value
+        for node in nodes_of_type(forward.body, cst.Comparison)
+        if isinstance(node.left, cst.Name)
+        and len(node.comparisons) == 1
+        and isinstance(node.comparisons[0].operator, cst.IsNot)
+        and m.matches(node.comparisons[0].comparator, m.Name("None"))
+    }
+    params = [*forward.params.params, *forward.params.kwonly_params]
+    # not the inputs every call passes (masks, caches, key/value states): falling back whenever they are given
+    # would leave SDPA unused
+    trials = [
+        Known(none=frozenset({param.name.value}))
+        for param in params
+        if param.name.value in tested
+        and param.default is not None
+        and m.matches(param.default, m.Name("None"))
+        and (not is_mask_parameter(param.name.value) or "head_mask" in param.name.value)  # head masks return to eager
+        and not is_cache_parameter(param.name.value)
+        and "states" not in param.name.value
+    ]
+    trials += [Known(falsy=frozenset({flag})) for flag in _flags_off_by_default(facts, class_name, forward)]
+    # a switch of the call itself, off by default, whose branch only eager takes (fairseq's `before_softmax`, which
+    # returns the scores): the SDPA class falls back when it is set
+    switched = {test.test.value for test in nodes_of_type(forward.body, cst.If) if isinstance(test.test, cst.Name)}
+    switches = frozenset(
+        param.name.value
+        for param in params
+        if param.name.value in switched
+        and param.name.value not in WEIGHT_REQUESTS  # tried below, with each other fact
+        and param.default is not None
+        and m.matches(param.default, m.Name("False"))
+    )
+    trials += [Known(falsy=frozenset({name})) for name in sorted(switches)]
+    optional = _optional_modules(facts, class_name, forward)
+    trials += [Known(none=frozenset({name})) for name in optional]
+    if len(optional) > 1:
+        trials.append(Known(none=frozenset(optional)))  # DeBERTa's talking heads: one projection on each side
+    trials = trials[:MAX_OPTIONAL_TRIED]
+    request = weights_request(param.name.value for param in params)
+    if request is not None:
+        # asked for weights, the SDPA class returns to eager: a step only that request takes (ProphetNet returns the
+        # scores before the softmax) is off on the SDPA path, alone or with one of the other facts
+        weights = frozenset({request})
+        trials += [Known(falsy=weights)] + [Known(falsy=k.falsy | weights, none=k.none) for k in trials]
+        if len(switches) > 1:
+            # fairseq's `need_head_weights` turns `need_weights` on: every switch off with the request
+            trials.append(Known(falsy=switches | weights))
+    return trials
+
+
+def _flags_off_by_default(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[str]:
+    """The `self.x` attributes forward tests that the class first sets off.
+
+    The class's first assignment sets them to a literal False (a switch like BLIP-2's `save_attention`, turned on by a
+    method) or to a config setting defaulting to False (`getattr(config, "talking_head", False)`).
+    """
+    tested = {
+        code(node)
+        for test in nodes_of_type(forward.body, cst.If)
+        for node in nodes_of_type(test.test, cst.Attribute)
+        if m.matches(node, m.Attribute(value=m.Name("self")))
+    }
+    out = []
+    for name in sorted(tested):
+        values = facts.find_attribute_values(class_name, name.removeprefix("self."))
+        if values and (m.matches(values[0], m.Name("False")) or _config_flag_off_by_default(values[0])):
+            out.append(name)
+    return out
+
+
+def _config_flag_off_by_default(value: cst.BaseExpression) -> bool:
+    """A setting off unless the config turns it on: `getattr(config, "talking_head", False)`."""
+    return m.matches(
+        value,
+        m.Call(func=m.Name("getattr"), args=[m.Arg(m.Name("config")), m.Arg(m.SimpleString()), m.Arg(m.Name("False"))]),
+    )
+
+
+def _optional_modules(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[str]:
+    """The `self.x` attributes forward tests with `is not None` that the class may set to None.
+
+    A projection built only under a config flag, DeBERTa's `head_logits_proj`: the SDPA class may fall back to eager
+    whenever they are set.
+    """
+    tested = {
+        code(node.left)
+        for node in nodes_of_type(forward.body, cst.Comparison)
+        if m.matches(node.left, m.Attribute(value=m.Name("self")))
+        and len(node.comparisons) == 1
+        and isinstance(node.comparisons[0].operator, cst.IsNot)
+        and m.matches(node.comparisons[0].comparator, m.Name("None"))
+    }
+    out = []
+    for name in sorted(tested):
+        values = facts.find_attribute_values(class_name, name.removeprefix("self."))
+        arms = [arm for value in values for arm in ((value.body, value.orelse) if isinstance(value, cst.IfExp) else (value,))]
+        if any(m.matches(arm, m.Name("None")) for arm in arms):
+            out.append(name)
+    return out
+
+
+MAX_OPTIONAL_TRIED = 6
+
+
+# the parameters by which a call asks an attention module for its weights: transformers' `output_attentions`, and
+# `need_weights` of fairseq's and torch's multi-head attention (on by default there: the SDPA class falls back for
+# it, and a port whose every call leaves it on is refused, W406)
+WEIGHT_REQUESTS = ("output_attentions", "need_weights")
+
+
+def weights_request(names: Iterable[str]) -> str | None:
+    """The parameter among `names` by which a call asks for the attention weights, if any."""
+    present = set(names)
+    return next((name for name in WEIGHT_REQUESTS if name in present), None)

@@ -1,0 +1,177 @@
+"""Trace the product of a chain's probabilities with V, and what a statement may do with the weights after it.
+
+`find_output` finds the product in an expression; `output_statement` records it as the chain's `Output`, a second
+product with the same probabilities as an SDPA call of its own. After it, a statement may pass the weights along
+(`return output, weights`) and nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.chain import OUT, PROBS, ChainVal, Dropout, NotChain, Output, OutputStmt, Poison, describe_layout
+from sdpa_port.analyse.chain_book import Products
+from sdpa_port.analyse.chain_reads import ProductFinder, ReadFinder, contains_softmax
+from sdpa_port.analyse.remakes import Made
+from sdpa_port.refusals import Code
+
+if TYPE_CHECKING:
+    from sdpa_port.analyse.trace import Tracer
+
+
+def find_output(tracer: Tracer, value: cst.BaseExpression) -> tuple[cst.BaseExpression, p.Product] | None:
+    """A product whose left operand is the probabilities, anywhere inside the expression."""
+    finder = ProductFinder(tracer.scope)
+    value.visit(finder)
+    for node, product in finder.found:
+        refs = tracer.reads.chain_refs(product.left)
+        if not refs and not (tracer.selected_start is None and contains_softmax(product.left, tracer.scope)):
+            continue
+        try:
+            base, ops = tracer.decompose(product.left, 0)
+        except NotChain:
+            continue
+        except Poison as poison:
+            # a chain reaches this product through an operation SDPA cannot follow: it is attention all the
+            # same, refused with that operation as the reason
+            for cid in poison.cids:
+                tracer.chains.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, tracer.current_line)
+                tracer.chains.candidates[cid].stage = OUT
+            continue
+        if tracer.chains.advance(base, ops).stage == PROBS:
+            if product.form is p.ProductForm.EINSUM:
+                if p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, tracer.chains.layout_of(base.cid)) is None:
+                    continue
+            return node, product
+    return None
+
+
+def output_statement(
+    tracer: Tracer,
+    small: cst.CSTNode,
+    value: cst.BaseExpression,
+    found: tuple[cst.BaseExpression, p.Product],
+    names: list[str],
+    depth: int,
+    line: int,
+) -> None:
+    """Record a statement holding the product of a chain's probabilities with V.
+
+    `found` is the product and its node.
+    """
+    node, product = found
+    try:
+        base, ops = tracer.decompose(product.left, line)
+    except (NotChain, Poison) as error:  # pragma: no cover - find_output checked the operand
+        raise AssertionError(str(error))
+    if tracer.chains.advance(base, ops).stage != PROBS:
+        tracer.chains.candidates[base.cid].poisoned(Code.SOFTMAX_DIM, "the scores reach the product with V without a softmax", line)
+    probabilities = tracer.chains.remakes.key(base, product.left, tracer.env, tracer.assignments, tracer.branches)
+    draw = next(tracer.chains.steps) if any(isinstance(op, Dropout) for op in ops) else tracer.chains.remakes.draw(base.step)
+    again = tracer.chains.candidates[base.cid].stage == OUT
+    taken = tracer.chains.products.get(base.cid)
+    if again:
+        second_output(tracer, base.cid, taken, probabilities, draw, line)
+    if taken is None:
+        taken = tracer.chains.products[base.cid] = Products(probabilities)
+    if tracer.reads.chain_refs(product.right):
+        tracer.chains.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
+    rank = product.rank if product.rank is not None else base.rank
+    operand, order, value_order = product.right, None, None
+    layout = tracer.chains.layout_of(base.cid)
+    if product.form is p.ProductForm.EINSUM:
+        roles = p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, layout)
+        if roles:
+            rank, order, value_order = roles.rank, roles.result, roles.right
+            operand = p.permuted(product.right, value_order)
+    elif layout is not None:
+        tracer.chains.candidates[base.cid].poisoned(
+            Code.LAYOUT,
+            f"the probabilities, laid out {describe_layout(layout)}, are multiplied by V as if they were laid out "
+            "(batch, heads, query, key)",
+            line,
+        )
+    output = Output(product, node, operand, rank, order, value_order)
+    # a further product with the same probabilities records only itself: its SDPA call repeats the first's
+    tracer.chains.record(base, [output] if again else [*ops, output], depth, line)
+    holders = frozenset(n for n, v in tracer.env.items() if isinstance(v, ChainVal) and v.step == base.step)
+    tracer.plans[small] = OutputStmt([] if again else list(ops), output, depth, line, holders)
+    taken.draws.append(draw)
+    taken.statements.append((small, base.step))
+    candidate = tracer.chains.candidates[base.cid]
+    candidate.stage = OUT
+    tracer.output_seen = True
+    # the rest of the statement may only pass the weights along (`return output, weights`)
+    for name, read in tracer.reads.chain_names_in(value, exclude=node):
+        value_of = tracer.env.get(name)
+        if isinstance(value_of, ChainVal) and value_of.stage == PROBS and weights_passed_along(tracer, value, node):
+            tracer.probs_after_output.add(name)
+        else:
+            candidate.poisoned(Code.VALUE_SIDE, f"the statement with the product with V also reads `{name}`", line)
+    for name in names:
+        tracer.env.pop(name, None)
+    tracer.note_assignment(names)
+
+
+def second_output(
+    tracer: Tracer, cid: int, taken: Products | None, probabilities: Made, draw: int | None, line: int
+) -> None:
+    """Check a further product with V of a chain's probabilities, an SDPA call of its own.
+
+    It has the same query, key, mask and scale (LiLT's text and layout values), where the probabilities are those the
+    first product took, made the same way, and, if dropped out, by a draw of their own (each SDPA call draws its own
+    dropout).
+    """
+    if taken is None or probabilities != taken.probabilities:
+        tracer.chains.candidates[cid].poisoned(Code.VALUE_SIDE, "the probabilities are multiplied by a second tensor", line)
+    elif draw is not None and draw in taken.draws:
+        tracer.chains.candidates[cid].poisoned(
+            Code.VALUE_SIDE,
+            "one dropout draw of the probabilities reaches two products with V (SDPA calls draw their own)",
+            line,
+        )
+
+
+def reads_only_weights(tracer: Tracer, node: cst.CSTNode) -> bool:
+    """After the product with V, a statement that reads the probabilities only passes the weights along."""
+    if not tracer.output_seen:
+        return False
+    finder = ReadFinder(tracer.env, None)
+    node.visit(finder)
+    values = [tracer.env[n.value] for n in finder.plain]
+    return bool(values) and all(isinstance(v, ChainVal) and v.stage in (PROBS, OUT) for v in values)
+
+
+def weights_passed_along(tracer: Tracer, node: cst.BaseExpression, exclude: cst.CSTNode | None = None) -> bool:
+    """The probabilities appear only as themselves, in tuples, or as either side of a conditional expression."""
+    if node is exclude or isinstance(node, cst.Name):
+        return True
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return all(weights_passed_along(tracer, e.value, exclude) for e in node.elements)
+    if isinstance(node, cst.IfExp):
+        return not tracer.reads.chain_value_refs(node.test) and all(
+            weights_passed_along(tracer, part, exclude) for part in (node.body, node.orelse)
+        )
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+        return weights_passed_along(tracer, node.left, exclude) and weights_passed_along(tracer, node.right, exclude)
+    found = p.method_call(node, {"reshape", "view", "transpose", "permute", "contiguous"})
+    if found is not None and asked_for_weights(tracer):
+        # laid out for the caller under `if output_attentions:`, a path SDPA leaves to eager
+        assert isinstance(node, cst.Call)
+        return weights_passed_along(tracer, found[0], exclude) and not any(
+            tracer.reads.chain_value_refs(a.value) for a in node.args
+        )
+    if exclude is not None:
+        finder = ReadFinder(tracer.env, exclude)
+        node.visit(finder)
+        return not finder.plain
+    return not tracer.reads.chain_value_refs(node)
+
+
+def asked_for_weights(tracer: Tracer) -> bool:
+    """An enclosing `if` tests `output_attentions` itself."""
+    return any(m.matches(test, m.Name("output_attentions")) for test in tracer.tests)
