@@ -20,11 +20,11 @@ from sdpa_port.refusals import Code
 from sdpa_port.rewrite.edit import replace_names
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.tracing import TracerView
 
 
 def assign(
-    tracer: Tracer, targets: list[cst.BaseExpression], value: cst.BaseExpression, small: cst.CSTNode, depth: int, line: int
+    tracer: TracerView, targets: list[cst.BaseExpression], value: cst.BaseExpression, small: cst.CSTNode, depth: int, line: int
 ) -> None:
     """`targets = value`: a step of a chain, a remake of one, the weights passed along, or a plain binding."""
     names = [n for t in targets for n in assigned_names(t)]
@@ -73,7 +73,7 @@ def assign(
     tracer.note_assignment(names)
 
 
-def _remade(tracer: Tracer, value: cst.BaseExpression, line: int) -> tuple[ChainVal, list[Op]] | None:
+def _remade(tracer: TracerView, value: cst.BaseExpression, line: int) -> tuple[ChainVal, list[Op]] | None:
     """The chain value and operations of an expression that makes again a value an earlier statement made.
 
     LiLT makes its probabilities after the product with its layout values, then their dropout for the text values; None
@@ -87,7 +87,7 @@ def _remade(tracer: Tracer, value: cst.BaseExpression, line: int) -> tuple[Chain
     return (base, ops) if ops and tracer.chains.remakes.first(made) is not None else None
 
 
-def bind_plain(tracer: Tracer, targets: list[cst.BaseExpression], value: cst.BaseExpression) -> None:
+def bind_plain(tracer: TracerView, targets: list[cst.BaseExpression], value: cst.BaseExpression) -> None:
     """What names bound off the chain hold: an expression, each element of a tuple, `x[i]` of an unbind, a number."""
     names = [n for t in targets for n in assigned_names(t)]
     if len(targets) == 1 and isinstance(targets[0], cst.Name):

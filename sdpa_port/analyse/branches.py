@@ -20,13 +20,13 @@ from sdpa_port.analyse.remakes import Branch
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.tracing import TracerView
 
 # an `if`'s branches: each one's test (None for `else`) and body
 Arms = Sequence[tuple[cst.BaseExpression | None, Sequence[cst.BaseStatement]]]
 
 
-def if_statement(tracer: Tracer, node: cst.If, depth: int) -> None:
+def if_statement(tracer: TracerView, node: cst.If, depth: int) -> None:
     """Trace the branches the known facts leave, and merge what they bind."""
     line = tracer.line_of(node)
     branches: Arms = if_branches(node)
@@ -53,7 +53,7 @@ def if_statement(tracer: Tracer, node: cst.If, depth: int) -> None:
     tracer.env.update(merged)
 
 
-def _followed(tracer: Tracer, branches: Arms) -> Arms:
+def _followed(tracer: TracerView, branches: Arms) -> Arms:
     """The branches the known facts leave, up to the first they decide always runs.
 
     That one's test is then None.
@@ -69,7 +69,7 @@ def _followed(tracer: Tracer, branches: Arms) -> Arms:
     return kept
 
 
-def _traced(tracer: Tracer, node: cst.If, branches: Arms, start_env: dict[str, Value], depth: int) -> list[dict[str, Value]]:
+def _traced(tracer: TracerView, node: cst.If, branches: Arms, start_env: dict[str, Value], depth: int) -> list[dict[str, Value]]:
     """The environment after each branch, each traced from `start_env`.
 
     `start_env` itself comes last when there is no `else`.
@@ -93,7 +93,7 @@ def _traced(tracer: Tracer, node: cst.If, branches: Arms, start_env: dict[str, V
     return results
 
 
-def _merged(tracer: Tracer, results: list[dict[str, Value]], first_new: int, line: int) -> dict[str, Value]:
+def _merged(tracer: TracerView, results: list[dict[str, Value]], first_new: int, line: int) -> dict[str, Value]:
     """What each name holds after the branches whose environments are `results`."""
     merged: dict[str, Value] = {}
     names = set().union(*(r.keys() for r in results))
@@ -118,7 +118,7 @@ def _merged(tracer: Tracer, results: list[dict[str, Value]], first_new: int, lin
 
 
 def _merge(
-    tracer: Tracer, values: list[Value | None], first_new: int, line: int, alternated: set[int]
+    tracer: TracerView, values: list[Value | None], first_new: int, line: int, alternated: set[int]
 ) -> Value | None:
     """What a name holds after the branches, given its value after each.
 
@@ -159,7 +159,7 @@ def _merge(
 
 
 def _refuse_conditional(
-    tracer: Tracer, values: list[Value | None], chains: list[ChainVal], alternated: set[int], line: int
+    tracer: TracerView, values: list[Value | None], chains: list[ChainVal], alternated: set[int], line: int
 ) -> None:
     """Poison the chains of a name whose branches left it different chain values.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NoReturn, Union
+from typing import Hashable, NoReturn, Union
 
 import libcst as cst
 
@@ -225,6 +225,8 @@ class Output:
 
 
 Op = Union[Start, View, Cast, Scale, AddTerm, Fill, ZeroRows, Guard, Shift, Softmax, Dropout, HeadMask, Output]
+# what a recogniser of `forms/` returns for an expression it claims: the chain value it starts from, the operations
+Recognised = tuple[ChainVal, list[Op]]
 
 
 def unreachable(value: NoReturn) -> NoReturn:
@@ -365,3 +367,23 @@ def describe_layout(layout: p.Order) -> str:
 def short(node: cst.CSTNode, limit: int = 70) -> str:
     text = " ".join(code(node).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Block:
+    """A block's operands laid out for one product, and what they are.
+
+    What they are: equal ids, the same tensor (None: not known). Zeros beside an operand take their leading sizes from
+    its `like` (a plain operand where there is one) and their widths from an operand of the same side per slice of the
+    head dimension (`query_widths`, `key_widths`): the joined query reads only what the queries read, the joined key
+    what the keys read, as analyses of where the keys come from (caches, cross-attention states) expect.
+    """
+
+    query: cst.BaseExpression
+    key: cst.BaseExpression
+    query_id: Hashable | None
+    key_id: Hashable | None
+    query_like: cst.BaseExpression
+    key_like: cst.BaseExpression
+    query_widths: tuple[cst.BaseExpression, ...]
+    key_widths: tuple[cst.BaseExpression, ...]

@@ -20,6 +20,7 @@ from sdpa_port.analyse.chain import (
     PROBS,
     SCORES,
     AddTerm,
+    Block,
     Candidate,
     Cast,
     ChainVal,
@@ -41,7 +42,6 @@ from sdpa_port.analyse.chain import (
     View,
     ZeroRows,
 )
-from sdpa_port.analyse.forms.blocks import Block
 from sdpa_port.analyse.remakes import Made, Remakes
 from sdpa_port.refusals import Code
 

@@ -18,7 +18,7 @@ from sdpa_port.analyse.forms import products
 from sdpa_port.analyse.known import Known, decide
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.optional_facts import weights_request
-from sdpa_port.analyse.trace import LineOf
+from sdpa_port.analyse.tracing import LineOf
 from sdpa_port.refusals import Code
 from sdpa_port.rewrite.edit import replace_names
 

@@ -19,10 +19,10 @@ from sdpa_port.analyse.outputs import find_output, output_statement, reads_only_
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.tracing import TracerView
 
 
-def aug_assign(tracer: Tracer, small: cst.AugAssign, depth: int, line: int) -> None:
+def aug_assign(tracer: TracerView, small: cst.AugAssign, depth: int, line: int) -> None:
     """`name op= value`: a step of the chain `name` holds, or a plain update of any other name."""
     target = small.target
     if not isinstance(target, cst.Name):
@@ -79,7 +79,7 @@ def aug_assign(tracer: Tracer, small: cst.AugAssign, depth: int, line: int) -> N
     tracer.env[target.value] = tracer.chains.advance(current, ops)
 
 
-def expression_statement(tracer: Tracer, small: cst.Expr, depth: int, line: int) -> None:
+def expression_statement(tracer: TracerView, small: cst.Expr, depth: int, line: int) -> None:
     """Trace an expression statement: a product with V, or an in-place method on a chain.
 
     `outputs.append(probs @ v)` holds a product with V; `scores.masked_fill_(...)`, `.add_`, `.mul_` and `.div_` are

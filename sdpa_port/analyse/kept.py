@@ -17,10 +17,10 @@ from sdpa_port.analyse.cstutil import walk_names
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.tracing import TracerView
 
 
-def keep_expression(tracer: Tracer, node: cst.CSTNode, line: int, key: cst.CSTNode, allow_probs: bool = False) -> None:
+def keep_expression(tracer: TracerView, node: cst.CSTNode, line: int, key: cst.CSTNode, allow_probs: bool = False) -> None:
     """A statement that is not part of the chain: chain reads must be of `.dtype`/`.device`/`expand_as`."""
     for joined in sorted(walk_names(node)):
         held = tracer.env.get(joined)

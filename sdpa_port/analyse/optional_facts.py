@@ -17,7 +17,7 @@ from sdpa_port.analyse.cross import is_cache_parameter, is_mask_parameter
 from sdpa_port.analyse.cstutil import code, nodes_of_type
 from sdpa_port.analyse.known import Known
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.trace import LineOf
+from sdpa_port.analyse.tracing import LineOf
 
 
 def without_optional(

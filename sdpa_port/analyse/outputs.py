@@ -20,10 +20,10 @@ from sdpa_port.analyse.remakes import Made
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.tracing import TracerView
 
 
-def find_output(tracer: Tracer, value: cst.BaseExpression) -> tuple[cst.BaseExpression, p.Product] | None:
+def find_output(tracer: TracerView, value: cst.BaseExpression) -> tuple[cst.BaseExpression, p.Product] | None:
     """A product whose left operand is the probabilities, anywhere inside the expression."""
     finder = ProductFinder(tracer.scope)
     value.visit(finder)
@@ -51,7 +51,7 @@ def find_output(tracer: Tracer, value: cst.BaseExpression) -> tuple[cst.BaseExpr
 
 
 def output_statement(
-    tracer: Tracer,
+    tracer: TracerView,
     small: cst.CSTNode,
     value: cst.BaseExpression,
     found: tuple[cst.BaseExpression, p.Product],
@@ -118,7 +118,7 @@ def output_statement(
 
 
 def second_output(
-    tracer: Tracer, cid: int, taken: Products | None, probabilities: Made, draw: int | None, line: int
+    tracer: TracerView, cid: int, taken: Products | None, probabilities: Made, draw: int | None, line: int
 ) -> None:
     """Check a further product with V of a chain's probabilities, an SDPA call of its own.
 
@@ -136,7 +136,7 @@ def second_output(
         )
 
 
-def reads_only_weights(tracer: Tracer, node: cst.CSTNode) -> bool:
+def reads_only_weights(tracer: TracerView, node: cst.CSTNode) -> bool:
     """After the product with V, a statement that reads the probabilities only passes the weights along."""
     if not tracer.output_seen:
         return False
@@ -146,7 +146,7 @@ def reads_only_weights(tracer: Tracer, node: cst.CSTNode) -> bool:
     return bool(values) and all(isinstance(v, ChainVal) and v.stage in (PROBS, OUT) for v in values)
 
 
-def weights_passed_along(tracer: Tracer, node: cst.BaseExpression, exclude: cst.CSTNode | None = None) -> bool:
+def weights_passed_along(tracer: TracerView, node: cst.BaseExpression, exclude: cst.CSTNode | None = None) -> bool:
     """The probabilities appear only as themselves, in tuples, or as either side of a conditional expression."""
     if node is exclude or isinstance(node, cst.Name):
         return True
@@ -172,6 +172,6 @@ def weights_passed_along(tracer: Tracer, node: cst.BaseExpression, exclude: cst.
     return not tracer.reads.chain_value_refs(node)
 
 
-def asked_for_weights(tracer: Tracer) -> bool:
+def asked_for_weights(tracer: TracerView) -> bool:
     """An enclosing `if` tests `output_attentions` itself."""
     return any(m.matches(test, m.Name("output_attentions")) for test in tracer.tests)

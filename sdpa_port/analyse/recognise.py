@@ -22,7 +22,7 @@ from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.optional_facts import weights_request, without_optional
 from sdpa_port.analyse.settings_sides import one_branch, settings_only, sides_of
 from sdpa_port.analyse.site import AttentionSite
-from sdpa_port.analyse.trace import LineOf
+from sdpa_port.analyse.tracing import LineOf
 from sdpa_port.refusals import Code, Refusal
 
 

@@ -16,7 +16,7 @@ from sdpa_port.analyse.cstutil import code, nodes_of_type, reads_only_self_attri
 from sdpa_port.analyse.known import Known, negated_comparison
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.optional_facts import tried_facts
-from sdpa_port.analyse.trace import LineOf
+from sdpa_port.analyse.tracing import LineOf
 from sdpa_port.refusals import Code, Refusal
 
 

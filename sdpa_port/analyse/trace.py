@@ -14,7 +14,7 @@ the rewriting passes turn it into SDPA code.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import libcst as cst
 
@@ -71,6 +71,7 @@ from sdpa_port.analyse.outputs import find_output, output_statement, weights_pas
 from sdpa_port.analyse.ranks import Ranks
 from sdpa_port.analyse.remakes import Branch
 from sdpa_port.analyse.scope import FunctionScope
+from sdpa_port.analyse.tracing import LineOf
 from sdpa_port.refusals import Code
 
 # the chain's values and operations are read across the package as `trace.X`
@@ -111,9 +112,6 @@ __all__ = [
     "describe_layout",
     "unreachable",
 ]
-
-
-LineOf = Callable[[cst.CSTNode], int]
 
 
 class Tracer:

@@ -24,24 +24,21 @@ from typing import TYPE_CHECKING, Callable
 
 import libcst as cst
 
-from sdpa_port.analyse.chain import ChainVal, Op
+from sdpa_port.analyse.chain import Recognised
 from sdpa_port.analyse.forms import blocks, dropout, fills, guards, products, scales, shift, softmax, terms, views, wrappers
 from sdpa_port.analyse.forms.common import Example
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.trace import Tracer
-
-Recognised = tuple[ChainVal, list[Op]]
-
+    from sdpa_port.analyse.tracing import TracerView
 
 @dataclass(frozen=True)
 class Form:
     name: str
-    recognise: Callable[["Tracer", cst.BaseExpression, int], Recognised | None]
+    recognise: Callable[["TracerView", cst.BaseExpression, int], Recognised | None]
     examples: tuple[Example, ...]
 
 
-def _form(name: str, recognise: Callable[["Tracer", cst.BaseExpression, int], Recognised | None]) -> Form:
+def _form(name: str, recognise: Callable[["TracerView", cst.BaseExpression, int], Recognised | None]) -> Form:
     """A form with the examples its module files under the recogniser's name."""
     module = sys.modules[recognise.__module__]
     return Form(name, recognise, module.EXAMPLES[recognise.__name__])

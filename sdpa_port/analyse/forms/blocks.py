@@ -13,46 +13,25 @@ wider head dimension does not change it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Hashable, Iterable, Sequence
 
 import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
-from sdpa_port.analyse.chain import SCORES, Candidate, ChainVal, ExprVal, NotChain, Poison, Start, short
+from sdpa_port.analyse.chain import SCORES, Block, Candidate, ChainVal, ExprVal, NotChain, Poison, Start, short
 from sdpa_port.analyse.cstutil import code, primary
 from sdpa_port.analyse.forms.common import Example, scored
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.forms import Recognised
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.chain import Recognised
+    from sdpa_port.analyse.tracing import TracerView
 
 CONCATENATIONS = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
 
 
-@dataclass(frozen=True)
-class Block:
-    """A block's operands laid out for one product, and what they are.
-
-    What they are: equal ids, the same tensor (None: not known). Zeros beside an operand take their leading sizes from
-    its `like` (a plain operand where there is one) and their widths from an operand of the same side per slice of the
-    head dimension (`query_widths`, `key_widths`): the joined query reads only what the queries read, the joined key
-    what the keys read, as analyses of where the keys come from (caches, cross-attention states) expect.
-    """
-
-    query: cst.BaseExpression
-    key: cst.BaseExpression
-    query_id: Hashable | None
-    key_id: Hashable | None
-    query_like: cst.BaseExpression
-    key_like: cst.BaseExpression
-    query_widths: tuple[cst.BaseExpression, ...]
-    key_widths: tuple[cst.BaseExpression, ...]
-
-
-def joined_blocks(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def joined_blocks(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     """Query-key products joined along the keys or the queries by `torch.cat`: a new chain starts.
 
     `torch.cat([scores_a, scores_b], dim=-1)` of bare query-key products (or of blocks joined so before); the chain
@@ -113,7 +92,7 @@ def joined_blocks(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recogn
     return ChainVal(cid, SCORES, rank), [start]
 
 
-def _part(tracer: Tracer, node: cst.BaseExpression, line: int) -> tuple[Candidate, Block]:
+def _part(tracer: TracerView, node: cst.BaseExpression, line: int) -> tuple[Candidate, Block]:
     """One listed tensor: a bare query-key product, named or inline, or a block matrix joined before."""
     try:
         base, ops = tracer.decompose(node, line)
@@ -165,7 +144,7 @@ def _axis(dim: cst.BaseExpression | None, rank: int | None) -> int | None:
     return None
 
 
-def _identity(tracer: Tracer, node: cst.BaseExpression) -> Hashable | None:
+def _identity(tracer: TracerView, node: cst.BaseExpression) -> Hashable | None:
     """What a block operand is, comparable between blocks.
 
     Its expression (a name read through the expression it holds), when every name it reads has kept one value

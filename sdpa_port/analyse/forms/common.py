@@ -11,7 +11,7 @@ from sdpa_port.analyse import patterns as p
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.tracing import TracerView
 
 # what the examples' attention module sets up in `__init__` (each example may add lines)
 EXAMPLE_INIT = """
@@ -84,7 +84,7 @@ def _is_dtype_cast(node: cst.Call) -> bool:
 
 
 def method_on_chain(
-    tracer: Tracer, node: cst.BaseExpression, names: frozenset[str] | set[str]
+    tracer: TracerView, node: cst.BaseExpression, names: frozenset[str] | set[str]
 ) -> tuple[cst.Call, cst.BaseExpression, str] | None:
     """The call, its receiver and the name of `x.name(...)` on a chain.
 

@@ -19,11 +19,11 @@ from sdpa_port.analyse.wrappers import identity_unless
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.forms import Recognised
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.chain import Recognised
+    from sdpa_port.analyse.tracing import TracerView
 
 
-def dropout(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def dropout(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     found = p.dropout_call(node, tracer.scope)
     if found is None or not tracer.reads.chain_refs(found.operand):
         return None
@@ -38,7 +38,7 @@ def dropout(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
     return base, [*ops, Dropout(found, guard)]
 
 
-def identity_module(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def identity_module(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     """A module of the file that is the identity unless its settings say otherwise: no operation, and a fallback."""
     identity = identity_unless(node, tracer.facts, tracer.class_name) if isinstance(node, cst.Call) else None
     if identity is None or not tracer.reads.chain_refs(identity[0]):

@@ -27,11 +27,11 @@ from sdpa_port.analyse.forms.terms import always_applied
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.forms import Recognised
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.chain import Recognised
+    from sdpa_port.analyse.tracing import TracerView
 
 
-def masked_fill_method(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def masked_fill_method(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     found = method_on_chain(tracer, node, {"masked_fill", "masked_fill_"})
     if found is None:
         return None
@@ -43,14 +43,14 @@ def masked_fill_method(tracer: Tracer, node: cst.BaseExpression, line: int) -> R
     ]
 
 
-def masked_fill_function(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def masked_fill_function(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     if not isinstance(node, cst.Call) or len(node.args) != 3 or tracer.scope.qualify(node.func) != "torch.masked_fill":
         return None
     base, ops = tracer.decompose(node.args[0].value, line)
     return base, [*ops, masking_fill(tracer, node.args[1].value, node.args[2].value, False, line, base.cid, ops)]
 
 
-def where(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def where(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     if (
         not isinstance(node, cst.Call)
         or len(node.args) != 3
@@ -69,7 +69,7 @@ def where(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | N
     return None
 
 
-def blended(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def blended(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     if not isinstance(node, cst.BinaryOperation):
         return None
     found = blend(tracer, node)
@@ -81,7 +81,7 @@ def blended(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
 
 
 def blend(
-    tracer: Tracer, node: cst.BinaryOperation
+    tracer: TracerView, node: cst.BinaryOperation
 ) -> tuple[cst.BaseExpression, cst.BaseExpression, cst.BaseExpression] | None:
     """GPT's TensorFlow-era masking `scores * b + v * (1 - b)`: the scores, the condition, the fill.
 
@@ -110,7 +110,7 @@ def blend(
 
 
 def masking_fill(
-    tracer: Tracer,
+    tracer: TracerView,
     condition: cst.BaseExpression | None,
     fill: cst.BaseExpression | None,
     keep_where_true: bool,
@@ -154,12 +154,12 @@ def masking_fill(
     )
 
 
-def bindings_of(tracer: Tracer, node: cst.BaseExpression) -> tuple[tuple[str, int], ...]:
+def bindings_of(tracer: TracerView, node: cst.BaseExpression) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((name, tracer.assignments.get(name, 0)) for name in p.walk_names(node)))
 
 
 def zero_rows(
-    tracer: Tracer,
+    tracer: TracerView,
     condition: cst.BaseExpression,
     fill: cst.BaseExpression,
     keep_where_true: bool,
@@ -215,7 +215,7 @@ def zero_rows(
     return ZeroRows(detached, keep_where_true)
 
 
-def is_padding_condition(tracer: Tracer, node: cst.BaseExpression) -> bool:
+def is_padding_condition(tracer: TracerView, node: cst.BaseExpression) -> bool:
     """A condition read from the mask parameters only.
 
     `~attention_mask`, `mask == 0`, `mask.bool()`.
@@ -225,7 +225,7 @@ def is_padding_condition(tracer: Tracer, node: cst.BaseExpression) -> bool:
     return bool(masks) and names <= masks | {"torch"}
 
 
-def triangle_slice(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> tuple[Diagonal, cst.Subscript] | None:
+def triangle_slice(tracer: TracerView, node: cst.BaseExpression, depth: int = 0) -> tuple[Diagonal, cst.Subscript] | None:
     """A slice of a registered buffer built as a triangle of ones: what the buffer keeps, and the slice.
 
     Sliced anywhere, the entries 0 or 1, followed through locals and casts.
@@ -254,7 +254,7 @@ def triangle_slice(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> 
 
 
 def kept_condition(
-    tracer: Tracer, condition: cst.BaseExpression, keep_where_true: bool
+    tracer: TracerView, condition: cst.BaseExpression, keep_where_true: bool
 ) -> tuple[cst.BaseExpression, bool]:
     """A fill's condition read as where it keeps, when it can be.
 
@@ -270,7 +270,7 @@ def kept_condition(
     return condition, keep_where_true
 
 
-def negation_of(tracer: Tracer, node: cst.BaseExpression) -> cst.BaseExpression | None:
+def negation_of(tracer: TracerView, node: cst.BaseExpression) -> cst.BaseExpression | None:
     """The boolean a negation negates, kept as a comparison for a mask of any dtype.
 
     `~x` gives `x` (a valid mask only for a boolean `x`); `x == 0`, `x.eq(0)`, `x.logical_not()` and
@@ -288,7 +288,7 @@ def negation_of(tracer: Tracer, node: cst.BaseExpression) -> cst.BaseExpression 
     return None if operand is None else booleans(tracer).kept_where(operand)
 
 
-def _compared_with_zero(tracer: Tracer, node: cst.BaseExpression) -> cst.BaseExpression | None:
+def _compared_with_zero(tracer: TracerView, node: cst.BaseExpression) -> cst.BaseExpression | None:
     """The `x` of `x == 0`, `x.eq(0)` or `torch.eq(x, 0)`."""
     if (
         isinstance(node, cst.Comparison)
@@ -310,7 +310,7 @@ def _compared_with_zero(tracer: Tracer, node: cst.BaseExpression) -> cst.BaseExp
     return None
 
 
-def booleans(tracer: Tracer) -> BooleanReader:
+def booleans(tracer: TracerView) -> BooleanReader:
     """What the tracer's function proves boolean: its locals on every path, and the class's registered buffers."""
 
     def buffer(name: str) -> tuple[cst.BaseExpression, dict[str, list[cst.BaseExpression]]] | None:
@@ -324,7 +324,7 @@ def booleans(tracer: Tracer) -> BooleanReader:
     return BooleanReader(tracer.scope, tracer.scope.local_values, buffer)
 
 
-def _triangle_threshold(tracer: Tracer, node: cst.BaseExpression) -> tuple[cst.BaseExpression, bool] | None:
+def _triangle_threshold(tracer: TracerView, node: cst.BaseExpression) -> tuple[cst.BaseExpression, bool] | None:
     """A triangle buffer's slice compared with a number between its 0s and 1s.
 
     `bias < 0.5`, `bias != 0`: the slice as a boolean, and whether the comparison holds where the buffer keeps (is 1).

@@ -16,11 +16,11 @@ from sdpa_port.analyse.forms.common import Example, method_on_chain, scored
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.forms import Recognised
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.chain import Recognised
+    from sdpa_port.analyse.tracing import TracerView
 
 
-def clamp_method(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def clamp_method(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     found = method_on_chain(tracer, node, {"clamp", "clamp_min"})
     if found is None:
         return None
@@ -32,7 +32,7 @@ def clamp_method(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recogni
     return base, [*ops, Guard(tracer.reads.detach(bound, base.cid), p.is_absorbing(bound, tracer.scope))]
 
 
-def maximum(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def maximum(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     if not isinstance(node, cst.Call):
         return None
     qualified = tracer.scope.qualify(node.func)

@@ -22,11 +22,11 @@ from sdpa_port.analyse.forms.common import Example, scored, strip_casts
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.forms import Recognised
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.chain import Recognised
+    from sdpa_port.analyse.tracing import TracerView
 
 
-def query_key_product(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def query_key_product(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     """A query-key product with the key transposed: a new chain starts.
 
     A matmul, `@`, bmm, baddbmm or einsum.
@@ -108,7 +108,7 @@ class KeyOperand:
     unproven: cst.BaseExpression | None = None
 
 
-def key_operand(tracer: Tracer, node: cst.BaseExpression, rank: int | None) -> KeyOperand:
+def key_operand(tracer: TracerView, node: cst.BaseExpression, rank: int | None) -> KeyOperand:
     """The key operand of a product split from the number that scales it.
 
     `key.transpose(-1, -2) / scale` (or `* scale`, either side): a number scales the product; a transposed key
@@ -128,7 +128,7 @@ def key_operand(tracer: Tracer, node: cst.BaseExpression, rank: int | None) -> K
     return KeyOperand(node)
 
 
-def bound_to_float32(tracer: Tracer, node: cst.BaseExpression) -> bool:
+def bound_to_float32(tracer: TracerView, node: cst.BaseExpression) -> bool:
     if not isinstance(node, cst.Name):
         return False
     local = tracer.scope.local_value(node.value)
@@ -138,7 +138,7 @@ def bound_to_float32(tracer: Tracer, node: cst.BaseExpression) -> bool:
     return upcast
 
 
-def query_scale(tracer: Tracer, query: cst.BaseExpression) -> tuple[cst.BaseExpression, bool] | None:
+def query_scale(tracer: TracerView, query: cst.BaseExpression) -> tuple[cst.BaseExpression, bool] | None:
     """Follow the query back through reshapes to a multiplication by a number, for the report."""
     node: cst.BaseExpression | None = query
     for _ in range(6):
@@ -164,7 +164,7 @@ def query_scale(tracer: Tracer, query: cst.BaseExpression) -> tuple[cst.BaseExpr
     return None
 
 
-def baddbmm_terms(tracer: Tracer, product: p.Product, base: ChainVal, line: int) -> list[Op]:
+def baddbmm_terms(tracer: TracerView, product: p.Product, base: ChainVal, line: int) -> list[Op]:
     # beta * input + alpha * (batch1 @ batch2): alpha scales the product only, so it comes before the term
     ops: list[Op] = []
     if product.alpha is not None:
@@ -188,14 +188,14 @@ def baddbmm_terms(tracer: Tracer, product: p.Product, base: ChainVal, line: int)
     return ops
 
 
-def is_zeros(tracer: Tracer, node: cst.BaseExpression) -> bool:
+def is_zeros(tracer: TracerView, node: cst.BaseExpression) -> bool:
     if isinstance(node, cst.Name):
         local = tracer.scope.local_value(node.value)
         return local is not None and is_zeros(tracer, local)
     return isinstance(node, cst.Call) and tracer.scope.qualify(node.func) in p.ZEROS_FUNCTIONS
 
 
-def untranspose(tracer: Tracer, node: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:
+def untranspose(tracer: TracerView, node: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:
     """The key operand of `q @ k^T`, its transpose of the last two dims undone.
 
     Seen directly or through a name.
@@ -213,7 +213,7 @@ def untranspose(tracer: Tracer, node: cst.BaseExpression, rank: int | None) -> c
     return None
 
 
-def transposed_key(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> bool:
+def transposed_key(tracer: TracerView, node: cst.BaseExpression, depth: int = 0) -> bool:
     """A key laid out as `(..., dim, length)`.
 
     A transpose of the last two dims or a permute putting the features second to last, a leading-dims flatten of one, a
@@ -243,7 +243,7 @@ def transposed_key(tracer: Tracer, node: cst.BaseExpression, depth: int = 0) -> 
     return bool(returned) and all(v is not None and p.features_second_last(v) for v in returned)
 
 
-def returned_for(tracer: Tracer, node: cst.BaseExpression) -> list[cst.BaseExpression | None]:
+def returned_for(tracer: TracerView, node: cst.BaseExpression) -> list[cst.BaseExpression | None]:
     """What `tracer.method(x, k=True)` may return, on the paths its literal boolean arguments leave open.
 
     The method's returns on those paths, its defaults counted (`split_heads(key, k=True)` returns the key permuted to
@@ -271,7 +271,7 @@ def returned_for(tracer: Tracer, node: cst.BaseExpression) -> list[cst.BaseExpre
     return _open_returns(block_body(method.body), flags)
 
 
-def along_last(tracer: Tracer, dim: cst.BaseExpression, part: cst.BaseExpression) -> bool:
+def along_last(tracer: TracerView, dim: cst.BaseExpression, part: cst.BaseExpression) -> bool:
     """`dim` names the last dimension of `part`: -1, or its rank minus one when the rank can be read."""
     value = p.number(dim)
     if value is None:

@@ -19,11 +19,11 @@ from sdpa_port.analyse.forms.common import Example, scored
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.forms import Recognised
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.chain import Recognised
+    from sdpa_port.analyse.tracing import TracerView
 
 
-def scaled(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def scaled(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Multiply, cst.Divide)):
         return None
     left_refs, right_refs = tracer.chain_or_start(node.left), tracer.chain_or_start(node.right)
@@ -46,7 +46,7 @@ def scaled(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | 
     return base, cancelled(ops, scale_or_head_mask(tracer, current, other, divide, line))
 
 
-def scale_or_head_mask(tracer: Tracer, current: ChainVal, factor: cst.BaseExpression, divide: bool, line: int) -> Op:
+def scale_or_head_mask(tracer: TracerView, current: ChainVal, factor: cst.BaseExpression, divide: bool, line: int) -> Op:
     if current.stage == SCORES:
         scalar = p.scalar(factor, tracer.scope)
         if scalar is None:

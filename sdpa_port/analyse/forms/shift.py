@@ -17,11 +17,11 @@ from sdpa_port.analyse.forms.common import Example, scored
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.forms import Recognised
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.chain import Recognised
+    from sdpa_port.analyse.tracing import TracerView
 
 
-def shifted(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def shifted(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, cst.Subtract):
         return None
     if not tracer.chain_or_start(node.left) or not row_maximum_of(tracer, node.right, node.left):
@@ -32,7 +32,7 @@ def shifted(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
     return base, [*ops, Shift()]
 
 
-def row_maximum_of(tracer: Tracer, node: cst.BaseExpression, scores: cst.BaseExpression) -> bool:
+def row_maximum_of(tracer: TracerView, node: cst.BaseExpression, scores: cst.BaseExpression) -> bool:
     """Whether `node` is the maximum over the last dimension of `scores`, kept as a dimension.
 
     `scores.amax(-1, keepdim=True)`, `scores.amax(dim=-1).unsqueeze(-1)`, `scores.max(-1, keepdim=True)[0]` or

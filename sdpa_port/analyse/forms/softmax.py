@@ -29,11 +29,11 @@ from sdpa_port.analyse.forms.common import Example, scored
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.forms import Recognised
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.chain import Recognised
+    from sdpa_port.analyse.tracing import TracerView
 
 
-def softmax(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def softmax(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     found = p.softmax_call(node, tracer.scope)
     if found is None:
         return None
@@ -64,7 +64,7 @@ def softmax(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
 
 
 def unknown_origin(
-    tracer: Tracer, node: cst.BaseExpression, softmax: p.SoftmaxCall, line: int
+    tracer: TracerView, node: cst.BaseExpression, softmax: p.SoftmaxCall, line: int
 ) -> tuple[ChainVal, list[Op]]:
     """A softmax whose operand is no chain: a candidate of unknown origin, refused F602 if it reaches V."""
     if tracer.selected_start is not None:

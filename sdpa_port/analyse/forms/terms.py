@@ -23,11 +23,11 @@ from sdpa_port.analyse.forms.common import Example, scored
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.forms import Recognised
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.chain import Recognised
+    from sdpa_port.analyse.tracing import TracerView
 
 
-def added(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def added(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     """A term added to or subtracted from the scores.
 
     `scores + term`, `term + scores`, and `scores - term` (the term negated: `x - t` is `x + (-t)` exactly).
@@ -46,7 +46,7 @@ def added(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | N
     return base, [*ops, add_term(tracer, current, other, line, negate=subtract)]
 
 
-def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def additive_helper(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     """A helper called on the scores that only adds terms not depending on them.
 
     `helper(scores, ...)`, a function of this file or a method of the class: the term is `helper(zeros, ...)`.
@@ -93,7 +93,7 @@ def additive_helper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Reco
 
 
 def add_term(
-    tracer: Tracer, current: ChainVal, term: cst.BaseExpression, line: int, negate: bool = False
+    tracer: TracerView, current: ChainVal, term: cst.BaseExpression, line: int, negate: bool = False
 ) -> AddTerm:
     """The term added to the scores.
 
@@ -117,7 +117,7 @@ def add_term(
     )
 
 
-def may_be_number(tracer: Tracer, term: cst.BaseExpression) -> bool:
+def may_be_number(tracer: TracerView, term: cst.BaseExpression) -> bool:
     """A local that holds a number literal on some path.
 
     Directly or as what a method of the module returns (a name the method returns that it assigns a number somewhere:
@@ -138,7 +138,7 @@ def may_be_number(tracer: Tracer, term: cst.BaseExpression) -> bool:
     return False
 
 
-def always_applied(tracer: Tracer, term: cst.BaseExpression, cid: int | None = None) -> bool:
+def always_applied(tracer: TracerView, term: cst.BaseExpression, cid: int | None = None) -> bool:
     """Only `x is not None` tests of the term's own names enclose it.
 
     An `else` branch counts as a condition. With the chain's `cid`: whenever that chain runs, the branches enclosing
@@ -155,7 +155,7 @@ def always_applied(tracer: Tracer, term: cst.BaseExpression, cid: int | None = N
     return True
 
 
-def setting_applied(tracer: Tracer, term: cst.BaseExpression, cid: int) -> cst.BaseExpression | None:
+def setting_applied(tracer: TracerView, term: cst.BaseExpression, cid: int) -> cst.BaseExpression | None:
     """The test of the module's settings alone under which the term is added whenever the chain runs.
 
     And its operands are not None: every branch enclosing it (past those enclosing the chain's product) is the first of
@@ -177,7 +177,7 @@ def setting_applied(tracer: Tracer, term: cst.BaseExpression, cid: int) -> cst.B
     return p.joined(settings) if settings else None
 
 
-def _enclosing(tracer: Tracer, cid: int | None) -> tuple[list[tuple[int, int]], list[cst.BaseExpression]]:
+def _enclosing(tracer: TracerView, cid: int | None) -> tuple[list[tuple[int, int]], list[cst.BaseExpression]]:
     """The branches enclosing the current statement and their if/elif tests.
 
     Each branch is (id of its `if`, index). With a chain's `cid`, only those past the ones enclosing its query-key
@@ -192,7 +192,7 @@ def _enclosing(tracer: Tracer, cid: int | None) -> tuple[list[tuple[int, int]], 
     return path, tests
 
 
-def add_two_chains(tracer: Tracer, node: cst.BinaryOperation, line: int) -> tuple[ChainVal, list[Op]]:
+def add_two_chains(tracer: TracerView, node: cst.BinaryOperation, line: int) -> tuple[ChainVal, list[Op]]:
     """`scores + relative_scores`: the chain that continues is the older one; the other is an additive term."""
     left_cids, right_cids = tracer.chain_or_start(node.left), tracer.chain_or_start(node.right)
     if len(left_cids | right_cids) != 2 or left_cids & right_cids:

@@ -17,11 +17,11 @@ from sdpa_port.analyse.forms.common import Example, casts_to_float32, method_on_
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.forms import Recognised
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.chain import Recognised
+    from sdpa_port.analyse.tracing import TracerView
 
 
-def reshape(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def reshape(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     found = method_on_chain(tracer, node, p.RESHAPE_METHODS)
     if found is None:
         return None
@@ -51,7 +51,7 @@ def reshape(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised |
     return base, [*ops, View(current.rank, after if after is not None else current.rank, heads, shape)]
 
 
-def cast(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def cast(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     found = method_on_chain(tracer, node, p.CAST_METHODS)
     if found is None:
         return None

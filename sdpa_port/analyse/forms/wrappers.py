@@ -15,11 +15,11 @@ from sdpa_port.analyse.wrappers import inlined
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
-    from sdpa_port.analyse.forms import Recognised
-    from sdpa_port.analyse.trace import Tracer
+    from sdpa_port.analyse.chain import Recognised
+    from sdpa_port.analyse.tracing import TracerView
 
 
-def wrapper(tracer: Tracer, node: cst.BaseExpression, line: int) -> Recognised | None:
+def wrapper(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
     if not isinstance(node, cst.Call) or not tracer.reads.chain_value_refs(node):
         return None
     expression = inlined(node, tracer.facts, tracer.scope.class_name, tracer.scope.qualify)
