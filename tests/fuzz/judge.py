@@ -386,8 +386,8 @@ def judge(spec: Spec, transform: Callable[[str], str] | None = None) -> Verdict:
 class Tally:
     counts: dict[str, int] = field(default_factory=dict)
     failures: list[tuple[Spec, Verdict]] = field(default_factory=list)
-    by: str | None = None  # a spec field to split the counts by
-    split: dict[tuple[str, str], int] = field(default_factory=dict)  # (field value, verdict) -> count
+    by: tuple[str, ...] = ()  # the spec fields to split the counts by
+    split: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (field, value, verdict) -> count
     checks: int = 0  # comparisons made, over every judged port
     skipped: int = 0  # inputs left uncompared (Verdict.skipped), over every judged port
 
@@ -395,8 +395,8 @@ class Tally:
         self.counts[verdict.kind] = self.counts.get(verdict.kind, 0) + 1
         self.checks += verdict.checks
         self.skipped += verdict.skipped
-        if self.by is not None:
-            key = (repr(getattr(spec, self.by)), verdict.kind)
+        for name in self.by:
+            key = (name, repr(getattr(spec, name)), verdict.kind)
             self.split[key] = self.split.get(key, 0) + 1
         if verdict.failed or verdict.kind == "invalid":
             self.failures.append((spec, verdict))

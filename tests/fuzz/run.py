@@ -47,7 +47,9 @@ def seeds_from(text: str) -> list[int]:
     return out
 
 
-def run_seeds(seeds: list[int], jobs: int, progress: bool = True, family: str = "440", by: str | None = None) -> Tally:
+def run_seeds(
+    seeds: list[int], jobs: int, progress: bool = True, family: str = "440", by: tuple[str, ...] = ()
+) -> Tally:
     tally = Tally(by=by)
     started = time.monotonic()
     if jobs <= 1:
@@ -87,16 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shrink", action="store_true", help="reduce each failure to a minimal spec")
     parser.add_argument("--out", type=Path, default=None, help="write failing (shrunk) files here")
     parser.add_argument(
-        "--by", choices=[f.name for f in fields(Spec) if f.name != "seed"], default=None,
-        help="also count the verdicts per value of this spec field (an axis)",
+        "--by", choices=[f.name for f in fields(Spec) if f.name != "seed"], action="append", default=[],
+        help="also count the verdicts per value of this spec field (an axis); repeat for more fields",
     )
     args = parser.parse_args(argv)
-    tally = run_seeds(seeds_from(args.seeds), args.jobs, family=args.family, by=args.by)
+    tally = run_seeds(seeds_from(args.seeds), args.jobs, family=args.family, by=tuple(args.by))
     print("verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.counts.items())))
     print(f"comparisons: {tally.checks}; inputs not compared (the original rejects them or is NaN there): {tally.skipped}")
-    for value in sorted({value for value, _ in tally.split}):
-        counts = ", ".join(f"{kind} {n}" for (v, kind), n in sorted(tally.split.items()) if v == value)
-        print(f"  {args.by}={value}: {counts}")
+    for name, value in sorted({(name, value) for name, value, _ in tally.split}):
+        counts = ", ".join(f"{kind} {n}" for (f, v, kind), n in sorted(tally.split.items()) if (f, v) == (name, value))
+        print(f"  {name}={value}: {counts}")
     failed = 0
     for spec, verdict in sorted(tally.failures, key=lambda item: item[0].seed):
         if verdict.kind != "invalid":
