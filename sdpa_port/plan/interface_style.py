@@ -66,7 +66,8 @@ from sdpa_port.rewrite.interface_body import (
     eager_body,
     parameter_name,
 )
-from sdpa_port.rewrite.sdpa_body import SideNames, whole_chain_branch
+from sdpa_port.rewrite.sdpa_body import whole_chain_branch
+from sdpa_port.rewrite.sdpa_state import SideNames
 from sdpa_port.analyse.sdpa_path import SdpaPath, check_eager_function, read_sdpa_path
 from sdpa_port.analyse.sdpa_side import keys_aligned_in
 from sdpa_port.rewrite.sdpa_forward import inline_helpers

@@ -24,7 +24,9 @@ from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.render import render_statements
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.analyse.cstutil import primary
-from sdpa_port.rewrite.sdpa_body import EmitOptions, SdpaEmitter, Side, SideNames, unflatten, whole_chain_branch
+from sdpa_port.rewrite.sdpa_body import SdpaEmitter, whole_chain_branch
+from sdpa_port.rewrite.sdpa_builders import unflatten
+from sdpa_port.rewrite.sdpa_state import EmitOptions, Side, SideNames
 from sdpa_port.rewrite.walk import StatementWalker
 
 # names the eager function's signature and the dispatch's keywords already use
