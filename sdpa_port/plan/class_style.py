@@ -28,7 +28,7 @@ from sdpa_port.plan.kept_eager import split_refused
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import mask_helpers, register
-from sdpa_port.rewrite.sdpa_body import MaskContract
+from sdpa_port.rewrite.sdpa_state import MaskContract
 from sdpa_port.analyse.sdpa_side import SdpaSide, read_sdpa_side
 from sdpa_port.rewrite.sdpa_forward import build_sdpa_forward
 

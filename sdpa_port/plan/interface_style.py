@@ -58,15 +58,11 @@ from sdpa_port.rewrite.extended_masks import convert_block
 from sdpa_port.rewrite.kept_masks import SKIP, keep_causal_masks
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.rewrite.paged_updates import pass_kwargs_to_updates
-from sdpa_port.rewrite.interface_body import (
-    EagerMask,
-    EagerPart,
-    InterfaceEmitter,
-    InterfaceOptions,
-    eager_body,
-    parameter_name,
-)
-from sdpa_port.rewrite.sdpa_body import SideNames, whole_chain_branch
+from sdpa_port.rewrite.interface_body import InterfaceEmitter
+from sdpa_port.rewrite.interface_eager import eager_body
+from sdpa_port.rewrite.interface_options import EagerMask, EagerPart, InterfaceOptions, parameter_name
+from sdpa_port.rewrite.sdpa_body import whole_chain_branch
+from sdpa_port.rewrite.sdpa_state import SideNames
 from sdpa_port.analyse.sdpa_path import SdpaPath, check_eager_function, read_sdpa_path
 from sdpa_port.analyse.sdpa_side import keys_aligned_in
 from sdpa_port.rewrite.sdpa_forward import inline_helpers

@@ -19,7 +19,8 @@ from sdpa_port.analyse.recognise import ClassAnalysis
 from sdpa_port.analyse.sdpa_side import SdpaSide, WrittenOut, written_out_as_is
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.refusals import Code, Refuse
-from sdpa_port.rewrite.sdpa_body import EmitOptions, MaskContract, SdpaEmitter, SideNames
+from sdpa_port.rewrite.sdpa_body import SdpaEmitter
+from sdpa_port.rewrite.sdpa_state import EmitOptions, MaskContract, SideNames
 from sdpa_port.rewrite.walk import StatementWalker
 
 
