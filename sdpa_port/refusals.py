@@ -36,6 +36,7 @@ class Code(enum.Enum):
     MASK_PER_IMPLEMENTATION = ("M203", "the mask is applied with a masking fill, but transformers builds it per implementation")
     MASK_EXTENDED = ("M204", "the mask is extended in the module, but transformers builds it per implementation")
     TERMS_IN_MASK = ("M205", "the additive terms ride on the mask, but the file claims implementations taking another")
+    MASK_READ = ("M206", "the module reads its mask itself, but the masks reaching it cannot be given eager's form")
     # C: causality
     CAUSAL_BY_USE = ("C301", "whether the module is causal depends on where it is used")
     CAUSAL_PINNED = ("C302", "the module is built with a literal is_causal=True")

@@ -55,6 +55,7 @@ from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import flags, imports, insert_classes, register
 from sdpa_port.rewrite.causal_sites import pass_is_causal, unpin_is_causal
 from sdpa_port.rewrite.extended_masks import convert_block
+from sdpa_port.rewrite.eager_masks import give_eager_form
 from sdpa_port.rewrite.kept_masks import SKIP, keep_causal_masks
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.rewrite.paged_updates import pass_kwargs_to_updates
@@ -72,6 +73,7 @@ from sdpa_port.rewrite.unconverted_masks import AddInsteadOfFill, unconvert
 from sdpa_port.plan.kept_eager import split_refused
 from sdpa_port.plan.gate import unreached_side_refusal
 from sdpa_port.plan.threading import plan_threading
+from sdpa_port.plan.mask_readers import EagerMasks, MaskRead, kept_mask_read, plan_eager_masks
 from sdpa_port.rewrite.layout import fresh_name, separated, with_star_kwargs
 from sdpa_port.rewrite.thread_kwargs import Threading, thread_kwargs
 from sdpa_port.plan.key_statements import key_statements
@@ -111,6 +113,9 @@ class ModulePlan:
     # (`EagerMask`): its form under the other implementations (2-D under flash, a BlockMask under flex, a kernel's
     # own) has none
     eager_mask_tests: tuple[str, ...] = ()
+    # a mask parameter the code staying in forward reads itself (T5 adds it to its position bias): every mask the
+    # file builds then takes eager's form (`plan/mask_readers.py`)
+    reads_mask: MaskRead | None = None
 
 
 @dataclass
@@ -131,6 +136,7 @@ class InterfacePlan:
     shifted_ranges: list[tuple[str, int]] = field(default_factory=list)
     alibi: AlibiFacts | None = None  # ALiBi builders reading 2-D masks
     fold_function: str | None = None  # the module-level function folding additive terms into the mask, if any
+    eager_masks: EagerMasks | None = None  # every mask the file builds takes eager's form, for modules reading it
 
     @property
     def attention_backend(self) -> bool:
@@ -143,6 +149,7 @@ class InterfacePlan:
             and not (self.alibi is not None and self.alibi.unknown)
             and not self.kept
             and not any(module.eager_mask_tests for module in self.modules)
+            and self.eager_masks is None
         )
 
     @property
@@ -247,6 +254,17 @@ def plan_interface(
             else:
                 assert causal_value is not None
                 plan.causal_for_flag_only[class_name] = causal_value
+    readers = [(p.class_name, p.reads_mask) for p in plan.modules if p.reads_mask is not None]
+    if readers:
+        plan.eager_masks = plan_eager_masks(module, facts, readers, causality.other_implementations)
+    if plan.eager_masks is not None:
+        lines = ", ".join(str(line) for line in plan.eager_masks.lines)
+        plan.warnings.append(
+            "; ".join(f"{owner} reads `{name}` itself" for owner, name in plan.eager_masks.readers)
+            + f": the masks built for it (line(s) {lines}) take eager's form under every implementation, so "
+            "sdpa receives a float mask where it would have received booleans or None; only sdpa is claimed, "
+            "`_supports_attention_backend` is not set"
+        )
     plan.unpinned = list(causality.unpinned)
     plan.kept = list(causality.kept)
     for kept in plan.kept:
@@ -569,7 +587,13 @@ def _plan_module(
         unconverted=frozenset(unconverted),
         inlined=tuple(h.helper.name for h in analysis.helpers if h.helper.is_method and h.helper.owner == analysis.class_name),
         eager_mask_tests=tuple(emitter.eager_mask_tests),
+        reads_mask=kept_mask_read(new_forward, introduced=frozenset(_assigned(new_forward) - _assigned(forward))),
     )
+
+
+def _assigned(function: cst.FunctionDef) -> set[str]:
+    """Every name a function's body assigns, at any depth."""
+    return all_assigned_names(block_body(function.body))
 
 
 def _emit(
@@ -1138,6 +1162,16 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
         module, count = keep_causal_masks(module, kept.builders)
         assert count == len(kept.builders), "planning checked each builder call takes the keyword"
         plan.notes.extend(kept.notes())
+    if plan.eager_masks is not None:
+        # every builder of the file, matched by form (the lines above may have moved)
+        module, count = give_eager_form(module, plan.eager_masks.function, plan.eager_masks.owners)
+        assert count == len(plan.eager_masks.lines), "planning checked every builder call can be converted"
+        plan.notes.append(
+            f"the masks built at line(s) {', '.join(map(str, plan.eager_masks.lines))} take eager's form "
+            f"({plan.eager_masks.function}): "
+            + ", ".join(owner for owner, _ in plan.eager_masks.readers)
+            + " read(s) the mask in its own forward"
+        )
     lines = frozenset().union(*(item.unconverted for item in plan.modules))
     if lines:
         module, count = unconvert(module, lines)
@@ -1178,6 +1212,10 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
             plan.notes.append(f"{item.class_name}.is_causal = {item.is_causal}")
         if item.causal_sites is not None:
             module = _pass_causal(module, item.causal_sites, plan.notes)
+    if plan.eager_masks is not None:
+        first = plan.eager_masks.readers[0][0]
+        template = render_module("interface_style/eager_attention_mask.py.jinja", name=plan.eager_masks.function)
+        module = _insert_before(module, first, template.body[0])
     if plan.fold_function is not None:
         first = next(item.class_name for item in plan.modules if item.fold_called)
         module = _insert_before(module, first, render_module("interface_style/fold_terms.py.jinja", name=plan.fold_function).body[0])

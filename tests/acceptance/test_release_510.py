@@ -1,6 +1,8 @@
 """Interface-style ports inside transformers 5.10.4, whose sdpa and flex read no `position_bias` (5.17.0 on): the
 T5 family's relative position biases are folded into the float mask the port hands sdpa, so its encoders give
-eager's outputs; handed over as `position_bias` (the form for 5.17.0 on), sdpa drops them, and the check sees it."""
+eager's outputs; handed over as `position_bias` (the form for 5.17.0 on), sdpa drops them, and the check sees it.
+Each of the family adds its mask to that bias in its own forward: every mask its stacks build takes eager's form
+(`eager_attention_mask`), so whole models, decoders and generation included, give eager's outputs too."""
 
 from __future__ import annotations
 
@@ -74,17 +76,41 @@ def test_handed_over_as_position_bias_5_10_4_drops_them(tmp_path: Path) -> None:
     assert checks and not any(c.passed for c in checks), [str(c) for c in checks]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T5 adds its mask to its position bias itself: under sdpa that mask is built for sdpa (None where "
-    "causality is left to is_causal, which the port sets False for T5Attention; boolean with padding), a mask-form "
-    "defect beside the release facts",
-)
-def test_the_whole_t5_model_verifies(tmp_path: Path) -> None:
-    from sdpa_port.verify import parity
-    from sdpa_port.verify.configs import tiny_config
+# T5's family in 5.10.4: each adds its mask to its position bias in its own forward, so every mask its stacks build
+# takes eager's form (`eager_attention_mask`) and the relative biases fold into the float mask
+FAMILY = ("t5", "mt5", "umt5", "udop", "pix2struct", "pop2piano", "longt5", "switch_transformers")
 
-    _, ported = _ported("t5", tmp_path)
-    model = original("t5").T5Model
-    checks = parity.check_forward(model, ported.T5Model, tiny_config(model.config_class), "none", kind="seq2seq")
-    assert all(c.passed for c in checks), [str(c) for c in checks if not c.passed]
+
+@pytest.mark.parametrize("model", FAMILY)
+def test_the_whole_model_verifies(model: str, tmp_path: Path) -> None:
+    from driven import verify
+
+    result, _ = _ported(model, tmp_path)
+    assert "eager_attention_mask(" in result.source, result.notes
+    checks = verify(model, result.source, tmp_path, tag="whole")
+    for check in checks:
+        record("release-510", f"{model} (whole): {check.name}", check.max_diff if check.max_diff is not None else check.detail)
+    failed = [str(c) for c in checks if not c.passed]
+    assert not failed, "\n".join(failed)
+    executed = [c for c in checks if c.name.endswith("sdpa executed")]
+    assert executed and all(c.passed for c in executed), [str(c) for c in checks]
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        ("attention_mask = attention_mask.expand(", "attention_mask = attention_mask.T.expand("),  # causality reversed
+        ("if not is_causal or inputs_embeds.shape[1] == 1:", "if True:"),  # sdpa's None left as it is
+        ("masked_fill(~attention_mask,", "masked_fill(attention_mask,"),  # sdpa's booleans inverted
+    ],
+    ids=["anticausal", "none-kept", "inverted"],
+)
+def test_a_wrong_eager_form_is_seen(broken: tuple[str, str], tmp_path: Path) -> None:
+    """Each part of `eager_attention_mask` matters: broken, the decoder's outputs differ from eager's."""
+    from driven import verify
+
+    result, _ = _ported("t5", tmp_path)
+    assert broken[0] in result.source
+    checks = verify("t5", result.source.replace(*broken), tmp_path, tag="broken")
+    compared = [c for c in checks if c.name.endswith("sdpa == eager") or c.name.endswith("tokens == eager")]
+    assert compared and not all(c.passed for c in compared), [str(c) for c in checks]
