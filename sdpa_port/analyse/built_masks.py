@@ -74,7 +74,9 @@ def builder_argument(call: cst.Call, keyword: str, position: int) -> cst.BaseExp
     return None
 
 
-_PURE = m.Name() | m.Attribute(value=m.Name() | m.Attribute(value=m.Name()))
+_NAMED = m.Name() | m.Attribute(value=m.Name() | m.Attribute(value=m.Name()))
+# read again without effects: a name, an attribute, or a slice of one (`states[:, 0:1, :]`, Canine's)
+_PURE = _NAMED | m.Subscript(value=_NAMED, slice=[m.AtLeastN(m.SubscriptElement(slice=m.Slice() | m.Index(value=m.Integer())), n=1)])
 
 
 class _Finder(cst.CSTVisitor):

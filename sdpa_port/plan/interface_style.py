@@ -14,7 +14,7 @@ import io
 import tokenize
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -56,6 +56,14 @@ from sdpa_port.rewrite import flags, imports, insert_classes, register
 from sdpa_port.rewrite.causal_sites import pass_is_causal, unpin_is_causal
 from sdpa_port.rewrite.extended_masks import convert_block
 from sdpa_port.rewrite.eager_masks import give_eager_form
+from sdpa_port.rewrite.interface_edits import (
+    DictLookup,
+    InitAttributes,
+    PassConfig,
+    ReplaceMethods,
+    is_causal_assignment,
+    is_docstring,
+)
 from sdpa_port.rewrite.kept_masks import SKIP, keep_causal_masks
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.rewrite.paged_updates import pass_kwargs_to_updates
@@ -67,14 +75,14 @@ from sdpa_port.rewrite.sdpa_state import SideNames
 from sdpa_port.analyse.sdpa_path import SdpaPath, check_eager_function, read_sdpa_path
 from sdpa_port.analyse.sdpa_side import keys_aligned_in
 from sdpa_port.rewrite.sdpa_forward import inline_helpers
-from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
+from sdpa_port.rewrite.targeted import transform_named
 from sdpa_port.plan.bool_masks import Converted, converted_fill
 from sdpa_port.rewrite.unconverted_masks import AddInsteadOfFill, unconvert
 from sdpa_port.plan.kept_eager import split_refused
 from sdpa_port.plan.gate import unreached_side_refusal
 from sdpa_port.plan.threading import plan_threading
-from sdpa_port.plan.mask_readers import EagerMasks, MaskRead, kept_mask_read, plan_eager_masks
-from sdpa_port.rewrite.layout import fresh_name, separated, with_star_kwargs
+from sdpa_port.plan.mask_readers import EagerMasks, MaskRead, plan_eager_masks, ported_mask_read
+from sdpa_port.rewrite.layout import fresh_name, with_star_kwargs
 from sdpa_port.rewrite.thread_kwargs import Threading, thread_kwargs
 from sdpa_port.plan.key_statements import key_statements
 from sdpa_port.rewrite.export_positions import shift_ranges, shifted_ranges
@@ -255,16 +263,8 @@ def plan_interface(
                 assert causal_value is not None
                 plan.causal_for_flag_only[class_name] = causal_value
     readers = [(p.class_name, p.reads_mask) for p in plan.modules if p.reads_mask is not None]
-    if readers:
-        plan.eager_masks = plan_eager_masks(module, facts, readers, causality.other_implementations)
-    if plan.eager_masks is not None:
-        lines = ", ".join(str(line) for line in plan.eager_masks.lines)
-        plan.warnings.append(
-            "; ".join(f"{owner} reads `{name}` itself" for owner, name in plan.eager_masks.readers)
-            + f": the masks built for it (line(s) {lines}) take eager's form under every implementation, so "
-            "sdpa receives a float mask where it would have received booleans or None; only sdpa is claimed, "
-            "`_supports_attention_backend` is not set"
-        )
+    plan.eager_masks = plan_eager_masks(module, facts, readers, causality.other_implementations) if readers else None
+    plan.warnings.extend([plan.eager_masks.warning()] if plan.eager_masks is not None else [])
     plan.unpinned = list(causality.unpinned)
     plan.kept = list(causality.kept)
     for kept in plan.kept:
@@ -288,18 +288,7 @@ def plan_interface(
                 "cannot be made to carry the causality",
                 kept.class_name,
             )
-        if kept.extended is not None:
-            plan.warnings.append(
-                f"{kept.class_name} extends its mask over keys of its own: kernels that take a 2-D padding mask or "
-                "read `is_causal` alone (flash attention, and other registered kernels) would not see them; "
-                "`_supports_attention_backend` is not set"
-            )
-        elif kept.beside is None:  # beside: the module keeps its `is_causal`; the kept code has its warning
-            plan.warnings.append(
-                f"{kept.class_name} takes its causality from the masks, which are always built: kernels that read "
-                "`is_causal` alone (flash attention, and other registered kernels) would not apply it; "
-                "`_supports_attention_backend` is not set"
-            )
+        plan.warnings.extend(_kept_warnings(kept))
     eager_classes = {p.class_name for p in plan.modules}
     if plan.modules:
         plan.shifted_ranges, unshifted = shifted_ranges(facts)
@@ -490,12 +479,7 @@ def _plan_module(
         causal_value, causal_sites = causality.decide(analysis.class_name, mask_param, cross)
     causal_test = self_attention_test(cross) if cross and not causality.from_callers and not not_causal else None
     kwargs = forward.params.star_kwarg.name.value if isinstance(forward.params.star_kwarg, cst.Param) else None
-    if "output_attentions" in params:
-        weights_requested: str | None = "output_attentions"
-    elif kwargs is not None:
-        weights_requested = f'{kwargs}.get("output_attentions", False)'
-    else:
-        weights_requested = None
+    weights_requested = _weights_requested(params, kwargs)
     taken = function_names(forward)
     # the caller's keyword arguments (paged cache, its indices, is_causal, position_ids) go on to the implementation
     added_kwargs = None if kwargs is not None else fresh_name("kwargs", taken)
@@ -587,13 +571,50 @@ def _plan_module(
         unconverted=frozenset(unconverted),
         inlined=tuple(h.helper.name for h in analysis.helpers if h.helper.is_method and h.helper.owner == analysis.class_name),
         eager_mask_tests=tuple(emitter.eager_mask_tests),
-        reads_mask=kept_mask_read(new_forward, introduced=frozenset(_assigned(new_forward) - _assigned(forward))),
+        reads_mask=ported_mask_read(emitter.eager_mask_tests, new_forward, forward),
     )
 
 
-def _assigned(function: cst.FunctionDef) -> set[str]:
-    """Every name a function's body assigns, at any depth."""
-    return all_assigned_names(block_body(function.body))
+def _kept_warnings(kept: KeptMasks) -> list[str]:
+    """What a class whose causality the always-built masks carry cannot claim."""
+    if kept.extended is not None:
+        return [
+            f"{kept.class_name} extends its mask over keys of its own: kernels that take a 2-D padding mask or "
+            "read `is_causal` alone (flash attention, and other registered kernels) would not see them; "
+            "`_supports_attention_backend` is not set"
+        ]
+    if kept.beside is None:  # beside: the module keeps its `is_causal`; the kept code has its warning
+        return [
+            f"{kept.class_name} takes its causality from the masks, which are always built: kernels that read "
+            "`is_causal` alone (flash attention, and other registered kernels) would not apply it; "
+            "`_supports_attention_backend` is not set"
+        ]
+    return []
+
+
+def _weights_requested(params: Sequence[str], kwargs: str | None) -> str | None:
+    """The expression telling whether a call asks for the attention weights, if the forward can be told so."""
+    if "output_attentions" in params:
+        return "output_attentions"
+    return f'{kwargs}.get("output_attentions", False)' if kwargs is not None else None
+
+
+def _module_notes(item: ModulePlan) -> list[str]:
+    """What the report says of one moved class beyond its dispatch."""
+    notes = []
+    if item.updates_with_kwargs:
+        notes.append(
+            f"{item.class_name}.forward passes its kwargs to {item.updates_with_kwargs} cache update(s), which "
+            "the release's paged cache takes (`update(..., kwargs=kwargs)`, as its models call it)"
+        )
+    if item.replaces_pinned:
+        notes.append(
+            f"{item.class_name} pinned `self.is_causal` to a literal that nothing in the file reads and only eager "
+            "ran with: the flag is set from the masks the module receives instead"
+        )
+    if item.is_causal is not None:
+        notes.append(f"{item.class_name}.is_causal = {item.is_causal}")
+    return notes
 
 
 def _emit(
@@ -765,7 +786,7 @@ def _bind_handed_values(path: SdpaPath, free: list[str], body: list[cst.BaseStat
     missing = [name for name in free if name not in bound and name not in params and name != "self"]
     if not missing:
         return body
-    start = 1 if body and _is_docstring(body[0]) else 0
+    start = 1 if body and is_docstring(body[0]) else 0
     bindings = [cst.parse_statement(f"{name} = None") for name in missing]
     return [*body[:start], *bindings, *body[start:]]
 
@@ -817,14 +838,7 @@ def _one_literal(values: Sequence[cst.BaseExpression]) -> str | None:
 
 def _pinned_assignments(function: cst.FunctionDef) -> int:
     """Statements of the function body (at its top level) that are one `self.is_causal = <value>`."""
-    return sum(1 for statement in block_body(function.body) if _is_causal_assignment(statement))
-
-
-def _is_causal_assignment(statement: cst.BaseStatement) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and m.matches(
-        statement.body[0],
-        m.Assign(targets=[m.AssignTarget(m.Attribute(value=m.Name("self"), attr=m.Name(PARAMETER)))]),
-    )
+    return sum(1 for statement in block_body(function.body) if is_causal_assignment(statement))
 
 
 def _check_causal_attribute(facts: ModuleFacts, class_name: str, causality: "Causality", mask_param: bool) -> None:
@@ -1163,15 +1177,8 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
         assert count == len(kept.builders), "planning checked each builder call takes the keyword"
         plan.notes.extend(kept.notes())
     if plan.eager_masks is not None:
-        # every builder of the file, matched by form (the lines above may have moved)
-        module, count = give_eager_form(module, plan.eager_masks.function, plan.eager_masks.owners)
-        assert count == len(plan.eager_masks.lines), "planning checked every builder call can be converted"
-        plan.notes.append(
-            f"the masks built at line(s) {', '.join(map(str, plan.eager_masks.lines))} take eager's form "
-            f"({plan.eager_masks.function}): "
-            + ", ".join(owner for owner, _ in plan.eager_masks.readers)
-            + " read(s) the mask in its own forward"
-        )
+        module = give_eager_form(module, plan.eager_masks)
+        plan.notes.append(plan.eager_masks.note())
     lines = frozenset().union(*(item.unconverted for item in plan.modules))
     if lines:
         module, count = unconvert(module, lines)
@@ -1183,39 +1190,24 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
     if plan.modules:
         needed.append(("modeling_utils", "ALL_ATTENTION_FUNCTIONS"))
     for item in plan.modules:
-        module = transform_named(module, {item.class_name}, _Methods({"forward": item.forward}))
+        module = transform_named(module, {item.class_name}, ReplaceMethods({"forward": item.forward}))
         init_owner = _init_owner(facts, item.class_name)
         if item.store_config or item.is_causal is not None or item.causal_sites is not None:
             causal = PARAMETER if item.causal_sites is not None else item.is_causal
-            init = _InitAttributes(
+            init = InitAttributes(
                 item.store_config, causal, causal_parameter=item.causal_sites is not None, replace=item.replaces_pinned
             )
             module = transform_named(module, {init_owner}, init)
         if item.add_config_parameter:
             owners = facts.classes_calling({item.class_name})
-            transformer = _PassConfig(item.class_name)
+            transformer = PassConfig(item.class_name)
             module = transform_named(module, owners - {item.class_name}, transformer)
             assert not transformer.missing, "planning checked every construction has a config in scope"
             plan.notes.append(f"{item.class_name} takes `config` ({transformer.count} construction(s) pass it)")
         plan.notes.append(f"{item.class_name} dispatches through ALL_ATTENTION_FUNCTIONS with {item.eager.name.value}")
-        if item.updates_with_kwargs:
-            plan.notes.append(
-                f"{item.class_name}.forward passes its kwargs to {item.updates_with_kwargs} cache update(s), which "
-                "the release's paged cache takes (`update(..., kwargs=kwargs)`, as its models call it)"
-            )
-        if item.replaces_pinned:
-            plan.notes.append(
-                f"{item.class_name} pinned `self.is_causal` to a literal that nothing in the file reads and only eager "
-                "ran with: the flag is set from the masks the module receives instead"
-            )
-        if item.is_causal is not None:
-            plan.notes.append(f"{item.class_name}.is_causal = {item.is_causal}")
+        plan.notes.extend(_module_notes(item))
         if item.causal_sites is not None:
             module = _pass_causal(module, item.causal_sites, plan.notes)
-    if plan.eager_masks is not None:
-        first = plan.eager_masks.readers[0][0]
-        template = render_module("interface_style/eager_attention_mask.py.jinja", name=plan.eager_masks.function)
-        module = _insert_before(module, first, template.body[0])
     if plan.fold_function is not None:
         first = next(item.class_name for item in plan.modules if item.fold_called)
         module = _insert_before(module, first, render_module("interface_style/fold_terms.py.jinja", name=plan.fold_function).body[0])
@@ -1226,16 +1218,16 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
     for class_name in plan.flag_only:
         causal = plan.causal_for_flag_only.get(class_name)
         if causal is not None:
-            module = transform_named(module, {_init_owner(facts, class_name)}, _InitAttributes(False, causal))
+            module = transform_named(module, {_init_owner(facts, class_name)}, InitAttributes(False, causal))
             plan.notes.append(f"{class_name}.is_causal = {causal}")
         sites = plan.flag_only_sites.get(class_name)
         if sites is not None:
-            init = _InitAttributes(False, PARAMETER, causal_parameter=True)
+            init = InitAttributes(False, PARAMETER, causal_parameter=True)
             module = transform_named(module, {_init_owner(facts, class_name)}, init)
             module = _pass_causal(module, sites, plan.notes)
     for dict_name, eager_class in plan.dicts.items():
         owners = _classes_reading(facts, dict_name)
-        module = transform_named(module, owners, _DictLookup(dict_name, eager_class))
+        module = transform_named(module, owners, DictLookup(dict_name, eager_class))
         plan.notes.append(f"{dict_name} lookups fall back to {eager_class} for every other implementation")
     if plan.shifted_ranges:
         module = shift_ranges(module, {owner for owner, _ in plan.shifted_ranges})
@@ -1262,7 +1254,7 @@ def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan)
     for item in plan.modules:
         unused = [name for name in item.inlined if not _referenced(module, item.class_name, name)]
         if unused:
-            module = transform_named(module, {item.class_name}, _Methods(dict.fromkeys(unused)))
+            module = transform_named(module, {item.class_name}, ReplaceMethods(dict.fromkeys(unused)))
             plan.notes.append(f"{item.class_name}: " + ", ".join(unused) + " moved into the eager function, removed")
     for root in facts.pretrained_roots:
         module = flags.set_class_flag(module, [root], "_supports_sdpa")
@@ -1326,165 +1318,6 @@ def _referenced(module: cst.Module, class_name: str, name: str) -> bool:
     tokens = tokenize.generate_tokens(io.StringIO(module.code).readline)
     comments = (token.string for token in tokens if token.type == tokenize.COMMENT)
     return any(f"{class_name}.{name}" in comment for comment in comments)
-
-
-class _Methods(cst.CSTTransformer):
-    """In the outermost class transformed, replace each named method by its new definition, or drop it where the
-    name maps to None."""
-
-    def __init__(self, changes: Mapping[str, cst.FunctionDef | None]) -> None:
-        self.changes = changes
-        self.depth = 0
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.depth += 1
-
-    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
-        self.depth -= 1
-        if self.depth:
-            return updated
-        body: list[cst.BaseStatement | cst.BaseSmallStatement] = []
-        for statement in updated.body.body:
-            if isinstance(statement, cst.FunctionDef) and statement.name.value in self.changes:
-                new = self.changes[statement.name.value]
-                if new is not None:
-                    body.append(new)
-            else:
-                body.append(statement)
-        return updated.with_changes(body=updated.body.with_changes(body=body))
-
-
-class _InitAttributes(cst.CSTTransformer):
-    """Give `__init__` a `config=None` parameter stored as `self.config`, and/or set `self.is_causal` (from an
-    `is_causal=False` parameter added for it when `causal_parameter`)."""
-
-    def __init__(
-        self, add_config: bool, is_causal: str | None, causal_parameter: bool = False, replace: bool = False
-    ) -> None:
-        self.add_config = add_config
-        self.is_causal = is_causal
-        self.causal_parameter = causal_parameter
-        self.replace = replace  # the `self.is_causal = <literal>` already there takes the value (`_unread_pinned`)
-        self.depth = 0
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.depth += 1
-
-    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        self.depth -= 1
-        if self.depth or updated.name.value != "__init__":
-            return updated
-        params = updated.params
-        names = {p.name.value for p in [*params.params, *params.kwonly_params, *params.posonly_params]}
-        added: list[cst.BaseStatement] = []
-        if self.add_config:
-            if "config" not in names:
-                params = _with_parameter(params, "config", "None")
-            added.append(cst.parse_statement("self.config = config"))
-        if self.causal_parameter and "is_causal" not in names:
-            params = _with_parameter(params, "is_causal", "False", keyword_only=isinstance(params.star_arg, cst.Param))
-        if self.is_causal is not None:
-            causal = self.is_causal
-            value = cst.parse_expression(causal)
-            if "config" not in names and not self.add_config:
-                value = rebase_config(value, to_self=True)  # __init__ reads the config it stored
-            target = cst.Attribute(value=cst.Name("self"), attr=cst.Name("is_causal"))
-            added.append(cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(target)], value=value)]))
-        body = list(block_body(updated.body))
-        if self.replace and added:
-            # the pinned assignment takes the new value where it stands
-            index = next(i for i, statement in enumerate(body) if _is_causal_assignment(statement))
-            pinned = body[index]
-            assert isinstance(pinned, cst.SimpleStatementLine)
-            body[index] = added.pop().with_changes(leading_lines=pinned.leading_lines)
-        position = next((index + 1 for index, statement in enumerate(body) if _is_super_init(statement)), None)
-        if position is None:
-            position = 0 if not body or not _is_docstring(body[0]) else 1
-        body[position:position] = added
-        return updated.with_changes(params=params, body=updated.body.with_changes(body=body))
-
-
-def _with_parameter(params: cst.Parameters, name: str, default: str, keyword_only: bool = False) -> cst.Parameters:
-    """`name=default` added after the positional-or-keyword parameters, or after the keyword-only ones."""
-    new_param = cst.Param(
-        name=cst.Name(name),
-        default=cst.parse_expression(default),
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-    )
-    if keyword_only:
-        kwonly, (new_param,) = separated([*params.kwonly_params], [new_param])
-        return params.with_changes(kwonly_params=[*kwonly, new_param])
-    # laid out like the parameters before it: one per line stays one per line, a trailing comma stays last
-    kept, (new_param,) = separated([*params.params], [new_param])
-    return params.with_changes(params=[*kept, new_param])
-
-
-def _is_super_init(statement: cst.BaseStatement) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and m.matches(
-        statement.body[0],
-        m.Expr(value=m.Call(func=m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("__init__")))),
-    )
-
-
-def _is_docstring(statement: cst.BaseStatement) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and m.matches(statement.body[0], m.Expr(value=m.SimpleString()))
-
-
-class _PassConfig(ScopedTransformer):
-    """`Cls(...)` gains `config=config` where a `config` parameter is in scope."""
-
-    def __init__(self, class_name: str) -> None:
-        super().__init__()
-        self.class_name = class_name
-        self.count = 0
-        self.missing: set[str] = set()
-
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        if not m.matches(updated.func, m.Name(self.class_name)):
-            return updated
-        if any(a.keyword is not None and a.keyword.value == "config" for a in updated.args):
-            return updated
-        if not self.parameter_in_scope("config"):
-            self.missing.add(self.owner)
-            return updated
-        self.count += 1
-        args = list(updated.args)
-        new = cst.Arg(
-            value=cst.Name("config"),
-            keyword=cst.Name("config"),
-            equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-        )
-        if args:
-            last = args[-1]
-            if isinstance(last.comma, cst.Comma):
-                new = new.with_changes(comma=last.comma)
-                if isinstance(args[0].comma, cst.Comma) and len(args) > 1:
-                    args[-1] = last.with_changes(comma=args[0].comma)
-            else:
-                args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        return updated.with_changes(args=[*args, new])
-
-
-class _DictLookup(cst.CSTTransformer):
-    """`CLASSES[name]` -> `CLASSES.get(name, EagerClass)`: every implementation but the listed ones goes eager-side."""
-
-    def __init__(self, dict_name: str, eager_class: str) -> None:
-        self.dict_name = dict_name
-        self.eager_class = eager_class
-
-    def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.BaseExpression:
-        if not m.matches(updated.value, m.Name(self.dict_name)) or len(updated.slice) != 1:
-            return updated
-        index = updated.slice[0].slice
-        if not isinstance(index, cst.Index):
-            return updated
-        return cst.Call(
-            func=cst.Attribute(value=cst.Name(self.dict_name), attr=cst.Name("get")),
-            args=[
-                cst.Arg(index.value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-                cst.Arg(cst.Name(self.eager_class)),
-            ],
-        )
 
 
 __all__ = ["port_interface_style", "self_attention_causality"]

@@ -18,6 +18,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse.built_masks import built_masks
+from sdpa_port.analyse.cstutil import all_assigned_names, block_body
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.refusals import Code, Refuse
 
@@ -33,6 +34,20 @@ class EagerMasks:
     owners: frozenset[str]  # the classes whose builders are converted
     lines: tuple[int, ...]  # the builder calls converted
     readers: tuple[tuple[str, str], ...]  # (class, mask parameter) that read their mask themselves
+
+    def warning(self) -> str:
+        lines = ", ".join(str(line) for line in self.lines)
+        return (
+            "; ".join(f"{owner} reads `{name}` itself" for owner, name in self.readers)
+            + f": the masks built for it (line(s) {lines}) take eager's form under every implementation, so sdpa "
+            "receives a float mask where it would have received booleans or None; only sdpa is claimed, "
+            "`_supports_attention_backend` is not set"
+        )
+
+    def note(self) -> str:
+        readers = ", ".join(owner for owner, _ in self.readers)
+        lines = ", ".join(str(line) for line in self.lines)
+        return f"the masks built at line(s) {lines} take eager's form ({self.function}): {readers} read(s) the mask"
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,18 @@ def kept_mask_read(forward: cst.FunctionDef, introduced: frozenset[str] = frozen
             if guarded is not None:
                 return MaskRead(name, guarded)
     return None
+
+
+def ported_mask_read(
+    eager_mask_tests: Sequence[str], ported: cst.FunctionDef, forward: cst.FunctionDef
+) -> MaskRead | None:
+    """The mask the ported forward computes with itself (`kept_mask_read`), the names the port introduced (assigned
+    in `ported`, not in `forward`) not followed; none where branches kept eager beside the dispatch take the mask
+    in eager's form their own way (`EagerMask`)."""
+    if eager_mask_tests:
+        return None
+    introduced = all_assigned_names(block_body(ported.body)) - all_assigned_names(block_body(forward.body))
+    return kept_mask_read(ported, frozenset(introduced))
 
 
 def _computed_with(body: cst.BaseSuite, name: str, introduced: frozenset[str]) -> bool | None:
@@ -217,4 +244,4 @@ def _builders_of(classes: set[str], facts: ModuleFacts) -> set[str]:
         found |= callers
 
 
-__all__ = ["EagerMasks", "MaskRead", "kept_mask_read", "plan_eager_masks"]
+__all__ = ["EagerMasks", "MaskRead", "kept_mask_read", "plan_eager_masks", "ported_mask_read"]

@@ -22,6 +22,9 @@ import libcst.matchers as m
 
 from sdpa_port.analyse.built_masks import CONFIG, INPUTS, builder_argument
 from sdpa_port.analyse.mask_flow import BIDIRECTIONAL_BUILDER, CAUSAL_BUILDER
+from sdpa_port.plan.mask_readers import EagerMasks
+from sdpa_port.render import render_module
+from sdpa_port.rewrite.insert_classes import TWO_BLANK_LINES
 
 # the keyword the causal builder reads from the config: False sends it to the bidirectional one (every 5.x release)
 CONFIG_CAUSAL = "is_causal"
@@ -73,11 +76,21 @@ class _EagerMasks(cst.CSTTransformer):
         return cst.FlattenSentinel([updated, line])
 
 
-def give_eager_form(module: cst.Module, function: str, owners: frozenset[str]) -> tuple[cst.Module, int]:
-    """Each `name = create_causal_mask(...)` / `create_bidirectional_mask(...)` in the code of the top-level classes
-    `owners` followed by `name = function(name, inputs_embeds, causal)`; the count of builders so converted."""
-    transformer = _EagerMasks(function, owners)
-    return module.visit(transformer), transformer.count
+def give_eager_form(module: cst.Module, masks: EagerMasks) -> cst.Module:
+    """Each `name = create_causal_mask(...)` / `create_bidirectional_mask(...)` in the code of the classes
+    `masks.owners` followed by `name = function(name, inputs_embeds, causal)`, and the function defined before the
+    first class reading its mask."""
+    transformer = _EagerMasks(masks.function, masks.owners)
+    module = module.visit(transformer)
+    assert transformer.count == len(masks.lines), "planning checked every builder call can be converted"
+    function = render_module("interface_style/eager_attention_mask.py.jinja", name=masks.function).body[0]
+    first = masks.readers[0][0]
+    body: list[cst.BaseStatement] = []
+    for statement in module.body:
+        if isinstance(statement, cst.ClassDef) and statement.name.value == first:
+            body.append(function.with_changes(leading_lines=TWO_BLANK_LINES))
+        body.append(statement)
+    return module.with_changes(body=body)
 
 
 __all__ = ["give_eager_form"]

@@ -344,9 +344,9 @@ INIT = [
 
 @pytest.mark.parametrize("before,after", INIT)
 def test_init_takes_is_causal(before: str, after: str) -> None:
-    from sdpa_port.plan.interface_style import _InitAttributes
+    from sdpa_port.rewrite.interface_edits import InitAttributes
 
-    module = cst.parse_module(src(before)).visit(_InitAttributes(False, "is_causal", causal_parameter=True))
+    module = cst.parse_module(src(before)).visit(InitAttributes(False, "is_causal", causal_parameter=True))
     assert module.code == src(after)
 
 

@@ -214,6 +214,18 @@ def test_a_mask_both_handed_over_and_read_takes_eager_s_form() -> None:
     assert _statements_after(result.source, "create_bidirectional_mask") == ["mask = eager_attention_mask(mask, inputs_embeds, False)"]
 
 
+def test_a_builder_reading_a_slice_of_the_states_is_converted() -> None:
+    """Canine's `inputs_embeds=states[:, 0:1, :]` (a query of one) reads again without effects."""
+    source = READER.replace(
+        "create_bidirectional_mask(self.config, inputs_embeds, attention_mask)",
+        "create_bidirectional_mask(self.config, inputs_embeds[:, 0:1, :], attention_mask)",
+    )
+    assert source != READER
+    result = port_source(source, style="interface", release=POSITION_BIAS)
+    assert result.status is Status.PORTED, result.reasons
+    assert "mask = eager_attention_mask(mask, inputs_embeds[:, 0:1, :], False)" in result.source
+
+
 def test_builders_are_found_by_form() -> None:
     found = built_masks(cst.parse_module(READER))
     assert [(b.target, b.causal, b.inputs, b.config) for b in found.found] == [
