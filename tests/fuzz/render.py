@@ -204,6 +204,13 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
                 code.add(f"attn_weights = attn_weights.view(bsz * {n.attr('num_heads')}, {n.q_len}, {n.k_len})")
             elif spec.bool_fill:
                 code.add("attn_weights = attn_weights.masked_fill(attention_mask, torch.finfo(attn_weights.dtype).min)")
+            elif spec.mask_read:
+                # T5's form: the mask joins a bias of the module's own, and the sum is added to the scores
+                code.add(
+                    f"own_bias = torch.zeros(1, 1, {n.q_len}, {n.k_len}, device={n.query}.device, dtype={n.query}.dtype)"
+                )
+                code.add("own_bias = own_bias + attention_mask")
+                code.add("attn_weights = attn_weights + own_bias")
             else:
                 code.add("attn_weights = attn_weights + attention_mask")
             if spec.floor_with_mask and guard == "not_none":

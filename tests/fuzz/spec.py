@@ -180,6 +180,9 @@ class Spec:
     # 4.x: the layer sets the implementation before it builds its attention: "shared" writes
     # `config._attn_implementation = "eager"` into the model's config, "copy" into a copy of it
     selection_override: str = "none"
+    # 5.x: the attention adds its mask to a bias of its own in forward, `own_bias = zeros(...) + attention_mask`, and
+    # adds that sum to the scores (T5's form before transformers ported it): the mask is read beside the chain
+    mask_read: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -325,6 +328,7 @@ def draw(seed: int, family: str = "440") -> Spec:
         own_helper=_pick(rng, OWN_HELPERS, (6, 1, 1)),
         call_causal=_pick(rng, CALL_CAUSAL, (5, 1, 2)),
         selection_override=_pick(rng, SELECTION_OVERRIDES, (16, 1, 1)),
+        mask_read=rng.random() < 0.25,  # drawn last: the fields above keep their seeds
     )
     return normalise(spec)
 
@@ -334,6 +338,8 @@ def normalise(spec: Spec) -> Spec:
     if spec.family == "523":
         spec = _interface_family(spec)
     changes: dict[str, Any] = {}
+    if spec.mask_read and spec.family != "523":
+        changes["mask_read"] = False  # 4.x builds no mask per implementation
     if spec.layout == "flat" and spec.product not in FLAT_PRODUCTS:
         changes["product"] = "bmm"
     if spec.layout == "heads" and spec.product not in HEAD_PRODUCTS:
@@ -512,6 +518,13 @@ def _interface_family(spec: Spec) -> Spec:
         changes["cache"] = False
     if spec.per_call and not (spec.causal == "mask" and style == "builder"):
         changes["per_call"] = False
+    if spec.mask_read and not (
+        style == "builder"
+        and spec.layout == "heads"
+        and not (spec.bool_fill or spec.settings_branch or changes.get("prompt_keys", spec.prompt_keys))
+        and spec.sparse_sibling == "none"
+    ):
+        changes["mask_read"] = False
     if spec.prompt_keys and not (
         style == "builder"
         and spec.causal in ("mask", "none")
