@@ -17,7 +17,7 @@ from typing import Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.built_masks import built_masks
+from sdpa_port.analyse.built_masks import BuiltMasks, built_masks
 from sdpa_port.analyse.cstutil import all_assigned_names, block_body
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.refusals import Code, Refuse
@@ -61,8 +61,8 @@ class MaskRead:
 
 
 def kept_mask_read(forward: cst.FunctionDef, introduced: frozenset[str] = frozenset()) -> MaskRead | None:
-    """The mask parameter whose values the ported forward computes with (through the names it is assigned to),
-    outside the dispatch itself; None when there is none. Renaming a mask, testing it against None and reading its
+    """The mask parameter whose values the ported forward computes with (through the names it is assigned to as
+    it is: renamed, sliced, cast), outside the dispatch itself; None when there is none. Renaming a mask, testing it against None and reading its
     shape do not count. The names the port introduced (`introduced`: its `dispatch_mask`, which it converts for
     eager's weights itself) are followed no further."""
     params = [p.name.value for p in (*forward.params.posonly_params, *forward.params.params, *forward.params.kwonly_params)]
@@ -177,7 +177,10 @@ class _Walk(cst.CSTVisitor):
         self._computes(node.target, node.value)
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        if _reads(node.value, self.tainted):
+        # followed: the mask under other names (renamed, sliced, cast); a value computed from it is no mask any more
+        computed = _Walk(self.tainted, self.introduced)
+        node.value.visit(computed)
+        if _reads(node.value, self.tainted) and not computed.arithmetic:
             self.assigned |= {
                 t.target.value for t in node.targets if isinstance(t.target, cst.Name) and t.target.value not in self.introduced
             }
@@ -205,10 +208,15 @@ def plan_eager_masks(
     classes that build a reader, directly or through others (`T5Stack` builds `T5Block`, which builds the layer
     holding `T5Attention`). None where no builder of the file is among them (the masks are the model's own, or come
     from another file, as before the port); raises M206 where one cannot be converted."""
-    owners = _builders_of({owner for owner, _ in readers}, facts)
-    built = built_masks(module).of(owners)
-    if not built.found and not built.unconvertible:
+    every = built_masks(module)
+    # a reader no builder of the file reaches (its masks are its model's own) keeps its code as it is
+    reached = [(owner, read, _builders_of({owner}, facts)) for owner, read in readers]
+    reached = [(owner, read, owners) for owner, read, owners in reached if every.of(owners) != BuiltMasks((), ())]
+    if not reached:
         return None
+    readers = [(owner, read) for owner, read, _ in reached]
+    owners = set().union(*(owners for _, _, owners in reached))
+    built = every.of(owners)
     names = ", ".join(f"{owner} reads `{read.name}`" for owner, read in readers)
     start = f"the code staying in the module's forward computes with its mask ({names}), which transformers builds per implementation"
     if other_implementations:

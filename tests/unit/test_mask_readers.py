@@ -119,6 +119,37 @@ def test_a_reader_no_builder_of_the_file_reaches_is_ported_as_before() -> None:
     assert "eager_attention_mask" not in result.source
 
 
+VISION = """
+
+class VisionAttention(TinyAttention):
+    def forward(self, hidden_states, mask=None, **kwargs):
+        query = key = value = hidden_states[:, None]
+        position_bias = self.bias[:, :, : query.shape[2], : key.shape[2]] + mask[:, None, None, :]
+        scores = torch.matmul(query, key.transpose(-1, -2))
+        scores += position_bias
+        probs = scores.softmax(dim=-1)
+        return torch.matmul(probs, value)
+
+
+class VisionModel(TinyPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.attention = VisionAttention(config)
+
+    def forward(self, inputs_embeds, attention_mask):
+        return self.attention(inputs_embeds, 1.0 - attention_mask)
+"""
+
+
+def test_a_reader_of_its_model_s_own_mask_beside_one_of_built_masks() -> None:
+    """Pix2Struct's vision attention reads the 2-D mask its model makes, unguarded; its text attention reads the
+    builders' masks: only the latter's builders are converted, and the vision side stays as it was."""
+    result = port_source(READER + VISION, style="interface", release=POSITION_BIAS)
+    assert result.status is Status.PORTED, result.reasons
+    assert result.source.count("eager_attention_mask(mask, inputs_embeds") == 2
+    assert any("TinyAttention reads `mask` itself" in w and "VisionAttention" not in w for w in result.warnings)
+
+
 def test_a_module_handing_its_mask_over_converts_nothing() -> None:
     source = READER.replace(
         "        if mask is not None:\n            position_bias = position_bias + mask\n", ""
@@ -181,8 +212,10 @@ def test_the_values_computed_beside_the_dispatch_are_what_counts(body: str, read
         ("part = mask\nif part is not None:\n    x = x + part\nreturn attention_interface(self, x, x, x, None)", True),
         ("if mask is None:\n    pass\nelse:\n    x = x + mask\nreturn attention_interface(self, x, x, x, None)", False),
         ("if cross is not None:\n    x = x + mask\nreturn attention_interface(self, x, x, x, None)", False),
+        # T5's: the bias the mask joined under the test is computed with later, unguarded
+        ("if mask is not None:\n    bias = x + mask\n    out = (bias,)\nout = out + (x,)\nreturn attention_interface(self, x, x, x, None)", True),
     ],
-    ids=["tested", "tested-in-and", "tested-renamed", "else-branch", "other-name"],
+    ids=["tested", "tested-in-and", "tested-renamed", "else-branch", "other-name", "sum-used-later"],
 )
 def test_a_read_is_guarded_under_a_test_that_the_mask_is_not_none(body: str, guarded: bool) -> None:
     found = kept_mask_read(_forward(body))
