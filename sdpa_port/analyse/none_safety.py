@@ -38,7 +38,7 @@ class _Reads(cst.CSTVisitor):
 
     def visit_If(self, node: cst.If) -> bool:
         node.test.visit(self)
-        self.guards.append(_not_none_names(node.test))
+        self.guards.append(not_none_names(node.test))
         node.body.visit(self)
         self.guards.pop()
         if node.orelse is not None:
@@ -49,14 +49,14 @@ class _Reads(cst.CSTVisitor):
 
     def visit_Assert(self, node: cst.Assert) -> bool:
         # `assert mask is not None` is a read that fails on None
-        for name in _not_none_names(node.test) & self.names:
+        for name in not_none_names(node.test) & self.names:
             if name not in self.guarded():
                 self.unsafe.append(name)
         return True
 
     def visit_IfExp(self, node: cst.IfExp) -> bool:
         node.test.visit(self)
-        self.guards.append(_not_none_names(node.test))
+        self.guards.append(not_none_names(node.test))
         node.body.visit(self)
         self.guards.pop()
         self.guards.append(_is_none_names(node.test))
@@ -107,10 +107,11 @@ class _Reads(cst.CSTVisitor):
             self.unsafe.append(node.value)
 
 
-def _not_none_names(test: cst.BaseExpression) -> set[str]:
+def not_none_names(test: cst.BaseExpression) -> set[str]:
+    """The names a test shows are not None where it holds: `x is not None`, and each side of an `and`."""
     out: set[str] = set()
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _not_none_names(test.left) | _not_none_names(test.right)
+        return not_none_names(test.left) | not_none_names(test.right)
     if m.matches(
         test, m.Comparison(left=m.Name(), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))])
     ):

@@ -20,7 +20,9 @@ import libcst.matchers as m
 from sdpa_port.analyse.built_masks import BuiltMasks, built_masks
 from sdpa_port.analyse.cstutil import all_assigned_names, block_body
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.none_safety import not_none_names
 from sdpa_port.refusals import Code, Refuse
+from sdpa_port.rewrite.layout import fresh_name
 
 FUNCTION = "eager_attention_mask"
 DISPATCH = "attention_interface"  # the name the dispatch binds the implementation to (`dispatch.py.jinja`)
@@ -150,7 +152,7 @@ class _Walk(cst.CSTVisitor):
 
     def visit_If(self, node: cst.If) -> bool:
         node.test.visit(self)
-        self.guards.append(_not_none(node.test))
+        self.guards.append(not_none_names(node.test))
         node.body.visit(self)
         self.guards.pop()
         if node.orelse is not None:
@@ -186,21 +188,6 @@ class _Walk(cst.CSTVisitor):
             }
 
 
-def _not_none(test: cst.BaseExpression) -> set[str]:
-    """The names a test shows are not None where it holds: `x is not None`, and each side of an `and`."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _not_none(test.left) | _not_none(test.right)
-    if (
-        isinstance(test, cst.Comparison)
-        and isinstance(test.left, cst.Name)
-        and len(test.comparisons) == 1
-        and isinstance(test.comparisons[0].operator, cst.IsNot)
-        and m.matches(test.comparisons[0].comparator, m.Name("None"))
-    ):
-        return {test.left.value}
-    return set()
-
-
 def plan_eager_masks(
     module: cst.Module, facts: ModuleFacts, readers: Sequence[tuple[str, MaskRead]], other_implementations: bool
 ) -> EagerMasks | None:
@@ -234,9 +221,7 @@ def plan_eager_masks(
     if built.unconvertible:
         line, why, _ = built.unconvertible[0]
         raise Refuse(Code.MASK_READ, f"{start}; the mask built at line {line} cannot be given eager's form: {why}", line=line)
-    function = FUNCTION
-    while function in facts.top_level_names:
-        function = "_" + function
+    function = fresh_name(FUNCTION, facts.top_level_names)
     found = tuple(found.line for found in built.found)
     return EagerMasks(function, frozenset(owners), found, tuple((owner, read.name) for owner, read in readers))
 
