@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -59,6 +60,14 @@ Verify = Annotated[
         show_default=False,
     ),
 ]
+NoFlex = Annotated[
+    bool,
+    typer.Option(
+        "--no-flex",
+        help="When verifying an interface-style port, skip the flex attention check (its first compile takes a "
+        "minute or so on a CPU); the port then does not claim `_supports_flex_attn`.",
+    ),
+]
 AsJson = Annotated[bool, typer.Option("--json", help="One JSON object per file on stdout instead of text lines.")]
 Jobs = Annotated[Optional[int], typer.Option("--jobs", "-j", help="Files processed in parallel (default: all cores).")]
 
@@ -73,6 +82,7 @@ def port(
     tests_dir: TestsDir = None,
     no_tests: NoTests = False,
     verify: Verify = None,
+    no_flex: NoFlex = False,
     as_json: AsJson = False,
     jobs: Jobs = None,
 ) -> None:
@@ -110,6 +120,8 @@ def port(
         verifying = decide(verify, targets, writing)
     except MissingDependency as error:
         raise _fail(str(error))
+    if no_flex:
+        verifying = replace(verifying, flex=False)
     options = RunOptions(
         style=style, write=writing, want_diff=diff, output=output, tests=not no_tests, tests_dir=tests_dir,
         verify=verifying,

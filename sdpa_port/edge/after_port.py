@@ -13,7 +13,7 @@ from sdpa_port import __version__
 from sdpa_port.checkout.context import find_checkout
 from sdpa_port.edge.files import atomic_write
 from sdpa_port.emit.parity_test import model_folder, model_name, render_parity_test
-from sdpa_port.result import PortResult
+from sdpa_port.result import PortResult, Style
 
 
 @dataclass(frozen=True)
@@ -21,14 +21,18 @@ class Verification:
     passed: bool
     lines: tuple[str, ...]  # every check, as "name: ok/FAILED max|diff|=..."
     undriven: str | None = None  # why, when no check failed but some could not be driven (`not verified: ...`)
+    flex_classes: tuple[str, ...] = ()  # the model classes to claim flex attention on: it ran and matched
+    flex_why: str = ""  # why flex attention is not claimed, when it was checked and is not
 
 
-def verify_port(input_path: Path, original_source: str, result: PortResult) -> Verification:
+def verify_port(input_path: Path, original_source: str, result: PortResult, flex: bool = False) -> Verification:
     """Load the original and the port inside the installed transformers and run the parity checks.
 
-    This imports torch and transformers and executes both modeling files.
+    This imports torch and transformers and executes both modeling files. `flex`: an interface-style port also runs
+    under flex attention; the checks of it say which classes may claim it and never fail the verification.
     """
     from sdpa_port.verify.auto import verify_pair
+    from sdpa_port.verify.flex import FlexCheck, claiming_classes, flex_verdict
     from sdpa_port.verify.loader import load_source_in_package
     from sdpa_port.verify.packages import package_for
     from sdpa_port.verify.quiet import transformers_quiet
@@ -39,13 +43,19 @@ def verify_port(input_path: Path, original_source: str, result: PortResult) -> V
             package = package_for(package_of(input_path), original_source, input_path)
             original = load_source_in_package(original_source, package, Path(directory), f"{input_path.stem}_original")
             ported = load_source_in_package(result.source, package, Path(directory), f"{input_path.stem}_ported")
-            checks = verify_pair(original, ported)
+            flex = flex and result.style is Style.INTERFACE
+            checks = verify_pair(original, ported, flex=flex)
+            claiming = claiming_classes(ported) if flex else ()
         except Exception as error:  # an import or run failure of user code is a failed verification
             return Verification(False, (f"could not run the checks: {type(error).__name__}: {error}",))
-    passed = all(c.passed for c in checks)
-    failed = any(not c.passed and not isinstance(c, Unverified) for c in checks)
-    undriven = "; ".join(c.detail for c in checks if isinstance(c, Unverified)) if not (passed or failed) else None
-    return Verification(passed, tuple(str(c) for c in checks), undriven)
+    parity = [c for c in checks if not isinstance(c, FlexCheck)]
+    passed = all(c.passed for c in parity)
+    failed = any(not c.passed and not isinstance(c, Unverified) for c in parity)
+    undriven = "; ".join(c.detail for c in parity if isinstance(c, Unverified)) if not (passed or failed) else None
+    claimed, why = flex_verdict(checks) if flex and passed else (False, "")
+    return Verification(
+        passed, tuple(str(c) for c in checks), undriven, flex_classes=claiming if claimed else (), flex_why=why
+    )
 
 
 def package_of(input_path: Path) -> str:

@@ -44,11 +44,6 @@ def process(target: Target, options: RunOptions) -> Outcome:
     context: tuple[str, ...] = ()
     if modular is not None and result.status is Status.PORTED:
         result, carried, context = carry_into_modular(modular, source, result, asked_for_modular=generated is not None)
-    diff = ""
-    if options.want_diff and result.status is Status.PORTED:
-        diff = unified_diff(source, result.source, str(path))
-        if carried is not None:
-            diff += unified_diff(carried[1], carried[2], str(carried[0]))
     verification: tuple[str, ...] = ()
     unverified: str | None = None
     if result.status is Status.PORTED and not options.verify.run:
@@ -56,13 +51,17 @@ def process(target: Target, options: RunOptions) -> Outcome:
     elif result.status is Status.PORTED:
         from sdpa_port.edge.after_port import verify_port
 
-        report = verify_port(path, source, result)
+        report = verify_port(path, source, result, flex=options.verify.flex)
         verification = report.lines
+        if report.passed:
+            result, carried = claim_flex(result, carried, report.flex_classes, report.flex_why)
         if not report.passed and options.verify.by_default and report.undriven:
             # verifying by default, a port the checks cannot drive is written as an unverified one would be
             unverified = f"the checks could not drive it: {report.undriven}"
         elif not report.passed:
+            diff = _diff(source, result, carried, str(path)) if options.want_diff else ""
             return Outcome(path, result, None, diff, verification=verification, verify_failed=True)
+    diff = _diff(source, result, carried, str(path)) if options.want_diff else ""
     if options.write and result.status is Status.PORTED:
         # written by the parent (write_out): a worker that dies after its work leaves nothing half-recorded, and the
         # file is rerun from its original text
@@ -72,6 +71,29 @@ def process(target: Target, options: RunOptions) -> Outcome:
             context=context, writes=writes,
         )
     return Outcome(path, result, None, diff, verification=verification, unverified=unverified, context=context)
+
+
+def claim_flex(
+    result: PortResult, carried: tuple[Path, str, str] | None, classes: tuple[str, ...], why: str
+) -> tuple[PortResult, tuple[Path, str, str] | None]:
+    """The port with `_supports_flex_attn` on `classes`, where flex attention ran and matched; else a warning why not.
+
+    A port carried into its modular file gets the flag there too, or not at all.
+    """
+    from sdpa_port.rewrite.flags import FLEX_FLAG as FLAG, flag_source
+
+    if not classes:
+        warning = (f"flex attention not claimed ({FLAG} is not set): {why}",) if why else ()
+        return replace(result, warnings=result.warnings + warning), carried
+    source = flag_source(result.source, classes, FLAG)
+    modular = carried and flag_source(carried[2], classes, FLAG)
+    if source is None or (carried is not None and modular is None):
+        why = f"{', '.join(classes)} not all defined in the modular file the port is carried into"
+        return claim_flex(result, carried, (), why)
+    notes = tuple(f"{name}.{FLAG} = True (flex attention ran and matched eager)" for name in classes)
+    if carried is not None and modular is not None:
+        carried = (carried[0], carried[1], modular)
+    return replace(result, source=source, notes=result.notes + notes), carried
 
 
 def write_out(outcome: Outcome, options: RunOptions) -> Outcome:
@@ -108,6 +130,16 @@ def write_out(outcome: Outcome, options: RunOptions) -> Outcome:
         writes=None,
         companions=((carried[0], carried[1]),) if carried is not None else (),
     )
+
+
+def _diff(source: str, result: PortResult, carried: tuple[Path, str, str] | None, name: str) -> str:
+    """The port's diff, its modular file's after it; empty for a file not ported."""
+    if result.status is not Status.PORTED:
+        return ""
+    diff = unified_diff(source, result.source, name)
+    if carried is not None:
+        diff += unified_diff(carried[1], carried[2], str(carried[0]))
+    return diff
 
 
 def unified_diff(before: str, after: str, name: str) -> str:

@@ -8,6 +8,17 @@ import libcst as cst
 
 from sdpa_port.rewrite.targeted import transform_named
 
+FLEX_FLAG = "_supports_flex_attn"  # claimed only after `--verify` ran flex attention (`verify/flex.py`)
+
+
+def flag_source(source: str, classes: Iterable[str], name: str) -> str | None:
+    """`source` with `name = True` set on `classes`, or None when one of them is not defined at its top level."""
+    module = cst.parse_module(source)
+    defined = {s.name.value for s in module.body if isinstance(s, cst.ClassDef)}
+    if not set(classes) <= defined:
+        return None
+    return set_class_flag(module, classes, name).code
+
 
 def set_class_flag(module: cst.Module, classes: Iterable[str], name: str, value: str = "True") -> cst.Module:
     names = frozenset(classes)

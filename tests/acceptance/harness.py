@@ -141,12 +141,31 @@ class _SabotageDispatch(cst.CSTTransformer):
             return cst.parse_expression(
                 f"(lambda o: (o[0] + (1e-2 if self.config._attn_implementation != 'eager' else 0.0), o[1]))({call})"
             )
+        if self.kind == "flex_scale":
+            # scaling halved under flex attention only: SDPA and eager stay right
+            args = []
+            for a in updated.args:
+                if a.keyword and a.keyword.value == "scaling":
+                    value = cst.Module([]).code_for_node(a.value)
+                    half = f"(({value}) * 0.5 if self.config._attn_implementation == 'flex_attention' else ({value}))"
+                    a = a.with_changes(value=cst.parse_expression(half))
+                args.append(a)
+            return updated.with_changes(args=args)
+        if self.kind == "flex_bypass":
+            # flex attention run past the dispatch: the release's function called directly, so the dispatch that
+            # the check counts is never asked for it
+            bypass = (
+                "(__import__('transformers.integrations.flex_attention', fromlist=['_']).flex_attention_forward "
+                "if self.config._attn_implementation == 'flex_attention' else attention_interface)"
+            )
+            return updated.with_changes(func=cst.parse_expression(bypass))
         raise ValueError(self.kind)
 
 
 def sabotage_interface(source: str, kind: str) -> str:
     """The interface port with its dispatch broken: `mask` drops the additive terms (position_bias, or those folded
-    into the mask), `scale` halves scaling, `output` shifts."""
+    into the mask), `scale` halves scaling, `output` shifts; `flex_scale` halves scaling under flex attention alone and
+    `flex_bypass` calls flex attention past the dispatch."""
     transformer = _SabotageDispatch(kind)
     result = cst.parse_module(source).visit(transformer)
     assert transformer.count > 0, "no dispatch to sabotage"
