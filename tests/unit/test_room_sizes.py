@@ -29,7 +29,6 @@ KNOWN_FUNCTIONS: dict[str, int] = {
     "sdpa_port/plan/interface_style.py::plan_interface": 123,
     "sdpa_port/plan/interface_style.py::_plan_module": 230,
     "sdpa_port/plan/interface_style.py::apply_interface": 95,
-    "sdpa_port/plan/threading.py::plan_threading": 99,
 }
 
 def module_sizes() -> dict[str, int]:
