@@ -25,7 +25,6 @@ KNOWN_MODULES: dict[str, int] = {
 
 # "module path::function qualname" -> line count ceiling
 KNOWN_FUNCTIONS: dict[str, int] = {
-    "sdpa_port/plan/class_style.py::plan_class_style": 122,
     "sdpa_port/plan/interface_style.py::plan_interface": 123,
     "sdpa_port/plan/interface_style.py::_plan_module": 230,
     "sdpa_port/plan/interface_style.py::apply_interface": 95,
