@@ -14,7 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse.cstutil import code
-from sdpa_port.analyse.mask_flow import BIDIRECTIONAL_BUILDER, CAUSAL_BUILDER
+from sdpa_port.analyse.mask_values import BIDIRECTIONAL_BUILDER, CAUSAL_BUILDER
 
 # the other builders of transformers' masking_utils: their None under sdpa means other things (a window, chunks)
 OTHER_BUILDERS = (

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import libcst.matchers as m
 
-from sdpa_port.analyse.mask_flow import Kind, MaskFlow, Origin, none_comparison
+from sdpa_port.analyse.mask_flow import MaskFlow
+from sdpa_port.analyse.mask_values import Kind, Origin, none_comparison
 from sdpa_port.analyse.chain import Fill
 from sdpa_port.analyse.patterns import FINFO_MIN
 

@@ -16,8 +16,9 @@ from typing import Sequence
 
 import libcst as cst
 
-from sdpa_port.analyse.mask_flow import Kind, MaskFlow
+from sdpa_port.analyse.mask_flow import MaskFlow
 from sdpa_port.analyse.mask_helpers import MaskHelpers
+from sdpa_port.analyse.mask_values import Kind
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.module_sites import Construction, module_sites, parameter_default
 

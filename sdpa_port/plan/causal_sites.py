@@ -14,7 +14,8 @@ import ast
 from dataclasses import dataclass
 from typing import Sequence
 
-from sdpa_port.analyse.mask_flow import Kind, MaskFlow, SiteMasks
+from sdpa_port.analyse.mask_flow import MaskFlow
+from sdpa_port.analyse.mask_values import Kind, SiteMasks
 from sdpa_port.analyse.module_sites import Construction, Site
 from sdpa_port.refusals import Code, Refuse
 

@@ -111,11 +111,43 @@ def plan_class_style(
     plan.warnings.extend(split.warnings())
     dicts = attention_dicts(facts)
     dict_of = {entries["eager"]: name for name, entries in dicts.items()}
-    attention_names = frozenset(names)
     helpers = MaskHelpers.of(facts)
     plan.helpers = helpers
     swaps = _helpers_used(helpers.used(facts))
     contracts = _mask_contracts(facts, helpers, analyses, swaps)
+    reasons, registrations, elsewhere = _registrations(module, facts, analyses, dict_of, plan)
+    if reasons:
+        return PortResult.refused(module.code, Style.CLASS, reasons, names)
+    built = _build_forwards(facts, registrations, contracts)
+    if isinstance(built, list) and contracts and not _none_safe(facts, built, contracts):
+        # an SDPA forward, or the eager forward it falls back to, reads its mask where None would break it: keep
+        # the eager mask helpers (full masks)
+        plan.warnings.append("mask helpers are kept: an attention module reads its mask without a None check")
+        contracts, swaps = {}, MaskSwaps()
+        built = _build_forwards(facts, registrations, contracts)
+    if not isinstance(built, list):
+        return PortResult.refused(module.code, Style.CLASS, [built], names)
+    unmarked = _unmarked_twin_callers(helpers.used(facts), analyses, contracts)
+    if unmarked:
+        return PortResult.refused(module.code, Style.CLASS, unmarked, names)
+    plan.classes = built
+    unported = _unported(module, plan, elsewhere, names)
+    if unported is not None:
+        return unported
+    _plan_masks(module, facts, helpers, swaps, contracts, plan)
+    plan.flag_classes = facts.pretrained_roots
+    return plan
+
+
+def _registrations(
+    module: cst.Module,
+    facts: ModuleFacts,
+    analyses: list[ClassAnalysis],
+    dict_of: dict[str, str],
+    plan: ClassStylePlan,
+) -> tuple[list[Refusal], list[tuple[ClassAnalysis, str, Registration]], list[str]]:
+    """How each attention class's SDPA class is registered, or why it cannot be, and those no class here builds."""
+    attention_names = frozenset(a.class_name for a in analyses)
     reasons: list[Refusal] = []
     registrations: list[tuple[ClassAnalysis, str, Registration]] = []
     elsewhere: list[str] = []  # attention classes no class of this file builds
@@ -140,21 +172,13 @@ def plan_class_style(
             continue
         registration = Registration(dict_name_for(analysis.class_name, facts), create=True, threaded=threaded)
         registrations.append((analysis, name, registration))
-    if reasons:
-        return PortResult.refused(module.code, Style.CLASS, reasons, names)
-    built = _build_forwards(facts, registrations, contracts)
-    if isinstance(built, list) and contracts and not _none_safe(facts, built, contracts):
-        # an SDPA forward, or the eager forward it falls back to, reads its mask where None would break it: keep
-        # the eager mask helpers (full masks)
-        plan.warnings.append("mask helpers are kept: an attention module reads its mask without a None check")
-        contracts, swaps = {}, MaskSwaps()
-        built = _build_forwards(facts, registrations, contracts)
-    if not isinstance(built, list):
-        return PortResult.refused(module.code, Style.CLASS, [built], names)
-    unmarked = _unmarked_twin_callers(helpers.used(facts), analyses, contracts)
-    if unmarked:
-        return PortResult.refused(module.code, Style.CLASS, unmarked, names)
-    plan.classes = built
+    return reasons, registrations, elsewhere
+
+
+def _unported(
+    module: cst.Module, plan: ClassStylePlan, elsewhere: list[str], names: tuple[str, ...]
+) -> PortResult | None:
+    """The result when no SDPA class is planned (attention built elsewhere, or never built), else None."""
     if not plan.classes and elsewhere:
         # eager attention that is not ported must be said: built by another file (a remote-code `attention.py`
         # imported by `blocks.py`), its SDPA class would have to be selected there
@@ -174,6 +198,18 @@ def plan_class_style(
             Status.UNCHANGED, module.code, Style.CLASS, "no attention module is constructed in this file",
             warnings=tuple(plan.warnings), attention_classes=names,
         )
+    return None
+
+
+def _plan_masks(
+    module: cst.Module,
+    facts: ModuleFacts,
+    helpers: MaskHelpers,
+    swaps: MaskSwaps,
+    contracts: dict[str, MaskContract],
+    plan: ClassStylePlan,
+) -> None:
+    """Decide which mask helpers the port swaps for their SDPA variants, warning of those it keeps."""
     causal = swaps.causal and all(c.causal_when_none is not None for c in contracts.values())
     model_classes = frozenset(n for n in facts.classes if facts.is_subclass(n, "PreTrainedModel"))
     unguarded = mask_helpers.unguarded_helpers(
@@ -208,8 +244,6 @@ def plan_class_style(
             "mark its causal instances with `is_causal`, exactly those the causal helper's masks reach, have the mask "
             "as its only masking term, and tell self-attention from cross-attention calls)"
         )
-    plan.flag_classes = facts.pretrained_roots
-    return plan
 
 
 MAX_THREADING = 4  # classes between the attention module and a config

@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sdpa_port.analyse.known import holds_where
-from sdpa_port.analyse.mask_flow import Kind, MaskFlow, reads_implementation
+from sdpa_port.analyse.mask_flow import MaskFlow
+from sdpa_port.analyse.mask_values import Kind, reads_implementation
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.module_sites import typed_kwargs
 from sdpa_port.analyse.recognise import ClassAnalysis

@@ -44,6 +44,37 @@ def plan_threading(
     `forwards_with_kwargs`: attention classes whose (rewritten) forward takes `**kwargs`; `release`: the release the
     port targets (None: unknown).
     """
+    members = _nested_members(facts)
+    plan = Threading(reaching=set(attention))
+    calls = _reaching_calls(facts, members, plan)
+    for name in plan.reaching:
+        found = facts.find_method(name, "forward")
+        if found is not None:
+            plan.parameters[name] = parameter_names(found[1])
+    roots = {name for name in calls if facts.is_subclass(name, "PreTrainedModel")}
+    on_paths = set(roots)
+    for root in roots:
+        on_paths |= _reachable(root, calls)
+    plan.reached = on_paths & attention
+    calls = {name: sites for name, sites in calls.items() if name in on_paths}
+    _check_calls(facts, members, calls, plan, release)
+    for name, sites in calls.items():
+        _plan_positions(facts, name, sites, plan, release)
+    for name in sorted(facts.classes):
+        holds = set().union(*members[name].values()) if members[name] else set()
+        if facts.is_subclass(name, "PreTrainedModel") and holds & plan.reaching and name not in calls:
+            found = facts.find_method(name, "forward")
+            if found is not None:
+                plan.problems.append(f"{found[0].name}.forward calls its layers in a way not followed here")
+    for name in sorted(attention - plan.reached):
+        plan.problems.append(f"no model forward in this file is shown to call `{name}`")
+    for name in sorted(attention - forwards_with_kwargs):
+        plan.problems.append(f"`{name}.forward` takes no **kwargs")
+    return plan
+
+
+def _nested_members(facts: ModuleFacts) -> dict[str, dict[str, frozenset[str]]]:
+    """Each class's module attributes with the classes they hold, one attribute further down included."""
     members = {name: _members(facts, name) for name in facts.classes}
     for own in members.values():  # `self.model.decoder(...)`: one attribute further down
         for attribute, classes in list(own.items()):
@@ -51,7 +82,13 @@ def plan_threading(
                 for inner, inner_classes in members[held].items():
                     if "." not in inner:
                         own[f"{attribute}.{inner}"] = own.get(f"{attribute}.{inner}", frozenset()) | inner_classes
-    plan = Threading(reaching=set(attention))
+    return members
+
+
+def _reaching_calls(
+    facts: ModuleFacts, members: dict[str, dict[str, frozenset[str]]], plan: Threading
+) -> dict[str, list[SubmoduleCall]]:
+    """The calls of each forward reaching the attention classes, adding the classes making them to `plan.reaching`."""
     calls: dict[str, list[SubmoduleCall]] = {}
     every: dict[str, list[SubmoduleCall]] = {}  # each forward's submodule calls, read once
     changed = True
@@ -68,16 +105,17 @@ def plan_threading(
                 calls[name] = sites
                 plan.reaching.add(name)
                 changed = True
-    for name in plan.reaching:
-        found = facts.find_method(name, "forward")
-        if found is not None:
-            plan.parameters[name] = parameter_names(found[1])
-    roots = {name for name in calls if facts.is_subclass(name, "PreTrainedModel")}
-    on_paths = set(roots)
-    for root in roots:
-        on_paths |= _reachable(root, calls)
-    plan.reached = on_paths & attention
-    calls = {name: sites for name, sites in calls.items() if name in on_paths}
+    return calls
+
+
+def _check_calls(
+    facts: ModuleFacts,
+    members: dict[str, dict[str, frozenset[str]]],
+    calls: dict[str, list[SubmoduleCall]],
+    plan: Threading,
+    release: Release | None,
+) -> None:
+    """Record the owners of the forwards on the paths, and the problems of their calls and paged-cache updates."""
     for name, sites in calls.items():
         found = facts.find_method(name, "forward")
         assert found is not None
@@ -89,52 +127,46 @@ def plan_threading(
             problem = clash(call, parameter_names(forward), star_kwargs(forward))
             if problem:
                 plan.problems.append(f"{owner}.forward line {call.line}: {problem}")
-    for name, sites in calls.items():
-        found = facts.find_method(name, "forward")
-        assert found is not None
-        layers = any(not any(facts.is_subclass(c, "PreTrainedModel") for c in call.callees) for call in sites)
-        if not (facts.is_subclass(name, "PreTrainedModel") and layers):
-            continue
-        # llama's default reads the embeddings and the cache: forward must compute the embeddings when not given
-        computed = all_assigned_names(block_body(found[1].body))
-        cache = cache_name(found[1])
-        cached = cache is not None
-        if cache is not None:
-            plan.caches[found[0].name] = cache
-        if release is not None and release.model_updates_paged_cache:
-            plan.problems.extend(
-                _paged_cache_problems(found[0].name, found[1], cache, release, _def_line(facts, found[0].name))
-            )
-        if "position_ids" in plan.parameters[name]:
-            if cached and not _builds(found[1], "position_ids"):
-                plan.problems.append(
-                    f"{found[0].name}.forward hands position_ids on only when its caller gives them (it builds none)"
-                )
-            continue
-        if "inputs_embeds" in computed and cached and "position_ids" not in names_in(found[1]):
-            plan.position_defaults.add(found[0].name)
-            plan.parameters[name].add("position_ids")
-            for line in _positions_from_cache_length(facts, found[0].name, cache or CACHE_PARAMETERS[0]):
-                plan.problems.append(
-                    f"{found[0].name}.forward line {line}: positions come from the cache length, which continuous "
-                    "batching's packed prompts do not have (it hands position_ids over)"
-                )
-        elif cached:
+
+
+def _plan_positions(
+    facts: ModuleFacts, name: str, sites: list[SubmoduleCall], plan: Threading, release: Release | None
+) -> None:
+    """For a base model calling its layers, record its cache and how its `position_ids` reach them, or why not."""
+    found = facts.find_method(name, "forward")
+    assert found is not None
+    layers = any(not any(facts.is_subclass(c, "PreTrainedModel") for c in call.callees) for call in sites)
+    if not (facts.is_subclass(name, "PreTrainedModel") and layers):
+        return
+    # llama's default reads the embeddings and the cache: forward must compute the embeddings when not given
+    computed = all_assigned_names(block_body(found[1].body))
+    cache = cache_name(found[1])
+    cached = cache is not None
+    if cache is not None:
+        plan.caches[found[0].name] = cache
+    if release is not None and release.model_updates_paged_cache:
+        plan.problems.extend(
+            _paged_cache_problems(found[0].name, found[1], cache, release, _def_line(facts, found[0].name))
+        )
+    if "position_ids" in plan.parameters[name]:
+        if cached and not _builds(found[1], "position_ids"):
             plan.problems.append(
-                f"{found[0].name}.forward builds no position_ids for the attention modules (kernels find the cache "
-                "position in them)"
+                f"{found[0].name}.forward hands position_ids on only when its caller gives them (it builds none)"
             )
-    for name in sorted(facts.classes):
-        holds = set().union(*members[name].values()) if members[name] else set()
-        if facts.is_subclass(name, "PreTrainedModel") and holds & plan.reaching and name not in calls:
-            found = facts.find_method(name, "forward")
-            if found is not None:
-                plan.problems.append(f"{found[0].name}.forward calls its layers in a way not followed here")
-    for name in sorted(attention - plan.reached):
-        plan.problems.append(f"no model forward in this file is shown to call `{name}`")
-    for name in sorted(attention - forwards_with_kwargs):
-        plan.problems.append(f"`{name}.forward` takes no **kwargs")
-    return plan
+        return
+    if "inputs_embeds" in computed and cached and "position_ids" not in names_in(found[1]):
+        plan.position_defaults.add(found[0].name)
+        plan.parameters[name].add("position_ids")
+        for line in _positions_from_cache_length(facts, found[0].name, cache or CACHE_PARAMETERS[0]):
+            plan.problems.append(
+                f"{found[0].name}.forward line {line}: positions come from the cache length, which continuous "
+                "batching's packed prompts do not have (it hands position_ids over)"
+            )
+    elif cached:
+        plan.problems.append(
+            f"{found[0].name}.forward builds no position_ids for the attention modules (kernels find the cache "
+            "position in them)"
+        )
 
 
 def _builds(function: cst.FunctionDef, name: str) -> bool:

@@ -21,7 +21,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse.built_masks import CONFIG, INPUTS, builder_argument
-from sdpa_port.analyse.mask_flow import BIDIRECTIONAL_BUILDER, CAUSAL_BUILDER
+from sdpa_port.analyse.mask_values import BIDIRECTIONAL_BUILDER, CAUSAL_BUILDER
 from sdpa_port.plan.mask_readers import EagerMasks
 from sdpa_port.render import render_module
 from sdpa_port.rewrite.insert_classes import TWO_BLANK_LINES

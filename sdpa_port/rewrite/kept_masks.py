@@ -11,7 +11,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.mask_flow import CAUSAL_BUILDER
+from sdpa_port.analyse.mask_values import CAUSAL_BUILDER
 from sdpa_port.rewrite.layout import append_arguments, keyword_argument
 
 SKIP = "allow_is_causal_skip"

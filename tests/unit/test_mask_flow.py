@@ -9,7 +9,8 @@ import libcst as cst
 import pytest
 from causal_sources import ATTENTION, HEADER, RUNTIME_FLAG, SEQ2SEQ, replaced, src
 
-from sdpa_port.analyse.mask_flow import Kind, MaskFlow
+from sdpa_port.analyse.mask_flow import MaskFlow
+from sdpa_port.analyse.mask_values import Kind
 from sdpa_port.analyse.module_facts import ModuleFacts
 
 

@@ -11,8 +11,8 @@ import pytest
 from wiring_sources import ALWAYS_CAUSAL, OVERRIDDEN, PER_CALL, QFORMER, replaced, src
 
 from sdpa_port import Status, port_source
-from sdpa_port.analyse.mask_flow import implementation_test
 from sdpa_port.analyse.mask_helpers import MaskHelpers
+from sdpa_port.analyse.mask_values import implementation_test
 from sdpa_port.analyse.module_facts import ModuleFacts
 
 
