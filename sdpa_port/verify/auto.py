@@ -146,6 +146,7 @@ def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any
         )
     if any(c.name.endswith("sdpa executed") and not c.passed for c in checks):
         checks = _explain_no_sdpa(checks, targets, ported, config)
+    checks.extend(parity.check_bf16(targets.base, getattr(ported, targets.base.__name__), config, padded, kind=targets.kind))
     checks.extend(_with_term_settings(targets, ported, config, padded))
     if generate and targets.lm is not None and targets.kind in ("decoder", "seq2seq"):
         checks.extend(_generate(targets, ported, config))

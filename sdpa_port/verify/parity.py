@@ -11,9 +11,11 @@ import sys
 from typing import Any
 
 from sdpa_port.verify.checks import (  # noqa: F401  (re-exported for callers)
+    BF16_LENGTH,
     SDPA_OP,
     Batch,
     Check,
+    bf16_error,
     build,
     compare,
     count_sdpa_calls,
@@ -72,6 +74,40 @@ def check_forward(
         note = in_double(original, ported_sdpa, batch)
         sdpa[0] = Check(sdpa[0].name, False, sdpa[0].max_diff, f"{sdpa[0].detail} {note}".strip())
     return checks + sdpa
+
+
+def check_bf16(
+    original_class: type, ported_class: type, config: Any, padding: str, *, kind: str | None = None, gain: float = 2.0
+) -> list[Check]:
+    """The port's SDPA in bf16 against the original's eager in bf16, both judged against fp32 maths on bf16 weights.
+
+    The rule the emitted tests carry (`checks.bf16_error`): SDPA's error at most twice eager's own, plus two bf16
+    units. A model whose original does not run in bf16 here is skipped, saying so.
+    """
+    import copy
+
+    import torch
+
+    kind = kind or model_kind(config, original_class)
+    label = f"{original_class.__name__}[{padding}] bf16 sdpa as accurate as bf16 eager"
+    original = build(original_class, config, "eager")
+    sharpen(original, gain)
+    reference = copy.deepcopy(original).to(torch.bfloat16).float()  # fp32 maths on the bf16 weights
+    sdpa = build(ported_class, config, "sdpa")
+    sdpa.load_state_dict(original.state_dict())
+    batch = make_batch(config, kind, padding, length=BF16_LENGTH)
+    eager = original.to(torch.bfloat16)
+    try:
+        with torch.no_grad():
+            eager(**batch.inputs)
+    except Exception as error:  # e.g. a CPU kernel without bf16
+        return [Check(label, True, None, f"the original does not run in bf16 here: {type(error).__name__}", skipped=True)]
+    try:
+        sdpa_error, eager_error, bound = bf16_error(reference, eager, sdpa.to(torch.bfloat16), batch)
+    except Exception as error:
+        return [Check(label, False, None, f"the port raised {type(error).__name__}: {str(error)[:200]}")]
+    detail = f"(bound {bound:.3g}; bf16 eager's error {eager_error:.3g})"
+    return [Check(label, sdpa_error <= bound, sdpa_error, detail)]
 
 
 def _within_rounding(original: Any, sdpa: Any, original_class: type, ported_class: type, batch: Batch) -> Rounding:

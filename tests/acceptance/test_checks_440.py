@@ -202,3 +202,42 @@ def test_a_pooled_output_alone_is_still_compared() -> None:
 
     keep = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
     assert max_difference({"logits": torch.zeros(2, 3)}, {"logits": torch.ones(2, 3)}, Batch({}, keep)) == 1.0
+
+
+@contextmanager
+def shifted_in_bf16() -> Iterator[None]:
+    """SDPA with its output shifted by a fifth of a unit, for bf16 operands alone: float32 stays exact."""
+    import torch
+
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def shifted(query, key, value, **options):  # type: ignore[no-untyped-def]
+        out = original(query, key, value, **options)
+        return out + 0.2 if out.dtype == torch.bfloat16 else out
+
+    torch.nn.functional.scaled_dot_product_attention = shifted
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+
+
+def test_verify_checks_bf16_and_fails_a_port_wrong_only_in_bf16(tmp_path: Path) -> None:
+    """`--verify` runs the bf16 rule on the base model: a correct XGLM port passes it, one whose SDPA is off in bf16
+    alone fails it while every float32 check passes."""
+    from harness import original
+    from sdpa_port.verify.auto import pick_targets
+    from sdpa_port.verify.configs import tiny_config
+    from sdpa_port.verify.parity import check_bf16, check_forward
+
+    module = load("xglm", port_file("xglm"), tmp_path)
+    targets = pick_targets(original("xglm"))
+    assert targets is not None
+    config = tiny_config(targets.config_class)
+    ported_class = getattr(module, targets.base.__name__)
+    [passed] = check_bf16(targets.base, ported_class, config, "left", kind="decoder")
+    assert passed.passed and not passed.skipped, str(passed)
+    with shifted_in_bf16():
+        assert all(c.passed for c in check_forward(targets.base, ported_class, config, "left", kind="decoder"))
+        [failed] = check_bf16(targets.base, ported_class, config, "left", kind="decoder")
+    assert not failed.passed, str(failed)
