@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from sdpa_port.analyse import chain as t
 from sdpa_port.analyse.calls import always_asks_for_weights
 from sdpa_port.analyse.cross import key_only_parameters
 from sdpa_port.analyse.cstutil import code
@@ -131,6 +132,7 @@ def plan_class_style(
     if unmarked:
         return PortResult.refused(module.code, Style.CLASS, unmarked, names)
     plan.classes = built
+    plan.warnings.extend(_float32_warnings(built))
     unported = _unported(module, plan, elsewhere, names)
     if unported is not None:
         return unported
@@ -410,6 +412,25 @@ def _mask_parameter(forward: cst.FunctionDef, term: str, cross: tuple[str, ...])
         return term
     own = [p for p in params if not p.startswith("encoder")]
     return own[0] if len(own) == 1 else None
+
+
+FLOAT32_SDPA = (
+    "{name}: SDPA runs in float32 for half-precision models, as eager does (query and key are upcast before the "
+    "product). On a GPU this keeps bf16/fp16 models off the flash and memory-efficient kernels. The upcast stays "
+    "because the mask is built from the upcast query's dtype: torch.finfo(torch.float32).min overflows to -inf in "
+    "bf16, and a fully masked padding row would then give NaN"
+)
+
+
+def _float32_warnings(built: list[SdpaClassPlan]) -> list[str]:
+    """One warning per SDPA class that runs SDPA in float32 because eager upcasts its operands."""
+    warnings = []
+    for item in built:
+        paths = [item.side.path] if item.side.path is not None else []
+        paths += [written.path for written in item.side.calls.values()]
+        if any(isinstance(op, t.Start) and op.operands_upcast for path in paths for op in path.chain_ops):
+            warnings.append(FLOAT32_SDPA.format(name=item.name))
+    return warnings
 
 
 def _build_forwards(
