@@ -10,8 +10,6 @@ lack the flag get it once their eager function is recognised as exact and their 
 from __future__ import annotations
 
 import ast
-import io
-import tokenize
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Sequence
@@ -50,17 +48,13 @@ from sdpa_port.plan.causal_sites import (
     kept_masks,
 )
 from sdpa_port.render import render_module
+from sdpa_port.plan.interface_plan import InterfacePlan, ModulePlan
+from sdpa_port.rewrite.interface_apply import apply_interface
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
-from sdpa_port.rewrite import flags, imports, insert_classes, register
-from sdpa_port.rewrite.causal_sites import pass_is_causal, unpin_is_causal
+from sdpa_port.rewrite import register
 from sdpa_port.rewrite.extended_masks import convert_block
-from sdpa_port.rewrite.eager_masks import give_eager_form
 from sdpa_port.rewrite.interface_edits import (
-    DictLookup,
-    InitAttributes,
-    PassConfig,
-    ReplaceMethods,
     is_causal_assignment,
     is_docstring,
 )
@@ -75,94 +69,20 @@ from sdpa_port.rewrite.sdpa_state import SideNames
 from sdpa_port.analyse.sdpa_path import SdpaPath, check_eager_function, read_sdpa_path
 from sdpa_port.analyse.sdpa_side import keys_aligned_in
 from sdpa_port.rewrite.sdpa_forward import inline_helpers
-from sdpa_port.rewrite.targeted import transform_named
 from sdpa_port.plan.bool_masks import Converted, converted_fill
-from sdpa_port.rewrite.unconverted_masks import AddInsteadOfFill, unconvert
+from sdpa_port.rewrite.unconverted_masks import AddInsteadOfFill
 from sdpa_port.plan.kept_eager import split_refused
 from sdpa_port.plan.gate import unreached_side_refusal
 from sdpa_port.plan.threading import plan_threading
-from sdpa_port.plan.mask_readers import EagerMasks, MaskRead, plan_eager_masks, ported_mask_read
+from sdpa_port.plan.mask_readers import plan_eager_masks, ported_mask_read
 from sdpa_port.rewrite.layout import fresh_name, with_star_kwargs
-from sdpa_port.rewrite.thread_kwargs import Threading, thread_kwargs
 from sdpa_port.plan.key_statements import key_statements
-from sdpa_port.rewrite.export_positions import shift_ranges, shifted_ranges
-from sdpa_port.rewrite.alibi_masks import AlibiFacts, accept_4d_masks, alibi_builders
+from sdpa_port.rewrite.export_positions import shifted_ranges
+from sdpa_port.rewrite.alibi_masks import alibi_builders
 
 CAUSAL_BUILDER = "create_causal_mask"
 FOLD_FUNCTION = "fold_additive_terms"
 BIDIRECTIONAL_BUILDER = "create_bidirectional_mask"
-
-
-@dataclass(frozen=True)
-class ModulePlan:
-    """One attention class moved onto the interface."""
-
-    class_name: str
-    forward: cst.FunctionDef
-    eager: cst.FunctionDef
-    store_config: bool  # `self.config = config` is missing
-    add_config_parameter: bool  # __init__ has no `config` parameter: add one and pass it at constructions
-    is_causal: str | None  # expression to assign in __init__, None when the class already sets it
-    position_bias: bool = False  # the dispatch passes additive terms (ALiBi, relative positions) as position_bias
-    # the dispatch folds the additive terms into the float mask it hands over (the release's sdpa reads no
-    # position_bias), through the file's fold function where a mask or causality joins them (`fold_called`)
-    folded: bool = False
-    fold_called: bool = False
-    # cache updates in forward given the forward's kwargs (`update(..., kwargs=kwargs)`), as the release's models do
-    updates_with_kwargs: int = 0
-    causal_sites: CausalSites | None = None  # __init__ takes `is_causal`, these sites pass True
-    replaces_pinned: bool = False  # the class's own `self.is_causal = <literal>` in __init__ gives way to the above
-    # lines of `create_*_mask(...).to(torch.bool)` handing this module its mask: the conversion is dropped and the
-    # eager function adds the builder's mask where it filled (`bool_masks.py`)
-    unconverted: frozenset[int] = frozenset()
-    # methods of the class forward called for the attention, inlined into the eager function
-    inlined: tuple[str, ...] = ()
-    # tests of the `if`s whose branches beside the dispatch stay eager and take the mask in eager's form
-    # (`EagerMask`): its form under the other implementations (2-D under flash, a BlockMask under flex, a kernel's
-    # own) has none
-    eager_mask_tests: tuple[str, ...] = ()
-    # a mask parameter the code staying in forward reads itself (T5 adds it to its position bias): every mask the
-    # file builds then takes eager's form (`plan/mask_readers.py`)
-    reads_mask: MaskRead | None = None
-
-
-@dataclass
-class InterfacePlan:
-    modules: list[ModulePlan] = field(default_factory=list)
-    flag_only: list[str] = field(default_factory=list)  # classes already on the interface, given is_causal
-    causal_for_flag_only: dict[str, str] = field(default_factory=dict)
-    flag_only_sites: dict[str, CausalSites] = field(default_factory=dict)
-    unpinned: list[Construction] = field(default_factory=list)  # `is_causal=True` that becomes False
-    kept: list[KeptMasks] = field(default_factory=list)  # classes whose causality the always-built masks carry
-    dicts: dict[str, str] = field(default_factory=dict)  # dict name -> eager class, for `.get(..., eager)` lookups
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    # classes dispatching to an eager function imported from another model's file -> that module
-    dispatching_elsewhere: dict[str, str] = field(default_factory=dict)
-    threading: Threading | None = None  # how the models' **kwargs reach the moved modules
-    # (class, line) of `torch.arange(past, n + past)` position ranges, rewritten so that a static cache exports
-    shifted_ranges: list[tuple[str, int]] = field(default_factory=list)
-    alibi: AlibiFacts | None = None  # ALiBi builders reading 2-D masks
-    fold_function: str | None = None  # the module-level function folding additive terms into the mask, if any
-    eager_masks: EagerMasks | None = None  # every mask the file builds takes eager's form, for modules reading it
-
-    @property
-    def attention_backend(self) -> bool:
-        """`_supports_attention_backend`: every layer hands its callers' kwargs and position_ids to the
-        implementation, and nothing the implementation may ignore (position_bias) carries the model's own terms."""
-        return (
-            self.threading is not None
-            and self.threading.complete
-            and not any(module.position_bias or module.folded for module in self.modules)
-            and not (self.alibi is not None and self.alibi.unknown)
-            and not self.kept
-            and not any(module.eager_mask_tests for module in self.modules)
-            and self.eager_masks is None
-        )
-
-    @property
-    def edits(self) -> bool:
-        return bool(self.modules or self.flag_only)
 
 
 def port_interface_style(
@@ -597,24 +517,6 @@ def _weights_requested(params: Sequence[str], kwargs: str | None) -> str | None:
     if "output_attentions" in params:
         return "output_attentions"
     return f'{kwargs}.get("output_attentions", False)' if kwargs is not None else None
-
-
-def _module_notes(item: ModulePlan) -> list[str]:
-    """What the report says of one moved class beyond its dispatch."""
-    notes = []
-    if item.updates_with_kwargs:
-        notes.append(
-            f"{item.class_name}.forward passes its kwargs to {item.updates_with_kwargs} cache update(s), which "
-            "the release's paged cache takes (`update(..., kwargs=kwargs)`, as its models call it)"
-        )
-    if item.replaces_pinned:
-        notes.append(
-            f"{item.class_name} pinned `self.is_causal` to a literal that nothing in the file reads and only eager "
-            "ran with: the flag is set from the masks the module receives instead"
-        )
-    if item.is_causal is not None:
-        notes.append(f"{item.class_name}.is_causal = {item.is_causal}")
-    return notes
 
 
 def _emit(
@@ -1164,160 +1066,6 @@ def _eager_function(
     docstring = [s for s in function.body.body if not is_pass(s)]
     return function.with_changes(body=function.body.with_changes(body=[*docstring, *statements]))
 
-
-
-# ------------------------------------------------------------------ applying
-
-
-def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan) -> cst.Module:
-    needed: list[tuple[str, str | None]] = []
-    # first, while the lines are the analysed file's
-    for kept in plan.kept:
-        module, count = keep_causal_masks(module, kept.builders)
-        assert count == len(kept.builders), "planning checked each builder call takes the keyword"
-        plan.notes.extend(kept.notes())
-    if plan.eager_masks is not None:
-        module = give_eager_form(module, plan.eager_masks)
-        plan.notes.append(plan.eager_masks.note())
-    lines = frozenset().union(*(item.unconverted for item in plan.modules))
-    if lines:
-        module, count = unconvert(module, lines)
-        assert count == len(lines), "planning found each conversion on its line"
-        plan.notes.append(
-            "the masks built at line(s) " + ", ".join(str(n) for n in sorted(lines)) + " are handed over as built, "
-            "not converted to booleans; the eager attention adds them where it filled (exact: `finfo.min` absorbs)"
-        )
-    if plan.modules:
-        needed.append(("modeling_utils", "ALL_ATTENTION_FUNCTIONS"))
-    for item in plan.modules:
-        module = transform_named(module, {item.class_name}, ReplaceMethods({"forward": item.forward}))
-        init_owner = _init_owner(facts, item.class_name)
-        if item.store_config or item.is_causal is not None or item.causal_sites is not None:
-            causal = PARAMETER if item.causal_sites is not None else item.is_causal
-            init = InitAttributes(
-                item.store_config, causal, causal_parameter=item.causal_sites is not None, replace=item.replaces_pinned
-            )
-            module = transform_named(module, {init_owner}, init)
-        if item.add_config_parameter:
-            owners = facts.classes_calling({item.class_name})
-            transformer = PassConfig(item.class_name)
-            module = transform_named(module, owners - {item.class_name}, transformer)
-            assert not transformer.missing, "planning checked every construction has a config in scope"
-            plan.notes.append(f"{item.class_name} takes `config` ({transformer.count} construction(s) pass it)")
-        plan.notes.append(f"{item.class_name} dispatches through ALL_ATTENTION_FUNCTIONS with {item.eager.name.value}")
-        plan.notes.extend(_module_notes(item))
-        if item.causal_sites is not None:
-            module = _pass_causal(module, item.causal_sites, plan.notes)
-    if plan.fold_function is not None:
-        first = next(item.class_name for item in plan.modules if item.fold_called)
-        module = _insert_before(module, first, render_module("interface_style/fold_terms.py.jinja", name=plan.fold_function).body[0])
-        plan.notes.append(f"{plan.fold_function}: folds additive terms into the mask handed to the implementations")
-    # eager functions go right before the first class that uses them
-    for item in plan.modules:
-        module = _insert_before(module, item.class_name, item.eager)
-    for class_name in plan.flag_only:
-        causal = plan.causal_for_flag_only.get(class_name)
-        if causal is not None:
-            module = transform_named(module, {_init_owner(facts, class_name)}, InitAttributes(False, causal))
-            plan.notes.append(f"{class_name}.is_causal = {causal}")
-        sites = plan.flag_only_sites.get(class_name)
-        if sites is not None:
-            init = InitAttributes(False, PARAMETER, causal_parameter=True)
-            module = transform_named(module, {_init_owner(facts, class_name)}, init)
-            module = _pass_causal(module, sites, plan.notes)
-    for dict_name, eager_class in plan.dicts.items():
-        owners = _classes_reading(facts, dict_name)
-        module = transform_named(module, owners, DictLookup(dict_name, eager_class))
-        plan.notes.append(f"{dict_name} lookups fall back to {eager_class} for every other implementation")
-    if plan.shifted_ranges:
-        module = shift_ranges(module, {owner for owner, _ in plan.shifted_ranges})
-        plan.notes.extend(
-            f"{owner} line {line}: torch.arange(past, n + past) -> torch.arange(n) + past (exports with a static cache)"
-            for owner, line in plan.shifted_ranges
-        )
-    for builder in plan.alibi.builders if plan.alibi is not None else ():
-        module = accept_4d_masks(module, builder)
-        plan.notes.append(f"`{builder.function}` also takes 4-D masks (continuous batching)")
-    for construction in plan.unpinned:
-        assert construction.site is not None
-        module, count = unpin_is_causal(module, construction.class_name, construction.site.key)
-        assert count == 1, "planning followed this construction to its site"
-        plan.notes.append(
-            f"{construction.site.name} (line {construction.line}) builds {construction.class_name} with "
-            "is_causal=False: only bidirectional masks reach it, the eager computation never read the flag, and the "
-            "other implementations would have made it causal"
-        )
-    threading = plan.threading
-    if threading is not None:
-        module, threaded = thread_kwargs(module, threading)
-        plan.notes.extend(threaded)
-    for item in plan.modules:
-        unused = [name for name in item.inlined if not _referenced(module, item.class_name, name)]
-        if unused:
-            module = transform_named(module, {item.class_name}, ReplaceMethods(dict.fromkeys(unused)))
-            plan.notes.append(f"{item.class_name}: " + ", ".join(unused) + " moved into the eager function, removed")
-    for root in facts.pretrained_roots:
-        module = flags.set_class_flag(module, [root], "_supports_sdpa")
-        plan.notes.append(f"{root}._supports_sdpa = True")
-        if plan.attention_backend:
-            # every layer hands its callers' kwargs to the implementation, as vLLM's and other backends require
-            module = flags.set_class_flag(module, [root], "_supports_attention_backend")
-            plan.notes.append(f"{root}._supports_attention_backend = True")
-    return imports.add_imports(module, facts.imports, needed)
-
-
-def _pass_causal(module: cst.Module, sites: CausalSites, notes: list[str]) -> cst.Module:
-    module, count = pass_is_causal(module, sites.class_name, [site.key for site in sites.causal])
-    assert count >= len(sites.causal), "planning checked every causal site builds the class by name"
-    notes.append(
-        f"{sites.class_name} takes `is_causal` (default False); "
-        + ", ".join(site.name for site in sites.causal)
-        + " pass(es) `is_causal=True`"
-    )
-    notes.extend(sites.notes())
-    return module
-
-
-def _init_owner(facts: ModuleFacts, class_name: str) -> str:
-    found = facts.find_method(class_name, "__init__")
-    return found[0].name if found is not None else class_name
-
-
-def _classes_reading(facts: ModuleFacts, name: str) -> set[str]:
-    out: set[str] = set()
-    if facts.tree is None:
-        return out
-    for node in facts.tree.body:
-        if isinstance(node, ast.ClassDef) and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node)):
-            out.add(node.name)
-    return out
-
-
-def _insert_before(module: cst.Module, anchor: str, statement: cst.BaseStatement) -> cst.Module:
-    body: list[cst.BaseStatement] = []
-    done = False
-    for existing in module.body:
-        if not done and isinstance(existing, cst.ClassDef) and existing.name.value == anchor:
-            body.append(statement.with_changes(leading_lines=insert_classes.TWO_BLANK_LINES))
-            done = True
-        body.append(existing)
-    if not done:
-        raise KeyError(anchor)
-    return module.with_changes(body=body)
-
-
-def _referenced(module: cst.Module, class_name: str, name: str) -> bool:
-    """Whether anything in the module still names the method: an attribute, a name, a string of the name alone, or
-    a `# Copied from` (or other) comment naming `Class.method`."""
-    tree = ast.parse(module.code)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr == name or isinstance(node, ast.Name) and node.id == name:
-            return True
-        if isinstance(node, ast.Constant) and node.value == name:  # getattr(self, "name")
-            return True
-    tokens = tokenize.generate_tokens(io.StringIO(module.code).readline)
-    comments = (token.string for token in tokens if token.type == tokenize.COMMENT)
-    return any(f"{class_name}.{name}" in comment for comment in comments)
 
 
 __all__ = ["port_interface_style", "self_attention_causality"]
