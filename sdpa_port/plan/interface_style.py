@@ -15,13 +15,11 @@ from functools import partial
 from typing import Sequence
 
 import libcst as cst
-import libcst.matchers as m
 
 from sdpa_port.analyse import chain as t
 from sdpa_port.analyse.cross import key_only_parameters, self_attention_test
-from sdpa_port.analyse.cstutil import all_assigned_names, block_body, code, is_pass, nodes_of_type
-from sdpa_port.analyse.flow import bound_before
-from sdpa_port.analyse.known import Known, decide
+from sdpa_port.analyse.cstutil import all_assigned_names, block_body, code, is_pass
+from sdpa_port.analyse.known import Known
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.mask_changes import extended_mask, forward_of, zeros_block
 from sdpa_port.analyse.masked_rows import row_safe
@@ -32,13 +30,26 @@ from sdpa_port.discover.release import Release
 from sdpa_port.discover.screen import Screen
 from sdpa_port.analyse.selection import attention_dicts
 from sdpa_port.plan.causal_sites import (
-    bidirectional_only,
     CausalSites,
     eager_form_builders,
     KeptMasks,
     dispatched_mask,
 )
 from sdpa_port.render import render_module
+from sdpa_port.plan.interface_checks import (
+    bind_handed_values,
+    check_alternatives,
+    check_dispatched_function,
+    check_kept_builders,
+    check_mask_setting,
+    check_one_computation,
+    check_sdpa_allowed,
+    imported_from_model,
+    mask_parameter,
+    operand_upcasts,
+    weights_bookkeeping,
+    weights_requested,
+)
 from sdpa_port.plan.causality import (
     Causality,
     causality_in_chain,
@@ -54,18 +65,13 @@ from sdpa_port.refusals import Code, Refuse
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import register
 from sdpa_port.rewrite.extended_masks import convert_block
-from sdpa_port.rewrite.interface_edits import (
-    is_docstring,
-)
-from sdpa_port.rewrite.kept_masks import SKIP, keep_causal_masks
 from sdpa_port.rewrite.cleanup import remove_dead
 from sdpa_port.rewrite.paged_updates import pass_kwargs_to_updates
 from sdpa_port.rewrite.interface_body import InterfaceEmitter
 from sdpa_port.rewrite.interface_eager import eager_body
 from sdpa_port.rewrite.interface_options import EagerMask, EagerPart, InterfaceOptions, parameter_name
-from sdpa_port.rewrite.sdpa_body import whole_chain_branch
 from sdpa_port.rewrite.sdpa_state import SideNames
-from sdpa_port.analyse.sdpa_path import SdpaPath, check_eager_function, read_sdpa_path
+from sdpa_port.analyse.sdpa_path import SdpaPath, read_sdpa_path
 from sdpa_port.analyse.sdpa_side import keys_aligned_in
 from sdpa_port.rewrite.sdpa_forward import inline_helpers
 from sdpa_port.plan.bool_masks import Converted, converted_fill
@@ -145,10 +151,7 @@ def plan_interface(
     paged_updates = release is not None and release.model_updates_paged_cache and release.paged_update_parameters == (
         "kwargs",
     )
-    for root in facts.pretrained_roots:
-        value = facts.classes[root].class_vars.get("_supports_sdpa")
-        if isinstance(value, cst.Name) and value.value == "False":
-            raise Refuse(Code.AUTHORS_OFF, "sets `_supports_sdpa = False` explicitly; the file's own authors ruled SDPA out", root)
+    check_sdpa_allowed(facts)
     causality = Causality.of(facts)
     eager_names: dict[str, str] = {}
     for analysis in analyses:
@@ -162,12 +165,12 @@ def plan_interface(
     for class_name, function_name in dispatching.items():
         if class_name in eager_names:
             continue
-        source = _imported_from_model(facts, function_name)
+        source = imported_from_model(facts, function_name)
         if source is not None:
             # a modular file reusing another model's eager function: the generated modeling file carries it
             plan.dispatching_elsewhere[class_name] = source
             continue
-        _check_eager_function(facts, class_name, function_name)
+        check_dispatched_function(facts, class_name, function_name)
         found = causality.flow.modules.method(class_name, "forward")
         mask_param = dispatched_mask(found[1]) if found is not None else None
         check_own_causality(causality, class_name, mask_param, ())
@@ -185,26 +188,7 @@ def plan_interface(
     plan.unpinned = list(causality.unpinned)
     plan.kept = list(causality.kept)
     for kept in plan.kept:
-        _, count = keep_causal_masks(module, kept.builders)
-        if count != len(kept.builders):
-            if kept.beside is not None:
-                code, why = Code.NOT_EXTRACTABLE, f"code kept eager beside the dispatch (under `if {kept.beside}:`) reads the mask, "
-            elif kept.extended is not None:
-                code, why = Code.MASK_EXTENDED, f"the module extends its mask over keys of its own (line {kept.extended}), "
-            else:
-                code, why = (
-                    Code.CAUSAL_BY_USE,
-                    "the file builds causal and bidirectional self-attention masks for the same module from call to "
-                    "call, ",
-                )
-            raise Refuse(
-                code,
-                why
-                + f"and a `create_causal_mask` call reaching it (line(s) {', '.join(map(str, sorted(kept.builders)))}) "
-                f"cannot be given `{SKIP}=False` (an alias, or `*args`/`**kwargs` that may carry it), so its mask "
-                "cannot be made to carry the causality",
-                kept.class_name,
-            )
+        check_kept_builders(module, kept)
         plan.warnings.extend(_kept_warnings(kept))
     eager_classes = {p.class_name for p in plan.modules}
     if plan.modules:
@@ -281,30 +265,16 @@ def _plan_module(
     unreached = unreached_side_refusal(facts, analysis)
     if unreached is not None:
         raise Refuse(unreached.code, unreached.detail)
-    if analysis.eager_only_params or set(analysis.eager_only_flags) - alternatives.falsy:
-        names = ", ".join(f"`{name}`" for name in (*analysis.eager_only_params, *analysis.eager_only_flags))
-        raise Refuse(
-            Code.HEAD_MASK_INTERFACE,
-            f"{names} leads to steps only the eager computation takes (a head mask, or a term SDPA cannot express); "
-            "the attention interface cannot fall back to eager for it",
-        )
-    if len(analysis.sites) > 1:
-        methods = ", ".join(f"`{site.method}` (line {site.line})" for site in analysis.sites)
-        raise Refuse(
-            Code.REPEATED,
-            f"forward computes attention in more than one place ({methods}), and no test of the module's settings "
-            "chooses between them; the attention interface dispatches one computation, and these cannot be shown "
-            "to be the same one",
-        )
+    check_one_computation(analysis, alternatives)
     if analysis.helpers:
         forward = inline_helpers(facts, analysis, forward)
     aligned = keys_aligned_in(facts, analysis)
     path = read_sdpa_path(facts, analysis.class_name, forward, aligned=aligned, known=alternatives)
-    _check_alternatives(forward, path, alternatives)
+    check_alternatives(forward, path, alternatives)
     start = path.start
     assert start is not None
     params = path.params
-    mask_param = _mask_parameter(path, params)
+    mask_param = mask_parameter(path, params)
     unconverted: set[int] = set()  # lines of `create_*_mask(...).to(torch.bool)` whose conversion is dropped
     mask_setting: tuple[cst.BaseExpression, int] | None = None  # the setting under which the mask is added, and where
     for op, _, line in path.ops:
@@ -346,7 +316,7 @@ def _plan_module(
     queries, keys = path.operands
     cross = key_only_parameters(forward, keys, queries)
     if mask_setting is not None:
-        _check_mask_setting(causality, analysis.class_name, mask_param, cross, *mask_setting)
+        check_mask_setting(causality, analysis.class_name, mask_param, cross, *mask_setting)
     extension: tuple[str, KeptMasks] | None = None
     if extended is not None:
         assert own_forward is not None and mask_param is not None
@@ -368,7 +338,7 @@ def _plan_module(
             f"for eager alone: {why}",
             line=extended,
         )
-    moved = _operand_upcasts(forward, start) | _weights_bookkeeping(path) | key_statements(path)
+    moved = operand_upcasts(forward, start) | weights_bookkeeping(path) | key_statements(path)
     has_causal = bool(facts.find_attribute_values(analysis.class_name, "is_causal"))
     causal_value: str | None = None
     causal_sites: CausalSites | None = None
@@ -396,7 +366,7 @@ def _plan_module(
         causal_value, causal_sites = causality.decide(analysis.class_name, mask_param, cross)
     causal_test = self_attention_test(cross) if cross and not causality.from_callers and not not_causal else None
     kwargs = forward.params.star_kwarg.name.value if isinstance(forward.params.star_kwarg, cst.Param) else None
-    weights_requested = _weights_requested(params, kwargs)
+    requested = weights_requested(params, kwargs)
     taken = function_names(forward)
     # the caller's keyword arguments (paged cache, its indices, is_causal, position_ids) go on to the implementation
     added_kwargs = None if kwargs is not None else fresh_name("kwargs", taken)
@@ -410,7 +380,7 @@ def _plan_module(
         moved=moved,
         module_names=facts.top_level_names,
         taken=frozenset(taken),
-        weights_requested=weights_requested,
+        weights_requested=requested,
         position_ids="position_ids" in params,
         handed_fill=bool(unconverted),
         eager_mask=partial(_eager_mask_form, causality, analysis.class_name, forward, mask_param, cross),
@@ -437,7 +407,7 @@ def _plan_module(
             KeptMasks(analysis.class_name, emitter.eager_mask.build_always, (), beside=emitter.eager_mask_tests[0])
         )
     body = remove_dead(body, emitter.removed_reads, facts.imports)
-    body = _bind_handed_values(path, part.free, body)
+    body = bind_handed_values(path, part.free, body)
     new_forward = forward.with_changes(body=forward.body.with_changes(body=body))
     if extension is not None:
         assert mask_param is not None
@@ -509,13 +479,6 @@ def _kept_warnings(kept: KeptMasks) -> list[str]:
     return []
 
 
-def _weights_requested(params: Sequence[str], kwargs: str | None) -> str | None:
-    """The expression telling whether a call asks for the attention weights, if the forward can be told so."""
-    if "output_attentions" in params:
-        return "output_attentions"
-    return f'{kwargs}.get("output_attentions", False)' if kwargs is not None else None
-
-
 def _emit(
     path: SdpaPath, options: InterfaceOptions
 ) -> tuple[list[cst.BaseStatement], EagerPart, InterfaceEmitter, list[cst.BaseStatement]]:
@@ -530,66 +493,6 @@ def _emit(
             "(batch, heads, length, dim)",
         )
     return statements, part, emitter, emitter.emit(block_body(path.function.body))
-
-
-def _check_mask_setting(
-    causality: Causality,
-    class_name: str,
-    mask_param: str | None,
-    cross: Sequence[str],
-    setting: cst.BaseExpression,
-    line: int,
-) -> None:
-    """The mask added only where a setting holds (`if self.use_mask and mask is not None:`) goes to the
-    implementations under that setting, None otherwise. Exact where every mask reaching the module is
-    `create_bidirectional_mask`'s (or None): the module is then never causal, and None means no mask to every
-    implementation, as eager without the addition. A causal builder's None would mean `is_causal` instead."""
-    assert mask_param is not None
-    why = bidirectional_only(causality.flow, class_name, mask_param, cross)
-    if why is not None:
-        raise Refuse(
-            Code.CONDITIONAL,
-            f"the attention mask is added only where `{code(setting)}` holds; handing the implementations None "
-            f"otherwise is exact only where every mask reaching the module is bidirectional, and here {why}",
-            line=line,
-        )
-
-
-def _check_alternatives(forward: cst.FunctionDef, path: SdpaPath, alternatives: Known) -> None:
-    """The trace left out the sides of `alternatives` that do not compute the attention, and forward keeps them as
-    written: each comparison must be the test of an `if` one branch of which holds the whole computation, and that
-    branch must be the side traced."""
-    if not alternatives.falsy:
-        return
-    # the reads of a setting that can decide an `if` (its whole test, or the operand of `not`) -> that `if`
-    deciding: dict[int, cst.If] = {}
-    for node in nodes_of_type(forward.body, cst.If):
-        deciding[id(node.test)] = node
-        if isinstance(node.test, cst.UnaryOperation) and isinstance(node.test.operator, cst.Not):
-            deciding[id(node.test.expression)] = node
-    # every read of a setting the alternatives decide (a comparison, or a flag `self.x`) must decide an `if` one
-    # branch of which holds the whole chain, the branch the trace took: read anywhere else, the code it decides is
-    # neither traced nor kept as a whole
-    reads: list[cst.BaseExpression] = [
-        node for node in nodes_of_type(forward.body, cst.Comparison) if decide(node, alternatives) is not None
-    ]
-    reads += [node for node in nodes_of_type(forward.body, cst.Attribute) if decide(node, alternatives) is not None]
-    reads += [
-        node
-        for node in nodes_of_type(forward.body, cst.UnaryOperation)
-        if code(node) in alternatives.falsy and decide(node, alternatives) is not None
-    ]
-    for read in reads:
-        chooser = deciding.get(id(read))
-        decided = None if chooser is None else decide(chooser.test, alternatives)
-        branch = None if chooser is None else whole_chain_branch(chooser, path.plans)
-        if decided is None or branch is None or (branch is chooser) is not decided:
-            raise Refuse(
-                Code.HEAD_MASK_INTERFACE,
-                f"`{code(read)}` chooses between the attention and another computation, but no branch of an "
-                "`if` testing it holds the whole attention; the attention interface cannot fall back to eager for "
-                "the other side",
-            )
 
 
 def _eager_mask_form(
@@ -629,121 +532,6 @@ def _converted(
     traced = ast.parse(cst.Module(body=[forward.with_changes(leading_lines=[])]).code).body[0]
     assert isinstance(traced, ast.FunctionDef)
     return converted_fill(causality.flow, class_name, mask_param, fill, traced)
-
-
-def _bind_handed_values(path: SdpaPath, free: list[str], body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    """Values forward hands to the eager function that only some paths assign (a term computed under a flag) are
-    bound to None first: the eager function reads them on those paths only, and the dispatch must not fail on the
-    others."""
-    forward = path.function
-    output = next((small for small, plan in _output_smalls(path)), None)
-    params = {p.name.value for p in [*forward.params.params, *forward.params.kwonly_params, *forward.params.posonly_params]}
-    bound = bound_before(block_body(forward.body), output) if output is not None else None
-    if bound is None:
-        return body
-    missing = [name for name in free if name not in bound and name not in params and name != "self"]
-    if not missing:
-        return body
-    start = 1 if body and is_docstring(body[0]) else 0
-    bindings = [cst.parse_statement(f"{name} = None") for name in missing]
-    return [*body[:start], *bindings, *body[start:]]
-
-
-def _output_smalls(path: SdpaPath) -> list[tuple[cst.CSTNode, t.StmtPlan]]:
-    found: list[tuple[cst.CSTNode, t.StmtPlan]] = []
-
-    class Find(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            plan = path.plans.get(node)
-            if isinstance(plan, t.OutputStmt):
-                found.append((node, plan))
-            return True
-
-    path.function.body.visit(Find())
-    return found
-
-
-def _mask_parameter(path: SdpaPath, params: tuple[str, ...]) -> str | None:
-    """The forward parameter added to the scores as the attention mask (`mask` or `mask.to(dtype)`).
-
-    It goes to the implementation positionally: transformers' mask builders give eager a float mask and sdpa a
-    boolean mask or None, so each implementation must receive the mask built for it.
-    """
-    for op in path.chain_ops:
-        if isinstance(op, t.AddTerm):
-            name = cast_operand(op.term)
-            if name is not None and name in params and "mask" in name:
-                return name
-    return None
-
-
-def _operand_upcasts(function: cst.FunctionDef, start: t.Start) -> frozenset[cst.CSTNode]:
-    """`query = query.to(torch.float32)` before the product: part of the eager computation, it moves with it."""
-    if not start.operands_upcast:
-        return frozenset()
-    operands = {n.value for n in (start.query, start.key) if isinstance(n, cst.Name)}
-    finder = _SelfCasts(operands)
-    function.body.visit(finder)
-    return frozenset(finder.found)
-
-
-def _weights_bookkeeping(path: SdpaPath) -> frozenset[cst.CSTNode]:
-    """`attn_weights_reshaped = None` beside the chain: the weights the eager function returns are set there too."""
-    function = path.function
-    names = path.probs_after_output
-    found: set[cst.CSTNode] = set()
-
-    class Find(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            plan = path.plans.get(node)
-            if isinstance(plan, (t.ChainStmt, t.OutputStmt)):
-                return
-            targets = {n for target in node.targets for n in walk_names(target.target)}
-            if targets and targets <= names and not walk_names(node.value) - {"None"}:
-                found.add(node)
-
-    function.body.visit(Find())
-    return frozenset(found)
-
-
-class _SelfCasts(cst.CSTVisitor):
-    def __init__(self, names: set[str]) -> None:
-        self.names = names
-        self.found: set[cst.CSTNode] = set()
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name):
-            return
-        name = node.targets[0].target.value
-        value = node.value
-        if (
-            name in self.names
-            and isinstance(value, cst.Call)
-            and isinstance(value.func, cst.Attribute)
-            and value.func.attr.value in ("to", "float")
-            and m.matches(value.func.value, m.Name(name))
-        ):
-            self.found.add(node)
-
-
-
-
-def _imported_from_model(facts: ModuleFacts, function_name: str) -> str | None:
-    """The modeling module an eager function is imported from (`..llama.modeling_llama`), if it is imported."""
-    if function_name in facts.functions:
-        return None
-    qualified = facts.imports.aliases.get(function_name)
-    if qualified is None:
-        return None
-    module = qualified.rsplit(".", 1)[0]
-    return module if module.split(".")[-1].startswith(("modeling_", "modular_")) else None
-
-
-def _check_eager_function(facts: ModuleFacts, class_name: str, function_name: str) -> None:
-    function = facts.functions.get(function_name)
-    if function is None:
-        raise Refuse(Code.EAGER_FUNCTION, f"its eager function `{function_name}` is not defined in this file", class_name)
-    check_eager_function(facts, function, function_name, class_name)
 
 
 def _eager_function_name(class_name: str, facts: ModuleFacts, count: int, used: dict[str, str]) -> str:
