@@ -26,8 +26,6 @@ KNOWN_MODULES: dict[str, int] = {
 # "module path::function qualname" -> line count ceiling
 KNOWN_FUNCTIONS: dict[str, int] = {
     "sdpa_port/plan/class_style.py::plan_class_style": 122,
-    "sdpa_port/plan/interface_style.py::plan_interface": 101,
-    "sdpa_port/plan/interface_style.py::_plan_module": 216,
     "sdpa_port/plan/threading.py::plan_threading": 99,
 }
 
