@@ -9,160 +9,35 @@ lack the flag get it once their eager function is recognised as exact and their 
 
 from __future__ import annotations
 
-import ast
-import io
-import tokenize
-from dataclasses import dataclass, field, replace
-from functools import partial
-from typing import Sequence
-
 import libcst as cst
-import libcst.matchers as m
 
-from sdpa_port.analyse import chain as t
-from sdpa_port.analyse.cross import key_only_parameters, self_attention_test
-from sdpa_port.analyse.cstutil import all_assigned_names, block_body, code, is_pass, nodes_of_type
-from sdpa_port.rewrite.edit import rebase_config
-from sdpa_port.analyse.flow import bound_before
-from sdpa_port.analyse.known import Known, decide
-from sdpa_port.analyse.lines import Lines
-from sdpa_port.analyse.mask_changes import extended_mask, forward_of, zeros_block
-from sdpa_port.analyse.mask_flow import MaskFlow
-from sdpa_port.analyse.masked_rows import row_safe
 from sdpa_port.analyse.module_facts import ModuleFacts
-from sdpa_port.analyse.module_sites import Construction
-from sdpa_port.analyse.patterns import cast_operand, function_names, walk_names
-from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes, one_side_helpers
+from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
+from sdpa_port.analyse.lines import Lines
+from sdpa_port.analyse.selection import attention_dicts
 from sdpa_port.discover.release import Release
 from sdpa_port.discover.screen import Screen
-from sdpa_port.analyse.selection import attention_dicts
-from sdpa_port.plan.causal_sites import (
-    PARAMETER,
-    bidirectional_only,
-    CausalSites,
-    eager_form_builders,
-    KeptMasks,
-    check_pinned,
-    decide_sites,
-    dispatched_mask,
-    every_site_causal,
-    extended_masks,
-    kept_masks,
+from sdpa_port.plan.causal_sites import KeptMasks, dispatched_mask
+from sdpa_port.plan.causality import Causality, check_own_causality, dispatching_classes
+from sdpa_port.plan.interface_checks import (
+    check_dispatched_function,
+    check_kept_builders,
+    check_sdpa_allowed,
+    imported_from_model,
 )
-from sdpa_port.render import render_module
-from sdpa_port.refusals import Code, Refuse
-from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
-from sdpa_port.rewrite import flags, imports, insert_classes, register
-from sdpa_port.rewrite.causal_sites import pass_is_causal, unpin_is_causal
-from sdpa_port.rewrite.extended_masks import convert_block
-from sdpa_port.rewrite.eager_masks import give_eager_form
-from sdpa_port.rewrite.interface_edits import (
-    DictLookup,
-    InitAttributes,
-    PassConfig,
-    ReplaceMethods,
-    is_causal_assignment,
-    is_docstring,
-)
-from sdpa_port.rewrite.kept_masks import SKIP, keep_causal_masks
-from sdpa_port.rewrite.cleanup import remove_dead
-from sdpa_port.rewrite.paged_updates import pass_kwargs_to_updates
-from sdpa_port.rewrite.interface_body import InterfaceEmitter
-from sdpa_port.rewrite.interface_eager import eager_body
-from sdpa_port.rewrite.interface_options import EagerMask, EagerPart, InterfaceOptions, parameter_name
-from sdpa_port.rewrite.sdpa_body import whole_chain_branch
-from sdpa_port.rewrite.sdpa_state import SideNames
-from sdpa_port.analyse.sdpa_path import SdpaPath, check_eager_function, read_sdpa_path
-from sdpa_port.analyse.sdpa_side import keys_aligned_in
-from sdpa_port.rewrite.sdpa_forward import inline_helpers
-from sdpa_port.rewrite.targeted import transform_named
-from sdpa_port.plan.bool_masks import Converted, converted_fill
-from sdpa_port.rewrite.unconverted_masks import AddInsteadOfFill, unconvert
+from sdpa_port.plan.interface_module import plan_module
+from sdpa_port.plan.interface_plan import InterfacePlan
 from sdpa_port.plan.kept_eager import split_refused
-from sdpa_port.plan.gate import unreached_side_refusal
+from sdpa_port.plan.mask_readers import plan_eager_masks
 from sdpa_port.plan.threading import plan_threading
-from sdpa_port.plan.mask_readers import EagerMasks, MaskRead, plan_eager_masks, ported_mask_read
-from sdpa_port.rewrite.layout import fresh_name, with_star_kwargs
-from sdpa_port.rewrite.thread_kwargs import Threading, thread_kwargs
-from sdpa_port.plan.key_statements import key_statements
-from sdpa_port.rewrite.export_positions import shift_ranges, shifted_ranges
-from sdpa_port.rewrite.alibi_masks import AlibiFacts, accept_4d_masks, alibi_builders
+from sdpa_port.refusals import Refuse
+from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
+from sdpa_port.rewrite.alibi_masks import alibi_builders
+from sdpa_port.rewrite.export_positions import shifted_ranges
+from sdpa_port.rewrite.interface_apply import apply_interface
+from sdpa_port.rewrite.layout import fresh_name
 
-CAUSAL_BUILDER = "create_causal_mask"
 FOLD_FUNCTION = "fold_additive_terms"
-BIDIRECTIONAL_BUILDER = "create_bidirectional_mask"
-
-
-@dataclass(frozen=True)
-class ModulePlan:
-    """One attention class moved onto the interface."""
-
-    class_name: str
-    forward: cst.FunctionDef
-    eager: cst.FunctionDef
-    store_config: bool  # `self.config = config` is missing
-    add_config_parameter: bool  # __init__ has no `config` parameter: add one and pass it at constructions
-    is_causal: str | None  # expression to assign in __init__, None when the class already sets it
-    position_bias: bool = False  # the dispatch passes additive terms (ALiBi, relative positions) as position_bias
-    # the dispatch folds the additive terms into the float mask it hands over (the release's sdpa reads no
-    # position_bias), through the file's fold function where a mask or causality joins them (`fold_called`)
-    folded: bool = False
-    fold_called: bool = False
-    # cache updates in forward given the forward's kwargs (`update(..., kwargs=kwargs)`), as the release's models do
-    updates_with_kwargs: int = 0
-    causal_sites: CausalSites | None = None  # __init__ takes `is_causal`, these sites pass True
-    replaces_pinned: bool = False  # the class's own `self.is_causal = <literal>` in __init__ gives way to the above
-    # lines of `create_*_mask(...).to(torch.bool)` handing this module its mask: the conversion is dropped and the
-    # eager function adds the builder's mask where it filled (`bool_masks.py`)
-    unconverted: frozenset[int] = frozenset()
-    # methods of the class forward called for the attention, inlined into the eager function
-    inlined: tuple[str, ...] = ()
-    # tests of the `if`s whose branches beside the dispatch stay eager and take the mask in eager's form
-    # (`EagerMask`): its form under the other implementations (2-D under flash, a BlockMask under flex, a kernel's
-    # own) has none
-    eager_mask_tests: tuple[str, ...] = ()
-    # a mask parameter the code staying in forward reads itself (T5 adds it to its position bias): every mask the
-    # file builds then takes eager's form (`plan/mask_readers.py`)
-    reads_mask: MaskRead | None = None
-
-
-@dataclass
-class InterfacePlan:
-    modules: list[ModulePlan] = field(default_factory=list)
-    flag_only: list[str] = field(default_factory=list)  # classes already on the interface, given is_causal
-    causal_for_flag_only: dict[str, str] = field(default_factory=dict)
-    flag_only_sites: dict[str, CausalSites] = field(default_factory=dict)
-    unpinned: list[Construction] = field(default_factory=list)  # `is_causal=True` that becomes False
-    kept: list[KeptMasks] = field(default_factory=list)  # classes whose causality the always-built masks carry
-    dicts: dict[str, str] = field(default_factory=dict)  # dict name -> eager class, for `.get(..., eager)` lookups
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    # classes dispatching to an eager function imported from another model's file -> that module
-    dispatching_elsewhere: dict[str, str] = field(default_factory=dict)
-    threading: Threading | None = None  # how the models' **kwargs reach the moved modules
-    # (class, line) of `torch.arange(past, n + past)` position ranges, rewritten so that a static cache exports
-    shifted_ranges: list[tuple[str, int]] = field(default_factory=list)
-    alibi: AlibiFacts | None = None  # ALiBi builders reading 2-D masks
-    fold_function: str | None = None  # the module-level function folding additive terms into the mask, if any
-    eager_masks: EagerMasks | None = None  # every mask the file builds takes eager's form, for modules reading it
-
-    @property
-    def attention_backend(self) -> bool:
-        """`_supports_attention_backend`: every layer hands its callers' kwargs and position_ids to the
-        implementation, and nothing the implementation may ignore (position_bias) carries the model's own terms."""
-        return (
-            self.threading is not None
-            and self.threading.complete
-            and not any(module.position_bias or module.folded for module in self.modules)
-            and not (self.alibi is not None and self.alibi.unknown)
-            and not self.kept
-            and not any(module.eager_mask_tests for module in self.modules)
-            and self.eager_masks is None
-        )
-
-    @property
-    def edits(self) -> bool:
-        return bool(self.modules or self.flag_only)
 
 
 def port_interface_style(
@@ -176,7 +51,7 @@ def port_interface_style(
     if split.standing:
         return PortResult.refused(module.code, Style.INTERFACE, split.standing, names)
     analyses = split.ported
-    dispatching = _dispatching_classes(facts)
+    dispatching = dispatching_classes(facts)
     if not analyses and not dispatching:
         return PortResult(Status.UNCHANGED, module.code, Style.INTERFACE, NO_ATTENTION)
     try:
@@ -219,6 +94,7 @@ def plan_interface(
     dispatching: dict[str, str],
     release: Release | None = None,
 ) -> InterfacePlan:
+    """What the interface port of the file does, planned in the steps below, in order; each may refuse the file."""
     plan = InterfacePlan()
     # additive terms go as `position_bias` where the release's sdpa applies it (5.17.0 on); elsewhere, and where the
     # release is unknown, they are folded into the float mask, exact for sdpa and eager in every release
@@ -228,32 +104,68 @@ def plan_interface(
     paged_updates = release is not None and release.model_updates_paged_cache and release.paged_update_parameters == (
         "kwargs",
     )
-    for root in facts.pretrained_roots:
-        value = facts.classes[root].class_vars.get("_supports_sdpa")
-        if isinstance(value, cst.Name) and value.value == "False":
-            raise Refuse(Code.AUTHORS_OFF, "sets `_supports_sdpa = False` explicitly; the file's own authors ruled SDPA out", root)
+    check_sdpa_allowed(facts)
     causality = Causality.of(facts)
+    eager_names = _plan_modules(plan, facts, analyses, causality, fold_function, paged_updates)
+    _plan_flag_only(plan, facts, causality, dispatching, eager_names)
+    readers = [(p.class_name, p.reads_mask) for p in plan.modules if p.reads_mask is not None]
+    plan.eager_masks = plan_eager_masks(module, facts, readers, causality.other_implementations) if readers else None
+    plan.warnings.extend([plan.eager_masks.warning()] if plan.eager_masks is not None else [])
+    plan.unpinned = list(causality.unpinned)
+    plan.kept = list(causality.kept)
+    for kept in plan.kept:
+        check_kept_builders(module, kept)
+        plan.warnings.extend(_kept_warnings(kept))
+    eager_classes = {p.class_name for p in plan.modules}
+    if plan.modules:
+        _plan_file_edits(plan, facts, release, fold_function, eager_classes)
+    for dict_name, entries in attention_dicts(facts).items():
+        if entries["eager"] in eager_classes:
+            plan.dicts[dict_name] = entries["eager"]
+    return plan
+
+
+def _plan_modules(
+    plan: InterfacePlan,
+    facts: ModuleFacts,
+    analyses: list[ClassAnalysis],
+    causality: Causality,
+    fold_function: str | None,
+    paged_updates: bool,
+) -> dict[str, str]:
+    """Each attention class planned onto the interface, by its eager function's name (returned, by class)."""
     eager_names: dict[str, str] = {}
     for analysis in analyses:
         eager_name = _eager_function_name(analysis.class_name, facts, len(analyses), eager_names)
         eager_names[analysis.class_name] = eager_name
         try:
-            plan.modules.append(_plan_module(facts, analysis, eager_name, causality, fold_function, paged_updates))
+            plan.modules.append(plan_module(facts, analysis, eager_name, causality, fold_function, paged_updates))
         except Refuse as error:
             line = analysis.sites[0].line if analysis.sites else 0
             raise Refuse.because(error.reason, error.where or analysis.class_name, error.line or line) from None
+    return eager_names
+
+
+def _plan_flag_only(
+    plan: InterfacePlan,
+    facts: ModuleFacts,
+    causality: Causality,
+    dispatching: dict[str, str],
+    eager_names: dict[str, str],
+) -> None:
+    """The classes already dispatching to an eager function of the file, given their `is_causal` where they lack it."""
     for class_name, function_name in dispatching.items():
         if class_name in eager_names:
             continue
-        source = _imported_from_model(facts, function_name)
+        source = imported_from_model(facts, function_name)
         if source is not None:
             # a modular file reusing another model's eager function: the generated modeling file carries it
             plan.dispatching_elsewhere[class_name] = source
             continue
-        _check_eager_function(facts, class_name, function_name)
+        check_dispatched_function(facts, class_name, function_name)
         found = causality.flow.modules.method(class_name, "forward")
         mask_param = dispatched_mask(found[1]) if found is not None else None
-        _check_own_causality(causality, class_name, mask_param, ())
+        check_own_causality(causality, class_name, mask_param, ())
         plan.flag_only.append(class_name)
         if not facts.find_attribute_values(class_name, "is_causal"):
             causal_value, causal_sites = causality.decide(class_name, mask_param, ())
@@ -262,317 +174,64 @@ def plan_interface(
             else:
                 assert causal_value is not None
                 plan.causal_for_flag_only[class_name] = causal_value
-    readers = [(p.class_name, p.reads_mask) for p in plan.modules if p.reads_mask is not None]
-    plan.eager_masks = plan_eager_masks(module, facts, readers, causality.other_implementations) if readers else None
-    plan.warnings.extend([plan.eager_masks.warning()] if plan.eager_masks is not None else [])
-    plan.unpinned = list(causality.unpinned)
-    plan.kept = list(causality.kept)
-    for kept in plan.kept:
-        _, count = keep_causal_masks(module, kept.builders)
-        if count != len(kept.builders):
-            if kept.beside is not None:
-                code, why = Code.NOT_EXTRACTABLE, f"code kept eager beside the dispatch (under `if {kept.beside}:`) reads the mask, "
-            elif kept.extended is not None:
-                code, why = Code.MASK_EXTENDED, f"the module extends its mask over keys of its own (line {kept.extended}), "
-            else:
-                code, why = (
-                    Code.CAUSAL_BY_USE,
-                    "the file builds causal and bidirectional self-attention masks for the same module from call to "
-                    "call, ",
-                )
-            raise Refuse(
-                code,
-                why
-                + f"and a `create_causal_mask` call reaching it (line(s) {', '.join(map(str, sorted(kept.builders)))}) "
-                f"cannot be given `{SKIP}=False` (an alias, or `*args`/`**kwargs` that may carry it), so its mask "
-                "cannot be made to carry the causality",
-                kept.class_name,
-            )
-        plan.warnings.extend(_kept_warnings(kept))
-    eager_classes = {p.class_name for p in plan.modules}
-    if plan.modules:
-        plan.shifted_ranges, unshifted = shifted_ranges(facts)
-        plan.warnings.extend(
-            f"{owner} line {line}: a position range starts at a length that is a tensor with a static cache, and is "
-            "not of an integer dtype, so it is left as it is: torch.export fails there"
-            for owner, line in unshifted
-        )
-        plan.alibi = alibi_builders(facts)
-        plan.warnings.extend(
-            f"`{name}` (line {line}) builds ALiBi from a 2-D mask and was not recognised: continuous batching's 4-D "
-            "masks fail there"
-            for name, line in plan.alibi.unknown
-        )
-        plan.warnings.extend(
-            f"{p.class_name}: the code beside the attention under `if {test}:` stays eager and takes the attention "
-            "mask in eager's form, which only sdpa's boolean mask gives; `_supports_attention_backend` is not set"
-            for p in plan.modules
-            for test in p.eager_mask_tests
-        )
-        plan.warnings.extend(
-            f"{p.class_name} hands its additive terms (ALiBi, relative positions) over as `position_bias`: sdpa, flex "
-            "and eager apply them, kernels that ignore it (transformers' paged|eager for continuous batching, "
-            "ExecuTorch's custom_sdpa, vLLM's) would silently drop them; `_supports_attention_backend` is not set"
-            for p in plan.modules
-            if p.position_bias
-        )
-        plan.warnings.extend(
-            f"{p.class_name} folds its additive terms (ALiBi, relative positions) into the float mask it hands over, "
-            f"since {_release_name(release)} sdpa reads no `position_bias`: sdpa and eager apply them; flash "
-            "attention ignores a float mask, flex takes a BlockMask (and reads a float mask at one head), kernels that "
-            "ignore the mask would drop them; only sdpa is claimed, `_supports_attention_backend` is not set"
-            for p in plan.modules
-            if p.folded
-        )
-        if any(p.fold_called for p in plan.modules):
-            plan.fold_function = fold_function
-        plan.threading = plan_threading(facts, eager_classes, eager_classes, release)
-        plan.warnings.extend(
-            f"{problem}; `_supports_attention_backend` is not set"
-            for problem in plan.threading.problems
-        )
-    for dict_name, entries in attention_dicts(facts).items():
-        if entries["eager"] in eager_classes:
-            plan.dicts[dict_name] = entries["eager"]
-    return plan
+
+
+def _plan_file_edits(
+    plan: InterfacePlan,
+    facts: ModuleFacts,
+    release: Release | None,
+    fold_function: str | None,
+    eager_classes: set[str],
+) -> None:
+    """The edits outside the moved classes (position ranges, ALiBi builders, fold function, kwargs threading), with
+    what each leaves unclaimed."""
+    plan.shifted_ranges, unshifted = shifted_ranges(facts)
+    plan.warnings.extend(
+        f"{owner} line {line}: a position range starts at a length that is a tensor with a static cache, and is "
+        "not of an integer dtype, so it is left as it is: torch.export fails there"
+        for owner, line in unshifted
+    )
+    plan.alibi = alibi_builders(facts)
+    plan.warnings.extend(
+        f"`{name}` (line {line}) builds ALiBi from a 2-D mask and was not recognised: continuous batching's 4-D "
+        "masks fail there"
+        for name, line in plan.alibi.unknown
+    )
+    plan.warnings.extend(
+        f"{p.class_name}: the code beside the attention under `if {test}:` stays eager and takes the attention "
+        "mask in eager's form, which only sdpa's boolean mask gives; `_supports_attention_backend` is not set"
+        for p in plan.modules
+        for test in p.eager_mask_tests
+    )
+    plan.warnings.extend(
+        f"{p.class_name} hands its additive terms (ALiBi, relative positions) over as `position_bias`: sdpa, flex "
+        "and eager apply them, kernels that ignore it (transformers' paged|eager for continuous batching, "
+        "ExecuTorch's custom_sdpa, vLLM's) would silently drop them; `_supports_attention_backend` is not set"
+        for p in plan.modules
+        if p.position_bias
+    )
+    plan.warnings.extend(
+        f"{p.class_name} folds its additive terms (ALiBi, relative positions) into the float mask it hands over, "
+        f"since {_release_name(release)} sdpa reads no `position_bias`: sdpa and eager apply them; flash "
+        "attention ignores a float mask, flex takes a BlockMask (and reads a float mask at one head), kernels that "
+        "ignore the mask would drop them; only sdpa is claimed, `_supports_attention_backend` is not set"
+        for p in plan.modules
+        if p.folded
+    )
+    if any(p.fold_called for p in plan.modules):
+        plan.fold_function = fold_function
+    plan.threading = plan_threading(facts, eager_classes, eager_classes, release)
+    plan.warnings.extend(
+        f"{problem}; `_supports_attention_backend` is not set"
+        for problem in plan.threading.problems
+    )
 
 
 def _release_name(release: Release | None) -> str:
+    """The target release, as the warnings name it."""
     if release is None:
         return "in some 5.x releases (the target release is unknown)"
     return f"transformers {release.version}'s" if release.version else "the target release's"
-
-
-def _plan_module(
-    facts: ModuleFacts,
-    analysis: ClassAnalysis,
-    eager_name: str,
-    causality: "Causality",
-    fold_function: str | None = None,
-    paged_updates: bool = False,
-) -> ModulePlan:
-    found = facts.find_method(analysis.class_name, "forward")
-    assert found is not None
-    forward = found[1]
-    if len(analysis.sites) > 1:
-        # helpers on the two sides of a test of the module's settings: the one called where the setting is off
-        # dispatches, the other runs as written
-        analysis = one_side_helpers(facts, analysis) or analysis
-    # a test of the module's settings whose other side computes the output some other way (an approximation, another
-    # helper) keeps that side as written: only the side with the attention dispatches
-    alternatives = Known(falsy=frozenset(analysis.alternatives))
-    unreached = unreached_side_refusal(facts, analysis)
-    if unreached is not None:
-        raise Refuse(unreached.code, unreached.detail)
-    if analysis.eager_only_params or set(analysis.eager_only_flags) - alternatives.falsy:
-        names = ", ".join(f"`{name}`" for name in (*analysis.eager_only_params, *analysis.eager_only_flags))
-        raise Refuse(
-            Code.HEAD_MASK_INTERFACE,
-            f"{names} leads to steps only the eager computation takes (a head mask, or a term SDPA cannot express); "
-            "the attention interface cannot fall back to eager for it",
-        )
-    if len(analysis.sites) > 1:
-        methods = ", ".join(f"`{site.method}` (line {site.line})" for site in analysis.sites)
-        raise Refuse(
-            Code.REPEATED,
-            f"forward computes attention in more than one place ({methods}), and no test of the module's settings "
-            "chooses between them; the attention interface dispatches one computation, and these cannot be shown "
-            "to be the same one",
-        )
-    if analysis.helpers:
-        forward = inline_helpers(facts, analysis, forward)
-    aligned = keys_aligned_in(facts, analysis)
-    path = read_sdpa_path(facts, analysis.class_name, forward, aligned=aligned, known=alternatives)
-    _check_alternatives(forward, path, alternatives)
-    start = path.start
-    assert start is not None
-    params = path.params
-    mask_param = _mask_parameter(path, params)
-    unconverted: set[int] = set()  # lines of `create_*_mask(...).to(torch.bool)` whose conversion is dropped
-    mask_setting: tuple[cst.BaseExpression, int] | None = None  # the setting under which the mask is added, and where
-    for op, _, line in path.ops:
-        if isinstance(op, t.Fill) and mask_param is not None and not row_safe(op, aligned):
-            # transformers' sdpa combines a boolean attention mask with position_bias by replacement
-            # (`where(mask, bias, min)`), not by addition: even an absorbing fill then differs in a row that
-            # loses every key
-            raise Refuse(
-                Code.MASKED_ROWS,
-                f"masked scores are replaced where `{code(op.condition)}` says so, which may mask every key of a real "
-                "token's row; the implementations combine the attention mask with the other terms by replacement, so "
-                "such a row would differ",
-                line=line,
-            )
-        if isinstance(op, t.Fill) and any("mask" in n for n in walk_names(op.condition) & set(params)):
-            filled = op.condition.value if isinstance(op.condition, cst.Name) and op.condition.value in params else None
-            converted = _converted(causality, analysis.class_name, filled, op, forward)
-            if isinstance(converted, Converted) and mask_param in (None, filled):
-                unconverted |= converted.lines
-                mask_param = filled  # handed to the implementations as built
-                continue
-            raise Refuse(
-                Code.MASK_PER_IMPLEMENTATION,
-                "the attention mask is applied with a masking fill; transformers builds it differently for each "
-                "implementation, so it cannot be handed over as is" + (f" ({converted})" if converted else ""),
-                line=line,
-            )
-        if isinstance(op, t.AddTerm) and mask_param is not None and cast_operand(op.term) == mask_param and not op.with_chain:
-            if op.setting is None or mask_setting is not None:
-                raise Refuse(
-                    Code.CONDITIONAL,
-                    "the attention mask is added only under a condition other than one test of the module's "
-                    "settings, but the implementations receive it whenever it is given",
-                    line=line,
-                )
-            mask_setting = (op.setting, line)
-    own_forward = forward_of(facts.tree, [info.name for info in facts.mro(analysis.class_name)]) if facts.tree else None
-    extended = extended_mask(own_forward, mask_param) if own_forward is not None and mask_param else None
-    queries, keys = path.operands
-    cross = key_only_parameters(forward, keys, queries)
-    if mask_setting is not None:
-        _check_mask_setting(causality, analysis.class_name, mask_param, cross, *mask_setting)
-    extension: tuple[str, KeptMasks] | None = None
-    if extended is not None:
-        assert own_forward is not None and mask_param is not None
-        block = zeros_block(own_forward, mask_param)
-        kept = causality.extended(analysis.class_name, mask_param, cross, extended) if block else None
-        if block is not None and kept is not None:
-            extension = (block, kept)
-        elif block is None:
-            why = "it is not a block of zeros bound in forward, added along the keys (one that only keeps keys)"
-        elif causality.other_implementations:
-            why = "flash attention, already claimed, would take the causality from `is_causal` alone"
-        else:
-            why = "the masks reaching the module are not all followed to transformers' builders"
-    if extended is not None and extension is None:
-        raise Refuse(
-            Code.MASK_EXTENDED,
-            f"`{mask_param}` is concatenated with a tensor of the module's own before it reaches the scores; "
-            "transformers builds the mask per implementation (boolean or None for sdpa), so the result is right "
-            f"for eager alone: {why}",
-            line=extended,
-        )
-    moved = _operand_upcasts(forward, start) | _weights_bookkeeping(path) | key_statements(path)
-    has_causal = bool(facts.find_attribute_values(analysis.class_name, "is_causal"))
-    causal_value: str | None = None
-    causal_sites: CausalSites | None = None
-    replaces_pinned = False
-    not_causal = False  # the dispatch passes is_causal=False: `self.is_causal` no longer reaches the implementations
-    if has_causal:
-        try:
-            _check_own_causality(causality, analysis.class_name, mask_param, cross)
-            _check_causal_attribute(facts, analysis.class_name, causality, mask_param is not None)
-        except Refuse as error:
-            pinned = _unread_pinned(facts, analysis.class_name, causality)
-            if error.reason.code in (Code.CAUSAL_BY_USE, Code.CAUSAL_CONTRADICTED) and pinned is not None:
-                # the literal has never changed a result: the masks decide, as for a class without the attribute
-                causal_value, causal_sites = causality.decide(analysis.class_name, mask_param, cross)
-                replaces_pinned = True
-            elif (
-                error.reason.code in (Code.CAUSAL_PINNED, Code.CAUSAL_CONTRADICTED)
-                and mask_param is not None
-                and _causality_in_chain(facts, causality, analysis.class_name, mask_param, cross, path)
-            ):
-                not_causal = True
-            else:
-                raise
-    else:
-        causal_value, causal_sites = causality.decide(analysis.class_name, mask_param, cross)
-    causal_test = self_attention_test(cross) if cross and not causality.from_callers and not not_causal else None
-    kwargs = forward.params.star_kwarg.name.value if isinstance(forward.params.star_kwarg, cst.Param) else None
-    weights_requested = _weights_requested(params, kwargs)
-    taken = function_names(forward)
-    # the caller's keyword arguments (paged cache, its indices, is_causal, position_ids) go on to the implementation
-    added_kwargs = None if kwargs is not None else fresh_name("kwargs", taken)
-    kwargs = kwargs or added_kwargs
-    options = InterfaceOptions(
-        names=SideNames.avoiding(taken),
-        eager_name=eager_name,
-        mask_param=mask_param,
-        causal_test=causal_test,
-        forward_kwargs=kwargs,
-        moved=moved,
-        module_names=facts.top_level_names,
-        taken=frozenset(taken),
-        weights_requested=weights_requested,
-        position_ids="position_ids" in params,
-        handed_fill=bool(unconverted),
-        eager_mask=partial(_eager_mask_form, causality, analysis.class_name, forward, mask_param, cross),
-        not_causal=not_causal,
-        mask_setting=code(mask_setting[0]) if mask_setting is not None else None,
-        fold_function=fold_function,
-    )
-    statements, part, emitter, body = _emit(path, options)
-    if emitter.folded and _claims_reaching(facts, causality, analysis.class_name):
-        raise Refuse(
-            Code.TERMS_IN_MASK,
-            "the additive terms are folded into the float mask (the target release's sdpa reads no `position_bias`, "
-            "or the release is unknown), but the file claims flash, flex or attention-backend kernels, which take "
-            "another mask or none",
-        )
-    if emitter.folded and mask_param is not None:
-        # the mask handed over carries the terms: the eager function takes its own (as built) by keyword
-        statements, part, emitter, body = _emit(path, replace(options, mask_by_keyword=True))
-    if not emitter.dispatched:
-        raise Refuse(Code.NOT_EXTRACTABLE, "the product with V was not reached on the dispatch path")
-    if emitter.eager_mask_tests and emitter.eager_mask.build_always:
-        # code kept eager reads the mask: every causal builder reaching the module builds it under sdpa too
-        causality.kept.append(
-            KeptMasks(analysis.class_name, emitter.eager_mask.build_always, (), beside=emitter.eager_mask_tests[0])
-        )
-    body = remove_dead(body, emitter.removed_reads, facts.imports)
-    body = _bind_handed_values(path, part.free, body)
-    new_forward = forward.with_changes(body=forward.body.with_changes(body=body))
-    if extension is not None:
-        assert mask_param is not None
-        new_forward, count = convert_block(new_forward, mask_param, extension[0])
-        if not count:
-            raise Refuse(Code.MASK_EXTENDED, f"the extension of `{mask_param}` did not stay in forward", line=extended or 0)
-        causality.kept.append(extension[1])
-    if added_kwargs is not None:
-        new_forward = with_star_kwargs(new_forward, added_kwargs)
-    updates = 0
-    if paged_updates:
-        assert kwargs is not None
-        new_forward, updates = pass_kwargs_to_updates(new_forward, kwargs)
-    eager = _eager_function(facts, eager_name, statements, part.free, analysis)
-    if unconverted:
-        assert mask_param is not None
-        # the eager function reads the mask as handed over, or by keyword (renamed where the signature has the name)
-        adding = AddInsteadOfFill(parameter_name(mask_param) if emitter.interface.mask_by_keyword else mask_param)
-        added = eager.visit(adding)
-        assert isinstance(added, cst.FunctionDef) and adding.count, "planning found the fill in the eager path"
-        eager = added
-    store_config = not facts.find_attribute_values(analysis.class_name, "config")
-    init = facts.find_method(analysis.class_name, "__init__")
-    init_params = {p.name.value for p in init[1].params.params} if init is not None else set()
-    add_parameter = store_config and "config" not in init_params
-    if add_parameter:
-        owners = facts.classes_calling({analysis.class_name}) - {analysis.class_name}
-        sites = register.construction_sites(facts.module, analysis.class_name, frozenset({analysis.class_name}), owners)
-        missing = sorted({site.owner for site in sites if not site.has_config})
-        if missing:
-            raise Refuse(
-                Code.NO_CONFIG,
-                f"built in {', '.join(missing)} without a `config` in scope, so the implementation cannot be selected",
-            )
-    return ModulePlan(
-        analysis.class_name,
-        new_forward,
-        eager,
-        store_config,
-        add_parameter,
-        causal_value,
-        position_bias=emitter.position_bias,
-        folded=emitter.folded,
-        fold_called=emitter.fold_called,
-        updates_with_kwargs=updates,
-        causal_sites=causal_sites,
-        replaces_pinned=replaces_pinned,
-        unconverted=frozenset(unconverted),
-        inlined=tuple(h.helper.name for h in analysis.helpers if h.helper.is_method and h.helper.owner == analysis.class_name),
-        eager_mask_tests=tuple(emitter.eager_mask_tests),
-        reads_mask=ported_mask_read(emitter.eager_mask_tests, new_forward, forward),
-    )
 
 
 def _kept_warnings(kept: KeptMasks) -> list[str]:
@@ -592,551 +251,8 @@ def _kept_warnings(kept: KeptMasks) -> list[str]:
     return []
 
 
-def _weights_requested(params: Sequence[str], kwargs: str | None) -> str | None:
-    """The expression telling whether a call asks for the attention weights, if the forward can be told so."""
-    if "output_attentions" in params:
-        return "output_attentions"
-    return f'{kwargs}.get("output_attentions", False)' if kwargs is not None else None
-
-
-def _module_notes(item: ModulePlan) -> list[str]:
-    """What the report says of one moved class beyond its dispatch."""
-    notes = []
-    if item.updates_with_kwargs:
-        notes.append(
-            f"{item.class_name}.forward passes its kwargs to {item.updates_with_kwargs} cache update(s), which "
-            "the release's paged cache takes (`update(..., kwargs=kwargs)`, as its models call it)"
-        )
-    if item.replaces_pinned:
-        notes.append(
-            f"{item.class_name} pinned `self.is_causal` to a literal that nothing in the file reads and only eager "
-            "ran with: the flag is set from the masks the module receives instead"
-        )
-    if item.is_causal is not None:
-        notes.append(f"{item.class_name}.is_causal = {item.is_causal}")
-    return notes
-
-
-def _emit(
-    path: SdpaPath, options: InterfaceOptions
-) -> tuple[list[cst.BaseStatement], EagerPart, InterfaceEmitter, list[cst.BaseStatement]]:
-    """The eager function's statements and forward's new body, with the emitter that wrote it."""
-    statements, part = eager_body(path, options)
-    emitter = InterfaceEmitter(path, options)
-    emitter.eager = part
-    if path.start is not None and path.start.rank == 3 and emitter.layout.heads is None:
-        raise Refuse(
-            Code.LAYOUT,
-            "the flat (batch * heads) layout is never viewed per head, so it cannot be handed to the interface as "
-            "(batch, heads, length, dim)",
-        )
-    return statements, part, emitter, emitter.emit(block_body(path.function.body))
-
-
-def _causality_in_chain(
-    facts: ModuleFacts,
-    causality: "Causality",
-    class_name: str,
-    mask_param: str,
-    cross: Sequence[str],
-    path: SdpaPath,
-) -> bool:
-    """A module whose `self.is_causal` says True (a literal, or `is_causal=True` where it is built) while no causal
-    mask ever reaches it: eager's causality is the chain's own, a causal buffer filled in it or none, and the
-    interface hands every fill over in `position_bias`. Passing `is_causal=False` to the implementations is then
-    exact whatever the flag (Bark's causal blocks are built with `is_causal=True` and given bidirectional masks;
-    left to the flag, sdpa would add a top-left causal mask, and crop the keys to the queries' length after a
-    cache). Flash attention ignores `position_bias`: where the chain fills and the file claims flash, the class must
-    not serve it (an attention-classes dict gives flash another class, and the class is built through one only)."""
-    if bidirectional_only(causality.flow, class_name, mask_param, cross) is not None:
-        return False
-    if not any(isinstance(op, t.Fill) for op in path.chain_ops):
-        return True
-    if not _other_implementations(facts, FLASH):
-        return True
-    return _flash_elsewhere(facts, causality, class_name)
-
-
-def _flash_elsewhere(facts: ModuleFacts, causality: "Causality", class_name: str) -> bool:
-    """Flash attention never runs the class: an attention-classes dict gives flash another class, and the class is
-    built through such dicts only."""
-    dicts = [entries for entries in attention_dicts(facts).values() if entries["eager"] == class_name]
-    elsewhere = all(any(k.startswith("flash") and v != class_name for k, v in e.items()) for e in dicts)
-    sites = causality.flow.modules.sites_of({class_name} | causality.flow.modules.subclasses(class_name))
-    return bool(dicts) and elsewhere and not any(site.direct for site in sites)
-
-
-def _claims_reaching(facts: ModuleFacts, causality: "Causality", class_name: str) -> bool:
-    """An implementation the file already claims, other than eager and sdpa, may run the class: flex or registered
-    kernels (every other implementation falls back to it), or flash where no dict gives flash another class."""
-    if _other_implementations(facts, ("_supports_flex_attn", "_supports_attention_backend")):
-        return True
-    return _other_implementations(facts, FLASH) and not _flash_elsewhere(facts, causality, class_name)
-
-
-def _check_mask_setting(
-    causality: "Causality",
-    class_name: str,
-    mask_param: str | None,
-    cross: Sequence[str],
-    setting: cst.BaseExpression,
-    line: int,
-) -> None:
-    """The mask added only where a setting holds (`if self.use_mask and mask is not None:`) goes to the
-    implementations under that setting, None otherwise. Exact where every mask reaching the module is
-    `create_bidirectional_mask`'s (or None): the module is then never causal, and None means no mask to every
-    implementation, as eager without the addition. A causal builder's None would mean `is_causal` instead."""
-    assert mask_param is not None
-    why = bidirectional_only(causality.flow, class_name, mask_param, cross)
-    if why is not None:
-        raise Refuse(
-            Code.CONDITIONAL,
-            f"the attention mask is added only where `{code(setting)}` holds; handing the implementations None "
-            f"otherwise is exact only where every mask reaching the module is bidirectional, and here {why}",
-            line=line,
-        )
-
-
-def _check_alternatives(forward: cst.FunctionDef, path: SdpaPath, alternatives: Known) -> None:
-    """The trace left out the sides of `alternatives` that do not compute the attention, and forward keeps them as
-    written: each comparison must be the test of an `if` one branch of which holds the whole computation, and that
-    branch must be the side traced."""
-    if not alternatives.falsy:
-        return
-    # the reads of a setting that can decide an `if` (its whole test, or the operand of `not`) -> that `if`
-    deciding: dict[int, cst.If] = {}
-    for node in nodes_of_type(forward.body, cst.If):
-        deciding[id(node.test)] = node
-        if isinstance(node.test, cst.UnaryOperation) and isinstance(node.test.operator, cst.Not):
-            deciding[id(node.test.expression)] = node
-    # every read of a setting the alternatives decide (a comparison, or a flag `self.x`) must decide an `if` one
-    # branch of which holds the whole chain, the branch the trace took: read anywhere else, the code it decides is
-    # neither traced nor kept as a whole
-    reads: list[cst.BaseExpression] = [
-        node for node in nodes_of_type(forward.body, cst.Comparison) if decide(node, alternatives) is not None
-    ]
-    reads += [node for node in nodes_of_type(forward.body, cst.Attribute) if decide(node, alternatives) is not None]
-    reads += [
-        node
-        for node in nodes_of_type(forward.body, cst.UnaryOperation)
-        if code(node) in alternatives.falsy and decide(node, alternatives) is not None
-    ]
-    for read in reads:
-        chooser = deciding.get(id(read))
-        decided = None if chooser is None else decide(chooser.test, alternatives)
-        branch = None if chooser is None else whole_chain_branch(chooser, path.plans)
-        if decided is None or branch is None or (branch is chooser) is not decided:
-            raise Refuse(
-                Code.HEAD_MASK_INTERFACE,
-                f"`{code(read)}` chooses between the attention and another computation, but no branch of an "
-                "`if` testing it holds the whole attention; the attention interface cannot fall back to eager for "
-                "the other side",
-            )
-
-
-def _eager_mask_form(
-    causality: "Causality",
-    class_name: str,
-    forward: cst.FunctionDef,
-    mask_param: str | None,
-    cross: Sequence[str],
-) -> EagerMask:
-    """Whether code that stays eager beside the dispatch (the other side of `if self.num_landmarks == self.seq_len:`)
-    can take the attention mask in eager's form: from the boolean mask sdpa gets, where every mask reaching the
-    module is `create_bidirectional_mask`'s or a `create_causal_mask` the port always builds (`KeptMasks`), and no
-    implementation but eager and sdpa is claimed."""
-    if mask_param is None:
-        return EagerMask(None, "the module takes no mask")
-    if causality.other_implementations:
-        return EagerMask(None, "the file already claims another implementation, whose mask has no eager form")
-    if mask_param in all_assigned_names(block_body(forward.body)):
-        return EagerMask(None, f"forward assigns `{mask_param}`")
-    # the causal builders reaching the module, made to build always since the kept code reads the mask
-    builders = eager_form_builders(causality.flow, class_name, mask_param, cross)
-    if isinstance(builders, str):
-        return EagerMask(None, f"eager's form does not follow from every mask reaching it: {builders}")
-    always_built = frozenset(line for kept in causality.kept if kept.class_name == class_name for line in kept.builders)
-    inputs = [p.name.value for p in forward.params.params if p.name.value not in ("self", mask_param)]
-    if not inputs:
-        return EagerMask(None, "forward takes no input whose dtype the mask would take")
-    return EagerMask(f"{inputs[0]}.dtype", "", builders - always_built)
-
-
-def _converted(
-    causality: "Causality", class_name: str, mask_param: str | None, fill: t.Fill, forward: cst.FunctionDef
-) -> Converted | str | None:
-    """`converted_fill` on the forward traced (its helpers inlined), which holds every read of the mask."""
-    if mask_param is None:
-        return None
-    traced = ast.parse(cst.Module(body=[forward.with_changes(leading_lines=[])]).code).body[0]
-    assert isinstance(traced, ast.FunctionDef)
-    return converted_fill(causality.flow, class_name, mask_param, fill, traced)
-
-
-def _bind_handed_values(path: SdpaPath, free: list[str], body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    """Values forward hands to the eager function that only some paths assign (a term computed under a flag) are
-    bound to None first: the eager function reads them on those paths only, and the dispatch must not fail on the
-    others."""
-    forward = path.function
-    output = next((small for small, plan in _output_smalls(path)), None)
-    params = {p.name.value for p in [*forward.params.params, *forward.params.kwonly_params, *forward.params.posonly_params]}
-    bound = bound_before(block_body(forward.body), output) if output is not None else None
-    if bound is None:
-        return body
-    missing = [name for name in free if name not in bound and name not in params and name != "self"]
-    if not missing:
-        return body
-    start = 1 if body and is_docstring(body[0]) else 0
-    bindings = [cst.parse_statement(f"{name} = None") for name in missing]
-    return [*body[:start], *bindings, *body[start:]]
-
-
-def _output_smalls(path: SdpaPath) -> list[tuple[cst.CSTNode, t.StmtPlan]]:
-    found: list[tuple[cst.CSTNode, t.StmtPlan]] = []
-
-    class Find(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            plan = path.plans.get(node)
-            if isinstance(plan, t.OutputStmt):
-                found.append((node, plan))
-            return True
-
-    path.function.body.visit(Find())
-    return found
-
-
-def _unread_pinned(facts: ModuleFacts, class_name: str, causality: "Causality") -> str | None:
-    """`True`/`False` when the class pins `self.is_causal` to that literal in its own `__init__` alone, nothing in the
-    file reads the flag, no implementation but eager is claimed (so the flag has never changed a result), and no
-    subclass in the file sets it again; None otherwise."""
-    if not causality.unpinnable:
-        return None
-    info = facts.classes.get(class_name)
-    if info is None or "is_causal" in info.class_vars:
-        return None
-    values = info.attributes.get("is_causal", [])
-    literal = _one_literal(values)
-    if literal is None:
-        return None
-    init = facts.find_method(class_name, "__init__")
-    if init is None or init[0].name != class_name or _pinned_assignments(init[1]) != len(values):
-        return None
-    subclasses = causality.flow.modules.subclasses(class_name) - {class_name}
-    if any("is_causal" in facts.classes[name].attributes or "is_causal" in facts.classes[name].class_vars
-           for name in subclasses if name in facts.classes):
-        return None
-    return literal
-
-
-def _one_literal(values: Sequence[cst.BaseExpression]) -> str | None:
-    """`True` or `False` when every value assigned is that one literal (names only); None otherwise."""
-    literals = {v.value for v in values if isinstance(v, cst.Name) and v.value in ("True", "False")}
-    if len(literals) != 1 or len(values) != len([v for v in values if isinstance(v, cst.Name)]):
-        return None
-    return literals.pop()
-
-
-def _pinned_assignments(function: cst.FunctionDef) -> int:
-    """Statements of the function body (at its top level) that are one `self.is_causal = <value>`."""
-    return sum(1 for statement in block_body(function.body) if is_causal_assignment(statement))
-
-
-def _check_causal_attribute(facts: ModuleFacts, class_name: str, causality: "Causality", mask_param: bool) -> None:
-    """A module that sets `self.is_causal` to a literal the file's masks contradict would run SDPA with the wrong
-    causality whenever the mask handed over is None (the eager code never reads the flag)."""
-    literal = _one_literal(facts.find_attribute_values(class_name, "is_causal"))
-    if literal is None:
-        return
-    expected = causality.for_class(class_name, mask_param)
-    if expected in ("True", "False") and expected != literal:
-        raise Refuse(
-            Code.CAUSAL_CONTRADICTED,
-            f"sets `self.is_causal = {literal}`, but the file builds {'causal' if expected == 'True' else 'bidirectional'} "
-            "masks for it; the implementations would apply the flag whenever the mask is None",
-            class_name,
-        )
-
-
-def _mask_parameter(path: SdpaPath, params: tuple[str, ...]) -> str | None:
-    """The forward parameter added to the scores as the attention mask (`mask` or `mask.to(dtype)`).
-
-    It goes to the implementation positionally: transformers' mask builders give eager a float mask and sdpa a
-    boolean mask or None, so each implementation must receive the mask built for it.
-    """
-    for op in path.chain_ops:
-        if isinstance(op, t.AddTerm):
-            name = cast_operand(op.term)
-            if name is not None and name in params and "mask" in name:
-                return name
-    return None
-
-
-def _operand_upcasts(function: cst.FunctionDef, start: t.Start) -> frozenset[cst.CSTNode]:
-    """`query = query.to(torch.float32)` before the product: part of the eager computation, it moves with it."""
-    if not start.operands_upcast:
-        return frozenset()
-    operands = {n.value for n in (start.query, start.key) if isinstance(n, cst.Name)}
-    finder = _SelfCasts(operands)
-    function.body.visit(finder)
-    return frozenset(finder.found)
-
-
-def _weights_bookkeeping(path: SdpaPath) -> frozenset[cst.CSTNode]:
-    """`attn_weights_reshaped = None` beside the chain: the weights the eager function returns are set there too."""
-    function = path.function
-    names = path.probs_after_output
-    found: set[cst.CSTNode] = set()
-
-    class Find(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            plan = path.plans.get(node)
-            if isinstance(plan, (t.ChainStmt, t.OutputStmt)):
-                return
-            targets = {n for target in node.targets for n in walk_names(target.target)}
-            if targets and targets <= names and not walk_names(node.value) - {"None"}:
-                found.add(node)
-
-    function.body.visit(Find())
-    return frozenset(found)
-
-
-class _SelfCasts(cst.CSTVisitor):
-    def __init__(self, names: set[str]) -> None:
-        self.names = names
-        self.found: set[cst.CSTNode] = set()
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Name):
-            return
-        name = node.targets[0].target.value
-        value = node.value
-        if (
-            name in self.names
-            and isinstance(value, cst.Call)
-            and isinstance(value.func, cst.Attribute)
-            and value.func.attr.value in ("to", "float")
-            and m.matches(value.func.value, m.Name(name))
-        ):
-            self.found.add(node)
-
-
-@dataclass(frozen=True)
-class Causality:
-    """How to set `self.is_causal` on the attention modules of one file.
-
-    `is_causal` only matters to the implementations when the mask handed to them is None: a causal mask that the
-    builder skipped, a bidirectional one without padding, or no mask at all. So a module whose masking all goes
-    into `position_bias` is not causal; otherwise the file's mask builders decide, unless the callers pass
-    `is_causal=` themselves (then the default is False and their keyword wins).
-    """
-
-    self_attention: str | None  # "True", "False", "config.is_decoder"; None when ambiguous
-    from_callers: bool  # some caller passes is_causal= explicitly through **kwargs
-    several_towers: bool  # token and non-token (pixel/audio) models share the file
-    flow: MaskFlow = field(compare=False, repr=False)  # the masks reaching each construction, read on demand
-    # nothing in the file reads `is_causal` and only eager is supported: a literal `is_causal=True` has never
-    # changed a result, and may become False where only bidirectional masks reach (`check_pinned`)
-    unpinnable: bool = False
-    unpinned: list[Construction] = field(default_factory=list, compare=False)
-    # a model class already claims an implementation other than eager (flash attention reads `is_causal` alone)
-    other_implementations: bool = False
-    kept: list[KeptMasks] = field(default_factory=list, compare=False)
-
-    @classmethod
-    def of(cls, facts: ModuleFacts) -> "Causality":
-        tree = facts.tree
-        # `self.encoder(..., is_causal=True)`: a caller passes causality down through **kwargs
-        from_callers = tree is not None and any(
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Name)
-            and node.func.value.id == "self"
-            and any(k.arg == "is_causal" for k in node.keywords)
-            for node in ast.walk(tree)
-        )
-        towers = False
-        if tree is not None:
-            inputs = set()
-            for node in ast.walk(tree):
-                if isinstance(node, ast.FunctionDef) and node.name == "forward":
-                    names = {a.arg for a in node.args.args + node.args.kwonlyargs}
-                    if "input_ids" in names:
-                        inputs.add("tokens")
-                    if names & {"pixel_values", "input_features", "input_values"}:
-                        inputs.add("other")
-            towers = len(inputs) > 1
-        others = _other_implementations(facts)
-        unpinnable = tree is not None and not _reads_is_causal(tree) and not others
-        return cls(self_attention_causality(facts), from_callers, towers, MaskFlow(facts), unpinnable, other_implementations=others)
-
-    def decide(
-        self, class_name: str, mask_param: str | None, key_only: tuple[str, ...]
-    ) -> tuple[str | None, CausalSites | None]:
-        """`self.is_causal` for the class: one value for every instance, or, where the file builds both kinds of
-        self-attention mask, a constructor parameter and the sites that pass True (every site decided by the masks
-        that reach it). A site receiving both kinds from call to call leaves the class False, its causal masks
-        always built (`kept`); else C301 names the first site that is not decided."""
-        try:
-            return self.for_class(class_name, mask_param is not None), None
-        except Refuse as error:
-            if error.reason.code not in (Code.CAUSAL_BY_USE, Code.TOWERS) or mask_param is None:
-                raise
-        if every_site_causal(self.flow, class_name, mask_param, key_only):
-            return "True", None
-        try:
-            sites = decide_sites(self.flow, class_name, mask_param, key_only)
-        except Refuse as error:
-            kept = None if self.other_implementations else kept_masks(self.flow, class_name, mask_param, key_only)
-            if error.reason.code is not Code.CAUSAL_BY_USE or kept is None:
-                raise
-            self.kept.append(kept)
-            return "False", None
-        return ("False", None) if not sites.causal else (None, sites)
-
-    def extended(self, class_name: str, mask_param: str, key_only: tuple[str, ...], line: int) -> KeptMasks | None:
-        """The causal masks to build always for a class extending its mask over keys of its own (None where the
-        masks reaching it are not followed, or flash attention, which reads `is_causal` alone, is claimed)."""
-        if self.other_implementations:
-            return None
-        return extended_masks(self.flow, class_name, mask_param, key_only, line)
-
-    def for_class(self, class_name: str, mask_param: bool) -> str:
-        if not mask_param:
-            return "False"
-        if self.from_callers:
-            return "False"
-        if self.self_attention is None:
-            raise Refuse(
-                Code.CAUSAL_BY_USE,
-                "the file builds causal and bidirectional self-attention masks, so whether this module is causal "
-                "depends on where it is used",
-                class_name,
-            )
-        if self.several_towers and self.self_attention != "False":
-            raise Refuse(
-                Code.TOWERS,
-                "token and pixel/audio models share this file, and the causal mask of one tower says nothing about "
-                "the other",
-                class_name,
-            )
-        return self.self_attention
-
-
-FLASH = ("_supports_flash_attn", "_supports_flash_attn_2")
-OTHER_IMPLEMENTATIONS = ("_supports_flash_attn", "_supports_flash_attn_2", "_supports_flex_attn", "_supports_attention_backend")
-
-
-def _reads_is_causal(tree: ast.Module) -> bool:
-    """Code that reads an `is_causal` attribute (`self.is_causal`, `getattr(m, "is_causal")`), stores aside."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr == PARAMETER and isinstance(node.ctx, ast.Load):
-            return True
-        if isinstance(node, ast.Constant) and node.value == PARAMETER:
-            return True
-    return False
-
-
-def _other_implementations(facts: ModuleFacts, flags: Sequence[str] = OTHER_IMPLEMENTATIONS) -> bool:
-    """A model class already claims an implementation other than eager (which reads `is_causal`), or one of `flags`."""
-    for root in facts.pretrained_roots:
-        for flag in flags:
-            value = facts.classes[root].class_vars.get(flag)
-            if value is not None and not (isinstance(value, cst.Name) and value.value == "False"):
-                return True
-    return False
-
-
-def self_attention_causality(facts: ModuleFacts) -> str | None:
-    """Whether the masks built for self-attention in this file are causal: "True", "False", "config.is_decoder".
-
-    Read from the calls of transformers' mask builders; a bidirectional mask built for encoder states (with
-    `encoder_hidden_states=`) serves cross-attention and does not count. None when the file builds both kinds of
-    self-attention mask, so that no single value is right.
-    """
-    tree = facts.tree
-    if tree is None:
-        return None
-    conditional: str | None = None
-    causal = bidirectional = False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.IfExp):
-            names = {getattr(node.body, "id", None), getattr(node.orelse, "id", None)}
-            if names == {CAUSAL_BUILDER, BIDIRECTIONAL_BUILDER}:
-                condition = ast.unparse(node.test)
-                if getattr(node.body, "id", None) == BIDIRECTIONAL_BUILDER:
-                    condition = f"not ({condition})"
-                conditional = code(rebase_config(cst.parse_expression(condition), to_self=False))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            if node.func.id == CAUSAL_BUILDER:
-                causal = True
-            elif node.func.id == BIDIRECTIONAL_BUILDER and not any(
-                k.arg == "encoder_hidden_states" for k in node.keywords
-            ):
-                bidirectional = True
-    if conditional is not None:
-        return conditional
-    if causal and bidirectional:
-        return None
-    return "True" if causal else "False"
-
-
-def _dispatching_classes(facts: ModuleFacts) -> dict[str, str]:
-    """Classes already calling `ALL_ATTENTION_FUNCTIONS.get_interface(..., <eager function>)`."""
-    out: dict[str, str] = {}
-    tree = facts.tree
-    if tree is None:
-        return out
-    for node in tree.body:
-        if not isinstance(node, ast.ClassDef):
-            continue
-        for inner in ast.walk(node):
-            if (
-                isinstance(inner, ast.Call)
-                and isinstance(inner.func, ast.Attribute)
-                and inner.func.attr in ("get_interface", "get")
-                and isinstance(inner.func.value, ast.Name)
-                and inner.func.value.id == "ALL_ATTENTION_FUNCTIONS"
-                and len(inner.args) == 2
-                and isinstance(inner.args[1], ast.Name)
-            ):
-                out[node.name] = inner.args[1].id
-    return out
-
-
-def _check_own_causality(
-    causality: Causality, class_name: str, mask_param: str | None, key_only: tuple[str, ...]
-) -> None:
-    """A module the file builds with a literal `is_causal=True` is causal whatever mask it receives.
-
-    SDPA applies that flag whenever the mask handed over is None (no padding), where eager applies the mask alone;
-    unless every mask reaching the module through that construction comes from the causal builder, the two disagree
-    (BridgeTower's cross-modal layers do). The flag may follow the configuration (`is_causal=config.is_decoder`), not
-    be pinned to True.
-    """
-    for construction in check_pinned(causality.flow, class_name, mask_param, key_only, causality.unpinnable):
-        if construction.site is not None and construction not in causality.unpinned:
-            causality.unpinned.append(construction)
-
-
-def _imported_from_model(facts: ModuleFacts, function_name: str) -> str | None:
-    """The modeling module an eager function is imported from (`..llama.modeling_llama`), if it is imported."""
-    if function_name in facts.functions:
-        return None
-    qualified = facts.imports.aliases.get(function_name)
-    if qualified is None:
-        return None
-    module = qualified.rsplit(".", 1)[0]
-    return module if module.split(".")[-1].startswith(("modeling_", "modular_")) else None
-
-
-def _check_eager_function(facts: ModuleFacts, class_name: str, function_name: str) -> None:
-    function = facts.functions.get(function_name)
-    if function is None:
-        raise Refuse(Code.EAGER_FUNCTION, f"its eager function `{function_name}` is not defined in this file", class_name)
-    check_eager_function(facts, function, function_name, class_name)
-
-
 def _eager_function_name(class_name: str, facts: ModuleFacts, count: int, used: dict[str, str]) -> str:
+    """A top-level name for the class's eager function, free in the file and among those already given."""
     base = "eager_attention_forward"
     if count == 1 and base not in facts.top_level_names:
         return base
@@ -1147,177 +263,4 @@ def _eager_function_name(class_name: str, facts: ModuleFacts, count: int, used: 
     return name
 
 
-def _eager_function(
-    facts: ModuleFacts, name: str, statements: list[cst.BaseStatement], free: list[str], analysis: ClassAnalysis
-) -> cst.FunctionDef:
-    module_type = "nn.Module" if "nn" in facts.imports.aliases else "torch.nn.Module"
-    sources = sorted({f"{site.owner}.{site.method}" for site in analysis.sites})
-    rendered = render_module(
-        "interface_style/eager_function.py.jinja",
-        name=name,
-        module_type=module_type,
-        free=[parameter_name(f) for f in free],
-        source="`, `".join(sources),
-    )
-    function = rendered.body[0]
-    assert isinstance(function, cst.FunctionDef)
-    docstring = [s for s in function.body.body if not is_pass(s)]
-    return function.with_changes(body=function.body.with_changes(body=[*docstring, *statements]))
-
-
-
-# ------------------------------------------------------------------ applying
-
-
-def apply_interface(module: cst.Module, facts: ModuleFacts, plan: InterfacePlan) -> cst.Module:
-    needed: list[tuple[str, str | None]] = []
-    # first, while the lines are the analysed file's
-    for kept in plan.kept:
-        module, count = keep_causal_masks(module, kept.builders)
-        assert count == len(kept.builders), "planning checked each builder call takes the keyword"
-        plan.notes.extend(kept.notes())
-    if plan.eager_masks is not None:
-        module = give_eager_form(module, plan.eager_masks)
-        plan.notes.append(plan.eager_masks.note())
-    lines = frozenset().union(*(item.unconverted for item in plan.modules))
-    if lines:
-        module, count = unconvert(module, lines)
-        assert count == len(lines), "planning found each conversion on its line"
-        plan.notes.append(
-            "the masks built at line(s) " + ", ".join(str(n) for n in sorted(lines)) + " are handed over as built, "
-            "not converted to booleans; the eager attention adds them where it filled (exact: `finfo.min` absorbs)"
-        )
-    if plan.modules:
-        needed.append(("modeling_utils", "ALL_ATTENTION_FUNCTIONS"))
-    for item in plan.modules:
-        module = transform_named(module, {item.class_name}, ReplaceMethods({"forward": item.forward}))
-        init_owner = _init_owner(facts, item.class_name)
-        if item.store_config or item.is_causal is not None or item.causal_sites is not None:
-            causal = PARAMETER if item.causal_sites is not None else item.is_causal
-            init = InitAttributes(
-                item.store_config, causal, causal_parameter=item.causal_sites is not None, replace=item.replaces_pinned
-            )
-            module = transform_named(module, {init_owner}, init)
-        if item.add_config_parameter:
-            owners = facts.classes_calling({item.class_name})
-            transformer = PassConfig(item.class_name)
-            module = transform_named(module, owners - {item.class_name}, transformer)
-            assert not transformer.missing, "planning checked every construction has a config in scope"
-            plan.notes.append(f"{item.class_name} takes `config` ({transformer.count} construction(s) pass it)")
-        plan.notes.append(f"{item.class_name} dispatches through ALL_ATTENTION_FUNCTIONS with {item.eager.name.value}")
-        plan.notes.extend(_module_notes(item))
-        if item.causal_sites is not None:
-            module = _pass_causal(module, item.causal_sites, plan.notes)
-    if plan.fold_function is not None:
-        first = next(item.class_name for item in plan.modules if item.fold_called)
-        module = _insert_before(module, first, render_module("interface_style/fold_terms.py.jinja", name=plan.fold_function).body[0])
-        plan.notes.append(f"{plan.fold_function}: folds additive terms into the mask handed to the implementations")
-    # eager functions go right before the first class that uses them
-    for item in plan.modules:
-        module = _insert_before(module, item.class_name, item.eager)
-    for class_name in plan.flag_only:
-        causal = plan.causal_for_flag_only.get(class_name)
-        if causal is not None:
-            module = transform_named(module, {_init_owner(facts, class_name)}, InitAttributes(False, causal))
-            plan.notes.append(f"{class_name}.is_causal = {causal}")
-        sites = plan.flag_only_sites.get(class_name)
-        if sites is not None:
-            init = InitAttributes(False, PARAMETER, causal_parameter=True)
-            module = transform_named(module, {_init_owner(facts, class_name)}, init)
-            module = _pass_causal(module, sites, plan.notes)
-    for dict_name, eager_class in plan.dicts.items():
-        owners = _classes_reading(facts, dict_name)
-        module = transform_named(module, owners, DictLookup(dict_name, eager_class))
-        plan.notes.append(f"{dict_name} lookups fall back to {eager_class} for every other implementation")
-    if plan.shifted_ranges:
-        module = shift_ranges(module, {owner for owner, _ in plan.shifted_ranges})
-        plan.notes.extend(
-            f"{owner} line {line}: torch.arange(past, n + past) -> torch.arange(n) + past (exports with a static cache)"
-            for owner, line in plan.shifted_ranges
-        )
-    for builder in plan.alibi.builders if plan.alibi is not None else ():
-        module = accept_4d_masks(module, builder)
-        plan.notes.append(f"`{builder.function}` also takes 4-D masks (continuous batching)")
-    for construction in plan.unpinned:
-        assert construction.site is not None
-        module, count = unpin_is_causal(module, construction.class_name, construction.site.key)
-        assert count == 1, "planning followed this construction to its site"
-        plan.notes.append(
-            f"{construction.site.name} (line {construction.line}) builds {construction.class_name} with "
-            "is_causal=False: only bidirectional masks reach it, the eager computation never read the flag, and the "
-            "other implementations would have made it causal"
-        )
-    threading = plan.threading
-    if threading is not None:
-        module, threaded = thread_kwargs(module, threading)
-        plan.notes.extend(threaded)
-    for item in plan.modules:
-        unused = [name for name in item.inlined if not _referenced(module, item.class_name, name)]
-        if unused:
-            module = transform_named(module, {item.class_name}, ReplaceMethods(dict.fromkeys(unused)))
-            plan.notes.append(f"{item.class_name}: " + ", ".join(unused) + " moved into the eager function, removed")
-    for root in facts.pretrained_roots:
-        module = flags.set_class_flag(module, [root], "_supports_sdpa")
-        plan.notes.append(f"{root}._supports_sdpa = True")
-        if plan.attention_backend:
-            # every layer hands its callers' kwargs to the implementation, as vLLM's and other backends require
-            module = flags.set_class_flag(module, [root], "_supports_attention_backend")
-            plan.notes.append(f"{root}._supports_attention_backend = True")
-    return imports.add_imports(module, facts.imports, needed)
-
-
-def _pass_causal(module: cst.Module, sites: CausalSites, notes: list[str]) -> cst.Module:
-    module, count = pass_is_causal(module, sites.class_name, [site.key for site in sites.causal])
-    assert count >= len(sites.causal), "planning checked every causal site builds the class by name"
-    notes.append(
-        f"{sites.class_name} takes `is_causal` (default False); "
-        + ", ".join(site.name for site in sites.causal)
-        + " pass(es) `is_causal=True`"
-    )
-    notes.extend(sites.notes())
-    return module
-
-
-def _init_owner(facts: ModuleFacts, class_name: str) -> str:
-    found = facts.find_method(class_name, "__init__")
-    return found[0].name if found is not None else class_name
-
-
-def _classes_reading(facts: ModuleFacts, name: str) -> set[str]:
-    out: set[str] = set()
-    if facts.tree is None:
-        return out
-    for node in facts.tree.body:
-        if isinstance(node, ast.ClassDef) and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node)):
-            out.add(node.name)
-    return out
-
-
-def _insert_before(module: cst.Module, anchor: str, statement: cst.BaseStatement) -> cst.Module:
-    body: list[cst.BaseStatement] = []
-    done = False
-    for existing in module.body:
-        if not done and isinstance(existing, cst.ClassDef) and existing.name.value == anchor:
-            body.append(statement.with_changes(leading_lines=insert_classes.TWO_BLANK_LINES))
-            done = True
-        body.append(existing)
-    if not done:
-        raise KeyError(anchor)
-    return module.with_changes(body=body)
-
-
-def _referenced(module: cst.Module, class_name: str, name: str) -> bool:
-    """Whether anything in the module still names the method: an attribute, a name, a string of the name alone, or
-    a `# Copied from` (or other) comment naming `Class.method`."""
-    tree = ast.parse(module.code)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr == name or isinstance(node, ast.Name) and node.id == name:
-            return True
-        if isinstance(node, ast.Constant) and node.value == name:  # getattr(self, "name")
-            return True
-    tokens = tokenize.generate_tokens(io.StringIO(module.code).readline)
-    comments = (token.string for token in tokens if token.type == tokenize.COMMENT)
-    return any(f"{class_name}.{name}" in comment for comment in comments)
-
-
-__all__ = ["port_interface_style", "self_attention_causality"]
+__all__ = ["port_interface_style"]

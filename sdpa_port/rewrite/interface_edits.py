@@ -1,6 +1,6 @@
 """The edits the interface style makes to the classes it moves onto the attention interface, as CST transformers.
 
-`plan/interface_style.py` decides what each class needs; these make it so:
+`plan/interface_style.py` decides what each class needs; `interface_apply.py` runs these to make it so:
 
 - `ReplaceMethods`: a class's `forward` becomes the dispatching one (or a method inlined into the eager function
   is dropped);
@@ -61,7 +61,7 @@ class InitAttributes(cst.CSTTransformer):
         self.add_config = add_config
         self.is_causal = is_causal
         self.causal_parameter = causal_parameter
-        self.replace = replace  # the `self.is_causal = <literal>` already there takes the value (`_unread_pinned`)
+        self.replace = replace  # the `self.is_causal = <literal>` already there takes the value (`unread_pinned`)
         self.depth = 0
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:

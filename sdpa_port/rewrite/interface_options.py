@@ -54,7 +54,7 @@ class InterfaceOptions:
     eager_mask: Callable[[], EagerMask] = no_eager_mask
     # no causal mask reaches the module, so its causality is the computation's own (a causal buffer, handed over
     # in position_bias) or none: the dispatch passes is_causal=False whatever `self.is_causal` says
-    # (`plan/interface_style._causality_in_chain`)
+    # (`plan/causality.causality_in_chain`)
     not_causal: bool = False
     # the mask is added only where this test of the module's settings holds: the implementations get None otherwise
     mask_setting: str | None = None
