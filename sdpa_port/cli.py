@@ -60,12 +60,13 @@ Verify = Annotated[
         show_default=False,
     ),
 ]
-NoFlex = Annotated[
+NoClaims = Annotated[
     bool,
     typer.Option(
-        "--no-flex",
-        help="When verifying an interface-style port, skip the flex attention check (its first compile takes a "
-        "minute or so on a CPU); the port then does not claim `_supports_flex_attn`.",
+        "--no-claims",
+        help="When verifying an interface-style port, skip the flex attention and torch.compile(fullgraph=True) "
+        "checks (each compiles, a minute or so on a CPU); the port then sets neither `_supports_flex_attn` nor "
+        "`_can_compile_fullgraph`.",
     ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="One JSON object per file on stdout instead of text lines.")]
@@ -82,7 +83,7 @@ def port(
     tests_dir: TestsDir = None,
     no_tests: NoTests = False,
     verify: Verify = None,
-    no_flex: NoFlex = False,
+    no_claims: NoClaims = False,
     as_json: AsJson = False,
     jobs: Jobs = None,
 ) -> None:
@@ -120,8 +121,8 @@ def port(
         verifying = decide(verify, targets, writing)
     except MissingDependency as error:
         raise _fail(str(error))
-    if no_flex:
-        verifying = replace(verifying, flex=False)
+    if no_claims:
+        verifying = replace(verifying, claims=False)
     options = RunOptions(
         style=style, write=writing, want_diff=diff, output=output, tests=not no_tests, tests_dir=tests_dir,
         verify=verifying,

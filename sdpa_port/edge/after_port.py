@@ -21,18 +21,19 @@ class Verification:
     passed: bool
     lines: tuple[str, ...]  # every check, as "name: ok/FAILED max|diff|=..."
     undriven: str | None = None  # why, when no check failed but some could not be driven (`not verified: ...`)
-    flex_classes: tuple[str, ...] = ()  # the model classes to claim flex attention on: it ran and matched
-    flex_why: str = ""  # why flex attention is not claimed, when it was checked and is not
+    # the flags whose checks ran and matched (`verify/claims.py`), each with the model classes to set it on
+    claimed: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    not_claimed: tuple[tuple[str, str], ...] = ()  # the flags checked and not claimed, each with why
 
 
-def verify_port(input_path: Path, original_source: str, result: PortResult, flex: bool = False) -> Verification:
+def verify_port(input_path: Path, original_source: str, result: PortResult, claims: bool = False) -> Verification:
     """Load the original and the port inside the installed transformers and run the parity checks.
 
-    This imports torch and transformers and executes both modeling files. `flex`: an interface-style port also runs
-    under flex attention; the checks of it say which classes may claim it and never fail the verification.
+    This imports torch and transformers and executes both modeling files. `claims`: an interface-style port also runs
+    under flex attention and compiled; those checks say which flags the port may set and never fail the verification.
     """
     from sdpa_port.verify.auto import verify_pair
-    from sdpa_port.verify.flex import FlexCheck, claiming_classes, flex_verdict
+    from sdpa_port.verify.claims import ClaimCheck, claiming_classes, verdicts
     from sdpa_port.verify.loader import load_source_in_package
     from sdpa_port.verify.packages import package_for
     from sdpa_port.verify.quiet import transformers_quiet
@@ -43,19 +44,22 @@ def verify_port(input_path: Path, original_source: str, result: PortResult, flex
             package = package_for(package_of(input_path), original_source, input_path)
             original = load_source_in_package(original_source, package, Path(directory), f"{input_path.stem}_original")
             ported = load_source_in_package(result.source, package, Path(directory), f"{input_path.stem}_ported")
-            flex = flex and result.style is Style.INTERFACE
-            checks = verify_pair(original, ported, flex=flex)
-            claiming = claiming_classes(ported) if flex else ()
+            claims = claims and result.style is Style.INTERFACE
+            checks = verify_pair(original, ported, claims=claims)
+            reasons = verdicts(checks) if claims else {}
+            claimed = tuple((flag, claiming_classes(ported, flag)) for flag, why in reasons.items() if not why)
         except Exception as error:  # an import or run failure of user code is a failed verification
             return Verification(False, (f"could not run the checks: {type(error).__name__}: {error}",))
-    parity = [c for c in checks if not isinstance(c, FlexCheck)]
+    parity = [c for c in checks if not isinstance(c, ClaimCheck)]
     passed = all(c.passed for c in parity)
     failed = any(not c.passed and not isinstance(c, Unverified) for c in parity)
     undriven = "; ".join(c.detail for c in parity if isinstance(c, Unverified)) if not (passed or failed) else None
-    claimed, why = flex_verdict(checks) if flex and passed else (False, "")
-    return Verification(
-        passed, tuple(str(c) for c in checks), undriven, flex_classes=claiming if claimed else (), flex_why=why
-    )
+    if not passed:
+        claimed, reasons = (), {}
+    elif claims and not reasons:
+        reasons = {"": "not checked: only models taking token ids are run compiled and under flex attention"}
+    not_claimed = tuple((flag, why) for flag, why in reasons.items() if why)
+    return Verification(passed, tuple(str(c) for c in checks), undriven, claimed=claimed, not_claimed=not_claimed)
 
 
 def package_of(input_path: Path) -> str:

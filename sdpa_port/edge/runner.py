@@ -51,10 +51,10 @@ def process(target: Target, options: RunOptions) -> Outcome:
     elif result.status is Status.PORTED:
         from sdpa_port.edge.after_port import verify_port
 
-        report = verify_port(path, source, result, flex=options.verify.flex)
+        report = verify_port(path, source, result, claims=options.verify.claims)
         verification = report.lines
         if report.passed:
-            result, carried = claim_flex(result, carried, report.flex_classes, report.flex_why)
+            result, carried = claim_flags(result, carried, report.claimed, report.not_claimed)
         if not report.passed and options.verify.by_default and report.undriven:
             # verifying by default, a port the checks cannot drive is written as an unverified one would be
             unverified = f"the checks could not drive it: {report.undriven}"
@@ -73,27 +73,37 @@ def process(target: Target, options: RunOptions) -> Outcome:
     return Outcome(path, result, None, diff, verification=verification, unverified=unverified, context=context)
 
 
-def claim_flex(
-    result: PortResult, carried: tuple[Path, str, str] | None, classes: tuple[str, ...], why: str
+CLAIMED = {
+    "_supports_flex_attn": "flex attention ran and matched eager",
+    "_can_compile_fullgraph": "torch.compile(fullgraph=True) ran and matched eager",
+}
+
+
+def claim_flags(
+    result: PortResult,
+    carried: tuple[Path, str, str] | None,
+    claimed: tuple[tuple[str, tuple[str, ...]], ...],
+    not_claimed: tuple[tuple[str, str], ...],
 ) -> tuple[PortResult, tuple[Path, str, str] | None]:
-    """The port with `_supports_flex_attn` on `classes`, where flex attention ran and matched; else a warning why not.
+    """The port with each flag whose check matched set on its classes, and a warning for each flag that is not.
 
-    A port carried into its modular file gets the flag there too, or not at all.
+    A port carried into its modular file gets a flag there too, or not at all.
     """
-    from sdpa_port.rewrite.flags import FLEX_FLAG as FLAG, flag_source
+    from sdpa_port.rewrite.flags import flag_source
 
-    if not classes:
-        warning = (f"flex attention not claimed ({FLAG} is not set): {why}",) if why else ()
-        return replace(result, warnings=result.warnings + warning), carried
-    source = flag_source(result.source, classes, FLAG)
-    modular = carried and flag_source(carried[2], classes, FLAG)
-    if source is None or (carried is not None and modular is None):
-        why = f"{', '.join(classes)} not all defined in the modular file the port is carried into"
-        return claim_flex(result, carried, (), why)
-    notes = tuple(f"{name}.{FLAG} = True (flex attention ran and matched eager)" for name in classes)
-    if carried is not None and modular is not None:
-        carried = (carried[0], carried[1], modular)
-    return replace(result, source=source, notes=result.notes + notes), carried
+    warnings = [f"{flag or 'flex attention and compile'} not claimed: {why}" for flag, why in not_claimed]
+    notes: list[str] = []
+    for flag, classes in claimed:
+        source = flag_source(result.source, classes, flag)
+        modular = flag_source(carried[2], classes, flag) if carried is not None else None
+        if source is None or (carried is not None and modular is None):
+            warnings.append(f"{flag} not claimed: {', '.join(classes)} not all defined in the modular file")
+            continue
+        result = replace(result, source=source)
+        if carried is not None and modular is not None:
+            carried = (carried[0], carried[1], modular)
+        notes += [f"{name}.{flag} = True ({CLAIMED.get(flag, 'its check matched eager')})" for name in classes]
+    return replace(result, notes=result.notes + tuple(notes), warnings=result.warnings + tuple(warnings)), carried
 
 
 def write_out(outcome: Outcome, options: RunOptions) -> Outcome:

@@ -8,7 +8,9 @@ import libcst as cst
 
 from sdpa_port.rewrite.targeted import transform_named
 
-FLEX_FLAG = "_supports_flex_attn"  # claimed only after `--verify` ran flex attention (`verify/flex.py`)
+# claimed only after `--verify` ran the port so and it matched eager (`verify/claims.py`)
+FLEX_FLAG = "_supports_flex_attn"
+COMPILE_FLAG = "_can_compile_fullgraph"
 
 
 def flag_source(source: str, classes: Iterable[str], name: str) -> str | None:

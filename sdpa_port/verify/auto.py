@@ -67,21 +67,21 @@ def verify_pair(
     ported: ModuleType,
     overrides: dict[str, Any] | None = None,
     generate: bool = True,
-    flex: bool = False,
+    claims: bool = False,
 ) -> list[Check]:
     """Parity checks of `ported` against `original`, on token ids or on inputs the forward signature asks for.
 
     Token models on padded ids and by greedy generation; any other model on inputs synthesised from its forward
-    signature and config (`drive.py`). `flex`: token models of an interface-style port also run under flex attention
-    (`flex.py`), once their SDPA checks passed; those checks decide the flex claim, not the verification.
+    signature and config (`drive.py`). `claims`: token models of an interface-style port also run under flex attention
+    and compiled (`claims.py`), once their SDPA checks passed; those checks decide the flags, not the verification.
     """
     found, _ = candidates(original, ported, model_classes(original))
     targets = pick_targets(original)
     if found and set(found[0].kinds) <= {"text"} and targets is not None:
         try:
             checks = verify_tokens(targets, ported, overrides, generate)
-            if flex and all(c.passed for c in checks):
-                checks += _flex(targets, ported, overrides)
+            if claims and all(c.passed for c in checks):
+                checks += _claims(targets, ported, overrides)
         except Exception as error:  # e.g. a model the single tiny config does not fit: the driver tries more
             note = f"raised {type(error).__name__}: {str(error)[:160]}; driven instead"
             return [Check(f"{targets.base.__name__} token checks", True, None, note)] + drive.verify_driven(original, ported)
@@ -157,14 +157,14 @@ def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any
     return checks
 
 
-def _flex(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | None) -> list[Check]:
-    """The port's base model under flex attention, padded as its SDPA checks were, against the original's eager."""
-    from sdpa_port.verify.flex import check_flex  # compiles flex attention: a minute or so on a CPU
+def _claims(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | None) -> list[Check]:
+    """The port's base model under flex attention and compiled, padded as its SDPA checks were, against eager."""
+    from sdpa_port.verify.claims import claim_checks  # each compiles: a minute or so on a CPU
 
     defaults = flag_fields(targets.config_class().to_dict())
     config = tiny_config(targets.config_class, {**defaults, **(overrides or {})})
     padded = "left" if targets.kind == "decoder" else "right"
-    return list(check_flex(targets.base, ported, config, padded, targets.kind))
+    return list(claim_checks(targets.base, ported, config, padded, targets.kind))
 
 
 def _with_term_settings(targets: Targets, ported: ModuleType, config: Any, padding: str) -> list[Check]:

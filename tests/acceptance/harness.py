@@ -159,13 +159,17 @@ class _SabotageDispatch(cst.CSTTransformer):
                 "if self.config._attn_implementation == 'flex_attention' else attention_interface)"
             )
             return updated.with_changes(func=cst.parse_expression(bypass))
+        if self.kind == "graph_break":
+            # a graph break before the dispatch (a print is one under dynamo): eager, SDPA and flex stay right
+            call = cst.Module([]).code_for_node(updated)
+            return cst.parse_expression(f"(torch._dynamo.graph_break(), {call})[1]")
         raise ValueError(self.kind)
 
 
 def sabotage_interface(source: str, kind: str) -> str:
     """The interface port with its dispatch broken: `mask` drops the additive terms (position_bias, or those folded
     into the mask), `scale` halves scaling, `output` shifts; `flex_scale` halves scaling under flex attention alone and
-    `flex_bypass` calls flex attention past the dispatch."""
+    `flex_bypass` calls flex attention past the dispatch; `graph_break` breaks the graph before the dispatch."""
     transformer = _SabotageDispatch(kind)
     result = cst.parse_module(source).visit(transformer)
     assert transformer.count > 0, "no dispatch to sabotage"

@@ -237,7 +237,7 @@ PASSED = Verification(True, ("TinyDecoderModel[right] sdpa == eager: ok max|diff
 def test_a_failed_verification_writes_nothing_and_an_undriven_one_only_when_asked(
     report: Verification, by_default: bool, written: bool, verified: bool | None, elsewhere: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(after_port, "verify_port", lambda path, source, result, flex=False: report)
+    monkeypatch.setattr(after_port, "verify_port", lambda path, source, result, claims=False: report)
     before = elsewhere.read_text()
     options = RunOptions(tests=False, verify=Verifying(run=True, by_default=by_default))
     summary = run([Target(elsewhere)], options, jobs=1)

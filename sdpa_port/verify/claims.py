@@ -1,0 +1,176 @@
+"""Whether an interface-style port runs under flex attention and under `torch.compile(fullgraph=True)`, so it may say so.
+
+Transformers 5 builds a model with `attn_implementation="flex_attention"` only when its class sets
+`_supports_flex_attn`, and compiles generation's forward when it sets `_can_compile_fullgraph`. A port sets either
+flag only after its check here ran and matched the original's eager outputs on the padded batch, with the same
+sharpened weights:
+
+- flex: the port's model classes are given the flag for the check, the model is built with flex attention, and the
+  flex calls through the port's dispatch are counted, so a model that never reached flex attention does not pass;
+- compile: the SDPA model compiled with `fullgraph=True` (no graph break anywhere in its forward), unless the
+  file claims it already.
+
+A failed or impossible check is not a failed verification: the port is then written without that flag, and the
+report says why. Imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from sdpa_port.rewrite.flags import COMPILE_FLAG, FLEX_FLAG
+from sdpa_port.verify.checks import Check, build, make_batch, max_difference, sharpen
+from sdpa_port.verify.outputs import RELATIVE_TOLERANCE
+
+FLEX = "flex_attention"
+TOLERANCE = 1e-4  # as for SDPA: both compute in float32 on CPU
+
+
+@dataclass(frozen=True)
+class ClaimCheck(Check):
+    """A check of one flag's claim: it decides the flag, never whether the port is written."""
+
+    flag: str = ""
+
+
+def claiming_classes(ported: ModuleType, flag: str) -> tuple[str, ...]:
+    """The port's model classes that would carry `flag`: those setting `_supports_sdpa` in their own body."""
+    from transformers import PreTrainedModel
+
+    found = []
+    for name, value in vars(ported).items():
+        if isinstance(value, type) and issubclass(value, PreTrainedModel) and value.__module__ == ported.__name__:
+            if vars(value).get("_supports_sdpa") is True and not vars(value).get(flag):
+                found.append(name)
+    return tuple(found)
+
+
+def why_no_flex(ported: ModuleType) -> str | None:
+    """Why flex attention cannot be checked for this port, or None when it can."""
+    if not hasattr(ported, "ALL_ATTENTION_FUNCTIONS"):
+        return "the port does not dispatch through ALL_ATTENTION_FUNCTIONS"
+    if FLEX not in ported.ALL_ATTENTION_FUNCTIONS:
+        return "this transformers offers no flex_attention"
+    try:
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+    except ImportError:
+        return "this torch has no flex attention"
+    return None
+
+
+def claim_checks(original_class: type, ported: ModuleType, config: Any, padding: str, kind: str) -> list[ClaimCheck]:
+    """The flex and the compile checks of the port's model `original_class` names."""
+    return check_flex(original_class, ported, config, padding, kind) + check_compile(
+        original_class, ported, config, padding, kind
+    )
+
+
+def check_flex(original_class: type, ported: ModuleType, config: Any, padding: str, kind: str) -> list[ClaimCheck]:
+    """Flex attention's outputs of the port against the original's eager outputs, on one batch."""
+    label = f"{original_class.__name__}[{padding}] flex_attention"
+    classes = claiming_classes(ported, FLEX_FLAG)
+    why = why_no_flex(ported) or (None if classes else "no model class of the port sets _supports_sdpa")
+    if why is not None:
+        return [ClaimCheck(f"{label} not checked", False, None, why, skipped=True, flag=FLEX_FLAG)]
+    with _claimed(ported, classes), _counted(ported) as calls:
+        checks = _against_eager(original_class, ported, config, padding, kind, label, FLEX_FLAG, lambda m: m)
+    executed = ClaimCheck(f"{label} executed", calls[0] > 0, None, f"{calls[0]} flex call(s)", flag=FLEX_FLAG)
+    return checks + [executed]
+
+
+def check_compile(original_class: type, ported: ModuleType, config: Any, padding: str, kind: str) -> list[ClaimCheck]:
+    """The SDPA model compiled with `fullgraph=True` against the original's eager outputs, on one batch."""
+    label = f"{original_class.__name__}[{padding}] torch.compile(fullgraph=True)"
+    if not claiming_classes(ported, COMPILE_FLAG):
+        return []  # the file claims it already (or sets no _supports_sdpa, which the flex check reports)
+    torch._dynamo.reset()  # a fresh cache: no graph compiled for another model is reused
+    compiled = _against_eager(
+        original_class, ported, config, padding, kind, label, COMPILE_FLAG, lambda m: torch.compile(m, fullgraph=True)
+    )
+    torch._dynamo.reset()
+    return compiled
+
+
+def _against_eager(
+    original_class: type,
+    ported: ModuleType,
+    config: Any,
+    padding: str,
+    kind: str,
+    label: str,
+    flag: str,
+    wrap: Callable[[Any], Any],
+) -> list[ClaimCheck]:
+    """The port's model (flex-built for the flex flag, SDPA-built otherwise), wrapped, against the original's eager."""
+    try:
+        original = build(original_class, config, "eager")
+        sharpen(original)
+        model = build(getattr(ported, original_class.__name__), config, FLEX if flag == FLEX_FLAG else "sdpa")
+        model.load_state_dict(original.state_dict())
+        batch = make_batch(config, kind, padding)
+        with torch.no_grad():
+            expected = original(**batch.inputs)
+            found = wrap(model)(**batch.inputs)
+    except Exception as error:  # the finding: this path does not run the port
+        detail = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+        return [ClaimCheck(f"{label} == eager", False, None, detail, flag=flag)]
+    difference = max_difference(expected, found, batch)
+    passed = difference <= TOLERANCE
+    detail = ""
+    if not passed and difference != float("inf"):
+        relative = max_difference(expected, found, batch, relative=True)
+        passed, detail = relative <= RELATIVE_TOLERANCE, f"(relative {relative:.2g})"
+    return [ClaimCheck(f"{label} == eager", passed, difference, detail, flag=flag)]
+
+
+def verdicts(checks: list[Check]) -> dict[str, str]:
+    """For each flag checked among `checks`, why it may not be claimed: "" where it may."""
+    out: dict[str, str] = {}
+    for check in checks:
+        if isinstance(check, ClaimCheck):
+            failed = check.skipped or not check.passed
+            reason = out.get(check.flag, "")
+            out[check.flag] = "; ".join(filter(None, (reason, str(check) if failed else "")))
+    return out
+
+
+@contextlib.contextmanager
+def _claimed(ported: ModuleType, names: tuple[str, ...]) -> Iterator[None]:
+    """The flex flag set on the port's model classes for the time of the check."""
+    classes = [getattr(ported, name) for name in names]
+    for cls in classes:
+        setattr(cls, FLEX_FLAG, True)
+    try:
+        yield
+    finally:
+        for cls in classes:
+            delattr(cls, FLEX_FLAG)
+
+
+@contextlib.contextmanager
+def _counted(ported: ModuleType) -> Iterator[list[int]]:
+    """Calls of flex attention through the port's dispatch, counted for the time of the check."""
+    functions = ported.ALL_ATTENTION_FUNCTIONS
+    inner = functions[FLEX]
+    local = getattr(functions, "_local_mapping", {})
+    had_local, before = FLEX in local, local.get(FLEX)
+    calls = [0]
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return inner(*args, **kwargs)
+
+    functions[FLEX] = counting
+    try:
+        yield calls
+    finally:
+        if had_local:
+            functions[FLEX] = before
+        else:
+            del functions[FLEX]  # the override lives in the instance's own mapping; the release's stays

@@ -1,0 +1,91 @@
+"""Flex attention and fullgraph compile, claimed by an interface-style port only after each ran and matched eager.
+
+Run inside 5.23.0. Each check compiles one tiny model (half a minute or so on a CPU), so only XGLM is run here; the
+census runs the checks on every port.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from harness import load, modeling_path, port_file, sabotage_interface
+from sdpa_port.result import PortResult, Status, Style
+
+pytestmark = pytest.mark.tf523
+
+FLEX = "_supports_flex_attn"
+COMPILE = "_can_compile_fullgraph"
+
+
+def test_a_port_claims_flex_after_it_ran(tmp_path: Path) -> None:
+    """`sdpa-port xglm --verify` writes `_supports_flex_attn` and says flex ran (XGLM's file claims compile itself);
+    the written file builds with flex attention (5.23.0 raises a ValueError for a class without the flag)."""
+    written = tmp_path / "modeling_xglm.py"
+    command = [sys.executable, "-m", "sdpa_port", "xglm", "-o", str(written), "--no-tests", "--json", "--verify"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout.splitlines()[-1])
+    assert any(f"{FLEX} = True (flex attention ran" in note for note in report["notes"]), report["notes"]
+    assert not any(COMPILE in line for line in report["notes"] + report["warnings"]), report
+    assert any("flex_attention executed: ok" in line for line in report["verification"]), report["verification"]
+    module = load("xglm", written.read_text(encoding="utf-8"), tmp_path, tag="claimed")
+    assert module.XGLMPreTrainedModel._supports_flex_attn is True
+    from sdpa_port.verify.checks import build
+    from sdpa_port.verify.configs import tiny_config
+
+    build(module.XGLMModel, tiny_config(module.XGLMConfig), "flex_attention")
+
+
+def test_without_the_claim_checks_the_port_sets_neither_flag(tmp_path: Path) -> None:
+    """--no-claims skips both checks, and the port then sets neither flag."""
+    written = tmp_path / "modeling_xglm.py"
+    command = [sys.executable, "-m", "sdpa_port", "xglm", "-o", str(written), "--no-tests", "--verify", "--no-claims"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    text = written.read_text(encoding="utf-8")
+    assert FLEX not in text and "_supports_sdpa = True" in text
+
+
+def test_a_port_claims_compile_after_it_ran() -> None:
+    """RemBERT's file does not claim fullgraph compile: its port does, once the compiled SDPA model matched eager."""
+    from sdpa_port.edge.after_port import verify_port
+
+    path = modeling_path("rembert")
+    ported = PortResult(Status.PORTED, port_file("rembert"), Style.INTERFACE)
+    verification = verify_port(path, path.read_text(encoding="utf-8"), ported, claims=True)
+    assert verification.passed, verification.lines
+    assert dict(verification.claimed)[COMPILE] == ("RemBertPreTrainedModel",), verification.lines
+    assert any("torch.compile(fullgraph=True) == eager: ok" in line for line in verification.lines)
+
+
+@pytest.mark.parametrize(
+    "model,kind,flag,expected",
+    [
+        ("xglm", "flex_scale", FLEX, "flex_attention == eager: FAILED"),
+        ("xglm", "flex_bypass", FLEX, "flex_attention executed: FAILED"),
+        ("rembert", "graph_break", COMPILE, "torch.compile(fullgraph=True) == eager: FAILED"),
+    ],
+)
+def test_a_path_that_is_wrong_is_not_claimed(model: str, kind: str, flag: str, expected: str) -> None:
+    """A port right under SDPA and eager but wrong under flex attention (its scaling halved there only), one whose
+    flex attention runs past the dispatch the check counts, or one with a graph break in its forward: verified, but
+    that flag is not claimed (any other still is), and why is said."""
+    from sdpa_port.edge.after_port import verify_port
+    from sdpa_port.edge.runner import claim_flags
+
+    path = modeling_path(model)
+    ported = PortResult(Status.PORTED, sabotage_interface(port_file(model), kind), Style.INTERFACE)
+    verification = verify_port(path, path.read_text(encoding="utf-8"), ported, claims=True)
+    assert verification.passed, verification.lines
+    assert flag not in dict(verification.claimed), verification.claimed
+    [(missing, why)] = verification.not_claimed
+    assert missing == flag and expected in why, why
+    claimed, _ = claim_flags(replace(ported, warnings=()), None, verification.claimed, verification.not_claimed)
+    assert f"{flag} = True" not in claimed.source
+    assert claimed.warnings == (f"{flag} not claimed: {why}",)
