@@ -1,21 +1,23 @@
 """Every recogniser of a chain form with its examples (`sdpa_port/analyse/forms`): what it ports, and the
 look-alikes it refuses with their code. Each ported example needs its form: without it in `FORMS`, the operation
-the example is there for is no longer read."""
+the example is there for is no longer read; and its class-style port writes what the example says it becomes."""
 
 from __future__ import annotations
 
 import ast
+import io
 import textwrap
+import tokenize
 
 import libcst as cst
 import pytest
 
 from helpers import HEADER, analyse, attention_module
 
-from sdpa_port import Status, port_source
+from sdpa_port import PortResult, Status, Style, port_source
 from sdpa_port.analyse import forms
 from sdpa_port.analyse import trace as t
-from sdpa_port.analyse.forms.common import EXAMPLE_INIT, Example
+from sdpa_port.analyse.forms.common import EXAMPLE_INIT, GAP, Example
 from sdpa_port.analyse.module_facts import ModuleFacts
 
 CASES = [(form, example) for form in forms.FORMS for example in form.examples]
@@ -27,6 +29,34 @@ def source_of(example: Example) -> str:
     if example.module:
         source = source.replace(HEADER, HEADER + "\n" + textwrap.dedent(example.module).strip() + "\n\n", 1)
     return source
+
+
+# a block that builds the attention, where a class-style port selects its SDPA class
+BUILDER = """
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attention = Attention(config)
+"""
+PORTED = [(form, example) for form, example in CASES if example.refused is None]
+PORTED_IDS = [i for i, (_, example) in zip(IDS, CASES) if example.refused is None]
+
+
+def class_port(example: Example) -> PortResult:
+    return port_source(source_of(example) + BUILDER, filename="modeling_example.py", style=Style.CLASS)
+
+
+def tokens(source: str) -> str:
+    """Python code as its tokens joined by single spaces, without layout, comments or a comma before a bracket."""
+    kept = [
+        token.string
+        for token in tokenize.generate_tokens(io.StringIO(textwrap.dedent(source)).readline)
+        if token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.COMMENT)
+        and token.type != tokenize.ENDMARKER
+    ]
+    kept = [string for string, after in zip(kept, kept[1:] + [""]) if not (string == "," and after in ")]}")]
+    return " ".join(kept)
 
 
 def chain_ops(source: str) -> list[t.Op]:
@@ -78,6 +108,27 @@ def test_example_needs_its_form(form: forms.Form, example: Example, monkeypatch:
     assert not (ported and any(isinstance(op, example.op) for op in chain_ops(source))), (
         f"{form.name}: the example is read the same without the form\n{example.body}"
     )
+
+
+def test_every_ported_example_says_what_it_becomes() -> None:
+    for form, example in CASES:
+        if example.refused is None:
+            assert "scaled_dot_product_attention(" in example.becomes, f"{form.name}: no SDPA call\n{example.body}"
+        else:
+            assert not example.becomes, f"{form.name}: a refused example becomes nothing\n{example.body}"
+
+
+@pytest.mark.parametrize("form,example", PORTED, ids=PORTED_IDS)
+def test_example_becomes_what_it_says(form: forms.Form, example: Example) -> None:
+    """The fragments of `becomes` are in the class-style port, in order, token for token."""
+    result = class_port(example)
+    assert result.status is Status.PORTED, f"{form.name}: {result.reasons}\n{example.body}"
+    written = f" {tokens(result.source)} "
+    at = 0
+    for fragment in example.becomes.split(GAP):
+        found = written.find(f" {tokens(fragment)} ", at)
+        assert found >= 0, f"{form.name}: the port does not write (here, or after what comes before)\n{fragment}\n--- it wrote:\n{result.source}"
+        at = found + len(tokens(fragment)) + 1
 
 
 @pytest.mark.parametrize(

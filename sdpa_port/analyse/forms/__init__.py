@@ -11,9 +11,12 @@ to a chain is decided here. A recogniser takes the tracer, an expression and its
 
 `FORMS` is tried in order; what none of them claims is refused by the tracer (a method, a function or an operator
 applied to the scores) or is not part of a chain. Adding a form: write its recogniser in the module of its kind (or
-a new one), put it in `FORMS`, and give it examples in `EXAMPLES` below: forward bodies it ports and look-alikes it
-refuses with their code (`tests/unit/test_forms.py` runs them all). A new kind of operation also needs its case in
-the exhaustive `match` statements of the planner and the emitters (mypy checks them with `unreachable`).
+a new one), put it in `FORMS`, and give it examples in `EXAMPLES` below: forward bodies it ports, each saying in
+`becomes` what its class-style port writes (the SDPA call, with the statements the form adds around it: port the
+example, read the output, and write it down only once it is right for the eager code), and look-alikes it refuses
+with their code (`tests/unit/test_forms.py` runs them all, and checks each port against its `becomes`). A new kind of
+operation also needs its case in the exhaustive `match` statements of the planner and the emitters (mypy checks them
+with `unreachable`).
 """
 
 from __future__ import annotations

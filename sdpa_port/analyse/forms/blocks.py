@@ -21,7 +21,7 @@ import libcst.matchers as m
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import SCORES, Block, Candidate, ChainVal, ExprVal, NotChain, Poison, Start, short
 from sdpa_port.analyse.cstutil import code, primary
-from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.analyse.forms.common import Example, scored, sdpa
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -277,6 +277,12 @@ _WORDS_AND_ENTITIES = """entities = query.flip(-2)
 to_words = query @ key.transpose(-1, -2)
 to_entities = (query * 2) @ entities.transpose(-1, -2)
 """
+# what the port of those blocks builds: the queries side by side, the keys block-diagonal (zeros off the blocks)
+_BLOCK_KEYS = (
+    "sdpa_key = torch.cat([torch.cat([key, key.new_zeros(key.shape[:-1] + entities.shape[-1:])], dim=-1), "
+    "torch.cat([entities.new_zeros(entities.shape[:-1] + key.shape[-1:]), entities], dim=-1)], dim=-2)\n"
+)
+_BLOCK_CALL = "return " + sdpa("scale=1.0", operands="sdpa_query, sdpa_key, torch.cat([value, value.flip(-2)], dim=-2)")
 
 EXAMPLES = {
     "joined_blocks": (
@@ -286,6 +292,7 @@ EXAMPLES = {
             + "scores = torch.cat([to_words, to_entities], dim=-1)\nprobs = scores.softmax(-1)\n"
             "return probs @ torch.cat([value, value.flip(-2)], dim=-2)",
             Start,
+            becomes="sdpa_query = torch.cat([query, (query * 2)], dim=-1)\n" + _BLOCK_KEYS + _BLOCK_CALL,
         ),
         # LUKE's four blocks: rows of blocks along the keys, then the rows along the queries
         Example(
@@ -294,6 +301,9 @@ EXAMPLES = {
             "scores = torch.cat([torch.cat([to_words, to_entities], dim=-1), from_entities], dim=-2)\n"
             "probs = scores.softmax(-1)\nreturn probs @ torch.cat([value, value.flip(-2)], dim=-2)",
             Start,
+            # the rows of blocks stacked along the queries
+            becomes="sdpa_query = torch.cat([torch.cat([query, (query * 2)], dim=-1), "
+            "torch.cat([(query + 1), query.flip(-1)], dim=-1)], dim=-2)\n" + _BLOCK_KEYS + _BLOCK_CALL,
         ),
         # a block scaled on its own is not a block of one product
         Example(

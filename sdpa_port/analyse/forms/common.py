@@ -32,14 +32,38 @@ class Example:
     head_mask=None, output_attentions=False)` of a module whose `__init__` runs EXAMPLE_INIT and `init`. Without
     `refused` the attention is ported and its chain holds an operation of type `op`, which it no longer does with the
     form taken out of `FORMS`; with it, the port is refused with that code.
+
+    A ported example says in `becomes` what the class-style port writes for it (the module given a block that builds
+    the attention), as Fixit's rules carry their expected replacement: the SDPA call (`sdpa(...)` below) with the
+    statements around it that the form decides (the mask a fill builds, the fallback a setting adds), as fragments in
+    the order the port writes them, separated by `GAP`. The test compares tokens, so line breaks, indentation,
+    comments and trailing commas do not count. A refused example becomes nothing.
     """
 
     body: str
     op: type | None = None
     refused: Code | None = None
+    becomes: str = ""
     init: str = ""
     methods: str = ""  # further methods of the class
     module: str = ""  # module-level code before the class
+
+
+# between two fragments of what an example becomes: the port writes other code there
+GAP = "\n...\n"
+
+
+def sdpa(*arguments: str, operands: str = "query, key, value") -> str:
+    """The SDPA call a port writes for an example, with its operands and then its keyword arguments."""
+    return f"torch.nn.functional.scaled_dot_product_attention({', '.join((operands, *arguments))})"
+
+
+# the port of scores from operands laid out (length, batch, heads, dim): operands permuted for SDPA, output back
+SEQUENCE_FIRST = (
+    "sdpa_query = query.permute(1, 2, 0, 3)\nsdpa_key = key.permute(1, 2, 0, 3)\nreturn "
+    + sdpa("scale=1.0", operands="sdpa_query, sdpa_key, value.permute(1, 2, 0, 3)")
+    + ".permute(2, 0, 1, 3)"
+)
 
 
 def scored(lines: str, before: str = "") -> str:

@@ -14,7 +14,7 @@ import libcst as cst
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import PROBS, Dropout, Softmax
 from sdpa_port.analyse.cstutil import code
-from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.analyse.forms.common import GAP, Example, scored, sdpa
 from sdpa_port.analyse.wrappers import identity_unless
 from sdpa_port.refusals import Code
 
@@ -65,13 +65,23 @@ class MaybeDrop(nn.Module):
 
 EXAMPLES = {
     "dropout": (
-        Example(scored("probs = self.dropout(scores.softmax(-1))"), Dropout),
         Example(
-            scored("probs = nn.functional.dropout(scores.softmax(-1), p=self.p, training=self.training)"), Dropout
+            scored("probs = self.dropout(scores.softmax(-1))"),
+            Dropout,
+            becomes=sdpa("dropout_p=self.dropout.p if self.training else 0.0", "scale=1.0"),
+        ),
+        Example(
+            scored("probs = nn.functional.dropout(scores.softmax(-1), p=self.p, training=self.training)"),
+            Dropout,
+            becomes=sdpa("dropout_p=self.p if self.training else 0.0", "scale=1.0"),
         ),
         Example(scored("probs = self.dropout(scores).softmax(-1)"), refused=Code.DROPOUT),
         # under a test of the module's settings alone: the test joins the rate's condition
-        Example(scored(_GUARDED.format(test="self.training and self.use_dropout")), Dropout),
+        Example(
+            scored(_GUARDED.format(test="self.training and self.use_dropout")),
+            Dropout,
+            becomes=sdpa("dropout_p=self.dropout.p if self.training and self.use_dropout else 0.0", "scale=1.0"),
+        ),
         # under a test of anything else, SDPA's rate cannot follow it
         Example(scored(_GUARDED.format(test="output_attentions")), refused=Code.DROPOUT),
     ),
@@ -82,6 +92,7 @@ EXAMPLES = {
             Softmax,
             init="self.drop = MaybeDrop(0.1)",
             module=_MAYBE_DROP,
+            becomes=f"if output_attentions or self.drop.training and self.drop.p > 0:{GAP}" + sdpa("scale=1.0"),
         ),
         Example(
             scored("probs = self.drop(scores).softmax(-1)"),

@@ -22,7 +22,7 @@ from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.booleans import BooleanReader, zero_one_threshold
 from sdpa_port.analyse.chain import PROBS, AddTerm, Fill, Guard, Op, Poison, Softmax, ZeroRows, short
 from sdpa_port.analyse.cstutil import code, parenthesized, precedence, primary
-from sdpa_port.analyse.forms.common import Example, method_on_chain, scored
+from sdpa_port.analyse.forms.common import Example, method_on_chain, scored, sdpa
 from sdpa_port.analyse.forms.terms import always_applied
 from sdpa_port.refusals import Code
 
@@ -474,6 +474,23 @@ def _bottom_right(node: cst.Subscript) -> bool:
 
 _CAUSAL = "causal = self.bias[:, :, key.size(-2) - query.size(-2) : key.size(-2), : key.size(-2)]\n"
 
+
+def _causal_port(kept: str, fill: str) -> str:
+    """What a causal fill becomes: SDPA's `is_causal` for square scores, else the fill as a mask kept where `kept`."""
+    return (
+        f"sdpa_is_causal = sdpa_mask is None and query.size(-2) == key.size(-2)\nif not sdpa_is_causal:\n"
+        f"    sdpa_mask = torch.where({kept}, 0.0 if sdpa_mask is None else sdpa_mask, {fill}).to(query.dtype)\n"
+        + "return "
+        + sdpa("attn_mask=sdpa_mask", "scale=1.0", "is_causal=sdpa_is_causal")
+    )
+
+
+def _padding_port(fill: str) -> str:
+    """The SDPA call of scores filled with `fill` where `attention_mask == 0`: the fill as an additive mask."""
+    mask = f"torch.where(attention_mask != 0, query.new_zeros(()), {fill}).to(query.dtype)"
+    return sdpa(f"attn_mask={mask}", "scale=1.0")
+
+
 EXAMPLES = {
     "masked_fill_method": (
         Example(
@@ -482,14 +499,19 @@ EXAMPLES = {
                 "probs = scores.softmax(-1)"
             ),
             Fill,
+            becomes=_padding_port("torch.finfo(query.dtype).min"),
         ),
-        # zeroed after the softmax where an absorbing fill masked the same positions
+        # zeroed after the softmax where an absorbing fill masked the same positions: the rows it masks whole are
+        # zeroed in SDPA's output (which the product with V is assigned to)
         Example(
-            scored(
-                "scores = scores.masked_fill(attention_mask == 0, float('-inf'))\n"
-                "probs = scores.softmax(-1).masked_fill(attention_mask == 0, 0.0)"
-            ),
+            "scores = torch.matmul(query, key.transpose(-1, -2))\n"
+            "scores = scores.masked_fill(attention_mask == 0, float('-inf'))\n"
+            "probs = scores.softmax(-1).masked_fill(attention_mask == 0, 0.0)\n"
+            "output = torch.matmul(probs, value)\nreturn output",
             ZeroRows,
+            becomes="sdpa_zero_rows = ~(attention_mask != 0).any(-1, keepdim=True)\noutput = "
+            + _padding_port("float('-inf')")
+            + "\noutput = output.masked_fill(sdpa_zero_rows, 0.0)",
         ),
         Example(
             scored("scores = scores.masked_fill(attention_mask == 0, 0.0)\nprobs = scores.softmax(-1)"),
@@ -504,6 +526,7 @@ EXAMPLES = {
                 "scores = torch.masked_fill(scores, attention_mask == 0, float('-inf'))\nprobs = scores.softmax(-1)"
             ),
             Fill,
+            becomes=_padding_port("float('-inf')"),
         ),
         Example(
             scored("scores = torch.masked_fill(scores, attention_mask == 0, 1.0)\nprobs = scores.softmax(-1)"),
@@ -517,6 +540,7 @@ EXAMPLES = {
                 _CAUSAL,
             ),
             Fill,
+            becomes=_causal_port("causal", "torch.finfo(query.dtype).min"),
         ),
         Example(
             scored("scores = torch.where(scores > 0, scores, -1e9)\nprobs = scores.softmax(-1)"),
@@ -525,7 +549,11 @@ EXAMPLES = {
     ),
     # GPT's TensorFlow-era blend over the causal buffer: torch.where(causal, scores, -1e4)
     "blended": (
-        Example(scored("scores = scores * causal + -1e4 * (1 - causal)\nprobs = scores.softmax(-1)", _CAUSAL), Fill),
+        Example(
+            scored("scores = scores * causal + -1e4 * (1 - causal)\nprobs = scores.softmax(-1)", _CAUSAL),
+            Fill,
+            becomes=_causal_port("causal.bool()", "-1e4"),
+        ),
         Example(
             scored("scores = scores * causal + 1.0 * (1 - causal)\nprobs = scores.softmax(-1)", _CAUSAL),
             refused=Code.FILL_VALUE,

@@ -12,7 +12,7 @@ import libcst as cst
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import Guard
-from sdpa_port.analyse.forms.common import Example, method_on_chain, scored
+from sdpa_port.analyse.forms.common import Example, method_on_chain, scored, sdpa
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -50,7 +50,11 @@ def maximum(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognis
 
 EXAMPLES = {
     "clamp_method": (
-        Example(scored("probs = scores.clamp(min=torch.finfo(scores.dtype).min).softmax(-1)"), Guard),
+        Example(
+            scored("probs = scores.clamp(min=torch.finfo(scores.dtype).min).softmax(-1)"),
+            Guard,
+            becomes=sdpa("scale=1.0"),
+        ),
         Example(scored("probs = scores.clamp(min=-5.0).softmax(-1)"), refused=Code.SCORES_TRANSFORMED),  # a real floor
     ),
     "maximum": (
@@ -59,6 +63,7 @@ EXAMPLES = {
                 "scores = torch.max(scores, torch.tensor(torch.finfo(scores.dtype).min))\nprobs = scores.softmax(-1)"
             ),
             Guard,
+            becomes=sdpa("scale=1.0"),
         ),
         Example(
             scored("probs = torch.maximum(scores, torch.zeros_like(scores)).softmax(-1)"),

@@ -18,7 +18,7 @@ import libcst.matchers as m
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import SCORES, AddTerm, ChainVal, Op, Poison, Scale, Start, short
 from sdpa_port.analyse.cstutil import binary, block_body, code, nodes_of_type, primary
-from sdpa_port.analyse.forms.common import Example, scored, strip_casts
+from sdpa_port.analyse.forms.common import SEQUENCE_FIRST, Example, scored, sdpa, strip_casts
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -314,17 +314,23 @@ def _flattens_leading(args: Sequence[cst.Arg]) -> bool:
 
 EXAMPLES = {
     "query_key_product": (
-        Example(scored("probs = scores.softmax(-1)"), Start),
+        Example(scored("probs = scores.softmax(-1)"), Start, becomes=sdpa("scale=1.0")),
         Example(
             "scores = torch.einsum('bhqd,bhkd->bhqk', query, key)\nprobs = scores.softmax(-1)\nreturn probs @ value",
             Start,
+            becomes=sdpa("scale=1.0"),
         ),
-        Example("scores = query @ key.permute(0, 1, 3, 2)\nprobs = scores.softmax(-1)\nreturn probs @ value", Start),
+        Example(
+            "scores = query @ key.permute(0, 1, 3, 2)\nprobs = scores.softmax(-1)\nreturn probs @ value",
+            Start,
+            becomes=sdpa("scale=1.0"),
+        ),
         # 4-D einsum operands in any dimension order: SDPA gets them laid out (batch, heads, length, dim)
         Example(
             "scores = torch.einsum('ibnd,jbnd->bnij', query, key)\nprobs = scores.softmax(-1)\n"
             "return torch.einsum('bnij,jbnd->ibnd', probs, value)",
             Start,
+            becomes=SEQUENCE_FIRST,
         ),
         # scores laid out (batch, heads, key, query): a softmax over dimension 2 runs over the keys, the last one
         # over the queries
@@ -332,6 +338,7 @@ EXAMPLES = {
             "scores = torch.einsum('bhqd,bhkd->bhkq', query, key)\nprobs = scores.softmax(2)\n"
             "return torch.einsum('bhkq,bhkd->bhqd', probs, value)",
             Start,
+            becomes=sdpa("scale=1.0"),  # SDPA's own layout: the einsums only name the dimensions otherwise
         ),
         Example(
             "scores = torch.einsum('bhqd,bhkd->bhkq', query, key)\nprobs = scores.softmax(-1)\n"
@@ -340,7 +347,9 @@ EXAMPLES = {
         ),
         # a key divided by a number scales the product
         Example(
-            "scores = query @ (key.transpose(-1, -2) / 8.0)\nprobs = scores.softmax(-1)\nreturn probs @ value", Scale
+            "scores = query @ (key.transpose(-1, -2) / 8.0)\nprobs = scores.softmax(-1)\nreturn probs @ value",
+            Scale,
+            becomes=sdpa("scale=1.0 / 8.0"),
         ),
         # a key scaled by a learned tensor (one value per key) is no scale SDPA can take
         Example(

@@ -15,7 +15,7 @@ import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import PROBS, SCORES, Cast, ChainVal, HeadMask, Op, Poison, Scale, Shift, View, short
-from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.analyse.forms.common import GAP, Example, scored, sdpa
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -112,13 +112,22 @@ def cancelled(ops: list[Op], op: Op) -> list[Op]:
 
 EXAMPLES = {
     "scaled": (
-        Example(scored("scores = scores / math.sqrt(query.size(-1))\nprobs = scores.softmax(-1)"), Scale),
-        Example(scored("scores = scores * self.scaling\nprobs = scores.softmax(-1)"), Scale),
+        Example(
+            scored("scores = scores / math.sqrt(query.size(-1))\nprobs = scores.softmax(-1)"),
+            Scale,
+            becomes=sdpa("scale=1.0 / math.sqrt(query.size(-1))"),
+        ),
+        Example(
+            scored("scores = scores * self.scaling\nprobs = scores.softmax(-1)"), Scale, becomes=sdpa("scale=self.scaling")
+        ),
         Example(
             scored(
                 "probs = self.dropout(scores.softmax(-1))\nif head_mask is not None:\n    probs = probs * head_mask"
             ),
             HeadMask,
+            # a head mask given: the eager computation
+            becomes=f"if output_attentions or head_mask is not None:{GAP}"
+            + sdpa("dropout_p=self.dropout.p if self.training else 0.0", "scale=1.0"),
         ),
         Example(
             scored("scores = scores * self.temperature\nprobs = scores.softmax(-1)"), refused=Code.SCALE_NOT_A_NUMBER

@@ -13,7 +13,7 @@ import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import SCORES, Poison, Shift
-from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.analyse.forms.common import Example, scored, sdpa
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -72,9 +72,15 @@ def row_maximum_of(tracer: TracerView, node: cst.BaseExpression, scores: cst.Bas
 
 EXAMPLES = {
     "shifted": (
-        Example(scored("scores = scores - scores.amax(-1, keepdim=True)\nprobs = scores.softmax(-1)"), Shift),
         Example(
-            scored("scores = scores - scores.max(dim=-1, keepdim=True).values\nprobs = scores.softmax(-1)"), Shift
+            scored("scores = scores - scores.amax(-1, keepdim=True)\nprobs = scores.softmax(-1)"),
+            Shift,
+            becomes=sdpa("scale=1.0"),
+        ),
+        Example(
+            scored("scores = scores - scores.max(dim=-1, keepdim=True).values\nprobs = scores.softmax(-1)"),
+            Shift,
+            becomes=sdpa("scale=1.0"),
         ),
         Example(
             scored("scores = scores - scores.amax(1, keepdim=True)\nprobs = scores.softmax(-1)"),

@@ -25,7 +25,7 @@ from sdpa_port.analyse.chain import (
     short,
 )
 from sdpa_port.analyse.cstutil import code
-from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.analyse.forms.common import SEQUENCE_FIRST, Example, scored, sdpa
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -89,13 +89,14 @@ _LAID_OUT = (
 
 EXAMPLES = {
     "softmax": (
-        Example(scored("probs = nn.functional.softmax(scores, dim=-1)"), Softmax),
-        Example(scored("probs = self.softmax(scores)"), Softmax),
-        Example(scored("probs = scores.softmax(dim=3)", _HEADS), Softmax),  # the last dimension of 4-D scores
+        Example(scored("probs = nn.functional.softmax(scores, dim=-1)"), Softmax, becomes=sdpa("scale=1.0")),
+        Example(scored("probs = self.softmax(scores)"), Softmax, becomes=sdpa("scale=1.0")),
+        # the last dimension of 4-D scores
+        Example(scored("probs = scores.softmax(dim=3)", _HEADS), Softmax, becomes=sdpa("scale=1.0")),
         Example(scored("probs = scores.softmax(dim=1)"), refused=Code.SOFTMAX_DIM),
         # scores laid out (query, key, batch, heads): the key dimension is 1
-        Example(_LAID_OUT.format(dim=1), Softmax),
-        Example(_LAID_OUT.format(dim=-3), Softmax),
+        Example(_LAID_OUT.format(dim=1), Softmax, becomes=SEQUENCE_FIRST),
+        Example(_LAID_OUT.format(dim=-3), Softmax, becomes=SEQUENCE_FIRST),
         Example(_LAID_OUT.format(dim=-1), refused=Code.SOFTMAX_DIM),
         Example(_LAID_OUT.format(dim=0), refused=Code.SOFTMAX_DIM),
         Example(

@@ -19,7 +19,7 @@ from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.additive import additive_in
 from sdpa_port.analyse.chain import SCORES, AddTerm, ChainVal, Op, Poison, short
 from sdpa_port.analyse.cstutil import nodes_of_type, primary
-from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.analyse.forms.common import Example, scored, sdpa
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -242,16 +242,22 @@ EXAMPLES = {
         Example(
             scored("if attention_mask is not None:\n    scores = scores + attention_mask\nprobs = scores.softmax(-1)"),
             AddTerm,
+            becomes=sdpa("attn_mask=attention_mask", "scale=1.0"),  # None when the term is not added
         ),
         # relative scores from a second product: the younger chain is a term
         Example(
-            scored("scores = scores + query @ attention_mask.transpose(-1, -2)\nprobs = scores.softmax(-1)"), AddTerm
+            scored("scores = scores + query @ attention_mask.transpose(-1, -2)\nprobs = scores.softmax(-1)"),
+            AddTerm,
+            becomes=sdpa("attn_mask=query @ attention_mask.transpose(-1, -2)", "scale=1.0"),
         ),
         Example(scored("probs = scores.softmax(-1) + attention_mask"), refused=Code.PROBABILITIES_CHANGED),
         # a subtracted term is the term negated
         Example(
             scored("if attention_mask is not None:\n    scores = scores - 1e4 * (1.0 - attention_mask)\nprobs = scores.softmax(-1)"),
             AddTerm,
+            becomes="sdpa_mask = None\nif attention_mask is not None:\n    sdpa_mask = -(1e4 * (1.0 - attention_mask))\n"
+            + "return "
+            + sdpa("attn_mask=sdpa_mask", "scale=1.0"),
         ),
         # the scores subtracted from a term are negated: no term
         Example(scored("scores = attention_mask - scores\nprobs = scores.softmax(-1)"), refused=Code.SCORES_COMBINED),
@@ -266,6 +272,10 @@ EXAMPLES = {
             scored("scores = self.add_bias(scores, attention_mask.float())\nprobs = scores.softmax(-1)"),
             AddTerm,
             methods="def add_bias(self, scores, bias):\n    return scores + bias",
+            # the helper adds the term to zeros of the scores' shape
+            becomes="scores_shape = query.shape[:-1] + key.shape[-2:-1]\n"
+            + "return "
+            + sdpa("attn_mask=self.add_bias(key.new_zeros(scores_shape), attention_mask.float())", "scale=1.0"),
         ),
         Example(
             scored("scores = self.add_bias(scores, attention_mask.float())\nprobs = scores.softmax(-1)"),

@@ -13,7 +13,7 @@ import libcst as cst
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import Cast, Poison, View, short
-from sdpa_port.analyse.forms.common import Example, casts_to_float32, method_on_chain, scored
+from sdpa_port.analyse.forms.common import Example, casts_to_float32, method_on_chain, scored, sdpa
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -61,17 +61,32 @@ def cast(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised 
 
 
 _SHAPE = "b, h, s, d = query.shape\nquery = query.view(b, h, s, d)\n"
+# BART's layout: 3-D products over `(b * h, s, d)` operands, the scores viewed 4-D to add the mask
+_FLATTENED = (
+    "b, h, s, d = query.shape\nquery = query.reshape(b * h, s, d)\nkey = key.reshape(b * h, s, d)\n"
+    "value = value.reshape(b * h, s, d)\nscores = torch.bmm(query, key.transpose(1, 2))\n"
+    "scores = scores.view(b, h, s, s) + attention_mask\nprobs = scores.view(b * h, s, s).softmax(-1)\n"
+    "return torch.bmm(probs, value).view(b, h, s, d)"
+)
 
 EXAMPLES = {
     "reshape": (
+        # SDPA gets the operands unflattened with the sizes the view names, and its output flattened back
         Example(
-            scored("scores = scores.view(b * h, s, s)\nprobs = scores.softmax(-1).view(b, h, s, s)", _SHAPE), View
+            _FLATTENED,
+            View,
+            becomes=sdpa(
+                "attn_mask=attention_mask",
+                "scale=1.0",
+                operands="query.unflatten(0, (b, h)), key.unflatten(0, (b, h)), value.unflatten(0, (b, h))",
+            )
+            + ".flatten(0, 1).view(b, h, s, d)",
         ),
         # a view of the same rank may regroup the entries
         Example(scored("probs = scores.view(b, s, h, s).softmax(-1)", _SHAPE), refused=Code.LAYOUT),
     ),
     "cast": (
-        Example(scored("probs = scores.float().softmax(-1).type_as(value)"), Cast),
+        Example(scored("probs = scores.float().softmax(-1).type_as(value)"), Cast, becomes=sdpa("scale=1.0")),
         Example(scored("probs = scores.round().softmax(-1)"), refused=Code.SCORES_TRANSFORMED),  # no cast
     ),
 }

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from sdpa_port.analyse.chain import Shift
-from sdpa_port.analyse.forms.common import Example, scored
+from sdpa_port.analyse.forms.common import Example, scored, sdpa
 from sdpa_port.analyse.wrappers import inlined
 from sdpa_port.refusals import Code
 
@@ -45,8 +45,11 @@ def logged_softmax(x, dim):
 
 EXAMPLES = {
     "wrapper": (
-        Example(scored("probs = stable_softmax(scores, -1)"), Shift, module=_STABLE),
-        Example(scored("probs = stable_softmax(scores, -1)"), Shift, module=_STABLE_INLINE),  # a method of an operation
+        Example(scored("probs = stable_softmax(scores, -1)"), Shift, module=_STABLE, becomes=sdpa("scale=1.0")),
+        # a method of an operation
+        Example(
+            scored("probs = stable_softmax(scores, -1)"), Shift, module=_STABLE_INLINE, becomes=sdpa("scale=1.0")
+        ),
         Example(
             scored("probs = logged_softmax(scores, -1)"), refused=Code.UNRECOGNISED, module=_LOGGED
         ),  # not a straight line
