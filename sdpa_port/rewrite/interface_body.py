@@ -253,6 +253,7 @@ class InterfaceEmitter(SdpaEmitter):
             mask_variable=mask_variable,
             query_root=code(primary(self.query)),
             key_root=code(primary(self.key)),
+            **self.operands_cast(value),
         )
         out.extend(dispatch)
         self.position_bias = bool(bias) and not folded
@@ -292,6 +293,16 @@ class InterfaceEmitter(SdpaEmitter):
     def held_elsewhere(self, name: str) -> bool:
         """`name` holds the probabilities of some product with V (`OutputStmt.holders`)."""
         return any(isinstance(plan, t.OutputStmt) and name in plan.holders for plan in self.plans.values())
+
+    def operands_cast(self, value: cst.BaseExpression) -> dict[str, object]:
+        """Where eager upcasts query and key itself, the names the other implementations get them by, cast."""
+        assert self.start is not None
+        return {
+            "operands_cast": self.start.upcast or self.start.operands_upcast,
+            "query_variable": _fresh("dispatch_query", self.taken()),
+            "key_variable": _fresh("dispatch_key", self.taken()),
+            "value_root": code(primary(value)),
+        }
 
     def taken(self) -> set[str]:
         return set(self.interface.module_names) | set(self.eager.free) | set(self.interface.taken)

@@ -82,7 +82,9 @@ def check_bf16(
     """The port's SDPA in bf16 against the original's eager in bf16, both judged against fp32 maths on bf16 weights.
 
     The rule the emitted tests carry (`checks.bf16_error`): SDPA's error at most twice eager's own, plus two bf16
-    units. A model whose original does not run in bf16 here is skipped, saying so.
+    units. Both bf16 models are built in bf16, as loading with `dtype=torch.bfloat16` builds them: buffers a module
+    makes in float32 itself (CodeGen's rotary tables) stay so, and the attention sees what it sees in use. A model
+    whose original does not run in bf16 here is skipped, saying so.
     """
     import copy
 
@@ -92,18 +94,22 @@ def check_bf16(
     label = f"{original_class.__name__}[{padding}] bf16 sdpa as accurate as bf16 eager"
     original = build(original_class, config, "eager")
     sharpen(original, gain)
-    reference = copy.deepcopy(original).to(torch.bfloat16).float()  # fp32 maths on the bf16 weights
-    sdpa = build(ported_class, config, "sdpa")
-    sdpa.load_state_dict(original.state_dict())
+    reference = copy.deepcopy(original)  # fp32 maths on the bf16 weights; the buffers as they are
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.copy_(parameter.bfloat16().float())
     batch = make_batch(config, kind, padding, length=BF16_LENGTH)
-    eager = original.to(torch.bfloat16)
     try:
+        eager = build(original_class, config, "eager", torch.bfloat16)
+        eager.load_state_dict(original.state_dict())
         with torch.no_grad():
             eager(**batch.inputs)
     except Exception as error:  # e.g. a CPU kernel without bf16
         return [Check(label, True, None, f"the original does not run in bf16 here: {type(error).__name__}", skipped=True)]
     try:
-        sdpa_error, eager_error, bound = bf16_error(reference, eager, sdpa.to(torch.bfloat16), batch)
+        sdpa = build(ported_class, config, "sdpa", torch.bfloat16)
+        sdpa.load_state_dict(original.state_dict())
+        sdpa_error, eager_error, bound = bf16_error(reference, eager, sdpa, batch)
     except Exception as error:
         return [Check(label, False, None, f"the port raised {type(error).__name__}: {str(error)[:200]}")]
     detail = f"(bound {bound:.3g}; bf16 eager's error {eager_error:.3g})"

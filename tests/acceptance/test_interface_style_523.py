@@ -87,6 +87,34 @@ def test_forward_parity(model: str, padding: str, ported) -> None:  # type: igno
     _assert(checks, "interface-523", model)
 
 
+@pytest.mark.parametrize("model", CASES)
+def test_bf16_as_loaded(model: str, ported) -> None:  # type: ignore[no-untyped-def]
+    """Every port in bf16, built as `dtype=torch.bfloat16` loads it (buffers a module makes in float32 stay so),
+    within the bf16 rule of eager in bf16."""
+    from sdpa_port.verify import parity
+
+    case = CASES[model]
+    config = config_for(model)
+    kind = parity.model_kind(config, getattr(original(model), case.lm or case.base))
+    side = "left" if kind == "decoder" else "right"
+    checks = parity.check_bf16(getattr(original(model), case.base), getattr(ported[model][1], case.base), config, side, kind=kind)
+    _assert(checks, "interface-523-bf16", model)
+
+
+def test_bf16_sees_operands_handed_over_in_another_dtype(workdir: Path, ported) -> None:  # type: ignore[no-untyped-def]
+    """CodeGen's rotary table is float32, so query and key reach the dispatch in float32 beside a bf16 value: without
+    the cast to the value's dtype the bf16 check sees SDPA raise."""
+    from sdpa_port.verify import parity
+
+    source = ported["codegen"][0]
+    guard = "if attention_interface is not eager_attention_forward:"
+    assert guard in source
+    broken = load("codegen", source.replace(guard, "if False:"), workdir, tag="uncast")
+    config = config_for("codegen")
+    [check] = parity.check_bf16(getattr(original("codegen"), "CodeGenModel"), broken.CodeGenModel, config, "left", kind="decoder")
+    assert not check.passed and "same dtype" in check.detail, str(check)
+
+
 @pytest.mark.parametrize("model", [m for m, c in CASES.items() if c.lm])
 def test_greedy_generation(model: str, ported) -> None:  # type: ignore[no-untyped-def]
     from sdpa_port.verify import parity
