@@ -246,6 +246,7 @@ def markdown(release: str, entries: list[Entry], command: str, seconds: float) -
     out += [f"### verified ({len(chosen)})", "", "| file | driven as |", "|---|---|"]
     out += [f"| `{e.path}` | {_cell(e.reason)} |" for e in chosen]
     out.append("")
+    out += _claims(chosen)
     refused = [e for e in entries if e.status == "refused"]
     if refused:
         codes = {e.path: _codes(e.record) for e in refused}
@@ -264,6 +265,45 @@ def markdown(release: str, entries: list[Entry], command: str, seconds: float) -
         out.append("")
     out.append(f"<!-- /census {release} -->")
     return "\n".join(out) + "\n"
+
+
+CLAIMS = ("_supports_flex_attn", "_can_compile_fullgraph")
+
+
+def _claim(record: dict | None, flag: str) -> str:
+    """What a verified port's record says of one claim flag: set, not set (and why), or nothing."""
+    record = record or {}
+    if any(f".{flag} = True (" in note for note in record.get("notes", [])):
+        return "set"
+    for prefix in (f"{flag} not claimed: ", "flex attention and compile not claimed: "):
+        why = next((w for w in record.get("warnings", []) if w.startswith(prefix)), None)
+        if why is not None:
+            return "not set: " + why[len(prefix) :]
+    return ""
+
+
+def _claims(verified: list[Entry]) -> list[str]:
+    """The flags the verified interface-style ports set after their checks, counted, and why each other one is not."""
+    interface = [e for e in verified if (e.record or {}).get("style") == "interface"]
+    if not interface:
+        return []
+    out = [
+        f"#### flags set after their checks ({len(interface)} interface-style ports)",
+        "",
+        "| flag | set | not set | set by the file itself |",
+        "|---|---:|---:|---:|",
+    ]
+    for flag in CLAIMS:
+        found = [_claim(e.record, flag) for e in interface]
+        set_, unset = found.count("set"), sum(1 for f in found if f.startswith("not set"))
+        out.append(f"| `{flag}` | {set_} | {unset} | {len(found) - set_ - unset} |")
+    out += ["", "| file | flag | why not set |", "|---|---|---|"]
+    for entry in interface:
+        for flag in CLAIMS:
+            found = _claim(entry.record, flag)
+            if found.startswith("not set"):
+                out.append(f"| `{entry.path}` | `{flag}` | {_cell(found[len('not set: '):], 240)} |")
+    return out + [""]
 
 
 def _codes(record: dict | None) -> list[str]:
