@@ -48,7 +48,7 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     module = m.load_module(ref)
     model_class = m.pick_model_class(module, ref.model_class)
     config = m.build_config(model_class, ref.config)
-    model = m.build_model(model_class, config, implementation, device, settings.seed)
+    model = m.build_model(model_class, config, implementation, device, settings.seed, request.get("dtype", "float32"))
     kind: Kind = ref.kind
     inputs = m.make_inputs(config, kind, settings, length, device)
     run = m.prefill_call(model, inputs) if phase is Phase.PREFILL else m.forward_call(model, inputs)

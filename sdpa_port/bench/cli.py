@@ -34,6 +34,7 @@ def bench(
     batch: option.Batch = 1,
     padding: option.PaddingChoice = Padding.NONE,
     pad_fraction: option.PadFraction = 0.25,
+    dtype: option.Dtype = "float32",
     decode_tokens: option.DecodeTokens = 8,
     phases: option.Phases = "forward,prefill,decode",
     memory: option.Memory = True,
@@ -63,6 +64,8 @@ def bench(
 
     if hidden % heads:
         raise typer.BadParameter(f"--hidden {hidden} is not a multiple of --heads {heads}")
+    if dtype not in ("float32", "bfloat16"):
+        raise typer.BadParameter(f"--dtype {dtype}: float32 or bfloat16")
     chosen_threads = threads or os.cpu_count() or 1
     settings = Settings(
         lengths=parse_lengths(lengths),
@@ -75,6 +78,7 @@ def bench(
         batch=batch,
         padding=padding.value,
         pad_fraction=pad_fraction,
+        dtype=dtype,
         decode_tokens=decode_tokens,
         devices=devices_for(device),
         memory=memory,

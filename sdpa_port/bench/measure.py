@@ -70,11 +70,13 @@ def build_config(model_class: type, kwargs: dict[str, Any]) -> Any:
     return config
 
 
-def build_model(model_class: type, config: Any, implementation: str, device: str, seed: int) -> Any:
+def build_model(
+    model_class: type, config: Any, implementation: str, device: str, seed: int, dtype: str = "float32"
+) -> Any:
     from sdpa_port.verify.parity import build
 
     torch.manual_seed(seed)
-    return build(model_class, config, implementation).to(device)
+    return build(model_class, config, implementation, getattr(torch, dtype)).to(device)
 
 
 def accepts(model: Any, argument: str) -> bool:

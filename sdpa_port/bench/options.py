@@ -97,6 +97,7 @@ Batch = Annotated[int, typer.Option("--batch", "-b", min=1, help="Examples per b
 PaddingChoice = Annotated[
     Padding, typer.Option("--padding", help="Pad the last example (auto: left for decoders, right otherwise).")
 ]
+Dtype = Annotated[str, typer.Option("--dtype", help="The models' dtype: float32 or bfloat16.")]
 PadFraction = Annotated[float, typer.Option("--pad-fraction", min=0.0, max=0.9, help="Share of the last example that is padding.")]
 DecodeTokens = Annotated[int, typer.Option("--decode-tokens", min=1, help="Tokens per timed decode run.")]
 Phases = Annotated[

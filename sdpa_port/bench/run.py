@@ -67,6 +67,7 @@ def peak_memory(ref: ModelRef, settings: Settings, implementation: str, length: 
         "batch": settings.batch,
         "padding": settings.padding_side(ref.kind),
         "pad_fraction": settings.pad_fraction,
+        "dtype": settings.dtype,
         "seed": settings.seed,
     }
     env = dict(os.environ) | CHILD_ENV | {"OMP_NUM_THREADS": str(settings.threads)}
@@ -193,8 +194,8 @@ def run_benchmark(
     rows: list[Row] = []
     checks: dict[str, Any] = {}
     for device in settings.devices:
-        eager = measure.build_model(chosen, config, "eager", device, settings.seed)
-        sdpa = measure.build_model(chosen, config, "sdpa", device, settings.seed)
+        eager = measure.build_model(chosen, config, "eager", device, settings.seed, settings.dtype)
+        sdpa = measure.build_model(chosen, config, "sdpa", device, settings.seed, settings.dtype)
         sdpa.load_state_dict(eager.state_dict())
         shortest = min(settings.lengths)
         check_inputs = measure.make_inputs(config, ref.kind, settings, shortest, device)

@@ -47,6 +47,7 @@ class Settings:
     batch: int = 1
     padding: str = "none"  # none | left | right | auto (left for decoders, right otherwise)
     pad_fraction: float = 0.25  # share of the last example that is padding, when padded
+    dtype: str = "float32"  # the models' dtype: float32 or bfloat16
     decode_tokens: int = 8
     devices: tuple[str, ...] = ("cpu",)
     memory: bool = True

@@ -55,8 +55,8 @@ class Worker:
         kind = Kind(request["kind"]) if request.get("kind") else None
         ref, chosen = describe_model(prepared, settings, request.get("model_class"), kind)
         config = measure.build_config(chosen, ref.config)
-        eager = measure.build_model(chosen, config, "eager", self.device, settings.seed)
-        sdpa = measure.build_model(chosen, config, "sdpa", self.device, settings.seed)
+        eager = measure.build_model(chosen, config, "eager", self.device, settings.seed, settings.dtype)
+        sdpa = measure.build_model(chosen, config, "sdpa", self.device, settings.seed, settings.dtype)
         sdpa.load_state_dict(eager.state_dict())
         inputs = measure.make_inputs(config, ref.kind, settings, length, self.device)
         check = measure.output_difference(eager, sdpa, inputs, ref.kind)
