@@ -354,6 +354,26 @@ def compare(
     return checks
 
 
+def in_bf16(model: Any, implementation: str) -> Any:
+    """`model`'s weights in a model of its class built in bf16, as loading with a bf16 dtype builds it.
+
+    Buffers a module makes in float32 itself (a rotary table) stay so, as they do in use: `.to(torch.bfloat16)` would
+    cast them, and hide a port that mixes dtypes.
+    """
+    built = build(type(model), model.config, implementation, torch.bfloat16)
+    built.load_state_dict(model.state_dict())
+    return built.to(next(model.parameters()).device)
+
+
+def bf16_reference(model: Any) -> Any:
+    """`model` computing in fp32 on its weights rounded to bf16, its buffers as they are."""
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.copy_(parameter.bfloat16().float())
+    return reference
+
+
 BF16_ULPS = 2.0**-7  # two units in the last place of bfloat16 (8 significant bits), relative to the output scale
 
 

@@ -16,10 +16,12 @@ from sdpa_port.verify.checks import (  # noqa: F401  (re-exported for callers)
     Batch,
     Check,
     bf16_error,
+    bf16_reference,
     build,
     compare,
     count_sdpa_calls,
     greedy,
+    in_bf16,
     make_batch,
     max_difference,
     model_kind,
@@ -86,22 +88,15 @@ def check_bf16(
     makes in float32 itself (CodeGen's rotary tables) stay so, and the attention sees what it sees in use. A model
     whose original does not run in bf16 here is skipped, saying so.
     """
-    import copy
-
     import torch
 
     kind = kind or model_kind(config, original_class)
     label = f"{original_class.__name__}[{padding}] bf16 sdpa as accurate as bf16 eager"
     original = build(original_class, config, "eager")
     sharpen(original, gain)
-    reference = copy.deepcopy(original)  # fp32 maths on the bf16 weights; the buffers as they are
-    with torch.no_grad():
-        for parameter in reference.parameters():
-            parameter.copy_(parameter.bfloat16().float())
     batch = make_batch(config, kind, padding, length=BF16_LENGTH)
     try:
-        eager = build(original_class, config, "eager", torch.bfloat16)
-        eager.load_state_dict(original.state_dict())
+        eager = in_bf16(original, "eager")
         with torch.no_grad():
             eager(**batch.inputs)
     except Exception as error:  # e.g. a CPU kernel without bf16
@@ -109,7 +104,7 @@ def check_bf16(
     try:
         sdpa = build(ported_class, config, "sdpa", torch.bfloat16)
         sdpa.load_state_dict(original.state_dict())
-        sdpa_error, eager_error, bound = bf16_error(reference, eager, sdpa, batch)
+        sdpa_error, eager_error, bound = bf16_error(bf16_reference(original), eager, sdpa, batch)
     except Exception as error:
         return [Check(label, False, None, f"the port raised {type(error).__name__}: {str(error)[:200]}")]
     detail = f"(bound {bound:.3g}; bf16 eager's error {eager_error:.3g})"
