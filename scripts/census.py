@@ -1,6 +1,11 @@
 """Census of a transformers release: port every PyTorch modeling file with `--verify` and tabulate the outcomes.
 
     python scripts/census.py --release 4.40.2 [--jobs 2] [--out docs/census.md] [--only bert,vit]
+    python scripts/census.py --package modelscope==1.40.2 [--jobs 2] [--out docs/census.md] [--only PREFIX,...]
+
+`--package` censuses a registry package that ships Transformers-style modeling code instead: its wheel is fetched
+with `pip download --no-deps`, the files holding a softmax and a product are ported and verified, and the package
+gets a section of its own (scripts/census_package.py says how).
 
 Run it with the Python of an environment that has that transformers release and torch installed. The modeling
 files (`transformers/models/**/modeling_*.py`, without `modeling_tf_` and `modeling_flax_`) are copied into a
@@ -85,8 +90,8 @@ def _limit_memory(gigabytes: float) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
-def run_tool(tree: Path, jobs: int, memory_gb: float, log) -> list[dict]:  # type: ignore[no-untyped-def]
-    """The tool's batch mode over the copied tree; one JSON record per file, in input order."""
+def run_tool(targets: list[Path], jobs: int, memory_gb: float, log, verify: bool = True) -> list[dict]:  # type: ignore[no-untyped-def]
+    """The tool's batch mode over the copied files or folders; one JSON record per file, in input order."""
     environment = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -96,8 +101,10 @@ def run_tool(tree: Path, jobs: int, memory_gb: float, log) -> list[dict]:  # typ
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
     }
-    command = [sys.executable, "-m", "sdpa_port", str(tree / "models"), "--verify", "--check", "--json", "--jobs", str(jobs)]
-    log(f"$ {' '.join(command)}")
+    flags = ["--verify"] if verify else []
+    command = [sys.executable, "-m", "sdpa_port", *map(str, targets), *flags, "--check", "--json", "--jobs", str(jobs)]
+    shown = command if len(targets) <= 3 else [*command[:3], f"<{len(targets)} files>", *command[3 + len(targets) :]]
+    log(f"$ {' '.join(shown)}")
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -326,6 +333,10 @@ the port's eager outputs against the original's (1e-6), the port's SDPA outputs 
 outputs (1e-4, or 1e-5 of the output magnitude for large outputs), and that SDPA really ran. "not verifiable" means
 the harness could not drive the model (the reason is given) and is never counted as a pass.
 
+Sections named `package NAME==VERSION` (`scripts/census.py --package`) census registry packages that ship
+Transformers-style modeling code: their files with a softmax and a product, ported and verified the same way
+inside the installed transformers, where the package itself is not installed.
+
 """
 
 
@@ -341,14 +352,30 @@ def write_section(path: Path, release: str, section: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--release", required=True, help="the transformers release installed here, e.g. 4.40.2")
+    parser = argparse.ArgumentParser(
+        description="\n\n".join(__doc__.split("\n\n")[:3]), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--release", help="the transformers release installed here, e.g. 4.40.2")
+    parser.add_argument(
+        "--package",
+        help=(
+            "NAME==VERSION: census a registry package instead: fetch its wheel (pip download --no-deps), port and "
+            "verify its .py files holding a softmax and a product, write a `package NAME==VERSION` section"
+        ),
+    )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, help="markdown file whose section for this release is (re)written")
     parser.add_argument("--json", type=Path, help="also write the classified records here (JSON lines)")
-    parser.add_argument("--only", help="comma-separated model folders (for a quick partial run)")
+    parser.add_argument("--only", help="comma-separated model folders, or with --package path prefixes in the archive")
+    parser.add_argument("--cache", type=Path, help="with --package: where archives are downloaded (~/.cache/sdpa-port/packages)")
     parser.add_argument("--memory-gb", type=float, default=8.0, help="data-size limit per process (0: none)")
     arguments = parser.parse_args(argv)
+    if arguments.package:
+        from census_package import census_package
+
+        return census_package(arguments)
+    if not arguments.release:
+        parser.error("give --release VERSION or --package NAME==VERSION")
 
     version, package = installed_transformers()
     if version != arguments.release:
@@ -365,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         count = copy_tree(package, tree, only)
         log(f"copied {count} modeling files of transformers {version} to {tree}")
         # the workers run with --jobs >= 2 so that one killed by the kernel is isolated by the batch pool
-        records = run_tool(tree, max(arguments.jobs, 2), arguments.memory_gb, log)
+        records = run_tool([tree / "models"], max(arguments.jobs, 2), arguments.memory_gb, log)
         entries = [classify(record) for record in records]
     seconds = time.monotonic() - started
     command = f"python scripts/census.py --release {arguments.release} --jobs {arguments.jobs}"
