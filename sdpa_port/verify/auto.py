@@ -158,13 +158,13 @@ def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any
 
 
 def _claims(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | None) -> list[Check]:
-    """The port's base model under flex attention and compiled, padded as its SDPA checks were, against eager."""
-    from sdpa_port.verify.claims import claim_checks  # each compiles: a minute or so on a CPU
+    """The port's base model under flex attention and compiled, padded as its SDPA checks were, against eager.
 
-    defaults = flag_fields(targets.config_class().to_dict())
-    config = tiny_config(targets.config_class, {**defaults, **(overrides or {})})
-    padded = "left" if targets.kind == "decoder" else "right"
-    return list(claim_checks(targets.base, ported, config, padded, targets.kind))
+    They run in a child process (`claims_child.py`): each compiles, and a compiler crash must not end `--verify`.
+    """
+    from sdpa_port.verify.claims import run_isolated
+
+    return list(run_isolated(sys.modules[targets.base.__module__], ported, targets.base.__name__, overrides))
 
 
 def _with_term_settings(targets: Targets, ported: ModuleType, config: Any, padding: str) -> list[Check]:

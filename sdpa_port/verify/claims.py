@@ -10,13 +10,16 @@ sharpened weights:
 - compile: the SDPA model compiled with `fullgraph=True` (no graph break anywhere in its forward), unless the
   file claims it already.
 
-A failed or impossible check is not a failed verification: the port is then written without that flag, and the
-report says why. Imports torch.
+`run_isolated` runs them in a child process (`claims_child.py`). A failed or impossible check is not a failed
+verification: the port is then written without that flag, and the report says why. Imports torch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -37,6 +40,38 @@ class ClaimCheck(Check):
     """A check of one flag's claim: it decides the flag, never whether the port is written."""
 
     flag: str = ""
+
+
+TIMEOUT_S = 1800  # two compiles of a tiny model; a first flex compile takes a minute or so on a CPU
+
+
+def run_isolated(
+    original: ModuleType, ported: ModuleType, base: str, overrides: dict[str, Any] | None
+) -> list[ClaimCheck]:
+    """The claim checks of `ported`'s model `base`, run by `claims_child.py` in a process of their own.
+
+    A compiler crash there cannot take `--verify` down: a child that died (CanineModel's compile ends in a native
+    double free) gives failed checks of both flags, so the port is written without them and says why.
+    """
+    from sdpa_port.verify.loader import source_of
+
+    request = {
+        "modules": [[module.__name__.rsplit(".", 1)[1], source_of(module)] for module in (original, ported)],
+        "package": ported.__package__,
+        "base": base,
+        "overrides": overrides or {},
+    }
+    command = [sys.executable, "-m", "sdpa_port.verify.claims_child"]
+    try:
+        done = subprocess.run(command, input=json.dumps(request), capture_output=True, text=True, timeout=TIMEOUT_S)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
+        if done.returncode == 0 and lines:
+            return [ClaimCheck(**fields) for fields in json.loads(lines[-1])]
+        tail = (done.stderr.strip().splitlines() or [""])[-1][:200]
+        why = f"the checks' process died (exit {done.returncode}): {tail}"
+    except subprocess.TimeoutExpired:
+        why = f"the checks' process ran past {TIMEOUT_S} s"
+    return [ClaimCheck(f"{base} {flag} not checked", False, None, why, flag=flag) for flag in (FLEX_FLAG, COMPILE_FLAG)]
 
 
 def claiming_classes(ported: ModuleType, flag: str) -> tuple[str, ...]:

@@ -33,7 +33,14 @@ def load_in_package(path: Path, package: str, alias: str | None = None) -> Modul
     except BaseException:
         del sys.modules[name]
         raise
+    module.__sdpa_port_source__ = source.decode("utf-8")  # type: ignore[attr-defined]  # its file may go first
     return module
+
+
+def source_of(module: ModuleType) -> str:
+    """The text a module was loaded from, kept beside it: a verification's temporary file may be gone."""
+    kept = getattr(module, "__sdpa_port_source__", None)
+    return kept if kept is not None else Path(str(module.__file__)).read_text(encoding="utf-8")
 
 
 def load_source_in_package(source: str, package: str, directory: Path, stem: str) -> ModuleType:

@@ -84,8 +84,26 @@ def test_a_path_that_is_wrong_is_not_claimed(model: str, kind: str, flag: str, e
     verification = verify_port(path, path.read_text(encoding="utf-8"), ported, claims=True)
     assert verification.passed, verification.lines
     assert flag not in dict(verification.claimed), verification.claimed
-    [(missing, why)] = verification.not_claimed
+    reasons = dict(verification.not_claimed)
+    assert set(reasons) == {flag}, reasons
+    missing, why = flag, reasons[flag]
     assert missing == flag and expected in why, why
     claimed, _ = claim_flags(replace(ported, warnings=()), None, verification.claimed, verification.not_claimed)
     assert f"{flag} = True" not in claimed.source
     assert claimed.warnings == (f"{flag} not claimed: {why}",)
+
+
+def test_a_claim_check_that_crashes_its_process_costs_only_the_flags() -> None:
+    """The claim checks run in a child process: one dying there (CanineModel's compile ends in a native double free;
+    here the port aborts when loaded in that child) leaves the verification standing and both flags unset, saying
+    why."""
+    from sdpa_port.edge.after_port import verify_port
+
+    path = modeling_path("xglm")
+    abort = 'import os as _os, sys as _sys\nif _sys.argv[0].endswith("claims_child.py"):\n    _os.abort()\n'
+    ported = PortResult(Status.PORTED, abort + port_file("xglm"), Style.INTERFACE)
+    verification = verify_port(path, path.read_text(encoding="utf-8"), ported, claims=True)
+    assert verification.passed, verification.lines
+    assert verification.claimed == ()
+    reasons = dict(verification.not_claimed)
+    assert "the checks' process died" in reasons[FLEX] and "the checks' process died" in reasons[COMPILE], reasons
