@@ -126,9 +126,14 @@ def _called(targets: Targets, ported: ModuleType, config: Any) -> set[str]:
     return names | {type(m).__name__ for m in model.modules() if type(m).__module__ == ported.__name__}
 
 
-def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | None, generate: bool) -> list[Check]:
+def token_config(targets: Targets, overrides: dict[str, Any] | None) -> Any:
+    """The tiny config the token checks run on: the class's flag defaults, then `overrides`."""
     defaults = flag_fields(targets.config_class().to_dict())  # e.g. a default language, no attention weights
-    config = tiny_config(targets.config_class, {**defaults, **(overrides or {})})
+    return tiny_config(targets.config_class, {**defaults, **(overrides or {})})
+
+
+def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | None, generate: bool) -> list[Check]:
+    config = token_config(targets, overrides)
     checks: list[Check] = []
     padded = "left" if targets.kind == "decoder" else "right"
     for padding in (padded, "none"):

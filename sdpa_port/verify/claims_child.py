@@ -14,9 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 def main() -> int:
-    from sdpa_port.verify.auto import pick_targets
+    from sdpa_port.verify.auto import pick_targets, token_config
     from sdpa_port.verify.claims import claim_checks
-    from sdpa_port.verify.configs import flag_fields, tiny_config
     from sdpa_port.verify.loader import load_in_package
     from sdpa_port.verify.quiet import transformers_quiet
 
@@ -30,8 +29,7 @@ def main() -> int:
         original, ported = loaded
         targets = pick_targets(original)
         assert targets is not None and targets.base.__name__ == request["base"]
-        defaults = flag_fields(targets.config_class().to_dict())
-        config = tiny_config(targets.config_class, {**defaults, **request["overrides"]})
+        config = token_config(targets, request["overrides"])
         padded = "left" if targets.kind == "decoder" else "right"
         checks = claim_checks(targets.base, ported, config, padded, targets.kind)
     print(json.dumps([asdict(check) for check in checks]))
