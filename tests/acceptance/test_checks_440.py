@@ -3,9 +3,11 @@ on every input drawn and fail one that is subtly wrong, else the emitted tests a
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -18,22 +20,31 @@ DRAWS = 24  # weights and inputs drawn with these seeds (the largest difference 
 
 
 @contextmanager
-def halved_bias() -> Iterator[None]:
-    """SDPA with the finite part of a float `attn_mask` halved (T5's position bias at half strength)."""
+def patched_sdpa(make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """torch's SDPA replaced by `make(original)` for the time of the block."""
     import torch
 
     original = torch.nn.functional.scaled_dot_product_attention
-
-    def halved(query, key, value, attn_mask=None, **options):  # type: ignore[no-untyped-def]
-        if attn_mask is not None and attn_mask.is_floating_point():
-            attn_mask = torch.where(attn_mask < -1e3, attn_mask, attn_mask * 0.5)
-        return original(query, key, value, attn_mask=attn_mask, **options)
-
-    torch.nn.functional.scaled_dot_product_attention = halved
+    torch.nn.functional.scaled_dot_product_attention = make(original)
     try:
         yield
     finally:
         torch.nn.functional.scaled_dot_product_attention = original
+
+
+def halved_bias() -> contextlib.AbstractContextManager[None]:
+    """SDPA with the finite part of a float `attn_mask` halved (T5's position bias at half strength)."""
+    import torch
+
+    def make(original):  # type: ignore[no-untyped-def]
+        def halved(query, key, value, attn_mask=None, **options):  # type: ignore[no-untyped-def]
+            if attn_mask is not None and attn_mask.is_floating_point():
+                attn_mask = torch.where(attn_mask < -1e3, attn_mask, attn_mask * 0.5)
+            return original(query, key, value, attn_mask=attn_mask, **options)
+
+        return halved
+
+    return patched_sdpa(make)
 
 
 def test_the_bf16_bound_passes_a_correct_t5_port_on_every_draw_and_fails_a_halved_bias(tmp_path: Path) -> None:
@@ -204,22 +215,18 @@ def test_a_pooled_output_alone_is_still_compared() -> None:
     assert max_difference({"logits": torch.zeros(2, 3)}, {"logits": torch.ones(2, 3)}, Batch({}, keep)) == 1.0
 
 
-@contextmanager
-def shifted_in_bf16() -> Iterator[None]:
+def shifted_in_bf16() -> contextlib.AbstractContextManager[None]:
     """SDPA with its output shifted by a fifth of a unit, for bf16 operands alone: float32 stays exact."""
     import torch
 
-    original = torch.nn.functional.scaled_dot_product_attention
+    def make(original):  # type: ignore[no-untyped-def]
+        def shifted(query, key, value, **options):  # type: ignore[no-untyped-def]
+            out = original(query, key, value, **options)
+            return out + 0.2 if out.dtype == torch.bfloat16 else out
 
-    def shifted(query, key, value, **options):  # type: ignore[no-untyped-def]
-        out = original(query, key, value, **options)
-        return out + 0.2 if out.dtype == torch.bfloat16 else out
+        return shifted
 
-    torch.nn.functional.scaled_dot_product_attention = shifted
-    try:
-        yield
-    finally:
-        torch.nn.functional.scaled_dot_product_attention = original
+    return patched_sdpa(make)
 
 
 def test_verify_checks_bf16_and_fails_a_port_wrong_only_in_bf16(tmp_path: Path) -> None:
