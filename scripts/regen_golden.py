@@ -13,7 +13,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def main() -> int:
-    for style in ("class", "interface"):
+    for style in ("class", "interface", "inline"):
         for path in sorted((FIXTURES / f"{style}_style").glob("modeling_*.py")):
             result = port_source(path.read_text(encoding="utf-8"), filename=path.name)
             if result.status is not Status.PORTED or result.style != style:

@@ -16,6 +16,8 @@ from sdpa_port.discover.release import Release
 from sdpa_port.discover.screen import Screen, screen
 from sdpa_port.plan.class_style import ClassStylePlan, plan_class_style
 from sdpa_port.rewrite.class_style import apply_class_style
+from sdpa_port.plan.inline_style import plan_inline_style
+from sdpa_port.rewrite.inline_style import apply_inline_style
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite.copied_from import reconcile_copied_from
@@ -64,6 +66,12 @@ def port_source(
         lines = Lines(module, top_level_starts(tree))
         if chosen is Style.CLASS:
             result = _port_class_style(module, facts, lines, first)
+            if style is Style.AUTO and _unwired(result):
+                why = "class style cannot wire it: " + "; ".join(result.reasons)
+                inline = _port_inline_style(module, facts, lines, first, why)
+                result = inline if inline.status is Status.PORTED or inline.detail == "already supports SDPA" else result
+        elif chosen is Style.INLINE:
+            result = _port_inline_style(module, facts, lines, first, "")
         else:
             from sdpa_port.plan.interface_style import port_interface_style
 
@@ -108,6 +116,38 @@ def _provenance(source: str, tree: ast.Module, result: PortResult, filename: str
     if result.status is not Status.PORTED:
         return result
     return note_modular_origin(source, reconcile_copied_from(source, result, filename, tree), filename)
+
+
+# class-style refusals about wiring alone (how the module is built), which the inline style does not need
+UNWIRED = frozenset({Code.NO_CONFIG, Code.BUILT_ELSEWHERE})
+
+
+def _unwired(result: PortResult) -> bool:
+    return result.status is Status.REFUSED and bool(result.refusals) and {r.code for r in result.refusals} <= UNWIRED
+
+
+def _port_inline_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen, why: str) -> PortResult:
+    facts, inlined = with_score_helpers(facts, lines)
+    planned = plan_inline_style(module, facts, lines, first.softmax_classes, why)
+    if isinstance(planned, PortResult):
+        return planned
+    new_module, notes = apply_inline_style(module, planned)
+    ported = {item.analysis.class_name for item in planned.classes}
+    notes += [
+        f"{owner}.{helper}: read as its statements written out at its call in forward" for owner, helper in inlined if owner in ported
+    ]
+    new_source = new_module.code
+    compile(new_source, "<sdpa-port>", "exec")
+    return PortResult(
+        Status.PORTED,
+        new_source,
+        Style.INLINE,
+        f"ported {len(planned.classes)} attention class(es) in place",
+        warnings=tuple(planned.warnings),
+        notes=tuple(notes),
+        attention_classes=tuple(sorted(ported)),
+        sites=tuple(site for item in planned.classes for site in item.analysis.sites),
+    )
 
 
 def _port_class_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen) -> PortResult:

@@ -38,7 +38,7 @@ Output = Annotated[
 Diff = Annotated[bool, typer.Option("--diff", help="Print a unified diff; write nothing. Exit 1 if a file would change.")]
 CheckOnly = Annotated[bool, typer.Option("--check", help="Write nothing. Exit 1 if a file would change.")]
 TargetStyle = Annotated[
-    Style, typer.Option("--style", help="Target style; auto picks class style for 4.x files, interface for 5.x.")
+    Style, typer.Option("--style", help="Target style; auto picks class style for 4.x files, interface for 5.x, inline where the class style cannot wire a module (no config in scope, built in another file).")
 ]
 TestsDir = Annotated[
     Optional[Path],

@@ -23,6 +23,7 @@ class Style(str, enum.Enum):
     AUTO = "auto"
     CLASS = "class"
     INTERFACE = "interface"
+    INLINE = "inline"
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ def _registrations(
     elsewhere: list[str] = []  # attention classes no class of this file builds
     for analysis in analyses:
         name = sdpa_class_name(analysis.class_name, facts)
-        inert = _always_asked_for_weights(facts, analysis) or unreached_side_refusal(facts, analysis)
+        inert = always_asked_for_weights(facts, analysis) or unreached_side_refusal(facts, analysis)
         if inert is not None:
             reasons.append(inert)
             continue
@@ -295,7 +295,7 @@ def _all_params(params: cst.Parameters) -> list[cst.Param]:
     return [*params.posonly_params, *params.params, *star, *params.kwonly_params, *kwargs]
 
 
-def _always_asked_for_weights(facts: ModuleFacts, analysis: ClassAnalysis) -> Refusal | None:
+def always_asked_for_weights(facts: ModuleFacts, analysis: ClassAnalysis) -> Refusal | None:
     """The SDPA class falls back to eager when asked for the weights; if every call asks, the port is inert."""
     parameter = analysis.output_attentions
     found = facts.find_method(analysis.class_name, "forward")
@@ -530,4 +530,4 @@ def _marks_causal_layers(facts: ModuleFacts, class_name: str) -> bool:
     return False
 
 
-__all__ = ["plan_class_style", "ClassStylePlan", "SdpaClassPlan", "code"]
+__all__ = ["plan_class_style", "ClassStylePlan", "SdpaClassPlan", "always_asked_for_weights", "code"]

@@ -114,7 +114,7 @@ class _FallbackArguments(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         if not m.matches(updated.func, m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("forward"))):
             return updated
-        call = updated.with_changes(args=_arguments_for(self.params))
+        call = updated.with_changes(args=arguments_for(self.params))
         # the one-line form fits when the statement stays within the line length
         return call if len(code(call)) <= FALLBACK_ONE_LINE else one_per_line(call)
 
@@ -128,7 +128,7 @@ def _with_fallback_arguments(statement: cst.BaseStatement, params: cst.Parameter
     return result
 
 
-def _arguments_for(params: cst.Parameters) -> list[cst.Arg]:
+def arguments_for(params: cst.Parameters) -> list[cst.Arg]:
     """Every parameter passed on as it was received: the first positionally, the rest by keyword."""
     out: list[cst.Arg] = []
     positional = [p for p in [*params.posonly_params, *params.params] if p.name.value != "self"]

@@ -233,14 +233,14 @@ def test_startup_imports_neither_torch_nor_transformers(tmp_path: Path, argument
     assert after_run == (["rich"] if arguments == ["--help"] else [])
 
 
-@pytest.mark.parametrize("code", ["W401", "A501", "C304", "F601"])
+@pytest.mark.parametrize("code", ["W401", "W410", "A501", "C304", "F601"])
 def test_every_refusal_exits_3_with_its_code(code: str, tmp_path: Path) -> None:
-    """Refusals decided anywhere (class or interface style, the authors' flag, the form-free detector) exit 3."""
-    from test_refusal_docs import source_of
+    """Refusals decided anywhere (class, interface or inline style, the authors' flag, the form-free detector) exit 3."""
+    from test_refusal_docs import STYLES, source_of
 
     target = tmp_path / "modeling_tiny.py"
     target.write_text(source_of(code), encoding="utf-8")
-    result = invoke(target, "--json")
+    result = invoke(target, "--json", "--style", STYLES[code])
     assert result.exit_code == 3, result.output
     (record,) = [json.loads(line) for line in result.stdout.splitlines()]
     assert record["status"] == "refused" and [r["code"] for r in record["refusals"]] == [code]

@@ -113,7 +113,8 @@ def test_softmax_wrappers_are_softmaxes(source: str, expected: list[tuple[str, i
 @pytest.mark.parametrize(
     ("source", "code"),
     [
-        # recognised since (the wrapper is read as what it computes); refused because no class here builds it
+        # recognised since (the wrapper is read as what it computes); the class style refuses it because no class here
+        # builds it (`--style auto` ports it in place: test_inline_style)
         (AUTOGRAD_SOFTMAX, "W407"),
         (FUNCTION_WRAPPERS, "F601"),  # the recogniser does not read wrappers of wrappers
         (SCORE_HELPER, "S109"),  # the recogniser reads the helper's scores (two attentions here)
@@ -122,7 +123,7 @@ def test_softmax_wrappers_are_softmaxes(source: str, expected: list[tuple[str, i
 )
 def test_a_wrapped_softmax_is_refused_not_reported_as_no_attention(source: str, code: str) -> None:
     """The miss DeBERTa and SEW-D had: attention through a masked-softmax autograd Function was `nothing to port`."""
-    result = port_source(textwrap.dedent(source), filename="modeling_tiny.py")
+    result = port_source(textwrap.dedent(source), filename="modeling_tiny.py", style="class")
     assert result.status is Status.REFUSED, result
     assert [refusal.code.value[0] for refusal in result.refusals] == [code]
 

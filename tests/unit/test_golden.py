@@ -18,7 +18,8 @@ from sdpa_port import Status, port_source
 ROOT = Path(__file__).resolve().parents[2] / "fixtures"
 CLASS_STYLE = sorted((ROOT / "class_style").glob("modeling_*.py"))
 INTERFACE_STYLE = sorted((ROOT / "interface_style").glob("modeling_*.py"))  # transformers 5 files
-PORTABLE = CLASS_STYLE + INTERFACE_STYLE
+INLINE_STYLE = sorted((ROOT / "inline_style").glob("modeling_*.py"))  # remote code the class style cannot wire
+PORTABLE = CLASS_STYLE + INTERFACE_STYLE + INLINE_STYLE
 REFUSED = {
     "modeling_tiny_topk.py": ("TinyTopKAttention", 16, "`.topk()` is applied to the scores"),
     "modeling_tiny_value_relative.py": ("TinyRelativeAttention", 23, "the probabilities are used after the product with V"),
@@ -48,7 +49,7 @@ def test_port_is_idempotent(path: Path) -> None:
     assert twice.source == once.source
 
 
-@pytest.mark.parametrize("path", CLASS_STYLE, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CLASS_STYLE + INLINE_STYLE, ids=lambda p: p.name)
 def test_untouched_outside_edited_regions(path: Path) -> None:
     """Every line of the input survives, in order: the port only adds lines or replaces edited statements."""
     before = path.read_text(encoding="utf-8").splitlines()

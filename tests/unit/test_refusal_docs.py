@@ -17,21 +17,25 @@ from sdpa_port import Status, port_source
 from sdpa_port.refusals import Code
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "refusals.md"
-MARK = re.compile(r"<!-- (example|scaffold): (\S+)(?: (\S+))? -->\n```python\n(.*?)```", re.S)
+# `<!-- example: CODE FORM [STYLE] -->`: FORM is `file` or `forward` (the body of the scaffold's forward); STYLE the
+# `--style` the example is ported with, auto where none is given
+MARK = re.compile(r"<!-- (example|scaffold): (\S+)(?: (\S+))?(?: (\S+))? -->\n```python\n(.*?)```", re.S)
 
 
-def blocks() -> tuple[str, dict[str, tuple[str, str]]]:
+def blocks() -> tuple[str, dict[str, tuple[str, str]], dict[str, str]]:
     scaffold = ""
     examples: dict[str, tuple[str, str]] = {}
-    for kind, first, second, body in MARK.findall(DOC.read_text(encoding="utf-8")):
+    styles: dict[str, str] = {}
+    for kind, first, second, style, body in MARK.findall(DOC.read_text(encoding="utf-8")):
         if kind == "scaffold":
             scaffold = body
         else:
             examples[first] = (second, body)
-    return scaffold, examples
+            styles[first] = style or "auto"
+    return scaffold, examples, styles
 
 
-SCAFFOLD, EXAMPLES = blocks()
+SCAFFOLD, EXAMPLES, STYLES = blocks()
 
 
 PARTS = ("What it is", "Why no exact SDPA call expresses it", "What would make it portable", "Example")
@@ -106,7 +110,7 @@ def test_section_has_the_four_parts_in_order(code: str) -> None:
 def test_example_gets_its_code(code: str) -> None:
     source = source_of(code)
     compile(source, f"{code}.py", "exec")
-    result = port_source(source, filename=f"modeling_{code.lower()}.py")
+    result = port_source(source, filename=f"modeling_{code.lower()}.py", style=STYLES[code])
     assert result.status is Status.REFUSED, (result.status, result.detail)
     assert {r.code.code for r in result.refusals} == {code}, result.reasons
     assert result.source == source

@@ -1,0 +1,199 @@
+"""Inline style (remote code): the eager computation replaced where it stands, in its own class.
+
+For exact attention that Transformers' wiring cannot reach: a module built with no `config` in scope, or built in
+another file, where no SDPA class could be selected. The class keeps its name and its place; its `forward` becomes
+the SDPA forward the class style would write, and the eager forward stays beside it, renamed, only where SDPA cannot
+return what a call asks for (attention weights, head masks). No implementation setting is read: the module computes
+with SDPA whatever `config._attn_implementation` says, and the port says so.
+
+Before, where `Block` builds `Attention(dim, heads)` from constructor arguments:
+
+    class Attention(nn.Module):
+        def forward(self, x, output_attentions=False):
+            ...
+            probs = (q @ k.transpose(-2, -1) * self.scale).softmax(-1)
+            return probs @ v, probs if output_attentions else None
+
+After:
+
+    class Attention(nn.Module):
+        def forward(self, x, output_attentions=False):
+            if output_attentions:
+                return self._eager_forward(x, output_attentions=output_attentions)
+            ...
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=self.scale), None
+
+        def _eager_forward(self, x, output_attentions=False):
+            <the eager forward, unchanged>
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.analyse.lines import Lines
+from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
+from sdpa_port.analyse.sdpa_side import SdpaSide, read_sdpa_side
+from sdpa_port.analyse.selection import supports_sdpa
+from sdpa_port.plan.class_style import always_asked_for_weights
+from sdpa_port.plan.gate import authors_refusal, unreached_side_refusal
+from sdpa_port.refusals import Code, Refuse, Refusal
+from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
+from sdpa_port.rewrite.sdpa_forward import build_sdpa_forward
+from sdpa_port.rewrite.sdpa_state import MaskContract
+
+EAGER_METHOD = "_eager_forward"
+
+# said of every in-place port: the module no longer follows the implementation setting
+UNSELECTED = (
+    "{name} computes its attention with SDPA in place, whatever `config._attn_implementation` says (the {why}); "
+    "calls asking for what only eager gives ({fallback}) run the eager forward kept as `{eager}`"
+)
+UNSELECTED_NO_FALLBACK = (
+    "{name} computes its attention with SDPA in place, whatever `config._attn_implementation` says (the {why}); "
+    "no call can ask for what only eager gives, so no eager forward is kept"
+)
+
+
+@dataclass(frozen=True)
+class InlineClassPlan:
+    """One class ported in place: its new forward, and the name the eager forward keeps (None: not kept)."""
+
+    analysis: ClassAnalysis
+    forward: cst.FunctionDef  # the SDPA forward, without its fallback
+    side: SdpaSide
+    eager_name: str | None
+
+    @property
+    def fallback_test(self) -> str:
+        return " or ".join([*self.side.falsy, *(f"{name} is not None" for name in self.side.none)])
+
+
+@dataclass
+class InlinePlan:
+    classes: list[InlineClassPlan] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def plan_inline_style(
+    module: cst.Module, facts: ModuleFacts, lines: Lines, only: frozenset[str] | None = None, why: str = ""
+) -> InlinePlan | PortResult:
+    """Decide every in-place edit, or return the result that says why nothing is edited.
+
+    `why`: why the class style could not wire the file (said in the warnings), empty when inline was asked for."""
+    if supports_sdpa(facts):
+        return PortResult(Status.UNCHANGED, module.code, Style.INLINE, "already supports SDPA")
+    analyses = [a for a in attention_classes(facts, lines, only) if a.sites or a.refusal is not None]
+    if not analyses:
+        return PortResult(Status.UNCHANGED, module.code, Style.INLINE, NO_ATTENTION)
+    names = tuple(a.class_name for a in analyses)
+    if all(_calls_sdpa(facts.classes[a.class_name].methods.get("forward")) for a in analyses):
+        # each forward already computes with SDPA (an in-place port, or the authors' own), keeping eager beside it
+        return PortResult(Status.UNCHANGED, module.code, Style.INLINE, "already supports SDPA")
+    authors = authors_refusal(facts)
+    if authors is not None:
+        return PortResult.refused(module.code, Style.INLINE, [authors], names)
+    # a class that inherits its forward from another is ported through that class, or not at all
+    owners = [a for a in analyses if "forward" in facts.classes[a.class_name].methods]
+    ported = [a for a in owners if a.refusal is None]
+    refused = [a.refusal for a in analyses if a.refusal is not None]
+    if not ported:
+        return PortResult.refused(module.code, Style.INLINE, refused, names)
+    plan = InlinePlan()
+    reasons: list[Refusal] = []
+    for analysis in ported:
+        planned = _plan_class(facts, analysis, analyses)
+        if isinstance(planned, Refusal):
+            reasons.append(planned)
+        else:
+            plan.classes.append(planned)
+    if reasons:
+        return PortResult.refused(module.code, Style.INLINE, reasons, names)
+    kept = [r for r in refused if r.where not in {item.analysis.class_name for item in plan.classes}]
+    plan.warnings.extend(f"{refusal.where} stays eager: {refusal}" for refusal in kept)
+    plan.warnings.extend(_unselected(item, why or "inline style was asked for") for item in plan.classes)
+    return plan
+
+
+def _plan_class(
+    facts: ModuleFacts, analysis: ClassAnalysis, analyses: list[ClassAnalysis]
+) -> InlineClassPlan | Refusal:
+    inert = always_asked_for_weights(facts, analysis) or unreached_side_refusal(facts, analysis)
+    if inert is not None:
+        return inert
+    heir = _overriding_subclass(facts, analysis.class_name, analyses)
+    if heir is not None:
+        return heir
+    try:
+        side = read_sdpa_side(facts, analysis)
+        forward = build_sdpa_forward(facts, side, MaskContract())
+    except Refuse as error:
+        return error.placed(analysis.class_name, analysis.sites[0].line if analysis.sites else 0)
+    eager_name = None
+    if side.falsy or side.none:
+        eager_name = EAGER_METHOD
+        taken = _names_of(facts, analysis.class_name)
+        while eager_name in taken:
+            eager_name = "_" + eager_name
+    return InlineClassPlan(analysis, forward, side, eager_name)
+
+
+def _calls_sdpa(forward: cst.FunctionDef | None) -> bool:
+    """The method calls `scaled_dot_product_attention` itself, however the function is reached."""
+    sdpa = m.Call(func=m.Name("scaled_dot_product_attention") | m.Attribute(attr=m.Name("scaled_dot_product_attention")))
+    return forward is not None and bool(m.findall(forward, sdpa))
+
+
+def _names_of(facts: ModuleFacts, class_name: str) -> set[str]:
+    """Every method and attribute name a class and its in-file bases and subclasses use."""
+    names: set[str] = set()
+    for info in facts.classes.values():
+        if info.name == class_name or class_name in {b.name for b in facts.mro(info.name)}:
+            for base in facts.mro(info.name):
+                names |= set(base.methods) | set(base.class_vars) | set(base.attributes)
+    return names
+
+
+def _overriding_subclass(facts: ModuleFacts, class_name: str, analyses: list[ClassAnalysis]) -> Refusal | None:
+    """A subclass in the file inherits the new forward: it may not change what that forward reads.
+
+    It may add an `__init__`; any other method it defines could be one the SDPA forward calls or writes out, and an
+    attribute it sets could be one whose value the port's proof read from the base class."""
+    by_name = {a.class_name: a for a in analyses}
+    for name, info in facts.classes.items():
+        if name == class_name or class_name not in {b.name for b in facts.mro(name)}:
+            continue
+        methods = sorted(set(info.methods) - {"__init__"})
+        overriding = set(info.attributes) & set(facts.classes[class_name].attributes)
+        heir = by_name.get(name)
+        if methods or (overriding and (heir is None or heir.refusal is not None)):
+            what = f"defines {', '.join(methods)}" if methods else f"sets {', '.join(sorted(overriding))} again"
+            return Refusal(
+                Code.INLINE_SUBCLASS,
+                class_name,
+                0,
+                f"its subclass {name} {what}, and would inherit an SDPA forward proven for {class_name} alone",
+            )
+        if heir is not None and heir.refusal is not None:
+            return Refusal(
+                Code.INLINE_SUBCLASS,
+                class_name,
+                0,
+                f"its subclass {name} inherits the forward and is refused: {heir.refusal}",
+            )
+    return None
+
+
+def _unselected(item: InlineClassPlan, why: str) -> str:
+    name = item.analysis.class_name
+    if item.eager_name is None:
+        return UNSELECTED_NO_FALLBACK.format(name=name, why=why)
+    parts = [f"`{flag}`" for flag in item.side.falsy] + [f"`{param}`" for param in item.side.none]
+    return UNSELECTED.format(name=name, why=why, fallback=", ".join(parts), eager=item.eager_name)
+
+
+__all__ = ["InlineClassPlan", "InlinePlan", "plan_inline_style", "EAGER_METHOD"]
