@@ -10,6 +10,7 @@ from sdpa_port.analyse.trace import KeepAction
 from sdpa_port.bench.options import Clock, Malloc, Padding
 from sdpa_port.plan.threading import _CallFinder
 from sdpa_port.verify import checks
+from sdpa_port.verify.stubs import StandInModule, _Finder
 
 KeepAction.DTYPE
 KeepAction.DEVICE
@@ -26,3 +27,5 @@ _CallFinder.METADATA_DEPENDENCIES
 _.use_cache  # generation_config fields transformers' static-cache export reads
 _.cache_implementation
 _.cache_config
+StandInModule.__path__  # a package to the import system: its submodules are stand-ins too
+_Finder.create_module  # importlib's Loader protocol

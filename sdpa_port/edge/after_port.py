@@ -41,11 +41,21 @@ def verify_port(input_path: Path, original_source: str, result: PortResult, clai
 
     with tempfile.TemporaryDirectory(prefix="sdpa-port-verify-") as directory, transformers_quiet():
         try:
-            package = package_for(package_of(input_path), original_source, input_path)
-            original = load_source_in_package(original_source, package, Path(directory), f"{input_path.stem}_original")
-            ported = load_source_in_package(result.source, package, Path(directory), f"{input_path.stem}_ported")
-            claims = claims and result.style is Style.INTERFACE
-            checks = verify_pair(original, ported, claims=claims)
+            try:
+                package = package_for(package_of(input_path), original_source, input_path)
+                original = load_source_in_package(original_source, package, Path(directory), f"{input_path.stem}_original")
+                ported = load_source_in_package(result.source, package, Path(directory), f"{input_path.stem}_ported")
+            except ImportError as error:  # NoPackage too: its own package is not importable here
+                checks = _with_stand_ins(input_path, original_source, result, Path(directory), error)
+                claims = False
+            else:
+                claims = claims and result.style is Style.INTERFACE
+                if result.style is Style.INLINE:
+                    from sdpa_port.verify.inline import verify_inline
+
+                    checks = verify_inline(original, ported, result.attention_classes)
+                else:
+                    checks = verify_pair(original, ported, claims=claims)
             reasons = verdicts(checks) if claims else {}
             claimed = tuple((flag, claiming_classes(ported, flag)) for flag, why in reasons.items() if not why)
         except Exception as error:  # an import or run failure of user code is a failed verification
@@ -60,6 +70,32 @@ def verify_port(input_path: Path, original_source: str, result: PortResult, clai
         reasons = {"": "not checked: only models taking token ids are run compiled and under flex attention"}
     not_claimed = tuple((flag, why) for flag, why in reasons.items() if why)
     return Verification(passed, tuple(str(c) for c in checks), undriven, claimed=claimed, not_claimed=not_claimed)
+
+
+def _with_stand_ins(input_path: Path, original_source: str, result: PortResult, directory: Path, error: ImportError) -> list:  # type: ignore[type-arg]
+    """The port's attention classes checked on their own, both files loaded with stand-ins for what they import from
+    a package this Python cannot import (`verify/stubs.py`); `error` is raised again when even that cannot load them."""
+    from sdpa_port.verify.alone import verify_alone
+    from sdpa_port.verify.checks import Check
+    from sdpa_port.verify.diagnose import attention_classes
+    from sdpa_port.verify.inline import check_class
+    from sdpa_port.verify.stubs import load_with_stand_ins, missing_imports
+
+    tops, relative = missing_imports(original_source)
+    try:
+        original = load_with_stand_ins(original_source, directory, f"{input_path.stem}_original")
+        ported = load_with_stand_ins(result.source, directory, f"{input_path.stem}_ported")
+    except Exception:
+        raise error from None
+    standing = [f"`{top}`" for top in tops] + (["its relative imports"] if relative else [])
+    why = (
+        f"not loadable as it is here ({type(error).__name__}: {str(error)[:120]}); loaded with stand-ins for "
+        f"{', '.join(standing) or 'nothing'}, so only its attention classes are checked, on their own"
+    )
+    if result.style is Style.INLINE:
+        note = Check("attention modules checked on their own", True, None, why)
+        return [note, *(check_class(original, ported, name) for name in result.attention_classes)]
+    return verify_alone(original, ported, attention_classes(original, ported), why)
 
 
 def package_of(input_path: Path) -> str:
@@ -77,12 +113,20 @@ NO_PARITY_TEST = (
 )
 
 
+NO_INLINE_PARITY_TEST = (
+    "no parity test written: an in-place port keeps no eager implementation to compare against inside the file; "
+    "`--verify` compares it with the original file"
+)
+
+
 def write_parity_test(input_path: Path, written: Path, result: PortResult, tests_dir: Path | None) -> Path | None:
     """Write the port's parity test, or return None when no test can be made for the file.
 
     In a checkout the test goes beside the model's own tests, built on its testers. `NO_PARITY_TEST` says why there may
     be none.
     """
+    if result.style is Style.INLINE:
+        return None
     style = result.style.value if result.style else "auto"
     checkout = find_checkout(input_path)
     tester_source = None

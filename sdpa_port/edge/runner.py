@@ -15,7 +15,7 @@ from sdpa_port.edge.files import InputError, Target, atomic_write, read_source
 from sdpa_port.edge.modular_step import carry_into_modular, generated_from_modular, modular_source_of
 from sdpa_port.edge.outcome import Outcome, RunOptions, Summary, Writes
 from sdpa_port.edge.pool import available_cores, run_here, run_in_processes
-from sdpa_port.result import PortResult, Status
+from sdpa_port.result import PortResult, Status, Style
 
 
 def process(target: Target, options: RunOptions) -> Outcome:
@@ -125,9 +125,10 @@ def write_out(outcome: Outcome, options: RunOptions) -> Outcome:
 
             tests = write_parity_test(outcome.path, destination, result, options.tests_dir)
             if tests is None:
-                from sdpa_port.edge.after_port import NO_PARITY_TEST
+                from sdpa_port.edge.after_port import NO_INLINE_PARITY_TEST, NO_PARITY_TEST
 
-                result = replace(result, warnings=result.warnings + (NO_PARITY_TEST,))
+                why = NO_INLINE_PARITY_TEST if result.style is Style.INLINE else NO_PARITY_TEST
+                result = replace(result, warnings=result.warnings + (why,))
     except OSError as error:
         message = f"{destination}: cannot write: {error.strerror or error}"
         failed = PortResult(Status.ERROR, outcome.original, result.style, "write failed", reasons=(message,))

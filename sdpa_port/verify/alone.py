@@ -157,9 +157,7 @@ def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
             continue
         name = parameter.name
         if name == "config":
-            if config is None:
-                raise _CannotBuild(f"its constructor takes `{name}` and the file has no config class")
-            out[name] = config
+            out[name] = config if config is not None else generic_config(klass)
         elif _WIDTHS.match(name):
             out[name] = HIDDEN
         elif _HEADS.match(name):
@@ -169,6 +167,46 @@ def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
         elif parameter.default is parameter.empty:
             raise _CannotBuild(f"no value for its constructor's parameter `{name}`")
     return out
+
+
+_SIZES = re.compile(r"(^|_)(head_dim|head_size|attention_head_size|kv_channels)$")
+_LENGTHS = re.compile(r"(max_position_embeddings|_length|_len|window_size|n_positions|n_ctx)$")
+_EPSILONS = re.compile(r"(eps|epsilon)$")
+_CONFIG_READS = re.compile(r"\bconfig\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def generic_config(klass: type) -> Any:
+    """A config for a class whose file has no config class (remote code keeps it in another file): a
+    `PretrainedConfig` holding each `config.<name>` the class reads, valued by
+    the name (widths, heads, head sizes, lengths, rates, epsilons); a name none of those fits cannot be given."""
+    from transformers import PretrainedConfig
+
+    try:
+        source = inspect.getsource(klass)
+    except (OSError, TypeError) as error:
+        raise _CannotBuild(f"its constructor takes `config`, the file has no config class, and its source is unread: {error}") from error
+    values: dict[str, Any] = {}
+    for name in dict.fromkeys(_CONFIG_READS.findall(source)):
+        if name.startswith("_") or name in ("to_dict", "get", "update"):
+            continue
+        if _HEADS.match(name) or name in ("num_key_value_heads", "num_attention_heads"):
+            values[name] = HEADS
+        elif _WIDTHS.match(name):
+            values[name] = HIDDEN
+        elif _SIZES.search(name):
+            values[name] = HIDDEN // HEADS
+        elif _LENGTHS.search(name):
+            values[name] = 64
+        elif _RATES.search(name) or name.endswith(("_prob", "_dropout")):
+            values[name] = 0.0
+        elif _EPSILONS.search(name):
+            values[name] = 1e-5
+        else:
+            raise _CannotBuild(f"its constructor reads `config.{name}`, and the file has no config class to give it")
+    config = PretrainedConfig(**values)
+    for name, value in values.items():
+        setattr(config, name, value)
+    return config
 
 
 def _eager_arguments(arguments: dict[str, Any]) -> dict[str, Any]:

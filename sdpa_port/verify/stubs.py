@@ -1,0 +1,154 @@
+"""Load a file whose own package cannot be imported here, with stand-ins for what it imports from that package.
+
+Imports torch only through the file it loads.
+
+Remote code imports its own package (`from .utils import to_2tuple`, `from modelscope.models.base import Model`);
+neither the package nor its dependencies are installed where a port is verified. Its attention classes, though,
+usually need torch alone. The file is then executed as a module of a package of its own, and every import it makes
+outside a `try` block that this Python cannot satisfy (its relative imports, absolute imports of missing top-level
+packages) gets a stand-in module. A name taken from a stand-in is a class that can be subclassed and instantiated,
+and whose instances fail on any use: a check that reaches one raises, and reports the class as not verified, never
+as a pass. Imports inside a `try` block stay real, so an optional fast path (xformers) is never taken by a stand-in.
+Original and port are loaded with the same stand-ins.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterator, Sequence
+
+PACKAGE = "_sdpa_port_stubbed"
+DEPTH = 6  # package levels above the file: room for `from ......utils import x`
+
+
+class StubUsed(RuntimeError):
+    """A stand-in for an import this Python cannot satisfy was used."""
+
+
+class _Stand:
+    """The base of every stand-in class: it can be subclassed and built; its instances fail when used."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise StubUsed(f"{type(self).__qualname__} stands in for an import this Python cannot satisfy")
+
+    def __getattr__(self, name: str) -> Any:
+        raise StubUsed(f"{type(self).__qualname__}.{name} stands in for an import this Python cannot satisfy")
+
+
+class StandInModule(ModuleType):
+    """A module whose every attribute is a stand-in class (a package too: its submodules are stand-ins)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.__path__: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = type(name, (_Stand,), {"__module__": self.__name__})
+        setattr(self, name, value)
+        return value
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Last on `sys.meta_path`: stands in for the names given, and for anything under the stand-in package."""
+
+    def __init__(self, tops: frozenset[str]) -> None:
+        self.tops = tops
+        self.made: list[str] = []  # the stand-in modules made, taken out of `sys.modules` again after loading
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
+        top = fullname.split(".")[0]
+        if top in self.tops or fullname.startswith(PACKAGE + "."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        self.made.append(spec.name)
+        return StandInModule(spec.name)
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass
+
+
+def missing_imports(source: str) -> tuple[list[str], bool]:
+    """The top-level packages the file imports outside `try` blocks that this Python cannot import, and whether it
+    has relative imports there."""
+    tree = ast.parse(source)
+    guarded = {id(node) for statement in ast.walk(tree) if isinstance(statement, ast.Try) for node in ast.walk(statement)}
+    tops: list[str] = []
+    relative = False
+    for node in ast.walk(tree):
+        if id(node) in guarded:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                relative = True
+                continue
+            names = [node.module or ""]
+        for name in names:
+            top = name.split(".")[0]
+            if top and top not in tops and importlib.util.find_spec(top) is None:
+                tops.append(top)
+    return tops, relative
+
+
+@contextlib.contextmanager
+def stand_ins(tops: Sequence[str]) -> Iterator[None]:
+    finder = _Finder(frozenset(tops))
+    sys.meta_path.append(finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in finder.made:  # later imports of those names fail as they would have
+            if not name.startswith(PACKAGE + "."):
+                sys.modules.pop(name, None)
+
+
+def load_with_stand_ins(source: str, directory: Path, stem: str) -> ModuleType:
+    """Execute `source` as a module of a package of its own, missing imports standing in (module docstring)."""
+    tops, _ = missing_imports(source)
+    digest = hashlib.sha1(source.encode()).hexdigest()[:10]
+    # a package per file: its relative imports (`.utils`, `..layers`) land in stand-in modules under it
+    parts = [PACKAGE, f"{stem}_{digest}", *(f"level{depth}" for depth in range(DEPTH))]
+    for end in range(1, len(parts) + 1):
+        name = ".".join(parts[:end])
+        if name not in sys.modules:
+            holder = ModuleType(name)
+            holder.__path__ = []
+            sys.modules[name] = holder
+    package = ".".join(parts)
+    path = Path(directory) / f"{stem}_{digest}.py"
+    path.write_text(source, encoding="utf-8")
+    name = f"{package}.{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = package
+    sys.modules[name] = module
+    with stand_ins(tops):
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    module.__sdpa_port_source__ = source  # type: ignore[attr-defined]
+    return module
+
+
+__all__ = ["load_with_stand_ins", "missing_imports", "StubUsed", "StandInModule"]

@@ -1,0 +1,111 @@
+"""Inline-style ports (remote code the class style cannot wire) verified inside transformers 4.40.2.
+
+The golden ports of `fixtures/inline_style/` are checked against their fixtures as `--verify` checks them
+(`verify/inline.py`), and so are ports of remote code that imports its own package (loaded with stand-ins,
+`verify/stubs.py`). Each sabotage is a port wrong in one way a port could be: the checks must see it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sdpa_port import Status, port_source
+
+pytestmark = pytest.mark.tf440
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+INLINE = sorted((FIXTURES / "inline_style").glob("modeling_*.py"))
+
+
+def _verify(path: Path, source: str):  # type: ignore[no-untyped-def]
+    from sdpa_port.edge.after_port import verify_port
+
+    result = port_source(path.read_text(encoding="utf-8"), filename=path.name)
+    assert result.status is Status.PORTED and result.style == "inline", result.reasons
+    from dataclasses import replace
+
+    return verify_port(path, path.read_text(encoding="utf-8"), replace(result, source=source))
+
+
+@pytest.mark.parametrize("path", INLINE, ids=lambda p: p.name)
+def test_golden_inline_port_verifies(path: Path) -> None:
+    golden = (FIXTURES / "golden" / path.name).read_text(encoding="utf-8")
+    verification = _verify(path, golden)
+    assert verification.passed, "\n".join(verification.lines)
+    lines = "\n".join(verification.lines)
+    assert "the rewritten computation ran under: defaults" in lines, lines
+    # the kept eager forward answers a request for the weights exactly
+    assert "with output_attentions=True max|diff|=0" in lines, lines
+
+
+# each a port wrong in one way: a scale off, a term dropped, the fallback not taken, the mask ignored
+SABOTAGES = {
+    "modeling_tiny_tower.py": [
+        ("scale halved", "scale=1.0,", "scale=0.5,"),
+        ("bias dropped", "sdpa_mask = self.relative_bias(N)", "sdpa_mask = torch.zeros_like(self.relative_bias(N))"),
+        ("mask dropped", "sdpa_mask = sdpa_mask + mask", "sdpa_mask = sdpa_mask"),
+    ],
+    "modeling_tiny_elsewhere.py": [
+        ("scale squared", "scale=1.0 / (self.attention_head_size**0.5)", "scale=1.0 / self.attention_head_size"),
+        ("fallback skipped", "if output_attentions or head_mask is not None:", "if False:"),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "name,label,old,new", [(name, *sabotage) for name, items in SABOTAGES.items() for sabotage in items]
+)
+def test_sabotaged_inline_port_fails(name: str, label: str, old: str, new: str) -> None:
+    path = FIXTURES / "inline_style" / name
+    golden = (FIXTURES / "golden" / name).read_text(encoding="utf-8")
+    assert old in golden, label
+    verification = _verify(path, golden.replace(old, new, 1))
+    assert not verification.passed, f"{label}: " + "\n".join(verification.lines)
+
+
+def test_remote_code_with_unimportable_imports_is_checked_with_stand_ins(tmp_path: Path) -> None:
+    """A file importing its own package (relative and absolute) is loaded with stand-ins; its attention classes are
+    checked on their own, and a sabotage is still seen."""
+    tower = (FIXTURES / "inline_style" / "modeling_tiny_tower.py").read_text(encoding="utf-8")
+    source = tower.replace(
+        "from torch import nn\n",
+        "from torch import nn\n\nfrom .helpers import to_2tuple\nfrom some_missing_package.layers import DropPath\n",
+    )
+    path = tmp_path / "tower_attention.py"
+    path.write_text(source, encoding="utf-8")
+    result = port_source(source, filename=path.name)
+    assert result.status is Status.PORTED and result.style == "inline", result.reasons
+    from sdpa_port.edge.after_port import verify_port
+
+    verification = verify_port(path, source, result)
+    lines = "\n".join(verification.lines)
+    assert verification.passed, lines
+    assert "stand-ins for `some_missing_package`, its relative imports" in lines, lines
+    sabotaged = replace_result(result, result.source.replace("scale=1.0,", "scale=0.5,", 1))
+    assert not verify_port(path, source, sabotaged).passed
+
+
+def test_a_stand_in_used_at_run_time_is_not_a_pass(tmp_path: Path) -> None:
+    """An attention class that calls what a stand-in replaced cannot be checked: not verified, never a pass."""
+    tower = (FIXTURES / "inline_style" / "modeling_tiny_tower.py").read_text(encoding="utf-8")
+    source = tower.replace("from torch import nn\n", "from torch import nn\n\nfrom .helpers import scale_of\n")
+    source = re.sub(r"q = q / math\.sqrt\(self\.head_dim\)", "q = q * scale_of(self.head_dim)", source)
+    path = tmp_path / "tower_used.py"
+    path.write_text(source, encoding="utf-8")
+    result = port_source(source, filename=path.name)
+    if result.status is not Status.PORTED:
+        pytest.skip(f"not ported: {result.reasons}")
+    from sdpa_port.edge.after_port import verify_port
+
+    verification = verify_port(path, source, result)
+    assert not verification.passed
+    assert verification.undriven is not None, verification.lines
+
+
+def replace_result(result, source: str):  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    return replace(result, source=source)
