@@ -224,7 +224,8 @@ def built_models(
     sharpen(reference)
     try:
         eager = ported.FuzzModel._from_config(config(), attn_implementation="eager")
-        sdpa = ported.FuzzModel._from_config(config(), attn_implementation="sdpa")
+        # an inline port selects nothing (and sets no flag): the model built eager is the one that runs SDPA
+        sdpa = eager if spec.style == "inline" else ported.FuzzModel._from_config(config(), attn_implementation="sdpa")
         eager.load_state_dict(reference.state_dict())
         sdpa.load_state_dict(reference.state_dict())
     except Exception as error:  # noqa: BLE001
@@ -261,18 +262,19 @@ def compare_modules(spec: Spec, original: Any, ported: Any, tolerance: float = S
         if isinstance(built, Verdict):
             return built
         reference, eager, sdpa = built
-        if sdpa.config._attn_implementation != "sdpa":
+        if spec.style != "inline" and sdpa.config._attn_implementation != "sdpa":
             return Verdict("inert", f"built with {sdpa.config._attn_implementation!r}")
         for case, expected, label in reference_cases(spec, reference, flags, verdict):
             ran_any = True
-            try:
-                eager_out = run(eager, case)
-            except Exception as error:  # noqa: BLE001
-                return Verdict("crash", f"{label}: port, eager: {type(error).__name__}: {error}")
-            gap = difference(expected, eager_out, case.keep)
-            verdict.checks += 1
-            if gap > EAGER_TOLERANCE:
-                return Verdict("wrong", f"{label}: the port's eager output changed by {gap:.3g}")
+            if spec.style != "inline":
+                try:
+                    eager_out = run(eager, case)
+                except Exception as error:  # noqa: BLE001
+                    return Verdict("crash", f"{label}: port, eager: {type(error).__name__}: {error}")
+                gap = difference(expected, eager_out, case.keep)
+                verdict.checks += 1
+                if gap > EAGER_TOLERANCE:
+                    return Verdict("wrong", f"{label}: the port's eager output changed by {gap:.3g}")
             try:
                 with spying() as spy:
                     sdpa_out = run(sdpa, case)
@@ -367,7 +369,7 @@ def judge(spec: Spec, transform: Callable[[str], str] | None = None) -> Verdict:
 
     source = render(spec)
     try:
-        result = port_source(source, filename="modeling_fuzz.py")
+        result = port_source(source, filename="modeling_fuzz.py", style=spec.style)
     except Exception as error:  # noqa: BLE001 - the pure API must never raise
         return Verdict("crash", f"port_source raised {type(error).__name__}: {error}\n{traceback.format_exc()}")
     if result.status is Status.REFUSED:

@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0:200", help="seeds as START:STOP or a comma list")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
-        "--family", choices=("440", "523"), default="440",
-        help="440: class-style files run in transformers 4.40.2; 523: interface-style files run in 5.23.0",
+        "--family", choices=("440", "523", "inline"), default="440",
+        help="440: class-style files run in transformers 4.40.2; 523: interface-style files run in 5.23.0; inline: "
+        "4.40.2 files ported in place (--style inline) run in 4.40.2",
     )
     parser.add_argument("--shrink", action="store_true", help="reduce each failure to a minimal spec")
     parser.add_argument("--out", type=Path, default=None, help="write failing (shrunk) files here")

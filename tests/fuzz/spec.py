@@ -66,7 +66,9 @@ HAZARDS = (
 SEMANTIC_HAZARDS = frozenset({"dropout_before_softmax", "authors_off"})
 
 
-FAMILIES = ("440", "523")  # transformers 4.40.2 (class style) and 5.23.0 (interface style) skeletons
+# transformers 4.40.2 (class style) and 5.23.0 (interface style) skeletons; "inline" draws 4.40.2 skeletons of its own
+# and ports them with `--style inline` (each attention class rewritten in place, judged against the original)
+FAMILIES = ("440", "523", "inline")
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,8 @@ class Spec:
     # 5.x: the attention adds its mask to a bias of its own in forward, `own_bias = zeros(...) + attention_mask`, and
     # adds that sum to the scores (T5's form before transformers ported it): the mask is read beside the chain
     mask_read: bool = False
+    # the style the file is ported with: "auto", or "inline" (the inline family: its forward rewritten in place)
+    style: str = "auto"
 
     # -------------------------------------------------------------- derived facts
 
@@ -242,7 +246,12 @@ def _pick(rng: random.Random, choices: tuple[str, ...], weights: tuple[float, ..
 
 def draw(seed: int, family: str = "440") -> Spec:
     """A consistent random spec; most cases are portable, about one in six carries a hazard."""
-    rng = random.Random(seed if family == "440" else f"{family}:{seed}")
+    if family == "inline":  # 4.40.2 skeletons drawn from seeds of their own, ported in place
+        return replace(_draw(seed, "440", random.Random(f"inline:{seed}")), style="inline")
+    return _draw(seed, family, random.Random(seed if family == "440" else f"{family}:{seed}"))
+
+
+def _draw(seed: int, family: str, rng: random.Random) -> Spec:
     layout = _pick(rng, LAYOUTS, (3, 1))
     product = _pick(rng, HEAD_PRODUCTS, (4, 2, 1, 1, 1, 1, 1, 1)) if layout == "heads" else _pick(rng, FLAT_PRODUCTS)
     causal = _pick(rng, CAUSAL_SOURCES, (2, 2, 3))

@@ -14,9 +14,9 @@ from regressions import REGRESSIONS, regression
 from run import run_seeds
 from spec import Spec, normalise
 
-SEEDS = {"440": 500, "523": 300}
+SEEDS = {"440": 500, "523": 300, "inline": 200}
 BLOCK = 50
-FAMILY_MARK = {"440": pytest.mark.tf440, "523": pytest.mark.tf523}
+FAMILY_MARK = {"440": pytest.mark.tf440, "523": pytest.mark.tf523, "inline": pytest.mark.tf440}
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
 
@@ -109,3 +109,15 @@ def test_judge_sees_a_broken_port(kind: str) -> None:
     verdict = judge(spec, transform=sabotaged(kind))
     assert verdict.kind == "wrong", f"{kind}: {verdict.kind} {verdict.detail}"
     assert verdict.kind in FAILURES
+
+
+@pytest.mark.tf440
+@pytest.mark.parametrize("kind", ["scale", "mask", "dropout"])
+def test_judge_sees_a_broken_inline_port(kind: str) -> None:
+    """The inline family's judge compares the in-place port with the original alone: it must still see each."""
+    from dataclasses import replace
+
+    spec = replace(normalise(SABOTAGE_SPECS[kind]), style="inline")
+    assert judge(spec).kind == "exact"
+    verdict = judge(spec, transform=sabotaged(kind))
+    assert verdict.kind == "wrong", f"{kind}: {verdict.kind} {verdict.detail}"
