@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 import libcst.matchers as m
 
+from sdpa_port.analyse.cstutil import code
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
@@ -125,14 +126,14 @@ def _plan_class(
     inert = always_asked_for_weights(facts, analysis) or unreached_side_refusal(facts, analysis)
     if inert is not None:
         return inert
-    heir = _overriding_subclass(facts, analysis.class_name, analyses)
-    if heir is not None:
-        return heir
     try:
         side = read_sdpa_side(facts, analysis)
         forward = build_sdpa_forward(facts, side, MaskContract())
     except Refuse as error:
         return error.placed(analysis.class_name, analysis.sites[0].line if analysis.sites else 0)
+    heir = _heir_refusal(facts, analysis.class_name, forward, analyses)
+    if heir is not None:
+        return heir
     eager_name = None
     if side.falsy or side.none:
         eager_name = EAGER_METHOD
@@ -158,34 +159,47 @@ def _names_of(facts: ModuleFacts, class_name: str) -> set[str]:
     return names
 
 
-def _overriding_subclass(facts: ModuleFacts, class_name: str, analyses: list[ClassAnalysis]) -> Refusal | None:
-    """A subclass in the file inherits the new forward: it may not change what that forward reads.
-
-    It may add an `__init__`; any other method it defines could be one the SDPA forward calls or writes out, and an
-    attribute it sets could be one whose value the port's proof read from the base class."""
+def _heir_refusal(
+    facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, analyses: list[ClassAnalysis]
+) -> Refusal | None:
+    """A subclass in the file that inherits the new forward (or calls it through `super().forward`) must be one it
+    is proven for: the subclass defines no other method, and its own port would write the same SDPA forward (an
+    attribute it sets again, such as the scale, may change what that forward must be)."""
     by_name = {a.class_name: a for a in analyses}
     for name, info in facts.classes.items():
         if name == class_name or class_name not in {b.name for b in facts.mro(name)}:
             continue
-        methods = sorted(set(info.methods) - {"__init__"})
-        overriding = set(info.attributes) & set(facts.classes[class_name].attributes)
+        own = info.methods.get("forward")
+        if own is not None and not m.findall(own, m.Call(func=m.Attribute(attr=m.Name("forward")))):
+            continue  # its own forward, which never runs the base class's: ported (or refused) on its own
+        methods = sorted(set(info.methods) - {"__init__", "forward"})
         heir = by_name.get(name)
-        if methods or (overriding and (heir is None or heir.refusal is not None)):
-            what = f"defines {', '.join(methods)}" if methods else f"sets {', '.join(sorted(overriding))} again"
+        why = None
+        if methods:
+            why = f"defines {', '.join(methods)}"
+        elif own is not None:
+            why = "calls the base class's forward from its own"
+        elif heir is not None and heir.refusal is not None:
+            why = f"inherits the forward and is refused: {heir.refusal}"
+        elif heir is not None and _sdpa_forward_code(facts, heir) != code(forward):
+            why = "sets attributes whose values need another SDPA forward than the base class's"
+        elif heir is None and set(info.attributes) & set(facts.classes[class_name].attributes):
+            why = f"sets {', '.join(sorted(set(info.attributes) & set(facts.classes[class_name].attributes)))} again"
+        if why is not None:
             return Refusal(
                 Code.INLINE_SUBCLASS,
                 class_name,
                 0,
-                f"its subclass {name} {what}, and would inherit an SDPA forward proven for {class_name} alone",
-            )
-        if heir is not None and heir.refusal is not None:
-            return Refusal(
-                Code.INLINE_SUBCLASS,
-                class_name,
-                0,
-                f"its subclass {name} inherits the forward and is refused: {heir.refusal}",
+                f"its subclass {name} {why}, and would run an SDPA forward proven for {class_name} alone",
             )
     return None
+
+
+def _sdpa_forward_code(facts: ModuleFacts, analysis: ClassAnalysis) -> str | None:
+    try:
+        return code(build_sdpa_forward(facts, read_sdpa_side(facts, analysis), MaskContract()))
+    except Refuse:
+        return None
 
 
 def _unselected(item: InlineClassPlan, why: str) -> str:
