@@ -178,10 +178,13 @@ def _names(node: ast.AST) -> set[str]:
 
 
 def _product_operands(node: ast.AST) -> list[ast.AST]:
+    """The operands of a product: both sides of `@`, a call's arguments, and the receiver of a method-call product
+    (`probs.matmul(value)`, `torch.bmm(...)`'s `torch` reading no name of the chain)."""
     if isinstance(node, ast.BinOp):
         return [node.left, node.right]
     assert isinstance(node, ast.Call)
-    return list(node.args)
+    receiver = [node.func.value] if isinstance(node.func, ast.Attribute) else []
+    return [*receiver, *node.args]
 
 
 @dataclass(frozen=True)

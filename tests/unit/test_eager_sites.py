@@ -90,6 +90,28 @@ class TinyAttention(nn.Module):
         return output + torch.matmul(kept, value.flip(-1))
 '''
 
+# products written as method calls, the probabilities the receiver (MPT's module function, called through an
+# attribute the constructor sets: it was "no eager attention found", exit 0)
+METHOD_PRODUCTS = '''
+import torch
+from torch import nn
+
+
+def attention_fn(query, key, value, scale):
+    weights = query.matmul(key.transpose(-1, -2)) * scale
+    weights = torch.softmax(weights, dim=-1)
+    return weights.matmul(value)
+
+
+class TinyAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn_fn = attention_fn
+
+    def forward(self, query, key, value):
+        return self.attn_fn(query, key, value, 0.125)
+'''
+
 
 def _sites(source: str) -> list[tuple[str, int]]:
     return [(site.where, site.line) for site in find_eager_attention(ast.parse(textwrap.dedent(source)))]
@@ -104,6 +126,7 @@ def _sites(source: str) -> list[tuple[str, int]]:
         # scores a helper of a helper returns are scores (fuzz seed 213575: a chain from a helper's scores poisoned
         # before its product with V was "no eager attention found", exit 0)
         pytest.param(SCORE_HELPER, [("TinyAttention.forward", 17)], id="scores-from-a-helper-of-a-helper"),
+        pytest.param(METHOD_PRODUCTS, [("attention_fn", 8)], id="method-call-products"),
     ],
 )
 def test_softmax_wrappers_are_softmaxes(source: str, expected: list[tuple[str, int]]) -> None:
