@@ -68,6 +68,7 @@ class Row:
     kind: str  # one of CLASSES
     why: str = ""  # refusal codes, or the reason
     codes: tuple[str, ...] = field(default=())
+    style: str = ""  # a port's style: class, interface or inline
 
 
 # ------------------------------------------------------------------ fetching and screening
@@ -194,13 +195,15 @@ def _classify(record: dict, tree: Path, unverifiable: str) -> Row:
         return Row(path, "no eager attention found", "" if detail == "no eager attention found" else detail)
     if entry.status == "error":
         return Row(path, "error", entry.reason)
+    style = record.get("style") or ""
     if unverifiable:
-        return Row(path, "ported, not verifiable", unverifiable)
+        return Row(path, "ported, not verifiable", unverifiable, style=style)
     failure = _IMPORT_FAILURE.match(entry.reason) if entry.verification == "error" else None
     if failure:
-        return Row(path, "ported, not verifiable", f"not loadable here: {failure.group(1)}: {failure.group(2)}")
+        return Row(path, "ported, not verifiable", f"not loadable here: {failure.group(1)}: {failure.group(2)}", style=style)
     kind = {"verified": "ported, verified", "failed": "ported, failed", "not verifiable": "ported, not verifiable"}
-    return Row(path, kind.get(entry.verification, "ported, verification error"), entry.reason)
+    style = record.get("style") or ""
+    return Row(path, kind.get(entry.verification, "ported, verification error"), entry.reason, style=style)
 
 
 def _inside(path: str, tree: Path) -> str:
@@ -230,6 +233,10 @@ def markdown(spec: str, rows: list[Row], facts: dict[str, str], seconds: float) 
     if facts.get("note"):
         out += [facts["note"], ""]
     out += ["| class | files |", "|---|---:|", *[f"| {kind} | {kinds.get(kind, 0)} |" for kind in CLASSES], ""]
+    styles = collections.Counter(row.style for row in rows if row.kind.startswith("ported") and row.style)
+    if styles:
+        said = ", ".join(f"{style} {count}" for style, count in sorted(styles.items()))
+        out += [f"Ported files by style ([inline](inline-style.md): rewritten in place): {said}.", ""]
     if per_code:
         out += ["Refused files per refusal code (a file may have several; see [refusals.md](refusals.md)):", ""]
         out += ["| code | files |", "|---|---:|"]
@@ -253,10 +260,10 @@ def loading_note(chosen: list[Path], tree: Path) -> str:
     said = ", ".join(f"`{name}`" for name in missing) or "none"
     return (
         f"`--verify` loads each file inside the installed transformers. The package's top-level modules not importable "
-        f"in this Python: {said}. A file that imports them (or its own siblings, relatively) cannot be loaded, so "
-        "neither the model checks nor the attention-alone check (`verify/alone.py`, which builds the classes of the "
-        "loaded module) ran for it: it is \"not verifiable\" with the import that failed. Files importing only torch, "
-        "transformers and installed packages were loaded and checked like release files."
+        f"in this Python: {said}. A file that imports them (or its own siblings, relatively) is loaded with stand-ins "
+        "for those imports (`verify/stubs.py`), and only its attention classes are checked, each on its own "
+        "(`verify/alone.py`, `verify/inline.py`): a class that uses a stand-in when it runs is \"not verifiable\". "
+        "Files importing only torch, transformers and installed packages were loaded and checked like release files."
     )
 
 
