@@ -47,6 +47,26 @@ def whole_chain_branch(node: cst.If, plans: Mapping[cst.CSTNode, t.StmtPlan]) ->
     return holding[0] if starts and ends else None
 
 
+def recast_operands(ops: Sequence[t.Op]) -> bool:
+    """A cast of the probabilities after the softmax with no upcast of the scores or operands before it."""
+    softmax = False
+    for op in ops:
+        match op:
+            case t.Start() if op.upcast or op.operands_upcast:
+                return False
+            case t.Cast() if op.upcast:
+                return False
+            case t.Softmax() if op.call.upcast:
+                return False
+            case t.Softmax():
+                softmax = True
+            case t.Cast() if softmax:
+                return True
+            case _:
+                pass
+    return False
+
+
 class SdpaEmitter(StatementWalker):
     """Walk a traced body, turning its chain statements into side-value updates and the product with V into SDPA."""
 
@@ -74,6 +94,10 @@ class SdpaEmitter(StatementWalker):
         self.regrouped: tuple[tuple[cst.BaseExpression, ...], int | None] | None = None
         # query and key are float32 copies: run SDPA in float32 and cast the result back, as eager does
         self.upcast = any(isinstance(op, t.Start) and op.operands_upcast for op in path.chain_ops)
+        # the probabilities are cast to another dtype after the softmax, never upcast before it: query and key may come
+        # in a wider dtype than the value (GPT-NeoX's float32 rotary tables in a bf16 model), which SDPA does not take;
+        # they are handed over in the value's dtype, a no-op where the dtypes agree
+        self.recast = not self.upcast and recast_operands(path.chain_ops)
         # names read by the statements the rewrite removed: their definitions may now be dead
         self.removed_reads: set[str] = set()
         self.shifted = False  # the row's maximum was subtracted from the scores (`Shift`)
@@ -344,6 +368,13 @@ class SdpaEmitter(StatementWalker):
         self.start = op
         self.query, self.key = op.query, op.key
         out: list[cst.BaseStatement] = []
+        value = self.recast_value()
+        if value is not None:
+            dtype = cst.Attribute(value=primary(value), attr=cst.Name("dtype"))
+            for name, operand in ((self.names.query, op.query), (self.names.key, op.key)):
+                out.append(assignment(name, cst.Call(func=cst.Attribute(value=primary(operand), attr=cst.Name("to")), args=[cst.Arg(dtype)])))
+            self.query, self.key = cst.Name(self.names.query), cst.Name(self.names.key)
+            return out
         rebound = self.path.names_assigned_after_start
         # an operand laid out for SDPA (an einsum's) or built (a joined matrix's) is named once: shapes and dtypes are
         # read from it; where branches each compute their own product, each names its operands the same
@@ -355,6 +386,15 @@ class SdpaEmitter(StatementWalker):
             out.append(assignment(self.names.key, op.key))
             self.key = cst.Name(self.names.key)
         return out
+
+    def recast_value(self) -> cst.BaseExpression | None:
+        """The value whose dtype query and key are handed over in (`recast`), where it is known at the product."""
+        if not self.recast:
+            return None
+        outputs = [op for op in self.path.chain_ops if isinstance(op, t.Output)]
+        if len(outputs) != 1 or walk_names(outputs[0].value) & self.path.names_assigned_after_start:
+            return None
+        return outputs[0].value
 
     def scale(self, op: t.Scale) -> list[cst.BaseStatement]:
         """The scale factor joins the side values (`sdpa_terms.scale`); a factor per query rescales the query."""

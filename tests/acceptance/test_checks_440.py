@@ -248,3 +248,29 @@ def test_verify_checks_bf16_and_fails_a_port_wrong_only_in_bf16(tmp_path: Path) 
         assert all(c.passed for c in check_forward(targets.base, ported_class, config, "left", kind="decoder"))
         [failed] = check_bf16(targets.base, ported_class, config, "left", kind="decoder")
     assert not failed.passed, str(failed)
+
+
+@pytest.mark.parametrize(
+    "model,base", [("gpt_neox", "GPTNeoXModel"), ("gpt_neox_japanese", "GPTNeoXJapaneseModel")]
+)
+def test_operands_wider_than_the_value_reach_sdpa_in_the_values_dtype(model: str, base: str, tmp_path: Path) -> None:
+    """GPT-NeoX's float32 rotary tables make query and key float32 beside a bf16 value; eager casts the probabilities
+    to the value's dtype. The port hands SDPA query and key in the value's dtype (its causal fill then built at that
+    dtype's own minimum): the bf16 check passes, where the port raised before, as the same port without the casts
+    still does."""
+    from harness import original
+
+    from sdpa_port.verify import parity
+    from sdpa_port.verify.configs import tiny_config
+
+    source = port_file(model)
+    assert "sdpa_query = query.to(value.dtype)" in source
+    module = load(model, source, tmp_path)
+    config = tiny_config(getattr(module, base).config_class)
+    reference = getattr(original(model), base)
+    (check,) = parity.check_bf16(reference, getattr(module, base), config, "left", kind="decoder")
+    assert check.passed, check
+    uncast = source.replace("query.to(value.dtype)", "query").replace("key.to(value.dtype)", "key")
+    module = load(model, uncast, tmp_path, tag="uncast")
+    (check,) = parity.check_bf16(reference, getattr(module, base), config, "left", kind="decoder")
+    assert not check.passed and "raised RuntimeError" in check.detail, check

@@ -87,6 +87,14 @@ EXAMPLES = {
     ),
     "cast": (
         Example(scored("probs = scores.float().softmax(-1).type_as(value)"), Cast, becomes=sdpa("scale=1.0")),
+        # cast to the value's dtype after the softmax with nothing upcast before it: query and key may be wider than
+        # the value (float32 rotary tables in a bf16 model), so SDPA gets them in the value's dtype
+        Example(
+            scored("probs = scores.softmax(-1).to(value.dtype)"),
+            Cast,
+            becomes="sdpa_query = query.to(value.dtype)\nsdpa_key = key.to(value.dtype)\nreturn "
+            + sdpa("scale=1.0", operands="sdpa_query, sdpa_key, value"),
+        ),
         Example(scored("probs = scores.round().softmax(-1)"), refused=Code.SCORES_TRANSFORMED),  # no cast
     ),
 }
