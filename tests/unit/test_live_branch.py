@@ -268,6 +268,14 @@ def test_a_flag_defaulting_to_sdpa_selects_it() -> None:
                  init_params=", use_sdpa=True"))
 
 
+def test_a_flag_set_on_both_sides_of_an_open_test() -> None:
+    """`__init__` sets the flag under a test its defaults do not decide: it holds what both sides agree on."""
+    init = "if config.fast:\n    self.use_sdpa = True\nelse:\n    self.use_sdpa = {other}"
+    source = wired(branch("self.use_sdpa"), init=init.format(other="True"))
+    assert supported(source) == (kept(source),)
+    ported(wired(branch("self.use_sdpa"), init=init.format(other="False")))
+
+
 def test_an_option_off_by_default_leaves_its_eager_branch_off_the_default_path() -> None:
     """open_clip's scaled cosine attention: `self.logit_scale` is None unless `scaled_cosine=True`."""
     init = "self.scaled_cosine = scaled_cosine\nif self.scaled_cosine:\n    self.logit_scale = nn.Parameter(torch.ones(1))\n"
