@@ -162,10 +162,12 @@ def screen(tree: ast.Module, bindings: Bindings | None = None) -> Screen:
     calls_sdpa = calls_sdpa or not called.isdisjoint(sdpa_names)
     if not calls_sdpa or supports:
         return Screen(supports, frozenset(with_softmax), interface, dispatches, modeling)
-    # classes that compute with SDPA by default keep their eager code for other paths: nothing to port there
+    # classes that compute with SDPA by default keep their eager code for other paths: nothing to port there; a file
+    # dispatching through the attention interface is the interface style's to decide (its classes pass the eager
+    # function as a value, and hold no softmax of their own)
     use = sdpa_use(tree, bindings or Bindings.of(tree))
     with_softmax -= use.default
-    supports = bool(use.default) and not with_softmax
+    supports = bool(use.default) and not with_softmax and not dispatches
     return Screen(supports, frozenset(with_softmax), interface, dispatches, modeling, use.default, use.live)
 
 

@@ -356,3 +356,43 @@ def test_the_default_path_read_directly() -> None:
     on = source.replace("use_sdpa=False", "use_sdpa=True")
     tree = ast.parse(on)
     assert sdpa_use(tree, Bindings.of(tree)).default == frozenset({"TinyAttention"})
+
+
+INTERFACE_WITH_A_POOLER = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+
+
+def eager_attention_forward(module, query, key, value, attention_mask, scaling, **kwargs):
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(attn_weights, value).transpose(1, 2).contiguous(), attn_weights
+
+
+class TinyAttention(nn.Module):
+    def forward(self, query, key, value, attention_mask=None):
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        return interface(self, query, key, value, attention_mask, scaling=1.0)
+
+
+class TinyPooler(nn.Module):
+    def forward(self, query, states):
+        return F.scaled_dot_product_attention(query, states, states)
+
+
+class TinyPreTrainedModel(PreTrainedModel):
+    _supports_sdpa = False
+'''
+
+
+def test_an_sdpa_class_beside_the_attention_interface_decides_nothing() -> None:
+    """5.23.0's Inkling2: a pooler on SDPA beside attention dispatched through the interface, whose eager function
+    is handed over as a value (no class holds a softmax): the interface style decides the file, here refusing it
+    for the authors' `_supports_sdpa = False`."""
+    result = port_source(INTERFACE_WITH_A_POOLER, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["A501"], result.reasons
