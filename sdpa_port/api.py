@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 
 import libcst as cst
 
@@ -10,7 +11,9 @@ from sdpa_port.analyse.diagnose import where_reading_stops
 from sdpa_port.analyse.lines import Lines, top_level_starts
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.score_helpers import with_score_helpers
-from sdpa_port.discover.eager_sites import find_eager_attention, undispatched_sites
+from sdpa_port.discover.eager_sites import EagerSite, find_eager_attention, undispatched_sites
+from sdpa_port.discover.bindings import Bindings
+from sdpa_port.discover.live import live_tree
 from sdpa_port.discover.modular import note_modular_origin
 from sdpa_port.discover.release import Release
 from sdpa_port.discover.screen import Screen, screen
@@ -19,7 +22,7 @@ from sdpa_port.rewrite.class_style import apply_class_style
 from sdpa_port.plan.inline_style import plan_inline_style
 from sdpa_port.rewrite.inline_style import apply_inline_style
 from sdpa_port.refusals import Code, Refuse, Refusal
-from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
+from sdpa_port.result import NO_ATTENTION, SUPPORTS_SDPA, PortResult, Status, Style
 from sdpa_port.rewrite.copied_from import reconcile_copied_from
 from sdpa_port.rewrite.weight_requests import relax_weight_requests
 
@@ -42,21 +45,18 @@ def port_source(
         line = getattr(error, "lineno", None) or "?"
         message = getattr(error, "msg", None) or str(error)
         return PortResult(Status.ERROR, source, None, "syntax error", reasons=(f"{where}{line}: {message}",))
-    first = screen(tree)
+    # only the sides of branches that can run count (`discover/live.py`): a file without a softmax or an SDPA call
+    # has none that could change what it computes
+    bindings = Bindings.of(tree) if "softmax" in source.lower() or "scaled_dot_product_attention" in source else None
+    live = live_tree(tree, bindings) if bindings is not None else tree
+    first = screen(live, bindings)
     if not first.modeling:
         return PortResult(Status.UNCHANGED, source, None, NOT_MODELING)
     chosen = (Style.INTERFACE if first.interface_machinery else Style.CLASS) if style is Style.AUTO else style
     if first.supports_sdpa:
-        kept = undispatched_sites(tree)
-        warnings = (
-            ("eager attention the file keeps beside its SDPA support (not ported): "
-             + ", ".join(f"{site.where} (line {site.line})" for site in kept),)
-            if kept
-            else ()
-        )
-        return PortResult(Status.UNCHANGED, source, chosen, "already supports SDPA", warnings=warnings)
+        return PortResult(Status.UNCHANGED, source, chosen, SUPPORTS_SDPA, warnings=_kept_eager(undispatched_sites(live)))
     if not first.softmax_classes and not first.uses_attention_interface:
-        return _unrecognised(tree, PortResult(Status.UNCHANGED, source, chosen, NO_ATTENTION))
+        return _unrecognised(tree, live, first, PortResult(Status.UNCHANGED, source, chosen, NO_ATTENTION))
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as error:
@@ -69,14 +69,14 @@ def port_source(
             if style is Style.AUTO and _unwired(result):
                 why = "class style cannot wire it: " + "; ".join(result.reasons)
                 inline = _port_inline_style(module, facts, lines, first, why)
-                result = inline if inline.status is Status.PORTED or inline.detail == "already supports SDPA" else result
+                result = inline if inline.status is Status.PORTED or inline.detail == SUPPORTS_SDPA else result
         elif chosen is Style.INLINE:
             result = _port_inline_style(module, facts, lines, first, "")
         else:
             from sdpa_port.plan.interface_style import port_interface_style
 
             result = port_interface_style(module, facts, lines, first, release)
-        return _provenance(source, tree, _unrecognised(tree, result), filename)
+        return _provenance(source, tree, _beside_sdpa(live, first, _unrecognised(tree, live, first, result)), filename)
     except SyntaxError as error:
         message = f"{filename or 'input'}: internal error: the port does not compile ({error.msg}, line {error.lineno})"
         return PortResult(Status.ERROR, source, chosen, "internal error", reasons=(message,))
@@ -90,13 +90,57 @@ def port_source(
         return PortResult(Status.ERROR, source, chosen, "internal error", reasons=(message,))
 
 
-def _unrecognised(tree: ast.Module, result: PortResult) -> PortResult:
-    """"Nothing to port" for a file that holds eager attention is a miss: refuse it, naming each site and where the
-    recogniser's reading of it stops."""
+KEPT_EAGER = "eager attention the file keeps beside its SDPA support (not ported): "
+
+
+def _kept_eager(sites: list[EagerSite]) -> tuple[str, ...]:
+    """The warning naming each function or method whose eager attention stays beside SDPA, with its line."""
+    return (KEPT_EAGER + ", ".join(f"{site.where} (line {site.line})" for site in sites),) if sites else ()
+
+
+def _beside_sdpa_sites(live: ast.Module, first: Screen) -> tuple[list[EagerSite], list[EagerSite]]:
+    """The eager sites of the file as it runs: those the classes computing with SDPA by default keep for their other
+    paths (in their methods, or in functions of the file only they call), and the others."""
+    sites = find_eager_attention(live)
+    if not first.sdpa_classes or not sites:
+        return [], sites
+    callers: dict[str, set[str]] = {}
+    for node in live.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name):
+                    callers.setdefault(inner.func.id, set()).add(node.name)
+    kept: list[EagerSite] = []
+    others: list[EagerSite] = []
+    for site in sites:
+        if "." in site.where:
+            beside = site.where.partition(".")[0] in first.sdpa_classes
+        else:
+            beside = bool(callers.get(site.where)) and callers[site.where] <= first.sdpa_classes
+        (kept if beside else others).append(site)
+    return kept, others
+
+
+def _beside_sdpa(live: ast.Module, first: Screen, result: PortResult) -> PortResult:
+    """A port or refusal of a file whose other classes compute with SDPA by default names the eager code those
+    keep; a file said to support SDPA without saying what it keeps names all of it."""
+    if result.detail == SUPPORTS_SDPA and not result.warnings:
+        return replace(result, warnings=_kept_eager(undispatched_sites(live)))
+    if result.status not in (Status.PORTED, Status.REFUSED) or not first.sdpa_classes:
+        return result
+    return replace(result, warnings=(*result.warnings, *_kept_eager(_beside_sdpa_sites(live, first)[0])))
+
+
+def _unrecognised(tree: ast.Module, live: ast.Module, first: Screen, result: PortResult) -> PortResult:
+    """"Nothing to port" for a file that holds eager attention where it can run is a miss: refuse it, naming each
+    site and where the recogniser's reading of it stops. The eager attention that classes computing with SDPA by
+    default keep for other paths is no miss: the file already supports SDPA."""
     if result.status is not Status.UNCHANGED or result.detail != NO_ATTENTION:
         return result
-    sites = find_eager_attention(tree)
+    kept, sites = _beside_sdpa_sites(live, first)
     if not sites:
+        if first.sdpa_classes:
+            return replace(result, detail=SUPPORTS_SDPA, warnings=_kept_eager(kept))
         return result
     module = cst.parse_module(result.source)
     facts, lines = ModuleFacts.of(module, tree), Lines(module, top_level_starts(tree))
@@ -128,7 +172,7 @@ def _unwired(result: PortResult) -> bool:
 
 def _port_inline_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen, why: str) -> PortResult:
     facts, inlined = with_score_helpers(facts, lines)
-    planned = plan_inline_style(module, facts, lines, first.softmax_classes, why)
+    planned = plan_inline_style(module, facts, lines, first.softmax_classes, why, first.sdpa_callers)
     if isinstance(planned, PortResult):
         return planned
     new_module, notes = apply_inline_style(module, planned)

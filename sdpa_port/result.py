@@ -10,6 +10,7 @@ from sdpa_port.refusals import Refusal
 
 
 NO_ATTENTION = "no eager attention found"
+SUPPORTS_SDPA = "already supports SDPA"
 
 
 class Status(str, enum.Enum):

@@ -10,6 +10,9 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from sdpa_port.discover.bindings import SDPA, Bindings
+from sdpa_port.discover.live import sdpa_use
+
 SOFTMAX_NAMES = frozenset({"softmax", "Softmax", "softmax_"})
 REGISTRY = "ALL_ATTENTION_FUNCTIONS"
 
@@ -22,6 +25,11 @@ class Screen:
     interface_machinery: bool  # imports masking_utils or ALL_ATTENTION_FUNCTIONS
     uses_attention_interface: bool  # dispatches through ALL_ATTENTION_FUNCTIONS already
     modeling: bool = True  # imports torch or defines a module class: a modeling file at all
+    # classes whose forward calls SDPA on its default path and no softmax there (`live.sdpa_use`): they already
+    # support SDPA, whatever eager code they keep for the other paths, and are not among `softmax_classes`; the file
+    # supports SDPA when they leave no other class with a softmax
+    sdpa_classes: frozenset[str] = frozenset()
+    sdpa_callers: frozenset[str] = frozenset()  # classes whose forward calls SDPA where it can run, by default or not
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,7 @@ class Uses:
     registry: bool  # mentions the name ALL_ATTENTION_FUNCTIONS
     assigns_self: bool = False  # assigns `self.<name> = ...` (also annotated, also as one of chained targets)
     applied: frozenset[str] = frozenset()  # autograd Functions applied: `Name.apply(...)`
+    sdpa: bool = False  # calls a `scaled_dot_product_attention` (as a name or an attribute)
 
 
 # fields that never hold a node worth visiting (expression contexts, operators, plain values)
@@ -50,7 +59,7 @@ def _fields(kind: type) -> tuple[str, ...]:
 
 def uses(node: ast.AST) -> Uses:
     """One iterative walk over `node`; about three times faster than the same questions asked with `ast.walk`."""
-    softmax = registry = assigns_self = False
+    softmax = registry = assigns_self = sdpa = False
     called: set[str] = set()
     applied: set[str] = set()
     on_self: set[str] = set()
@@ -65,6 +74,7 @@ def uses(node: ast.AST) -> Uses:
                 called.add(func.id)
             elif func.__class__ is ast.Attribute:
                 softmax = softmax or func.attr in SOFTMAX_NAMES
+                sdpa = sdpa or func.attr == SDPA
                 if func.value.__class__ is ast.Name and func.value.id == "self":
                     on_self.add(func.attr)
                 elif func.attr == "apply" and func.value.__class__ is ast.Name:
@@ -85,22 +95,29 @@ def uses(node: ast.AST) -> Uses:
             elif is_node(value, ast.AST):
                 push(value)  # type: ignore[arg-type]
     softmax = softmax or not SOFTMAX_NAMES.isdisjoint(called)
-    return Uses(softmax, frozenset(called), frozenset(on_self), registry, assigns_self, frozenset(applied))
+    sdpa = sdpa or SDPA in called
+    return Uses(softmax, frozenset(called), frozenset(on_self), registry, assigns_self, frozenset(applied), sdpa)
 
 
 def _is_self_attribute(node: ast.expr) -> bool:
     return node.__class__ is ast.Attribute and node.value.__class__ is ast.Name and node.value.id == "self"
 
 
-def screen(tree: ast.Module) -> Screen:
+def screen(tree: ast.Module, bindings: Bindings | None = None) -> Screen:
+    """What the file holds. `tree` is the file as it runs (`live.live_tree`); `bindings` those of the file as
+    written, read here where the tree calls SDPA and not given."""
     classes: dict[str, ast.ClassDef] = {}
     class_uses: dict[str, Uses] = {}
     functions: set[str] = set()
     from_modeling: set[str] = set()  # names imported from another modeling file (modular files build on them)
-    supports = interface = dispatches = imports_torch = False
+    supports = interface = dispatches = imports_torch = calls_sdpa = False
+    sdpa_names = {SDPA}  # and the names it is imported under
+    called: set[str] = set()
     for node in tree.body:
         found = uses(node)
         dispatches = dispatches or found.registry
+        calls_sdpa = calls_sdpa or found.sdpa
+        called |= found.called
         if isinstance(node, ast.ClassDef):
             classes[node.name] = node
             class_uses[node.name] = found
@@ -114,6 +131,8 @@ def screen(tree: ast.Module) -> Screen:
                 interface = True
             if module.split(".")[-1].startswith(("modeling_", "modular_")):
                 from_modeling.update(alias.asname or alias.name for alias in node.names)
+            if module == "torch.nn.functional":
+                sdpa_names.update(alias.asname or alias.name for alias in node.names if alias.name == SDPA)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(getattr(node, "value", None), ast.Dict):
             keys = [k.value for k in node.value.keys if isinstance(k, ast.Constant)]  # type: ignore[union-attr]
             if "eager" in keys and "sdpa" in keys:
@@ -140,7 +159,16 @@ def screen(tree: ast.Module) -> Screen:
         any(base.endswith(("Module", "PreTrainedModel")) for base in names) or names & from_modeling
         for names in bases.values()
     )
-    return Screen(supports, frozenset(with_softmax), interface, dispatches, modeling)
+    calls_sdpa = calls_sdpa or not called.isdisjoint(sdpa_names)
+    if not calls_sdpa or supports:
+        return Screen(supports, frozenset(with_softmax), interface, dispatches, modeling)
+    # classes that compute with SDPA by default keep their eager code for other paths: nothing to port there; a file
+    # dispatching through the attention interface is the interface style's to decide (its classes pass the eager
+    # function as a value, and hold no softmax of their own)
+    use = sdpa_use(tree, bindings or Bindings.of(tree))
+    with_softmax -= use.default
+    supports = bool(use.default) and not with_softmax and not dispatches
+    return Screen(supports, frozenset(with_softmax), interface, dispatches, modeling, use.default, use.live)
 
 
 def _sets_supports_sdpa(node: ast.ClassDef) -> bool:

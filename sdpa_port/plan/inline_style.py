@@ -81,19 +81,26 @@ class InlinePlan:
 
 
 def plan_inline_style(
-    module: cst.Module, facts: ModuleFacts, lines: Lines, only: frozenset[str] | None = None, why: str = ""
+    module: cst.Module,
+    facts: ModuleFacts,
+    lines: Lines,
+    only: frozenset[str] | None = None,
+    why: str = "",
+    sdpa_callers: frozenset[str] = frozenset(),
 ) -> InlinePlan | PortResult:
     """Decide every in-place edit, or return the result that says why nothing is edited.
 
-    `why`: why the class style could not wire the file (said in the warnings), empty when inline was asked for."""
+    `why`: why the class style could not wire the file (said in the warnings), empty when inline was asked for.
+    `sdpa_callers`: the classes whose forward calls SDPA where it can run (`Screen.sdpa_callers`)."""
     if supports_sdpa(facts):
         return PortResult(Status.UNCHANGED, module.code, Style.INLINE, "already supports SDPA")
     analyses = [a for a in attention_classes(facts, lines, only) if a.sites or a.refusal is not None]
     if not analyses:
         return PortResult(Status.UNCHANGED, module.code, Style.INLINE, NO_ATTENTION)
     names = tuple(a.class_name for a in analyses)
-    if all(_calls_sdpa(facts.classes[a.class_name].methods.get("forward")) for a in analyses):
-        # each forward already computes with SDPA (an in-place port, or the authors' own), keeping eager beside it
+    if all(a.class_name in sdpa_callers for a in analyses):
+        # each forward already computes with SDPA where it can run (an in-place port, or the authors' own, maybe
+        # under a setting off by default), keeping eager beside it
         return PortResult(Status.UNCHANGED, module.code, Style.INLINE, "already supports SDPA")
     authors = authors_refusal(facts)
     if authors is not None:
@@ -141,12 +148,6 @@ def _plan_class(
         while eager_name in taken:
             eager_name = "_" + eager_name
     return InlineClassPlan(analysis, forward, side, eager_name)
-
-
-def _calls_sdpa(forward: cst.FunctionDef | None) -> bool:
-    """The method calls `scaled_dot_product_attention` itself, however the function is reached."""
-    sdpa = m.Call(func=m.Name("scaled_dot_product_attention") | m.Attribute(attr=m.Name("scaled_dot_product_attention")))
-    return forward is not None and bool(m.findall(forward, sdpa))
 
 
 def _names_of(facts: ModuleFacts, class_name: str) -> set[str]:
