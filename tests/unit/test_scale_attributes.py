@@ -91,6 +91,12 @@ LAVIS = "head_dim = dim // num_heads\nself.scale = qk_scale or head_dim ** -0.5\
         ("scale", "self.scale = scale ** -0.5", REFUSED),
         ("scale", "self.scale = scale or 0.5", REFUSED),
         ("*scales", "self.scale = scales", REFUSED),
+        # a parameter bound again before anything else reads it: only that statement reads the argument
+        ("in_features, embed_dim: int = None, num_heads=4", "embed_dim = embed_dim or in_features\nself.head_dim = embed_dim // num_heads\nself.scale = self.head_dim ** -0.5\nself.qkv = nn.Linear(in_features, 8)", NUMBER),
+        ("head_dim=32, qk_scale=None", "qk_scale = qk_scale or head_dim ** -0.5\nself.scale = qk_scale", NUMBER),
+        ("scale", "scale = scale or 0.5\nself.scale = scale", REFUSED),  # the argument is no declared number
+        ("head_dim=32, qk_scale=None", "self.given = qk_scale\nqk_scale = qk_scale or 1.0\nself.scale = qk_scale", REFUSED),
+        ("head_dim=32, qk_scale=None", "if head_dim:\n    qk_scale = qk_scale or 1.0\nself.scale = qk_scale", REFUSED),
         # numbers in disguise
         ("d", "self.scale = 1 / math.sqrt(d)", NUMBER),  # math.sqrt gives a float, or raises
         ("", "self.scale = math.sqrt(config.head_dim) ** -1", NUMBER),

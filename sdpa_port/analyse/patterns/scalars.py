@@ -209,6 +209,8 @@ class MethodNames:
 
     locals: dict[str, list[cst.BaseExpression | None]]
     params: dict[str, str | None]
+    # parameters the method binds again before any other statement reads them: `embed_dim = embed_dim or dim` first
+    rebound: frozenset[str] = frozenset()
 
 
 class MethodScope:
@@ -228,7 +230,7 @@ class MethodScope:
     def __init__(self, scope: Scope, method: cst.FunctionDef) -> None:
         self.scope = scope
         self.names = method_names(method, scope)
-        self._evaluating: dict[str, bool] = {}  # name -> whether it is being proved a number or None only
+        self._evaluating: dict[str, str] = {}  # name -> what it is being proved to hold (NUMBER, OPTIONAL)
 
     def qualify(self, node: cst.CSTNode) -> str | None:
         return self.scope.qualify(node)
@@ -264,26 +266,46 @@ class MethodScope:
 
     def _holds(self, name: str, optional: bool) -> bool:
         """Every value the name may hold is a number (or None, where `optional`)."""
-        if name in self._evaluating:
+        state = self._evaluating.get(name)
+        if state == _PARAMETER:
+            # inside the statement that first binds a parameter again (`embed_dim = embed_dim or dim`): the argument
+            return self._declared(name, optional)
+        if state is not None:
             # `n = n - 1`: decided by its other bindings, unless a number is asked of what may be None
-            return optional or not self._evaluating[name]
+            return optional or state == NUMBER
+        values = self.names.locals.get(name, [])
         if name in self.names.params:
-            declared = self.names.params[name]
-            if declared is None or (declared == OPTIONAL and not optional):
+            if name in self.names.rebound:
+                # every read of the argument is in the statement that binds the name again
+                self._evaluating[name] = _PARAMETER
+                try:
+                    if not self._held(values[0], optional):
+                        return False
+                finally:
+                    del self._evaluating[name]
+                values = values[1:]
+            elif not self._declared(name, optional):
                 return False
-        elif name not in self.names.locals:
+        elif not values:
             return False
-        self._evaluating[name] = optional
+        self._evaluating[name] = OPTIONAL if optional else NUMBER
         try:
-            for value in self.names.locals.get(name, ()):
-                if value is None:
-                    return False
-                held = _optional_scalar(value, self, 0, frozenset()) if optional else scalar(value, self) is not None
-                if not held:
-                    return False
-            return True
+            return all(self._held(value, optional) for value in values)
         finally:
             del self._evaluating[name]
+
+    def _declared(self, name: str, optional: bool) -> bool:
+        declared = self.names.params.get(name)
+        return declared == NUMBER or (declared == OPTIONAL and optional)
+
+    def _held(self, value: cst.BaseExpression | None, optional: bool) -> bool:
+        if value is None:
+            return False
+        return _optional_scalar(value, self, 0, frozenset()) if optional else scalar(value, self) is not None
+
+
+# a parameter read inside the statement that first binds it again
+_PARAMETER = "parameter"
 
 
 @lru_cache(maxsize=256)
@@ -306,7 +328,26 @@ def method_names(method: cst.FunctionDef, scope: Scope) -> MethodNames:
         for param in (*params.posonly_params, *params.params, *params.kwonly_params):
             name = param.name.value
             declared[name] = NUMBER if name in sized and name not in bound else _declared(param)
-    return MethodNames(bound, declared)
+    return MethodNames(bound, declared, _rebound_first(method, frozenset(declared) & frozenset(bound)))
+
+
+def _rebound_first(method: cst.FunctionDef, names: frozenset[str]) -> frozenset[str]:
+    """The names whose first mention in the method's body is a statement of its own, `name = value`, so that only
+    `value` reads what the name held before."""
+    first: set[str] = set()
+    pending = set(names)
+    for statement in method.body.body if isinstance(method.body, cst.IndentedBlock) else ():
+        if not pending:
+            break
+        mentioned = walk_names(statement) & pending
+        if not mentioned:
+            continue
+        pending -= mentioned
+        if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+            small = statement.body[0]
+            if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+                first.update(mentioned & {small.targets[0].target.value})
+    return frozenset(first)
 
 
 def _declared(param: cst.Param) -> str | None:
