@@ -13,6 +13,31 @@ from sdpa_port.analyse.names import ImportMap
 from sdpa_port.discover.screen import Uses, uses
 
 
+@dataclass(frozen=True)
+class Binding:
+    """One statement of a method that binds `self.<name>`, and the value it gives the attribute.
+
+    `value` is the value of `self.x = value`, `self.x op value` for `self.x op= value`, the tensor a buffer is registered
+    with (`register_buffer("x", value)`, `self.x = nn.Buffer(value)` gives the call) or the value of `setattr(self,
+    "x", value)`; None where the statement binds it otherwise (a tuple unpacked, a loop's or a `with`'s target) or
+    sits in a function nested in `method`, whose names `method` does not see.
+    """
+
+    method: cst.FunctionDef
+    value: cst.BaseExpression | None
+
+
+# `self.x op= value`: the operator of `self.x op value`
+_AUGMENTED: dict[type, type] = {
+    cst.AddAssign: cst.Add,
+    cst.SubtractAssign: cst.Subtract,
+    cst.MultiplyAssign: cst.Multiply,
+    cst.DivideAssign: cst.Divide,
+    cst.FloorDivideAssign: cst.FloorDivide,
+    cst.ModuloAssign: cst.Modulo,
+    cst.PowerAssign: cst.Power,
+}
+
 
 class ClassInfo:
     """One top-level class: its bases, methods and (computed on demand) the `self.x = ...` assignments."""
@@ -47,6 +72,7 @@ class ClassInfo:
             collector = _SelfAssignments()
             for name, method in self.methods.items():
                 if self.assigning is None or name in self.assigning:
+                    collector.method = method
                     method.visit(collector)
             self._collected = collector
         return self._collected
@@ -60,6 +86,11 @@ class ClassInfo:
     def buffers(self) -> dict[str, cst.BaseExpression]:
         """buffer name -> expression registered with register_buffer / nn.Buffer"""
         return self._collect().buffers
+
+    @property
+    def bindings(self) -> dict[str, list[Binding]]:
+        """attribute -> every statement of the class's methods that binds `self.<attribute>`, buffers included"""
+        return self._collect().bindings
 
     def buffer_locals(self, name: str) -> dict[str, list[cst.BaseExpression]]:
         """The local assignments of the method that registered buffer `name`: what its names stood for."""
@@ -82,9 +113,45 @@ class _SelfAssignments(cst.CSTVisitor):
         # the local assignments of the method that registered each buffer (`bias = torch.tril(...)` before it)
         self.buffer_locals: dict[str, dict[str, list[cst.BaseExpression]]] = {}
         self.locals: dict[str, list[cst.BaseExpression]] = {}
+        self.bindings: dict[str, list[Binding]] = {}
+        self.method: cst.FunctionDef | None = None  # the method being visited
+        self.depth = 0  # functions and classes open around the node visited; 1 in the method itself
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.locals = {}
+        self.depth += 1
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.depth -= 1
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.depth += 1
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.depth -= 1
+
+    def visit_Lambda(self, node: cst.Lambda) -> None:
+        self.depth += 1
+
+    def leave_Lambda(self, original_node: cst.Lambda) -> None:
+        self.depth -= 1
+
+    def bind(self, name: str, value: cst.BaseExpression | None) -> None:
+        if self.method is not None:
+            known = value if self.depth <= 1 else None
+            self.bindings.setdefault(name, []).append(Binding(self.method, known))
+
+    def bind_target(self, target: cst.BaseExpression) -> None:
+        """Every `self.x` that a tuple, a loop or a `with` binds, each to a value not read."""
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self.bind_target(element.value)
+        elif isinstance(target, cst.StarredElement):
+            self.bind_target(target.value)
+        else:
+            name = _self_attribute(target)
+            if name is not None:
+                self.bind(name, None)
 
     def register(self, name: str, value: cst.BaseExpression) -> None:
         self.buffers[name] = value
@@ -97,16 +164,37 @@ class _SelfAssignments(cst.CSTVisitor):
             name = _self_attribute(target.target)
             if name is not None:
                 self.attributes.setdefault(name, []).append(node.value)
+                self.bind(name, node.value)
                 if isinstance(node.value, cst.Call) and (get_full_name_for_node(node.value.func) or "").endswith(
                     "Buffer"
                 ):
                     if node.value.args:
                         self.register(name, node.value.args[0].value)
+            else:
+                self.bind_target(target.target)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         name = _self_attribute(node.target)
         if name is not None and node.value is not None:
             self.attributes.setdefault(name, []).append(node.value)
+            self.bind(name, node.value)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        name = _self_attribute(node.target)
+        if name is not None:
+            operator = _AUGMENTED.get(type(node.operator))
+            value = None if operator is None else cst.BinaryOperation(node.target, operator(), node.value)
+            self.bind(name, value)
+
+    def visit_For(self, node: cst.For) -> None:
+        self.bind_target(node.target)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self.bind_target(node.target)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self.bind_target(node.asname.name)
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -118,11 +206,23 @@ class _SelfAssignments(cst.CSTVisitor):
             and len(node.args) >= 2
             and isinstance(node.args[0].value, cst.SimpleString)
         ):
-            self.register(str(node.args[0].value.evaluated_value), node.args[1].value)
+            name = str(node.args[0].value.evaluated_value)
+            self.register(name, node.args[1].value)
+            self.bind(name, node.args[1].value)
+        elif (
+            isinstance(func, cst.Name)
+            and func.value == "setattr"
+            and len(node.args) >= 3
+            and isinstance(node.args[0].value, cst.Name)
+            and node.args[0].value.value == "self"
+            and isinstance(node.args[1].value, cst.SimpleString)
+        ):
+            self.bind(str(node.args[1].value.evaluated_value), node.args[2].value)
 
 
 def _assigning_methods(tree: ast.Module) -> dict[str, frozenset[str]]:
-    """class -> its methods that assign `self.x` or call `self.register_buffer` (what _SelfAssignments collects)."""
+    """class -> its methods that bind `self.x`, call `self.register_buffer` or `setattr` (what _SelfAssignments
+    collects)."""
     out: dict[str, frozenset[str]] = {}
     for node in tree.body:
         if isinstance(node, ast.ClassDef):
@@ -130,7 +230,7 @@ def _assigning_methods(tree: ast.Module) -> dict[str, frozenset[str]]:
             for inner in node.body:
                 if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     found = uses(inner)
-                    if found.assigns_self or "register_buffer" in found.called_on_self:
+                    if found.assigns_self or "register_buffer" in found.called_on_self or "setattr" in found.called:
                         names.add(inner.name)
             out[node.name] = frozenset(names)
     return out
@@ -239,6 +339,11 @@ class ModuleFacts:
             if attribute in info.attributes:
                 return tuple(info.attributes[attribute])
         return ()
+
+    def find_attribute_bindings(self, class_name: str, attribute: str) -> tuple[Binding, ...]:
+        """Every binding of `self.<attribute>` in the in-file classes of the class's MRO, the class's own first: an
+        inherited `__init__` or method may bind it too."""
+        return tuple(b for info in self.mro(class_name) for b in info.bindings.get(attribute, ()))
 
     def find_buffer(self, class_name: str, buffer: str) -> cst.BaseExpression | None:
         for info in self.mro(class_name):

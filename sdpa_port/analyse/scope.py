@@ -10,7 +10,7 @@ import libcst as cst
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import AnyExpr, ExprVal, ScalarVal, Value
-from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.module_facts import Binding, ModuleFacts
 
 
 class FunctionScope:
@@ -35,12 +35,21 @@ class FunctionScope:
             return ()
         return self.facts.find_attribute_values(self.class_name, name)
 
+    def self_attribute_bindings(self, name: str) -> tuple[Binding, ...]:
+        if self.class_name is None:
+            return ()
+        return self.facts.find_attribute_bindings(self.class_name, name)
+
     def local_value(self, name: str) -> cst.BaseExpression | None:
         value = self.env.get(name)
         return value.node if isinstance(value, ExprVal) else None
 
     def module_function(self, name: str) -> cst.FunctionDef | None:
         return None if name in self.env else self.facts.functions.get(name)
+
+    def class_init(self, name: str) -> cst.FunctionDef | None:
+        found = None if name in self.env or name not in self.facts.classes else self.facts.find_method(name, "__init__")
+        return None if found is None else found[1]
 
     def local_values(self, name: str) -> tuple[cst.BaseExpression, ...]:
         """What a local may hold: its one expression, or each of the expressions its paths assign."""
@@ -60,3 +69,8 @@ class FunctionScope:
             return p.scalar(value.node, self) is not None
         finally:
             self._evaluating.discard(name)
+
+    def local_is_optional_scalar(self, name: str) -> bool:
+        """Only numbers are known of the traced function's names: a parameter defaulting to None holds what the
+        caller passes."""
+        return self.local_is_scalar(name)

@@ -40,7 +40,9 @@ class Uses:
     called: frozenset[str]  # names called directly: `name(...)`
     called_on_self: frozenset[str]  # attributes called on self: `self.name(...)`
     registry: bool  # mentions the name ALL_ATTENTION_FUNCTIONS
-    assigns_self: bool = False  # assigns `self.<name> = ...` (also annotated, also as one of chained targets)
+    # binds `self.<name>`: `self.x = ...` (also annotated, augmented, one of chained targets or unpacked), as the
+    # target of a loop, a comprehension or a `with`
+    assigns_self: bool = False
     applied: frozenset[str] = frozenset()  # autograd Functions applied: `Name.apply(...)`
     sdpa: bool = False  # calls a `scaled_dot_product_attention` (as a name or an attribute)
 
@@ -83,9 +85,13 @@ def uses(node: ast.AST) -> Uses:
             registry = registry or current.id == REGISTRY  # type: ignore[attr-defined]
             continue  # only its context below
         elif kind is ast.Assign:
-            assigns_self = assigns_self or any(_is_self_attribute(t) for t in current.targets)  # type: ignore[attr-defined]
+            assigns_self = assigns_self or any(_binds_self(t) for t in current.targets)  # type: ignore[attr-defined]
         elif kind is ast.AnnAssign and current.value is not None:  # type: ignore[attr-defined]
             assigns_self = assigns_self or _is_self_attribute(current.target)  # type: ignore[attr-defined]
+        elif kind is ast.AugAssign or kind is ast.For or kind is ast.AsyncFor or kind is ast.comprehension:
+            assigns_self = assigns_self or _binds_self(current.target)  # type: ignore[attr-defined]
+        elif kind is ast.withitem and current.optional_vars is not None:  # type: ignore[attr-defined]
+            assigns_self = assigns_self or _binds_self(current.optional_vars)  # type: ignore[attr-defined]
         for name in _FIELDS.get(kind) or _fields(kind):
             value = getattr(current, name, None)
             if value.__class__ is list:
@@ -101,6 +107,15 @@ def uses(node: ast.AST) -> Uses:
 
 def _is_self_attribute(node: ast.expr) -> bool:
     return node.__class__ is ast.Attribute and node.value.__class__ is ast.Name and node.value.id == "self"
+
+
+def _binds_self(target: ast.expr) -> bool:
+    """A target that is `self.<name>`, or unpacks into one."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return any(_binds_self(element) for element in target.elts)
+    if isinstance(target, ast.Starred):
+        return _binds_self(target.value)
+    return _is_self_attribute(target)
 
 
 def screen(tree: ast.Module, bindings: Bindings | None = None) -> Screen:

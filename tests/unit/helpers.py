@@ -40,14 +40,21 @@ from torch import nn
 """
 
 
-def attention_module(body: str, init: str = "", helpers: str = "", signature: str = "query, key, value, attention_mask=None, head_mask=None, output_attentions=False") -> str:
-    """A module with one `Attention(nn.Module)` whose forward runs `body`."""
+def attention_module(
+    body: str,
+    init: str = "",
+    helpers: str = "",
+    signature: str = "query, key, value, attention_mask=None, head_mask=None, output_attentions=False",
+    init_params: str = "",
+) -> str:
+    """A module with one `Attention(nn.Module)` whose forward runs `body`; `__init__(self, config, <init_params>)`."""
     init_block = textwrap.indent(textwrap.dedent(init).strip() or "pass", " " * 8)
     body_block = textwrap.indent(textwrap.dedent(body).strip(), " " * 8)
     helper_block = textwrap.indent(textwrap.dedent(helpers).strip(), " " * 4) if helpers.strip() else ""
     return (
         f"{HEADER}\n\nclass Attention(nn.Module):\n"
-        f"    def __init__(self, config):\n        super().__init__()\n{init_block}\n\n"
+        f"    def __init__(self, config{', ' + init_params if init_params else ''}):\n"
+        f"        super().__init__()\n{init_block}\n\n"
         f"    def forward(self, {signature}):\n{body_block}\n"
         + (f"\n{helper_block}\n" if helper_block else "")
     )

@@ -25,7 +25,9 @@ IDS = [f"{form.name}-{index}" for form in forms.FORMS for index, _ in enumerate(
 
 
 def source_of(example: Example) -> str:
-    source = attention_module(example.body, init=EXAMPLE_INIT + example.init, helpers=example.methods)
+    source = attention_module(
+        example.body, init=EXAMPLE_INIT + example.init, helpers=example.methods, init_params=example.init_params
+    )
     if example.module:
         source = source.replace(HEADER, HEADER + "\n" + textwrap.dedent(example.module).strip() + "\n\n", 1)
     return source

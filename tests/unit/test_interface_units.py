@@ -48,7 +48,7 @@ NESTED_CONFIG = textwrap.dedent(
 
 
     class TinyAttention(nn.Module):
-        def __init__(self, hidden_size, parent_config):
+        def __init__(self, hidden_size: int, parent_config):
             super().__init__()
             self.config = parent_config
             self.scaling = hidden_size**-0.5

@@ -14,6 +14,7 @@ import pytest
 from sdpa_port import Status, port_source
 from sdpa_port.analyse.booleans import BooleanReader, zero_one_threshold
 from sdpa_port.analyse.cstutil import code
+from sdpa_port.analyse.module_facts import Binding
 from sdpa_port.analyse.names import ImportMap
 
 TEMPLATE = '''\
@@ -147,10 +148,19 @@ class _Scope:
     def local_is_scalar(self, name: str) -> bool:
         return False
 
+    def local_is_optional_scalar(self, name: str) -> bool:
+        return False
+
     def self_attribute_values(self, name: str) -> tuple[cst.BaseExpression, ...]:
         return ()
 
+    def self_attribute_bindings(self, name: str) -> tuple[Binding, ...]:
+        return ()
+
     def module_function(self, name: str) -> cst.FunctionDef | None:
+        return None
+
+    def class_init(self, name: str) -> cst.FunctionDef | None:
         return None
 
 

@@ -400,7 +400,7 @@ from ...modeling_utils import PreTrainedModel
 
 
 class TinyAttention(nn.Module):
-    def __init__(self, dim, heads):
+    def __init__(self, dim: int, heads: int):
         super().__init__()
         self.scaling = (dim // heads) ** -0.5
 

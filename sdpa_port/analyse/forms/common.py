@@ -29,7 +29,8 @@ class Example:
     """A forward body a recogniser decides, with what it becomes.
 
     `tests/unit/test_forms.py` runs it in `Attention.forward(self, query, key, value, attention_mask=None,
-    head_mask=None, output_attentions=False)` of a module whose `__init__` runs EXAMPLE_INIT and `init`. Without
+    head_mask=None, output_attentions=False)` of a module whose `__init__(self, config, <init_params>)` runs
+    EXAMPLE_INIT and `init`. Without
     `refused` the attention is ported and its chain holds an operation of type `op`, which it no longer does with the
     form taken out of `FORMS`; with it, the port is refused with that code.
 
@@ -45,6 +46,7 @@ class Example:
     refused: Code | None = None
     becomes: str = ""
     init: str = ""
+    init_params: str = ""  # `__init__`'s parameters after `config`
     methods: str = ""  # further methods of the class
     module: str = ""  # module-level code before the class
 

@@ -1,9 +1,11 @@
 """Scales and head masks: the scores scaled by a number or a per-query factor, the probabilities by a head mask.
 
-The number is a literal, `math.sqrt(d)`, a config value, an attribute or buffer that holds one, a function of the file
-returning one; the factor a tensor the same for every key; the head mask applied under its `... is not None` guard. A
-scale undone right after (`(x / a - shift) * a`) cancels. Scaling by anything else is refused S102; the probabilities
-rescaled otherwise, S106; the scores multiplied by themselves or dividing something, S103.
+The number is a literal, `math.sqrt(d)`, a config value, an attribute or buffer that holds one (every binding of it a
+number, read in its method: `patterns.scalars.MethodScope`), a function of the file returning one; the factor a
+tensor the same for every key (a learnt number among them: SDPA's `scale=` takes no tensor that needs a gradient);
+the head mask applied under its `... is not None` guard. A scale undone right after (`(x / a - shift) * a`) cancels.
+Scaling by anything else is refused S102; the probabilities rescaled otherwise, S106; the scores multiplied by
+themselves or dividing something, S103.
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ def cancelled(ops: list[Op], op: Op) -> list[Op]:
     return [*ops, op]
 
 
+SCALED_BY_ATTRIBUTE = scored("scores = scores * self.scale\nprobs = scores.softmax(-1)")
+
 EXAMPLES = {
     "scaled": (
         Example(
@@ -129,9 +133,99 @@ EXAMPLES = {
             becomes=f"if output_attentions or head_mask is not None:{GAP}"
             + sdpa("dropout_p=self.dropout.p if self.training else 0.0", "scale=1.0"),
         ),
+        # numbers `__init__` builds from the constructor's parameters: `dim`, given to a layer as a size, is an integer;
+        # `qk_scale`, defaulting to None, is a number or None, behind `or` a number
+        Example(
+            SCALED_BY_ATTRIBUTE,
+            Scale,
+            becomes=sdpa("scale=self.scale"),
+            init="head_dim = dim // num_heads\nself.scale = qk_scale or head_dim ** -0.5\nself.qkv = nn.Linear(dim, dim * 3)",
+            init_params="dim, num_heads=8, qk_scale=None",
+        ),
+        Example(
+            SCALED_BY_ATTRIBUTE,
+            Scale,
+            becomes=sdpa("scale=self.scale"),
+            init="self.head_dim = dim // num_heads\nself.scale = self.head_dim ** -0.5",
+            init_params="dim: int, num_heads: int = 8",
+        ),
+        # every binding in `__init__` a number, whichever runs
+        Example(
+            SCALED_BY_ATTRIBUTE,
+            Scale,
+            becomes=sdpa("scale=self.scale"),
+            init="if config.qk_norm:\n    self.scale = 1.0\nelse:\n    self.scale = config.head_dim ** -0.5",
+        ),
+        Example(
+            scored("scores = scores / self.norm_factor\nprobs = scores.softmax(-1)"),
+            Scale,
+            becomes=sdpa("scale=1.0 / self.norm_factor"),
+            init="self.norm_factor = math.sqrt(config.head_dim)",
+        ),
+        # a buffer of one number: SDPA's `scale=` takes a 0-d tensor that needs no gradient as the float it holds
+        Example(
+            SCALED_BY_ATTRIBUTE,
+            Scale,
+            becomes=sdpa("scale=self.scale"),
+            init='self.register_buffer("scale", torch.tensor(config.head_dim ** -0.5), persistent=False)',
+        ),
+        # a learnt number, or a tensor per head, is no `scale=`: it scales the query, as it scales every key alike
+        Example(
+            SCALED_BY_ATTRIBUTE,
+            Scale,
+            becomes="sdpa_query = query * self.scale" + GAP + sdpa("scale=1.0", operands="sdpa_query, key, value"),
+            init="self.scale = nn.Parameter(torch.tensor(config.head_dim ** -0.5))",
+        ),
+        Example(
+            SCALED_BY_ATTRIBUTE,
+            Scale,
+            becomes="sdpa_query = query * self.scale" + GAP + sdpa("scale=1.0", operands="sdpa_query, key, value"),
+            init="per_head = torch.ones(config.num_heads, 1, 1)\nself.scale = per_head",
+        ),
         Example(
             scored("scores = scores * self.temperature\nprobs = scores.softmax(-1)"), refused=Code.SCALE_NOT_A_NUMBER
         ),
+        # bound again outside `__init__`, to what a caller passes
+        Example(
+            SCALED_BY_ATTRIBUTE,
+            refused=Code.SCALE_NOT_A_NUMBER,
+            init="self.scale = config.head_dim ** -0.5",
+            methods="def set_scale(self, scale):\n    self.scale = scale",
+        ),
+        Example(
+            SCALED_BY_ATTRIBUTE,
+            refused=Code.SCALE_NOT_A_NUMBER,
+            init="self.scale = config.head_dim ** -0.5",
+            methods="def sharpen(self, factor):\n    self.scale *= factor",
+        ),
+        # a parameter nothing declares a number: `scale ** -0.5` of a tensor is a tensor
+        Example(
+            SCALED_BY_ATTRIBUTE, refused=Code.SCALE_NOT_A_NUMBER, init="self.scale = scale ** -0.5", init_params="scale"
+        ),
+        Example(
+            SCALED_BY_ATTRIBUTE,
+            refused=Code.SCALE_NOT_A_NUMBER,
+            init="self.scale = qk_scale or config.head_dim ** -0.5",
+            init_params="qk_scale: torch.Tensor | None = None",
+        ),
+        # a tensor of a shape not known to be 1 along the keys
+        Example(
+            SCALED_BY_ATTRIBUTE,
+            refused=Code.SCALE_NOT_A_NUMBER,
+            init="self.scale = nn.Parameter(torch.randn(size))",
+            init_params="size=8",
+        ),
+        # a factor each call passes
+        Example(
+            "return self.attend(query, key, value, scale=0.5)",
+            refused=Code.SCALE_NOT_A_NUMBER,
+            methods=(
+                "def attend(self, query, key, value, **kwargs):\n"
+                "    scores = torch.matmul(query, key.transpose(-1, -2)) * kwargs.get('scale')\n"
+                "    return torch.matmul(scores.softmax(-1), value)"
+            ),
+        ),
+
         Example(scored("probs = scores.softmax(-1) * head_mask"), refused=Code.PROBABILITIES_CHANGED),  # no guard
         Example(scored("probs = (scores * scores).softmax(-1)"), refused=Code.SCORES_COMBINED),
     ),

@@ -59,7 +59,7 @@ from sdpa_port.analyse.patterns.numbers import (
 from sdpa_port.analyse.patterns.scalars import (
     Scalar,
     scalar,
-    InitScope,
+    MethodScope,
 )
 from sdpa_port.analyse.patterns.factors import (
     constant_along_last,
@@ -119,7 +119,7 @@ __all__ = [
     "FILLED_TENSOR_FUNCTIONS",
     "FINFO_MIN",
     "INFINITIES",
-    "InitScope",
+    "MethodScope",
     "MATMUL_FUNCTIONS",
     "MAXIMUM_FUNCTIONS",
     "NUMBER_FUNCTIONS",

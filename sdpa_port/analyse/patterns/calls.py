@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse.patterns.functions import DTYPE_CASTS, RESHAPE_METHODS
+
+if TYPE_CHECKING:
+    from sdpa_port.analyse.module_facts import Binding
 
 is_self = m.Name("self")
 
@@ -23,9 +26,19 @@ class Scope(Protocol):
 
     def local_is_scalar(self, name: str) -> bool: ...
 
+    def local_is_optional_scalar(self, name: str) -> bool:
+        """The name holds a number or None (`qk_scale=None`, a constructor's override of a number)."""
+        ...
+
     def self_attribute_values(self, name: str) -> tuple[cst.BaseExpression, ...]: ...
 
+    def self_attribute_bindings(self, name: str) -> tuple[Binding, ...]: ...
+
     def module_function(self, name: str) -> cst.FunctionDef | None: ...
+
+    def class_init(self, name: str) -> cst.FunctionDef | None:
+        """The `__init__` of a class of the file."""
+        ...
 
 
 def arg(call: cst.Call, index: int, keyword: str | None = None) -> cst.BaseExpression | None:

@@ -13,7 +13,7 @@ from sdpa_port.analyse.patterns.functions import (
     RESHAPE_METHODS,
 )
 from sdpa_port.analyse.patterns.numbers import number
-from sdpa_port.analyse.patterns.scalars import InitScope, scalar
+from sdpa_port.analyse.patterns.scalars import MethodScope, scalar
 
 
 def constant_along_last(node: cst.BaseExpression, scope: Scope, depth: int = 0, attributes: frozenset[str] = frozenset()) -> bool:
@@ -37,10 +37,11 @@ def constant_along_last(node: cst.BaseExpression, scope: Scope, depth: int = 0, 
         attribute = self_attribute_name(node)
         if attribute is None or attribute in attributes:
             return False
-        values = scope.self_attribute_values(attribute)
-        init = InitScope(scope)
-        return bool(values) and all(
-            constant_along_last(v, init, depth + 1, attributes | {attribute}) for v in values
+        bindings = scope.self_attribute_bindings(attribute)
+        return bool(bindings) and all(
+            b.value is not None
+            and constant_along_last(b.value, MethodScope(scope, b.method), depth + 1, attributes | {attribute})
+            for b in bindings
         )
     if not isinstance(node, cst.Call) or has_star_args(node):
         return False

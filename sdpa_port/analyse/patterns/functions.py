@@ -24,6 +24,7 @@ SIZED_FACTORIES = frozenset(
 ZEROS_FUNCTIONS = frozenset({"torch.zeros", "torch.empty", "torch.zeros_like", "torch.empty_like"})
 FILLED_TENSOR_FUNCTIONS = frozenset({"torch.ones", "torch.zeros", "torch.full", "torch.rand", "torch.randn", "torch.empty"})
 PARAMETER_WRAPPERS = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
+BUFFER_WRAPPERS = frozenset({"torch.nn.Buffer", "torch.nn.parameter.Buffer"})
 
 # ------------------------------------------------------------------ numbers
 
