@@ -187,8 +187,9 @@ ALONE = "attention modules checked on their own: ok "
 
 
 def _alone(lines: list[str]) -> str:
-    """The attention classes verified as modules (verify/alone.py), and why no model covered them."""
+    """The attention classes verified as modules (verify/alone.py, verify/inline.py), and why no model covered them."""
     classes = [line.partition(" alone: ok")[0].strip() for line in lines if " alone: ok" in line]
+    classes += [line.partition(" in place: ok")[0].strip() for line in lines if " in place: ok" in line]
     why = next((line[len(ALONE) :] for line in lines if line.startswith(ALONE)), "")
     if not classes:
         return ""

@@ -41,7 +41,12 @@ LENGTH = 7
 PADDED = 2  # keys masked at the end of the second sequence
 GAIN = 2.0
 
-_WIDTHS = re.compile(r"^(hidden_size|embed_dim|d_model|dim|hidden_dim|n_embd|n_state|width|model_dim)$")
+_WIDTHS = re.compile(
+    r"^(hidden_size|embed_dim|d_model|dim|hidden_dim|n_embd|n_state|width|model_dim|in_features|in_dim|embed_dims|"
+    r"query_dim|channels|in_channels)$"
+)
+# switches a constructor or a config takes with no default: off, the plain computation (`is_cross_attention`)
+_SWITCHES = re.compile(r"^(is|use|with|has|add|output|return|enable)_")
 _HEADS = re.compile(r"^(num_heads|num_attention_heads|n_heads?|heads|n_head)$")
 _RATES = re.compile(r"(^|_)(dropout|drop|p)(_prob|_rate|_p)?$")
 _STATES = re.compile(r"^(hidden_states?|x|inputs?|query|key|value|queries|keys|values|q|k|v|.*_states)$")
@@ -164,6 +169,8 @@ def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
             out[name] = HEADS
         elif _RATES.search(name) and (parameter.default is parameter.empty or isinstance(parameter.default, float)):
             out[name] = 0.0
+        elif _SWITCHES.match(name) and parameter.default is parameter.empty:
+            out[name] = False
         elif parameter.default is parameter.empty:
             raise _CannotBuild(f"no value for its constructor's parameter `{name}`")
     return out
@@ -201,6 +208,10 @@ def generic_config(klass: type) -> Any:
             values[name] = 0.0
         elif _EPSILONS.search(name):
             values[name] = 1e-5
+        elif _SWITCHES.match(name) or name.endswith(("_norm", "_normalization")):
+            values[name] = False
+        elif name.endswith("_bias"):  # a projection's bias switch (`qkv_bias`)
+            values[name] = True
         else:
             raise _CannotBuild(f"its constructor reads `config.{name}`, and the file has no config class to give it")
     config = PretrainedConfig(**values)

@@ -109,3 +109,31 @@ def replace_result(result, source: str):  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
     return replace(result, source=source)
+
+
+def test_a_config_from_another_file_is_made_from_the_names_the_class_reads(tmp_path: Path) -> None:
+    """Widths, heads, rates, switches (off) and bias switches (on) are valued by name; any other name cannot be."""
+    from sdpa_port.verify.alone import _CannotBuild, generic_config
+
+    source = (
+        "from torch import nn\n\n\nclass Reads(nn.Module):\n    def __init__(self, config):\n        super().__init__()\n"
+        "        self.q = nn.Linear(config.hidden_size, config.hidden_size, bias=config.qkv_bias)\n"
+        "        self.heads = config.num_attention_heads\n        self.flash = config.use_flash_attn\n"
+        "        self.drop = nn.Dropout(config.attention_dropout)\n        self.norm = config.qk_normalization\n"
+    )
+    path = tmp_path / "reads.py"
+    path.write_text(source + "\n\nclass Unknown(Reads):\n    def __init__(self, config):\n        self.x = config.mystery\n")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reads_for_config", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules[spec.name] = module  # where `inspect.getsource` finds the class's file
+    spec.loader.exec_module(module)
+    config = generic_config(module.Reads)
+    assert (config.hidden_size, config.num_attention_heads, config.attention_dropout) == (32, 4, 0.0)
+    assert config.qkv_bias is True and config.use_flash_attn is False and config.qk_normalization is False
+    with pytest.raises(_CannotBuild, match="config.mystery"):
+        generic_config(module.Unknown)
