@@ -13,6 +13,7 @@ from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import HANDED_QUERY, OUT, PROBS, SCORES, ChainVal, Poison, Stage, Value, short
 from sdpa_port.analyse.chain_book import ChainBook
 from sdpa_port.analyse.cstutil import primary, walk_names
+from sdpa_port.analyse.scope import FunctionScope
 from sdpa_port.refusals import Code
 
 
@@ -120,13 +121,13 @@ class _Softmaxes(cst.CSTVisitor):
 
 
 class ProductFinder(cst.CSTVisitor):
-    def __init__(self, scope: p.Scope) -> None:
+    def __init__(self, scope: FunctionScope) -> None:
         self.scope = scope
         self.found: list[tuple[cst.BaseExpression, p.Product]] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, cst.BaseExpression):
-            product = p.product(node, self.scope)
+            product = self.scope.product(node)
             if product is not None:
                 self.found.append((node, product))
         return True
