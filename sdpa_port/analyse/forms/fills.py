@@ -21,8 +21,9 @@ import libcst.matchers as m
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.booleans import BooleanReader, zero_one_threshold
 from sdpa_port.analyse.chain import PROBS, AddTerm, Fill, Guard, Op, Poison, Softmax, ZeroRows, short
-from sdpa_port.analyse.cstutil import code, nodes_of_type, parenthesized, precedence, primary
+from sdpa_port.analyse.cstutil import code, parenthesized, precedence, primary
 from sdpa_port.analyse.forms.common import Example, method_on_chain, scored, sdpa
+from sdpa_port.analyse.forms.fill_helpers import helper_fill_values
 from sdpa_port.analyse.forms.terms import always_applied
 from sdpa_port.refusals import Code
 
@@ -155,72 +156,6 @@ def masking_fill(
         with_chain=always_applied(tracer, condition, cid),
         rank=tracer.ranks.rank_of(condition),
     )
-
-
-def helper_fill_values(
-    tracer: TracerView, fill: cst.BaseExpression
-) -> tuple[tuple[cst.BaseExpression, ...], p.Scope] | None:
-    """What a fill value returned by a method of the class may be, and the scope to read it in; None when `fill` is
-    no call of such a method (it is then read as it is).
-
-    `self._get_mask_value(...)`: every expression the method returns, a name the method assigns once read as its
-    value, and `self.x` as each value the class assigns `self.x` but `None` (a fill of None raises: eager never runs
-    with it), as GPTBigCode's cached `torch.full([], torch.finfo(dtype).min, ...)`. A method with no return, or one
-    returning anything else, gives an expression the fill tests then refuse (M201). The values are read without the
-    caller's locals: a name of the method is not one of the caller's.
-    """
-    if isinstance(fill, cst.Name):
-        local = tracer.scope.local_value(fill.value)  # `mask_value = self._get_mask_value(...)`, then the fill
-        fill = local if local is not None else fill
-    if not isinstance(fill, cst.Call) or tracer.class_name is None:
-        return None
-    method = p.self_attribute_name(fill.func)
-    found = tracer.facts.find_method(tracer.class_name, method) if method is not None else None
-    if found is None:
-        return None
-    function = found[1]
-    assigned: dict[str, list[cst.BaseExpression]] = {}
-    for assign in nodes_of_type(function, cst.Assign):
-        for target in assign.targets:
-            if isinstance(target.target, cst.Name):
-                assigned.setdefault(target.target.value, []).append(assign.value)
-    values: list[cst.BaseExpression] = []
-    returned = [node.value for node in nodes_of_type(function, cst.Return)]
-    for value in returned or [None]:
-        if isinstance(value, cst.Name) and len(assigned.get(value.value, [])) == 1:
-            value = assigned[value.value][0]
-        attribute = p.self_attribute_name(value) if value is not None else None
-        if attribute is not None:
-            held = [v for v in tracer.scope.self_attribute_values(attribute) if not m.matches(v, m.Name("None"))]
-            values.extend(held or [cst.Name("None")])
-        else:
-            values.append(value if value is not None else cst.Name("None"))
-    return tuple(values), _MethodScope(tracer.scope)
-
-
-class _MethodScope:
-    """Names as a method of the class reads them: imports and `self.` attributes, none of the caller's locals."""
-
-    def __init__(self, scope: p.Scope) -> None:
-        self.scope = scope
-
-    def qualify(self, node: cst.CSTNode) -> str | None:
-        return self.scope.qualify(node)
-
-    def self_attribute(self, name: str) -> cst.BaseExpression | None:
-        return self.scope.self_attribute(name)
-
-    def self_attribute_values(self, name: str) -> tuple[cst.BaseExpression, ...]:
-        return self.scope.self_attribute_values(name)
-
-    def local_value(self, name: str) -> cst.BaseExpression | None:
-        return None
-
-    def local_is_scalar(self, name: str) -> bool:
-        return False
-
-    def module_function(self, name: str) -> cst.FunctionDef | None:
-        return self.scope.module_function(name)
 
 
 def bindings_of(tracer: TracerView, node: cst.BaseExpression) -> tuple[tuple[str, int], ...]:
@@ -560,6 +495,15 @@ def _padding_port(fill: str) -> str:
     return sdpa(f"attn_mask={mask}", "scale=1.0")
 
 
+_HELPER_FILL = scored("scores = scores.masked_fill(attention_mask == 0, self._get_mask_value())\nprobs = scores.softmax(-1)")
+
+
+def _helper(body: str) -> str:
+    return "def _get_mask_value(self):\n" + "\n".join("    " + line for line in body.splitlines())
+
+
+_FINFO = "return torch.finfo(torch.float32).min"
+_BOOL_MASK = "torch.where(attention_mask.bool(), query.new_zeros(()), mask_value).to(query.dtype)"
 _CACHED_MASK_VALUE = """
 def _get_mask_value(self, device, dtype):
     if self.mask_value is None or self.mask_value.dtype != dtype or self.mask_value.device != device:
@@ -596,31 +540,11 @@ EXAMPLES = {
         # zeroed where nothing masked the scores
         Example(scored("probs = scores.softmax(-1).masked_fill(attention_mask == 0, 0.0)"), refused=Code.FILL_VALUE),
         # a fill value a method of the class returns: every value it may return is read
-        Example(
-            scored("scores = scores.masked_fill(attention_mask == 0, self._get_mask_value())\nprobs = scores.softmax(-1)"),
-            Fill,
-            methods="def _get_mask_value(self):\n    return torch.finfo(torch.float32).min",
-            becomes=_padding_port("self._get_mask_value()"),
-        ),
-        Example(
-            scored("scores = scores.masked_fill(attention_mask == 0, self._get_mask_value())\nprobs = scores.softmax(-1)"),
-            refused=Code.FILL_VALUE,
-            methods="def _get_mask_value(self):\n    return 0.0",
-        ),
-        # a value read from the configuration may be anything, as may a helper returning one of two values
-        Example(
-            scored("scores = scores.masked_fill(attention_mask == 0, self._get_mask_value())\nprobs = scores.softmax(-1)"),
-            refused=Code.FILL_VALUE,
-            methods="def _get_mask_value(self):\n    return self.config.mask_value",
-        ),
-        Example(
-            scored(
-                "scores = scores.masked_fill(attention_mask == 0, self._get_mask_value(scores.dtype))\n"
-                "probs = scores.softmax(-1)"
-            ),
-            refused=Code.FILL_VALUE,
-            methods="def _get_mask_value(self, dtype):\n    if dtype == torch.float16:\n        return -1e4\n    return 0.0",
-        ),
+        Example(_HELPER_FILL, Fill, methods=_helper(_FINFO), becomes=_padding_port("self._get_mask_value()")),
+        # 0, a value read from the configuration (anything), or one of two values not both masking
+        Example(_HELPER_FILL, refused=Code.FILL_VALUE, methods=_helper("return 0.0")),
+        Example(_HELPER_FILL, refused=Code.FILL_VALUE, methods=_helper("return self.config.mask_value")),
+        Example(_HELPER_FILL, refused=Code.FILL_VALUE, methods=_helper("if self.training:\n    return -1e4\nreturn 0.0")),
     ),
     "masked_fill_function": (
         Example(
@@ -658,10 +582,7 @@ EXAMPLES = {
             init="self.mask_value = None",
             methods=_CACHED_MASK_VALUE,
             becomes="mask_value = self._get_mask_value(query.device, query.dtype)\nreturn "
-            + sdpa(
-                "attn_mask=torch.where(attention_mask.bool(), query.new_zeros(()), mask_value).to(query.dtype)",
-                "scale=1.0",
-            ),
+            + sdpa(f"attn_mask={_BOOL_MASK}", "scale=1.0"),
         ),
     ),
     # GPT's TensorFlow-era blend over the causal buffer: torch.where(causal, scores, -1e4)
