@@ -13,6 +13,7 @@ from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import HANDED_QUERY, OUT, PROBS, SCORES, ChainVal, Poison, Stage, Value, short
 from sdpa_port.analyse.chain_book import ChainBook
 from sdpa_port.analyse.cstutil import primary, walk_names
+from sdpa_port.analyse.scope import FunctionScope
 from sdpa_port.refusals import Code
 
 
@@ -43,7 +44,8 @@ class ChainReads:
     def chain_value_refs(self, node: cst.CSTNode | None) -> set[int]:
         """Chains whose values an expression reads.
 
-        Reads of `.dtype`, `.device`, shapes and `expand_as` are not reads of the values.
+        Reads of `.dtype`, `.device`, shapes, `expand_as` and casts to the scores' type (`x.type_as(scores)`) are not
+        reads of the values.
         """
         if node is None:
             return set()
@@ -68,6 +70,8 @@ class ChainReads:
             mapping[attribute] = cst.Attribute(value=query, attr=attribute.attr)
         for call in finder.expands:
             mapping[call] = call.func.value  # type: ignore[attr-defined]
+        for name in finder.typed:
+            mapping[name] = query
         from sdpa_port.rewrite.edit import replace_nodes
 
         return replace_nodes(node, mapping) if mapping else node
@@ -75,7 +79,7 @@ class ChainReads:
     def chain_names_in(self, node: cst.CSTNode, exclude: cst.CSTNode | None = None) -> list[tuple[str, cst.Name]]:
         finder = ReadFinder(self.env, exclude)
         node.visit(finder)
-        return [(n.value, n) for n in finder.plain]
+        return [(n.value, n) for n in finder.values_read()]
 
 
 def size_read(node: cst.CSTNode) -> tuple[cst.Name, int] | None:
@@ -120,13 +124,13 @@ class _Softmaxes(cst.CSTVisitor):
 
 
 class ProductFinder(cst.CSTVisitor):
-    def __init__(self, scope: p.Scope) -> None:
+    def __init__(self, scope: FunctionScope) -> None:
         self.scope = scope
         self.found: list[tuple[cst.BaseExpression, p.Product]] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, cst.BaseExpression):
-            product = p.product(node, self.scope)
+            product = self.scope.product(node)
             if product is not None:
                 self.found.append((node, product))
         return True
@@ -148,9 +152,27 @@ class ReadFinder(cst.CSTVisitor):
         self.shapes: list[cst.Name] = []
         self.sizes: list[tuple[cst.CSTNode, cst.Name, int]] = []  # `scores.size(i)`, `scores.shape[i]`
         self.plain: list[cst.Name] = []
+        self.typed: list[cst.Name] = []  # the `scores` of `x.type_as(scores)`, `x.to(scores)`
 
     def is_chain(self, node: cst.CSTNode) -> bool:
         return isinstance(node, cst.Name) and isinstance(self.env.get(node.value), ChainVal)
+
+    def cast_like(self, node: cst.Call) -> bool:
+        """`x.type_as(scores)` or `x.to(scores)`: x cast to the scores' dtype and moved to their device, which are
+        the query's, their values unread."""
+        return (
+            isinstance(node.func, cst.Attribute)
+            and node.func.attr.value in ("type_as", "to")
+            and len(node.args) == 1
+            and node.args[0].keyword is None
+            and not node.args[0].star
+            and self.is_chain(node.args[0].value)
+        )
+
+    def values_read(self) -> list[cst.Name]:
+        """The chain names read for more than their dtype, device or shape, a cast to their type counted: only a
+        chain operation's operand, detached (`ChainReads.detach`), may cast to the scores' type."""
+        return [*self.plain, *self.typed]
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if node is self.exclude:
@@ -172,6 +194,10 @@ class ReadFinder(cst.CSTVisitor):
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
             if node.func.attr.value == "expand_as" and len(node.args) == 1 and self.is_chain(node.args[0].value):
                 self.expands.append(node)
+                node.func.value.visit(self)
+                return False
+            if self.cast_like(node):
+                self.typed.append(node.args[0].value)  # type: ignore[arg-type]
                 node.func.value.visit(self)
                 return False
             if node.func.attr.value in ("reshape_as", "view_as") and len(node.args) == 1 and self.is_chain(node.args[0].value):

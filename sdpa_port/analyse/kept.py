@@ -45,7 +45,7 @@ def keep_expression(tracer: TracerView, node: cst.CSTNode, line: int, key: cst.C
             )
             continue
         replacements[call] = KeepAction.RESHAPE_AS
-    for name in finder.plain:
+    for name in finder.values_read():
         value = tracer.env[name.value]
         assert isinstance(value, ChainVal)
         if value.stage in (PROBS, OUT) and (allow_probs or tracer.output_seen):

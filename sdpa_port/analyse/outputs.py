@@ -142,7 +142,7 @@ def reads_only_weights(tracer: TracerView, node: cst.CSTNode) -> bool:
         return False
     finder = ReadFinder(tracer.env, None)
     node.visit(finder)
-    values = [tracer.env[n.value] for n in finder.plain]
+    values = [tracer.env[n.value] for n in finder.values_read()]
     return bool(values) and all(isinstance(v, ChainVal) and v.stage in (PROBS, OUT) for v in values)
 
 
@@ -168,7 +168,7 @@ def weights_passed_along(tracer: TracerView, node: cst.BaseExpression, exclude: 
     if exclude is not None:
         finder = ReadFinder(tracer.env, exclude)
         node.visit(finder)
-        return not finder.plain
+        return not finder.values_read()
     return not tracer.reads.chain_value_refs(node)
 
 

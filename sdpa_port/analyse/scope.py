@@ -11,6 +11,7 @@ import libcst as cst
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import AnyExpr, ExprVal, ScalarVal, Value
 from sdpa_port.analyse.module_facts import Binding, ModuleFacts
+from sdpa_port.analyse.product_modules import module_product
 
 
 class FunctionScope:
@@ -39,6 +40,10 @@ class FunctionScope:
         if self.class_name is None:
             return ()
         return self.facts.find_attribute_bindings(self.class_name, name)
+
+    def product(self, node: cst.BaseExpression) -> p.Product | None:
+        """The product of two tensors `node` computes: written out, or by a module of the file that only multiplies."""
+        return p.product(node, self) or module_product(node, self.facts, self.class_name, self)
 
     def local_value(self, name: str) -> cst.BaseExpression | None:
         value = self.env.get(name)

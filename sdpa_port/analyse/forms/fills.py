@@ -23,6 +23,7 @@ from sdpa_port.analyse.booleans import BooleanReader, zero_one_threshold
 from sdpa_port.analyse.chain import PROBS, AddTerm, Fill, Guard, Op, Poison, Softmax, ZeroRows, short
 from sdpa_port.analyse.cstutil import code, parenthesized, precedence, primary
 from sdpa_port.analyse.forms.common import Example, method_on_chain, scored, sdpa
+from sdpa_port.analyse.forms.fill_helpers import helper_fill_values
 from sdpa_port.analyse.forms.terms import always_applied
 from sdpa_port.refusals import Code
 
@@ -127,7 +128,10 @@ def masking_fill(
     candidate = tracer.chains.candidates[cid]
     if candidate.stage == PROBS or any(isinstance(op, Softmax) for op in pending):
         return zero_rows(tracer, condition, fill, keep_where_true, cid, pending)
-    if not p.is_very_negative(fill, tracer.scope):
+    values = helper_fill_values(tracer, fill)
+    if values is None:
+        values = (fill,), tracer.scope
+    if not all(p.is_very_negative(value, values[1]) for value in values[0]):
         raise Poison(
             Code.FILL_VALUE, f"masked scores are set to `{short(fill)}`, not to a large negative value", {cid}
         )
@@ -136,7 +140,7 @@ def masking_fill(
     diagonal = triangle[0] if triangle is not None and _bottom_right(triangle[1]) else None
     top_left = triangle is not None and _top_left(triangle[1])
     causal = diagonal is Diagonal.CAUSAL
-    absorbing = p.is_absorbing(fill, tracer.scope)
+    absorbing = all(p.is_absorbing(value, values[1]) for value in values[0])
     row_safe = diagonal is not None or is_padding_condition(tracer, condition)
     detached = tracer.reads.detach(condition, cid)
     return Fill(
@@ -491,6 +495,22 @@ def _padding_port(fill: str) -> str:
     return sdpa(f"attn_mask={mask}", "scale=1.0")
 
 
+_HELPER_FILL = scored("scores = scores.masked_fill(attention_mask == 0, self._get_mask_value())\nprobs = scores.softmax(-1)")
+
+
+def _helper(body: str) -> str:
+    return "def _get_mask_value(self):\n" + "\n".join("    " + line for line in body.splitlines())
+
+
+_FINFO = "return torch.finfo(torch.float32).min"
+_BOOL_MASK = "torch.where(attention_mask.bool(), query.new_zeros(()), mask_value).to(query.dtype)"
+_CACHED_MASK_VALUE = """
+def _get_mask_value(self, device, dtype):
+    if self.mask_value is None or self.mask_value.dtype != dtype or self.mask_value.device != device:
+        self.mask_value = torch.full([], torch.finfo(dtype).min, dtype=dtype, device=device)
+    return self.mask_value
+"""
+
 EXAMPLES = {
     "masked_fill_method": (
         Example(
@@ -519,6 +539,12 @@ EXAMPLES = {
         ),
         # zeroed where nothing masked the scores
         Example(scored("probs = scores.softmax(-1).masked_fill(attention_mask == 0, 0.0)"), refused=Code.FILL_VALUE),
+        # a fill value a method of the class returns: every value it may return is read
+        Example(_HELPER_FILL, Fill, methods=_helper(_FINFO), becomes=_padding_port("self._get_mask_value()")),
+        # 0, a value read from the configuration (anything), or one of two values not both masking
+        Example(_HELPER_FILL, refused=Code.FILL_VALUE, methods=_helper("return 0.0")),
+        Example(_HELPER_FILL, refused=Code.FILL_VALUE, methods=_helper("return self.config.mask_value")),
+        Example(_HELPER_FILL, refused=Code.FILL_VALUE, methods=_helper("if self.training:\n    return -1e4\nreturn 0.0")),
     ),
     "masked_fill_function": (
         Example(
@@ -545,6 +571,18 @@ EXAMPLES = {
         Example(
             scored("scores = torch.where(scores > 0, scores, -1e9)\nprobs = scores.softmax(-1)"),
             refused=Code.SCORES_READ,
+        ),
+        # GPTBigCode's cached fill: `self.mask_value` is None or `finfo(dtype).min`, and a fill of None raises
+        Example(
+            scored(
+                "mask_value = self._get_mask_value(scores.device, scores.dtype)\n"
+                "scores = torch.where(attention_mask.bool(), scores, mask_value)\nprobs = scores.softmax(-1)"
+            ),
+            Fill,
+            init="self.mask_value = None",
+            methods=_CACHED_MASK_VALUE,
+            becomes="mask_value = self._get_mask_value(query.device, query.dtype)\nreturn "
+            + sdpa(f"attn_mask={_BOOL_MASK}", "scale=1.0"),
         ),
     ),
     # GPT's TensorFlow-era blend over the causal buffer: torch.where(causal, scores, -1e4)

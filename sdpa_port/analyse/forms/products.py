@@ -31,7 +31,7 @@ def query_key_product(tracer: TracerView, node: cst.BaseExpression, line: int) -
 
     A matmul, `@`, bmm, baddbmm or einsum.
     """
-    product = p.product(node, tracer.scope)
+    product = tracer.scope.product(node)
     if product is None:
         return None
     if tracer.reads.chain_refs(product.left) or tracer.reads.chain_refs(product.right):
@@ -312,6 +312,23 @@ def _flattens_leading(args: Sequence[cst.Arg]) -> bool:
     return len(args) == 3 and not any(a.star for a in args)
 
 
+# the key's heads split by a permute that leaves it laid out (batch, heads, dim, length), ready for `query @ key`
+_PERMUTED_KEY = "b, h, s, d = key.shape\nkey = key.transpose(1, 2).reshape(b, s, h, d).permute(0, 2, 3, 1)\n"
+
+_MATMUL_MODULE = """
+class MatMul(nn.Module):
+    def forward(self, a, b):
+        return torch.matmul(a, b)
+"""
+_MODULES_INIT = "self.matmul_qk = MatMul()\nself.matmul_av = MatMul()"
+_THROUGH_MODULES = (
+    "scores = self.matmul_qk(query, key.transpose(-1, -2))\nprobs = scores.softmax(-1)\n"
+    "return self.matmul_av(probs, value)"
+)
+# the look-alikes multiply by V in the open: the eager-site detector does not follow modules, and with both products
+# in modules that are no products it would find no attention at all
+_THROUGH_QK_MODULE = _THROUGH_MODULES.replace("self.matmul_av(probs, value)", "probs @ value")
+
 EXAMPLES = {
     "query_key_product": (
         Example(scored("probs = scores.softmax(-1)"), Start, becomes=sdpa("scale=1.0")),
@@ -356,6 +373,54 @@ EXAMPLES = {
             "scores = query @ (key.transpose(-1, -2) * self.temperature)\n"
             "probs = scores.softmax(-1)\nreturn probs @ value",
             refused=Code.SCALE_NOT_A_NUMBER,
+        ),
+        # the product as a method of the query
+        Example(
+            "scores = query.matmul(key.transpose(-1, -2))\nprobs = scores.softmax(-1)\nreturn probs.matmul(value)",
+            Start,
+            becomes=sdpa("scale=1.0"),
+        ),
+        # a key laid out (batch, heads, dim, length) by the permute that splits its heads: SDPA gets it transposed back
+        Example(
+            _PERMUTED_KEY + "scores = query @ key\nprobs = scores.softmax(-1)\nreturn probs @ value",
+            Start,
+            becomes=_PERMUTED_KEY + "return " + sdpa("scale=1.0", operands="query, key.transpose(-1, -2), value"),
+        ),
+        # products through modules of the file that only multiply (`analyse/product_modules.py`)
+        Example(
+            _THROUGH_MODULES, Start, init=_MODULES_INIT, module=_MATMUL_MODULE, becomes=sdpa("scale=1.0")
+        ),
+        Example(
+            _PERMUTED_KEY + "scores = self.matmul_qk(query, key)\nprobs = scores.softmax(-1)\n"
+            "return self.matmul_av(probs, value)",
+            Start,
+            init=_MODULES_INIT,
+            module=_MATMUL_MODULE.replace("torch.matmul(a, b)", "a @ b"),
+            becomes=_PERMUTED_KEY + "return " + sdpa("scale=1.0", operands="query, key.transpose(-1, -2), value"),
+        ),
+        # a module that scales what it multiplies, or casts it, is not a product
+        Example(
+            _THROUGH_QK_MODULE,
+            refused=Code.UNKNOWN_PRODUCT,
+            init=_MODULES_INIT,
+            module=_MATMUL_MODULE.replace("torch.matmul(a, b)", "torch.matmul(a, b) / 8.0"),
+        ),
+        Example(
+            _THROUGH_QK_MODULE,
+            refused=Code.UNKNOWN_PRODUCT,
+            init=_MODULES_INIT,
+            module=_MATMUL_MODULE.replace("torch.matmul(a, b)", "torch.matmul(a.float(), b)"),
+        ),
+        # a module of a class from elsewhere may compute anything
+        Example(
+            _THROUGH_QK_MODULE, refused=Code.UNKNOWN_PRODUCT, init=_MODULES_INIT, module="from .quant import MatMul\n"
+        ),
+        # a key whose layout cannot be told: `key` may be (..., length, dim) as passed
+        Example(
+            _THROUGH_QK_MODULE.replace("key.transpose(-1, -2)", "key"),
+            refused=Code.UNKNOWN_PRODUCT,
+            init=_MODULES_INIT,
+            module=_MATMUL_MODULE,
         ),
     ),
 }

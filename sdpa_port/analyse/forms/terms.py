@@ -265,6 +265,27 @@ EXAMPLES = {
             scored("scores = scores + scores.mean(-1, keepdim=True)\nprobs = scores.softmax(-1)"),
             refused=Code.SCORES_COMBINED,
         ),
+        # a term cast to the scores' type reads their dtype and device, which are the query's, not their values
+        Example(
+            scored("scores = scores + attention_mask.type_as(scores)\nprobs = scores.softmax(-1)"),
+            AddTerm,
+            becomes=sdpa("attn_mask=attention_mask.type_as(query)", "scale=1.0"),
+        ),
+        Example(
+            scored("scores = scores + attention_mask.to(scores)\nprobs = scores.softmax(-1)"),
+            AddTerm,
+            becomes=sdpa("attn_mask=attention_mask.to(query)", "scale=1.0"),
+        ),
+        # the scores cast to the term's type are the scores
+        Example(
+            scored("scores = scores + scores.type_as(attention_mask)\nprobs = scores.softmax(-1)"),
+            refused=Code.SCORES_COMBINED,
+        ),
+        # the cast on a line of its own is no operand of the chain: the statement would read scores SDPA never makes
+        Example(
+            scored("mask = attention_mask.type_as(scores)\nscores = scores + mask\nprobs = scores.softmax(-1)"),
+            refused=Code.SCORES_READ,
+        ),
     ),
     "additive_helper": (
         # a computed argument: the wrapper form does not inline this call, this one reads the helper
