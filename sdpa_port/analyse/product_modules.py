@@ -21,7 +21,7 @@ import libcst as cst
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.cstutil import is_docstring
-from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.module_facts import Binding, ModuleFacts
 
 _MODULE = "torch.nn.Module"
 
@@ -124,8 +124,17 @@ class _Imports:
     def local_is_scalar(self, name: str) -> bool:
         return False
 
+    def local_is_optional_scalar(self, name: str) -> bool:
+        return False
+
     def self_attribute_values(self, name: str) -> tuple[cst.BaseExpression, ...]:
         return ()
 
+    def self_attribute_bindings(self, name: str) -> tuple[Binding, ...]:
+        return ()
+
     def module_function(self, name: str) -> cst.FunctionDef | None:
+        return None
+
+    def class_init(self, name: str) -> cst.FunctionDef | None:
         return None

@@ -14,6 +14,7 @@ from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.cstutil import nodes_of_type
 
 if TYPE_CHECKING:
+    from sdpa_port.analyse.module_facts import Binding
     from sdpa_port.analyse.tracing import TracerView
 
 
@@ -79,5 +80,14 @@ class _MethodScope:
     def local_is_scalar(self, name: str) -> bool:
         return False
 
+    def local_is_optional_scalar(self, name: str) -> bool:
+        return False
+
+    def self_attribute_bindings(self, name: str) -> tuple[Binding, ...]:
+        return self.scope.self_attribute_bindings(name)
+
     def module_function(self, name: str) -> cst.FunctionDef | None:
         return self.scope.module_function(name)
+
+    def class_init(self, name: str) -> cst.FunctionDef | None:
+        return self.scope.class_init(name)
