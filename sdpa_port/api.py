@@ -175,7 +175,7 @@ def _port_inline_style(module: cst.Module, facts: ModuleFacts, lines: Lines, fir
     planned = plan_inline_style(module, facts, lines, first.softmax_classes, why, first.sdpa_callers)
     if isinstance(planned, PortResult):
         return planned
-    new_module, notes = apply_inline_style(module, planned)
+    new_module, notes = apply_inline_style(module, planned, facts.imports)
     ported = {item.analysis.class_name for item in planned.classes}
     notes += [
         f"{owner}.{helper}: read as its statements written out at its call in forward" for owner, helper in inlined if owner in ported

@@ -150,7 +150,17 @@ MAX_OPTIONAL_TRIED = 6
 # the parameters by which a call asks an attention module for its weights: transformers' `output_attentions`, and
 # `need_weights` of fairseq's and torch's multi-head attention (on by default there: the SDPA class falls back for
 # it, and a port whose every call leaves it on is refused, W406)
-WEIGHT_REQUESTS = ("output_attentions", "need_weights")
+# remote code names it otherwise: `return_attention` (OSTrack), `need_attn`, `output_attention`
+WEIGHT_REQUESTS = (
+    "output_attentions",
+    "need_weights",
+    "return_attention",
+    "return_attentions",
+    "return_attn",
+    "output_attention",
+    "need_attn",
+    "return_attention_weights",
+)
 
 
 def weights_request(names: Iterable[str]) -> str | None:

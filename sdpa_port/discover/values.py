@@ -17,7 +17,10 @@ from typing import Callable, Iterator, Sequence
 from sdpa_port.discover.bindings import SDPA, Bindings, dotted, self_attr, walk_list
 
 # the parameters by which a call asks for the attention weights (as `analyse.optional_facts.WEIGHT_REQUESTS`)
-WEIGHT_REQUESTS = frozenset({"output_attentions", "need_weights"})
+WEIGHT_REQUESTS = frozenset(
+    {"output_attentions", "need_weights", "return_attention", "return_attentions", "return_attn", "output_attention",
+     "need_attn", "return_attention_weights"}
+)
 # the torch releases a version check is read at: the first with SDPA, and the one this project tests against
 TORCH_VERSIONS = ("2.0.0", "2.13.0")
 _VERSION_PARSERS = frozenset({"parse", "Version", "LooseVersion", "StrictVersion", "parse_version"})

@@ -133,6 +133,15 @@ def _plan_class(
     inert = always_asked_for_weights(facts, analysis) or unreached_side_refusal(facts, analysis)
     if inert is not None:
         return inert
+    if analysis.output_attentions is None and any(site.returns_weights for site in analysis.sites):
+        # its callers are in other files: one may read the weights, which the SDPA forward cannot give
+        return Refusal(
+            Code.VALUE_SIDE,
+            analysis.class_name,
+            analysis.sites[0].line,
+            "the probabilities are returned, and no parameter of the call asks for them (such as "
+            "`output_attentions`), so the SDPA forward could not fall back to eager where a caller reads them",
+        )
     try:
         side = read_sdpa_side(facts, analysis)
         forward = build_sdpa_forward(facts, side, MaskContract())

@@ -59,6 +59,9 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
     models = frozenset(n for n in facts.classes if facts.is_subclass(n, "PreTrainedModel"))
     module, passed = sub_models.pass_implementation(module, models, models)
     notes.extend(passed)
+    # the SDPA code names `torch` itself: a file importing only `from torch import nn` or `import torch.nn as nn`
+    # would raise NameError
+    needed.append(("torch", None))
     module = imports.add_imports(module, facts.imports, needed)
     return module, notes
 

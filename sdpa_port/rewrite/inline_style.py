@@ -9,12 +9,14 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse.cstutil import block_body, code, is_docstring, is_pass, one_per_line
+from sdpa_port.analyse.names import ImportMap
 from sdpa_port.plan.inline_style import InlineClassPlan, InlinePlan
+from sdpa_port.rewrite import imports
 from sdpa_port.render import render_module
 from sdpa_port.rewrite.class_style import FALLBACK_ONE_LINE, arguments_for
 
 
-def apply_inline_style(module: cst.Module, plan: InlinePlan) -> tuple[cst.Module, list[str]]:
+def apply_inline_style(module: cst.Module, plan: InlinePlan, imported: ImportMap) -> tuple[cst.Module, list[str]]:
     notes: list[str] = []
     by_name = {item.analysis.class_name: item for item in plan.classes}
     body: list[cst.CSTNode] = []
@@ -27,7 +29,8 @@ def apply_inline_style(module: cst.Module, plan: InlinePlan) -> tuple[cst.Module
         body.append(_in_place(statement, item))
         kept = f"; the eager forward kept as {item.eager_name}" if item.eager_name else ""
         notes.append(f"{item.analysis.class_name}.forward computes with SDPA in place{kept}")
-    return module.with_changes(body=body), notes
+    # the SDPA code names `torch` itself, which `from torch import nn` alone does not bind
+    return imports.add_imports(module.with_changes(body=body), imported, [("torch", None)]), notes
 
 
 def _in_place(node: cst.ClassDef, item: InlineClassPlan) -> cst.ClassDef:

@@ -31,7 +31,8 @@ from sdpa_port.verify.outputs import EAGER_TOLERANCE, RELATIVE_TOLERANCE, SDPA_T
 from sdpa_port.verify.unverified import unverified
 
 # the forward parameters asking for the attention weights, which the kept eager forward answers
-WEIGHT_FLAGS = ("output_attentions", "need_weights", "return_attention", "return_attentions", "output_attention")
+WEIGHT_FLAGS = ("output_attentions", "need_weights", "return_attention", "return_attentions", "return_attn",
+                "output_attention", "need_attn", "return_attention_weights")
 
 
 def verify_inline(original: ModuleType, ported: ModuleType, names: tuple[str, ...] | list[str]) -> list[Check]:

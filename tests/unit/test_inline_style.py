@@ -128,3 +128,25 @@ def test_porting_a_port_changes_nothing() -> None:
     once = port_source(attention(weights=True), filename="modeling_tiny.py")
     twice = port_source(once.source, filename="modeling_tiny.py")
     assert twice.status is Status.UNCHANGED and twice.detail == "already supports SDPA"
+
+
+def test_remote_names_of_the_weights_request_keep_the_eager_forward() -> None:
+    source = attention(weights=True).replace("output_attentions", "return_attention")
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert "if return_attention:" in result.source and "def _eager_forward(" in result.source
+
+
+def test_weights_returned_with_no_request_refuse_the_inline_port() -> None:
+    """Callers in other files may read the weights; with no parameter asking for them, nothing could fall back."""
+    source = attention().replace("        return out\n", "        return out, probs\n")
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["S111"], result
+
+
+def test_torch_is_imported_where_the_file_binds_only_its_submodules() -> None:
+    source = attention().replace("import torch\nfrom torch import nn\n", "import torch.nn as nn\n")
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert "\nimport torch\nimport torch.nn as nn\n" in result.source
+    compile(result.source, "port.py", "exec")
