@@ -18,6 +18,7 @@ from sdpa_port.analyse.cstutil import code, nodes_of_type
 from sdpa_port.analyse.known import Known
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.tracing import LineOf
+from sdpa_port.discover.values import WEIGHT_REQUESTS
 
 
 def without_optional(
@@ -145,22 +146,6 @@ def _optional_modules(facts: ModuleFacts, class_name: str, forward: cst.Function
 
 
 MAX_OPTIONAL_TRIED = 6
-
-
-# the parameters by which a call asks an attention module for its weights: transformers' `output_attentions`, and
-# `need_weights` of fairseq's and torch's multi-head attention (on by default there: the SDPA class falls back for
-# it, and a port whose every call leaves it on is refused, W406)
-# remote code names it otherwise: `return_attention` (OSTrack), `need_attn`, `output_attention`
-WEIGHT_REQUESTS = (
-    "output_attentions",
-    "need_weights",
-    "return_attention",
-    "return_attentions",
-    "return_attn",
-    "output_attention",
-    "need_attn",
-    "return_attention_weights",
-)
 
 
 def weights_request(names: Iterable[str]) -> str | None:

@@ -16,10 +16,19 @@ from typing import Callable, Iterator, Sequence
 
 from sdpa_port.discover.bindings import SDPA, Bindings, dotted, self_attr, walk_list
 
-# the parameters by which a call asks for the attention weights (as `analyse.optional_facts.WEIGHT_REQUESTS`)
-WEIGHT_REQUESTS = frozenset(
-    {"output_attentions", "need_weights", "return_attention", "return_attentions", "return_attn", "output_attention",
-     "need_attn", "return_attention_weights"}
+# the parameters by which a call asks an attention module for its weights, in the order they are looked for:
+# transformers' `output_attentions`, and `need_weights` of fairseq's and torch's multi-head attention (on by default
+# there: the SDPA class falls back for it, and a port whose every call leaves it on is refused, W406); remote code
+# names it otherwise: `return_attention` (OSTrack), `need_attn`, `output_attention`
+WEIGHT_REQUESTS = (
+    "output_attentions",
+    "need_weights",
+    "return_attention",
+    "return_attentions",
+    "return_attn",
+    "output_attention",
+    "need_attn",
+    "return_attention_weights",
 )
 # the torch releases a version check is read at: the first with SDPA, and the one this project tests against
 TORCH_VERSIONS = ("2.0.0", "2.13.0")
