@@ -108,14 +108,19 @@ def _source(analysis: ClassAnalysis) -> str:
 
 
 
-class _FallbackArguments(cst.CSTTransformer):
-    """`super().forward()` in the template gains the arguments that pass every parameter on."""
+SUPER_FORWARD = m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("forward"))
 
-    def __init__(self, params: cst.Parameters) -> None:
+
+class FallbackArguments(cst.CSTTransformer):
+    """The fallback call in a template (`super().forward()`, or the call `func` matches) gains the arguments that pass
+    every parameter on."""
+
+    def __init__(self, params: cst.Parameters, func: m.BaseMatcherNode = SUPER_FORWARD) -> None:
         self.params = params
+        self.func = func
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        if not m.matches(updated.func, m.Attribute(value=m.Call(func=m.Name("super")), attr=m.Name("forward"))):
+        if not m.matches(updated.func, self.func):
             return updated
         call = updated.with_changes(args=arguments_for(self.params))
         # the one-line form fits when the statement stays within the line length
@@ -126,7 +131,7 @@ FALLBACK_ONE_LINE = 86  # `return super().forward(...)` indented three levels st
 
 
 def _with_fallback_arguments(statement: cst.BaseStatement, params: cst.Parameters) -> cst.BaseStatement:
-    result = statement.visit(_FallbackArguments(params))
+    result = statement.visit(FallbackArguments(params))
     assert isinstance(result, cst.BaseStatement)
     return result
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import block_body, code, is_docstring, is_pass, one_per_line
+from sdpa_port.analyse.cstutil import block_body, is_docstring, is_pass
 from sdpa_port.analyse.names import ImportMap
 from sdpa_port.plan.inline_style import InlineClassPlan, InlinePlan
 from sdpa_port.rewrite import imports
 from sdpa_port.render import render_module
-from sdpa_port.rewrite.class_style import FALLBACK_ONE_LINE, arguments_for
+from sdpa_port.rewrite.class_style import FallbackArguments
 
 
 def apply_inline_style(module: cst.Module, plan: InlinePlan, imported: ImportMap) -> tuple[cst.Module, list[str]]:
@@ -53,7 +53,8 @@ def _sdpa_forward(eager: cst.FunctionDef, item: InlineClassPlan) -> cst.Function
     rendered = render_module("inline_style/forward.py.jinja", fallback_test=item.fallback_test, eager=item.eager_name)
     template = rendered.body[0]
     assert isinstance(template, cst.FunctionDef)
-    caller = _EagerCall(item.eager_name or "", item.forward.params)
+    eager_method = m.Attribute(value=m.Name("self"), attr=m.Name(item.eager_name or ""))
+    caller = FallbackArguments(item.forward.params, eager_method)
     prelude = [s.visit(caller) for s in block_body(template.body) if not is_pass(s)]
     statements = list(item.forward.body.body)
     docstring = statements[:1] if statements and is_docstring(statements[0]) else []
@@ -62,20 +63,6 @@ def _sdpa_forward(eager: cst.FunctionDef, item: InlineClassPlan) -> cst.Function
         leading_lines=eager.leading_lines,
         body=item.forward.body.with_changes(body=body),
     )
-
-
-class _EagerCall(cst.CSTTransformer):
-    """`self.<eager>()` in the template gains the arguments that pass every parameter on."""
-
-    def __init__(self, name: str, params: cst.Parameters) -> None:
-        self.name = name
-        self.params = params
-
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        if not m.matches(updated.func, m.Attribute(value=m.Name("self"), attr=m.Name(self.name))):
-            return updated
-        call = updated.with_changes(args=arguments_for(self.params))
-        return call if len(code(call)) <= FALLBACK_ONE_LINE else one_per_line(call)
 
 
 __all__ = ["apply_inline_style"]
