@@ -76,9 +76,8 @@ def _with_stand_ins(input_path: Path, original_source: str, result: PortResult, 
     """The port's attention classes checked on their own, both files loaded with stand-ins for what they import from
     a package this Python cannot import (`verify/stubs.py`); `error` is raised again when even that cannot load them."""
     from sdpa_port.verify.alone import verify_alone
-    from sdpa_port.verify.checks import Check
     from sdpa_port.verify.diagnose import attention_classes
-    from sdpa_port.verify.inline import check_class
+    from sdpa_port.verify.inline import verify_inline
     from sdpa_port.verify.stubs import load_with_stand_ins, missing_imports
 
     tops, relative = missing_imports(original_source)
@@ -93,8 +92,7 @@ def _with_stand_ins(input_path: Path, original_source: str, result: PortResult, 
         f"{', '.join(standing) or 'nothing'}, so only its attention classes are checked, on their own"
     )
     if result.style is Style.INLINE:
-        note = Check("attention modules checked on their own", True, None, why)
-        return [note, *(check_class(original, ported, name) for name in result.attention_classes)]
+        return verify_inline(original, ported, result.attention_classes, alone=why)
     return verify_alone(original, ported, attention_classes(original, ported), why)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from sdpa_port.discover.values import WEIGHT_REQUESTS  # which the kept eager forward answers
 from sdpa_port.verify import parity
 from sdpa_port.verify.alone import GAIN, _arguments, _cases, _config, _eager_arguments, _heads, _width
 from sdpa_port.verify.attention_calls import first_tensor
@@ -30,29 +31,40 @@ from sdpa_port.verify.model_builds import sharpen
 from sdpa_port.verify.outputs import EAGER_TOLERANCE, RELATIVE_TOLERANCE, SDPA_TOLERANCE
 from sdpa_port.verify.unverified import unverified
 
-# the forward parameters asking for the attention weights, which the kept eager forward answers
-WEIGHT_FLAGS = ("output_attentions", "need_weights", "return_attention", "return_attentions", "return_attn",
-                "output_attention", "need_attn", "return_attention_weights")
 
 
-def verify_inline(original: ModuleType, ported: ModuleType, names: tuple[str, ...] | list[str]) -> list[Check]:
-    """The checks of the module docstring, one per class in `names` (the classes ported in place), models first."""
+def verify_inline(
+    original: ModuleType, ported: ModuleType, names: tuple[str, ...] | list[str], alone: str | None = None
+) -> list[Check]:
+    """The checks of the module docstring, one per class in `names` (the classes ported in place), models first.
+
+    `alone`: why the classes are checked on their own only (the file loaded with stand-ins), no model."""
+    checks: list[Check] = [] if alone is not None else _models(original, ported)
+    if alone is not None:
+        checks.append(Check("attention modules checked on their own", True, None, alone))
+    else:
+        checks.append(Check("in-place classes checked on their own", True, None, "against the original's classes"))
+    checks.extend(check_class(original, ported, name) for name in names)
+    return checks
+
+
+def _models(original: ModuleType, ported: ModuleType) -> list[Check]:
+    """The base model taking token ids, where the file has one, against the original's, padded and not."""
     from sdpa_port.verify.auto import pick_targets, token_config
 
-    checks: list[Check] = []
     targets = pick_targets(original)
-    if targets is not None:
-        try:
-            config = token_config(targets, None)
-            padded = "left" if targets.kind == "decoder" else "right"
-            for padding in (padded, "none"):
-                checks.extend(_model(targets.base, getattr(ported, targets.base.__name__), config, padding, targets.kind))
-        except Exception as error:  # a model the tiny config does not fit: the classes alone still decide
-            checks.append(
-                Check(f"{targets.base.__name__} token checks", True, None, f"not run: {type(error).__name__}: {str(error)[:160]}")
-            )
-    checks.append(Check("in-place classes checked on their own", True, None, "against the original's classes"))
-    checks.extend(check_class(original, ported, name) for name in names)
+    if targets is None:
+        return []
+    checks: list[Check] = []
+    try:
+        config = token_config(targets, None)
+        padded = "left" if targets.kind == "decoder" else "right"
+        for padding in (padded, "none"):
+            checks.extend(_model(targets.base, getattr(ported, targets.base.__name__), config, padding, targets.kind))
+    except Exception as error:  # a model the tiny config does not fit: the classes alone still decide
+        checks.append(
+            Check(f"{targets.base.__name__} token checks", True, None, f"not run: {type(error).__name__}: {str(error)[:160]}")
+        )
     return checks
 
 
@@ -146,7 +158,7 @@ def _run(reference: Any, port: Any, original_name: str, ported_name: str) -> tup
         return None
     worst = worst_relative = fallback_gap = 0.0
     calls = already = 0
-    flag = next((f for f in WEIGHT_FLAGS if f in inspect.signature(reference.forward).parameters), None)
+    flag = next((f for f in WEIGHT_REQUESTS if f in inspect.signature(reference.forward).parameters), None)
     with torch.no_grad():
         for case, kwargs in cases:
             try:
@@ -180,4 +192,4 @@ def _run(reference: Any, port: Any, original_name: str, ported_name: str) -> tup
     return worst, detail, calls > already
 
 
-__all__ = ["verify_inline", "check_class", "WEIGHT_FLAGS"]
+__all__ = ["verify_inline", "check_class"]
