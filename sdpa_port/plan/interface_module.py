@@ -52,6 +52,7 @@ from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module
 from sdpa_port.rewrite import register
 from sdpa_port.rewrite.cleanup import remove_dead
+from sdpa_port.rewrite.restored_layout import fold_restored_layouts
 from sdpa_port.rewrite.extended_masks import convert_block
 from sdpa_port.rewrite.interface_body import InterfaceEmitter
 from sdpa_port.rewrite.interface_eager import eager_body
@@ -112,6 +113,7 @@ def plan_module(
     )
     statements, part, emitter, body = _emitted(facts, causality, analysis.class_name, path, options)
     body = remove_dead(body, emitter.removed_reads, facts.imports)
+    body = fold_restored_layouts(body, emitter.outputs)
     body = bind_handed_values(path, part.free, body)
     new_forward = forward.with_changes(body=forward.body.with_changes(body=body))
     new_forward = _extended_in_forward(new_forward, causality, mask.param, extension, extended)

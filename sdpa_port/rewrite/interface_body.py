@@ -42,6 +42,7 @@ class InterfaceEmitter(SdpaEmitter):
         self.position_bias = False  # the dispatch hands additive terms over as `position_bias`
         self.folded = False  # the dispatch folds additive terms into the mask it hands over
         self.fold_called = False  # ... through the fold function (a mask or causality joins them)
+        self.outputs: set[str] = set()  # the names the dispatches' outputs are given (`restored_layout` reads them)
         # branches that stay eager beside the dispatch and read the mask, each with the test of its `if`: they take
         # the mask in eager's form
         self.eager_mask_branches: list[tuple[cst.If | cst.Else, str]] = []
@@ -256,6 +257,7 @@ class InterfaceEmitter(SdpaEmitter):
             **self.operands_cast(value),
         )
         out.extend(dispatch)
+        self.outputs.add(output_name)
         self.position_bias = bool(bias) and not folded
         self.folded = self.folded or bool(folded)
         for name in weights[1:]:
