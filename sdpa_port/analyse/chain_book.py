@@ -140,7 +140,10 @@ class ChainBook:
 
         None where the values are not that: the products must be new in the branches, of one rank and dtype, and what
         each branch did to its scores after the product only scales them by a number or adds terms (each branch's
-        statements update the side values SDPA is handed in that branch).
+        statements update the side values SDPA is handed in that branch). Operands bound to float32 copies in some
+        branches only (the LDM's `if _ATTN_PRECISION == "fp32": q, k = q.float(), k.float()`) are the same product
+        up to rounding: the chain is then upcast, and SDPA runs in the dtype of the query the branch that ran hands
+        over, its value and mask cast to it and its output cast back, a no-op in the branches without copies.
         """
         chains = [v for v in values if isinstance(v, ChainVal)]
         if len(chains) < 2 or len(chains) != len(values) or len({c.cid for c in chains}) != len(chains):
@@ -157,7 +160,7 @@ class ChainBook:
         # a rank the tracer could not read in one branch is the one another branch shows (the product is the same
         # `(.., queries, keys)` matrix on every path); two known ranks must agree
         ranks = {c.rank for c in chains} - {None}
-        if len({(s.upcast, s.operands_upcast, s.layout) for s in starts}) != 1 or len(ranks) > 1:
+        if len({(s.upcast, s.layout) for s in starts}) != 1 or len(ranks) > 1:
             return None
         first = min(candidates, key=lambda c: c.cid)
         for candidate in candidates:

@@ -178,6 +178,22 @@ def weights_requested(params: Sequence[str], kwargs: str | None) -> str | None:
     return f'{kwargs}.get("output_attentions", False)' if kwargs is not None else None
 
 
+def check_upcasts_agree(path: SdpaPath, class_name: str) -> None:
+    """Products the branches of an `if` each make are all of float32 copies of the query and key, or none is.
+
+    The class style runs SDPA in the dtype of the branch that ran (forms.md); the interface style moves the copies
+    into the eager function with the first product's operands only.
+    """
+    starts = [op for op in path.chain_ops if isinstance(op, t.Start)]
+    if len({start.operands_upcast for start in starts}) > 1:
+        raise Refuse(
+            Code.CONDITIONAL,
+            "the branches compute the query-key product in different dtypes (float32 copies of the operands in "
+            "some only), which the attention interface cannot hand over",
+            class_name,
+        )
+
+
 def operand_upcasts(function: cst.FunctionDef, start: t.Start) -> frozenset[cst.CSTNode]:
     """`query = query.to(torch.float32)` before the product: part of the eager computation, it moves with it."""
     if not start.operands_upcast:
@@ -270,6 +286,7 @@ __all__ = [
     "check_mask_setting",
     "check_one_computation",
     "check_sdpa_allowed",
+    "check_upcasts_agree",
     "imported_from_model",
     "mask_parameter",
     "operand_upcasts",

@@ -40,6 +40,7 @@ from sdpa_port.plan.interface_checks import (
     check_alternatives,
     check_mask_setting,
     check_one_computation,
+    check_upcasts_agree,
     mask_parameter,
     operand_upcasts,
     weights_bookkeeping,
@@ -97,6 +98,7 @@ def plan_module(
     aligned = keys_aligned_in(facts, analysis)
     path = read_sdpa_path(facts, analysis.class_name, forward, aligned=aligned, known=alternatives)
     check_alternatives(forward, path, alternatives)
+    check_upcasts_agree(path, analysis.class_name)
     start = path.start
     assert start is not None
     mask = _mask_use(causality, analysis.class_name, forward, path, aligned)

@@ -48,6 +48,21 @@ SABOTAGES = {
         ("bias dropped", "sdpa_mask = self.relative_bias(N)", "sdpa_mask = torch.zeros_like(self.relative_bias(N))"),
         ("mask dropped", "sdpa_mask = sdpa_mask + mask", "sdpa_mask = sdpa_mask"),
     ],
+    "modeling_tiny_precision.py": [
+        # each branch's own scale: the upcast one runs by default, the other with `upcast=False`
+        (
+            "upcast branch's scale dropped",
+            "q, k = q.float(), k.float()\n            sdpa_query = q\n            sdpa_key = k\n"
+            "            sdpa_scale = sdpa_scale * self.scale",
+            "q, k = q.float(), k.float()\n            sdpa_query = q\n            sdpa_key = k\n",
+        ),
+        (
+            "other branch's scale dropped",
+            "else:\n            sdpa_query = q\n            sdpa_key = k\n            sdpa_scale = sdpa_scale * self.scale",
+            "else:\n            sdpa_query = q\n            sdpa_key = k\n",
+        ),
+        ("upcast branch's key doubled", "            sdpa_key = k\n", "            sdpa_key = k * 2\n"),
+    ],
     "modeling_tiny_elsewhere.py": [
         ("scale squared", "scale=1.0 / (self.attention_head_size**0.5)", "scale=1.0 / self.attention_head_size"),
         ("fallback skipped", "if output_attentions or head_mask is not None:", "if False:"),
@@ -137,3 +152,39 @@ def test_a_config_from_another_file_is_made_from_the_names_the_class_reads(tmp_p
     assert config.qkv_bias is True and config.use_flash_attn is False and config.qk_normalization is False
     with pytest.raises(_CannotBuild, match="config.mystery"):
         generic_config(module.Unknown)
+
+
+@pytest.mark.parametrize("upcast", [True, False])
+def test_precision_branches_agree_with_a_boolean_key_mask(tmp_path: Path, upcast: bool) -> None:
+    """The product taken on float32 copies in one branch only (`modeling_tiny_precision.py`): the golden port agrees
+    with the original in each branch, with padded keys and a batch row whose every key is masked, and gives the value's
+    dtype back."""
+    import importlib.util
+
+    import torch
+
+    def load(path: Path, name: str):  # type: ignore[no-untyped-def]
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    name = "modeling_tiny_precision.py"
+    original = load(FIXTURES / "inline_style" / name, f"precision_eager_{upcast}")
+    ported = load(FIXTURES / "golden" / name, f"precision_port_{upcast}")
+    torch.manual_seed(0)
+    eager = original.PrecisionAttention(32, heads=4, upcast=upcast).eval()
+    sdpa = ported.PrecisionAttention(32, heads=4, upcast=upcast).eval()
+    sdpa.load_state_dict(eager.state_dict())
+    x = torch.randn(3, 5, 32) * 2
+    context = torch.randn(3, 7, 32)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[0, 4:] = False
+    mask[2] = False  # every key masked: eager's fill gives uniform weights, as SDPA's added lowest value does
+    for args in ((x, None, None), (x, context, None), (x, context, mask)):
+        with torch.no_grad():
+            expected, weights = eager(*args, output_attentions=False)
+            got, none = sdpa(*args, output_attentions=False)
+        assert weights is None and none is None and got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

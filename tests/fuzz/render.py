@@ -329,7 +329,6 @@ def product_lines(spec: Spec, n: Names, code: Code) -> None:
     if spec.score_helper:
         code.add(f"attn_weights = self._scores({q}, {k})")  # `score_helper_method` computes it
         return
-    product = spec.product
     if spec.scale_place == "query":
         factor, divide = scale_factor(replace_form(spec), n)
         code.add(f"{q} = {q} {'/' if divide else '*'} {factor}")
@@ -353,7 +352,23 @@ def product_lines(spec: Spec, n: Names, code: Code) -> None:
                 )
             else:
                 code.add(f"attn_weights = torch.matmul({q}, {k}.transpose(-1, -2))")
-    elif product == "matmul":
+    elif spec.precision_branch:  # latent diffusion's precision switch: float32 copies of the operands in one branch
+        code.add(f"if {n.attr('flag_precision')}:")
+        with code.indent():
+            code.add(f"{q}, {k} = {q}.float(), {k}.float()")
+            one_product(spec, n, code)
+        code.add("else:")
+        with code.indent():
+            one_product(spec, n, code)
+    else:
+        one_product(spec, n, code)
+
+
+def one_product(spec: Spec, n: Names, code: Code) -> None:
+    """The query-key product of `spec.product`, in one statement or two."""
+    q, k = n.query, n.key
+    product = spec.product
+    if product == "matmul":
         code.add(f"attn_weights = torch.matmul({q}, {k}.transpose(-1, -2))")
     elif product == "operator":
         code.add(f"attn_weights = {q} @ {k}.transpose(-2, -1)")
@@ -698,6 +713,8 @@ def attention_class(spec: Spec, code: Code) -> None:
                 code.add("self.reorder_and_upcast = config.flag_twin")
             if spec.blocks == "branch":
                 code.add("self.flag_blocks = config.flag_blocks")
+            if spec.precision_branch:
+                code.add("self.flag_precision = config.flag_precision")
             if spec.settings_branch:
                 code.add("self.seq_len = 16")
                 code.add("self.landmarks = 16 + int(config.flag_landmarks)")
@@ -1301,6 +1318,7 @@ class FuzzConfig(PretrainedConfig):
         flag_landmarks=False,
         flag_twin=False,
         flag_blocks=False,
+        flag_precision=False,
         attn_impl="eager",
         pad_token_id=0,
         **kwargs,
@@ -1316,6 +1334,7 @@ class FuzzConfig(PretrainedConfig):
         self.flag_landmarks = flag_landmarks
         self.flag_twin = flag_twin
         self.flag_blocks = flag_blocks
+        self.flag_precision = flag_precision
         self.attn_impl = attn_impl
         super().__init__(pad_token_id=pad_token_id, **kwargs)
 '''

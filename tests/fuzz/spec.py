@@ -185,6 +185,9 @@ class Spec:
     # 5.x: the attention adds its mask to a bias of its own in forward, `own_bias = zeros(...) + attention_mask`, and
     # adds that sum to the scores (T5's form before transformers ported it): the mask is read beside the chain
     mask_read: bool = False
+    # the query-key product taken on float32 copies of the query and key under `if self.flag_precision:`, in their own
+    # dtype otherwise (latent diffusion's `_ATTN_PRECISION` switch)
+    precision_branch: bool = False
     # the style the file is ported with: "auto", or "inline" (the inline family: its forward rewritten in place)
     style: str = "auto"
 
@@ -214,6 +217,8 @@ class Spec:
             out.append("flag_twin")
         if self.blocks == "branch":
             out.append("flag_blocks")
+        if self.precision_branch:
+            out.append("flag_precision")
         return out
 
     def describe(self) -> str:
@@ -338,6 +343,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         call_causal=_pick(rng, CALL_CAUSAL, (5, 1, 2)),
         selection_override=_pick(rng, SELECTION_OVERRIDES, (16, 1, 1)),
         mask_read=rng.random() < 0.25,  # drawn last: the fields above keep their seeds
+        precision_branch=rng.random() < 0.15,  # drawn after mask_read, likewise
     )
     return normalise(spec)
 
@@ -449,6 +455,10 @@ def normalise(spec: Spec) -> Spec:
         changes["blocks"] = "none"  # 4-D scores from a plain product; the second stream copies the lines after it
     if spec.branch_op != "none" and changes.get("blocks", spec.blocks) != "branch":
         changes["branch_op"] = "none"
+    if spec.precision_branch and (
+        changes.get("blocks", spec.blocks) != "none" or spec.score_helper or spec.streams != "one"
+    ):
+        changes["precision_branch"] = False  # the branch holds one plain product; a second stream copies one line
     if spec.score_helper and not (
         changes.get("placement", spec.placement) == "forward"
         and changes.get("blocks", spec.blocks) == "none"
