@@ -21,6 +21,7 @@ import libcst as cst
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.assignments import assign
 from sdpa_port.analyse.branches import if_statement
+from sdpa_port.analyse.certain import certain
 from sdpa_port.analyse.chain import (  # the chain's values and operations, used across the package as `trace.X`
     OUT,
     PROBS,
@@ -147,6 +148,8 @@ class Tracer:
         self.key_params = key_params
         # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
         self.known = holding(known, block_body(function.body)) if known != Known() else known
+        # tests the file decides whenever they run (`certain.py`): the sides they rule out are not followed either
+        self.certain = certain(facts)
         self.class_name = class_name
         self.function = function
         self.line_of = line_of or (lambda node: 0)
