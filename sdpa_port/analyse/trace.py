@@ -316,10 +316,26 @@ class Tracer:
             raise Poison(Code.SCORES_COMBINED, f"the scores are combined with `{code(node.operator).strip()}`", refs)
         refs = self.reads.chain_value_refs(node)
         if refs and isinstance(node, cst.Call):
-            raise Poison(Code.SCORES_TRANSFORMED, f"the scores are passed to `{short(node.func)}`", refs)
+            raise Poison(Code.SCORES_TRANSFORMED, f"the scores are passed to `{short(node.func)}`{self.module_of(node.func)}", refs)
         if refs:
             raise Poison(Code.SCORES_READ, f"the scores are used in `{short(node)}`", refs)
         raise NotChain()
+
+    def module_of(self, func: cst.BaseExpression) -> str:
+        """`, a module of this file (`FusedScaleMaskSoftmax`) ...` for a callee `self.x` every binding of which
+        builds one class of the file: the tool reads no such module's computation (a fused softmax)."""
+        attribute = p.self_attribute_name(func)
+        if attribute is None or self.class_name is None:
+            return ""
+        values = self.facts.find_attribute_values(self.class_name, attribute)
+        built = {
+            value.func.value
+            for value in values
+            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in self.facts.classes
+        }
+        if not values or len(built) != 1 or len(values) != sum(isinstance(v, cst.Call) for v in values):
+            return ""
+        return f", a `{built.pop()}` module of this file whose computation the tool does not read"
 
     def chain_or_start(self, node: cst.CSTNode) -> set[int]:
         """Chains read by an expression, or {-1} when it holds a query-key product that would start one."""
