@@ -1,6 +1,7 @@
 """Trace an `if` statement: each branch from the same environment, then what each name holds after it.
 
-A branch the known facts rule out is not followed; one they decide always runs is traced as the only one. A name
+A branch the known facts or the file's certain tests rule out is not followed; one they decide always runs is traced
+as the only one. A name
 the branches bind alike holds that value after the `if`; products each branch makes of its own become one chain
 (`ChainBook.alternatives`); scores that change layout, or a softmax or product with V that happens only under a
 condition, poison their chain.
@@ -12,10 +13,11 @@ from typing import TYPE_CHECKING, Sequence
 
 import libcst as cst
 
+from sdpa_port.analyse.certain import fallback, reads_module
 from sdpa_port.analyse.chain import PROBS, SCORES, AnyExpr, ChainVal, ExprVal, ScalarVal, Value
 from sdpa_port.analyse.cstutil import code, if_branches, walk_names
 from sdpa_port.analyse.kept import keep_expression
-from sdpa_port.analyse.known import Known, decide
+from sdpa_port.analyse.known import decide
 from sdpa_port.analyse.remakes import Branch
 from sdpa_port.refusals import Code
 
@@ -30,14 +32,13 @@ def if_statement(tracer: TracerView, node: cst.If, depth: int) -> None:
     """Trace the branches the known facts leave, and merge what they bind."""
     line = tracer.line_of(node)
     branches: Arms = if_branches(node)
-    if tracer.known != Known():
-        kept = _followed(tracer, branches)
-        if not kept:
-            return
-        if kept[0][0] is None:  # the first branch left always runs
-            tracer.block(kept[0][1], depth)
-            return
-        branches = kept
+    kept = _followed(tracer, branches)
+    if not kept:
+        return
+    if kept[0][0] is None:  # the first branch left always runs
+        tracer.block(kept[0][1], depth)
+        return
+    branches = kept
     # raise-guards on the scores' shape or dtype disappear with the scores
     if len(branches) == 1 and tracer.reads.chain_refs(branches[0][0]) and _only_raises(branches[0][1]):
         tracer.dropped_ifs.add(node)
@@ -54,13 +55,18 @@ def if_statement(tracer: TracerView, node: cst.If, depth: int) -> None:
 
 
 def _followed(tracer: TracerView, branches: Arms) -> Arms:
-    """The branches the known facts leave, up to the first they decide always runs.
+    """The branches the known facts and the file's certain tests (`certain.py`) leave, up to the first they decide
+    always runs.
 
     That one's test is then None.
     """
     kept: list[tuple[cst.BaseExpression | None, Sequence[cst.BaseStatement]]] = []
     for test, body in branches:
         decision = None if test is None else decide(test, tracer.known)
+        if decision is None and test is not None:
+            decision = tracer.certain.decide(test, tracer.class_name)
+            if decision is not None and reads_module(test):
+                tracer.fallbacks.append(fallback(test, decision))  # set from outside, eager runs the other side
         if decision is False:
             continue
         kept.append((None, body) if decision is True else (test, body))

@@ -345,3 +345,42 @@ class _NameCollector(cst.CSTVisitor):
 
     def visit_Param(self, node: cst.Param) -> bool:
         return False
+
+
+def assigned_between(function: cst.FunctionDef, nodes: Sequence[cst.CSTNode], ends: Sequence[cst.CSTNode]) -> set[str]:
+    """The names bound from the statement holding all of `nodes` (the first in source order) to the first holding one of
+    `ends` (to the end of the function without one), both included, in any branch; none where no statement holds
+    `nodes`. A name read by `nodes` and bound there no longer holds what it held when `nodes` were written."""
+    wanted = {id(node) for node in nodes}
+    last = {id(node) for node in ends}
+    names: set[str] = set()
+    seen = done = False
+
+    class _After(cst.CSTVisitor):
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            nonlocal seen, done
+            if done:
+                return False
+            if isinstance(node, (cst.SimpleStatementLine, cst.For, cst.With)):
+                inside = {id(inner) for inner in _walk(node)}
+                seen = seen or wanted <= inside
+                if seen:
+                    names.update(all_assigned_names([node]) if isinstance(node, cst.SimpleStatementLine) else _targets(node))
+                    done = isinstance(node, cst.SimpleStatementLine) and bool(inside & last)
+            return True
+
+    function.body.visit(_After())
+    return names
+
+
+def _targets(node: cst.For | cst.With) -> set[str]:
+    if isinstance(node, cst.For):
+        return set(assigned_names(node.target))
+    return {name for item in node.items if item.asname is not None for name in assigned_names(item.asname.name)}
+
+
+def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+    out = [node]
+    for current in out:
+        out.extend(current.children)
+    return out

@@ -72,11 +72,12 @@ def negated_comparison(test: cst.BaseExpression) -> cst.Comparison | None:
 
 
 def decide(test: cst.BaseExpression, known: Known) -> Decision:
-    """True/False when the test's value follows from the known facts, None otherwise. A known falsy comparison
-    (`self.landmarks != self.seq_len`) also decides its negation, and a known falsy `not self.x` decides `self.x`."""
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not) and code(test) in known.falsy:
+    """True/False when the test's value follows from the known facts, None otherwise. A test is known false as
+    written, and true where `not <test>` is; a known falsy comparison (`self.landmarks != self.seq_len`) also decides
+    its negation, and a known falsy `not self.x` decides `self.x`."""
+    if code(test) in known.falsy:  # a test known false as written (`self.x is not None`)
         return False
-    if isinstance(test, (cst.Name, cst.Attribute)) and f"not {code(test)}" in known.falsy:
+    if f"not {code(test)}" in known.falsy:  # and one known true (`not self.x is None`)
         return True
     negated = negated_comparison(test)
     if negated is not None:

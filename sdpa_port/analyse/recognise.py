@@ -13,6 +13,7 @@ import libcst as cst
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.certain import certain
 from sdpa_port.analyse.cstutil import code, nodes_of_type
 from sdpa_port.analyse.describe import describe
 from sdpa_port.analyse.helpers import CandidateCalls, Helper, HelperCall, bind_arguments, traced_helpers
@@ -133,7 +134,27 @@ def one_side_helpers(facts: ModuleFacts, analysis: ClassAnalysis) -> ClassAnalys
 
 
 def analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> ClassAnalysis | None:
-    """The analysis of a class whose forward computes eager attention, itself or through helpers; None for others."""
+    """The analysis of a class whose forward computes eager attention, itself or through helpers; None for others.
+
+    Where the class does not port, it is read again deciding the tests of the module's attributes that are certain
+    (`certain.py`: `self.scale_mask_softmax` left None for good), falling back to eager where they do not hold; that
+    reading is kept where the class then ports.
+    """
+    plain = _analyse_class(facts, class_name, line_of)
+    if plain is not None and plain.ported:
+        return plain
+    file_tests = certain(facts)
+    if not file_tests.decides_attributes(class_name):
+        return plain
+    file_tests.attributes.add(class_name)
+    retried = _analyse_class(facts, class_name, line_of)
+    if retried is not None and retried.ported:
+        return retried
+    file_tests.attributes.discard(class_name)
+    return plain
+
+
+def _analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> ClassAnalysis | None:
     found = facts.find_method(class_name, "forward")
     if found is None:
         return None

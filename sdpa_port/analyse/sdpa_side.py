@@ -26,6 +26,7 @@ from typing import Iterator, Mapping, Sequence
 import libcst as cst
 
 from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.certain import certain_in
 from sdpa_port.analyse.cross import keys_aligned
 from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, assignment, block_body, if_chain, is_docstring
 from sdpa_port.rewrite.edit import replace_names
@@ -70,7 +71,7 @@ def read_sdpa_side(facts: ModuleFacts, analysis: ClassAnalysis) -> SdpaSide:
     # output_attentions may be a flag of the analysis too (a step only a request for weights takes): once
     falsy = tuple(dict.fromkeys(((analysis.output_attentions,) if analysis.output_attentions else ()) + analysis.eager_only_flags))
     none = analysis.eager_only_params
-    special = specialise(forward, Known(falsy=frozenset(falsy), none=frozenset(none)))
+    special = specialise(forward, Known(falsy=frozenset(falsy), none=frozenset(none)), certain_in(facts, analysis.class_name))
     aligned = keys_aligned_in(facts, analysis)
     if not analysis.helpers:
         path = read_sdpa_path(facts, analysis.class_name, special, aligned=aligned)
@@ -170,7 +171,11 @@ class _Writer:
         # false in the helper too
         flags = {self.analysis.output_attentions, *self.analysis.eager_only_flags} - {None}
         falsy = frozenset(name for name, value in bound.items() if isinstance(value, cst.Name) and value.value in flags)
-        special = specialise(target.function, Known(none=frozenset(eager_only_params), falsy=falsy)) if self.sdpa else target.function
+        # flags of the module itself (`self.scale_mask_softmax`) hold in the helper, handed the same module
+        falsy |= frozenset(flag for flag in flags if flag is not None and "self" in walk_names(cst.parse_expression(flag)))
+        known = Known(none=frozenset(eager_only_params), falsy=falsy)
+        certainty = certain_in(self.facts, self.analysis.class_name)
+        special = specialise(target.function, known, certainty) if self.sdpa else target.function
         special, renamed = self.rename_collisions(special, bound, statement)
         params = [p for p in [*special.params.posonly_params, *special.params.params] if p.name.value != "self"]
         params += list(special.params.kwonly_params)

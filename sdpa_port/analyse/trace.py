@@ -21,6 +21,7 @@ import libcst as cst
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.assignments import assign
 from sdpa_port.analyse.branches import if_statement
+from sdpa_port.analyse.certain import certain
 from sdpa_port.analyse.chain import (  # the chain's values and operations, used across the package as `trace.X`
     OUT,
     PROBS,
@@ -147,6 +148,8 @@ class Tracer:
         self.key_params = key_params
         # what holds on the SDPA path: branches it decides are not followed (the eager fallback runs them)
         self.known = holding(known, block_body(function.body)) if known != Known() else known
+        # tests the file decides whenever they run (`certain.py`): the sides they rule out are not followed either
+        self.certain = certain(facts)
         self.class_name = class_name
         self.function = function
         self.line_of = line_of or (lambda node: 0)
@@ -313,10 +316,26 @@ class Tracer:
             raise Poison(Code.SCORES_COMBINED, f"the scores are combined with `{code(node.operator).strip()}`", refs)
         refs = self.reads.chain_value_refs(node)
         if refs and isinstance(node, cst.Call):
-            raise Poison(Code.SCORES_TRANSFORMED, f"the scores are passed to `{short(node.func)}`", refs)
+            raise Poison(Code.SCORES_TRANSFORMED, f"the scores are passed to `{short(node.func)}`{self.module_of(node.func)}", refs)
         if refs:
             raise Poison(Code.SCORES_READ, f"the scores are used in `{short(node)}`", refs)
         raise NotChain()
+
+    def module_of(self, func: cst.BaseExpression) -> str:
+        """`, a module of this file (`FusedScaleMaskSoftmax`) ...` for a callee `self.x` every binding of which
+        builds one class of the file: the tool reads no such module's computation (a fused softmax)."""
+        attribute = p.self_attribute_name(func)
+        if attribute is None or self.class_name is None:
+            return ""
+        values = self.facts.find_attribute_values(self.class_name, attribute)
+        built = {
+            value.func.value
+            for value in values
+            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in self.facts.classes
+        }
+        if not values or len(built) != 1 or len(values) != sum(isinstance(v, cst.Call) for v in values):
+            return ""
+        return f", a `{built.pop()}` module of this file whose computation the tool does not read"
 
     def chain_or_start(self, node: cst.CSTNode) -> set[int]:
         """Chains read by an expression, or {-1} when it holds a query-key product that would start one."""

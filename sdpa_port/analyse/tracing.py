@@ -12,6 +12,7 @@ from typing import Callable, Protocol, Sequence
 
 import libcst as cst
 
+from sdpa_port.analyse.certain import Certain
 from sdpa_port.analyse.chain import ChainVal, Op, Poison, Stage, StmtPlan, Value
 from sdpa_port.analyse.chain_book import ChainBook
 from sdpa_port.analyse.chain_reads import ChainReads
@@ -33,6 +34,7 @@ class TracerView(Protocol):
     function: cst.FunctionDef
     key_params: frozenset[str]
     known: Known
+    certain: Certain
     line_of: LineOf
     selected_start: cst.CSTNode | None
     selected_members: frozenset[cst.CSTNode]

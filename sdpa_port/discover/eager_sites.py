@@ -3,8 +3,9 @@
 The recogniser reads attention in the forms it knows and ports them; this detector knows no forms. It follows
 names through each function (`ast`, flow-insensitive): a product (`matmul`, `@`, `bmm`, `baddbmm`, `einsum`)
 feeds a softmax whose result feeds another product. A softmax is a softmax call, or a call of what the file defines
-around one: a function or method whose body calls a softmax (`masked_softmax(x, mask)`, `self._softmax(x)`), or an
-autograd Function whose `forward` does (`XSoftmax.apply(x, mask, -1)`), followed through wrappers of wrappers. When the recogniser finds nothing to port while this finds a
+around one: a function or method whose body calls a softmax (`masked_softmax(x, mask)`, `self._softmax(x)`), an
+autograd Function whose `forward` does (`XSoftmax.apply(x, mask, -1)`), or a module of such a class held by an
+attribute (`self.scale_mask_softmax(scores, mask)`), followed through wrappers of wrappers. When the recogniser finds nothing to port while this finds a
 site, the file is refused naming the site instead of reported as having no attention: a miss is never silent. A
 product is likewise a product call, or a call of a function or method of the file that holds one and no softmax (a
 helper returning the scores, `self._relative_scores(query, key)`).
@@ -29,6 +30,7 @@ def find_eager_attention(tree: ast.Module) -> list[EagerSite]:
     """Every function or method holding a product -> softmax -> product chain, with the softmax's line."""
     functions = [_Function.of(where, function) for where, function in _functions(tree)]
     softmaxes = _softmax_wrappers(functions)
+    softmaxes |= _softmax_modules(tree, softmaxes)
     products = _product_wrappers(functions, softmaxes)
     if products:
         functions = [function.with_products(products) for function in functions]
@@ -89,6 +91,21 @@ def _softmax_wrappers(functions: list[_Function]) -> frozenset[str]:
                 names.add(name)
                 changed = True
     return frozenset(names)
+
+
+def _softmax_modules(tree: ast.Module, softmaxes: frozenset[str]) -> frozenset[str]:
+    """The attributes of the file's classes that hold a softmax module of the file: `self.scale_mask_softmax =
+    FusedScaleMaskSoftmax(...)`, where that class's `forward` calls a softmax (Megatron's fused softmax, called as
+    `self.scale_mask_softmax(scores, mask)`)."""
+    classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)} & softmaxes
+    if not classes:
+        return frozenset()
+    out: set[str] = set()
+    for node in _walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
+            if node.value.func.id in classes:
+                out.update(target.attr for target in node.targets if isinstance(target, ast.Attribute))
+    return frozenset(out)
 
 
 def _product_wrappers(functions: list[_Function], softmaxes: frozenset[str]) -> frozenset[str]:

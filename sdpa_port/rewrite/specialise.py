@@ -1,24 +1,37 @@
-"""Specialise a function for the SDPA path: branches on `output_attentions` and on a head mask being given fold away."""
+"""Specialise a function for the SDPA path: branches on `output_attentions` and on a head mask being given fold away,
+and so do the branches the file decides for certain (`analyse/certain.py`: a side that can never run)."""
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import libcst as cst
 
-from sdpa_port.analyse.known import Known, decide, holding
+from sdpa_port.analyse.cstutil import nodes_of_type
+from sdpa_port.analyse.known import Decision, Known, decide, holding
 
 __all__ = ["Known", "decide", "specialise"]
 
 
+# a test's certain value (`certain.Certain.decide`, read in the class being ported): None where not certain
+Certainty = Callable[[cst.BaseExpression], Decision]
+
+
 class _Specialise(cst.CSTTransformer):
-    def __init__(self, known: Known) -> None:
+    def __init__(self, known: Known, certain: Certainty | None) -> None:
         self.known = known
+        self.certain = certain
+
+    def decision(self, test: cst.BaseExpression) -> Decision:
+        decision = decide(test, self.known)
+        if decision is None and self.certain is not None:
+            decision = self.certain(test)
+        return decision
 
     def leave_If(
         self, original: cst.If, updated: cst.If
     ) -> Union[cst.BaseStatement, cst.FlattenSentinel[cst.BaseStatement], cst.RemovalSentinel]:
-        decision = decide(updated.test, self.known)
+        decision = self.decision(updated.test)
         if decision is None:
             return updated
         if decision:
@@ -32,7 +45,7 @@ class _Specialise(cst.CSTTransformer):
         return _flatten(orelse.body)
 
     def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp) -> cst.BaseExpression:
-        decision = decide(updated.test, self.known)
+        decision = self.decision(updated.test)
         if decision is None:
             return updated
         chosen = updated.body if decision else updated.orelse
@@ -58,11 +71,21 @@ def _flatten(suite: cst.BaseSuite) -> Union[cst.FlattenSentinel[cst.BaseStatemen
     return cst.FlattenSentinel(statements)
 
 
-def specialise(function: cst.FunctionDef, known: Known) -> cst.FunctionDef:
-    """Fold the branches that the known facts decide. Names the function rebinds are left alone."""
+def specialise(function: cst.FunctionDef, known: Known, certain: Certainty | None = None) -> cst.FunctionDef:
+    """Fold the branches that the known facts decide, and those `certain` decides. Names the function rebinds are
+    left alone (a certain test reads none a function can rebind)."""
     usable = holding(known, function.body.body) if isinstance(function.body, cst.IndentedBlock) else Known()
-    if not usable.falsy and not usable.none:
+    if not usable.falsy and not usable.none and not _decides_any(function, certain):
         return function
-    result = function.visit(_Specialise(usable))
+    result = function.visit(_Specialise(usable, certain))
     assert isinstance(result, cst.FunctionDef)
     return result
+
+
+def _decides_any(function: cst.FunctionDef, certain: Certainty | None) -> bool:
+    """Some branch test of the function is certain."""
+    if certain is None:
+        return False
+    tests = [node.test for node in nodes_of_type(function.body, cst.If)]
+    tests += [node.test for node in nodes_of_type(function.body, cst.IfExp)]
+    return any(certain(test) is not None for test in tests)

@@ -7,7 +7,8 @@ cannot be synthesised) or may build its attention only under configurations the 
 transformer exists only with two bin configurations). The port's attention classes are then built from their own
 constructors, sharpened, and run on synthetic states: the original's eager class, the port's eager computation and its
 SDPA computation (`attention_calls.sdpa_call` on the port's eager module), without a mask, with padded keys (the 4-D
-extended mask transformers hands such modules, expanded over the queries, or the 2-D key mask), and with every optional
+extended mask transformers hands such modules, expanded over the queries, or the 2-D key mask; a boolean one where
+none of those runs), and with every optional
 score term the module accepts. The port's eager outputs must equal the original's, its SDPA outputs must agree within
 the SDPA tolerances, and SDPA must run from the port.
 
@@ -281,7 +282,10 @@ def _cases(module: torch.nn.Module, width: int, heads: int) -> list[tuple[str, d
     keys = torch.ones(BATCH, LENGTH)
     keys[1, LENGTH - PADDED :] = 0
     mask_options: list[tuple[str, dict[str, Any]]] = [("no mask", {})]
-    for value in (broadcast, broadcast.expand(-1, -1, LENGTH, -1), keys):
+    # or, for modules that fill where a boolean mask says (`scores.masked_fill(mask, -10000.0)`, Megatron's form) and
+    # take none of those, as booleans: true where masked, then true where kept
+    padded = broadcast < 0
+    for value in (broadcast, broadcast.expand(-1, -1, LENGTH, -1), keys, padded, ~padded):
         mask_options += [("padded keys", {masks[0]: value})] if masks else []
     # score terms at the shapes they take: (batch, heads, queries, keys) or (batch, length, width); all of them at
     # one shape (a module may need several), or each alone

@@ -63,6 +63,13 @@ SABOTAGES = {
         ),
         ("upcast branch's key doubled", "            sdpa_key = k\n", "            sdpa_key = k * 2\n"),
     ],
+    "modeling_tiny_dead_branch.py": [
+        # the live side multiplies the upcast scores by the coefficient the query was divided by
+        ("coefficient not undone", "scale=coeff,", "scale=1.0,"),
+        ("mask dropped", "attn_mask=sdpa_mask,", "attn_mask=None,"),
+        # the fill dropped: probabilities of the unmasked scores
+        ("fill not applied", "sdpa_mask = torch.where(attention_mask", "sdpa_mask = 0 * torch.where(attention_mask"),
+    ],
     "modeling_tiny_elsewhere.py": [
         ("scale squared", "scale=1.0 / (self.attention_head_size**0.5)", "scale=1.0 / self.attention_head_size"),
         ("fallback skipped", "if output_attentions or head_mask is not None:", "if False:"),

@@ -432,6 +432,19 @@ def replace_form(spec: Spec) -> Spec:
 
 
 def softmax_lines(spec: Spec, n: Names, code: Code) -> None:
+    if spec.dead_softmax != "none":
+        # a fused softmax that can never run: the module is None for good, or the switch a module constant set False
+        code.add(f"if {n.attr('fused_softmax') if spec.dead_softmax == 'attribute' else 'USE_FUSED_SOFTMAX'}:")
+        with code.indent():
+            code.add(f"attn_weights = {n.attr('fused_softmax')}(attn_weights, None)")
+        code.add("else:")
+        with code.indent():
+            _softmax_line(spec, n, code)
+        return
+    _softmax_line(spec, n, code)
+
+
+def _softmax_line(spec: Spec, n: Names, code: Code) -> None:
     form = spec.softmax
     if form == "functional":
         code.add("attn_weights = nn.functional.softmax(attn_weights, dim=-1)")
@@ -728,6 +741,8 @@ def attention_class(spec: Spec, code: Code) -> None:
             code.add("self.dropout_p = config.attention_dropout")
             code.add("self.attn_dropout = nn.Dropout(config.attention_dropout)")
             code.add("self.softmax = nn.Softmax(dim=-1)")
+            if spec.dead_softmax == "attribute":
+                code.add("self.fused_softmax = None")
             for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
                 code.add(f"self.{name} = nn.Linear(config.hidden_size, config.hidden_size)")
             if spec.causal == "buffer":
@@ -1450,6 +1465,8 @@ def render(spec: Spec) -> str:
         header = HEADER
     code.lines.extend(header.format(description=spec.describe()).splitlines())
     code.add("", "")
+    if spec.dead_softmax == "constant":
+        code.add("USE_FUSED_SOFTMAX = False", "", "")
     if spec.own_helper == "function":
         own_mask_function(spec, code)
         code.add("", "")

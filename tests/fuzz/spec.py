@@ -190,6 +190,9 @@ class Spec:
     precision_branch: bool = False
     # the style the file is ported with: "auto", or "inline" (the inline family: its forward rewritten in place)
     style: str = "auto"
+    # a fused softmax beside the softmax that can never run (`analyse/certain.py`): "attribute" tests a module the
+    # constructor leaves None (`if self.fused_softmax:`, ChatGLM's form), "constant" a module constant set False
+    dead_softmax: str = "none"
 
     # -------------------------------------------------------------- derived facts
 
@@ -237,6 +240,7 @@ BRANCH_OPS = ("none", "scale", "term")
 OWN_HELPERS = ("none", "function", "method")
 CALL_CAUSAL = ("none", "helper", "argument")
 SELECTION_OVERRIDES = ("none", "shared", "copy")
+DEAD_SOFTMAXES = ("none", "attribute", "constant")
 # a causal buffer's and a padding mask's dtypes; the comparisons a fill makes of such a 0/1 tensor
 BUFFER_DTYPES = ("bool", "uint8", "float", "long")
 MASK_DTYPES = ("bool", "long", "float")
@@ -344,6 +348,8 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         selection_override=_pick(rng, SELECTION_OVERRIDES, (16, 1, 1)),
         mask_read=rng.random() < 0.25,  # drawn last: the fields above keep their seeds
         precision_branch=rng.random() < 0.15,  # drawn after mask_read, likewise
+        # from a generator of its own: every field above keeps its seed's draw
+        dead_softmax=_pick(random.Random(f"dead:{family}:{seed}"), DEAD_SOFTMAXES, (8, 1, 1)),
     )
     return normalise(spec)
 

@@ -191,3 +191,67 @@ def test_the_refusal_names_where_the_reading_stops(source: str, stops: str) -> N
     result = port_source(textwrap.dedent(source), filename="modeling_tiny.py")
     assert [refusal.code.value[0] for refusal in result.refusals] == ["F601"], result.reasons
     assert stops in result.reasons[0], result.reasons
+
+
+SOFTMAX_MODULE = '''
+import math
+
+import torch
+from torch import nn
+
+
+def attention_mask_func(scores, mask):
+    return scores.masked_fill(mask, -10000.0)
+
+
+class FusedScaleMaskSoftmax(nn.Module):
+    def __init__(self, mask_func, scale=None):
+        super().__init__()
+        self.mask_func = mask_func
+        self.scale = scale
+
+    def forward(self, scores, mask):
+        if self.scale is not None:
+            scores = scores * self.scale
+        return torch.nn.functional.softmax(self.mask_func(scores, mask), dim=-1)
+
+
+class TinyAttention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.scale_mask_softmax = FusedScaleMaskSoftmax(attention_mask_func, 2.0)
+
+    def forward(self, x, mask):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(c // self.heads)
+        probs = self.scale_mask_softmax(scores, mask)
+        return torch.matmul(probs, v).transpose(1, 2).reshape(b, n, c)
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.attn = TinyAttention(dim, heads)
+'''
+
+
+def test_a_softmax_module_of_the_file_is_named_not_read() -> None:
+    """Megatron's `FusedScaleMaskSoftmax`, a module of the file called as `self.scale_mask_softmax(scores, mask)`:
+    the tool reads no module's computation, so the file is refused naming the module, not reported as having no
+    attention."""
+    sites = find_eager_attention(ast.parse(SOFTMAX_MODULE))
+    assert [(site.where, site.line) for site in sites] == [("TinyAttention.forward", 35)]
+    result = port_source(SOFTMAX_MODULE, filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.REFUSED
+    assert result.reasons == (
+        "TinyAttention.forward (line 35): eager attention (a softmax over a product of two tensors, multiplied by a "
+        "third) in a form the tool does not recognise; the recogniser stops at line 35: the scores are passed to "
+        "`self.scale_mask_softmax`, a `FusedScaleMaskSoftmax` module of this file whose computation the tool does not "
+        "read (S101) [F601]",
+    )
+    # a module of the file that computes no softmax (a scale) holds no softmax: nothing to name
+    scaling = SOFTMAX_MODULE.replace("torch.nn.functional.softmax(self.mask_func(scores, mask), dim=-1)", "scores * 2")
+    assert find_eager_attention(ast.parse(scaling)) == []

@@ -13,6 +13,7 @@ import libcst as cst
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import Cast, Poison, View, short
+from sdpa_port.analyse.cstutil import assigned_between
 from sdpa_port.analyse.forms.common import Example, casts_to_float32, method_on_chain, scored, sdpa
 from sdpa_port.refusals import Code
 
@@ -32,6 +33,18 @@ def reshape(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognis
     heads = None
     if current.rank == 3 and after == 4:
         heads = (call.args[0].value, call.args[1].value) if len(call.args) == 4 else tracer.ranks.tuple_heads(call.args)
+        # sizes read from a tuple written earlier (`output_size = (q.size(1), q.size(2), ...)`) read its names as
+        # they were then: one bound again since (`q = q.view(s, b * h, d)`) holds something else here
+        read = set() if heads is None or len(call.args) == 4 else p.walk_names(heads[0]) | p.walk_names(heads[1])
+        stale = read & assigned_between(tracer.function, heads, [call]) if heads is not None and read else set()
+        if heads is not None and stale:
+            raise Poison(
+                Code.LAYOUT,
+                f"the batch and head sizes `{short(heads[0])}`, `{short(heads[1])}` read "
+                + ", ".join(f"`{name}`" for name in sorted(stale))
+                + ", bound again after they are written",
+                {base.cid},
+            )
     if current.rank is None and after is not None and after != 4:
         raise Poison(Code.LAYOUT, "the scores are reshaped and their layout cannot be told", {base.cid})
     if after is not None and after == (current.rank or 4):
@@ -69,6 +82,14 @@ _FLATTENED = (
     "return torch.bmm(probs, value).view(b, h, s, d)"
 )
 
+# the sizes of the 4-D view held in a tuple first (Megatron's `output_size`), read where the tuple is written
+_SIZES = (
+    "b, h, s, d = query.shape\nsizes = ({first}, {second}, s, s)\nquery = query.reshape(b * h, s, d)\n"
+    "key = key.reshape(b * h, s, d)\nvalue = value.reshape(b * h, s, d)\n"
+    "scores = torch.bmm(query, key.transpose(1, 2))\nscores = scores.view(*sizes) + attention_mask\n"
+    "probs = scores.view(b * h, s, s).softmax(-1)\nreturn torch.bmm(probs, value).view(b, h, s, d)"
+)
+
 EXAMPLES = {
     "reshape": (
         # SDPA gets the operands unflattened with the sizes the view names, and its output flattened back
@@ -82,8 +103,22 @@ EXAMPLES = {
             )
             + ".flatten(0, 1).view(b, h, s, d)",
         ),
+        # the sizes read from a tuple of names that keep their values up to the SDPA call
+        Example(
+            _SIZES.format(first="b", second="h"),
+            View,
+            becomes=sdpa(
+                "attn_mask=attention_mask",
+                "scale=1.0",
+                operands="query.unflatten(0, (b, h)), key.unflatten(0, (b, h)), value.unflatten(0, (b, h))",
+            )
+            + ".flatten(0, 1).view(b, h, s, d)",
+        ),
         # a view of the same rank may regroup the entries
         Example(scored("probs = scores.view(b, s, h, s).softmax(-1)", _SHAPE), refused=Code.LAYOUT),
+        # the tuple's sizes read the query before it is flattened: read again at the SDPA call, they would be
+        # (b * h, s), not (b, h)
+        Example(_SIZES.format(first="query.size(0)", second="query.size(1)"), refused=Code.LAYOUT),
     ),
     "cast": (
         Example(scored("probs = scores.float().softmax(-1).type_as(value)"), Cast, becomes=sdpa("scale=1.0")),
