@@ -122,9 +122,18 @@ def bind_plain(tracer: TracerView, targets: list[cst.BaseExpression], value: cst
                 for name in assigned_names(element.value):
                     tracer.env.pop(name, None)
     elif len(targets) == 1 and isinstance(targets[0], cst.Tuple) and _is_shape(value):
-        # `batch, heads, length, dim = query.shape`: every name holds a number
+        # `batch, heads, length, dim = query.shape`: every name holds a number; unpacking the whole shape into
+        # plain names, each is that size of the tensor (`forms/products.py` reads a channels-first map's sizes)
+        elements = targets[0].elements
+        whole = not isinstance(value, cst.Subscript) and all(
+            isinstance(e.value, cst.Name) and not isinstance(e, cst.StarredElement) for e in elements
+        )
         for name in names:
             tracer.env[name] = ScalarVal()
+        if whole:
+            for index, element in enumerate(elements):
+                assert isinstance(element.value, cst.Name)
+                tracer.env[element.value.value] = ScalarVal(size_of=(value, index, len(elements)))
     else:
         for name in names:
             tracer.env.pop(name, None)

@@ -256,7 +256,25 @@ def _heads(module: torch.nn.Module) -> int:
 
 
 def _cases(module: torch.nn.Module, width: int, heads: int) -> list[tuple[str, dict[str, Any]]]:
-    """The inputs the original eager module runs on with finite outputs: no mask, padded keys, optional terms."""
+    """The inputs the original eager module runs on with finite outputs: no mask, padded keys, optional terms.
+
+    States are (batch, length, width); a convolutional block running on none of those (Stable Diffusion's VAE
+    `AttnBlock`) gets channels-first maps (batch, channels, height, width), its first convolution's channels."""
+    cases = _cases_of(module, width, heads, (BATCH, LENGTH, width))
+    convolution = next((c for c in module.modules() if isinstance(c, torch.nn.Conv2d)), None)
+    if cases or convolution is None:
+        return cases
+    shape = (BATCH, convolution.in_channels, *MAP)
+    return [(f"{case}, channels-first maps", kwargs) for case, kwargs in _cases_of(module, width, heads, shape)]
+
+
+MAP = (3, 4)  # a channels-first map's height and width: 12 positions
+
+
+def _cases_of(
+    module: torch.nn.Module, width: int, heads: int, states: tuple[int, ...]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The cases with states of the shape `states`."""
     generator = torch.Generator().manual_seed(1)
     signature = inspect.signature(module.forward)
     base: dict[str, Any] = {}
@@ -271,7 +289,7 @@ def _cases(module: torch.nn.Module, width: int, heads: int) -> list[tuple[str, d
         elif parameter.default is parameter.empty:
             if not _STATES.match(name):
                 return []
-            base[name] = torch.randn(BATCH, LENGTH, width, generator=generator)
+            base[name] = torch.randn(*states, generator=generator)
         elif parameter.default is None and _TERMS.search(name):
             terms.append(name)
     # padded keys in the extended form (batch, 1, 1, keys), expanded over the queries for modules that check it,

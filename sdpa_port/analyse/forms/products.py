@@ -18,6 +18,7 @@ import libcst.matchers as m
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import SCORES, AddTerm, ChainVal, Op, Poison, Scale, Start, short
 from sdpa_port.analyse.cstutil import binary, block_body, code, nodes_of_type, primary
+from sdpa_port.analyse.forms.channels import channels_flattened
 from sdpa_port.analyse.forms.common import SEQUENCE_FIRST, Example, scored, sdpa, strip_casts
 from sdpa_port.refusals import Code
 
@@ -216,7 +217,8 @@ def untranspose(tracer: TracerView, node: cst.BaseExpression, rank: int | None) 
 def transposed_key(tracer: TracerView, node: cst.BaseExpression, depth: int = 0) -> bool:
     """A key laid out as `(..., dim, length)`.
 
-    A transpose of the last two dims or a permute putting the features second to last, a leading-dims flatten of one, a
+    A transpose of the last two dims or a permute putting the features second to last, a channels-first map with its
+    positions flattened (`k.reshape(b, c, h * w)` after `b, c, h, w = x.shape`), a leading-dims flatten of one, a
     cat along the last dim with such a part (cat forces the others into the same layout), or a name that holds one on
     every path.
     """
@@ -227,6 +229,8 @@ def transposed_key(tracer: TracerView, node: cst.BaseExpression, depth: int = 0)
         return True
     reshaped = p.reshape_args(node)
     if reshaped is not None:
+        if channels_flattened(tracer, reshaped[1]):
+            return True  # a channels-first map with its positions flattened (`forms/channels.py`)
         return _flattens_leading(reshaped[1]) and transposed_key(tracer, reshaped[0], depth + 1)
     if isinstance(node, cst.Call) and tracer.scope.qualify(node.func) in p.CAT_FUNCTIONS:
         parts, dim = p.arg(node, 0, "tensors"), p.arg(node, 1, "dim")
@@ -329,8 +333,25 @@ _THROUGH_MODULES = (
 # in modules that are no products it would find no attention at all
 _THROUGH_QK_MODULE = _THROUGH_MODULES.replace("self.matmul_av(probs, value)", "probs @ value")
 
+# a channels-first map's query and key, its positions flattened (`forms/channels.py`): the key (b, c, h * w) is laid
+# out (batch, dim, length)
+_MAP = "b, c, h, w = query.shape\nq = query.reshape(b, c, h * w).permute(0, 2, 1)\nk = key.reshape(b, c, h * w)\n"
+_MAP_BODY = "scores = torch.bmm(q, k)\nprobs = scores.softmax(-1)\nreturn torch.bmm(probs, value)"
+
 EXAMPLES = {
     "query_key_product": (
+        Example(
+            _MAP + _MAP_BODY,
+            Start,
+            becomes=_MAP + "return " + sdpa("scale=1.0", operands="q, k.transpose(-1, -2), value"),
+        ),
+        # sizes in another order, or of two unpackings, say nothing of where the channels are
+        Example(_MAP.replace("key.reshape(b, c, h * w)", "key.reshape(b, h * w, c)") + _MAP_BODY, refused=Code.UNKNOWN_PRODUCT),
+        Example(
+            _MAP.replace("k = key.reshape(b, c, h * w)", "n, e, y, x = key.shape\nk = key.reshape(b, c, y * x)")
+            + _MAP_BODY,
+            refused=Code.UNKNOWN_PRODUCT,
+        ),
         Example(scored("probs = scores.softmax(-1)"), Start, becomes=sdpa("scale=1.0")),
         Example(
             "scores = torch.einsum('bhqd,bhkd->bhqk', query, key)\nprobs = scores.softmax(-1)\nreturn probs @ value",
