@@ -148,8 +148,10 @@ def _build(original: ModuleType, ported: ModuleType, name: str) -> Pair:
 def _config(original: ModuleType) -> Any | None:
     """A tiny config of the file's model, from its pretrained base's `config_class`, or None."""
     for value in vars(original).values():
+        if not isinstance(value, type) or value.__module__ != original.__name__:
+            continue  # a stand-in's instance (`logger = get_logger()`) fails when its attributes are read
         config_class = getattr(value, "config_class", None)
-        if isinstance(value, type) and value.__module__ == original.__name__ and isinstance(config_class, type):
+        if isinstance(config_class, type):
             with contextlib.suppress(Exception):
                 return config_at(config_class, LEVELS[0])
     return None

@@ -111,6 +111,25 @@ def test_remote_code_with_unimportable_imports_is_checked_with_stand_ins(tmp_pat
     assert not verify_port(path, source, sabotaged).passed
 
 
+def test_a_stand_in_instance_at_module_level_does_not_stop_the_check(tmp_path: Path) -> None:
+    """`logger = get_logger()` of a package not installed binds a stand-in's instance at module level: looking for
+    the file's config class must pass it by, and the attention class is checked and verified."""
+    vae = (FIXTURES / "inline_style" / "modeling_tiny_vae.py").read_text(encoding="utf-8")
+    source = vae.replace(
+        "from torch import nn\n", "from torch import nn\n\nfrom some_missing_package.logging import get_logger\n\nlogger = get_logger()\n"
+    )
+    path = tmp_path / "vae_logged.py"
+    path.write_text(source, encoding="utf-8")
+    result = port_source(source, filename=path.name)
+    assert result.status is Status.PORTED and result.style == "inline", result.reasons
+    from sdpa_port.edge.after_port import verify_port
+
+    verification = verify_port(path, source, result)
+    lines = "\n".join(verification.lines)
+    assert verification.passed, lines
+    assert "channels-first maps" in lines, lines
+
+
 def test_a_stand_in_used_at_run_time_is_not_a_pass(tmp_path: Path) -> None:
     """An attention class that calls what a stand-in replaced cannot be checked: not verified, never a pass."""
     tower = (FIXTURES / "inline_style" / "modeling_tiny_tower.py").read_text(encoding="utf-8")
