@@ -74,6 +74,9 @@ SABOTAGES = {
         ("probabilities transposed", "q,\n            k.transpose(-1, -2),", "k.transpose(-1, -2),\n            q,"),
         ("output not transposed back", ").transpose(1, 2)  # (b, channels", ").reshape(b, c, h * w)  # (b, channels"),
         ("scale of the positions", "scale=(int(c) ** (-0.5))", "scale=(int(h * w) ** (-0.5))"),
+        # the multi-head block: its output put back on the wrong axes, the key's factor dropped
+        ("heads output on other axes", ").transpose(2, 3)\n        x = x.reshape", ").transpose(1, 2)\n        x = x.reshape"),
+        ("key factor dropped", "scale=self.scale,", "scale=1.0,"),
     ],
 }
 
