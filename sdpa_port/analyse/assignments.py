@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 import libcst as cst
 import libcst.matchers as m
 
+from sdpa_port.analyse import patterns as p
+
 from sdpa_port.analyse.chain import ChainStmt, ChainVal, ExprVal, NotChain, Op, Poison, ScalarVal, short
 from sdpa_port.analyse.cstutil import assigned_names, primary, walk_names
 from sdpa_port.analyse.kept import keep_expression
@@ -121,10 +123,38 @@ def bind_plain(tracer: TracerView, targets: list[cst.BaseExpression], value: cst
             else:
                 for name in assigned_names(element.value):
                     tracer.env.pop(name, None)
+    elif len(targets) == 1 and isinstance(targets[0], cst.Tuple) and _chunked(value) is not None:
+        # `q, k, v = qkv.chunk(3, dim=1)`: each name holds `qkv.chunk(3, dim=1)[i]`
+        for index, element in enumerate(targets[0].elements):
+            if isinstance(element.value, cst.Name) and not isinstance(element, cst.StarredElement):
+                item = cst.Subscript(value=value, slice=[cst.SubscriptElement(cst.Index(cst.Integer(str(index))))])
+                tracer.env[element.value.value] = ExprVal(item)
+            else:
+                for name in assigned_names(element.value):
+                    tracer.env.pop(name, None)
+    elif len(targets) == 1 and isinstance(targets[0], cst.Tuple) and _starred_shape(targets[0], value) is not None:
+        # `b, c, h, w, n, d = *x.size(), self.num_heads, self.head_dim`: the shape's sizes, then the rest
+        shape, count = _starred_shape(targets[0], value)  # type: ignore[misc]
+        assert isinstance(value, cst.Tuple)
+        for index, element in enumerate(targets[0].elements):
+            assert isinstance(element.value, cst.Name)
+            if index < count:
+                tracer.env[element.value.value] = ScalarVal(size_of=(shape, index, count))
+            else:
+                tracer.env[element.value.value] = ExprVal(value.elements[index - count + 1].value)
     elif len(targets) == 1 and isinstance(targets[0], cst.Tuple) and _is_shape(value):
-        # `batch, heads, length, dim = query.shape`: every name holds a number
+        # `batch, heads, length, dim = query.shape`: every name holds a number; unpacking the whole shape into
+        # plain names, each is that size of the tensor (`forms/products.py` reads a channels-first map's sizes)
+        elements = targets[0].elements
+        whole = not isinstance(value, cst.Subscript) and all(
+            isinstance(e.value, cst.Name) and not isinstance(e, cst.StarredElement) for e in elements
+        )
         for name in names:
             tracer.env[name] = ScalarVal()
+        if whole:
+            for index, element in enumerate(elements):
+                assert isinstance(element.value, cst.Name)
+                tracer.env[element.value.value] = ScalarVal(size_of=(value, index, len(elements)))
     else:
         for name in names:
             tracer.env.pop(name, None)
@@ -147,6 +177,32 @@ def _unbound(value: cst.BaseExpression) -> cst.BaseExpression | None:
         if source is not None and (not dims or m.matches(dims[0].value, m.Integer("0"))) and len(dims) <= 1:
             return source
     return None
+
+
+def _chunked(value: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The `x` of `x.chunk(n, dim=d)` (or `x.chunk(n, d)`) with literal arguments, split along one dimension."""
+    found = p.method_call(value, {"chunk"})
+    if found is None or not isinstance(value, cst.Call) or len(value.args) != 2 or any(a.star for a in value.args):
+        return None
+    return found[0] if all(p.number(a.value) is not None for a in value.args) else None
+
+
+def _starred_shape(target: cst.Tuple, value: cst.BaseExpression) -> tuple[cst.BaseExpression, int] | None:
+    """`*x.size(), a, b` unpacked into plain names: the shape and how many of the names take its sizes."""
+    if not isinstance(value, cst.Tuple) or not value.elements or not isinstance(value.elements[0], cst.StarredElement):
+        return None
+    shape = value.elements[0].value
+    rest = value.elements[1:]
+    count = len(target.elements) - len(rest)
+    if (
+        not _is_shape(shape)
+        or isinstance(shape, cst.Subscript)
+        or count < 1
+        or any(isinstance(e, cst.StarredElement) for e in rest)
+        or not all(isinstance(e.value, cst.Name) and not isinstance(e, cst.StarredElement) for e in target.elements)
+    ):
+        return None
+    return shape, count
 
 
 def _is_shape(node: cst.BaseExpression) -> bool:

@@ -66,6 +66,10 @@ class ExprVal:
 class ScalarVal:
     """A local that holds a number on every path (e.g. a scale factor built up under conditions)."""
 
+    # a size unpacked from a tensor's whole shape (`b, c, h, w = x.shape`): the shape unpacked (its node), the size's
+    # position and how many sizes it unpacks
+    size_of: tuple[cst.CSTNode, int, int] | None = field(default=None, compare=False)
+
 
 @dataclass(frozen=True)
 class AnyExpr:
@@ -207,6 +211,12 @@ class Dropout:
 
 
 @dataclass(frozen=True)
+class Transpose:
+    """The probabilities with their last two dimensions swapped (`probs.permute(0, 2, 1)`), for a value multiplying
+    them from the left: `value @ probs^T` is `(probs @ value^T)^T`. Only that product may follow it."""
+
+
+@dataclass(frozen=True)
 class HeadMask:
     operand: cst.BaseExpression
     root: str | None
@@ -222,9 +232,14 @@ class Output:
     # and how the product's value operand (`product.right`) was permuted into `value`
     order: p.Order | None = None
     value_order: p.Order | None = None
+    # the value multiplies the transposed probabilities from the left (`torch.bmm(value, probs.permute(0, 2, 1))`):
+    # `product.left` is the value and `product.right` the probabilities
+    value_left: bool = False
 
 
-Op = Union[Start, View, Cast, Scale, AddTerm, Fill, ZeroRows, Guard, Shift, Softmax, Dropout, HeadMask, Output]
+Op = Union[
+    Start, View, Cast, Scale, AddTerm, Fill, ZeroRows, Guard, Shift, Softmax, Dropout, Transpose, HeadMask, Output
+]
 # what a recogniser of `forms/` returns for an expression it claims: the chain value it starts from, the operations
 Recognised = tuple[ChainVal, list[Op]]
 

@@ -34,6 +34,7 @@ from sdpa_port.analyse.chain import (
     Shift,
     Softmax,
     Start,
+    Transpose,
     StmtPlan,
     ChainStmt,
     describe_layout,
@@ -208,6 +209,11 @@ class ChainBook:
             )
         layout = self.layout_of(base.cid)
         for op in ops:
+            if candidate.ops and isinstance(candidate.ops[-1][0], Transpose) and not isinstance(op, Output):
+                # `forms/transposed.py`: the transposed probabilities go to the product with V and nowhere else
+                candidate.poisoned(
+                    Code.LAYOUT, "the probabilities are transposed, then changed before the product with V", line
+                )
             candidate.ops.append((op, depth, line))
             if isinstance(op, Softmax):
                 candidate.stage = PROBS
@@ -308,6 +314,8 @@ def _reads_sdpa_layout(op: Op) -> str | None:
             return "zeroing fully masked rows"
         case Shift():
             return "subtracting the row's maximum"
+        case Transpose():
+            return "transposing the probabilities"
         case Start() | Cast() | Guard() | Softmax() | Dropout() | HeadMask() | Output():
             return None
         case _:

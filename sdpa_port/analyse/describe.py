@@ -129,7 +129,7 @@ class _Reading:
                 if not self.values:
                     self.output_line = line
                 self.values.append(code(op.value))
-            case t.Start() | t.Shift():
+            case t.Start() | t.Shift() | t.Transpose():
                 pass
             case _:
                 t.unreachable(op)

@@ -13,7 +13,19 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
-from sdpa_port.analyse.chain import OUT, PROBS, ChainVal, Dropout, NotChain, Output, OutputStmt, Poison, describe_layout
+from sdpa_port.analyse.chain import (
+    OUT,
+    PROBS,
+    ChainVal,
+    Op,
+    Dropout,
+    NotChain,
+    Output,
+    OutputStmt,
+    Poison,
+    Transpose,
+    describe_layout,
+)
 from sdpa_port.analyse.chain_book import Products
 from sdpa_port.analyse.chain_reads import ProductFinder, ReadFinder, contains_softmax
 from sdpa_port.analyse.remakes import Made
@@ -28,11 +40,12 @@ def find_output(tracer: TracerView, value: cst.BaseExpression) -> tuple[cst.Base
     finder = ProductFinder(tracer.scope)
     value.visit(finder)
     for node, product in finder.found:
-        refs = tracer.reads.chain_refs(product.left)
-        if not refs and not (tracer.selected_start is None and contains_softmax(product.left, tracer.scope)):
+        probabilities = probabilities_operand(tracer, product)
+        refs = tracer.reads.chain_refs(probabilities)
+        if not refs and not (tracer.selected_start is None and contains_softmax(probabilities, tracer.scope)):
             continue
         try:
-            base, ops = tracer.decompose(product.left, 0)
+            base, ops = tracer.decompose(probabilities, 0)
         except NotChain:
             continue
         except Poison as poison:
@@ -50,6 +63,16 @@ def find_output(tracer: TracerView, value: cst.BaseExpression) -> tuple[cst.Base
     return None
 
 
+def probabilities_operand(tracer: TracerView, product: p.Product) -> cst.BaseExpression:
+    """The operand of a product with V that holds the probabilities: the left one, or the right one where only it
+    reads a chain, one a query-key product started (`torch.bmm(value, probs.permute(0, 2, 1))`,
+    `forms/transposed.py`; a router's `outputs @ softmax(logits)` is no attention)."""
+    if product.form is p.ProductForm.EINSUM or tracer.reads.chain_refs(product.left):
+        return product.left
+    started = [cid for cid in tracer.reads.chain_refs(product.right) if tracer.chains.candidates[cid].start is not None]
+    return product.right if started else product.left
+
+
 def output_statement(
     tracer: TracerView,
     small: cst.CSTNode,
@@ -64,13 +87,16 @@ def output_statement(
     `found` is the product and its node.
     """
     node, product = found
+    probabilities_node = probabilities_operand(tracer, product)
+    value_left = probabilities_node is not product.left
+    value_node = product.left if value_left else product.right
     try:
-        base, ops = tracer.decompose(product.left, line)
+        base, ops = tracer.decompose(probabilities_node, line)
     except (NotChain, Poison) as error:  # pragma: no cover - find_output checked the operand
         raise AssertionError(str(error))
     if tracer.chains.advance(base, ops).stage != PROBS:
         tracer.chains.candidates[base.cid].poisoned(Code.SOFTMAX_DIM, "the scores reach the product with V without a softmax", line)
-    probabilities = tracer.chains.remakes.key(base, product.left, tracer.env, tracer.assignments, tracer.branches)
+    probabilities = tracer.chains.remakes.key(base, probabilities_node, tracer.env, tracer.assignments, tracer.branches)
     draw = next(tracer.chains.steps) if any(isinstance(op, Dropout) for op in ops) else tracer.chains.remakes.draw(base.step)
     again = tracer.chains.candidates[base.cid].stage == OUT
     taken = tracer.chains.products.get(base.cid)
@@ -78,11 +104,12 @@ def output_statement(
         second_output(tracer, base.cid, taken, probabilities, draw, line)
     if taken is None:
         taken = tracer.chains.products[base.cid] = Products(probabilities)
-    if tracer.reads.chain_refs(product.right):
+    if tracer.reads.chain_refs(value_node):
         tracer.chains.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
     rank = product.rank if product.rank is not None else base.rank
-    operand, order, value_order = product.right, None, None
     layout = tracer.chains.layout_of(base.cid)
+    order = value_order = value_left_order(tracer, base.cid, ops, value_left, rank, line)
+    operand = p.permuted(value_node, order)
     if product.form is p.ProductForm.EINSUM:
         roles = p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, layout)
         if roles:
@@ -95,7 +122,7 @@ def output_statement(
             "(batch, heads, query, key)",
             line,
         )
-    output = Output(product, node, operand, rank, order, value_order)
+    output = Output(product, node, operand, rank, order, value_order, value_left)
     # a further product with the same probabilities records only itself: its SDPA call repeats the first's
     tracer.chains.record(base, [output] if again else [*ops, output], depth, line)
     holders = frozenset(n for n, v in tracer.env.items() if isinstance(v, ChainVal) and v.step == base.step)
@@ -115,6 +142,32 @@ def output_statement(
     for name in names:
         tracer.env.pop(name, None)
     tracer.note_assignment(names)
+
+
+def value_left_order(
+    tracer: TracerView, cid: int, ops: list[Op], value_left: bool, rank: int | None, line: int
+) -> p.Order | None:
+    """How a value on the left of the probabilities is transposed for SDPA, and its output back; None otherwise.
+
+    `value @ probs^T` is `(probs @ value^T)^T`: the probabilities must have been transposed last (`Transpose`) exactly
+    when the value is on their left, and their rank known."""
+    recorded = [op for op, _, _ in tracer.chains.candidates[cid].ops]
+    transposed = bool(ops or recorded) and isinstance([*recorded, *ops][-1], Transpose)
+    if transposed != value_left:
+        detail = (
+            "the value multiplies the probabilities from the left, which are not transposed"
+            if value_left
+            else "the transposed probabilities multiply the value from the left"
+        )
+        tracer.chains.candidates[cid].poisoned(Code.LAYOUT, detail, line)
+        return None
+    if not value_left:
+        return None
+    if rank is None:
+        detail = "the value multiplies the probabilities from the left, and their rank cannot be read"
+        tracer.chains.candidates[cid].poisoned(Code.LAYOUT, detail, line)
+        return None
+    return tuple(range(rank - 2)) + (rank - 1, rank - 2)
 
 
 def second_output(

@@ -106,6 +106,10 @@ class Ranks:
         if found is not None:
             assert isinstance(node, cst.Call)
             return len(node.args) if all(not a.star for a in node.args) else None
+        chunked = p.method_call(node.value, {"chunk"}) if isinstance(node, cst.Subscript) else None
+        if chunked is not None:
+            # `x.chunk(3, dim=1)[0]`: an item of the tuple of chunks, of `x`'s rank
+            return self.rank_of(chunked[0], depth + 1)
         if isinstance(node, cst.Subscript) and all(_basic_index(element.slice) is not None for element in node.slice):
             # `x[0]` drops the first dimension, `x[:, :, :n]` keeps every one
             inner = self.rank_of(node.value, depth + 1)

@@ -107,7 +107,7 @@ def _handed_over(path: SdpaPath) -> set[str]:
                 parts = [op.operand]
             case t.Output():
                 parts = [op.value]
-            case t.Cast() | t.Softmax() | t.Shift():
+            case t.Cast() | t.Softmax() | t.Shift() | t.Transpose():
                 parts = []
             case _:
                 t.unreachable(op)

@@ -105,6 +105,13 @@ def eager_body(path: SdpaPath, options: InterfaceOptions) -> tuple[list[cst.Base
     flatten = {"query": start.rank == 3, "key": start.rank == 3, "value": output.rank == 3}
     adapters: list[cst.BaseStatement] = []
     provided: set[str] = {"module"}
+    if output.value_left:
+        # the eager function hands its value back through the product's right operand, which holds the probabilities
+        raise Refuse(
+            Code.LAYOUT,
+            "the value multiplies the transposed probabilities from the left; the attention interface's eager function "
+            "takes them the other way round",
+        )
     written = (*(start.operands or (start.query, start.key)), output.product.right)
     orders = (*start.orders, output.value_order)
     operands = (start.query, start.key, output.value)

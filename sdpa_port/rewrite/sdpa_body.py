@@ -346,9 +346,10 @@ class SdpaEmitter(StatementWalker):
                 return []
             case t.HeadMask():
                 raise Refuse(Code.PROBABILITIES_CHANGED, "a head mask is applied on the SDPA path")
-            case t.View() | t.Cast() | t.Softmax():
+            case t.View() | t.Cast() | t.Softmax() | t.Transpose():
                 # SDPA reads the operands' layout (decide_layout), runs the softmax itself, and casts are decided
-                # once for the whole call (operands upcast to float32)
+                # once for the whole call (operands upcast to float32); probabilities transposed for a value on
+                # their left are the output's order (`Output.value_left`)
                 return []
             case t.Output():
                 raise AssertionError("the product with V is emitted by output_statement")

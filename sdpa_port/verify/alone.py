@@ -149,8 +149,10 @@ def _build(original: ModuleType, ported: ModuleType, name: str) -> Pair:
 def _config(original: ModuleType) -> Any | None:
     """A tiny config of the file's model, from its pretrained base's `config_class`, or None."""
     for value in vars(original).values():
+        if not isinstance(value, type) or value.__module__ != original.__name__:
+            continue  # a stand-in's instance (`logger = get_logger()`) fails when its attributes are read
         config_class = getattr(value, "config_class", None)
-        if isinstance(value, type) and value.__module__ == original.__name__ and isinstance(config_class, type):
+        if isinstance(config_class, type):
             with contextlib.suppress(Exception):
                 return config_at(config_class, LEVELS[0])
     return None
@@ -257,7 +259,25 @@ def _heads(module: torch.nn.Module) -> int:
 
 
 def _cases(module: torch.nn.Module, width: int, heads: int) -> list[tuple[str, dict[str, Any]]]:
-    """The inputs the original eager module runs on with finite outputs: no mask, padded keys, optional terms."""
+    """The inputs the original eager module runs on with finite outputs: no mask, padded keys, optional terms.
+
+    States are (batch, length, width); a convolutional block running on none of those (Stable Diffusion's VAE
+    `AttnBlock`) gets channels-first maps (batch, channels, height, width), its first convolution's channels."""
+    cases = _cases_of(module, width, heads, (BATCH, LENGTH, width))
+    convolution = next((c for c in module.modules() if isinstance(c, torch.nn.Conv2d)), None)
+    if cases or convolution is None:
+        return cases
+    shape = (BATCH, convolution.in_channels, *MAP)
+    return [(f"{case}, channels-first maps", kwargs) for case, kwargs in _cases_of(module, width, heads, shape)]
+
+
+MAP = (3, 4)  # a channels-first map's height and width: 12 positions
+
+
+def _cases_of(
+    module: torch.nn.Module, width: int, heads: int, states: tuple[int, ...]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The cases with states of the shape `states`."""
     generator = torch.Generator().manual_seed(1)
     signature = inspect.signature(module.forward)
     base: dict[str, Any] = {}
@@ -272,7 +292,7 @@ def _cases(module: torch.nn.Module, width: int, heads: int) -> list[tuple[str, d
         elif parameter.default is parameter.empty:
             if not _STATES.match(name):
                 return []
-            base[name] = torch.randn(BATCH, LENGTH, width, generator=generator)
+            base[name] = torch.randn(*states, generator=generator)
         elif parameter.default is None and _TERMS.search(name):
             terms.append(name)
     # padded keys in the extended form (batch, 1, 1, keys), expanded over the queries for modules that check it,

@@ -640,6 +640,17 @@ def one_stream(spec: Spec, n: Names, code: Code) -> None:
         with code.indent():
             code.add(f"chunks.append(torch.matmul(attn_weights[..., start : start + 4, :], {v}))")
         code.add("attn_output = torch.cat(chunks, dim=-2)")
+    elif spec.value_left != "none":
+        # the value on the left of the transposed probabilities, the output transposed back: `P @ v` all the same
+        last = "1, 2" if n.flat else "-1, -2"
+        weights = f"attn_weights.transpose({last})"
+        if spec.value_left == "statement":
+            code.add(f"attn_weights = {weights}")
+            weights = "attn_weights"
+        product = "torch.bmm" if n.flat else "torch.matmul"
+        code.add(f"attn_output = {product}({v}.transpose({last}), {weights}).transpose({last})")
+        if n.flat:
+            code.add(f"attn_output = attn_output.view(bsz, {n.attr('num_heads')}, {n.q_len}, {n.attr('head_dim')})")
     elif n.flat:
         if spec.product == "einsum_flat" and spec.length_first:
             code.add(f'attn_output = torch.einsum("bqk,kbd->qbd", attn_weights, {v}).transpose(0, 1)')

@@ -31,6 +31,7 @@ FLAT_PRODUCTS = (
     "einsum_flat",  # torch.einsum("bqd,bkd->bqk", q, k); length first, states (t, b*h, d): "qbd,kbd->bqk"
 )
 SWITCHES = ("none", "single", "chained")
+VALUE_LEFTS = ("none", "inline", "statement")
 SCALE_PLACES = ("scores", "none", "query", "after_terms", "alpha", "qk_quarter")
 SCALE_FORMS = ("sqrt_div", "attr_mul", "pow_div", "full_div", "size_div", "inplace_div", "literal_mul", "tensor_div")
 SCALE_GUARDS = ("none", "flag", "flag_else", "layer")  # where the scale is conditional
@@ -193,6 +194,10 @@ class Spec:
     # a fused softmax beside the softmax that can never run (`analyse/certain.py`): "attribute" tests a module the
     # constructor leaves None (`if self.fused_softmax:`, ChatGLM's form), "constant" a module constant set False
     dead_softmax: str = "none"
+    # 4.x: the value multiplies the transposed probabilities from the left, the output transposed back
+    # (`torch.matmul(value.transpose(-1, -2), attn_weights.transpose(-1, -2)).transpose(-1, -2)`, a VAE's form):
+    # "inline" in the product, "statement" by `attn_weights = attn_weights.transpose(-1, -2)` before it
+    value_left: str = "none"
 
     # -------------------------------------------------------------- derived facts
 
@@ -350,6 +355,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         precision_branch=rng.random() < 0.15,  # drawn after mask_read, likewise
         # from a generator of its own: every field above keeps its seed's draw
         dead_softmax=_pick(random.Random(f"dead:{family}:{seed}"), DEAD_SOFTMAXES, (8, 1, 1)),
+        value_left=_pick(rng, VALUE_LEFTS, (6, 1, 1)),  # drawn last, likewise
     )
     return normalise(spec)
 
@@ -483,6 +489,13 @@ def normalise(spec: Spec) -> Spec:
     booleans = changes.get("buffer_dtype", spec.buffer_dtype) == "bool" and changes.get("mask_dtype", spec.mask_dtype) == "bool"
     if compared and not booleans and changes.get("compare", spec.compare) == "natural":
         changes["compare"] = "eq0"  # a 0/1 tensor of another dtype is compared before it masks
+    if spec.value_left != "none" and not (
+        spec.family == "440"
+        and changes.get("product", spec.product) in ("matmul", "operator", "method", "pretransposed", "permuted", "bmm")
+        and changes.get("hazard", spec.hazard) == "none"
+        and spec.streams == "one"
+    ):
+        changes["value_left"] = "none"  # one plain product with V, written in the open
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 

@@ -28,7 +28,20 @@ from typing import TYPE_CHECKING, Callable
 import libcst as cst
 
 from sdpa_port.analyse.chain import Recognised
-from sdpa_port.analyse.forms import blocks, dropout, fills, guards, products, scales, shift, softmax, terms, views, wrappers
+from sdpa_port.analyse.forms import (
+    blocks,
+    dropout,
+    fills,
+    guards,
+    products,
+    scales,
+    shift,
+    softmax,
+    terms,
+    transposed,
+    views,
+    wrappers,
+)
 from sdpa_port.analyse.forms.common import Example
 
 if TYPE_CHECKING:
@@ -55,6 +68,7 @@ FORMS: tuple[Form, ...] = (
     _form("identity module", dropout.identity_module),
     _form("reshape", views.reshape),
     _form("cast", views.cast),
+    _form("transposed probabilities", transposed.transposed),
     _form("masked_fill method", fills.masked_fill_method),
     _form("clamp method", guards.clamp_method),
     _form("where", fills.where),

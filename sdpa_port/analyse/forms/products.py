@@ -18,6 +18,7 @@ import libcst.matchers as m
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import SCORES, AddTerm, ChainVal, Op, Poison, Scale, Start, short
 from sdpa_port.analyse.cstutil import binary, block_body, code, nodes_of_type, primary
+from sdpa_port.analyse.forms.channels import channels_flattened
 from sdpa_port.analyse.forms.common import SEQUENCE_FIRST, Example, scored, sdpa, strip_casts
 from sdpa_port.refusals import Code
 
@@ -216,7 +217,8 @@ def untranspose(tracer: TracerView, node: cst.BaseExpression, rank: int | None) 
 def transposed_key(tracer: TracerView, node: cst.BaseExpression, depth: int = 0) -> bool:
     """A key laid out as `(..., dim, length)`.
 
-    A transpose of the last two dims or a permute putting the features second to last, a leading-dims flatten of one, a
+    A transpose of the last two dims or a permute putting the features second to last, a channels-first map with its
+    positions flattened (`k.reshape(b, c, h * w)` after `b, c, h, w = x.shape`), a leading-dims flatten of one, a
     cat along the last dim with such a part (cat forces the others into the same layout), or a name that holds one on
     every path.
     """
@@ -227,7 +229,13 @@ def transposed_key(tracer: TracerView, node: cst.BaseExpression, depth: int = 0)
         return True
     reshaped = p.reshape_args(node)
     if reshaped is not None:
+        if channels_flattened(tracer, reshaped[1]):
+            return True  # a channels-first map with its positions flattened (`forms/channels.py`)
         return _flattens_leading(reshaped[1]) and transposed_key(tracer, reshaped[0], depth + 1)
+    chunked = chunk_item(node)
+    if chunked is not None:
+        # `qkv.chunk(3, dim=1)[1]`: a chunk along a leading dimension keeps the layout of the last two
+        return along_leading(tracer, chunked[1], chunked[0]) and transposed_key(tracer, chunked[0], depth + 1)
     if isinstance(node, cst.Call) and tracer.scope.qualify(node.func) in p.CAT_FUNCTIONS:
         parts, dim = p.arg(node, 0, "tensors"), p.arg(node, 1, "dim")
         if not isinstance(parts, (cst.Tuple, cst.List)) or dim is None:
@@ -282,6 +290,25 @@ def along_last(tracer: TracerView, dim: cst.BaseExpression, part: cst.BaseExpres
     return rank is not None and value == rank - 1
 
 
+def chunk_item(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """`x.chunk(n, dim=d)[i]` (or `x.chunk(n, d)[i]`): `x` and `d`."""
+    if not isinstance(node, cst.Subscript) or len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+        return None
+    call = node.value
+    found = p.method_call(call, {"chunk"})
+    if found is None or not isinstance(call, cst.Call) or len(call.args) != 2:
+        return None
+    dim = p.arg(call, 1, "dim")
+    return (found[0], dim) if dim is not None else None
+
+
+def along_leading(tracer: TracerView, dim: cst.BaseExpression, part: cst.BaseExpression) -> bool:
+    """`dim` names a dimension of `part` before its last two: its rank is read and `0 <= dim < rank - 2`."""
+    value = p.number(dim)
+    rank = tracer.ranks.rank_of(part)
+    return value is not None and rank is not None and value == int(value) and 0 <= value < rank - 2
+
+
 def _open_returns(body: Sequence[cst.BaseStatement], flags: dict[str, bool]) -> list[cst.BaseExpression | None]:
     """The returned values on paths that `if name:` tests of the boolean `flags` do not close.
 
@@ -329,8 +356,46 @@ _THROUGH_MODULES = (
 # in modules that are no products it would find no attention at all
 _THROUGH_QK_MODULE = _THROUGH_MODULES.replace("self.matmul_av(probs, value)", "probs @ value")
 
+# a channels-first map's query and key, its positions flattened (`forms/channels.py`): the key (b, c, h * w) is laid
+# out (batch, dim, length)
+_MAP = "b, c, h, w = query.shape\nq = query.reshape(b, c, h * w).permute(0, 2, 1)\nk = key.reshape(b, c, h * w)\n"
+_MAP_BODY = "scores = torch.bmm(q, k)\nprobs = scores.softmax(-1)\nreturn torch.bmm(probs, value)"
+
+# the same with heads: a fused projection viewed (b, heads * 3, head_dim, positions), chunked along the heads
+_HEADS_MAP = "b, c, h, w, n, d = *query.size(), 2, 4\nq, k, v = query.view(b, n * 3, d, h * w).chunk(3, dim=1)\n"
+_HEADS_MAP_BODY = (
+    "scores = torch.matmul(q.transpose(-1, -2), k)\nprobs = scores.softmax(-1)\n"
+    "return torch.matmul(v, probs.transpose(-1, -2))"
+)
+
 EXAMPLES = {
     "query_key_product": (
+        Example(
+            _MAP + _MAP_BODY,
+            Start,
+            becomes=_MAP + "return " + sdpa("scale=1.0", operands="q, k.transpose(-1, -2), value"),
+        ),
+        Example(
+            _HEADS_MAP + _HEADS_MAP_BODY,
+            Start,
+            becomes=_HEADS_MAP
+            + "return "
+            + sdpa("scale=1.0", operands="q.transpose(-1, -2), k.transpose(-1, -2), v.transpose(2, 3)")
+            + ".transpose(2, 3)",
+        ),
+        # chunked along the features or the positions, the chunks' layout is not the map's
+        Example(
+            _HEADS_MAP.replace("view(b, n * 3, d, h * w).chunk(3, dim=1)", "view(b, n, d * 3, h * w).chunk(3, dim=2)")
+            + _HEADS_MAP_BODY,
+            refused=Code.UNRECOGNISED,  # no product with V of a chain the tool reads: the eager sites see one (F601)
+        ),
+        # sizes in another order, or of two unpackings, say nothing of where the channels are
+        Example(_MAP.replace("key.reshape(b, c, h * w)", "key.reshape(b, h * w, c)") + _MAP_BODY, refused=Code.UNKNOWN_PRODUCT),
+        Example(
+            _MAP.replace("k = key.reshape(b, c, h * w)", "n, e, y, x = key.shape\nk = key.reshape(b, c, y * x)")
+            + _MAP_BODY,
+            refused=Code.UNKNOWN_PRODUCT,
+        ),
         Example(scored("probs = scores.softmax(-1)"), Start, becomes=sdpa("scale=1.0")),
         Example(
             "scores = torch.einsum('bhqd,bhkd->bhqk', query, key)\nprobs = scores.softmax(-1)\nreturn probs @ value",
