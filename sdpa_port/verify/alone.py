@@ -8,8 +8,10 @@ transformer exists only with two bin configurations). The port's attention class
 constructors, sharpened, and run on synthetic states: the original's eager class, the port's eager computation and its
 SDPA computation (`attention_calls.sdpa_call` on the port's eager module), without a mask, with padded keys (the 4-D
 extended mask transformers hands such modules, expanded over the queries, or the 2-D key mask; a boolean one where
-none of those runs), and with every optional
-score term the module accepts. The port's eager outputs must equal the original's, its SDPA outputs must agree within
+none of those runs), and with every optional score term the module accepts. A window the constructor needs, and
+states other than `(batch, length, width)` (heads split out, packed channels first, an image or channels-first map),
+are tried in order until the original runs (`alone_inputs.py`). The port's eager outputs must equal the original's,
+its SDPA outputs must agree within
 the SDPA tolerances, and SDPA must run from the port.
 
 These are module checks, reported as such (`<Class> alone`): they do not prove that a model selects the class.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -28,6 +31,7 @@ from typing import Any
 
 import torch
 
+from sdpa_port.verify import alone_inputs
 from sdpa_port.verify.checks import Check
 from sdpa_port.verify.configs import HEADS, HIDDEN, LEVELS
 from sdpa_port.verify.diagnose import PortCalls
@@ -37,20 +41,19 @@ from sdpa_port.verify.outputs import EAGER_TOLERANCE, RELATIVE_TOLERANCE, SDPA_T
 from sdpa_port.verify.sized_configs import config_at
 from sdpa_port.verify.unverified import unverified
 
-BATCH = 2
+BATCH = alone_inputs.BATCH
 LENGTH = 7
 PADDED = 2  # keys masked at the end of the second sequence
 GAIN = 2.0
 
 _WIDTHS = re.compile(
     r"^(hidden_size|embed_dim|d_model|dim|hidden_dim|n_embd|n_state|width|model_dim|in_features|in_dim|embed_dims|"
-    r"query_dim|channels|in_channels)$"
+    r"query_dim|channels|in_channels|q_dim|k_dim|v_dim|kv_dim)$"
 )
 # switches a constructor or a config takes with no default: off, the plain computation (`is_cross_attention`)
 _SWITCHES = re.compile(r"^(is|use|with|has|add|output|return|enable)_")
-_HEADS = re.compile(r"^(num_heads|num_attention_heads|n_heads?|heads|n_head)$")
+_HEADS = re.compile(r"^(num_heads|num_attention_heads|n_heads?|heads|n_head|head_count)$")
 _RATES = re.compile(r"(^|_)(dropout|drop|p)(_prob|_rate|_p)?$")
-_STATES = re.compile(r"^(hidden_states?|x|inputs?|query|key|value|queries|keys|values|q|k|v|.*_states)$")
 _MASKS = re.compile(r"^(attention_mask|attn_mask|mask|key_padding_mask)$")
 _TERMS = re.compile(r"(pos|bias)")  # optional score terms: position bias, relative positions, ALiBi
 
@@ -81,13 +84,25 @@ def verify_alone(original: ModuleType, ported: ModuleType, names: list[str], why
 
 def _check_class(original: ModuleType, ported: ModuleType, name: str) -> Check:
     label = f"{name} alone"
-    try:
-        pair = _build(original, ported, name)
-    except _CannotBuild as reason:
-        return unverified(f"{name} of the port, checked alone: {reason}")
-    width = _width(pair.original)
-    heads = _heads(pair.original)
-    cases = _cases(pair.original, width, heads)
+    cases: list[tuple[str, dict[str, Any]]] = []
+    window: Any = None
+    built: Pair | None = None
+    failure: _CannotBuild | None = None
+    # the window values in order (alone_inputs.WINDOWS): the first the original builds and runs with is taken
+    for option in alone_inputs.window_options(_original_class(original, ported, name)):
+        try:
+            built = _build(original, ported, name, option)
+        except _CannotBuild as reason:
+            failure = failure or reason
+            continue
+        width, heads = _width(built.original), _heads(built.original)
+        window = next(iter(option.values()), None)
+        cases = _cases(built.original, width, heads, window)
+        if cases:
+            break
+    if built is None:
+        return unverified(f"{name} of the port, checked alone: {failure}")
+    pair = built
     if not cases:
         return unverified(f"{name} of the port, checked alone: the original's eager class runs on none of the synthetic inputs")
     worst = worst_relative = worst_eager = 0.0
@@ -110,7 +125,8 @@ def _check_class(original: ModuleType, ported: ModuleType, name: str) -> Check:
             worst = max(worst, gap)
             worst_relative = max(worst_relative, gap / max(float(expected.float().abs().max()), 1e-6))
             described.append(case)
-    detail = f"hidden {width}, {heads} heads, gain {GAIN:g}; {', '.join(described)}; port's eager max|diff|={worst_eager:.3g}"
+    shown = f", window {window}" if window is not None else ""
+    detail = f"hidden {width}, {heads} heads{shown}, gain {GAIN:g}; {', '.join(described)}; port's eager max|diff|={worst_eager:.3g}"
     if worst_eager > EAGER_TOLERANCE:
         return Check(label, False, worst, f"{detail}: the port's eager computation changed")
     if not calls:
@@ -124,14 +140,20 @@ class _CannotBuild(Exception):
     pass
 
 
-def _build(original: ModuleType, ported: ModuleType, name: str) -> Pair:
+def _original_class(original: ModuleType, ported: ModuleType, name: str) -> type:
+    """The original's class of the port's class `name` (its eager class), or `type` where the original has none."""
+    found = getattr(original, eager_class_of(original, getattr(ported, name)).__name__, None)
+    return found if isinstance(found, type) else type
+
+
+def _build(original: ModuleType, ported: ModuleType, name: str, extra: dict[str, Any] | None = None) -> Pair:
     klass = getattr(ported, name)
     eager_class = eager_class_of(original, klass)
     original_class = getattr(original, eager_class.__name__, None)
     if not isinstance(original_class, type):
         raise _CannotBuild(f"the original has no class {eager_class.__name__}")
     config = _config(original)
-    arguments = _arguments(original_class, config)
+    arguments = {**_arguments(original_class, config), **(extra or {})}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -170,6 +192,8 @@ def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
             out[name] = HIDDEN
         elif _HEADS.match(name):
             out[name] = HEADS
+        elif name == alone_inputs.window_parameter(klass):
+            out[name] = alone_inputs.WINDOWS[0]  # the first of the windows tried (alone_inputs.window_options)
         elif _RATES.search(name) and (parameter.default is parameter.empty or isinstance(parameter.default, float)):
             out[name] = 0.0
         elif _SWITCHES.match(name) and parameter.default is parameter.empty:
@@ -239,10 +263,41 @@ def _eager_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _width(module: torch.nn.Module) -> int:
+def _layer_width(module: torch.nn.Module) -> int | None:
+    """The input width of the module's first linear layer, else of its first convolution, group or layer norm.
+
+    A linear layer reading the width the module keeps (`self.dim`) comes first: a small network ahead of the
+    projections (Swin v2's continuous position bias, `Linear(1, 512)`) reads something else."""
+    linears = [child.in_features for child in module.modules() if isinstance(child, torch.nn.Linear)]
+    for attribute in ("dim", "embed_dim", "hidden_size", "d_model"):
+        value = getattr(module, attribute, None)
+        if isinstance(value, int) and value in linears:
+            return value
+    if linears:
+        return linears[0]
     for child in module.modules():
-        if isinstance(child, torch.nn.Linear):
-            return child.in_features
+        if isinstance(child, torch.nn.modules.conv._ConvNd):
+            return child.in_channels
+        if isinstance(child, torch.nn.GroupNorm):
+            return child.num_channels
+        if isinstance(child, torch.nn.LayerNorm) and len(child.normalized_shape) == 1:
+            return int(child.normalized_shape[0])
+    return None
+
+
+def _window_mask(length: int) -> torch.Tensor:
+    """An additive `(windows, tokens, tokens)` mask of 0 and -100 as shifted windows get: the second window's tokens
+    attend only within their half, the first window unmasked."""
+    half = torch.arange(length) >= length // 2
+    mask = torch.zeros(BATCH, length, length)
+    mask[1] = torch.where(half[:, None] != half[None, :], -100.0, 0.0)
+    return mask
+
+
+def _width(module: torch.nn.Module) -> int:
+    found = _layer_width(module)
+    if found is not None:
+        return found
     for attribute in ("embed_dim", "hidden_size", "all_head_size"):
         value = getattr(module, attribute, None)
         if isinstance(value, int):
@@ -258,63 +313,73 @@ def _heads(module: torch.nn.Module) -> int:
     return HEADS
 
 
-def _cases(module: torch.nn.Module, width: int, heads: int) -> list[tuple[str, dict[str, Any]]]:
+def _cases(module: torch.nn.Module, width: int, heads: int, window: Any = None) -> list[tuple[str, dict[str, Any]]]:
     """The inputs the original eager module runs on with finite outputs: no mask, padded keys, optional terms.
 
-    States are (batch, length, width); a convolutional block running on none of those (Stable Diffusion's VAE
-    `AttnBlock`) gets channels-first maps (batch, channels, height, width), its first convolution's channels."""
-    cases = _cases_of(module, width, heads, (BATCH, LENGTH, width))
-    convolution = next((c for c in module.modules() if isinstance(c, torch.nn.Conv2d)), None)
-    if cases or convolution is None:
-        return cases
-    shape = (BATCH, convolution.in_channels, *MAP)
-    return [(f"{case}, channels-first maps", kwargs) for case, kwargs in _cases_of(module, width, heads, shape)]
+    The states take the first layout of `alone_inputs.state_shapes` that the original runs on in any case; a window's
+    tokens, or the product of the spatial sizes the forward takes, are the length."""
+    spatial = alone_inputs.spatial_parameters(module.forward)
+    sizes = alone_inputs.spatial_values(spatial)
+    length = alone_inputs.tokens(window) if window is not None else math.prod(sizes.values()) if sizes else LENGTH
+    for shape in alone_inputs.state_shapes(width, heads, length, window):
+        found = _cases_at(module, width, heads, shape, sizes, length, window is not None)
+        # an image or a channels-first map (a VAE's `AttnBlock`): said in the case, the reader sees what ran
+        suffix = ", channels-first maps" if len(shape) == 4 and shape[1] == width and shape[2] != length else ""
+        if found:
+            return [(case + suffix, kwargs) for case, kwargs in found]
+    return []
 
 
-MAP = (3, 4)  # a channels-first map's height and width: 12 positions
-
-
-def _cases_of(
-    module: torch.nn.Module, width: int, heads: int, states: tuple[int, ...]
+def _cases_at(
+    module: torch.nn.Module,
+    width: int,
+    heads: int,
+    shape: tuple[int, ...],
+    sizes: dict[str, int],
+    length: int,
+    windowed: bool,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """The cases with states of the shape `states`."""
     generator = torch.Generator().manual_seed(1)
     signature = inspect.signature(module.forward)
-    base: dict[str, Any] = {}
+    base: dict[str, Any] = dict(sizes)
     masks: list[str] = []
     terms: list[str] = []
     for parameter in signature.parameters.values():
-        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or parameter.name in sizes:
             continue
         name = parameter.name
         if _MASKS.match(name):
             masks.append(name)
-        elif parameter.default is parameter.empty:
-            if not _STATES.match(name):
-                return []
-            base[name] = torch.randn(*states, generator=generator)
+            if parameter.default is parameter.empty:  # a mask the forward requires is None where none is given
+                base[name] = None
+        elif parameter.default is parameter.empty:  # states, whatever their name (`fv`, `fe`): the original decides
+            base[name] = torch.randn(shape, generator=generator)
         elif parameter.default is None and _TERMS.search(name):
             terms.append(name)
     # padded keys in the extended form (batch, 1, 1, keys), expanded over the queries for modules that check it,
     # or as the (batch, keys) mask of ones and zeros for modules that extend it themselves
-    broadcast = torch.zeros(BATCH, 1, 1, LENGTH)
-    broadcast[1, ..., LENGTH - PADDED :] = torch.finfo(torch.float32).min
-    keys = torch.ones(BATCH, LENGTH)
-    keys[1, LENGTH - PADDED :] = 0
+    broadcast = torch.zeros(BATCH, 1, 1, length)
+    broadcast[1, ..., length - PADDED :] = torch.finfo(torch.float32).min
+    keys = torch.ones(BATCH, length)
+    keys[1, length - PADDED :] = 0
     mask_options: list[tuple[str, dict[str, Any]]] = [("no mask", {})]
     # or, for modules that fill where a boolean mask says (`scores.masked_fill(mask, -10000.0)`, Megatron's form) and
     # take none of those, as booleans: true where masked, then true where kept
     padded = broadcast < 0
-    for value in (broadcast, broadcast.expand(-1, -1, LENGTH, -1), keys, padded, ~padded):
+    for value in (broadcast, broadcast.expand(-1, -1, length, -1), keys, padded, ~padded):
         mask_options += [("padded keys", {masks[0]: value})] if masks else []
+    if masks:  # a causal mask of ones and zeros, (1, 1, queries, keys), as decoders keep in a buffer
+        mask_options.append(("causal ones", {masks[0]: torch.ones(1, 1, length, length).tril()}))
+    if windowed and masks:  # an additive (windows, tokens, tokens) mask of 0 and -100, as shifted windows get
+        mask_options.append(("window mask", {masks[0]: _window_mask(length)}))
     # score terms at the shapes they take: (batch, heads, queries, keys) or (batch, length, width); all of them at
     # one shape (a module may need several), or each alone
-    shapes = [(BATCH, heads, LENGTH, LENGTH), (BATCH, LENGTH, width)]
+    term_shapes = [(BATCH, heads, length, length), (BATCH, length, width)]
     term_options: list[dict[str, Any]] = [{}]
-    for shape in shapes:
-        term_options.append({term: torch.randn(shape, generator=generator) for term in terms})
+    for term_shape in term_shapes:
+        term_options.append({term: torch.randn(term_shape, generator=generator) for term in terms})
         if len(terms) > 1:
-            term_options += [{term: torch.randn(shape, generator=generator)} for term in terms]
+            term_options += [{term: torch.randn(term_shape, generator=generator)} for term in terms]
     cases: dict[str, dict[str, Any]] = {}
     for mask_case, mask_kwargs in mask_options:
         for term_kwargs in term_options:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from sdpa_port.discover.values import WEIGHT_REQUESTS  # which the kept eager forward answers
-from sdpa_port.verify import parity
+from sdpa_port.verify import alone_inputs, parity
 from sdpa_port.verify.alone import GAIN, _arguments, _cases, _config, _eager_arguments, _heads, _width
 from sdpa_port.verify.attention_calls import first_tensor
 from sdpa_port.verify.checks import Check
@@ -96,14 +96,18 @@ def check_class(original: ModuleType, ported: ModuleType, name: str) -> Check:
     ran: list[str] = []
     details: list[str] = []
     worst = 0.0
+    window: dict[str, Any] = {}
     for setting, extra in variants:
-        try:
-            reference, port = _pair(original, ported, name, extra)
-        except Exception as reason:  # noqa: BLE001 - this setting cannot be built: the others decide
-            if not extra:
-                return unverified(f"{name} of the port, checked on its own: {reason}")
-            continue
-        found = _run(reference, port, original.__name__, ported.__name__)
+        if not extra:  # the defaults: the window values in order, the first the original builds and runs with taken
+            found, window, failure = _first_window(original, ported, name)
+            if failure is not None:
+                return unverified(f"{name} of the port, checked on its own: {failure}")
+        else:
+            try:
+                reference, port = _pair(original, ported, name, {**window, **extra})
+            except Exception:  # noqa: BLE001 - this setting cannot be built: the others decide
+                continue
+            found = _run(reference, port, original.__name__, ported.__name__, next(iter(window.values()), None))
         if isinstance(found, Check):
             return Check(label, False, found.max_diff, f"[{setting}] {found.detail}")
         if found is None:
@@ -137,6 +141,27 @@ def _variants(original: ModuleType, name: str) -> list[tuple[str, dict[str, Any]
 MAX_FLIPS = 8
 
 
+def _first_window(
+    original: ModuleType, ported: ModuleType, name: str
+) -> tuple[tuple[float, str, bool] | Check | None, dict[str, Any], Exception | None]:
+    """The defaults run with each window value of `alone_inputs.window_options` in turn: the first outcome where the
+    original runs, the window it took, and the constructor's failure where no window builds."""
+    found: tuple[float, str, bool] | Check | None = None
+    failure: Exception | None = None
+    built = False
+    for option in alone_inputs.window_options(getattr(original, name)):
+        try:
+            reference, port = _pair(original, ported, name, option)
+        except Exception as reason:  # noqa: BLE001 - the next window may build
+            failure = failure or reason
+            continue
+        built = True
+        found = _run(reference, port, original.__name__, ported.__name__, next(iter(option.values()), None))
+        if found is not None:
+            return found, option, None
+    return found, {}, None if built else failure
+
+
 def _pair(original: ModuleType, ported: ModuleType, name: str, extra: dict[str, Any]) -> tuple[Any, Any]:
     original_class, port_class = getattr(original, name), getattr(ported, name)
     arguments = {**_arguments(original_class, _config(original)), **extra}
@@ -149,11 +174,13 @@ def _pair(original: ModuleType, ported: ModuleType, name: str, extra: dict[str, 
     return reference.eval(), port.eval()
 
 
-def _run(reference: Any, port: Any, original_name: str, ported_name: str) -> tuple[float, str, bool] | Check | None:
+def _run(
+    reference: Any, port: Any, original_name: str, ported_name: str, window: Any = None
+) -> tuple[float, str, bool] | Check | None:
     """The port against the original on the synthetic cases: (worst gap, detail, whether the port made SDPA calls
     the original did not), a failed check, or None where the original runs on none of them."""
     width, heads = _width(reference), _heads(reference)
-    cases = _cases(reference, width, heads)
+    cases = _cases(reference, width, heads, window)
     if not cases:
         return None
     worst = worst_relative = fallback_gap = 0.0
@@ -181,7 +208,8 @@ def _run(reference: Any, port: Any, original_name: str, ported_name: str) -> tup
             gap = float((got.float() - expected.float()).abs().max())
             worst = max(worst, gap)
             worst_relative = max(worst_relative, gap / max(float(expected.float().abs().max()), 1e-6))
-    detail = f"hidden {width}, {heads} heads, gain {GAIN:g}, {', '.join(case for case, _ in cases)}: max|diff|={worst:.3g}"
+    shown = f", window {window}" if window is not None else ""
+    detail = f"hidden {width}, {heads} heads{shown}, gain {GAIN:g}, {', '.join(case for case, _ in cases)}: max|diff|={worst:.3g}"
     detail += f" (relative {worst_relative:.2g}), SDPA calls {calls} (the original's own {already})"
     if flag is not None:
         detail += f", with {flag}=True max|diff|={fallback_gap:.3g}"

@@ -71,6 +71,12 @@ SABOTAGES = {
         # the fill dropped: probabilities of the unmasked scores
         ("fill not applied", "sdpa_mask = torch.where(attention_mask", "sdpa_mask = 0 * torch.where(attention_mask"),
     ],
+    # found only on a window's tokens and a shifted-window mask, and on packed channels-first query, key and value
+    "modeling_tiny_window.py": [
+        ("relative bias dropped", "sdpa_mask = bias.permute(2, 0, 1)", "sdpa_mask = 0 * bias.permute(2, 0, 1)"),
+        ("window mask dropped", "sdpa_mask = sdpa_mask + (q.new_zeros", "sdpa_mask = sdpa_mask + 0 * (q.new_zeros"),
+        ("packed key scale dropped", "sdpa_key = (k * scale).transpose(1, 2)", "sdpa_key = k.transpose(1, 2)"),
+    ],
     "modeling_tiny_elsewhere.py": [
         ("scale squared", "scale=1.0 / (self.attention_head_size**0.5)", "scale=1.0 / self.attention_head_size"),
         ("fallback skipped", "if output_attentions or head_mask is not None:", "if False:"),
