@@ -95,9 +95,11 @@ def _softmax_wrappers(functions: list[_Function]) -> frozenset[str]:
 
 def _softmax_modules(tree: ast.Module, softmaxes: frozenset[str]) -> frozenset[str]:
     """The attributes of the file's classes that hold a softmax module of the file: `self.scale_mask_softmax =
-    FusedScaleMaskSoftmax(...)`, where that class's `forward` calls a softmax (Megatron's fused softmax, called as
-    `self.scale_mask_softmax(scores, mask)`)."""
-    classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)} & softmaxes
+    FusedScaleMaskSoftmax(...)`, where that class's `forward` calls a softmax and returns one tensor (Megatron's fused
+    softmax, called as `self.scale_mask_softmax(scores, mask)`)."""
+    classes = {
+        node.name for node in tree.body if isinstance(node, ast.ClassDef) and not _returns_several(node)
+    } & softmaxes
     if not classes:
         return frozenset()
     out: set[str] = set()
@@ -106,6 +108,15 @@ def _softmax_modules(tree: ast.Module, softmaxes: frozenset[str]) -> frozenset[s
             if node.value.func.id in classes:
                 out.update(target.attr for target in node.targets if isinstance(target, ast.Attribute))
     return frozenset(out)
+
+
+def _returns_several(klass: ast.ClassDef) -> bool:
+    """Whether the class's `forward` returns a tuple: several outputs (a hyper-connection's `post, comb, states`
+    weights, one of them a softmax's) are no probability tensor, so the class is no softmax module."""
+    for inner in klass.body:
+        if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)) and inner.name == "forward":
+            return any(isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple) for node in _walk(inner))
+    return False
 
 
 def _product_wrappers(functions: list[_Function], softmaxes: frozenset[str]) -> frozenset[str]:

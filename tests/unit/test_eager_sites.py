@@ -255,3 +255,44 @@ def test_a_softmax_module_of_the_file_is_named_not_read() -> None:
     # a module of the file that computes no softmax (a scale) holds no softmax: nothing to name
     scaling = SOFTMAX_MODULE.replace("torch.nn.functional.softmax(self.mask_func(scores, mask), dim=-1)", "scores * 2")
     assert find_eager_attention(ast.parse(scaling)) == []
+
+
+MIXING_MODULE = '''
+import torch
+from torch import nn
+
+
+class StreamMixer(nn.Module):
+    def __init__(self, streams, width):
+        super().__init__()
+        self.weights = nn.Linear(streams * width, streams * streams)
+        self.streams = streams
+
+    def forward(self, states):
+        b, n, s, c = states.shape
+        comb = torch.softmax(self.weights(states.reshape(b, n, s * c)).view(b, n, s, s), dim=-1)
+        collapsed = states.mean(dim=2)
+        return comb, collapsed
+
+
+class Layer(nn.Module):
+    def __init__(self, streams, width):
+        super().__init__()
+        self.mix = StreamMixer(streams, width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, states):
+        scores = torch.matmul(states, states.transpose(-1, -2))
+        comb, collapsed = self.mix(states + scores.mean())
+        return torch.matmul(comb.transpose(-1, -2), states) + self.proj(collapsed).unsqueeze(2)
+'''
+
+
+def test_a_module_returning_several_outputs_is_no_softmax_module() -> None:
+    """A module whose `forward` calls a softmax but returns several tensors (a hyper-connection's mixing weights and
+    its collapsed states) is no softmax module: a product of one of its outputs is no attention."""
+    assert find_eager_attention(ast.parse(MIXING_MODULE)) == []
+    single = MIXING_MODULE.replace("return comb, collapsed", "return comb").replace(
+        "comb, collapsed = self.mix(", "comb = collapsed = self.mix("
+    )
+    assert [site.where for site in find_eager_attention(ast.parse(single))] == ["Layer.forward"]
