@@ -10,7 +10,7 @@ from sdpa_port.analyse.trace import KeepAction
 from sdpa_port.bench.options import Clock, Malloc, Padding
 from sdpa_port.plan.threading import _CallFinder
 from sdpa_port.verify import checks
-from sdpa_port.verify.stubs import StandInModule, _Finder
+from sdpa_port.verify.stubs import StandInModule, _Finder, _StandType
 
 KeepAction.DTYPE
 KeepAction.DEVICE
@@ -29,3 +29,4 @@ _.cache_implementation
 _.cache_config
 StandInModule.__path__  # a package to the import system: its submodules are stand-ins too
 _Finder.create_module  # importlib's Loader protocol
+_StandType.__getattr__  # Python calls it for a class attribute the stand-in class lacks

@@ -7,8 +7,9 @@ neither the package nor its dependencies are installed where a port is verified.
 usually need torch alone. The file is then executed as a module of a package of its own, and every import it makes
 outside a `try` block that this Python cannot satisfy (its relative imports, absolute imports of missing top-level
 packages) gets a stand-in module. A name taken from a stand-in is a class that can be subclassed and instantiated,
-and whose instances fail on any use: a check that reaches one raises, and reports the class as not verified, never
-as a pass. Imports inside a `try` block stay real, so an optional fast path (xformers) is never taken by a stand-in.
+and whose instances fail on any use once the file has loaded: a check that reaches one raises, and reports the class
+as not verified, never as a pass. While the file loads, the registries and constants of the missing package
+(`@MODELS.register_module(module_name=Models.bert)`) give values that decorate by giving back what they decorate. Imports inside a `try` block stay real, so an optional fast path (xformers) is never taken by a stand-in.
 Original and port are loaded with the same stand-ins.
 """
 
@@ -33,17 +34,58 @@ class StubUsed(RuntimeError):
     """A stand-in for an import this Python cannot satisfy was used."""
 
 
-class _Stand:
-    """The base of every stand-in class: it can be subclassed and built; its instances fail when used."""
+_loading = [0]  # files being executed by `load_with_stand_ins`: while one is, attributes of stand-ins can decorate
+
+
+class _StandValue:
+    """An attribute of a stand-in class (`MODELS.register_module`, `Tasks.backbone`), reached while the file loads.
+
+    Registries and constants of the missing package decorate the file's classes as it loads
+    (`@MODELS.register_module(module_name=Models.bert)`): while a file loads, calling one gives another value, and
+    calling one on a class or function alone gives it back, as a registering decorator does. Once loaded, any call or
+    attribute of one fails like a stand-in instance."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not _loading[0]:
+            raise StubUsed(f"{self._name} stands in for an import this Python cannot satisfy")
+        if len(args) == 1 and not kwargs and (isinstance(args[0], type) or callable(args[0])):
+            return args[0]
+        return _StandValue(f"{self._name}(...)")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or not _loading[0]:
+            raise StubUsed(f"{self._name}.{name} stands in for an import this Python cannot satisfy")
+        return _StandValue(f"{self._name}.{name}")
+
+
+class _StandType(type):
+    """The type of stand-in classes: their class attributes are `_StandValue`s while the file loads. Classes of the
+    file subclassing a stand-in keep Python's lookup (a missing attribute is an AttributeError)."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__") or not cls.__dict__.get("_sdpa_port_stand_in", False):
+            raise AttributeError(name)
+        if not _loading[0]:
+            raise StubUsed(f"{cls.__qualname__}.{name} stands in for an import this Python cannot satisfy")
+        return _StandValue(f"{cls.__qualname__}.{name}")
+
+
+class _Stand(metaclass=_StandType):
+    """The base of every stand-in class: it can be subclassed and built; its instances fail when used once the file
+    has loaded, and act as `_StandValue`s while it loads (`MODELS = Registry("models")`, then
+    `@MODELS.register_module()`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise StubUsed(f"{type(self).__qualname__} stands in for an import this Python cannot satisfy")
+        return _StandValue(type(self).__qualname__)(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        raise StubUsed(f"{type(self).__qualname__}.{name} stands in for an import this Python cannot satisfy")
+        return getattr(_StandValue(type(self).__qualname__), name)
 
 
 class StandInModule(ModuleType):
@@ -56,7 +98,7 @@ class StandInModule(ModuleType):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        value = type(name, (_Stand,), {"__module__": self.__name__})
+        value = _StandType(name, (_Stand,), {"__module__": self.__name__, "_sdpa_port_stand_in": True})
         setattr(self, name, value)
         return value
 
@@ -142,11 +184,14 @@ def load_with_stand_ins(source: str, directory: Path, stem: str) -> ModuleType:
     module.__package__ = package
     sys.modules[name] = module
     with stand_ins(tops):
+        _loading[0] += 1
         try:
             spec.loader.exec_module(module)
         except BaseException:
             del sys.modules[name]
             raise
+        finally:
+            _loading[0] -= 1
     module.__sdpa_port_source__ = source  # type: ignore[attr-defined]
     return module
 

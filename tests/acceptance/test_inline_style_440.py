@@ -146,6 +146,54 @@ def test_a_stand_in_instance_at_module_level_does_not_stop_the_check(tmp_path: P
     assert "channels-first maps" in lines, lines
 
 
+REGISTRY_IMPORTS = (
+    "from torch import nn\n\nfrom some_missing_package.builder import MODELS\nfrom some_missing_package.metainfo import Models\n"
+    "from ...registry import Registry\n\nBLOCKS = Registry('blocks')\n"
+)
+
+
+def test_a_registry_of_a_missing_package_decorates_while_the_file_loads(tmp_path: Path) -> None:
+    """`@MODELS.register_module(group_key=..., module_name=Models.tower)` and `@BLOCKS.register_module()` on a registry
+    built at module level: while the file loads, stand-ins decorate by giving back the class, so the attention class
+    is checked, and a sabotage is still seen."""
+    tower = (FIXTURES / "inline_style" / "modeling_tiny_tower.py").read_text(encoding="utf-8")
+    source = tower.replace("from torch import nn\n", REGISTRY_IMPORTS)
+    source = source.replace("class TowerBlock(", "@BLOCKS.register_module()\nclass TowerBlock(")
+    source = source.replace(
+        "class Tower(", "@MODELS.register_module(group_key='backbone', module_name=Models.tower)\nclass Tower("
+    )
+    path = tmp_path / "tower_registered.py"
+    path.write_text(source, encoding="utf-8")
+    result = port_source(source, filename=path.name)
+    assert result.status is Status.PORTED and result.style == "inline", result.reasons
+    from sdpa_port.edge.after_port import verify_port
+
+    verification = verify_port(path, source, result)
+    lines = "\n".join(verification.lines)
+    assert verification.passed, lines
+    assert "stand-ins for `some_missing_package`, its relative imports" in lines, lines
+    sabotaged = replace_result(result, result.source.replace("scale=1.0,", "scale=0.5,", 1))
+    assert not verify_port(path, source, sabotaged).passed
+
+
+def test_a_registry_value_read_at_run_time_is_not_a_pass(tmp_path: Path) -> None:
+    """Once the file has loaded, a stand-in's attribute read by the forward fails like any stand-in: not verified."""
+    tower = (FIXTURES / "inline_style" / "modeling_tiny_tower.py").read_text(encoding="utf-8")
+    source = tower.replace("from torch import nn\n", REGISTRY_IMPORTS)
+    # a call whose result is dropped: only failing when called tells it apart from a pass
+    source = source.replace("        B, N, C = x.shape\n", "        B, N, C = x.shape\n        Models.check(x)\n", 1)
+    path = tmp_path / "tower_registry_read.py"
+    path.write_text(source, encoding="utf-8")
+    result = port_source(source, filename=path.name)
+    if result.status is not Status.PORTED:
+        pytest.skip(f"not ported: {result.reasons}")
+    from sdpa_port.edge.after_port import verify_port
+
+    verification = verify_port(path, source, result)
+    assert not verification.passed
+    assert verification.undriven is not None, verification.lines
+
+
 def test_a_stand_in_used_at_run_time_is_not_a_pass(tmp_path: Path) -> None:
     """An attention class that calls what a stand-in replaced cannot be checked: not verified, never a pass."""
     tower = (FIXTURES / "inline_style" / "modeling_tiny_tower.py").read_text(encoding="utf-8")
