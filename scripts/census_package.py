@@ -261,7 +261,8 @@ def loading_note(chosen: list[Path], tree: Path) -> str:
     return (
         f"`--verify` loads each file inside the installed transformers. The package's top-level modules not importable "
         f"in this Python: {said}. A file that imports them (or its own siblings, relatively) is loaded with stand-ins "
-        "for those imports (`verify/stubs.py`), and only its attention classes are checked, each on its own "
+        "for those imports (`verify/stubs.py`: registries decorate while it loads, and the sibling files its relative "
+        "imports name run, so a config class beside it is real), and only its attention classes are checked, each on its own "
         "(`verify/alone.py`, `verify/inline.py`): a class that uses a stand-in when it runs is \"not verifiable\". "
         "Files importing only torch, transformers and installed packages were loaded and checked like release files."
     )

@@ -82,11 +82,11 @@ def _with_stand_ins(input_path: Path, original_source: str, result: PortResult, 
 
     tops, relative = missing_imports(original_source)
     try:
-        original = load_with_stand_ins(original_source, directory, f"{input_path.stem}_original")
-        ported = load_with_stand_ins(result.source, directory, f"{input_path.stem}_ported")
+        original = load_with_stand_ins(original_source, directory, f"{input_path.stem}_original", input_path.parent)
+        ported = load_with_stand_ins(result.source, directory, f"{input_path.stem}_ported", input_path.parent)
     except Exception:
         raise error from None
-    standing = [f"`{top}`" for top in tops] + (["its relative imports"] if relative else [])
+    standing = [f"`{top}`" for top in tops] + (["its relative imports (files beside it run)"] if relative else [])
     why = (
         f"not loadable as it is here ({type(error).__name__}: {str(error)[:120]}); loaded with stand-ins for "
         f"{', '.join(standing) or 'nothing'}, so only its attention classes are checked, on their own"

@@ -11,6 +11,10 @@ and whose instances fail on any use once the file has loaded: a check that reach
 as not verified, never as a pass. While the file loads, the registries and constants of the missing package
 (`@MODELS.register_module(module_name=Models.bert)`) give values that decorate by giving back what they decorate. Imports inside a `try` block stay real, so an optional fast path (xformers) is never taken by a stand-in.
 Original and port are loaded with the same stand-ins.
+
+Where the file's folder is known (`origin`), a relative import naming a file that sits there (`from .configuration
+import T5Config`, `from ..utils import to_2tuple`) runs that file in its stand-in module: what it defines is real
+(the config class the attention reads), its own missing imports stand in, and what it fails to define stands in too.
 """
 
 from __future__ import annotations
@@ -106,22 +110,45 @@ class StandInModule(ModuleType):
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Last on `sys.meta_path`: stands in for the names given, and for anything under the stand-in package."""
 
-    def __init__(self, tops: frozenset[str]) -> None:
-        self.tops = tops
+    def __init__(self, tops: frozenset[str], folders: dict[str, Path] | None = None) -> None:
+        self.tops = set(tops)
+        self.folders = folders or {}  # stand-in package -> the folder on disk its relative imports name
         self.made: list[str] = []  # the stand-in modules made, taken out of `sys.modules` again after loading
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
         top = fullname.split(".")[0]
         if top in self.tops or fullname.startswith(PACKAGE + "."):
+            sibling = self._sibling(fullname)
+            if sibling is not None:
+                return importlib.machinery.ModuleSpec(fullname, self, origin=str(sibling), is_package=True)
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
+
+    def _sibling(self, fullname: str) -> Path | None:
+        """The file a relative import names where the loaded file's folder is known (`.configuration` beside it)."""
+        package, _, name = fullname.rpartition(".")
+        folder = self.folders.get(package)
+        if folder is None:
+            return None
+        candidate = folder / f"{name}.py"
+        return candidate if candidate.is_file() else None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         self.made.append(spec.name)
         return StandInModule(spec.name)
 
     def exec_module(self, module: ModuleType) -> None:
-        pass
+        """A sibling file on disk runs in its stand-in module: what it defines is real, the rest stands in, and a
+        sibling that fails part-way keeps what it defined before (a config class, usually first)."""
+        spec = module.__spec__
+        if spec is None or spec.origin is None:
+            return
+        source = Path(spec.origin).read_text(encoding="utf-8")
+        self.tops.update(missing_imports(source)[0])
+        module.__file__ = spec.origin
+        module.__package__ = module.__name__.rpartition(".")[0]
+        with contextlib.suppress(Exception):
+            exec(compile(source, spec.origin, "exec"), module.__dict__)
 
 
 def missing_imports(source: str) -> tuple[list[str], bool]:
@@ -150,8 +177,8 @@ def missing_imports(source: str) -> tuple[list[str], bool]:
 
 
 @contextlib.contextmanager
-def stand_ins(tops: Sequence[str]) -> Iterator[None]:
-    finder = _Finder(frozenset(tops))
+def stand_ins(tops: Sequence[str], folders: dict[str, Path] | None = None) -> Iterator[None]:
+    finder = _Finder(frozenset(tops), folders)
     sys.meta_path.append(finder)
     try:
         yield
@@ -162,10 +189,14 @@ def stand_ins(tops: Sequence[str]) -> Iterator[None]:
                 sys.modules.pop(name, None)
 
 
-def load_with_stand_ins(source: str, directory: Path, stem: str) -> ModuleType:
-    """Execute `source` as a module of a package of its own, missing imports standing in (module docstring)."""
+def load_with_stand_ins(source: str, directory: Path, stem: str, origin: Path | None = None) -> ModuleType:
+    """Execute `source` as a module of a package of its own, missing imports standing in (module docstring).
+
+    `origin`: the folder the file sits in, where its relative imports name files of its package that exist there
+    (`from .configuration import T5Config`): those files run in their stand-in modules (`_Finder.exec_module`)."""
     tops, _ = missing_imports(source)
-    digest = hashlib.sha1(source.encode()).hexdigest()[:10]
+    # the folder too: its siblings are modules of this package, never of one loaded from another folder
+    digest = hashlib.sha1(f"{origin}\n{source}".encode()).hexdigest()[:10]
     # a package per file: its relative imports (`.utils`, `..layers`) land in stand-in modules under it
     parts = [PACKAGE, f"{stem}_{digest}", *(f"level{depth}" for depth in range(DEPTH))]
     for end in range(1, len(parts) + 1):
@@ -175,6 +206,12 @@ def load_with_stand_ins(source: str, directory: Path, stem: str) -> ModuleType:
             holder.__path__ = []
             sys.modules[name] = holder
     package = ".".join(parts)
+    folders: dict[str, Path] = {}
+    if origin is not None:  # level5 is the file's folder, level4 its parent, and so on while there are parents
+        above = [Path(origin), *Path(origin).parents]
+        for depth in range(DEPTH):
+            if DEPTH - 1 - depth < len(above):
+                folders[".".join(parts[: 3 + depth])] = above[DEPTH - 1 - depth]
     path = Path(directory) / f"{stem}_{digest}.py"
     path.write_text(source, encoding="utf-8")
     name = f"{package}.{path.stem}"
@@ -183,7 +220,7 @@ def load_with_stand_ins(source: str, directory: Path, stem: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     module.__package__ = package
     sys.modules[name] = module
-    with stand_ins(tops):
+    with stand_ins(tops, folders):
         _loading[0] += 1
         try:
             spec.loader.exec_module(module)

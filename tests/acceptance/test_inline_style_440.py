@@ -194,6 +194,48 @@ def test_a_registry_value_read_at_run_time_is_not_a_pass(tmp_path: Path) -> None
     assert verification.undriven is not None, verification.lines
 
 
+def _split_config(tmp_path: Path, with_sibling: bool) -> Path:
+    """The class-style encoder fixture as remote code: its config class in `configuration.py` beside it (when
+    `with_sibling`), read through a name no rule values (`config.distance_span`), the rest from a missing package."""
+    encoder = (FIXTURES / "class_style" / "modeling_tiny_encoder.py").read_text(encoding="utf-8")
+    encoder = encoder.replace("max_length", "distance_span")
+    start, end = encoder.index("class TinyEncoderConfig("), encoder.index("class TinyEncoderSelfAttention(")
+    header = "from transformers import PretrainedConfig\n\n\n"
+    if with_sibling:
+        (tmp_path / "configuration.py").write_text(header + encoder[start:end], encoding="utf-8")
+    modeling = encoder[:start] + encoder[end:]
+    modeling = modeling.replace("from ...configuration_utils import PretrainedConfig\n", "from .configuration import TinyEncoderConfig\n")
+    modeling = modeling.replace("from ...modeling_outputs", "from transformers.modeling_outputs")
+    modeling = modeling.replace("from ...modeling_utils", "from transformers.modeling_utils")
+    modeling = modeling.replace("from torch import nn\n", "from torch import nn\n\nfrom some_missing_package.registry import MODELS\n")
+    path = tmp_path / "backbone.py"
+    path.write_text(modeling, encoding="utf-8")
+    return path
+
+
+def test_a_config_class_in_a_file_beside_it_builds_the_classes_checked_alone(tmp_path: Path) -> None:
+    """`from .configuration import TinyEncoderConfig` where that file sits beside the one ported: it runs (its own
+    missing imports standing in), so the attention class is built from the real config class, checked, and a sabotage
+    is seen; without that file, the class cannot be built and the port is not verified."""
+    from sdpa_port.edge.after_port import verify_port
+
+    path = _split_config(tmp_path, with_sibling=True)
+    source = path.read_text(encoding="utf-8")
+    result = port_source(source, filename=path.name)
+    assert result.status is Status.PORTED and result.style == "class", result.reasons
+    verification = verify_port(path, source, result)
+    lines = "\n".join(verification.lines)
+    assert verification.passed, lines
+    assert "alone" in lines, lines
+    sabotaged = replace_result(result, result.source.replace("scale=", "scale=0.5 * ", 1))
+    assert not verify_port(path, source, sabotaged).passed
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    path = _split_config(lonely, with_sibling=False)
+    verification = verify_port(path, source, result)
+    assert not verification.passed and verification.undriven is not None, verification.lines
+
+
 def test_a_stand_in_used_at_run_time_is_not_a_pass(tmp_path: Path) -> None:
     """An attention class that calls what a stand-in replaced cannot be checked: not verified, never a pass."""
     tower = (FIXTURES / "inline_style" / "modeling_tiny_tower.py").read_text(encoding="utf-8")
