@@ -103,6 +103,10 @@ class SdpaEmitter(StatementWalker):
         self.shifted = False  # the row's maximum was subtracted from the scores (`Shift`)
         # names the enclosing `if` tests have shown not to be None, innermost last
         self.not_none: list[set[str]] = []
+        # names bound by the chain statements the rewrite removed (the scores, the probabilities), and whether the
+        # SDPA call has been written: `del` statements must not unbind what the call reads or what no longer exists
+        self.chain_bound: set[str] = set()
+        self.called = False
 
     def emit(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """The SDPA code of a function body: the walk, with the query handed to SDPA named where an operation read
@@ -128,10 +132,15 @@ class SdpaEmitter(StatementWalker):
             if isinstance(plan, t.ChainStmt):
                 flush()
                 self.removed_reads |= walk_names(small)
+                self.chain_bound |= self.assigned_by(small)
                 out.extend(self.chain_statement(plan))
             elif isinstance(plan, t.OutputStmt):
                 flush()
                 out.extend(self.output_statement(small, plan, statement))
+                self.called = True
+            elif isinstance(small, cst.Del) and (kept_del := self.kept_del(small)) is not small:
+                if kept_del is not None:
+                    kept.append(kept_del)
             else:
                 new_small = self.keep(small, plan)
                 pre = self.materialize_for(self.assigned_by(small))
@@ -145,6 +154,29 @@ class SdpaEmitter(StatementWalker):
             else:
                 out.append(cst.SimpleStatementLine(body=list(kept)))
         return out
+
+    def kept_del(self, node: cst.Del) -> cst.Del | None:
+        """A `del` with the names it may no longer unbind taken out (None when none is left): between the query-key
+        product and the SDPA call every name (the call reads the operands, and the masks it builds, only there:
+        `del q, k` after the scores), after it the names only removed statements bound (`del attn_weights`).
+        Leaving a name bound changes no value, only when its memory is freed; other targets (`del cache[i]`) stay."""
+        if self.key is None and not self.chain_bound:
+            return node
+        target = node.target
+        elements = list(target.elements) if isinstance(target, (cst.Tuple, cst.List)) else [cst.Element(target)]
+        left = [
+            element
+            for element in elements
+            if not isinstance(element.value, cst.Name) or (self.called and element.value.value not in self.chain_bound)
+        ]
+        if len(left) == len(elements):
+            return node
+        if not left:
+            return None
+        if len(left) == 1:
+            return node.with_changes(target=left[0].value)
+        last = left[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return node.with_changes(target=cst.Tuple(elements=[*left[:-1], last], lpar=[], rpar=[]))
 
     def keep(self, node: cst.CSTNode, plan: t.StmtPlan | None):  # type: ignore[no-untyped-def]
         if not isinstance(plan, t.KeepStmt):

@@ -657,6 +657,16 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(family="523", causal="mask", mask_style="builder", mask_read=True, terms=(("mask", "plain"),)),
         "refused", "M206",
     ),
+    # modelscope's video-synthesis CrossAttention: `del q, k` after the scores, kept ahead of the SDPA call that
+    # reads them (UnboundLocalError); a `del` between the product and the call now drops its names
+    "36a: the key unbound between the scores and the product with V": (
+        Spec(mask_style="causal_helper", causal="mask", terms=(("mask", "plain"),), is_causal_attr=True, del_key=True),
+        "exact", None,
+    ),
+    "36b: the key unbound between the scores and the product with V, 5.x": (
+        Spec(family="523", causal="mask", terms=(("mask", "plain"),), del_key=True),
+        "exact", None,
+    ),
 }
 
 

@@ -634,6 +634,9 @@ def one_stream(spec: Spec, n: Names, code: Code) -> None:
             else:
                 code.add("attn_weights = attn_weights * head_mask")
     v = n.value
+    # one chain only: a second (`streams`) reads the key again
+    if spec.del_key and spec.streams == "one" and n.key.isidentifier() and n.key not in (v, n.q_len, n.k_len):
+        code.add(f"del {n.key}")
     if hazard == "loop":
         code.add("chunks = []")
         code.add("for start in range(0, attn_weights.size(-2), 4):")

@@ -198,6 +198,9 @@ class Spec:
     # (`torch.matmul(value.transpose(-1, -2), attn_weights.transpose(-1, -2)).transpose(-1, -2)`, a VAE's form):
     # "inline" in the product, "statement" by `attn_weights = attn_weights.transpose(-1, -2)` before it
     value_left: str = "none"
+    # the key unbound after the scores (`del k`, a diffusion UNet's memory saving), just before the product with V:
+    # the SDPA call reads the key there, so the port must not keep the `del` ahead of it
+    del_key: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -356,6 +359,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         # from a generator of its own: every field above keeps its seed's draw
         dead_softmax=_pick(random.Random(f"dead:{family}:{seed}"), DEAD_SOFTMAXES, (8, 1, 1)),
         value_left=_pick(rng, VALUE_LEFTS, (6, 1, 1)),  # drawn last, likewise
+        del_key=random.Random(f"del:{family}:{seed}").random() < 0.15,  # its own generator: the draws above stay
     )
     return normalise(spec)
 
