@@ -149,18 +149,18 @@ def _called_name(func: ast.expr) -> str:
 
 
 def select(archive: Path, tree: Path, only: list[str] | None) -> tuple[int, list[Path]]:
-    """Copy the screened `.py` files of `archive` under `tree`, keeping their paths: (files read, files copied)."""
+    """Copy the `.py` files of `archive` under `tree`, keeping their paths, as a user's checkout of the package has
+    them (a file's config class beside it is read when it is verified): (files read, the screened-in files)."""
     total, chosen = 0, []
     for name, data in python_files(archive):
         if only and not any(name.startswith(prefix) for prefix in only):
             continue
         total += 1
-        if not has_attention(data.decode("utf-8", errors="replace")):
-            continue
         target = tree / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-        chosen.append(target)
+        if has_attention(data.decode("utf-8", errors="replace")):
+            chosen.append(target)
     return total, chosen
 
 
