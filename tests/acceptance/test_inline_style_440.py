@@ -77,6 +77,15 @@ SABOTAGES = {
         ("window mask dropped", "sdpa_mask = sdpa_mask + (q.new_zeros", "sdpa_mask = sdpa_mask + 0 * (q.new_zeros"),
         ("packed key scale dropped", "sdpa_key = (k * scale).transpose(1, 2)", "sdpa_key = k.transpose(1, 2)"),
     ],
+    # one form per class (`fixtures/inline_style/modeling_tiny_remote_forms.py`)
+    "modeling_tiny_remote_forms.py": [
+        # a key the producer laid out (b, h, d, s) handed over as it is, not transposed back
+        ("pre-transposed key kept", "            k.transpose(-1, -2),\n", "            k,\n"),
+        ("cast bias dropped", "sdpa_mask = self.relative_bias(N).type_as(q)", "sdpa_mask = 0 * self.relative_bias(N).type_as(q)"),
+        ("conditional scale inverted", "scale=1.0 / self.norm_factor,", "scale=self.norm_factor,"),
+        ("helper fill ignored", "self._mask_value(q.dtype, q.device)).to(q.dtype)", "q.new_zeros(())).to(q.dtype)"),
+        ("eager branch's scale doubled", "scale=self.head_dim**-0.5,", "scale=2 * self.head_dim**-0.5,"),
+    ],
     "modeling_tiny_elsewhere.py": [
         ("scale squared", "scale=1.0 / (self.attention_head_size**0.5)", "scale=1.0 / self.attention_head_size"),
         ("fallback skipped", "if output_attentions or head_mask is not None:", "if False:"),
