@@ -252,13 +252,39 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
+def third_party(chosen: list[Path], own: set[str]) -> tuple[list[str], list[str]]:
+    """The top-level packages the files import that are neither the standard library, torch, transformers nor the
+    package's own: (installed here, not installed). The census's figures depend on the first list (einops decides
+    whether a diffusion model's attention runs or stands in)."""
+    names: set[str] = set()
+    for path in chosen:
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module.split(".")[0])
+    names -= own | set(sys.stdlib_module_names) | {"torch", "transformers", "__future__"}
+    names = {name for name in names if name.isidentifier()}
+    present = sorted(name for name in names if importlib.util.find_spec(name) is not None)
+    return present, sorted(names - set(present))
+
+
 def loading_note(chosen: list[Path], tree: Path) -> str:
     """What `--verify` could load: the package's top-level modules, importable in this Python or not."""
     tops = sorted({p.relative_to(tree).parts[0].removesuffix(".py") for p in chosen} - {"tests", "test", "examples"})
     importable = [name for name in tops if name.isidentifier() and importlib.util.find_spec(name) is not None]
     missing = [name for name in tops if name not in importable]
     said = ", ".join(f"`{name}`" for name in missing) or "none"
-    return (
+    present, absent = third_party(chosen, set(tops))
+    others = (
+        f"Other packages the screened-in files import: installed here {', '.join(f'`{n}`' for n in present) or 'none'}; "
+        f"not installed {', '.join(f'`{n}`' for n in absent) or 'none'}. "
+    )
+    return others + (
         f"`--verify` loads each file inside the installed transformers. The package's top-level modules not importable "
         f"in this Python: {said}. A file that imports them (or its own siblings, relatively) is loaded with stand-ins "
         "for those imports (`verify/stubs.py`: registries decorate while it loads, and the sibling files its relative "
@@ -288,11 +314,12 @@ def census_package(arguments: argparse.Namespace) -> int:
         log(f"{archive.name}: {read} .py files read, {len(chosen)} screened in, copied to {tree}")
         records = census.run_tool(chosen, max(arguments.jobs, 2), arguments.memory_gb, log, verify=not unverifiable) if chosen else []
         rows = [classify(record, tree, unverifiable) for record in records]
+        note = unverifiable or loading_note(chosen, tree)  # reads the files: while they are there
     transformers = "not installed" if importlib.util.find_spec("transformers") is None else census.installed_transformers()[0]
     command = f"python scripts/census.py --package {spec} --jobs {arguments.jobs}"
     command += f" --only {arguments.only}" if arguments.only else ""
     facts = {"read": str(read), "transformers": transformers, "command": command}
-    facts["note"] = unverifiable or loading_note(chosen, tree)
+    facts["note"] = note
     section = markdown(spec, rows, facts, time.monotonic() - started)
     if arguments.out:
         census.write_section(arguments.out, f"package {spec}", section)

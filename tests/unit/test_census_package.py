@@ -124,3 +124,15 @@ def test_the_loading_note_names_the_modules_this_python_lacks() -> None:
     chosen = [tree / "no_such_module_here" / "a.py", tree / "json" / "b.py", tree / "tests" / "c.py"]
     note = census_package.loading_note(chosen, tree)
     assert "`no_such_module_here`" in note and "`json`" not in note and "`tests`" not in note
+
+
+def test_the_loading_note_names_the_other_packages_installed_or_not(tmp_path: Path) -> None:
+    """The figures depend on the optional packages installed where the census ran: the note names them."""
+    tree = tmp_path / "package"
+    (tree / "pkg").mkdir(parents=True)
+    module = tree / "pkg" / "a.py"
+    module.write_text("import os\nimport torch\nimport pytest\nfrom no_such_dependency.x import y\nfrom pkg.b import c\nfrom . import d\n")
+    present, absent = census_package.third_party([module], {"pkg"})
+    assert present == ["pytest"] and absent == ["no_such_dependency"]
+    note = census_package.loading_note([module], tree)
+    assert "installed here `pytest`; not installed `no_such_dependency`" in note
