@@ -47,6 +47,7 @@ import census
 
 sys.path.insert(0, str(census.ROOT))
 from sdpa_port.discover.eager_sites import PRODUCT_FUNCTIONS, SOFTMAX_NAMES  # noqa: E402
+from sdpa_port.verify.stubs import imported_tops  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "sdpa-port" / "packages"
 CLASSES = (
@@ -262,11 +263,7 @@ def third_party(chosen: list[Path], own: set[str]) -> tuple[list[str], list[str]
             tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
         except (OSError, SyntaxError, ValueError):
             continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names.update(alias.name.split(".")[0] for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                names.add(node.module.split(".")[0])
+        names.update(imported_tops(tree)[0])
     names -= own | set(sys.stdlib_module_names) | {"torch", "transformers", "__future__"}
     names = {name for name in names if name.isidentifier()}
     present = sorted(name for name in names if importlib.util.find_spec(name) is not None)

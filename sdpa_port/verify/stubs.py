@@ -151,15 +151,13 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             exec(compile(source, spec.origin, "exec"), module.__dict__)
 
 
-def missing_imports(source: str) -> tuple[list[str], bool]:
-    """The top-level packages the file imports outside `try` blocks that this Python cannot import, and whether it
-    has relative imports there."""
-    tree = ast.parse(source)
-    guarded = {id(node) for statement in ast.walk(tree) if isinstance(statement, ast.Try) for node in ast.walk(statement)}
+def imported_tops(tree: ast.AST, skip: frozenset[int] = frozenset()) -> tuple[list[str], bool]:
+    """The top-level packages of the absolute imports in `tree`, in order, and whether it has relative imports; nodes
+    whose `id` is in `skip` are passed by."""
     tops: list[str] = []
     relative = False
     for node in ast.walk(tree):
-        if id(node) in guarded:
+        if id(node) in skip:
             continue
         names: list[str] = []
         if isinstance(node, ast.Import):
@@ -171,9 +169,20 @@ def missing_imports(source: str) -> tuple[list[str], bool]:
             names = [node.module or ""]
         for name in names:
             top = name.split(".")[0]
-            if top and top not in tops and importlib.util.find_spec(top) is None:
+            if top and top not in tops:
                 tops.append(top)
     return tops, relative
+
+
+def missing_imports(source: str) -> tuple[list[str], bool]:
+    """The top-level packages the file imports outside `try` blocks that this Python cannot import, and whether it
+    has relative imports there."""
+    tree = ast.parse(source)
+    guarded = frozenset(
+        id(node) for statement in ast.walk(tree) if isinstance(statement, ast.Try) for node in ast.walk(statement)
+    )
+    tops, relative = imported_tops(tree, guarded)
+    return [top for top in tops if importlib.util.find_spec(top) is None], relative
 
 
 @contextlib.contextmanager
@@ -233,4 +242,4 @@ def load_with_stand_ins(source: str, directory: Path, stem: str, origin: Path | 
     return module
 
 
-__all__ = ["load_with_stand_ins", "missing_imports", "StubUsed", "StandInModule"]
+__all__ = ["imported_tops", "load_with_stand_ins", "missing_imports", "StubUsed", "StandInModule"]

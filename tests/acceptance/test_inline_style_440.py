@@ -114,6 +114,17 @@ def test_sabotaged_inline_port_fails(name: str, label: str, old: str, new: str) 
     assert not verification.passed, f"{label}: " + "\n".join(verification.lines)
 
 
+def _ported_in_place(path: Path, source: str):  # type: ignore[no-untyped-def]
+    """`source` written at `path`, ported (in place, it must be) and verified: (result, verification, its lines)."""
+    from sdpa_port.edge.after_port import verify_port
+
+    path.write_text(source, encoding="utf-8")
+    result = port_source(source, filename=path.name)
+    assert result.status is Status.PORTED and result.style == "inline", result.reasons
+    verification = verify_port(path, source, result)
+    return result, verification, "\n".join(verification.lines)
+
+
 def test_remote_code_with_unimportable_imports_is_checked_with_stand_ins(tmp_path: Path) -> None:
     """A file importing its own package (relative and absolute) is loaded with stand-ins; its attention classes are
     checked on their own, and a sabotage is still seen."""
@@ -123,15 +134,11 @@ def test_remote_code_with_unimportable_imports_is_checked_with_stand_ins(tmp_pat
         "from torch import nn\n\nfrom .helpers import to_2tuple\nfrom some_missing_package.layers import DropPath\n",
     )
     path = tmp_path / "tower_attention.py"
-    path.write_text(source, encoding="utf-8")
-    result = port_source(source, filename=path.name)
-    assert result.status is Status.PORTED and result.style == "inline", result.reasons
-    from sdpa_port.edge.after_port import verify_port
-
-    verification = verify_port(path, source, result)
-    lines = "\n".join(verification.lines)
+    result, verification, lines = _ported_in_place(path, source)
     assert verification.passed, lines
     assert "stand-ins for `some_missing_package`, its relative imports" in lines, lines
+    from sdpa_port.edge.after_port import verify_port
+
     sabotaged = replace_result(result, result.source.replace("scale=1.0,", "scale=0.5,", 1))
     assert not verify_port(path, source, sabotaged).passed
 
@@ -143,14 +150,7 @@ def test_a_stand_in_instance_at_module_level_does_not_stop_the_check(tmp_path: P
     source = vae.replace(
         "from torch import nn\n", "from torch import nn\n\nfrom some_missing_package.logging import get_logger\n\nlogger = get_logger()\n"
     )
-    path = tmp_path / "vae_logged.py"
-    path.write_text(source, encoding="utf-8")
-    result = port_source(source, filename=path.name)
-    assert result.status is Status.PORTED and result.style == "inline", result.reasons
-    from sdpa_port.edge.after_port import verify_port
-
-    verification = verify_port(path, source, result)
-    lines = "\n".join(verification.lines)
+    _, verification, lines = _ported_in_place(tmp_path / "vae_logged.py", source)
     assert verification.passed, lines
     assert "channels-first maps" in lines, lines
 
@@ -172,15 +172,11 @@ def test_a_registry_of_a_missing_package_decorates_while_the_file_loads(tmp_path
         "class Tower(", "@MODELS.register_module(group_key='backbone', module_name=Models.tower)\nclass Tower("
     )
     path = tmp_path / "tower_registered.py"
-    path.write_text(source, encoding="utf-8")
-    result = port_source(source, filename=path.name)
-    assert result.status is Status.PORTED and result.style == "inline", result.reasons
-    from sdpa_port.edge.after_port import verify_port
-
-    verification = verify_port(path, source, result)
-    lines = "\n".join(verification.lines)
+    result, verification, lines = _ported_in_place(path, source)
     assert verification.passed, lines
     assert "stand-ins for `some_missing_package`, its relative imports" in lines, lines
+    from sdpa_port.edge.after_port import verify_port
+
     sabotaged = replace_result(result, result.source.replace("scale=1.0,", "scale=0.5,", 1))
     assert not verify_port(path, source, sabotaged).passed
 
@@ -191,14 +187,7 @@ def test_a_registry_value_read_at_run_time_is_not_a_pass(tmp_path: Path) -> None
     source = tower.replace("from torch import nn\n", REGISTRY_IMPORTS)
     # a call whose result is dropped: only failing when called tells it apart from a pass
     source = source.replace("        B, N, C = x.shape\n", "        B, N, C = x.shape\n        Models.check(x)\n", 1)
-    path = tmp_path / "tower_registry_read.py"
-    path.write_text(source, encoding="utf-8")
-    result = port_source(source, filename=path.name)
-    if result.status is not Status.PORTED:
-        pytest.skip(f"not ported: {result.reasons}")
-    from sdpa_port.edge.after_port import verify_port
-
-    verification = verify_port(path, source, result)
+    _, verification, _ = _ported_in_place(tmp_path / "tower_registry_read.py", source)
     assert not verification.passed
     assert verification.undriven is not None, verification.lines
 
