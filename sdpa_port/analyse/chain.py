@@ -257,6 +257,8 @@ class ChainStmt:
     targets: list[str]
     depth: int
     line: int
+    # no effect at all (`scores.masked_fill(...)` with its result thrown away): the eager function leaves it out too
+    discarded: bool = False
 
 
 @dataclass

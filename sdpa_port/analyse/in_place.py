@@ -1,7 +1,8 @@
 """Trace a statement that changes a name in place: `name op= value`, or an in-place method of a chain.
 
 On a chain, `+=`/`-=` add a term, `*=`/`/=` scale (or apply a head mask), `.masked_fill_`, `.add_`, `.mul_`,
-`.div_` the same as their out-of-place forms; any other in-place change of the scores poisons the chain.
+`.div_` the same as their out-of-place forms; an out-of-place method called as a statement (its result discarded)
+is no step; any other in-place change of the scores poisons the chain.
 """
 
 from __future__ import annotations
@@ -105,6 +106,12 @@ def expression_statement(tracer: TracerView, small: cst.Expr, depth: int, line: 
                     ops = [terms.add_term(tracer, receiver, value.args[0].value, line)]
                 elif name in ("div_", "mul_"):
                     ops = [scales.scale_or_head_mask(tracer, receiver, value.args[0].value, name == "div_", line)]
+                elif discarded(name):
+                    # `scores.masked_fill(mask, -1e9)` as a statement: the new tensor is thrown away and the scores
+                    # are what they were. The statement is no step (the chain and its name stay as they were) and
+                    # goes where the chain statements go: out of the SDPA code, into the eager code kept
+                    tracer.plans[small] = ChainStmt([], [], depth, line, discarded=True)
+                    return
                 else:
                     what = f"`.{name}()` is applied to the {receiver.stage.value} in place"
                     raise Poison(Code.SCORES_TRANSFORMED, what, {receiver.cid})
@@ -118,6 +125,20 @@ def expression_statement(tracer: TracerView, small: cst.Expr, depth: int, line: 
             tracer.env[found[0].value] = after
             return
     keep_expression(tracer, value, line, small)
+
+
+def discarded(method: str) -> bool:
+    """Whether a tensor method called as a statement leaves its receiver as it was.
+
+    A tensor method whose name does not end in one underscore returns a new tensor (`masked_fill`, `add`, `float`);
+    as a statement its result is thrown away. Eager then computes with the receiver unchanged, and so does the port:
+
+        scores.masked_fill(mask, -1e9)   # no effect: `masked_fill_` would fill in place
+        probs = scores.softmax(dim=-1)
+
+    The in-place forms (`masked_fill_`) and private names (`_fill`) are not of this kind.
+    """
+    return not method.endswith("_") and not method.startswith("_")
 
 
 def changed_in_place(small: cst.BaseSmallStatement) -> set[str]:

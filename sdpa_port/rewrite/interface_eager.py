@@ -42,6 +42,8 @@ class _Filter(StatementWalker):
             plan = self.plans.get(small)
             if small in self.others:
                 continue
+            if isinstance(plan, t.ChainStmt) and plan.discarded:
+                continue  # `scores.masked_fill(...)`, its result thrown away: no step, in no stream
             if isinstance(plan, t.ChainStmt) or small in self.moved:
                 kept.append(small)
             elif isinstance(plan, t.OutputStmt):

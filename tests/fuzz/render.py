@@ -575,6 +575,8 @@ def one_stream(spec: Spec, n: Names, code: Code) -> None:
         causal_lines(spec, n, code)
     for kind, guard in spec.terms:
         term_lines(spec, n, kind, guard, code)
+    if spec.discarded_fill:
+        code.add("attn_weights.masked_fill(attn_weights > 0, -10000.0)")  # no effect: the new tensor is dropped
     if hazard == "score_dependent_term":
         code.add("attn_weights = attn_weights + attn_weights.detach().amax(dim=-2, keepdim=True)")
     if hazard == "zero_fill":

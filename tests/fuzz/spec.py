@@ -201,6 +201,9 @@ class Spec:
     # the key unbound after the scores (`del k`, a diffusion UNet's memory saving), just before the product with V:
     # the SDPA call reads the key there, so the port must not keep the `del` ahead of it
     del_key: bool = False
+    # an out-of-place fill of the scores called as a statement, its result thrown away
+    # (`attn_weights.masked_fill(attn_weights > 0, -10000.0)`): eager's scores stay as they were, and the port's must
+    discarded_fill: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -360,6 +363,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         dead_softmax=_pick(random.Random(f"dead:{family}:{seed}"), DEAD_SOFTMAXES, (8, 1, 1)),
         value_left=_pick(rng, VALUE_LEFTS, (6, 1, 1)),  # drawn last, likewise
         del_key=random.Random(f"del:{family}:{seed}").random() < 0.15,  # its own generator: the draws above stay
+        discarded_fill=random.Random(f"discard:{family}:{seed}").random() < 0.15,  # likewise
     )
     return normalise(spec)
 

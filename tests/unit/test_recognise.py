@@ -165,6 +165,30 @@ def test_masked_fill_is_a_term() -> None:
     assert [t.kind for t in site.terms] == [TermKind.MASKED_FILL]
 
 
+@pytest.mark.parametrize("statement", ["masked_fill(attention_mask == 0, -1e9)", "add(attention_mask)", "float()"])
+def test_a_discarded_result_is_no_step(statement: str) -> None:
+    """`scores.masked_fill(...)` as a statement throws its result away: eager's scores are unchanged, and the port's."""
+    site = site_of(
+        f"""
+        scores = torch.matmul(query, key.transpose(-1, -2))
+        scores.{statement}
+        return torch.matmul(scores.softmax(-1), value)
+        """
+    )
+    assert not site.terms
+
+
+def test_the_in_place_fill_beside_it_is_a_term() -> None:
+    site = site_of(
+        """
+        scores = torch.matmul(query, key.transpose(-1, -2))
+        scores.masked_fill_(attention_mask == 0, -1e9)
+        return torch.matmul(scores.softmax(-1), value)
+        """
+    )
+    assert [t.kind for t in site.terms] == [TermKind.MASKED_FILL]
+
+
 def test_nan_guard_is_dropped() -> None:
     site = site_of(
         """
