@@ -174,7 +174,12 @@ def _heir_refusal(
 ) -> Refusal | None:
     """A subclass in the file that inherits the new forward (or calls it through `super().forward`) must be one it
     is proven for: the subclass defines no other method, and its own port would write the same SDPA forward (an
-    attribute it sets again, such as the scale, may change what that forward must be)."""
+    attribute it sets again, such as the scale, may change what that forward must be).
+
+    A subclass whose own forward calls the base class's (DINOv2's `MemEffAttention`: a kernel path, and
+    `return super().forward(x)` where the kernel is missing) runs the new forward on an instance the base class's
+    constructor built: proven where it defines no other method and sets none of the base class's attributes again.
+    """
     by_name = {a.class_name: a for a in analyses}
     for name, info in facts.classes.items():
         if name == class_name or class_name not in {b.name for b in facts.mro(name)}:
@@ -185,16 +190,17 @@ def _heir_refusal(
         methods = sorted(set(info.methods) - {"__init__", "forward"})
         heir = by_name.get(name)
         why = None
+        again = sorted(set(info.attributes) & set(facts.classes[class_name].attributes))
         if methods:
             why = f"defines {', '.join(methods)}"
         elif own is not None:
-            why = "calls the base class's forward from its own"
+            why = f"calls the base class's forward from its own and sets {', '.join(again)} again" if again else None
         elif heir is not None and heir.refusal is not None:
             why = f"inherits the forward and is refused: {heir.refusal}"
         elif heir is not None and _sdpa_forward_code(facts, heir) != code(forward):
             why = "sets attributes whose values need another SDPA forward than the base class's"
-        elif heir is None and set(info.attributes) & set(facts.classes[class_name].attributes):
-            why = f"sets {', '.join(sorted(set(info.attributes) & set(facts.classes[class_name].attributes)))} again"
+        elif heir is None and again:
+            why = f"sets {', '.join(again)} again"
         if why is not None:
             return Refusal(
                 Code.INLINE_SUBCLASS,

@@ -107,6 +107,35 @@ def test_a_subclass_adding_only_an_init_inherits_the_port() -> None:
     assert result.status is Status.PORTED, result.reasons
 
 
+KERNEL_FORWARD = """\
+def forward(self, x, mask=None):
+    if not USE_KERNEL:
+        return super().forward(x, mask=mask)
+    return kernel(x)
+"""
+
+
+def test_a_subclass_falling_back_to_the_base_forward_inherits_the_port() -> None:
+    """DINOv2's `MemEffAttention` form: its own forward runs a kernel, or the base class's forward without one."""
+    kernel = "\nUSE_KERNEL = bool(int('0'))\n\n\ndef kernel(x):\n    return x\n"
+    result = port_source(
+        attention() + kernel + SUBCLASS.format(body=textwrap.indent(KERNEL_FORWARD, "    ")),
+        filename="modeling_tiny.py",
+        style="inline",
+    )
+    assert result.status is Status.PORTED, result.reasons
+    assert "return super().forward(x, mask=mask)" in result.source
+    # the same subclass setting an attribute of the base class again may need another SDPA forward
+    body = KERNEL_FORWARD + "\ndef __init__(self, dim):\n    super().__init__(dim)\n    self.heads = 2\n"
+    result = port_source(
+        attention() + kernel + SUBCLASS.format(body=textwrap.indent(body, "    ")),
+        filename="modeling_tiny.py",
+        style="inline",
+    )
+    assert [r.code.code for r in result.refusals] == ["W410"], result
+    assert "calls the base class's forward from its own and sets heads again" in result.reasons[0]
+
+
 def test_a_subclass_changing_what_the_forward_reads_refuses_w410() -> None:
     body = textwrap.indent("def relative(self, x):\n    return x\n", "    ")
     result = port_source(attention() + SUBCLASS.format(body=body), filename="modeling_tiny.py", style="inline")
