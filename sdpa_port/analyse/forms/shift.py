@@ -36,11 +36,13 @@ def row_maximum_of(tracer: TracerView, node: cst.BaseExpression, scores: cst.Bas
     """Whether `node` is the maximum over the last dimension of `scores`, kept as a dimension.
 
     `scores.amax(-1, keepdim=True)`, `scores.amax(dim=-1).unsqueeze(-1)`, `scores.max(-1, keepdim=True)[0]` or
-    `.values`, `torch.amax(scores, -1, keepdim=True)`; also through one local holding it.
+    `.values`, `torch.amax(scores, -1, keepdim=True)`; also through one local holding it, and detached from the graph
+    (`.detach()` on the maximum or on the scores it is taken of: the same values).
     """
     if isinstance(node, cst.Name):
         values = tracer.scope.local_values(node.value)
         return len(values) == 1 and row_maximum_of(tracer, values[0], scores)
+    node = _undetached(node)
     kept = False
     if isinstance(node, cst.Call) and p.method_call(node, {"unsqueeze"}) is not None and len(node.args) == 1:
         if p.number(node.args[0].value) == -1:
@@ -67,7 +69,15 @@ def row_maximum_of(tracer: TracerView, node: cst.BaseExpression, scores: cst.Bas
         return False
     if not kept and (keepdim is None or not m.matches(keepdim, m.Name("True"))):
         return False
-    return operand.deep_equals(scores)
+    return _undetached(operand).deep_equals(scores)
+
+
+def _undetached(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`x` for `x.detach()`: the same values, cut from the graph (lucidrains' `sim.amax(-1, keepdim=True).detach()`)."""
+    found = p.method_call(node, {"detach"})
+    if found is not None and isinstance(node, cst.Call) and not node.args:
+        return found[0]
+    return node
 
 
 EXAMPLES = {
@@ -83,7 +93,16 @@ EXAMPLES = {
             becomes=sdpa("scale=1.0"),
         ),
         Example(
+            scored("scores = scores - scores.amax(dim=-1, keepdim=True).detach()\nprobs = scores.softmax(-1)"),
+            Shift,
+            becomes=sdpa("scale=1.0"),
+        ),
+        Example(
             scored("scores = scores - scores.amax(1, keepdim=True)\nprobs = scores.softmax(-1)"),
+            refused=Code.SCORES_COMBINED,
+        ),
+        Example(
+            scored("scores = scores - scores.amax(-1, keepdim=True).detach() * 2\nprobs = scores.softmax(-1)"),
             refused=Code.SCORES_COMBINED,
         ),
     ),
