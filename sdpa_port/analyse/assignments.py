@@ -56,7 +56,14 @@ def assign(
         tracer.poison_statement(poison, value, names, line)
         return
     if not simple:
-        tracer.chains.candidates[base.cid].poisoned(Code.LAYOUT, "the scores are unpacked into several names", line)
+        if len(targets) == 1 and isinstance(targets[0], (cst.Attribute, cst.Subscript)):
+            # `self.att = F.softmax(scores, dim=-1)`: kept on the module (or in a container) for other code to read,
+            # which SDPA cannot give
+            stage = tracer.chains.advance(base, ops).stage.value
+            where = f"the {stage} are stored in `{short(targets[0])}`, where code outside the computation may read them"
+            tracer.chains.candidates[base.cid].poisoned(Code.SCORES_READ, where, line)
+        else:
+            tracer.chains.candidates[base.cid].poisoned(Code.LAYOUT, "the scores are unpacked into several names", line)
         for name in names:
             tracer.env[name] = base
         return

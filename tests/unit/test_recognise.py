@@ -8,6 +8,7 @@ import pytest
 
 from helpers import analyse, attention_module
 
+from sdpa_port import Status, port_source
 from sdpa_port.analyse.forms.common import EXAMPLE_INIT
 from sdpa_port.analyse.patterns import ProductForm
 from sdpa_port.analyse.site import CausalSource, Dropout, Layout, ScaleSite, TermKind
@@ -683,3 +684,37 @@ def test_probabilities_reaching_several_products_with_v(
     (site,) = analysis.sites
     assert (site.value, list(site.more_values)) == ("value", more)
     assert site.dropout is None or site.dropout.probability == "self.dropout.p"
+
+
+STORED = '''
+import torch
+from torch import nn
+
+
+class StoreAttention(nn.Module):
+    def __init__(self, dim, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.att = None
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        scores = torch.matmul(q, k.transpose(-1, -2))
+        {target} = scores.softmax(dim=-1)
+        out = torch.matmul({read}, v)
+        return out.transpose(1, 2).reshape(b, n, c)
+'''
+
+
+def test_probabilities_stored_on_the_module_are_named() -> None:
+    """`self.att = softmax(...)` keeps the weights for other code to read, which SDPA cannot give."""
+    result = port_source(STORED.format(target="self.att", read="self.att"), filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED
+    assert "the probabilities are stored in `self.att`, where code outside the computation may read them (S104)" in (
+        result.reasons[0]
+    )
+    # unpacked into several names, the old reason stands
+    result = port_source(STORED.format(target="probs, other", read="probs"), filename="modeling_tiny.py")
+    assert "unpacked into several names" in result.reasons[0]
