@@ -56,6 +56,8 @@ _HEADS = re.compile(r"^(num_heads|num_attention_heads|n_heads?|heads|n_head|head
 _RATES = re.compile(r"(^|_)(dropout|drop|p)(_prob|_rate|_p)?$")
 _MASKS = re.compile(r"^(attention_mask|attn_mask|mask|key_padding_mask)$")
 _TERMS = re.compile(r"(pos|bias)")  # optional score terms: position bias, relative positions, ALiBi
+# optional states another sequence gives, which a cross-attention reads (some read them whether given or not)
+_CROSS = re.compile(r"^(encoder_hidden_states|key_value_states|encoder_states|context|memory|cross_states)$")
 
 
 @dataclass(frozen=True)
@@ -157,8 +159,7 @@ def _build(original: ModuleType, ported: ModuleType, name: str, extra: dict[str,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            reference = original_class(**_eager_arguments(arguments))
-            eager = eager_class(**_eager_arguments(arguments))
+            reference, eager = construct(original_class, eager_class, arguments, config)
         except Exception as error:
             raise _CannotBuild(f"its constructor raised {type(error).__name__}: {str(error)[:160]}") from error
     sharpen(reference, GAIN)
@@ -166,6 +167,41 @@ def _build(original: ModuleType, ported: ModuleType, name: str, extra: dict[str,
     reference.eval()
     eager.eval()
     return Pair(reference, eager, klass)
+
+
+def construct(original_class: type, other_class: type, arguments: dict[str, Any], config: Any | None) -> tuple[Any, Any]:
+    """The original's class and the other built with the same arguments (a config of their own each), `config`
+    given the attributes its class leaves to `config.json` as the constructor asks for them (`_give_missing`)."""
+    given: set[str] = set()
+    while True:
+        try:
+            return original_class(**_eager_arguments(arguments)), other_class(**_eager_arguments(arguments))
+        except AttributeError as error:
+            if not _give_missing(config, error, given):
+                raise
+
+
+_MISSING = re.compile(r"^'(\w+)' object has no attribute '(\w+)'$")
+
+
+def _give_missing(config: Any | None, error: AttributeError, given: set[str]) -> bool:
+    """Give the file's config an attribute its class leaves to `config.json` and the constructor reads; whether one
+    was given.
+
+    Remote code's config classes often set a value only from the keyword arguments of a saved `config.json` (QWen's
+    `seq_length`, or `max_position_embeddings` mapped to an `n_positions` its `__init__` never sets), so the class's
+    defaults lack it. It is valued by its name, as `generic_config` values a config of no class; once per name.
+    """
+    found = _MISSING.match(str(error))
+    if config is None or found is None or found.group(1) != type(config).__name__ or found.group(2) in given:
+        return False
+    name = found.group(2)
+    value = _value_for(name)
+    if value is None:
+        return False
+    given.add(name)
+    setattr(config, name, value)
+    return True
 
 
 def _config(original: ModuleType) -> Any | None:
@@ -223,28 +259,38 @@ def generic_config(klass: type) -> Any:
     for name in dict.fromkeys(_CONFIG_READS.findall(source)):
         if name.startswith("_") or name in ("to_dict", "get", "update"):
             continue
-        if _HEADS.match(name) or name in ("num_key_value_heads", "num_attention_heads"):
-            values[name] = HEADS
-        elif _WIDTHS.match(name):
-            values[name] = HIDDEN
-        elif _SIZES.search(name):
-            values[name] = HIDDEN // HEADS
-        elif _LENGTHS.search(name):
-            values[name] = 64
-        elif _RATES.search(name) or name.endswith(("_prob", "_dropout")):
-            values[name] = 0.0
-        elif _EPSILONS.search(name):
-            values[name] = 1e-5
-        elif _SWITCHES.match(name) or name.endswith(("_norm", "_normalization")):
-            values[name] = False
-        elif name.endswith("_bias"):  # a projection's bias switch (`qkv_bias`)
-            values[name] = True
-        else:
+        value = _value_for(name)
+        if value is None:
             raise _CannotBuild(f"its constructor reads `config.{name}`, and the file has no config class to give it")
+        values[name] = value
     config = PretrainedConfig(**values)
     for name, value in values.items():
         setattr(config, name, value)
     return config
+
+
+def _value_for(name: str) -> Any | None:
+    """A config attribute's value told by its name (widths, heads, head sizes, lengths, rates, epsilons, switches),
+    None where the name tells none."""
+    if _HEADS.match(name) or name in ("num_key_value_heads", "num_attention_heads"):
+        return HEADS
+    if _WIDTHS.match(name) or name.endswith("_hidden_size"):  # `encoder_hidden_size`: a cross-attention's keys
+        return HIDDEN
+    if _SIZES.search(name):
+        return HIDDEN // HEADS
+    if _LENGTHS.search(name):
+        return 64
+    if name == "dtype" or name.endswith("_dtype"):  # `params_dtype`: the model's dtype
+        return torch.float32
+    if _RATES.search(name) or name.endswith(("_prob", "_dropout")):
+        return 0.0
+    if _EPSILONS.search(name):
+        return 1e-5
+    if _SWITCHES.match(name) or name.endswith(("_norm", "_normalization")):
+        return False
+    if name.endswith("_bias"):  # a projection's bias switch (`qkv_bias`)
+        return True
+    return None
 
 
 def _eager_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -344,6 +390,7 @@ def _cases_at(
     base: dict[str, Any] = dict(sizes)
     masks: list[str] = []
     terms: list[str] = []
+    cross: list[str] = []
     for parameter in signature.parameters.values():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or parameter.name in sizes:
             continue
@@ -356,6 +403,8 @@ def _cases_at(
             base[name] = torch.randn(shape, generator=generator)
         elif parameter.default is None and _TERMS.search(name):
             terms.append(name)
+        elif parameter.default is None and _CROSS.match(name):
+            cross.append(name)
     # padded keys in the extended form (batch, 1, 1, keys), expanded over the queries for modules that check it,
     # or as the (batch, keys) mask of ones and zeros for modules that extend it themselves
     broadcast = torch.zeros(BATCH, 1, 1, length)
@@ -380,13 +429,20 @@ def _cases_at(
         term_options.append({term: torch.randn(term_shape, generator=generator) for term in terms})
         if len(terms) > 1:
             term_options += [{term: torch.randn(term_shape, generator=generator)} for term in terms]
+    # the other sequence's states, where the forward takes them: left out, then given (a cross-attention built to
+    # read them always runs only with them)
+    cross_options: list[dict[str, Any]] = [{}]
+    if cross:
+        cross_options.append({name: torch.randn(shape, generator=generator) for name in cross})
     cases: dict[str, dict[str, Any]] = {}
     for mask_case, mask_kwargs in mask_options:
         for term_kwargs in term_options:
-            label = f"{mask_case} with {', '.join(term_kwargs)}" if term_kwargs else mask_case
-            kwargs = {**base, **mask_kwargs, **term_kwargs}
-            if label not in cases and _runs(module, kwargs):
-                cases[label] = kwargs
+            for cross_kwargs in cross_options:
+                given = [*term_kwargs, *cross_kwargs]
+                label = f"{mask_case} with {', '.join(given)}" if given else mask_case
+                kwargs = {**base, **mask_kwargs, **term_kwargs, **cross_kwargs}
+                if label not in cases and _runs(module, kwargs):
+                    cases[label] = kwargs
     return list(cases.items())
 
 

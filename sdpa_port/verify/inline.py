@@ -23,7 +23,7 @@ import torch
 
 from sdpa_port.discover.values import WEIGHT_REQUESTS  # which the kept eager forward answers
 from sdpa_port.verify import alone_inputs, parity
-from sdpa_port.verify.alone import GAIN, _arguments, _cases, _config, _eager_arguments, _heads, _width
+from sdpa_port.verify.alone import GAIN, _arguments, _cases, _config, _heads, _width, construct
 from sdpa_port.verify.attention_calls import first_tensor
 from sdpa_port.verify.checks import Check
 from sdpa_port.verify.diagnose import PortCalls
@@ -164,11 +164,11 @@ def _first_window(
 
 def _pair(original: ModuleType, ported: ModuleType, name: str, extra: dict[str, Any]) -> tuple[Any, Any]:
     original_class, port_class = getattr(original, name), getattr(ported, name)
-    arguments = {**_arguments(original_class, _config(original)), **extra}
+    config = _config(original)
+    arguments = {**_arguments(original_class, config), **extra}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reference = original_class(**_eager_arguments(arguments))
-        port = port_class(**_eager_arguments(arguments))
+        reference, port = construct(original_class, port_class, arguments, config)
     sharpen(reference, GAIN)
     port.load_state_dict(reference.state_dict())
     return reference.eval(), port.eval()

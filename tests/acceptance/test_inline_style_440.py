@@ -319,3 +319,74 @@ def test_precision_branches_agree_with_a_boolean_key_mask(tmp_path: Path, upcast
             got, none = sdpa(*args, output_attentions=False)
         assert weights is None and none is None and got.dtype == expected.dtype
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+JSON_CONFIG = '''
+import math
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.modeling_utils import PreTrainedModel
+
+from some_missing_package.registry import MODELS
+
+
+class TinyJsonConfig(PretrainedConfig):
+    model_type = "tiny_json"
+    attribute_map = {"max_position_embeddings": "n_positions"}
+
+    def __init__(self, hidden_size=32, num_attention_heads=4, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden_size = hidden_size
+        self.num_attention_heads = num_attention_heads
+
+
+class TinyCrossAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // self.heads
+        self.span = config.max_position_embeddings
+        self.window = config.seq_length
+        self.params_dtype = config.params_dtype
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.encoder_hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.encoder_hidden_size, config.hidden_size)
+
+    def split(self, x):
+        return x.view(x.size(0), x.size(1), self.heads, self.head_dim).permute(0, 2, 1, 3)
+
+    def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None):
+        q = self.split(self.query(hidden_states))
+        k = self.split(self.key(encoder_hidden_states))
+        v = self.split(self.value(encoder_hidden_states))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        probs = scores.softmax(dim=-1)
+        out = torch.matmul(probs, v).permute(0, 2, 1, 3)
+        return out.reshape(out.size(0), out.size(1), -1)
+
+
+class TinyJsonPreTrainedModel(PreTrainedModel):
+    config_class = TinyJsonConfig
+'''
+
+
+def test_config_values_left_to_config_json_and_cross_states_are_given(tmp_path: Path) -> None:
+    """Remote code whose config class sets some values only from a saved `config.json` (`seq_length`,
+    `params_dtype`, and an `attribute_map` target its `__init__` never sets), read by a cross-attention that always reads
+    `encoder_hidden_states` (of `config.encoder_hidden_size`): each value is given by its name, the states are given,
+    the class is checked alone, and a sabotage is seen."""
+    result, verification, lines = _ported_in_place(tmp_path / "backbone.py", JSON_CONFIG)
+    assert verification.passed, lines
+    assert "with encoder_hidden_states" in lines, lines
+    sabotaged = replace_result(result, result.source.replace("scale=", "scale=0.5 * ", 1))
+    assert not verify_port_of(tmp_path / "backbone.py", JSON_CONFIG, sabotaged).passed
+
+
+def verify_port_of(path: Path, source: str, result):  # type: ignore[no-untyped-def]
+    from sdpa_port.edge.after_port import verify_port
+
+    return verify_port(path, source, result)
