@@ -201,6 +201,10 @@ class Spec:
     # the key unbound after the scores (`del k`, a diffusion UNet's memory saving), just before the product with V:
     # the SDPA call reads the key there, so the port must not keep the `del` ahead of it
     del_key: bool = False
+    # the chain in a function forward defines and calls (`analyse/closures.py`), reading forward's mask, head mask,
+    # bias and module: "direct" once, "checkpoint" through `torch.utils.checkpoint.checkpoint`, "twice" twice (the two
+    # outputs averaged)
+    closure: str = "none"
 
     # -------------------------------------------------------------- derived facts
 
@@ -242,6 +246,7 @@ class Spec:
 
 
 SPARSE_SIBLINGS = ("none", "own", "mask")
+CLOSURES = ("none", "direct", "checkpoint", "twice")
 STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
 BRANCH_OPS = ("none", "scale", "term")
@@ -360,6 +365,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         dead_softmax=_pick(random.Random(f"dead:{family}:{seed}"), DEAD_SOFTMAXES, (8, 1, 1)),
         value_left=_pick(rng, VALUE_LEFTS, (6, 1, 1)),  # drawn last, likewise
         del_key=random.Random(f"del:{family}:{seed}").random() < 0.15,  # its own generator: the draws above stay
+        closure=_pick(random.Random(f"closure:{family}:{seed}"), CLOSURES, (14, 2, 2, 2)),  # likewise
     )
     return normalise(spec)
 
@@ -500,6 +506,13 @@ def normalise(spec: Spec) -> Spec:
         and spec.streams == "one"
     ):
         changes["value_left"] = "none"  # one plain product with V, written in the open
+    if spec.closure != "none" and not (
+        spec.family != "523"
+        and changes.get("placement", spec.placement) == "forward"
+        and not changes.get("scores_returned", spec.scores_returned)
+        and changes.get("switches", spec.switches) == "none"
+    ):
+        changes["closure"] = "none"  # the chain of forward, returning its output alone to forward
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 
