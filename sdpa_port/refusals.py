@@ -53,6 +53,7 @@ class Code(enum.Enum):
     SDPA_SIDE_UNBUILT = ("W408", "the module is built only where a test of its settings takes the side that stays eager")
     SELECTION_OVERRIDDEN = ("W409", "the file sets the implementation or the classes it selects, so sdpa may not build the SDPA class")
     INLINE_SUBCLASS = ("W410", "a subclass would inherit the in-place SDPA forward and changes what it reads")
+    CLOSURE_READS = ("W411", "a function forward defines computes the attention, and what it reads may change before a call")
     # A: the file's authors
     AUTHORS_OFF = ("A501", "the file's authors set _supports_sdpa = False")
     # F: forms the tool does not recognise

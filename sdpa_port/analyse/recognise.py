@@ -14,6 +14,7 @@ import libcst as cst
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.certain import certain
+from sdpa_port.analyse.closures import computes_attention, defined_functions, nested_sites, read_closure
 from sdpa_port.analyse.cstutil import code, nodes_of_type
 from sdpa_port.analyse.describe import describe
 from sdpa_port.analyse.helpers import CandidateCalls, Helper, HelperCall, bind_arguments, traced_helpers
@@ -24,7 +25,8 @@ from sdpa_port.analyse.optional_facts import weights_request, without_optional
 from sdpa_port.analyse.settings_sides import one_branch, settings_only, sides_of
 from sdpa_port.analyse.site import AttentionSite
 from sdpa_port.analyse.tracing import LineOf
-from sdpa_port.refusals import Code, Refusal
+from sdpa_port.discover.eager_sites import EagerSite
+from sdpa_port.refusals import Code, Refuse, Refusal
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class ClassAnalysis:
     # why the side of `alternatives` that stays eager is not ported (`one_branch`, read from that side's own trace):
     # told in the warning that the SDPA class falls back there; None where that side computes no attention
     eager_side: Refusal | None = None
+    # the function forward defines that computes the attention, ported where it stands (`closures.py`)
+    closure: str | None = None
 
     @property
     def ported(self) -> bool:
@@ -68,6 +72,8 @@ class Operands:
 def site_operands(analysis: "ClassAnalysis") -> list[Operands] | None:
     """The operands of every site of the class; None when the helper's arguments cannot be bound."""
     helper: tuple[cst.FunctionDef, dict[str, cst.BaseExpression]] | None = None
+    if analysis.closure is not None:
+        return None  # its operands are its parameters, each call binding them its own way
     if analysis.helpers:
         bound = analysis.helpers[0].bound()
         if bound is None:
@@ -84,14 +90,36 @@ def attention_classes(facts: ModuleFacts, lines: Lines, only: frozenset[str] | N
     `only` limits the search to classes known (from the ast screen) to contain a softmax or inherit one.
     """
     out: list[ClassAnalysis] = []
+    nested = nested_sites(facts)
     for name in facts.classes:
         if only is not None and name not in only:
             continue
         lines.prepare(info.name for info in facts.mro(name))
-        analysis = analyse_class(facts, name, lines)
+        analysis = _with_nested(analyse_class(facts, name, lines), name, nested.get(name, []))
         if analysis is not None:
             out.append(analysis)
     return out
+
+
+def _with_nested(analysis: ClassAnalysis | None, class_name: str, sites: list[EagerSite]) -> ClassAnalysis | None:
+    """The analysis, refused (F601) where a function defined in the class's methods, or in a module-level function it
+    calls, holds eager attention that the analysis did not read: a port would leave it eager, unsaid."""
+    read = {f"{site.owner}.{site.method}" for site in analysis.sites} if analysis is not None else set()
+    unread = [site for site in sites if site.where not in read]
+    if not unread or (analysis is not None and analysis.refusal is not None):
+        return analysis
+    site = unread[0]
+    outer, _, inner = site.where.rpartition(".")
+    refusal = Refusal(
+        Code.UNRECOGNISED,
+        class_name,
+        site.line,
+        f"eager attention (a softmax over a product of two tensors, multiplied by a third) in `{inner}`, a function "
+        f"`{outer}` defines, in a form the tool does not read there",
+    )
+    if analysis is None:
+        return ClassAnalysis(class_name, (), (), refusal, (), None)
+    return replace(analysis, refusal=refusal)
 
 
 def one_side_helpers(facts: ModuleFacts, analysis: ClassAnalysis) -> ClassAnalysis | None:
@@ -165,6 +193,9 @@ def _analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Clas
     helpers = traced_helpers(facts, class_name, forward, line_of, tracer)
     params = result.params
     output_attentions = weights_request(params)
+    closures = [f for f in defined_functions(forward) if computes_attention(facts, class_name, f, line_of)]
+    if closures:
+        return _closure_analysis(facts, class_name, owner.name, forward, line_of, tracer, closures, bool(inline or helpers))
     if not inline and not helpers:
         # a step SDPA cannot take on the probabilities under a test of an optional input or module (a talking-heads
         # projection) can leave the product with V unrecognised; on the path where it is absent it is attention
@@ -200,6 +231,68 @@ def _analyse_class(facts: ModuleFacts, class_name: str, line_of: LineOf) -> Clas
         alternatives=tuple(dict.fromkeys(gathered.alternatives)),
         eager_side=gathered.eager_side,
         output_attentions=output_attentions,
+    )
+
+
+def _closure_analysis(
+    facts: ModuleFacts,
+    class_name: str,
+    owner: str,
+    forward: cst.FunctionDef,
+    line_of: LineOf,
+    caller: t.Tracer,
+    closures: list[cst.FunctionDef],
+    beside: bool,
+) -> ClassAnalysis:
+    """The site of the one function forward defines that computes the attention (`closures.py`), or the refusal of
+    it; `beside`: forward computes attention too, itself or through a helper."""
+    function = closures[-1]
+    name = function.name.value
+    output_attentions = weights_request(caller.params)
+
+    def refused(refusal: Refusal) -> ClassAnalysis:
+        return ClassAnalysis(class_name, (), (), refusal, (), output_attentions, closure=name)
+
+    if beside or len(closures) > 1:
+        where = "itself and in" if beside else "in several functions it defines, such as"
+        return refused(Refusal(Code.REPEATED, class_name, line_of(function), f"forward computes attention {where} `{name}`"))
+    try:
+        closure = read_closure(facts, forward, function, caller, line_of)
+    except Refuse as error:
+        return refused(error.placed(class_name, line_of(function)))
+    result = closure.tracer(facts, class_name, line_of).run()
+    attention = result.attention()
+    if len(attention) != 1:
+        line = attention[-1].start_line if attention else line_of(function)
+        return refused(Refusal(Code.REPEATED, class_name, line, f"`{name}` computes {len(attention)} attentions"))
+    if attention[0].poison is not None:
+        return refused(Refusal.of(attention[0].poison, class_name, attention[0].poison_line or attention[0].start_line))
+    site = describe(facts, class_name, f"forward.{name}", owner, attention[0], result)
+    if site.returns_weights:
+        return refused(
+            Refusal(
+                Code.VALUE_SIDE,
+                class_name,
+                site.output_line,
+                f"`{name}` reads the probabilities after the product with V (it returns them, say): its callers may use "
+                "them, and SDPA does not give them",
+            )
+        )
+    if site.head_mask is not None and site.head_mask not in closure.inputs:
+        return refused(
+            Refusal(Code.CLOSURE_READS, class_name, site.line, f"the head mask reaches `{name}` otherwise than as a parameter of forward")
+        )
+    if site.dropout is not None and site.dropout.conditional:
+        return refused(Refusal(Code.DROPOUT, class_name, site.line, "dropout is applied only under a condition"))
+    return ClassAnalysis(
+        class_name=class_name,
+        sites=(site,),
+        helpers=(),
+        refusal=None,
+        eager_only_params=(site.head_mask,) if site.head_mask else (),
+        output_attentions=output_attentions,
+        eager_only_flags=tuple(dict.fromkeys(result.fallbacks)),
+        closure=name,
     )
 
 

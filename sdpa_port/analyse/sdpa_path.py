@@ -62,13 +62,19 @@ def read_sdpa_path(
     aligned: bool = False,
     known: Known = Known(),
     ranks: tuple[tuple[str, int], ...] = (),
+    enclosing: Mapping[str, t.Value] = MappingProxyType({}),
+    enclosing_params: tuple[str, ...] = (),
 ) -> SdpaPath:
     """Trace `function` (already specialised for the SDPA side) and select its single attention chain.
 
     `aligned`: the keys are the call's own positions (`keys_aligned_in`); `known`: tests whose other side the trace
-    leaves out while the function keeps it; `ranks`: of the tensors a caller passes to a helper's parameters. Raises
+    leaves out while the function keeps it; `ranks`: of the tensors a caller passes to a helper's parameters;
+    `enclosing`, `enclosing_params`: what the function reads from the one defining it (`closures.py`). Raises
     `Refuse` where the function has no single chain SDPA can take."""
-    discovery = t.Tracer(facts, class_name, function, key_params=key_params, known=known, param_ranks=ranks).run()
+    discovery = t.Tracer(
+        facts, class_name, function, key_params=key_params, known=known, param_ranks=ranks, enclosing=enclosing,
+        enclosing_params=enclosing_params,
+    ).run()
     attention = discovery.attention()
     if len(attention) != 1:
         raise Refuse(Code.REPEATED, f"expected one attention computation on the SDPA path, found {len(attention)}")
@@ -85,6 +91,8 @@ def read_sdpa_path(
         key_params=key_params,
         known=known,
         param_ranks=ranks,
+        enclosing=enclosing,
+        enclosing_params=enclosing_params,
     ).run()
     chosen = [c for c in selected.candidates if c.start_node is candidate.start_node]
     if len(chosen) != 1 or chosen[0].stage != t.OUT or chosen[0].poison is not None:

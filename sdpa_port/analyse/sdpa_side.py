@@ -27,6 +27,7 @@ import libcst as cst
 
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.certain import certain_in
+from sdpa_port.analyse.closures import Closure, defined_functions, own_names, read_closure
 from sdpa_port.analyse.cross import keys_aligned
 from sdpa_port.analyse.cstutil import all_assigned_names, assigned_names, assignment, block_body, if_chain, is_docstring
 from sdpa_port.rewrite.edit import replace_names
@@ -61,6 +62,17 @@ class SdpaSide:
     none: tuple[str, ...]  # the parameters whose being given sends the call back to eager
     path: SdpaPath | None  # the chain in forward itself, where no helper computes it
     calls: Mapping[cst.SimpleStatementLine, WrittenOut]  # the helper calls written out, by their line in `forward`
+    # the function forward defines that computes the attention (`closures.py`), and its chain; its `function` is the
+    # definition in `forward`
+    closure: tuple[Closure, SdpaPath] | None = None
+
+    @property
+    def paths(self) -> list[SdpaPath]:
+        """Every chain the SDPA side emits: forward's, each written-out helper's, the closure's."""
+        found = [self.path, *(written.path for written in self.calls.values())]
+        if self.closure is not None:
+            found.append(self.closure[1])
+        return [path for path in found if path is not None]
 
 
 def read_sdpa_side(facts: ModuleFacts, analysis: ClassAnalysis) -> SdpaSide:
@@ -72,6 +84,8 @@ def read_sdpa_side(facts: ModuleFacts, analysis: ClassAnalysis) -> SdpaSide:
     falsy = tuple(dict.fromkeys(((analysis.output_attentions,) if analysis.output_attentions else ()) + analysis.eager_only_flags))
     none = analysis.eager_only_params
     special = specialise(forward, Known(falsy=frozenset(falsy), none=frozenset(none)), certain_in(facts, analysis.class_name))
+    if analysis.closure is not None:
+        return SdpaSide(special, falsy, none, None, MappingProxyType({}), _closure_path(facts, analysis, special, falsy + none))
     aligned = keys_aligned_in(facts, analysis)
     if not analysis.helpers:
         path = read_sdpa_path(facts, analysis.class_name, special, aligned=aligned)
@@ -80,6 +94,32 @@ def read_sdpa_side(facts: ModuleFacts, analysis: ClassAnalysis) -> SdpaSide:
     if not calls:
         raise Refuse(Code.HELPER_CALL, "the attention helper is not called on the SDPA path")
     return SdpaSide(special, falsy, none, None, MappingProxyType(calls))
+
+
+def _closure_path(
+    facts: ModuleFacts, analysis: ClassAnalysis, special: cst.FunctionDef, known: tuple[str, ...]
+) -> tuple[Closure, SdpaPath]:
+    """The closure of the specialised forward, read again there, and its chain. The facts `known` of forward's names
+    hold in the closure only where it binds none of those names itself."""
+    name = analysis.closure
+    function = next((f for f in defined_functions(special) if f.name.value == name), None)
+    if function is None:
+        raise Refuse(Code.HELPER_CALL, f"`{name}` is not defined on the SDPA path")
+    shadowed = sorted(own_names(function) & set(known))
+    if shadowed:
+        raise Refuse(
+            Code.CLOSURE_READS,
+            f"`{name}` binds `{shadowed[0]}` itself, which the SDPA forward reads as forward's (it falls back to eager "
+            "on it)",
+        )
+    caller = t.Tracer(facts, analysis.class_name, special)
+    caller.run()
+    closure = read_closure(facts, special, function, caller, lambda node: 0)
+    path = read_sdpa_path(
+        facts, analysis.class_name, function, closure.key_params, ranks=closure.ranks, enclosing=closure.enclosing,
+        enclosing_params=closure.inputs,
+    )
+    return closure, path
 
 
 def written_out_as_is(

@@ -14,7 +14,8 @@ the rewriting passes turn it into SDPA code.
 
 from __future__ import annotations
 
-from typing import Sequence
+from types import MappingProxyType
+from typing import Mapping, Sequence
 
 import libcst as cst
 
@@ -143,6 +144,8 @@ class Tracer:
         selected_members: frozenset[cst.CSTNode] = frozenset(),
         key_params: frozenset[str] = frozenset(),
         param_ranks: tuple[tuple[str, int], ...] = (),
+        enclosing: Mapping[str, Value] = MappingProxyType({}),
+        enclosing_params: tuple[str, ...] = (),
     ) -> None:
         self.facts = facts
         # parameters every caller passes a key laid out (..., dim, length) (`self._attn(q, self.split_heads(k,
@@ -158,7 +161,10 @@ class Tracer:
         # on a re-trace for one chain: its query-key product, and the products joined into it (`Candidate.members`)
         self.selected_start = selected_start
         self.selected_members = selected_members
-        self.env: dict[str, Value] = {}
+        # a function defined in another (`analyse/closures.py`) starts knowing what that one's trace knew of the
+        # names it reads from it, where it was defined
+        self.env: dict[str, Value] = dict(enclosing)
+        self.defined: dict[cst.FunctionDef, dict[str, Value]] = {}  # each function defined here: the names then
         self.scope = FunctionScope(facts, class_name, self.env)
         self.plans: dict[cst.CSTNode, StmtPlan] = {}
         self.dropped_ifs: set[cst.If] = set()
@@ -176,7 +182,10 @@ class Tracer:
         self.probs_after_output: set[str] = set()
         # conditions under which a module the chain passes through is not the identity: eager runs then
         self.fallbacks: list[str] = []
-        self.params = tuple(param.name.value for param in _all_params(function.params))
+        # with the parameters of the function defining this one that it reads, bound nowhere else: what a caller
+        # passed, as its own are (a head mask tested against None)
+        own = tuple(param.name.value for param in _all_params(function.params))
+        self.params = own + tuple(name for name in enclosing_params if name not in own)
         for param in _all_params(function.params):
             if param.annotation is not None and _numeric_annotation(param.annotation.annotation):
                 self.env[param.name.value] = ScalarVal()
@@ -219,6 +228,8 @@ class Tracer:
         elif isinstance(statement, (cst.For, cst.While)):
             self.loop(statement, depth)
         elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            if isinstance(statement, cst.FunctionDef):
+                self.defined[statement] = dict(self.env)
             self.env.pop(statement.name.value, None)
         elif isinstance(statement, cst.Try):
             before = set(self.reads.live_cids())

@@ -26,12 +26,22 @@ class EagerSite:
     line: int  # line of the softmax
 
 
-def find_eager_attention(tree: ast.Module) -> list[EagerSite]:
-    """Every function or method holding a product -> softmax -> product chain, with the softmax's line."""
-    functions = [_Function.of(where, function) for where, function in _functions(tree)]
+def find_eager_attention(tree: ast.Module, nested: bool = False) -> list[EagerSite]:
+    """Every function or method holding a product -> softmax -> product chain, with the softmax's line. With
+    `nested`, every function defined inside one of them instead, on its own (`Class.forward.attend`): the chain a
+    function defined in `forward` holds is also one of forward's, but only this look says where it is."""
+    top = _functions(tree)
+    functions = [_Function.of(where, function) for where, function in top]
     softmaxes = _softmax_wrappers(functions)
     softmaxes |= _softmax_modules(tree, softmaxes)
     products = _product_wrappers(functions, softmaxes)
+    if nested:
+        functions = [
+            _Function.of(f"{where}.{inner.name}", inner)
+            for where, function in top
+            for inner in _walk(function)[1:]
+            if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
     if products:
         functions = [function.with_products(products) for function in functions]
     return [site for function in functions for site in _sites(function, softmaxes, products)]

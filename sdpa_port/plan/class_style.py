@@ -426,9 +426,7 @@ def _float32_warnings(built: list[SdpaClassPlan]) -> list[str]:
     """One warning per SDPA class that runs SDPA in float32 because eager upcasts its operands."""
     warnings = []
     for item in built:
-        found = [item.side.path, *(written.path for written in item.side.calls.values())]
-        paths = [path for path in found if path is not None]
-        if any(isinstance(op, t.Start) and op.operands_upcast for path in paths for op in path.chain_ops):
+        if any(isinstance(op, t.Start) and op.operands_upcast for path in item.side.paths for op in path.chain_ops):
             warnings.append(FLOAT32_SDPA.format(name=item.name))
     return warnings
 

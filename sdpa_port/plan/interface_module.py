@@ -153,6 +153,12 @@ def _prepared(facts: ModuleFacts, analysis: ClassAnalysis) -> tuple[ClassAnalysi
     found = facts.find_method(analysis.class_name, "forward")
     assert found is not None
     forward = found[1]
+    if analysis.closure is not None:
+        raise Refuse(
+            Code.NOT_EXTRACTABLE,
+            f"the computation sits in `{analysis.closure}`, a function forward defines and calls: the interface "
+            "dispatches one call from forward, where the function's reads of forward's names would not reach",
+        )
     if len(analysis.sites) > 1:
         # helpers on the two sides of a test of the module's settings: the one called where the setting is off
         # dispatches, the other runs as written

@@ -11,7 +11,10 @@ from typing import Mapping, Sequence
 
 import libcst as cst
 
+from sdpa_port.analyse.closures import Closure
 from sdpa_port.analyse.cstutil import block_body
+from sdpa_port.analyse.helpers import bind_arguments
+from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.rewrite.edit import replace_nodes
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import function_names
@@ -31,6 +34,8 @@ def build_sdpa_forward(facts: ModuleFacts, side: SdpaSide, contract: MaskContrac
     for written in side.calls.values():
         taken |= function_names(written.function)
     options = EmitOptions(SideNames.avoiding(taken), contract)
+    if side.closure is not None:
+        return _closure_ported(facts, special, *side.closure, options)
     if side.path is not None:
         emitter = SdpaEmitter(side.path, options)
         body = emitter.emit(block_body(special.body))
@@ -41,6 +46,22 @@ def build_sdpa_forward(facts: ModuleFacts, side: SdpaSide, contract: MaskContrac
         removable = inliner.removed_reads
     body = remove_dead(body, removable, facts.imports)
     return special.with_changes(body=special.body.with_changes(body=body))
+
+
+def _closure_ported(
+    facts: ModuleFacts, special: cst.FunctionDef, closure: Closure, path: SdpaPath, options: EmitOptions
+) -> cst.FunctionDef:
+    """forward with the function it defines computing with SDPA where it stands; its calls are as they were."""
+    for call in closure.calls:
+        bound = bind_arguments(closure.function, call)
+        assert bound is not None  # `read_closure` bound each
+        options = Inliner.with_aliases(options, bound)
+    emitter = SdpaEmitter(path, options)
+    body = remove_dead(emitter.emit(block_body(path.function.body)), emitter.removed_reads, facts.imports)
+    ported = path.function.with_changes(body=path.function.body.with_changes(body=body))
+    new = replace_nodes(special, {path.function: ported})
+    assert isinstance(new, cst.FunctionDef)
+    return new
 
 
 def inline_helpers(facts: ModuleFacts, analysis: ClassAnalysis, forward: cst.FunctionDef) -> cst.FunctionDef:

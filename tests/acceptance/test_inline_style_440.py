@@ -86,6 +86,14 @@ SABOTAGES = {
         ("helper fill ignored", "self._mask_value(q.dtype, q.device)).to(q.dtype)", "q.new_zeros(())).to(q.dtype)"),
         ("eager branch's scale doubled", "scale=self.head_dim**-0.5,", "scale=2 * self.head_dim**-0.5,"),
     ],
+    # a function forward defines computes each class's attention (`analyse/closures.py`): the SDPA call in it must
+    # keep what it reads from forward and what each call passes it
+    "modeling_tiny_closure.py": [
+        ("forward's mask ignored", "                attn_mask=mask,\n", "                attn_mask=None,\n"),
+        ("forward's scale squared", "                scale=scale,\n", "                scale=scale * scale,\n"),
+        ("the mask parameter ignored", "attn_mask=bias,", "attn_mask=None,"),
+        ("memory calls' scale doubled", "scale=self.scale,", "scale=2 * self.scale,"),
+    ],
     "modeling_tiny_elsewhere.py": [
         ("scale squared", "scale=1.0 / (self.attention_head_size**0.5)", "scale=1.0 / self.attention_head_size"),
         ("fallback skipped", "if output_attentions or head_mask is not None:", "if False:"),

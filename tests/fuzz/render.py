@@ -886,7 +886,9 @@ def attention_class(spec: Spec, code: Code) -> None:
                 arguments.append("similarity")
             if spec.scores_returned:
                 arguments.append("output_attentions")
-            if spec.placement == "forward":
+            if spec.placement == "forward" and spec.closure != "none":
+                closure_call(spec, n, code)
+            elif spec.placement == "forward":
                 chain(spec, n, code)
             elif spec.placement == "helper" and spec.twin_helper:
                 code.add("if self.reorder_and_upcast:")
@@ -929,6 +931,24 @@ def attention_class(spec: Spec, code: Code) -> None:
             with code.indent():
                 chain(twin, n, code)
                 returned(twin, code)
+
+
+def closure_call(spec: Spec, n: Names, code: Code) -> None:
+    """The chain in `fuzz_attend`, a function forward defines and calls: it reads forward's mask, head mask, bias
+    and module, and returns its output alone (forward's weights are then None)."""
+    operands = f"{n.query}, {n.key}, {n.value}"
+    code.add(f"def fuzz_attend({operands}):")
+    with code.indent():
+        chain(spec, n, code)
+        code.add("return attn_output")
+    code.add("")
+    if spec.closure == "checkpoint":
+        code.add(f"attn_output = torch.utils.checkpoint.checkpoint(fuzz_attend, {operands}, use_reentrant=False)")
+    elif spec.closure == "twice":
+        code.add(f"attn_output = (fuzz_attend({operands}) + fuzz_attend({operands})) / 2")
+    else:
+        code.add(f"attn_output = fuzz_attend({operands})")
+    code.add("attn_weights = None")
 
 
 def score_helper_method(spec: Spec, n: Names, code: Code) -> None:
@@ -1479,6 +1499,8 @@ def render(spec: Spec) -> str:
         header = HEADER_523 + "\n\n" + HEADER[HEADER.index("class FuzzConfig") :]
     else:
         header = HEADER
+    if spec.closure == "checkpoint":  # `import torch` alone may not bind the submodule
+        header = header.replace("import torch\n", "import torch\nimport torch.utils.checkpoint\n", 1)
     code.lines.extend(header.format(description=spec.describe()).splitlines())
     code.add("", "")
     if spec.dead_softmax == "constant":

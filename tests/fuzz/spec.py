@@ -204,6 +204,10 @@ class Spec:
     # an out-of-place fill of the scores called as a statement, its result thrown away
     # (`attn_weights.masked_fill(attn_weights > 0, -10000.0)`): eager's scores stay as they were, and the port's must
     discarded_fill: bool = False
+    # the chain in a function forward defines and calls (`analyse/closures.py`), reading forward's mask, head mask,
+    # bias and module: "direct" once, "checkpoint" through `torch.utils.checkpoint.checkpoint`, "twice" twice (the two
+    # outputs averaged)
+    closure: str = "none"
 
     # -------------------------------------------------------------- derived facts
 
@@ -245,6 +249,7 @@ class Spec:
 
 
 SPARSE_SIBLINGS = ("none", "own", "mask")
+CLOSURES = ("none", "direct", "checkpoint", "twice")
 STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
 BRANCH_OPS = ("none", "scale", "term")
@@ -364,6 +369,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         value_left=_pick(rng, VALUE_LEFTS, (6, 1, 1)),  # drawn last, likewise
         del_key=random.Random(f"del:{family}:{seed}").random() < 0.15,  # its own generator: the draws above stay
         discarded_fill=random.Random(f"discard:{family}:{seed}").random() < 0.15,  # likewise
+        closure=_pick(random.Random(f"closure:{family}:{seed}"), CLOSURES, (14, 2, 2, 2)),  # likewise
     )
     return normalise(spec)
 
@@ -504,6 +510,13 @@ def normalise(spec: Spec) -> Spec:
         and spec.streams == "one"
     ):
         changes["value_left"] = "none"  # one plain product with V, written in the open
+    if spec.closure != "none" and not (
+        spec.family != "523"
+        and changes.get("placement", spec.placement) == "forward"
+        and not changes.get("scores_returned", spec.scores_returned)
+        and changes.get("switches", spec.switches) == "none"
+    ):
+        changes["closure"] = "none"  # the chain of forward, returning its output alone to forward
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from sdpa_port import Status, port_source
 from sdpa_port.result import Style
 
@@ -179,3 +181,165 @@ def test_torch_is_imported_where_the_file_binds_only_its_submodules() -> None:
     assert result.status is Status.PORTED, result.reasons
     assert "\nimport torch\nimport torch.nn as nn\n" in result.source
     compile(result.source, "port.py", "exec")
+
+
+# ------------------------------------------------------------------ a function forward defines (`analyse/closures.py`)
+
+CLOSURE = '''
+import math
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class TinyAttention(nn.Module):
+    def __init__(self, dim, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.head_dim = dim // heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.temperature = nn.Parameter(torch.ones(1, 1, 1, 8))
+
+    def forward(self, x, mask=None):
+        b, n, c = x.shape
+        scale = self.head_dim**-0.5
+{body}
+
+class TinyBlock(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.attn = TinyAttention(dim)
+'''
+
+ATTEND = """
+def attend(q, k, v):
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask
+    probs = scores.softmax(dim=-1)
+    return torch.matmul(probs, v)
+"""
+# a product the recogniser does not read (an ellipsis einsum), which the form-free detector still sees
+UNREAD = """
+def attend(q, k, v):
+    scores = torch.einsum("...qd,...kd->...qk", q, k)
+    probs = scores.softmax(dim=-1)
+    return torch.einsum("...qk,...kd->...qd", probs, v)
+"""
+QKV = "q, k, v = self.qkv(x).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)\n"
+
+
+def closure(body: str) -> str:
+    return CLOSURE.format(body=textwrap.indent(textwrap.dedent(body).strip() + "\n", " " * 8))
+
+
+# each ported: the function keeps its place and its calls, its body one SDPA call reading what it read
+CLOSURES_PORTED = {
+    "called once": ATTEND + QKV + "return attend(q, k, v)",
+    "called per chunk of queries": ATTEND + QKV + "return torch.cat([attend(c, k, v) for c in q.chunk(2, dim=2)], dim=2)",
+    "through checkpoint": ATTEND + QKV + "return checkpoint(attend, q, k, v, use_reentrant=False)",
+    "a mask passed in": ATTEND.replace("(q, k, v)", "(q, k, v, mask)") + QKV + "return attend(q, k, v, mask) + attend(q, k, v, None)",
+    "a name it does not read bound again": ATTEND + QKV + "out = attend(q, k, v)\nx = None\nreturn out",
+}
+
+
+@pytest.mark.parametrize("body", CLOSURES_PORTED.values(), ids=CLOSURES_PORTED.keys())
+def test_a_function_forward_defines_is_ported_where_it_stands(body: str) -> None:
+    source = closure(body)
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED and result.style is Style.INLINE, result.reasons
+    port = result.source
+    definition = port[port.index("def attend(") : port.index(QKV.strip())]
+    assert "torch.nn.functional.scaled_dot_product_attention(" in definition and "softmax" not in definition
+    assert "scale=scale," in definition and "mask" in definition
+    # forward's own lines, the calls among them, are as they were
+    assert port[port.index(QKV.strip()) :] == source[source.index(QKV.strip()) :]
+    assert port_source(port, filename="modeling_tiny.py").detail == "already supports SDPA"
+
+
+# each refused with its code: what the function reads may change before a call, it gives what SDPA does not, or its
+# computation is not one the recogniser proves
+CLOSURES_REFUSED = {
+    "W411 nonlocal write": ("count = 0\n" + ATTEND.replace("    scores =", "    nonlocal count\n    count += 1\n    scores =", 1) + QKV + "return attend(q, k, v)", "W411"),
+    "W411 a read name bound again": (ATTEND + QKV + "scale = self.temperature\nreturn attend(q, k, v)", "W411"),
+    "W411 a read name changed in place": (ATTEND + QKV + "if mask is not None:\n    mask.mul_(2)\nreturn attend(q, k, v)", "W411"),
+    "W411 handed to another function": (ATTEND + QKV + "return torch.vmap(attend)(q, k, v)", "W411"),
+    "W411 defined in a loop": ("for _ in range(1):\n" + textwrap.indent(ATTEND, "    ") + QKV + "return attend(q, k, v)", "W411"),
+    "W411 decorated": ("@torch.no_grad()" + ATTEND + QKV + "return attend(q, k, v)", "W411"),
+    "S111 the probabilities returned": (ATTEND.replace("return torch.matmul(probs, v)", "return torch.matmul(probs, v), probs") + QKV + "return attend(q, k, v)[0]", "S111"),
+    "S102 a scale not provably a number": (ATTEND.replace("* scale", "* self.temperature") + QKV + "return attend(q, k, v)", "S102"),
+    "S109 forward computes attention too": (ATTEND + QKV + "return attend(q, k, v) + torch.matmul((q @ k.transpose(-1, -2)).softmax(-1), v)", "S109"),
+    "F601 a form not recognised": (UNREAD + QKV + "return attend(q, k, v)", "F601"),
+}
+
+
+@pytest.mark.parametrize("body,expected", CLOSURES_REFUSED.values(), ids=CLOSURES_REFUSED.keys())
+def test_a_function_forward_defines_is_refused_with_a_code(body: str, expected: str) -> None:
+    source = closure(body)
+    compile(source, "modeling_tiny.py", "exec")
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED, (result.status, result.detail)
+    assert [r.code.code for r in result.refusals] == [expected], result.reasons
+    assert result.source == source
+
+
+BESIDE = '''
+
+class PlainAttention(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).unflatten(-1, (3, 4, -1)).permute(2, 0, 3, 1, 4)
+        probs = (q @ k.transpose(-1, -2) / 8.0).softmax(dim=-1)
+        return probs @ v
+'''
+
+
+def test_eager_attention_in_a_function_defined_inside_is_never_passed_over_in_silence() -> None:
+    """Beside a class the inline style ports, a class whose nested function holds attention the recogniser does not
+    read (in forward, or in a helper method) stays eager, and the port says so with its code."""
+    for source in (
+        closure(UNREAD + QKV + "return attend(q, k, v)"),
+        closure(QKV + "return self._attn(q, k, v)").replace(
+            "\n\nclass TinyBlock", "\n    def _attn(self, q, k, v):\n" + textwrap.indent(UNREAD, " " * 8)
+            + "        return attend(q, k, v)\n\n\nclass TinyBlock"
+        ),
+    ):
+        compile(source, "modeling_tiny.py", "exec")
+        alone = port_source(source, filename="modeling_tiny.py", style="inline")
+        assert [r.code.code for r in alone.refusals] == ["F601"], alone.reasons
+        assert "`attend`, a function `TinyAttention." in alone.reasons[0]
+        result = port_source(source + BESIDE, filename="modeling_tiny.py", style="inline")
+        assert result.status is Status.PORTED and result.attention_classes == ("PlainAttention",), result.reasons
+        assert any(w.startswith("TinyAttention stays eager") and w.endswith("[F601]") for w in result.warnings), result.warnings
+
+
+def test_a_head_mask_the_function_reads_from_forward_sends_forward_back_to_eager() -> None:
+    """A head mask of forward's, tested against None in the function, is one only eager takes: the SDPA forward
+    falls back where it is given, and its function leaves it out. The function's own parameter is no such mask."""
+    masked = ATTEND.replace(
+        "    return torch.matmul(probs, v)", "    if head_mask is not None:\n        probs = probs * head_mask\n    return torch.matmul(probs, v)"
+    )
+    source = closure(masked + QKV + "return attend(q, k, v)").replace("mask=None):", "mask=None, head_mask=None):", 1)
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    sdpa_forward = result.source[result.source.index("def forward(") : result.source.index("def _eager_forward(")]
+    assert "if head_mask is not None:\n" in sdpa_forward and "return self._eager_forward(" in sdpa_forward
+    function = sdpa_forward[sdpa_forward.index("def attend(") : sdpa_forward.index(QKV.strip())]
+    assert "scaled_dot_product_attention(" in function and "head_mask" not in function and "probs" not in function
+    own = closure(masked.replace("(q, k, v)", "(q, k, v, head_mask)") + QKV + "return attend(q, k, v, None)")
+    assert [r.code.code for r in port_source(own, filename="modeling_tiny.py").refusals] == ["W411"]
+
+
+def test_the_class_style_ports_a_function_forward_defines_in_its_sdpa_class() -> None:
+    source = closure(ATTEND + QKV + "return attend(q, k, v)").replace(
+        "    def __init__(self, dim):\n        super().__init__()\n        self.attn = TinyAttention(dim)",
+        "    def __init__(self, config):\n        super().__init__()\n        self.attn = TinyAttention(config.hidden_size)",
+    )
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED and result.style is Style.CLASS, result.reasons
+    sdpa_class = result.source[result.source.index("class TinySdpaAttention(") :]
+    assert "def attend(q, k, v):\n            return torch.nn.functional.scaled_dot_product_attention(" in sdpa_class
