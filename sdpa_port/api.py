@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import replace
 
 import libcst as cst
@@ -76,7 +77,8 @@ def port_source(
             from sdpa_port.plan.interface_style import port_interface_style
 
             result = port_interface_style(module, facts, lines, first, release)
-        return _provenance(source, tree, _beside_sdpa(live, first, _unrecognised(tree, live, first, result)), filename)
+        result = _beside_sdpa(live, first, _unrecognised(tree, live, first, result))
+        return _provenance(source, tree, _unported(source, tree, live, first, result), filename)
     except SyntaxError as error:
         message = f"{filename or 'input'}: internal error: the port does not compile ({error.msg}, line {error.lineno})"
         return PortResult(Status.ERROR, source, chosen, "internal error", reasons=(message,))
@@ -153,6 +155,41 @@ def _unrecognised(tree: ast.Module, live: ast.Module, first: Screen, result: Por
         stops = where_reading_stops(facts, lines, site.where)
         refusals.append(Refusal(Code.UNRECOGNISED, site.where, site.line, f"{detail}; {stops}" if stops else detail))
     return PortResult.refused(result.source, result.style, refusals)
+
+
+def _unported(source: str, tree: ast.Module, live: ast.Module, first: Screen, result: PortResult) -> PortResult:
+    """A port that leaves other eager attention of the file as it is says so: each site the form-free detector finds
+    outside the classes ported (and the functions only they call), not already named in a warning, is named with
+    where the recogniser's reading of it stops. Nothing of a file is passed over in silence."""
+    if result.status is not Status.PORTED:
+        return result
+    _, sites = _beside_sdpa_sites(live, first)
+    ported = set(result.attention_classes)
+    users: dict[str, set[str]] = {}  # a function's callers, or the classes that name it (`= eager_attention_forward`)
+    for node in live.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Load):
+                    users.setdefault(inner.id, set()).add(node.name)
+    said = " ".join(result.warnings)
+    missed = []
+    for site in sites:
+        owner = site.where.partition(".")[0]
+        if owner in ported or users.get(owner, set()) & ported or re.search(rf"\b{owner}\b", said):
+            continue
+        missed.append(site)
+    if not missed:
+        return result
+    module = cst.parse_module(source)
+    facts, lines = ModuleFacts.of(module, tree), Lines(module, top_level_starts(tree))
+    warnings = []
+    for site in missed:
+        stops = where_reading_stops(facts, lines, site.where)
+        warnings.append(
+            f"{site.where} (line {site.line}) stays eager: eager attention in a form the tool does not recognise"
+            + (f"; {stops}" if stops else "")
+        )
+    return replace(result, warnings=(*result.warnings, *warnings))
 
 
 def _provenance(source: str, tree: ast.Module, result: PortResult, filename: str | None) -> PortResult:

@@ -343,3 +343,34 @@ def test_the_class_style_ports_a_function_forward_defines_in_its_sdpa_class() ->
     assert result.status is Status.PORTED and result.style is Style.CLASS, result.reasons
     sdpa_class = result.source[result.source.index("class TinySdpaAttention(") :]
     assert "def attend(q, k, v):\n            return torch.nn.functional.scaled_dot_product_attention(" in sdpa_class
+
+
+UNREAD_CLASS = '''
+
+class TinySharedKeyAttention(nn.Module):
+    def __init__(self, dim, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * (dim // heads))
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q = self.q(x).view(b, n, self.heads, -1).permute(0, 2, 1, 3)
+        k, v = self.kv(x).chunk(2, dim=-1)
+        sim = torch.einsum("b h i d, b j d -> b h i j", q, k)
+        out = torch.einsum("b h i j, b j d -> b h i d", sim.softmax(dim=-1), v)
+        return out.permute(0, 2, 1, 3).reshape(b, n, c)
+'''
+
+
+@pytest.mark.parametrize("style", ["inline", "auto"])
+def test_eager_attention_left_unread_beside_a_port_is_named(style: str) -> None:
+    """A class whose eager attention the recogniser does not read stays eager beside the classes that port: the
+    result says so, with where the reading stops, never nothing."""
+    result = port_source(attention() + UNREAD_CLASS, filename="modeling_tiny.py", style=style)
+    assert result.status is Status.PORTED, result.reasons
+    named = [w for w in result.warnings if w.startswith("TinySharedKeyAttention.forward (line")]
+    assert len(named) == 1 and "stays eager" in named[0] and "recogniser stops" in named[0], result.warnings
+    # a class the port covers is not named
+    assert not any(w.startswith("TinyAttention.forward") for w in result.warnings), result.warnings
