@@ -319,3 +319,24 @@ def test_precision_branches_agree_with_a_boolean_key_mask(tmp_path: Path, upcast
             got, none = sdpa(*args, output_attentions=False)
         assert weights is None and none is None and got.dtype == expected.dtype
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sharpened_weights_reach_a_gated_attention_under_spectral_norm() -> None:
+    """The checks' sharpened weights (`verify/model_builds.sharpen`): a gate that starts at zero is given a value, and
+    a spectral norm's vectors are settled for the redrawn weight, so the normalised weight has norm 1 (the stale
+    vectors give a norm of any size and sign: a softmax made one-hot, or flat, that no wrong scale changes)."""
+    import torch
+
+    from sdpa_port.verify.model_builds import sharpen
+
+    torch.manual_seed(0)
+    block = torch.nn.Module()
+    block.proj = torch.nn.utils.spectral_norm(torch.nn.Conv1d(32, 8, kernel_size=1))
+    block.gate = torch.nn.Parameter(torch.zeros(1))
+    sharpen(block, 2.0)
+    block.eval()
+    with torch.no_grad():
+        block.proj(torch.randn(1, 32, 5))  # the hook divides the weight by the norm its vectors give
+        norm = torch.linalg.matrix_norm(block.proj.weight.flatten(1), 2)
+    assert float(block.gate) != 0.0
+    assert abs(float(norm) - 1.0) < 1e-3, float(norm)
