@@ -100,6 +100,20 @@ SABOTAGES = {
         ("heads output on other axes", ").transpose(2, 3)\n        x = x.reshape", ").transpose(1, 2)\n        x = x.reshape"),
         ("key factor dropped", "scale=self.scale,", "scale=1.0,"),
     ],
+    # non-local blocks (`forms/channels.py`, `forms/softmax.py`): each gate starts at zero, and the first block's
+    # projections are under spectral norm, whose vectors the check settles for the sharpened weights: otherwise the
+    # attention would not reach the outputs, or its softmax would be one-hot, and no sabotage would show
+    "modeling_tiny_nonlocal.py": [
+        # the softmax over the keys where eager takes it over the queries (`dim=1`)
+        (
+            "softmax over the other axis",
+            "            k.transpose(-1, -2),\n            q.permute(0, 2, 1),",
+            "            q.permute(0, 2, 1),\n            k.transpose(-1, -2),",
+        ),
+        ("gated block's scale of 2", "v.transpose(1, 2),\n            scale=1.0,", "v.transpose(1, 2),\n            scale=2.0,"),
+        ("pooled block's scale of 2", "g.transpose(1, 2),\n            scale=1.0,", "g.transpose(1, 2),\n            scale=2.0,"),
+        ("pooled output not transposed back", ").transpose(1, 2).view(-1, self.channels", ").reshape(-1, self.channels"),
+    ],
 }
 
 
