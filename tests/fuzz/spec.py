@@ -201,6 +201,11 @@ class Spec:
     # the key unbound after the scores (`del k`, a diffusion UNet's memory saving), just before the product with V:
     # the SDPA call reads the key there, so the port must not keep the `del` ahead of it
     del_key: bool = False
+    # 4.x, flat `bmm` scores: a non-local block's form, every operand channels-first, the key transposed inside the
+    # product (`torch.bmm(key_cf.permute(0, 2, 1).contiguous(), query_cf)`, the query's layout shown by nothing else),
+    # the softmax over dim 1 (the keys, the product's left operand), the value on the left of the probabilities as they
+    # are (`torch.bmm(v.transpose(1, 2), attn_weights).transpose(1, 2)`)
+    over_queries: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -360,8 +365,40 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         dead_softmax=_pick(random.Random(f"dead:{family}:{seed}"), DEAD_SOFTMAXES, (8, 1, 1)),
         value_left=_pick(rng, VALUE_LEFTS, (6, 1, 1)),  # drawn last, likewise
         del_key=random.Random(f"del:{family}:{seed}").random() < 0.15,  # its own generator: the draws above stay
+        over_queries=random.Random(f"queries:{family}:{seed}").random() < 0.2,  # likewise
     )
+    if spec.over_queries and family == "440":
+        # a non-local block's form takes the skeleton it can be written in: one plain flat product in forward
+        softmax = spec.softmax if spec.softmax in QUERY_SOFTMAXES else "functional"
+        spec = replace(spec, layout="flat", product="bmm", softmax=softmax, **NON_LOCAL)
     return normalise(spec)
+
+
+# the softmax forms whose dimension is written; what a non-local block has none of: masks, fills, terms or floors
+# (laid out (queries, keys), they would be added to scores (keys, queries); a softmax over the queries takes the
+# product alone), a dropout or a head mask between the transposed probabilities and V, caches, other products or
+# streams
+QUERY_SOFTMAXES = ("functional", "method")  # a cast after it would come between the transposed probabilities and V
+NON_LOCAL: dict[str, Any] = dict(
+    terms=(),
+    mask_style="none",
+    causal="none",
+    guard_floor=False,
+    zero_masked=False,
+    flat_bias=False,
+    scores_returned=False,
+    switches="none",
+    dropout="none",
+    head_mask=False,
+    value_left="none",
+    streams="one",
+    blocks="none",
+    cache=False,
+    cross=False,
+    precision_branch=False,
+    score_helper=False,
+    returned_together=False,
+)
 
 
 def normalise(spec: Spec) -> Spec:
@@ -500,6 +537,15 @@ def normalise(spec: Spec) -> Spec:
         and spec.streams == "one"
     ):
         changes["value_left"] = "none"  # one plain product with V, written in the open
+    if spec.over_queries and not (
+        spec.family in ("440", "inline")
+        and changes.get("layout", spec.layout) == "flat"
+        and changes.get("product", spec.product) == "bmm"
+        and changes.get("hazard", spec.hazard) == "none"
+        and changes.get("softmax", spec.softmax) in QUERY_SOFTMAXES
+        and all(changes.get(name, getattr(spec, name)) == value for name, value in NON_LOCAL.items())
+    ):
+        changes["over_queries"] = False  # `draw` gave it the skeleton it needs; a spec written otherwise has not
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 
