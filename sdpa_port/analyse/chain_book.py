@@ -112,6 +112,29 @@ class ChainBook:
         start = self.candidates[cid].start
         return start.layout if start is not None else None
 
+    def swap_roles(
+        self, cid: int, pending: Sequence[Op], query_scale: tuple[cst.BaseExpression, bool] | None
+    ) -> list[Op]:
+        """Make the chain's product read its key as the query and its query as the key: `k @ q^T`, the transpose of
+        what it computes (`forms/softmax.py`: a softmax over the queries). Its `Start` is replaced wherever it is
+        recorded, and in `pending`, the operations not recorded yet, which are given back; `query_scale` is the new
+        query's (`Start.query_scale`)."""
+        candidate = self.candidates[cid]
+        old = candidate.start
+        assert old is not None
+        new = replace(old, query=old.key, key=old.query, query_scale=query_scale)
+        candidate.start = new
+        candidate.ops = [(new if op is old else op, depth, line) for op, depth, line in candidate.ops]
+        self._replace_in_plans(old, new)
+        return [new if op is old else op for op in pending]
+
+    def _replace_in_plans(self, old: Start | None, new: Start | None) -> None:
+        """Put `new` where the statements' plans hold the product `old`; with None, take it out."""
+        for plan in self.plans.values():
+            if isinstance(plan, ChainStmt) and any(op is old for op in plan.ops):
+                kept = [op for op in plan.ops if op is not old]
+                plan.ops = kept if new is None else [new if op is old else op for op in plan.ops]
+
     def join(self, cid: int, into: int, line: int, drop: bool = False) -> None:
         """Make chain `cid` part of chain `into` from here on.
 
@@ -123,9 +146,7 @@ class ChainBook:
         self.joined[cid] = (into, line)
         if not drop:
             return
-        for plan in self.plans.values():
-            if isinstance(plan, ChainStmt) and any(op is candidate.start for op in plan.ops):
-                plan.ops = [op for op in plan.ops if op is not candidate.start]
+        self._replace_in_plans(candidate.start, None)
 
     def joined_into(self, cid: int) -> int:
         while cid in self.joined:

@@ -48,7 +48,7 @@ GAIN = 2.0
 
 _WIDTHS = re.compile(
     r"^(hidden_size|embed_dim|d_model|dim|hidden_dim|n_embd|n_state|width|model_dim|in_features|in_dim|embed_dims|"
-    r"query_dim|channels|in_channels|q_dim|k_dim|v_dim|kv_dim)$"
+    r"query_dim|channels|in_channels|n_channels|num_channels|ch|in_ch|in_chans|q_dim|k_dim|v_dim|kv_dim)$"
 )
 # switches a constructor or a config takes with no default: off, the plain computation (`is_cross_attention`)
 _SWITCHES = re.compile(r"^(is|use|with|has|add|output|return|enable)_")

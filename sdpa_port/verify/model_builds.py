@@ -35,6 +35,27 @@ def sharpen(model: torch.nn.Module, gain: float = 2.0, seed: int = 0) -> None:
                 else:
                     values = torch.rand(parameter.shape, generator=generator) + 0.5
                 parameter.copy_(values.to(parameter.dtype))
+        for module in model.modules():
+            _settle_spectral_norm(module)
+
+
+def _settle_spectral_norm(module: torch.nn.Module, iterations: int = 30) -> None:
+    """Power iterations on the redrawn weight of a module under `torch.nn.utils.spectral_norm`.
+
+    Its vectors `u` and `v` are buffers estimated for the weight it was built with, and are not updated in eval
+    mode: over a redrawn weight they give a wrong norm, of any size and sign, and the weight divided by it
+    saturates the softmax (one-hot probabilities that no scale changes). Settled, the norm is the weight's own."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+
+    for hook in list(module._forward_pre_hooks.values()):
+        if not isinstance(hook, SpectralNorm):
+            continue
+        weight = getattr(module, hook.name + "_orig")
+        u, v = getattr(module, hook.name + "_u"), getattr(module, hook.name + "_v")
+        matrix = hook.reshape_weight_to_matrix(weight)
+        for _ in range(iterations):
+            v.copy_(torch.nn.functional.normalize(torch.mv(matrix.t(), u), dim=0, eps=hook.eps))
+            u.copy_(torch.nn.functional.normalize(torch.mv(matrix, v), dim=0, eps=hook.eps))
 
 
 def build_sdpa(model_class: type, config: Any, propagate: bool = False) -> tuple[Any, str]:

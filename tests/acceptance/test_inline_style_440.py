@@ -108,6 +108,20 @@ SABOTAGES = {
         ("heads output on other axes", ").transpose(2, 3)\n        x = x.reshape", ").transpose(1, 2)\n        x = x.reshape"),
         ("key factor dropped", "scale=self.scale,", "scale=1.0,"),
     ],
+    # non-local blocks (`forms/channels.py`, `forms/softmax.py`): each gate starts at zero, and the first block's
+    # projections are under spectral norm, whose vectors the check settles for the sharpened weights: otherwise the
+    # attention would not reach the outputs, or its softmax would be one-hot, and no sabotage would show
+    "modeling_tiny_nonlocal.py": [
+        # the softmax over the keys where eager takes it over the queries (`dim=1`)
+        (
+            "softmax over the other axis",
+            "            k.transpose(-1, -2),\n            q.permute(0, 2, 1),",
+            "            q.permute(0, 2, 1),\n            k.transpose(-1, -2),",
+        ),
+        ("gated block's scale of 2", "v.transpose(1, 2),\n            scale=1.0,", "v.transpose(1, 2),\n            scale=2.0,"),
+        ("pooled block's scale of 2", "g.transpose(1, 2),\n            scale=1.0,", "g.transpose(1, 2),\n            scale=2.0,"),
+        ("pooled output not transposed back", ").transpose(1, 2).view(-1, self.channels", ").reshape(-1, self.channels"),
+    ],
 }
 
 
@@ -398,3 +412,24 @@ def verify_port_of(path: Path, source: str, result):  # type: ignore[no-untyped-
     from sdpa_port.edge.after_port import verify_port
 
     return verify_port(path, source, result)
+
+
+def test_sharpened_weights_reach_a_gated_attention_under_spectral_norm() -> None:
+    """The checks' sharpened weights (`verify/model_builds.sharpen`): a gate that starts at zero is given a value, and
+    a spectral norm's vectors are settled for the redrawn weight, so the normalised weight has norm 1 (the stale
+    vectors give a norm of any size and sign: a softmax made one-hot, or flat, that no wrong scale changes)."""
+    import torch
+
+    from sdpa_port.verify.model_builds import sharpen
+
+    torch.manual_seed(0)
+    block = torch.nn.Module()
+    block.proj = torch.nn.utils.spectral_norm(torch.nn.Conv1d(32, 8, kernel_size=1))
+    block.gate = torch.nn.Parameter(torch.zeros(1))
+    sharpen(block, 2.0)
+    block.eval()
+    with torch.no_grad():
+        block.proj(torch.randn(1, 32, 5))  # the hook divides the weight by the norm its vectors give
+        norm = torch.linalg.matrix_norm(block.proj.weight.flatten(1), 2)
+    assert float(block.gate) != 0.0
+    assert abs(float(norm) - 1.0) < 1e-3, float(norm)

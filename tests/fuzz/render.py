@@ -390,6 +390,12 @@ def one_product(spec: Spec, n: Names, code: Code) -> None:
     elif product == "einsum_flat":
         spec_text = "qbd,kbd->bqk" if spec.length_first else "bqd,bkd->bqk"
         code.add(f'attn_weights = torch.einsum("{spec_text}", {q}, {k})')
+    elif product == "bmm" and spec.over_queries:
+        # scores (keys, queries): the key channels-first, transposed inside the product; the query's layout is shown
+        # by nothing but the product (`clone` hides the transpose)
+        code.add(f"key_cf = {k}.transpose(1, 2)")
+        code.add(f"query_cf = {q}.transpose(1, 2).clone()")
+        code.add("attn_weights = torch.bmm(key_cf.permute(0, 2, 1).contiguous(), query_cf)")
     elif product == "bmm":
         code.add(f"attn_weights = torch.bmm({q}, {k}.transpose(1, 2))")
     elif product == "bmm_method":
@@ -446,12 +452,13 @@ def softmax_lines(spec: Spec, n: Names, code: Code) -> None:
 
 def _softmax_line(spec: Spec, n: Names, code: Code) -> None:
     form = spec.softmax
+    dim = "1" if spec.over_queries else "-1"  # scores (keys, queries): over the keys (`spec.QUERY_SOFTMAXES`)
     if form == "functional":
-        code.add("attn_weights = nn.functional.softmax(attn_weights, dim=-1)")
+        code.add(f"attn_weights = nn.functional.softmax(attn_weights, dim={dim})")
     elif form == "upcast":
         code.add(f"attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to({n.query}.dtype)")
     elif form == "method":
-        code.add("attn_weights = attn_weights.softmax(dim=-1)")
+        code.add(f"attn_weights = attn_weights.softmax(dim={dim})")
     elif form == "module_attribute":
         code.add(f"attn_weights = {n.attr('softmax')}(attn_weights)")
     elif form == "dim3":
@@ -645,6 +652,10 @@ def one_stream(spec: Spec, n: Names, code: Code) -> None:
         with code.indent():
             code.add(f"chunks.append(torch.matmul(attn_weights[..., start : start + 4, :], {v}))")
         code.add("attn_output = torch.cat(chunks, dim=-2)")
+    elif spec.over_queries:
+        # probabilities (keys, queries) normalised over the keys: the value on their left as they are
+        code.add(f"attn_output = torch.bmm({v}.transpose(1, 2), attn_weights).transpose(1, 2)")
+        code.add(f"attn_output = attn_output.view(bsz, {n.attr('num_heads')}, {n.q_len}, {n.attr('head_dim')})")
     elif spec.value_left != "none":
         # the value on the left of the transposed probabilities, the output transposed back: `P @ v` all the same
         last = "1, 2" if n.flat else "-1, -2"

@@ -208,6 +208,11 @@ class Spec:
     # bias and module: "direct" once, "checkpoint" through `torch.utils.checkpoint.checkpoint`, "twice" twice (the two
     # outputs averaged)
     closure: str = "none"
+    # 4.x, flat `bmm` scores: a non-local block's form, every operand channels-first, the key transposed inside the
+    # product (`torch.bmm(key_cf.permute(0, 2, 1).contiguous(), query_cf)`, the query's layout shown by nothing else),
+    # the softmax over dim 1 (the keys, the product's left operand), the value on the left of the probabilities as they
+    # are (`torch.bmm(v.transpose(1, 2), attn_weights).transpose(1, 2)`)
+    over_queries: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -370,8 +375,40 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         del_key=random.Random(f"del:{family}:{seed}").random() < 0.15,  # its own generator: the draws above stay
         discarded_fill=random.Random(f"discard:{family}:{seed}").random() < 0.15,  # likewise
         closure=_pick(random.Random(f"closure:{family}:{seed}"), CLOSURES, (14, 2, 2, 2)),  # likewise
+        over_queries=random.Random(f"queries:{family}:{seed}").random() < 0.2,  # likewise
     )
+    if spec.over_queries and family == "440":
+        # a non-local block's form takes the skeleton it can be written in: one plain flat product in forward
+        softmax = spec.softmax if spec.softmax in QUERY_SOFTMAXES else "functional"
+        spec = replace(spec, layout="flat", product="bmm", softmax=softmax, **NON_LOCAL)
     return normalise(spec)
+
+
+# the softmax forms whose dimension is written; what a non-local block has none of: masks, fills, terms or floors
+# (laid out (queries, keys), they would be added to scores (keys, queries); a softmax over the queries takes the
+# product alone), a dropout or a head mask between the transposed probabilities and V, caches, other products or
+# streams
+QUERY_SOFTMAXES = ("functional", "method")  # a cast after it would come between the transposed probabilities and V
+NON_LOCAL: dict[str, Any] = dict(
+    terms=(),
+    mask_style="none",
+    causal="none",
+    guard_floor=False,
+    zero_masked=False,
+    flat_bias=False,
+    scores_returned=False,
+    switches="none",
+    dropout="none",
+    head_mask=False,
+    value_left="none",
+    streams="one",
+    blocks="none",
+    cache=False,
+    cross=False,
+    precision_branch=False,
+    score_helper=False,
+    returned_together=False,
+)
 
 
 def normalise(spec: Spec) -> Spec:
@@ -517,6 +554,15 @@ def normalise(spec: Spec) -> Spec:
         and changes.get("switches", spec.switches) == "none"
     ):
         changes["closure"] = "none"  # the chain of forward, returning its output alone to forward
+    if spec.over_queries and not (
+        spec.family in ("440", "inline")
+        and changes.get("layout", spec.layout) == "flat"
+        and changes.get("product", spec.product) == "bmm"
+        and changes.get("hazard", spec.hazard) == "none"
+        and changes.get("softmax", spec.softmax) in QUERY_SOFTMAXES
+        and all(changes.get(name, getattr(spec, name)) == value for name, value in NON_LOCAL.items())
+    ):
+        changes["over_queries"] = False  # `draw` gave it the skeleton it needs; a spec written otherwise has not
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 

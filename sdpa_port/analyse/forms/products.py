@@ -18,7 +18,7 @@ import libcst.matchers as m
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import SCORES, AddTerm, ChainVal, Op, Poison, Scale, Start, short
 from sdpa_port.analyse.cstutil import binary, block_body, code, nodes_of_type, primary
-from sdpa_port.analyse.forms.channels import channels_flattened
+from sdpa_port.analyse.forms.channels import channels_flattened, transposed_query
 from sdpa_port.analyse.forms.common import SEQUENCE_FIRST, Example, scored, sdpa, strip_casts
 from sdpa_port.refusals import Code
 
@@ -59,7 +59,7 @@ def query_key_product(tracer: TracerView, node: cst.BaseExpression, line: int) -
     else:
         split = key_operand(tracer, product.right, rank)
         key_factor, unproven = split.number, split.unproven
-        key = untranspose(tracer, split.operand, rank)
+        key = untranspose(tracer, split.operand, rank, telling_query(product))
         if key is None:
             return None
     query, query_upcast = strip_casts(product.left, tracer.scope)
@@ -196,16 +196,25 @@ def is_zeros(tracer: TracerView, node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Call) and tracer.scope.qualify(node.func) in p.ZEROS_FUNCTIONS
 
 
-def untranspose(tracer: TracerView, node: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:
+def telling_query(product: p.Product) -> cst.BaseExpression | None:
+    """The query of a `bmm`, whose rank is known: transposed from channels-first, it says the key is channels-first
+    too (`forms/channels.py`); None for other products."""
+    return product.left if product.form is p.ProductForm.BMM else None
+
+
+def untranspose(
+    tracer: TracerView, node: cst.BaseExpression, rank: int | None, query: cst.BaseExpression | None = None
+) -> cst.BaseExpression | None:
     """The key operand of `q @ k^T`, its transpose of the last two dims undone.
 
-    Seen directly or through a name.
+    Seen directly or through a name, or, given the `query` of a 3-D product, told by a query transposed from
+    channels-first (`forms/channels.py`).
     """
     inner, _ = strip_casts(node, tracer.scope)
     key = p.transposed_last_two(inner, rank)
     if key is not None:
         return key
-    if transposed_key(tracer, inner):
+    if transposed_key(tracer, inner) or (query is not None and transposed_query(tracer, query)):
         last, second = (cst.UnaryOperation(cst.Minus(), cst.Integer(str(n))) for n in (1, 2))
         return cst.Call(
             func=cst.Attribute(value=primary(inner), attr=cst.Name("transpose")),
@@ -361,6 +370,14 @@ _THROUGH_QK_MODULE = _THROUGH_MODULES.replace("self.matmul_av(probs, value)", "p
 _MAP = "b, c, h, w = query.shape\nq = query.reshape(b, c, h * w).permute(0, 2, 1)\nk = key.reshape(b, c, h * w)\n"
 _MAP_BODY = "scores = torch.bmm(q, k)\nprobs = scores.softmax(-1)\nreturn torch.bmm(probs, value)"
 
+# in a matmul, where only the key's own layout says it is channels-first
+_MAP_MATMUL_BODY = _MAP_BODY.replace("torch.bmm(q, k)", "torch.matmul(q, k)")
+# a non-local block: every operand channels-first (batch, dim, length), the query transposed inside the product
+_NONLOCAL = (
+    "scores = torch.bmm(query.permute(0, 2, 1).contiguous(), key)\nprobs = scores.softmax(-1)\n"
+    "return torch.bmm(value, probs.transpose(1, 2))"
+)
+
 # the same with heads: a fused projection viewed (b, heads * 3, head_dim, positions), chunked along the heads
 _HEADS_MAP = "b, c, h, w, n, d = *query.size(), 2, 4\nq, k, v = query.view(b, n * 3, d, h * w).chunk(3, dim=1)\n"
 _HEADS_MAP_BODY = (
@@ -389,13 +406,38 @@ EXAMPLES = {
             + _HEADS_MAP_BODY,
             refused=Code.UNRECOGNISED,  # no product with V of a chain the tool reads: the eager sites see one (F601)
         ),
-        # sizes in another order, or of two unpackings, say nothing of where the channels are
-        Example(_MAP.replace("key.reshape(b, c, h * w)", "key.reshape(b, h * w, c)") + _MAP_BODY, refused=Code.UNKNOWN_PRODUCT),
+        # sizes in another order, or of two unpackings, say nothing of where the channels are (in a matmul: in a bmm,
+        # the query transposed from channels-first says the key is, below)
         Example(
-            _MAP.replace("k = key.reshape(b, c, h * w)", "n, e, y, x = key.shape\nk = key.reshape(b, c, y * x)")
-            + _MAP_BODY,
+            _MAP.replace("key.reshape(b, c, h * w)", "key.reshape(b, h * w, c)") + _MAP_MATMUL_BODY,
             refused=Code.UNKNOWN_PRODUCT,
         ),
+        Example(
+            _MAP.replace("k = key.reshape(b, c, h * w)", "n, e, y, x = key.shape\nk = key.reshape(b, c, y * x)")
+            + _MAP_MATMUL_BODY,
+            refused=Code.UNKNOWN_PRODUCT,
+        ),
+        # a non-local block's: the query transposed from channels-first inside the bmm, so the key, whatever made it,
+        # is channels-first too (`forms/channels.py`); the value on the left of the transposed probabilities
+        Example(
+            _NONLOCAL,
+            Start,
+            becomes="return "
+            + sdpa("scale=1.0", operands="query.permute(0, 2, 1), key.transpose(-1, -2), value.transpose(1, 2)")
+            + ".transpose(1, 2)",
+        ),
+        # the transpose bound to a name first, as a statement of its own
+        Example(
+            "q = query.transpose(1, 2)\n" + _NONLOCAL.replace("query.permute(0, 2, 1).contiguous()", "q"),
+            Start,
+            becomes="q = query.transpose(1, 2)\nreturn "
+            + sdpa("scale=1.0", operands="q, key.transpose(-1, -2), value.transpose(1, 2)")
+            + ".transpose(1, 2)",
+        ),
+        # a permute of other axes says nothing of the channels; a matmul nothing of the rank
+        # (F601: the tool reads no chain there, the eager sites see one)
+        Example(_NONLOCAL.replace("permute(0, 2, 1)", "permute(1, 0, 2)"), refused=Code.UNRECOGNISED),
+        Example(_NONLOCAL.replace("torch.bmm(query", "torch.matmul(query"), refused=Code.UNRECOGNISED),
         Example(scored("probs = scores.softmax(-1)"), Start, becomes=sdpa("scale=1.0")),
         Example(
             "scores = torch.einsum('bhqd,bhkd->bhqk', query, key)\nprobs = scores.softmax(-1)\nreturn probs @ value",

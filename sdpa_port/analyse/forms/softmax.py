@@ -16,16 +16,21 @@ from sdpa_port.analyse.chain import (
     PROBS,
     SCORES,
     Candidate,
+    Cast,
     ChainVal,
     NotChain,
     Op,
     Poison,
+    Scale,
     Softmax,
+    Start,
+    Transpose,
     describe_layout,
     short,
 )
 from sdpa_port.analyse.cstutil import code
 from sdpa_port.analyse.forms.common import SEQUENCE_FIRST, Example, scored, sdpa
+from sdpa_port.analyse.forms.products import query_scale
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -56,11 +61,45 @@ def softmax(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognis
     elif found.dim is not None:
         dim = p.number(found.dim)
         rank = tracer.chains.advance(base, ops).rank
+        if dim is not None and (dim == -2 or (rank is not None and rank >= 2 and dim == rank - 2)):
+            return over_queries(tracer, base, ops, found, found.dim)
         if dim is None or not (dim == -1 or (rank is not None and dim == rank - 1)):
             raise Poison(
                 Code.SOFTMAX_DIM, f"the softmax runs over dim={code(found.dim)}, not the key dimension", {base.cid}
             )
     return base, [*ops, Softmax(found)]
+
+
+def over_queries(
+    tracer: TracerView, base: ChainVal, ops: list[Op], found: p.SoftmaxCall, dim: cst.BaseExpression
+) -> Recognised:
+    """A softmax over the first of the two score dimensions, the product's left operand.
+
+    Non-local blocks (SAGAN) normalise `softmax(torch.bmm(f^T, g), dim=1)` over the positions of `f`: that is the
+    transpose of a softmax over the last dimension of `bmm(g^T, f)`, scores with the query and the key swapped. The
+    chain's product is read so (`ChainBook.swap_roles`), and its probabilities are transposed (`Transpose`), for a
+    value on their left (`torch.bmm(h, beta)`, `forms/transposed.py`). Only a scale by a number and casts may come
+    between the product and the softmax: a term or a fill would have to be transposed too.
+    """
+    candidate = tracer.chains.candidates[base.cid]
+    start = candidate.start
+    since = [op for op, _, _ in candidate.ops] + ops
+    if start is None or candidate.branched() or start.joined or start.orders != (None, None) or not all(
+        _same_transposed(op) for op in since
+    ):
+        raise Poison(
+            Code.SOFTMAX_DIM,
+            f"the softmax runs over dim={code(dim)}, the queries, of scores that are not the product alone (scaled by "
+            "a number)",
+            {base.cid},
+        )
+    swapped = tracer.chains.swap_roles(base.cid, ops, query_scale(tracer, start.key))
+    return base, [*swapped, Softmax(found), Transpose()]
+
+
+def _same_transposed(op: Op) -> bool:
+    """The product, a cast or a scale by a number: the same on the scores transposed (a factor per query is not)."""
+    return isinstance(op, (Start, Cast)) or isinstance(op, Scale) and not op.per_query
 
 
 def unknown_origin(
@@ -87,8 +126,47 @@ _LAID_OUT = (
     "return torch.einsum('ijbn,jbnd->ibnd', probs, value)"
 )
 
+# a non-local block's softmax over the queries, the positions of the product's left operand: every operand
+# channels-first (batch, dim, length), the value on the left of the probabilities as they are
+_OVER_QUERIES = (
+    "scores = torch.bmm(query.permute(0, 2, 1), key)\nprobs = torch.softmax(scores, dim={dim})\n"
+    "return torch.bmm(value, probs)"
+)
+# the product read with the query and the key swapped, SDPA's output transposed back
+_OVER_QUERIES_PORT = (
+    "return "
+    + sdpa("scale=1.0", operands="key.transpose(-1, -2), query.permute(0, 2, 1), value.transpose(1, 2)")
+    + ".transpose(1, 2)"
+)
+
 EXAMPLES = {
     "softmax": (
+        Example(_OVER_QUERIES.format(dim=1), Transpose, becomes=_OVER_QUERIES_PORT),
+        Example(_OVER_QUERIES.format(dim=-2), Transpose, becomes=_OVER_QUERIES_PORT),
+        # in one expression, after a scale by a number
+        Example(
+            "probs = torch.softmax(torch.bmm(query.permute(0, 2, 1).contiguous(), key) / 8.0, dim=1)\n"
+            "return torch.bmm(value, probs)",
+            Transpose,
+            becomes=_OVER_QUERIES_PORT.replace("scale=1.0", "scale=1.0 / 8.0"),
+        ),
+        # over the batch; over dim 1 of scores whose rank cannot be read (a matmul)
+        Example(_OVER_QUERIES.format(dim=0), refused=Code.SOFTMAX_DIM),
+        Example(
+            "scores = torch.matmul(query, key.transpose(-1, -2))\nprobs = torch.softmax(scores, dim=1)\n"
+            "return torch.matmul(value.transpose(-1, -2), probs)",
+            refused=Code.SOFTMAX_DIM,
+        ),
+        # a mask added before: it would have to be transposed with the scores
+        Example(
+            _OVER_QUERIES.format(dim=1).replace("probs =", "scores = scores + attention_mask\nprobs ="),
+            refused=Code.SOFTMAX_DIM,
+        ),
+        # the value on the right of probabilities normalised over the queries: no attention output
+        Example(
+            _OVER_QUERIES.format(dim=1).replace("torch.bmm(value, probs)", "torch.bmm(probs, value)"),
+            refused=Code.LAYOUT,
+        ),
         Example(scored("probs = nn.functional.softmax(scores, dim=-1)"), Softmax, becomes=sdpa("scale=1.0")),
         Example(scored("probs = self.softmax(scores)"), Softmax, becomes=sdpa("scale=1.0")),
         # the last dimension of 4-D scores

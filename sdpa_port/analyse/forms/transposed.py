@@ -104,10 +104,12 @@ EXAMPLES = {
             + "probs = torch.nn.functional.softmax(scores.permute(0, 2, 1), dim=2)\nreturn torch.bmm(v, probs)",
             refused=Code.SCORES_TRANSFORMED,
         ),
-        # the softmax over the queries of (b, hw, hw) scores, transposed as if over the keys
+        # the softmax over the queries of (b, hw, hw) scores, transposed as if over the keys: the softmax over the
+        # queries already gives transposed probabilities (`forms/softmax.py`), transposed back here, and `v @ P` is
+        # no attention output
         Example(
             _CHANNELS_FIRST.replace("dim=2", "dim=1") + "return torch.bmm(v, probs.permute(0, 2, 1))",
-            refused=Code.SOFTMAX_DIM,
+            refused=Code.LAYOUT,
         ),
         # something between the transpose and the product
         Example(
