@@ -354,7 +354,7 @@ class Tracer:
             if product.form is p.ProductForm.EINSUM:
                 if p.einsum_roles(product.spec or "", p.EinsumRole.SCORES) is not None:
                     return {-1}
-            elif products.untranspose(self, product.right, product.rank) is not None:
+            elif products.untranspose(self, product.right, products.product_rank(self, product)) is not None:
                 return {-1}
         return set()
 
