@@ -91,3 +91,38 @@ def test_sizes_bound_where_only_one_branch_views_the_scores_are_refused() -> Non
     assert result.status is Status.REFUSED
     assert [r.code for r in result.refusals] == [Code.LAYOUT], result.reasons
     assert "not on every path" in result.reasons[0]
+
+
+BLEND = """
+ltor = {ltor}
+converted = 10000.0 * (1.0 - ltor)
+{between}scores = torch.mul(torch.matmul(query, key.transpose(-1, -2)), ltor) - converted
+probs = torch.softmax(scores, dim=-1)
+return torch.matmul(probs, value)
+"""
+LOWER = "torch.tril(torch.ones((1, query.size(-2), key.size(-2)), device=query.device)).view(1, 1, query.size(-2), key.size(-2))"
+
+
+def test_a_multiplicative_mask_of_a_lower_triangle_of_ones_is_a_fill() -> None:
+    result = port(BLEND.format(ltor=LOWER, between=""))
+    assert result.status is Status.PORTED, result.reasons
+    assert "attn_mask=torch.where(ltor.bool(), query.new_zeros(()), -10000.0).to(query.dtype)" in result.source
+
+
+@pytest.mark.parametrize(
+    "ltor,between,code",
+    [
+        # below the diagonal the first query keeps no key: eager's -1e4 fill gives it uniform weights
+        (LOWER.replace("device=query.device))", "device=query.device), diagonal=-1)"), "", Code.MASKED_ROWS),
+        # a view regrouping the triangle says nothing of its rows
+        (LOWER.replace(".view(1, 1, query.size(-2), key.size(-2))", ".view(1, 1, key.size(-2), query.size(-2))"), "", Code.MASKED_ROWS),
+        # a mask passed in may hold other values than 0 and 1, which scale the scores
+        ("attention_mask", "", Code.SCORES_COMBINED),
+        # the complement read before `ltor` was bound again: not `1 - ltor` of the factor, no blend at all
+        (LOWER, "ltor = torch.ones_like(ltor)\n", Code.UNKNOWN_PRODUCT),
+    ],
+)
+def test_multiplicative_masks_that_are_no_exact_fill_are_refused(ltor: str, between: str, code: Code) -> None:
+    result = port(BLEND.format(ltor=ltor, between=between))
+    assert result.status is Status.REFUSED
+    assert [r.code for r in result.refusals] == [code], result.reasons
