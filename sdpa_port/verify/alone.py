@@ -332,9 +332,10 @@ def _cases(module: torch.nn.Module, width: int, heads: int, window: Any = None) 
             found = _cases_at(module, width, heads, shape, {**sizes, **positions}, length, window is not None)
             # an image or a channels-first map (a VAE's `AttnBlock`), or (length, batch, width) states (Megatron's
             # seq-first layout): said in the case, the reader sees what ran
+            masked = any(case != "no mask" for case, _ in found)
             suffix = alone_inputs.layout_note(shape, width, length)
             found = [(case + suffix, kwargs) for case, kwargs in found]
-            if any(case != "no mask" for case, _ in found):
+            if masked:
                 return found
             first = first or found
     # the states of a layout the masks run on are preferred: a seq-first module runs (b, s, w) states unmasked as s

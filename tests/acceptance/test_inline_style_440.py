@@ -109,6 +109,9 @@ SABOTAGES = {
         ("fill dropped", "sdpa_mask = torch.where(attention_mask, -10000.0,", "sdpa_mask = 0 * torch.where(attention_mask, -10000.0,"),
         ("norm factor dropped", "scale=1.0 / self.norm_factor,", "scale=1.0,"),
         ("subtracted mask dropped", "attn_mask=-(attention_mask * 10000.0),", "attn_mask=None,"),
+        # the multiplicative mask of a lower triangle of ones: the fill dropped, or kept where the triangle masks
+        ("triangle fill dropped", "attn_mask=torch.where(ltor_mask.bool(),", "attn_mask=0 * torch.where(ltor_mask.bool(),"),
+        ("triangle fill inverted", "attn_mask=torch.where(ltor_mask.bool(),", "attn_mask=torch.where(~ltor_mask.bool(),"),
     ],
 }
 
