@@ -201,6 +201,10 @@ class Spec:
     # the key unbound after the scores (`del k`, a diffusion UNet's memory saving), just before the product with V:
     # the SDPA call reads the key there, so the port must not keep the `del` ahead of it
     del_key: bool = False
+    # flat layout: the batch size and the query length swapped between the view of the scores (batch, heads, q, k)
+    # and the product with V, which views its output with them swapped back (`bsz, q_len = q_len, bsz`): the sizes the
+    # view read are bound again before the SDPA call (Megatron's output_size tuples), so the port reads them at the view
+    sizes_swapped: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -360,6 +364,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         dead_softmax=_pick(random.Random(f"dead:{family}:{seed}"), DEAD_SOFTMAXES, (8, 1, 1)),
         value_left=_pick(rng, VALUE_LEFTS, (6, 1, 1)),  # drawn last, likewise
         del_key=random.Random(f"del:{family}:{seed}").random() < 0.15,  # its own generator: the draws above stay
+        sizes_swapped=random.Random(f"sizes:{family}:{seed}").random() < 0.2,  # its own generator, likewise
     )
     return normalise(spec)
 
@@ -500,6 +505,14 @@ def normalise(spec: Spec) -> Spec:
         and spec.streams == "one"
     ):
         changes["value_left"] = "none"  # one plain product with V, written in the open
+    if spec.sizes_swapped and not (
+        changes.get("layout", spec.layout) == "flat"
+        and changes.get("product", spec.product) != "einsum_flat"
+        and changes.get("value_left", spec.value_left) == "none"
+        and changes.get("hazard", spec.hazard) not in ("loop", "value_relative")
+        and spec.streams == "one"
+    ):
+        changes["sizes_swapped"] = False  # the flat layout's one bmm with V
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 
