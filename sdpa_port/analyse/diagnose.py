@@ -3,7 +3,10 @@ function stopped at, for the F601 refusal to name. Read-only."""
 
 from __future__ import annotations
 
+import libcst as cst
+
 from sdpa_port.analyse import trace as t
+from sdpa_port.analyse.cstutil import code, nodes_of_type
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 
@@ -20,7 +23,8 @@ def where_reading_stops(facts: ModuleFacts, lines: Lines, where: str) -> str:
     if function is None:
         return ""
     lines.prepare([owner or name])
-    result = t.Tracer(facts, owner or None, function, lines).run()
+    tracer = t.Tracer(facts, owner or None, function, lines)
+    result = tracer.run()
     poisoned = [c for c in result.candidates if c.poison is not None]
     if not poisoned:
         if any(c.start is not None for c in result.candidates):
@@ -31,4 +35,19 @@ def where_reading_stops(facts: ModuleFacts, lines: Lines, where: str) -> str:
     chosen = max(poisoned, key=lambda c: (stage_rank.get(c.stage, 0), -c.cid))
     assert chosen.poison is not None
     line = f" at line {chosen.poison_line}" if chosen.poison_line else ""
-    return f"the recogniser stops{line}: {chosen.poison.detail} ({chosen.poison.code.code})"
+    return f"the recogniser stops{line}: {chosen.poison.detail} ({chosen.poison.code.code})" + _foreign_softmax(
+        tracer, function, chosen.poison.detail
+    )
+
+
+def _foreign_softmax(tracer: t.Tracer, function: cst.FunctionDef, said: str) -> str:
+    """`; its softmax is ...` naming each softmax module of another package the function calls, where the reason given
+    stops before it: the file does not show what such a module computes (Megatron's `FusedScaleMaskSoftmax`), so no
+    port could follow it."""
+    named = []
+    for call in nodes_of_type(function, cst.Call):
+        module = tracer.module_of(call.func)
+        callee = f"`{code(call.func)}`"
+        if "another package" in module and "softmax" in module.lower() and callee not in said and callee + module not in named:
+            named.append(callee + module)
+    return "".join(f"; its softmax is {name}" for name in named)

@@ -346,9 +346,20 @@ class Tracer:
             for value in values
             if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in self.facts.classes
         }
-        if not values or len(built) != 1 or len(values) != sum(isinstance(v, cst.Call) for v in values):
+        calls = [value for value in values if isinstance(value, cst.Call)]
+        if not values or len(values) != len(calls):
             return ""
-        return f", a `{built.pop()}` module of this file whose computation the tool does not read"
+        if len(built) == 1 and all(isinstance(v.func, cst.Name) and v.func.value in built for v in calls):
+            return f", a `{built.pop()}` module of this file whose computation the tool does not read"
+        # a class of another package (Megatron's `FusedScaleMaskSoftmax` of megatron_util): what it computes is not here
+        imported = {self.scope.qualify(value.func) for value in calls}
+        if len(imported) != 1 or None in imported:
+            return ""
+        qualified = str(imported.pop())
+        package, _, klass = qualified.rpartition(".")
+        if not package or package.split(".")[0] in ("torch", "transformers") or klass in self.facts.classes:
+            return ""
+        return f", a `{klass}` module of `{package}`, another package, whose computation this file does not show"
 
     def chain_or_start(self, node: cst.CSTNode) -> set[int]:
         """Chains read by an expression, or {-1} when it holds a query-key product that would start one."""
@@ -365,7 +376,9 @@ class Tracer:
             if product.form is p.ProductForm.EINSUM:
                 if p.einsum_roles(product.spec or "", p.EinsumRole.SCORES) is not None:
                     return {-1}
-            elif products.untranspose(self, product.right, product.rank, products.telling_query(product)) is not None:
+            elif products.untranspose(
+                self, product.right, products.product_rank(self, product), products.telling_query(product)
+            ) is not None:
                 return {-1}
         return set()
 

@@ -104,12 +104,14 @@ def _softmax_wrappers(functions: list[_Function]) -> frozenset[str]:
 
 
 def _softmax_modules(tree: ast.Module, softmaxes: frozenset[str]) -> frozenset[str]:
-    """The attributes of the file's classes that hold a softmax module of the file: `self.scale_mask_softmax =
-    FusedScaleMaskSoftmax(...)`, where that class's `forward` calls a softmax and returns one tensor (Megatron's fused
-    softmax, called as `self.scale_mask_softmax(scores, mask)`)."""
+    """The attributes of the file's classes that hold a softmax module: `self.scale_mask_softmax =
+    FusedScaleMaskSoftmax(...)`, where that class of the file has a `forward` that calls a softmax and returns one
+    tensor, or is imported from another package with a softmax in its name (Megatron's fused softmax, of
+    `megatron_util.model.fused_softmax`, called as `self.scale_mask_softmax(scores, mask)`)."""
     classes = {
         node.name for node in tree.body if isinstance(node, ast.ClassDef) and not _returns_several(node)
     } & softmaxes
+    classes |= _imported_softmax_classes(tree)
     if not classes:
         return frozenset()
     out: set[str] = set()
@@ -118,6 +120,18 @@ def _softmax_modules(tree: ast.Module, softmaxes: frozenset[str]) -> frozenset[s
             if node.value.func.id in classes:
                 out.update(target.attr for target in node.targets if isinstance(target, ast.Attribute))
     return frozenset(out)
+
+
+def _imported_softmax_classes(tree: ast.Module) -> set[str]:
+    """The names bound by `from <package> import <...Softmax...>` of a package other than torch: modules whose
+    computation the file does not show, counted as a softmax so that a miss names them."""
+    return {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] != "torch"
+        for alias in node.names
+        if "softmax" in alias.name.lower() and alias.name[:1].isupper()
+    }
 
 
 def _returns_several(klass: ast.ClassDef) -> bool:

@@ -207,7 +207,7 @@ class InterfaceEmitter(SdpaEmitter):
             bias = code(state.mask)
         else:
             bias = ""
-        layout = self.layout
+        layout = self.readable_layout()
         query, key, value = self.query, self.key, plan.output.value
         if layout.heads is not None:
             query, key = unflatten(query, layout.heads), unflatten(key, layout.heads)

@@ -205,6 +205,8 @@ def _handed_back(path: SdpaPath, output: t.Output, name: str) -> cst.BaseExpress
 def _heads_in_eager(path: SdpaPath) -> str | None:
     for op in path.chain_ops:
         if isinstance(op, t.View) and op.heads is not None:
+            if (walk_names(op.heads[0]) | walk_names(op.heads[1])) & path.names_assigned_after_start:
+                return None  # read at the end they would hold something else
             module = {"self": cst.Name("module")}
             return f"{code(replace_names(op.heads[0], module))}, {code(replace_names(op.heads[1], module))}"
     return None

@@ -30,7 +30,7 @@ from sdpa_port.refusals import Code, Refuse
 from sdpa_port.rewrite import sdpa_mask, sdpa_output, sdpa_state, sdpa_terms
 from sdpa_port.rewrite.edit import replace_names, replace_nodes
 from sdpa_port.rewrite.sdpa_builders import dropout_expression, not_none_names, query_root
-from sdpa_port.rewrite.sdpa_layout import decide_layout, laid_out, scores_shape
+from sdpa_port.rewrite.sdpa_layout import Layout, decide_layout, laid_out, scores_shape
 from sdpa_port.rewrite.sdpa_state import EmitOptions, Side, SideState, merged
 from sdpa_port.rewrite.walk import StatementWalker
 
@@ -86,7 +86,10 @@ class SdpaEmitter(StatementWalker):
         self.key: cst.BaseExpression | None = None
         self.start: t.Start | None = None
         self.probs_after_output = path.probs_after_output
-        self.layout = decide_layout(path)
+        self.layout = decide_layout(path, self.names.batch, self.names.heads)
+        # the blocks being walked, innermost last, and those the batch and head sizes were bound in (`Layout.bound`)
+        self.blocks: list[object] = []
+        self.heads_bound_in: tuple[object, ...] | None = None
         # scores laid out otherwise than (batch, heads, query, key): what is added to them is permuted to SDPA's mask
         start = path.start
         self.scores_layout = start.layout if start is not None else None
@@ -117,6 +120,13 @@ class SdpaEmitter(StatementWalker):
         return [replace_names(s, {t.HANDED_QUERY: self.query_root()}) for s in body]
 
     # -------------------------------------------------------------- walking
+
+    def block(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        self.blocks.append(object())
+        try:
+            return super().block(statements)
+        finally:
+            self.blocks.pop()
 
     def line(self, statement: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
         out: list[cst.BaseStatement] = []
@@ -338,9 +348,11 @@ class SdpaEmitter(StatementWalker):
                     key=self.key,
                     regrouped=self.regrouped,
                     scores_layout=self.scores_layout,
-                    heads=self.layout.heads,
+                    heads=(self.readable_layout() if op.rank == 3 else self.layout).heads,
                 )
                 return [*pre, *self.add_to_mask(term)]
+            case t.View() if op.heads is not None and self.layout.bound is not None and self.heads_bound_in is None:
+                return self.bind_heads(self.layout.bound)
             case t.View() if op.shape is not None and op.rank_after == 5:
                 return self.regroup(op.shape, op.rank_before)
             case t.View() if self.regrouped is not None and op.rank_before == 5:
@@ -387,6 +399,25 @@ class SdpaEmitter(StatementWalker):
                 raise AssertionError("the product with V is emitted by output_statement")
             case _:
                 t.unreachable(op)
+
+    def bind_heads(self, sizes: tuple[cst.BaseExpression, cst.BaseExpression]) -> list[cst.BaseStatement]:
+        """`sdpa_batch, sdpa_heads = output_size[0], output_size[1]` where the scores are viewed (4-D) with them."""
+        self.heads_bound_in = tuple(self.blocks)
+        targets = cst.Tuple([cst.Element(cst.Name(self.names.batch)), cst.Element(cst.Name(self.names.heads))], lpar=[], rpar=[])
+        values = cst.Tuple([cst.Element(sizes[0]), cst.Element(sizes[1])], lpar=[], rpar=[])
+        return [cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(targets)], values)])]
+
+    def readable_layout(self) -> Layout:
+        """The layout, refused where the SDPA call or a term would read sizes bound (`bind_heads`) where they may be
+        unbound: in a block that does not enclose this point, or not yet."""
+        bound = self.heads_bound_in
+        if self.layout.bound is not None and (bound is None or tuple(self.blocks[: len(bound)]) != bound):
+            raise Refuse(
+                Code.LAYOUT,
+                "the batch and head sizes the scores are viewed with are bound again before the SDPA call, and the "
+                "view is not on every path to it, or comes after what reads them",
+            )
+        return self.layout
 
     def regroup(self, shape: tuple[cst.BaseExpression, ...], rank: int | None) -> list[cst.BaseStatement]:
         """Where the scores are regrouped: their shape, read from the query and the key."""
@@ -489,7 +520,7 @@ class SdpaEmitter(StatementWalker):
             out,
             query=self.query,
             key=self.key,
-            layout=self.layout,
+            layout=self.readable_layout(),
             upcast=self.upcast,
             dropout=self.dropout,
             is_causal=is_causal,

@@ -17,15 +17,30 @@ from sdpa_port.rewrite.sdpa_builders import COMMA, shape_slice
 
 @dataclass(frozen=True)
 class Layout:
-    """How the SDPA call sees the operands: unflatten `(b*h, l, d)` operands with `heads`, flatten the result back."""
+    """How the SDPA call sees the operands: unflatten `(b*h, l, d)` operands with `heads`, flatten the result back.
+
+    `bound`: the sizes as the view of the scores reads them, where the names they read are bound again before the
+    SDPA call; the port binds them to `heads` (two names of its own) where the view was.
+    """
 
     heads: tuple[cst.BaseExpression, cst.BaseExpression] | None
     unflatten_value: bool
     flatten_output: bool
+    bound: tuple[cst.BaseExpression, cst.BaseExpression] | None = None
 
 
-def decide_layout(path: SdpaPath) -> Layout:
-    """The layout SDPA is called with, read from the chain; a chain changing layout between the products is refused."""
+def decide_layout(path: SdpaPath, batch: str, heads_name: str) -> Layout:
+    """The layout SDPA is called with, read from the chain; a chain changing layout between the products is refused.
+
+    Before (Megatron's seq-first flattened heads, `q` bound again after the tuple is written):
+
+        output_size = (q.size(1), q.size(2), q.size(0), k.size(0))
+        q = q.view(output_size[2], output_size[0] * output_size[1], -1)
+        scores = torch.bmm(q.transpose(0, 1), k.transpose(0, 1).transpose(1, 2)).view(*output_size)
+
+    After: `sdpa_batch, sdpa_heads = output_size[0], output_size[1]` where the view was, and SDPA gets
+    `q.transpose(0, 1).unflatten(0, (sdpa_batch, sdpa_heads))`.
+    """
     ops = outside_regroupings(path.chain_ops)
     start = ops[0]
     assert isinstance(start, t.Start)
@@ -39,9 +54,10 @@ def decide_layout(path: SdpaPath) -> Layout:
         if heads is None:
             raise Refuse(Code.LAYOUT, "the scores are reshaped to 4-D but the batch and head sizes cannot be read")
         names = walk_names(heads[0]) | walk_names(heads[1])
-        if names & path.names_assigned_after_start:
-            raise Refuse(Code.LAYOUT, "the batch or head size is reassigned inside the attention computation")
         value_rank = output.rank if output.rank is not None else 4
+        if names & path.names_assigned_after_start:
+            # read again at the SDPA call they would hold something else: bound where the view reads them
+            return Layout((cst.Name(batch), cst.Name(heads_name)), value_rank == 3, value_rank == 3, bound=heads)
         return Layout(heads, value_rank == 3, value_rank == 3)
     for op in ops:
         if isinstance(op, t.View) and op.rank_before != op.rank_after and op.rank_before is not None:

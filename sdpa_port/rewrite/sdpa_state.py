@@ -32,6 +32,8 @@ class SideNames:
     scores_shape: str = "scores_shape"
     term: str = "sdpa_term"
     zero_rows: str = "sdpa_zero_rows"
+    batch: str = "sdpa_batch"
+    heads: str = "sdpa_heads"
 
     @classmethod
     def avoiding(cls, taken: set[str]) -> "SideNames":

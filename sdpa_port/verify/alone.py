@@ -53,6 +53,9 @@ _WIDTHS = re.compile(
 # switches a constructor or a config takes with no default: off, the plain computation (`is_cross_attention`)
 _SWITCHES = re.compile(r"^(is|use|with|has|add|output|return|enable)_")
 _HEADS = re.compile(r"^(num_heads|num_attention_heads|n_heads?|heads|n_head|head_count)$")
+# a layer's index (Megatron's `layer_id`, `layer_number`): the second layer, so a coefficient it makes is not 1
+_LAYERS = re.compile(r"^(layer_id|layer_idx|layer_number|layer_index)$")
+LAYER = 1
 _RATES = re.compile(r"(^|_)(dropout|drop|p)(_prob|_rate|_p)?$")
 _MASKS = re.compile(r"^(attention_mask|attn_mask|mask|key_padding_mask)$")
 _TERMS = re.compile(r"(pos|bias)")  # optional score terms: position bias, relative positions, ALiBi
@@ -228,6 +231,8 @@ def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
             out[name] = HIDDEN
         elif _HEADS.match(name):
             out[name] = HEADS
+        elif _LAYERS.match(name) and parameter.default is parameter.empty:
+            out[name] = LAYER
         elif name == alone_inputs.window_parameter(klass):
             out[name] = alone_inputs.WINDOWS[0]  # the first of the windows tried (alone_inputs.window_options)
         elif _RATES.search(name) and (parameter.default is parameter.empty or isinstance(parameter.default, float)):
@@ -367,13 +372,31 @@ def _cases(module: torch.nn.Module, width: int, heads: int, window: Any = None) 
     spatial = alone_inputs.spatial_parameters(module.forward)
     sizes = alone_inputs.spatial_values(spatial)
     length = alone_inputs.tokens(window) if window is not None else math.prod(sizes.values()) if sizes else LENGTH
+    first: list[tuple[str, dict[str, Any]]] = []
     for shape in alone_inputs.state_shapes(width, heads, length, window):
-        found = _cases_at(module, width, heads, shape, sizes, length, window is not None)
-        # an image or a channels-first map (a VAE's `AttnBlock`): said in the case, the reader sees what ran
-        suffix = ", channels-first maps" if len(shape) == 4 and shape[1] == width and shape[2] != length else ""
-        if found:
-            return [(case + suffix, kwargs) for case, kwargs in found]
-    return []
+        for positions in _positions(module, length):
+            found = _cases_at(module, width, heads, shape, {**sizes, **positions}, length, window is not None)
+            # an image or a channels-first map (a VAE's `AttnBlock`), or (length, batch, width) states (Megatron's
+            # seq-first layout): said in the case, the reader sees what ran
+            masked = any(case != "no mask" for case, _ in found)
+            suffix = alone_inputs.layout_note(shape, width, length)
+            found = [(case + suffix, kwargs) for case, kwargs in found]
+            if masked:
+                return found
+            first = first or found
+    # the states of a layout the masks run on are preferred: a seq-first module runs (b, s, w) states unmasked as s
+    # sequences of b tokens, where no mask of (b, s) fits
+    return first
+
+
+def _positions(module: torch.nn.Module, length: int) -> list[dict[str, Any]]:
+    """Position ids a forward requires, in each shape tried: (batch, length), then ChatGLM's (batch, 2, length) of
+    positions and block positions; none where it requires none."""
+    parameter = inspect.signature(module.forward).parameters.get("position_ids")
+    if parameter is None or parameter.default is not parameter.empty:
+        return [{}]
+    positions = torch.arange(length).expand(BATCH, length)
+    return [{"position_ids": positions}, {"position_ids": torch.stack([positions, torch.zeros_like(positions)], 1)}]
 
 
 def _cases_at(
@@ -381,7 +404,7 @@ def _cases_at(
     width: int,
     heads: int,
     shape: tuple[int, ...],
-    sizes: dict[str, int],
+    sizes: dict[str, Any],
     length: int,
     windowed: bool,
 ) -> list[tuple[str, dict[str, Any]]]:
@@ -395,7 +418,9 @@ def _cases_at(
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or parameter.name in sizes:
             continue
         name = parameter.name
-        if _MASKS.match(name):
+        if _LAYERS.match(name) and parameter.default is parameter.empty:  # Megatron's forward(..., layer_id)
+            base[name] = LAYER
+        elif _MASKS.match(name):
             masks.append(name)
             if parameter.default is parameter.empty:  # a mask the forward requires is None where none is given
                 base[name] = None

@@ -8,7 +8,8 @@ inputs. Vision and diffusion attention takes more than the `(batch, length, widt
 - a window (`window_size`, `win_size`) or a feature map size (`feat_size`), which the module builds a relative
   position table or a position embedding from: tried as a square 2-D window, a 1-D window, a cube, in that order
   (`WINDOWS`); the tokens of a window are the product of its sides;
-- states in other layouts, tried in order after the transformer's (`state_shapes`): heads split out
+- states in other layouts, tried in order after the transformer's (`state_shapes`): seq-first `(length, batch,
+  width)` (Megatron's layout, ChatGLM and CodeGeeX; taken where the masks run on it, see `alone._cases`), heads split out
   `(batch, length, heads, head_width)` (LoFTR), packed query, key and value channels first `(batch, 3 * width,
   length)` (guided diffusion's QKVAttention), channels first `(batch, width, length)` (a 1-D convolution), an image
   `(batch, width, height, width)` (a UNet's AttentionBlock);
@@ -80,7 +81,7 @@ def spatial_values(names: list[str]) -> dict[str, int]:
 
 def state_shapes(width: int, heads: int, length: int, window: Any = None) -> list[tuple[int, ...]]:
     """The state layouts to try, the transformer's first (module docstring)."""
-    shapes: list[tuple[int, ...]] = [(BATCH, length, width)]
+    shapes: list[tuple[int, ...]] = [(BATCH, length, width), (length, BATCH, width)]
     if heads > 0 and width % heads == 0:
         shapes.append((BATCH, length, heads, width // heads))
     shapes += [(BATCH, 3 * width, length), (BATCH, width, length)]
@@ -91,7 +92,17 @@ def state_shapes(width: int, heads: int, length: int, window: Any = None) -> lis
     return list(dict.fromkeys(shapes))
 
 
+def layout_note(shape: tuple[int, ...], width: int, length: int) -> str:
+    """What a case's states were, where not a transformer's (batch, length, width)."""
+    if len(shape) == 4 and shape[1] == width and shape[2] != length:
+        return ", channels-first maps"
+    if shape == (length, BATCH, width):
+        return ", seq-first states"
+    return ""
+
+
 __all__ = [
+    "layout_note",
     "WINDOWS",
     "window_parameter",
     "window_options",

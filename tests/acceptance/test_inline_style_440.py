@@ -122,6 +122,19 @@ SABOTAGES = {
         ("pooled block's scale of 2", "g.transpose(1, 2),\n            scale=1.0,", "g.transpose(1, 2),\n            scale=2.0,"),
         ("pooled output not transposed back", ").transpose(1, 2).view(-1, self.channels", ").reshape(-1, self.channels"),
     ],
+    # Megatron's seq-first layout (`fixtures/inline_style/modeling_tiny_seq_first.py`): the batch and head sizes
+    # bound where the scores were viewed, swapped or read again where the tuple and the query hold other sizes
+    "modeling_tiny_seq_first.py": [
+        ("batch and heads swapped", "sdpa_batch, sdpa_heads = output_size[0], output_size[1]\n        sdpa_mask", "sdpa_heads, sdpa_batch = output_size[0], output_size[1]\n        sdpa_mask"),
+        ("sizes read at the call", "sdpa_batch, sdpa_heads = output_size[0], output_size[1]\n        sdpa_mask", "sdpa_batch, sdpa_heads = query.size(1), query.size(2)\n        sdpa_mask"),
+        ("coefficient dropped", "scale=1.0 * coeff,", "scale=1.0,"),
+        ("fill dropped", "sdpa_mask = torch.where(attention_mask, -10000.0,", "sdpa_mask = 0 * torch.where(attention_mask, -10000.0,"),
+        ("norm factor dropped", "scale=1.0 / self.norm_factor,", "scale=1.0,"),
+        ("subtracted mask dropped", "attn_mask=-(attention_mask * 10000.0),", "attn_mask=None,"),
+        # the multiplicative mask of a lower triangle of ones: the fill dropped, or kept where the triangle masks
+        ("triangle fill dropped", "attn_mask=torch.where(ltor_mask.bool(),", "attn_mask=0 * torch.where(ltor_mask.bool(),"),
+        ("triangle fill inverted", "attn_mask=torch.where(ltor_mask.bool(),", "attn_mask=torch.where(~ltor_mask.bool(),"),
+    ],
 }
 
 

@@ -667,6 +667,12 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(family="523", causal="mask", terms=(("mask", "plain"),), del_key=True),
         "exact", None,
     ),
+    # Megatron's output_size tuples (ChatGLM, CodeGeeX): the sizes the flat scores were viewed with bound again before
+    # the product with V; read again at the SDPA call they unflatten the operands wrongly (a crash with the rule out)
+    "36c: the batch size bound again between the view of the scores and the product with V": (
+        Spec(layout="flat", product="bmm", causal="buffer", sizes_swapped=True),
+        "exact", None,
+    ),
 }
 
 

@@ -672,9 +672,16 @@ def one_stream(spec: Spec, n: Names, code: Code) -> None:
             code.add(f'attn_output = torch.einsum("bqk,kbd->qbd", attn_weights, {v}).transpose(0, 1)')
         elif spec.product == "einsum_flat":
             code.add(f'attn_output = torch.einsum("bqk,bkd->bqd", attn_weights, {v})')
+        elif spec.sizes_swapped:
+            # the sizes the scores were viewed with bound again before the product with V, and swapped back after
+            code.add(f"bsz, {n.q_len} = {n.q_len}, bsz")
+            code.add(f"attn_output = torch.bmm(attn_weights, {v})")
+            code.add(f"attn_output = attn_output.view({n.q_len}, {n.attr('num_heads')}, bsz, {n.attr('head_dim')})")
+            code.add(f"bsz, {n.q_len} = {n.q_len}, bsz")
         else:
             code.add(f"attn_output = torch.bmm(attn_weights, {v})")
-        code.add(f"attn_output = attn_output.view(bsz, {n.attr('num_heads')}, {n.q_len}, {n.attr('head_dim')})")
+        if not spec.sizes_swapped:
+            code.add(f"attn_output = attn_output.view(bsz, {n.attr('num_heads')}, {n.q_len}, {n.attr('head_dim')})")
     elif spec.product == "einsum_bthd" and spec.length_first:
         code.add(f'attn_output = torch.einsum("bhqk,kbhd->qbhd", attn_weights, {v})')
     elif spec.product == "einsum_bthd":

@@ -213,6 +213,10 @@ class Spec:
     # the softmax over dim 1 (the keys, the product's left operand), the value on the left of the probabilities as they
     # are (`torch.bmm(v.transpose(1, 2), attn_weights).transpose(1, 2)`)
     over_queries: bool = False
+    # flat layout: the batch size and the query length swapped between the view of the scores (batch, heads, q, k)
+    # and the product with V, which views its output with them swapped back (`bsz, q_len = q_len, bsz`): the sizes the
+    # view read are bound again before the SDPA call (Megatron's output_size tuples), so the port reads them at the view
+    sizes_swapped: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -376,6 +380,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         discarded_fill=random.Random(f"discard:{family}:{seed}").random() < 0.15,  # likewise
         closure=_pick(random.Random(f"closure:{family}:{seed}"), CLOSURES, (14, 2, 2, 2)),  # likewise
         over_queries=random.Random(f"queries:{family}:{seed}").random() < 0.2,  # likewise
+        sizes_swapped=random.Random(f"sizes:{family}:{seed}").random() < 0.2,  # its own generator, likewise
     )
     if spec.over_queries and family == "440":
         # a non-local block's form takes the skeleton it can be written in: one plain flat product in forward
@@ -563,6 +568,14 @@ def normalise(spec: Spec) -> Spec:
         and all(changes.get(name, getattr(spec, name)) == value for name, value in NON_LOCAL.items())
     ):
         changes["over_queries"] = False  # `draw` gave it the skeleton it needs; a spec written otherwise has not
+    if spec.sizes_swapped and not (
+        changes.get("layout", spec.layout) == "flat"
+        and changes.get("product", spec.product) != "einsum_flat"
+        and changes.get("value_left", spec.value_left) == "none"
+        and changes.get("hazard", spec.hazard) not in ("loop", "value_relative")
+        and spec.streams == "one"
+    ):
+        changes["sizes_swapped"] = False  # the flat layout's one bmm with V
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 

@@ -63,6 +63,7 @@ def test_state_layouts_start_with_the_transformers_and_end_with_an_image() -> No
     shapes = alone_inputs.state_shapes(32, 4, 7)
     assert shapes == [
         (BATCH, 7, 32),  # (batch, length, width): what every existing check ran on, first
+        (7, BATCH, 32),  # seq-first (Megatron's layout)
         (BATCH, 7, 4, 8),  # heads split out
         (BATCH, 96, 7),  # packed query, key and value channels first
         (BATCH, 32, 7),  # channels first

@@ -296,3 +296,47 @@ def test_a_module_returning_several_outputs_is_no_softmax_module() -> None:
         "comb, collapsed = self.mix(", "comb = collapsed = self.mix("
     )
     assert [site.where for site in find_eager_attention(ast.parse(single))] == ["Layer.forward"]
+
+
+FOREIGN_SOFTMAX = '''
+import torch
+from megatron_util.model.fused_softmax import FusedScaleMaskSoftmax
+from torch import nn
+
+
+class TinyCoreAttention(nn.Module):
+    def __init__(self, heads, layer_number):
+        super().__init__()
+        self.norm_factor = 8.0 ** 0.5
+        self.norm_factor *= layer_number
+        self.scale_mask_softmax = FusedScaleMaskSoftmax(True, False, None, True, None, True, layer_number)
+
+    def forward(self, query, key, value, mask):
+        scores = torch.baddbmm(torch.zeros(1, 1, 1), query, key.transpose(1, 2), beta=0.0, alpha=0.5)
+        probs = self.scale_mask_softmax(scores, mask)
+        return torch.bmm(probs, value)
+'''
+
+
+def test_a_softmax_module_of_another_package_is_named_not_read() -> None:
+    """Megatron's `FusedScaleMaskSoftmax` imported from megatron_util: the file does not show what it computes, so
+    the file is refused naming the module, its class and its package, not reported as having no attention."""
+    assert [site.where for site in find_eager_attention(ast.parse(FOREIGN_SOFTMAX))] == ["TinyCoreAttention.forward"]
+    result = port_source(FOREIGN_SOFTMAX, filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.REFUSED
+    assert result.reasons == (
+        "TinyCoreAttention.forward (line 16): eager attention (a softmax over a product of two tensors, multiplied by a "
+        "third) in a form the tool does not recognise; the recogniser stops at line 16: the scores are passed to "
+        "`self.scale_mask_softmax`, a `FusedScaleMaskSoftmax` module of `megatron_util.model.fused_softmax`, another "
+        "package, whose computation this file does not show (S101) [F601]",
+    )
+    # where the reading stops earlier (a scale it cannot prove a number), the module is named after that reason
+    scaled = FOREIGN_SOFTMAX.replace("alpha=0.5)", "alpha=1.0 / self.norm_factor)")
+    (reason,) = port_source(scaled, filename="modeling_tiny.py", style="inline").reasons
+    assert reason.endswith(
+        "(S102); its softmax is `self.scale_mask_softmax`, a `FusedScaleMaskSoftmax` module of "
+        "`megatron_util.model.fused_softmax`, another package, whose computation this file does not show [F601]"
+    ), reason
+    # a class of another package with no softmax in its name is no softmax: nothing to name
+    kernel = FOREIGN_SOFTMAX.replace("FusedScaleMaskSoftmax", "FusedScaleMaskKernel")
+    assert find_eager_attention(ast.parse(kernel)) == []

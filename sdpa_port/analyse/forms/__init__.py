@@ -29,6 +29,7 @@ import libcst as cst
 
 from sdpa_port.analyse.chain import Recognised
 from sdpa_port.analyse.forms import (
+    blends,
     blocks,
     dropout,
     fills,
@@ -76,7 +77,7 @@ FORMS: tuple[Form, ...] = (
     _form("maximum", guards.maximum),
     _form("additive helper", terms.additive_helper),
     _form("softmax wrapper", wrappers.wrapper),
-    _form("blend", fills.blended),
+    _form("blend", blends.blended),
     _form("added term", terms.added),
     _form("scale", scales.scaled),
     _form("row maximum shift", shift.shifted),

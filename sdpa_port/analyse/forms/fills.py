@@ -2,8 +2,8 @@
 
 The probabilities are set to 0 after the softmax where the same mask masked the scores.
 
-`scores.masked_fill(mask, value)`, `torch.masked_fill`, `torch.where(condition, scores, value)` either way round, and
-GPT's TensorFlow-era blend `scores * b + v * (1 - b)` over a triangular buffer of ones. What is read: the condition
+`scores.masked_fill(mask, value)`, `torch.masked_fill`, `torch.where(condition, scores, value)` either way round (and
+the multiplicative masks of `forms/blends.py`, read as such fills). What is read: the condition
 (negations undone), whether the fill absorbs the scores it replaces (-inf, finfo.min) or not (-1e4), whether a triangle
 buffer makes it causal (bottom-right) or top-left, and whether it can mask every key of a real row. A fill with a value
 that is not very negative is refused M201; a zeroing after the softmax is exact only where an absorbing fill masked the
@@ -21,7 +21,6 @@ import libcst.matchers as m
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.booleans import BooleanReader, zero_one_threshold
 from sdpa_port.analyse.chain import PROBS, AddTerm, Fill, Guard, Op, Poison, Softmax, ZeroRows, short
-from sdpa_port.analyse.cstutil import code, parenthesized, precedence, primary
 from sdpa_port.analyse.forms.common import Example, method_on_chain, scored, sdpa
 from sdpa_port.analyse.forms.fill_helpers import helper_fill_values
 from sdpa_port.analyse.forms.terms import always_applied
@@ -70,44 +69,44 @@ def where(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised
     return None
 
 
-def blended(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
-    if not isinstance(node, cst.BinaryOperation):
-        return None
-    found = blend(tracer, node)
-    if found is None:
-        return None
-    kept, condition, value = found
-    base, ops = tracer.decompose(kept, line)
-    return base, [*ops, masking_fill(tracer, condition, value, True, line, base.cid, ops)]
+def lower_ones(
+    tracer: TracerView, node: cst.BaseExpression, depth: int = 0
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """A lower triangle of ones, `torch.tril(torch.ones(..., rows, keys))` on its diagonal, through casts, `bool()` and
+    views keeping its last two sizes: its rows and keys. Each row keeps the first key, so no row loses every key.
 
-
-def blend(
-    tracer: TracerView, node: cst.BinaryOperation
-) -> tuple[cst.BaseExpression, cst.BaseExpression, cst.BaseExpression] | None:
-    """GPT's TensorFlow-era masking `scores * b + v * (1 - b)`: the scores, the condition, the fill.
-
-    Also `- c * (1 - b)`, with `b` a slice of a lower-triangular buffer of ones (every entry 0 or 1): exactly
-    `torch.where(b.bool(), scores, v)` for finite scores.
+    Views are followed only where they write the same last two sizes (`.view(1, 1, t, s)` of `ones((1, t, s))`).
     """
-    if not isinstance(node.operator, (cst.Add, cst.Subtract)):
+    if depth > 8:
         return None
-    kept = _times(node.left)
-    masked = _times(node.right)
-    if kept is None or masked is None:
+    found = p.method_call(node, p.CAST_METHODS | {"bool"})
+    if found is not None:
+        return lower_ones(tracer, found[0], depth + 1)
+    if isinstance(node, cst.Name):
+        values = tracer.scope.local_values(node.value)
+        read = [lower_ones(tracer, value, depth + 1) for value in values if node.value not in p.walk_names(value)]
+        kept = [k for k in read if k is not None]
+        if not values or len(kept) != len(values):
+            return None
+        same = all(k[0].deep_equals(kept[0][0]) and k[1].deep_equals(kept[0][1]) for k in kept)
+        return kept[0] if same else None
+    reshaped = p.reshape_args(node)
+    if reshaped is not None:
+        inner = lower_ones(tracer, reshaped[0], depth + 1)
+        args = reshaped[1]
+        if inner is None or len(args) < 2 or any(a.star or a.keyword for a in args):
+            return None
+        kept_sizes = inner[0].deep_equals(args[-2].value) and inner[1].deep_equals(args[-1].value)
+        return inner if kept_sizes else None
+    if not isinstance(node, cst.Call) or tracer.scope.qualify(node.func) != "torch.tril" or len(node.args) != 1:
         return None
-    for scores, weight in (kept, kept[::-1]):
-        if not tracer.chain_or_start(scores) or tracer.reads.chain_value_refs(weight):
-            continue
-        for value, complement in (masked, masked[::-1]):
-            if tracer.reads.chain_value_refs(value) or not _one_minus(complement, weight):
-                continue
-            if isinstance(node.operator, cst.Subtract):
-                value = cst.UnaryOperation(cst.Minus(), value if precedence(value) >= 12 else parenthesized(value))
-            if triangle_slice(tracer, weight) is None:
-                return None
-            condition = cst.Call(func=cst.Attribute(value=primary(weight), attr=cst.Name("bool")))
-            return scores, condition, value
-    return None
+    ones = node.args[0].value
+    if not isinstance(ones, cst.Call) or tracer.scope.qualify(ones.func) != "torch.ones":
+        return None
+    sizes = [a.value for a in ones.args if a.keyword is None and not a.star]
+    if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+        sizes = [e.value for e in sizes[0].elements]
+    return (sizes[-2], sizes[-1]) if len(sizes) >= 2 else None
 
 
 def masking_fill(
@@ -141,7 +140,7 @@ def masking_fill(
     top_left = triangle is not None and _top_left(triangle[1])
     causal = diagonal is Diagonal.CAUSAL
     absorbing = all(p.is_absorbing(value, values[1]) for value in values[0])
-    row_safe = diagonal is not None or is_padding_condition(tracer, condition)
+    row_safe = diagonal is not None or is_padding_condition(tracer, condition) or lower_ones(tracer, condition) is not None
     detached = tracer.reads.detach(condition, cid)
     return Fill(
         detached,
@@ -337,23 +336,6 @@ def _triangle_threshold(tracer: TracerView, node: cst.BaseExpression) -> tuple[c
     if found is None or triangle_slice(tracer, found[0]) is None:
         return None
     return booleans(tracer).kept_where(found[0]), found[1]
-
-
-def _times(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
-    """The two factors of a product `a * b`."""
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
-        return node.left, node.right
-    return None
-
-
-def _one_minus(node: cst.BaseExpression, weight: cst.BaseExpression) -> bool:
-    """The weight of `1 - weight` or `1.0 - weight`, when written the same way as `weight`."""
-    return (
-        isinstance(node, cst.BinaryOperation)
-        and isinstance(node.operator, cst.Subtract)
-        and p.number(node.left) == 1.0
-        and code(node.right) == code(weight)
-    )
 
 
 class Diagonal(enum.Enum):
@@ -583,18 +565,6 @@ EXAMPLES = {
             methods=_CACHED_MASK_VALUE,
             becomes="mask_value = self._get_mask_value(query.device, query.dtype)\nreturn "
             + sdpa(f"attn_mask={_BOOL_MASK}", "scale=1.0"),
-        ),
-    ),
-    # GPT's TensorFlow-era blend over the causal buffer: torch.where(causal, scores, -1e4)
-    "blended": (
-        Example(
-            scored("scores = scores * causal + -1e4 * (1 - causal)\nprobs = scores.softmax(-1)", _CAUSAL),
-            Fill,
-            becomes=_causal_port("causal.bool()", "-1e4"),
-        ),
-        Example(
-            scored("scores = scores * causal + 1.0 * (1 - causal)\nprobs = scores.softmax(-1)", _CAUSAL),
-            refused=Code.FILL_VALUE,
         ),
     ),
 }

@@ -57,6 +57,7 @@ def query_key_product(tracer: TracerView, node: cst.BaseExpression, line: int) -
             # `einsum("bhqd,bhdk->bhqk", q, k.transpose(-1, -2))`: the key itself is in SDPA's layout
             key, orders = untransposed, (roles.left, None)
     else:
+        rank = product_rank(tracer, product)
         split = key_operand(tracer, product.right, rank)
         key_factor, unproven = split.number, split.unproven
         key = untranspose(tracer, split.operand, rank, telling_query(product))
@@ -94,6 +95,20 @@ def query_key_product(tracer: TracerView, node: cst.BaseExpression, line: int) -
     if product.form is p.ProductForm.BADDBMM:
         ops.extend(baddbmm_terms(tracer, product, base, line))
     return base, ops
+
+
+def product_rank(tracer: TracerView, product: p.Product) -> int | None:
+    """The rank of a product other than an einsum: its form's (`bmm`), or that of both operands of a `matmul`.
+
+    Before: `torch.matmul(q.transpose(0, 1), k.transpose(0, 1).transpose(1, 2))` of (s, b * h, d) operands (Megatron's
+    seq-first layout, CodeGeeX). After: a 3-D product, whose key `transpose(1, 2)` swaps the last two dimensions, read
+    as `bmm` reads it. Operands of different or unknown ranks (a matmul broadcasting) give None.
+    """
+    if product.rank is not None:
+        return product.rank
+    key = key_operand(tracer, product.right, None).operand
+    ranks = {tracer.ranks.rank_of(strip_casts(operand, tracer.scope)[0]) for operand in (product.left, key)}
+    return ranks.pop() if len(ranks) == 1 else None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import libcst as cst
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import Cast, Poison, View, short
 from sdpa_port.analyse.cstutil import assigned_between
-from sdpa_port.analyse.forms.common import Example, casts_to_float32, method_on_chain, scored, sdpa
+from sdpa_port.analyse.forms.common import GAP, Example, casts_to_float32, method_on_chain, scored, sdpa
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -32,19 +32,7 @@ def reshape(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognis
     after = tracer.ranks.view_rank(call.args)
     heads = None
     if current.rank == 3 and after == 4:
-        heads = (call.args[0].value, call.args[1].value) if len(call.args) == 4 else tracer.ranks.tuple_heads(call.args)
-        # sizes read from a tuple written earlier (`output_size = (q.size(1), q.size(2), ...)`) read its names as
-        # they were then: one bound again since (`q = q.view(s, b * h, d)`) holds something else here
-        read = set() if heads is None or len(call.args) == 4 else p.walk_names(heads[0]) | p.walk_names(heads[1])
-        stale = read & assigned_between(tracer.function, heads, [call]) if heads is not None and read else set()
-        if heads is not None and stale:
-            raise Poison(
-                Code.LAYOUT,
-                f"the batch and head sizes `{short(heads[0])}`, `{short(heads[1])}` read "
-                + ", ".join(f"`{name}`" for name in sorted(stale))
-                + ", bound again after they are written",
-                {base.cid},
-            )
+        heads = (call.args[0].value, call.args[1].value) if len(call.args) == 4 else _tuple_heads(tracer, call)
     if current.rank is None and after is not None and after != 4:
         raise Poison(Code.LAYOUT, "the scores are reshaped and their layout cannot be told", {base.cid})
     if after is not None and after == (current.rank or 4):
@@ -62,6 +50,31 @@ def reshape(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognis
                 Code.LAYOUT, f"the scores are regrouped by `{short(node)}`, a shape that cannot be read", {base.cid}
             )
     return base, [*ops, View(current.rank, after if after is not None else current.rank, heads, shape)]
+
+
+def _tuple_heads(
+    tracer: TracerView, call: cst.Call
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """The batch and head sizes of `view(*sizes)`, as readable where the view is.
+
+    Sizes read from a tuple written earlier (`output_size = (q.size(1), q.size(2), ...)`) read its names as they were
+    then. Where one is bound again since (`q = q.view(s, b * h, d)`) it holds something else at the view, and the sizes
+    are read from the tuple itself (`output_size[0]`, `output_size[1]`), which holds them there.
+    """
+    heads = tracer.ranks.tuple_heads(call.args)
+    if heads is None:
+        return None
+    read = p.walk_names(heads[0]) | p.walk_names(heads[1])
+    if not read & assigned_between(tracer.function, heads, [call]):
+        return heads
+    held = call.args[0].value
+    if not isinstance(held, cst.Name):
+        return None
+    return _item(held, 0), _item(held, 1)
+
+
+def _item(node: cst.Name, index: int) -> cst.Subscript:
+    return cst.Subscript(node, [cst.SubscriptElement(cst.Index(cst.Integer(str(index))))])
 
 
 def cast(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
@@ -90,6 +103,18 @@ _SIZES = (
     "probs = scores.view(b * h, s, s).softmax(-1)\nreturn torch.bmm(probs, value).view(b, h, s, d)"
 )
 
+# Megatron's seq-first layout: (s, b, h, d) operands flattened to (s, b * h, d), the product on them transposed, the
+# scores viewed back through a tuple of sizes read before the flattening, a second tuple written after
+_MEGATRON = (
+    "s, b, h, d = query.shape\noutput_size = (query.size(1), query.size(2), query.size(0), key.size(0))\n"
+    "query = query.reshape(s, b * h, d)\nkey = key.reshape(s, b * h, d)\nvalue = value.reshape(s, b * h, d)\n"
+    "scores = torch.bmm(query.transpose(0, 1), key.transpose(0, 1).transpose(1, 2))\n"
+    "scores = scores.view(*output_size)\nscores = scores + attention_mask\n"
+    "output_size = (value.size(1), query.size(0), value.size(2))\n"
+    "probs = scores.view(b * h, s, s).softmax(-1)\ncontext = torch.bmm(probs, value.transpose(0, 1))\n"
+    "return context.view(b, h, s, d)"
+)
+
 EXAMPLES = {
     "reshape": (
         # SDPA gets the operands unflattened with the sizes the view names, and its output flattened back
@@ -116,9 +141,35 @@ EXAMPLES = {
         ),
         # a view of the same rank may regroup the entries
         Example(scored("probs = scores.view(b, s, h, s).softmax(-1)", _SHAPE), refused=Code.LAYOUT),
-        # the tuple's sizes read the query before it is flattened: read again at the SDPA call, they would be
-        # (b * h, s), not (b, h)
-        Example(_SIZES.format(first="query.size(0)", second="query.size(1)"), refused=Code.LAYOUT),
+        # the tuple's sizes read the query before it is flattened: read again there, they would be (b * h, s), so
+        # they are read from the tuple, which nothing binds again
+        Example(
+            _SIZES.format(first="query.size(0)", second="query.size(1)"),
+            View,
+            becomes=sdpa(
+                "attn_mask=attention_mask",
+                "scale=1.0",
+                operands="query.unflatten(0, (sizes[0], sizes[1])), key.unflatten(0, (sizes[0], sizes[1])), "
+                "value.unflatten(0, (sizes[0], sizes[1]))",
+            )
+            + ".flatten(0, 1).view(b, h, s, d)",
+        ),
+        # Megatron's seq-first layout, the tuple bound again after the view: the sizes are bound where it reads them
+        Example(
+            _MEGATRON,
+            View,
+            becomes="sdpa_batch, sdpa_heads = output_size[0], output_size[1]"
+            + GAP
+            + "context = "
+            + sdpa(
+                "attn_mask=attention_mask",
+                "scale=1.0",
+                operands="query.transpose(0, 1).unflatten(0, (sdpa_batch, sdpa_heads)), "
+                "key.transpose(0, 1).unflatten(0, (sdpa_batch, sdpa_heads)), "
+                "value.transpose(0, 1).unflatten(0, (sdpa_batch, sdpa_heads))",
+            )
+            + ".flatten(0, 1)",
+        ),
     ),
     "cast": (
         Example(scored("probs = scores.float().softmax(-1).type_as(value)"), Cast, becomes=sdpa("scale=1.0")),
