@@ -231,8 +231,8 @@ def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
             out[name] = HIDDEN
         elif _HEADS.match(name):
             out[name] = HEADS
-        elif _LAYERS.match(name) and parameter.default is parameter.empty:
-            out[name] = LAYER
+        elif _LAYERS.match(name) and parameter.default in (parameter.empty, None):
+            out[name] = LAYER  # also where None is the default (QWen's `max(1, layer_number)` needs a number)
         elif name == alone_inputs.window_parameter(klass):
             out[name] = alone_inputs.WINDOWS[0]  # the first of the windows tried (alone_inputs.window_options)
         elif _RATES.search(name) and (parameter.default is parameter.empty or isinstance(parameter.default, float)):
