@@ -359,7 +359,9 @@ class Tracer:
         package, _, klass = qualified.rpartition(".")
         if not package or package.split(".")[0] in ("torch", "transformers") or klass in self.facts.classes:
             return ""
-        return f", a `{klass}` module of `{package}`, another package, whose computation this file does not show"
+        # `from .quant_modules import IntSoftmax` (I-BERT): a file beside this one, not another package
+        elsewhere = "another file of this package" if package.startswith(".") else "another package"
+        return f", a `{klass}` module of `{package}`, {elsewhere}, whose computation this file does not show"
 
     def chain_or_start(self, node: cst.CSTNode) -> set[int]:
         """Chains read by an expression, or {-1} when it holds a query-key product that would start one."""

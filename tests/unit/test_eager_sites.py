@@ -340,3 +340,8 @@ def test_a_softmax_module_of_another_package_is_named_not_read() -> None:
     # a class of another package with no softmax in its name is no softmax: nothing to name
     kernel = FOREIGN_SOFTMAX.replace("FusedScaleMaskSoftmax", "FusedScaleMaskKernel")
     assert find_eager_attention(ast.parse(kernel)) == []
+    # a file beside this one (I-BERT's `from .quant_modules import IntSoftmax`) is not another package
+    sibling = FOREIGN_SOFTMAX.replace("from megatron_util.model.fused_softmax import", "from .fused_softmax import")
+    sibling = sibling.replace("scale_mask_softmax", "softmax")  # found by the attribute's name, as I-BERT's is
+    (reason,) = port_source(sibling, filename="modeling_tiny.py", style="inline").reasons
+    assert "module of `.fused_softmax`, another file of this package, whose computation" in reason, reason
