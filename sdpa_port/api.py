@@ -106,12 +106,7 @@ def _beside_sdpa_sites(live: ast.Module, first: Screen) -> tuple[list[EagerSite]
     sites = find_eager_attention(live)
     if not first.sdpa_classes or not sites:
         return [], sites
-    callers: dict[str, set[str]] = {}
-    for node in live.body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name):
-                    callers.setdefault(inner.func.id, set()).add(node.name)
+    callers = _users(live, calls_only=True)
     kept: list[EagerSite] = []
     others: list[EagerSite] = []
     for site in sites:
@@ -157,6 +152,20 @@ def _unrecognised(tree: ast.Module, live: ast.Module, first: Screen, result: Por
     return PortResult.refused(result.source, result.style, refusals)
 
 
+def _users(live: ast.Module, calls_only: bool) -> dict[str, set[str]]:
+    """For each name, the top-level classes and functions of the file that call it, or, unless `calls_only`, that
+    read it at all."""
+    out: dict[str, set[str]] = {}
+    for node in live.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if calls_only and isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name):
+                    out.setdefault(inner.func.id, set()).add(node.name)
+                elif not calls_only and isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Load):
+                    out.setdefault(inner.id, set()).add(node.name)
+    return out
+
+
 def _unported(source: str, tree: ast.Module, live: ast.Module, first: Screen, result: PortResult) -> PortResult:
     """A port that leaves other eager attention of the file as it is says so: each site the form-free detector finds
     outside the classes ported (and the functions only they call), not already named in a warning, is named with
@@ -165,12 +174,7 @@ def _unported(source: str, tree: ast.Module, live: ast.Module, first: Screen, re
         return result
     _, sites = _beside_sdpa_sites(live, first)
     ported = set(result.attention_classes)
-    users: dict[str, set[str]] = {}  # a function's callers, or the classes that name it (`= eager_attention_forward`)
-    for node in live.body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Load):
-                    users.setdefault(inner.id, set()).add(node.name)
+    users = _users(live, calls_only=False)  # named counts too: `attention_interface = eager_attention_forward`
     said = " ".join(result.warnings)
     missed = []
     for site in sites:
