@@ -252,8 +252,7 @@ class InterfaceEmitter(SdpaEmitter):
             kwargs=self.interface.forward_kwargs or "",
             weights_requested=self.interface.weights_requested or "",
             mask_variable=mask_variable,
-            query_root=code(primary(self.query)),
-            key_root=code(primary(self.key)),
+            **self.shape_sources(query, key),
             **self.operands_cast(value),
         )
         out.extend(dispatch)
@@ -291,6 +290,19 @@ class InterfaceEmitter(SdpaEmitter):
         self.fold_called = True
         query, key = code(primary(self.query)) if self.query else "", code(primary(self.key)) if self.key else ""
         return f"{self.interface.fold_function}({terms}, {handed}, {causal}, {query}, {key})"
+
+    def shape_sources(self, query: cst.BaseExpression, key: cst.BaseExpression) -> dict[str, str]:
+        """What the dispatch reads sizes from: the query's and key's roots (for eager's causal mask), and the
+        operands as handed. Transformers' flex reads `position_bias[batch, head, query, key]` with no broadcasting, so
+        the terms go to it expanded to the scores' shape (a view), under flex only: sdpa would copy the expansion."""
+        assert self.query is not None and self.key is not None
+        return {
+            "query_root": code(primary(self.query)),
+            "key_root": code(primary(self.key)),
+            "bias_variable": _fresh("dispatch_bias", self.taken()),
+            "flex_query": code(query),
+            "flex_key": code(key),
+        }
 
     def held_elsewhere(self, name: str) -> bool:
         """`name` holds the probabilities of some product with V (`OutputStmt.holders`)."""

@@ -42,6 +42,21 @@ def test_a_port_claims_flex_after_it_ran(tmp_path: Path) -> None:
     build(module.XGLMModel, tiny_config(module.XGLMConfig), "flex_attention")
 
 
+@pytest.mark.parametrize("model", ["bloom", "gpt_neo"])
+def test_terms_handed_as_position_bias_run_under_flex(model: str, tmp_path: Path) -> None:
+    """Terms of a broadcast shape handed over as `position_bias` (BLOOM's ALiBi, `(batch, heads, 1, k)`; GPT-Neo's
+    causal and local-window buffer, `(1, 1, q, k)`) reach flex expanded, so flex runs, matches eager, and is
+    claimed (handed as they are, flex's kernel indexed out of bounds and the flag was withheld)."""
+    written = tmp_path / f"modeling_{model}.py"
+    command = [sys.executable, "-m", "sdpa_port", model, "-o", str(written), "--no-tests", "--json", "--verify"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout.splitlines()[-1])
+    assert any("flex_attention == eager: ok" in line for line in report["verification"]), report["verification"]
+    assert any(f"{FLEX} = True (flex attention ran" in note for note in report["notes"]), report["notes"]
+    assert "position_bias=dispatch_bias" in written.read_text(encoding="utf-8")
+
+
 def test_without_the_claim_checks_the_port_sets_neither_flag(tmp_path: Path) -> None:
     """--no-claims skips both checks, and the port then sets neither flag."""
     written = tmp_path / "modeling_xglm.py"

@@ -102,7 +102,7 @@ def test_a_causal_buffer_under_a_setting_is_handed_over_in_its_branch(name: str,
     still holds None is assigned, not tested again."""
     source = ported(name, POSITION_BIAS)
     dispatching = source[source.index("class FuzzAttention") :]
-    assert "position_bias=sdpa_mask" in dispatching
+    assert "dispatch_bias = sdpa_mask" in dispatching and "position_bias=dispatch_bias" in dispatching
     assert "sdpa_mask = None" in dispatching
     branch = dispatching[dispatching.index(guard) : dispatching.index("attention_interface = ")]
     assert "sdpa_mask = torch.where(causal_mask, " in branch
@@ -173,7 +173,7 @@ def test_a_causal_buffer_carrying_the_module_s_causality_dispatches_with_is_caus
     goes over in position_bias and the dispatch passes is_causal=False, taken out of the caller's kwargs."""
     source = ported(name, POSITION_BIAS)
     forward = source[source.index("class FuzzAttention") :]
-    assert "if self.is_causal:" in forward and "position_bias=sdpa_mask" in forward
+    assert "if self.is_causal:" in forward and "dispatch_bias = sdpa_mask" in forward and "position_bias=dispatch_bias" in forward
     assert forward.count("            is_causal=False,\n") == 1
     assert 'kwargs.pop("is_causal", None)' in forward
     claimed = render(regression(name)[0]).replace(

@@ -156,10 +156,25 @@ def test_a_release_whose_sdpa_reads_position_bias_gets_the_terms_so() -> None:
     assert "+ position_bias" in RELATIVE and "output_attentions=False, position_bias=None)" in RELATIVE
     result = port_source(RELATIVE, style="interface", release=POSITION_BIAS)
     assert result.status is Status.PORTED, result.reasons
-    dispatch = _forward(result.source, "TinyAttention").split("attention_interface(")[1]
-    assert "position_bias=position_bias" in dispatch
+    forward = _forward(result.source, "TinyAttention")
+    dispatch = forward.split("attention_interface(")[1]
+    assert "position_bias=dispatch_bias" in dispatch and "dispatch_bias = position_bias" in forward
     assert "fold_additive_terms" not in result.source
     assert "attention_mask = attention_mask" not in result.source  # eager reads the mask it is handed
+
+
+def test_flex_gets_the_terms_expanded_to_the_scores_shape() -> None:
+    """Transformers' flex indexes `position_bias[batch, head, query, key]` with no broadcasting, so terms of shape
+    `(1, heads, q, k)` or `(batch, heads, 1, k)` fail inside the compiled kernel: under flex (only, since sdpa would
+    copy an expansion) they are handed over expanded, a view; a term that may be None is left as it is."""
+    result = port_source(RELATIVE, style="interface", release=POSITION_BIAS)
+    forward = _forward(result.source, "TinyAttention")
+    before_dispatch = forward.split("attention_interface(")[-2]
+    assert "dispatch_bias = position_bias" in before_dispatch
+    assert (
+        "if self.config._attn_implementation == 'flex_attention' and dispatch_bias is not None:\n"
+        "        dispatch_bias = dispatch_bias.expand(*query.shape[:-1], key.shape[-2])"
+    ) in before_dispatch
 
 
 @pytest.mark.parametrize("release", [None, BEFORE_POSITION_BIAS], ids=["unknown", "5.10.4"])
