@@ -56,7 +56,8 @@ class _Flattening:
 def keep_heads(function: cst.FunctionDef, methods: Methods) -> cst.FunctionDef:
     """`function` with each operand it flattens for the SDPA call passed whole where its shape is proven, and the
     output's flatten, size check and view back dropped where they provably undo each other."""
-    body = list(function.body.body)
+    # generated code may share one node object between places; each read must be told apart from the others
+    body = [statement.deep_clone() for statement in function.body.body]
     found = _sdpa_statement(body)
     if found is None:
         return function
@@ -98,10 +99,12 @@ def keep_heads(function: cst.FunctionDef, methods: Methods) -> cst.FunctionDef:
     if not replaced and not dropped:
         return function
     body = [rewritten.get(position, statement) for position, statement in enumerate(body)]
-    kept = [replace_nodes(s, replaced) for position, s in enumerate(body) if position not in dropped]
     for name in held:
-        # the tuple of the flattened sizes, where nothing reads it any more
-        dropped |= {p for p, s in enumerate(body) if _binds_tuple(s, name) and not any(name in walk_names(k) for k in kept)}
+        # the tuple of the flattened sizes, where nothing else reads it any more
+        binding = {position for position, s in enumerate(body) if _binds_tuple(s, name)}
+        rest = [replace_nodes(s, replaced) for position, s in enumerate(body) if position not in dropped | binding]
+        if len(binding) == 1 and not any(name in walk_names(s) for s in rest):
+            dropped |= binding
     return function.with_changes(body=function.body.with_changes(body=_dropping(body, dropped, replaced)))
 
 
@@ -276,13 +279,14 @@ def _other_reads(
     is found."""
     if name in assigned_values(after):
         return None
-    skip = set(nodes_of_type(operand, cst.Name))
+    assert isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute)
+    skip = operand.func.value  # the name split by `unflatten`
     rewritten: dict[cst.CSTNode, cst.CSTNode] = {}
     attributes = {id(a.value): a for s in after for a in nodes_of_type(s, cst.Attribute)}
     sized = {id(c.func): c for s in after for c in nodes_of_type(s, cst.Call) if isinstance(c.func, cst.Attribute)}
     for statement in after:
         for node in nodes_of_type(statement, cst.Name):
-            if node.value != name or node in skip:
+            if node.value != name or node is skip:
                 continue
             attribute = attributes.get(id(node))
             if attribute is None:
