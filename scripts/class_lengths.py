@@ -45,6 +45,10 @@ def hand(wheel: Path, model: str) -> str:
         return archive.read(f"transformers/models/{model}/modeling_{model}.py").decode()
 
 
+def _listed(lengths: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in lengths.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="*", default=list(MODELS))
@@ -53,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         for model in args.models:
-            line = f"{model}: " + ", ".join(f"{name} {n}" for name, n in class_lengths(ported(args.site, model, Path(folder))).items())
+            line = f"{model}: {_listed(class_lengths(ported(args.site, model, Path(folder))))}"
             if args.hand is not None:
-                line += " | hand: " + ", ".join(f"{name} {n}" for name, n in class_lengths(hand(args.hand, model)).items())
+                line += f" | hand: {_listed(class_lengths(hand(args.hand, model)))}"
             print(line)
     return 0
 

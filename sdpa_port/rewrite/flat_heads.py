@@ -25,7 +25,15 @@ from typing import Callable, Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import assigned_values, code, if_branches, nodes_of_type, walk_names
+from sdpa_port.analyse.cstutil import (
+    assigned_values,
+    block_body,
+    code,
+    if_branches,
+    is_docstring,
+    nodes_of_type,
+    walk_names,
+)
 from sdpa_port.rewrite.edit import replace_nodes
 
 Shape = tuple[str | None, ...]  # the code of each size, None where the text does not tell
@@ -57,7 +65,7 @@ def keep_heads(function: cst.FunctionDef, methods: Methods) -> cst.FunctionDef:
     """`function` with each operand it flattens for the SDPA call passed whole where its shape is proven, and the
     output's flatten, size check and view back dropped where they provably undo each other."""
     # generated code may share one node object between places; each read must be told apart from the others
-    body = [statement.deep_clone() for statement in function.body.body]
+    body = [statement.deep_clone() for statement in block_body(function.body)]
     found = _sdpa_statement(body)
     if found is None:
         return function
@@ -93,8 +101,9 @@ def keep_heads(function: cst.FunctionDef, methods: Methods) -> cst.FunctionDef:
         undone = _undone(body, index, output, batch, heads_code, query.shape[2], code(value.last), stable)
         if undone is not None:
             dropped |= undone
-            flattened = body[index].body[0].value  # type: ignore[attr-defined]
-            replaced[flattened] = replace_nodes(call, operands)
+            assignment = _assignment(body[index])
+            assert assignment is not None
+            replaced[assignment.value] = replace_nodes(call, operands)
     replaced.update(operands)
     if not replaced and not dropped:
         return function
@@ -145,14 +154,13 @@ def _sdpa_statement(
     body: Sequence[cst.BaseStatement],
 ) -> tuple[int, str, cst.Call, cst.Tuple] | None:
     """The statement `out = <SDPA call on (b * h, L, d) operands split by `unflatten(0, (b, h))`>.flatten(0, 1)`."""
+    flatten = m.Call(func=m.Attribute(attr=m.Name("flatten")), args=[m.Arg(m.Integer("0")), m.Arg(m.Integer("1"))])
     for index, statement in enumerate(body):
-        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
-            continue
-        small = statement.body[0]
-        if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)):
+        small = _assignment(statement)
+        if small is None:
             continue
         value = small.value
-        if not m.matches(value, m.Call(func=m.Attribute(attr=m.Name("flatten")), args=[m.Arg(m.Integer("0")), m.Arg(m.Integer("1"))])):
+        if not m.matches(value, flatten):
             continue
         assert isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
         call = value.func.value
@@ -163,8 +171,17 @@ def _sdpa_statement(
             continue
         if len({code(h) for h in heads if h is not None}) != 1:
             continue
-        assert heads[0] is not None
+        assert heads[0] is not None and isinstance(small.targets[0].target, cst.Name)
         return index, small.targets[0].target.value, call, heads[0]
+    return None
+
+
+def _assignment(statement: cst.BaseStatement, name: str | None = None) -> cst.Assign | None:
+    """The assignment of a line holding only `name = value` (any name where `name` is None)."""
+    target = m.Name() if name is None else m.Name(name)
+    if m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target)])])):
+        assert isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Assign)
+        return statement.body[0]
     return None
 
 
@@ -200,10 +217,8 @@ def _flattening(
         statement = body[index]
         if name.value not in assigned_values([statement]):
             continue
-        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
-            return None
-        small = statement.body[0]
-        if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and m.matches(small.targets[0].target, m.Name(name.value))):
+        small = _assignment(statement, name.value)
+        if small is None:
             return None
         view = small.value
         if not (
@@ -251,8 +266,9 @@ def _stable(body: Sequence[cst.BaseStatement], params: set[str]) -> set[str]:
     `self` only where forward sets none of its attributes."""
     counts = {name: len(values) for name, values in assigned_values(body).items()}
     stable = {name for name in params if name not in counts} | {name for name, n in counts.items() if n == 1}
-    targets = [t.target for s in body for a in nodes_of_type(s, cst.Assign) for t in a.targets]
-    targets += [a.target for s in body for a in [*nodes_of_type(s, cst.AugAssign), *nodes_of_type(s, cst.AnnAssign)]]
+    targets: list[cst.BaseExpression] = [t.target for s in body for a in nodes_of_type(s, cst.Assign) for t in a.targets]
+    targets += [a.target for s in body for a in nodes_of_type(s, cst.AugAssign)]
+    targets += [a.target for s in body for a in nodes_of_type(s, cst.AnnAssign)]
     if any(nodes_of_type(t, cst.Attribute) or nodes_of_type(t, cst.Subscript) for t in targets):
         stable.discard("self")
     return stable
@@ -382,7 +398,8 @@ def shape_of(node: cst.BaseExpression, context: _Context, methods: Methods, dept
     if method in ("view", "reshape"):
         if any(a.keyword for a in node.args) or len(node.args) < 2:
             return None
-        return tuple(None if m.matches(a.value, m.UnaryOperation(m.Minus(), m.Integer("1"))) else code(a.value) for a in node.args)
+        unknown = m.UnaryOperation(m.Minus(), m.Integer("1"))
+        return tuple(None if m.matches(a.value, unknown) else code(a.value) for a in node.args)
     inner = shape_of(func.value, context, methods, depth + 1)
     if inner is None:
         return None
@@ -438,26 +455,22 @@ def _method_shape(
     function = methods(name)
     if function is None or function.decorators or any(a.keyword or a.star for a in node.args):
         return None
-    body = [s for s in function.body.body if not _is_docstring(s)]
+    body = [s for s in block_body(function.body) if not is_docstring(s)]
     if len(body) != 1 or not m.matches(body[0], m.SimpleStatementLine(body=[m.Return(value=m.DoNotCare())])):
         return None
+    returned = body[0].body[0].value  # type: ignore[attr-defined]
     params = function.params
     if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.kwonly_params or params.posonly_params:
         return None
     names = [p.name.value for p in params.params]
     if not names or names[0] != "self" or len(names) - 1 != len(node.args):
         return None
-    returned = body[0].body[0].value  # type: ignore[attr-defined]
     if walk_names(returned) - set(names) - {"torch"}:
         return None  # a name of the method's module, which forward may bind to something else
     bound = dict(zip(names[1:], (a.value for a in node.args)))
     substituted = returned.visit(_Substitute(bound))
     assert isinstance(substituted, cst.BaseExpression)
     return shape_of(substituted, context, methods, depth + 1)
-
-
-def _is_docstring(statement: cst.BaseStatement) -> bool:
-    return m.matches(statement, m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())]))
 
 
 class _Substitute(cst.CSTTransformer):
@@ -486,12 +499,8 @@ def _bound_shape(name: str, context: _Context | None, methods: Methods, depth: i
                 continue
             before = _Context(context.statements[:position], context.parent)
             if isinstance(statement, cst.SimpleStatementLine):
-                if len(statement.body) != 1:
-                    return None
-                small = statement.body[0]
-                if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and m.matches(small.targets[0].target, m.Name(name))):
-                    return None
-                return shape_of(small.value, before, methods, depth)
+                small = _assignment(statement, name)
+                return None if small is None else shape_of(small.value, before, methods, depth)
             if not isinstance(statement, cst.If):
                 return None
             branches = if_branches(statement)

@@ -683,8 +683,8 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
     # node between the two, so the read hid behind the operand and the query went whole (a crash)
     "37b: the flat query read elsewhere stays flat": (
         Spec(
-            layout="flat", product="bmm", scale_place="after_terms", terms=(("windowed", "plain"), ("mask", "not_none")),
-            mask_style="extended", fill_form="masked_fill_inplace", fill_value="minus_inf", guard_floor=True,
+            layout="flat", product="bmm", scale_place="after_terms",
+            terms=(("windowed", "plain"), ("mask", "not_none")), mask_style="extended", fill_form="masked_fill_inplace", fill_value="minus_inf", guard_floor=True,
             floor_with_mask=True, head_mask=True, wiring="direct", flat_bias=True, switches="chained",
             dead_softmax="attribute", discarded_fill=True, flat_kept=True,
         ),
