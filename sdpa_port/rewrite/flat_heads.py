@@ -266,7 +266,8 @@ def _stable(body: Sequence[cst.BaseStatement], params: set[str]) -> set[str]:
     `self` only where forward sets none of its attributes."""
     counts = {name: len(values) for name, values in assigned_values(body).items()}
     stable = {name for name in params if name not in counts} | {name for name, n in counts.items() if n == 1}
-    targets: list[cst.BaseExpression] = [t.target for s in body for a in nodes_of_type(s, cst.Assign) for t in a.targets]
+    assigns = [a for s in body for a in nodes_of_type(s, cst.Assign)]
+    targets: list[cst.BaseExpression] = [t.target for a in assigns for t in a.targets]
     targets += [a.target for s in body for a in nodes_of_type(s, cst.AugAssign)]
     targets += [a.target for s in body for a in nodes_of_type(s, cst.AnnAssign)]
     if any(nodes_of_type(t, cst.Attribute) or nodes_of_type(t, cst.Subscript) for t in targets):
@@ -298,10 +299,12 @@ def _other_reads(
     assert isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute)
     skip = operand.func.value  # the name split by `unflatten`
     rewritten: dict[cst.CSTNode, cst.CSTNode] = {}
-    attributes = {id(a.value): a for s in after for a in nodes_of_type(s, cst.Attribute)}
-    sized = {id(c.func): c for s in after for c in nodes_of_type(s, cst.Call) if isinstance(c.func, cst.Attribute)}
+    # a function or lambda defined after the flattening reads the flat tensor too
+    attributes = {id(a.value): a for s in after for a in nodes_of_type(s, cst.Attribute, into_scopes=True)}
+    calls = [c for s in after for c in nodes_of_type(s, cst.Call, into_scopes=True)]
+    sized = {id(c.func): c for c in calls if isinstance(c.func, cst.Attribute)}
     for statement in after:
-        for node in nodes_of_type(statement, cst.Name):
+        for node in nodes_of_type(statement, cst.Name, into_scopes=True):
             if node.value != name or node is skip:
                 continue
             attribute = attributes.get(id(node))
@@ -504,6 +507,8 @@ def _bound_shape(name: str, context: _Context | None, methods: Methods, depth: i
             if not isinstance(statement, cst.If):
                 return None
             branches = if_branches(statement)
+            if name in assigned_values([test for test, _ in branches if test is not None]):
+                return None  # bound in a test (`:=`)
             if branches[-1][0] is not None:
                 branches.append((None, []))  # no else: the name as it was before the `if`
             shapes = [_bound_shape(name, _Context(body, before), methods, depth + 1) for _, body in branches]

@@ -169,3 +169,11 @@ def test_keep_heads_is_idempotent() -> None:
     shape = _parsed(SHAPE)
     once = keep_heads(_parsed(CACHED), lambda name: shape if name == "_shape" else None)
     assert keep_heads(once, lambda name: shape) is once
+
+
+def test_a_function_reading_the_flat_operand_keeps_it_flat() -> None:
+    shape = _parsed(SHAPE)
+    before = CACHED.replace("    return out.to(q.dtype)", "    first = lambda: q[0]\n    return out.to(first().dtype)")
+    result = cst.Module(body=[keep_heads(_parsed(before), lambda name: shape)]).code
+    assert "q = self._shape(self.q(x), tgt_len, bsz).view(*proj_shape)" in result
+    assert f"{SDPA}(q{SPLIT}, k, v," in result
