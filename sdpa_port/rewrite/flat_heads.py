@@ -40,7 +40,7 @@ Shape = tuple[str | None, ...]  # the code of each size, None where the text doe
 Methods = Callable[[str], cst.FunctionDef | None]  # a method of the class by name (None: not a plain method)
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
-SIZE_READS = ("dtype", "device")
+LAYOUT_FREE = ("dtype", "device")  # reads the flattening does not change
 
 
 @dataclass(frozen=True)
@@ -310,7 +310,7 @@ def _other_reads(
             attribute = attributes.get(id(node))
             if attribute is None:
                 return None
-            if attribute.attr.value in SIZE_READS:
+            if attribute.attr.value in LAYOUT_FREE:
                 continue
             size = sized.get(id(attribute))
             if attribute.attr.value != "size" or size is None or len(size.args) != 1:
