@@ -673,6 +673,23 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(layout="flat", product="bmm", causal="buffer", sizes_swapped=True),
         "exact", None,
     ),
+    # BART's flat form: SDPA takes the (b, h, L, d) operands and its output unflattened; the key's cache concatenated
+    # along its length keeps its shape proven, and `key_states.size(1)` reads `size(2)` of the whole key
+    "37a: the operands flattened only for bmm passed whole, the output's check and view back dropped": (
+        Spec(layout="flat", product="bmm", causal="buffer", cache=True, flat_kept=True),
+        "exact", None,
+    ),
+    # the query read by `.shape` beside the SDPA operand (a windowed term's shape): generated code shared the name's
+    # node between the two, so the read hid behind the operand and the query went whole (a crash)
+    "37b: the flat query read elsewhere stays flat": (
+        Spec(
+            layout="flat", product="bmm", scale_place="after_terms",
+            terms=(("windowed", "plain"), ("mask", "not_none")), mask_style="extended", fill_form="masked_fill_inplace", fill_value="minus_inf", guard_floor=True,
+            floor_with_mask=True, head_mask=True, wiring="direct", flat_bias=True, switches="chained",
+            dead_softmax="attribute", discarded_fill=True, flat_kept=True,
+        ),
+        "exact", None,
+    ),
 }
 
 

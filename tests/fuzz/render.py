@@ -563,7 +563,9 @@ def _second_value(line: str, value: str) -> str:
 def one_stream(spec: Spec, n: Names, code: Code) -> None:
     if spec.mask_assert:
         code.add("assert attention_mask is not None")
-    if n.flat:
+    if n.flat and spec.flat_kept:
+        code.add(f"src_len = {n.key}.size(1)")  # the batch size and query length as forward read them
+    elif n.flat:
         length, lead = (0, 1) if spec.length_first else (1, 0)  # states (t, b*h, d) when length first
         code.add(f"src_len = {n.key}.size({length})")
         code.add(f"q_len = {n.query}.size({length})")
@@ -680,6 +682,10 @@ def one_stream(spec: Spec, n: Names, code: Code) -> None:
             code.add(f"bsz, {n.q_len} = {n.q_len}, bsz")
         else:
             code.add(f"attn_output = torch.bmm(attn_weights, {v})")
+        if spec.flat_kept:
+            code.add(f"if attn_output.size() != (bsz * {n.attr('num_heads')}, {n.q_len}, {n.attr('head_dim')}):")
+            with code.indent():
+                code.add('raise ValueError(f"`attn_output` should be flat, but is {attn_output.size()}")')
         if not spec.sizes_swapped:
             code.add(f"attn_output = attn_output.view(bsz, {n.attr('num_heads')}, {n.q_len}, {n.attr('head_dim')})")
     elif spec.product == "einsum_bthd" and spec.length_first:
@@ -836,7 +842,8 @@ def attention_class(spec: Spec, code: Code) -> None:
                 einsum_layout(spec) or spec.product, ".transpose(1, 2)"
             )
             key_split = ".permute(0, 2, 3, 1)" if spec.product == "permuted" else split
-            code.add(f"query = self.q_proj(hidden_states).{shape}{split}")
+            query_shape = shape.replace("-1", "q_len") if spec.flat_kept else shape  # BART's `_shape(q, tgt_len, bsz)`
+            code.add(f"query = self.q_proj(hidden_states).{query_shape}{split}")
             if spec.family == "523":
                 source = "hidden_states"
                 if spec.cross:

@@ -217,6 +217,10 @@ class Spec:
     # and the product with V, which views its output with them swapped back (`bsz, q_len = q_len, bsz`): the sizes the
     # view read are bound again before the SDPA call (Megatron's output_size tuples), so the port reads them at the view
     sizes_swapped: bool = False
+    # flat layout, 4.x, the chain in forward: BART's form, the query viewed with its length (`view(bsz, q_len, ...)`),
+    # the batch size and length read once from the hidden states and never again, the key's length read from the
+    # flat key (`key_states.size(1)`), the output's size checked after the product with V before its view back
+    flat_kept: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -381,7 +385,11 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         closure=_pick(random.Random(f"closure:{family}:{seed}"), CLOSURES, (14, 2, 2, 2)),  # likewise
         over_queries=random.Random(f"queries:{family}:{seed}").random() < 0.2,  # likewise
         sizes_swapped=random.Random(f"sizes:{family}:{seed}").random() < 0.2,  # its own generator, likewise
+        flat_kept=random.Random(f"kept:{family}:{seed}").random() < 0.3,  # likewise
     )
+    if spec.flat_kept and spec.layout == "flat" and family in ("440", "inline"):
+        # BART's form takes the skeleton it is written in: one plain bmm of (b * h, L, d) states in forward
+        spec = replace(spec, product="bmm", length_first=False, placement="forward", closure="none")
     if spec.over_queries and family == "440":
         # a non-local block's form takes the skeleton it can be written in: one plain flat product in forward
         softmax = spec.softmax if spec.softmax in QUERY_SOFTMAXES else "functional"
@@ -576,6 +584,20 @@ def normalise(spec: Spec) -> Spec:
         and spec.streams == "one"
     ):
         changes["sizes_swapped"] = False  # the flat layout's one bmm with V
+    if spec.flat_kept and not (
+        spec.family in ("440", "inline")
+        and changes.get("layout", spec.layout) == "flat"
+        and changes.get("product", spec.product) == "bmm"
+        and not spec.length_first
+        and changes.get("placement", spec.placement) == "forward"
+        and changes.get("closure", spec.closure) == "none"
+        and not changes.get("sizes_swapped", spec.sizes_swapped)
+        and changes.get("value_left", spec.value_left) == "none"
+        and not changes.get("over_queries", spec.over_queries)
+        and changes.get("hazard", spec.hazard) not in ("loop", "value_relative")
+        and spec.streams == "one"
+    ):
+        changes["flat_kept"] = False  # BART's sizes, in the one flat chain of forward
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 

@@ -1,0 +1,524 @@
+"""SDPA takes the `(b, h, L, d)` operands eager flattened to `(b * h, L, d)` only for `torch.bmm`, and its output as is.
+
+Before (BART's layout, ported: `q` flattened, SDPA given it split again, its output flattened, checked, viewed back):
+
+    proj_shape = (bsz * self.num_heads, -1, self.head_dim)
+    q = self._shape(q, tgt_len, bsz).view(*proj_shape)
+    out = torch.nn.functional.scaled_dot_product_attention(q.unflatten(0, (bsz, self.num_heads)), ...).flatten(0, 1)
+    if out.size() != (bsz * self.num_heads, tgt_len, self.head_dim):
+        raise ValueError(...)
+    out = out.view(bsz, self.num_heads, tgt_len, self.head_dim)
+
+After: `q = self._shape(q, tgt_len, bsz)`, SDPA given `q`, and `out = <the SDPA call>`. An operand is passed whole only
+where its text proves it `(b, h, _, d)` before the flattening (`shape_of`: views with their sizes written out,
+transposes, `torch.cat`, a method returning one of those; through every branch that binds it); its other reads must
+be `.dtype`, `.device` or `.size(k)` (k > 0 moves one dimension on). The output's check and view back go only where
+they provably hold: the query's length and the value's last size are the sizes they name. Names the sizes read must
+hold one value in forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import libcst as cst
+import libcst.matchers as m
+
+from sdpa_port.analyse.cstutil import (
+    assigned_values,
+    block_body,
+    code,
+    if_branches,
+    is_docstring,
+    nodes_of_type,
+    walk_names,
+)
+from sdpa_port.rewrite.edit import replace_nodes
+
+Shape = tuple[str | None, ...]  # the code of each size, None where the text does not tell
+Methods = Callable[[str], cst.FunctionDef | None]  # a method of the class by name (None: not a plain method)
+
+SDPA = "torch.nn.functional.scaled_dot_product_attention"
+LAYOUT_FREE = ("dtype", "device")  # reads the flattening does not change
+
+
+@dataclass(frozen=True)
+class _Context:
+    """Statements run before a point, innermost block first (`parent`: the block around them)."""
+
+    statements: Sequence[cst.BaseStatement]
+    parent: _Context | None = None
+
+
+@dataclass(frozen=True)
+class _Flattening:
+    index: int  # of the statement `x = e.view(b * h, -1, d)` in the body
+    name: str
+    source: cst.BaseExpression  # e
+    last: cst.BaseExpression  # d
+    held: str | None  # the name of the tuple holding the sizes (`view(*proj_shape)`)
+    shape: Shape | None  # e's, where its text tells
+
+
+def keep_heads(function: cst.FunctionDef, methods: Methods) -> cst.FunctionDef:
+    """`function` with each operand it flattens for the SDPA call passed whole where its shape is proven, and the
+    output's flatten, size check and view back dropped where they provably undo each other."""
+    # generated code may share one node object between places; each read must be told apart from the others
+    body = [statement.deep_clone() for statement in block_body(function.body)]
+    found = _sdpa_statement(body)
+    if found is None:
+        return function
+    index, output, call, heads = found
+    batch, heads_code = code(heads.elements[0].value), code(heads.elements[1].value)
+    params = {p.name.value for p in function.params.params} | {p.name.value for p in function.params.kwonly_params}
+    stable = _stable(body, params)
+    flattenings = [_flattening(body, index, arg.value, heads, methods, stable) for arg in call.args[:3]]
+    operands: dict[cst.CSTNode, cst.CSTNode] = {}
+    replaced: dict[cst.CSTNode, cst.CSTNode] = {}
+    dropped: set[int] = set()
+    rewritten: dict[int, cst.BaseStatement] = {}
+    held: set[str] = set()
+    for arg, flat in zip(call.args[:3], flattenings):
+        if flat is None or not _proven(flat.shape, batch, heads_code, code(flat.last), stable):
+            continue
+        reads = _other_reads(body[flat.index + 1 :], flat.name, arg.value)
+        statement = body[flat.index]
+        assert isinstance(statement, cst.SimpleStatementLine)
+        if reads is None or statement.trailing_whitespace.comment is not None:
+            continue
+        operands[arg.value] = cst.Name(flat.name)
+        replaced.update(reads)
+        held |= {flat.held} if flat.held else set()
+        if isinstance(flat.source, cst.Name) and flat.source.value == flat.name:
+            dropped.add(flat.index)
+        else:
+            assign = statement.body[0]
+            assert isinstance(assign, cst.Assign)
+            rewritten[flat.index] = statement.with_changes(body=[assign.with_changes(value=flat.source)])
+    query, value = flattenings[0], flattenings[2]
+    if query is not None and value is not None and query.shape is not None and len(query.shape) == 4:
+        undone = _undone(body, index, output, batch, heads_code, query.shape[2], code(value.last), stable)
+        if undone is not None:
+            dropped |= undone
+            assignment = _assignment(body[index])
+            assert assignment is not None
+            replaced[assignment.value] = replace_nodes(call, operands)
+    replaced.update(operands)
+    if not replaced and not dropped:
+        return function
+    body = [rewritten.get(position, statement) for position, statement in enumerate(body)]
+    for name in held:
+        # the tuple of the flattened sizes, where nothing else reads it any more
+        binding = {position for position, s in enumerate(body) if _binds_tuple(s, name)}
+        rest = [replace_nodes(s, replaced) for position, s in enumerate(body) if position not in dropped | binding]
+        if len(binding) == 1 and not any(name in walk_names(s) for s in rest):
+            dropped |= binding
+    return function.with_changes(body=function.body.with_changes(body=_dropping(body, dropped, replaced)))
+
+
+def _dropping(
+    body: Sequence[cst.BaseStatement], dropped: set[int], replaced: dict[cst.CSTNode, cst.CSTNode]
+) -> list[cst.BaseStatement]:
+    """`body` without the dropped statements, their blank lines and comments kept above the next statement."""
+    out: list[cst.BaseStatement] = []
+    carried: list[cst.EmptyLine] = []
+    for position, statement in enumerate(body):
+        if position in dropped:
+            carried.extend(getattr(statement, "leading_lines", ()))
+            continue
+        statement = replace_nodes(statement, replaced)
+        if carried and hasattr(statement, "leading_lines"):
+            lines: list[cst.EmptyLine] = []
+            for line in [*carried, *statement.leading_lines]:
+                if line.comment is None and lines and lines[-1].comment is None:
+                    continue  # one blank line where two statements each had one
+                lines.append(line)
+            statement = statement.with_changes(leading_lines=lines)
+            carried = []
+        out.append(statement)
+    return out
+
+
+def _binds_tuple(statement: cst.BaseStatement, name: str) -> bool:
+    return m.matches(
+        statement,
+        m.SimpleStatementLine(
+            body=[m.Assign(targets=[m.AssignTarget(m.Name(name))], value=m.Tuple())],
+            trailing_whitespace=m.TrailingWhitespace(comment=None),
+        ),
+    )
+
+
+def _sdpa_statement(
+    body: Sequence[cst.BaseStatement],
+) -> tuple[int, str, cst.Call, cst.Tuple] | None:
+    """The statement `out = <SDPA call on (b * h, L, d) operands split by `unflatten(0, (b, h))`>.flatten(0, 1)`."""
+    flatten = m.Call(func=m.Attribute(attr=m.Name("flatten")), args=[m.Arg(m.Integer("0")), m.Arg(m.Integer("1"))])
+    for index, statement in enumerate(body):
+        small = _assignment(statement)
+        if small is None:
+            continue
+        value = small.value
+        if not m.matches(value, flatten):
+            continue
+        assert isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+        call = value.func.value
+        if not (isinstance(call, cst.Call) and code(call.func) == SDPA and len(call.args) >= 3):
+            continue
+        heads = [_split_heads(arg) for arg in call.args[:3]]
+        if any(h is None for h in heads) or any(a.keyword is not None for a in call.args[:3]):
+            continue
+        if len({code(h) for h in heads if h is not None}) != 1:
+            continue
+        assert heads[0] is not None and isinstance(small.targets[0].target, cst.Name)
+        return index, small.targets[0].target.value, call, heads[0]
+    return None
+
+
+def _assignment(statement: cst.BaseStatement, name: str | None = None) -> cst.Assign | None:
+    """The assignment of a line holding only `name = value` (any name where `name` is None)."""
+    target = m.Name() if name is None else m.Name(name)
+    if m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target)])])):
+        assert isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Assign)
+        return statement.body[0]
+    return None
+
+
+def _split_heads(arg: cst.Arg) -> cst.Tuple | None:
+    """`(b, h)` of `x.unflatten(0, (b, h))` with `x` a name."""
+    node = arg.value
+    pattern = m.Call(
+        func=m.Attribute(value=m.Name(), attr=m.Name("unflatten")),
+        args=[m.Arg(m.Integer("0")), m.Arg(m.Tuple(elements=[m.Element(), m.Element()]))],
+    )
+    if not m.matches(node, pattern):
+        return None
+    assert isinstance(node, cst.Call)
+    heads = node.args[1].value
+    assert isinstance(heads, cst.Tuple)
+    return heads
+
+
+def _flattening(
+    body: Sequence[cst.BaseStatement],
+    before: int,
+    operand: cst.BaseExpression,
+    heads: cst.Tuple,
+    methods: Methods,
+    stable: set[str],
+) -> _Flattening | None:
+    """The statement flattening `operand`'s name to `(b * h, -1, d)`: the last top-level one binding it before the
+    call, a view of the sizes written out or held in a tuple bound once."""
+    assert isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute)
+    name = operand.func.value
+    assert isinstance(name, cst.Name)
+    for index in range(before - 1, -1, -1):
+        statement = body[index]
+        if name.value not in assigned_values([statement]):
+            continue
+        small = _assignment(statement, name.value)
+        if small is None:
+            return None
+        view = small.value
+        if not (
+            isinstance(view, cst.Call)
+            and isinstance(view.func, cst.Attribute)
+            and view.func.attr.value in ("view", "reshape")
+        ):
+            return None
+        sizes = _sizes(view.args, body[:index], stable)
+        if sizes is None or len(sizes) != 3 or not _is_product(sizes[0], heads):
+            return None
+        source = view.func.value
+        held = view.args[0].value.value if view.args[0].star else None  # type: ignore[attr-defined]
+        shape = shape_of(source, _Context(body[:index]), methods)
+        return _Flattening(index, name.value, source, sizes[2], held, shape)
+    return None
+
+
+def _sizes(
+    args: Sequence[cst.Arg], before: Sequence[cst.BaseStatement], stable: set[str]
+) -> Sequence[cst.BaseExpression] | None:
+    if len(args) == 1 and args[0].star == "*" and isinstance(args[0].value, cst.Name) and args[0].value.value in stable:
+        values = [v for s in before for v in assigned_values([s]).get(args[0].value.value, [])]
+        held = values[-1] if values else None
+        if isinstance(held, cst.Tuple) and not any(isinstance(e, cst.StarredElement) for e in held.elements):
+            return [e.value for e in held.elements]
+        return None
+    if any(a.star or a.keyword is not None for a in args):
+        return None
+    return [a.value for a in args]
+
+
+def _is_product(node: cst.BaseExpression, heads: cst.Tuple) -> bool:
+    return (
+        isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.Multiply)
+        and not node.lpar
+        and code(node.left) == code(heads.elements[0].value)
+        and code(node.right) == code(heads.elements[1].value)
+    )
+
+
+def _stable(body: Sequence[cst.BaseStatement], params: set[str]) -> set[str]:
+    """The names that hold one value wherever forward reads them: parameters never bound again, names bound once;
+    `self` only where forward sets none of its attributes."""
+    counts = {name: len(values) for name, values in assigned_values(body).items()}
+    stable = {name for name in params if name not in counts} | {name for name, n in counts.items() if n == 1}
+    assigns = [a for s in body for a in nodes_of_type(s, cst.Assign)]
+    targets: list[cst.BaseExpression] = [t.target for a in assigns for t in a.targets]
+    targets += [a.target for s in body for a in nodes_of_type(s, cst.AugAssign)]
+    targets += [a.target for s in body for a in nodes_of_type(s, cst.AnnAssign)]
+    if any(nodes_of_type(t, cst.Attribute) or nodes_of_type(t, cst.Subscript) for t in targets):
+        stable.discard("self")
+    return stable
+
+
+def _steady(size: str, stable: set[str]) -> bool:
+    """A size whose names each hold one value."""
+    return walk_names(cst.parse_expression(size)) <= stable
+
+
+def _proven(shape: Shape | None, batch: str, heads: str, last: str, stable: set[str]) -> bool:
+    if shape is None or len(shape) != 4:
+        return False
+    if (shape[0], shape[1], shape[3]) != (batch, heads, last):
+        return False
+    return all(_steady(size, stable) for size in (batch, heads, last))
+
+
+def _other_reads(
+    after: Sequence[cst.BaseStatement], name: str, operand: cst.BaseExpression
+) -> dict[cst.CSTNode, cst.CSTNode] | None:
+    """The reads of `name` after its flattening, other than the SDPA operand, rewritten for the whole tensor:
+    `.dtype` and `.device` as they are, `.size(k)` with k > 0 as `.size(k + 1)`; None where another read or a binding
+    is found."""
+    if name in assigned_values(after):
+        return None
+    assert isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute)
+    skip = operand.func.value  # the name split by `unflatten`
+    rewritten: dict[cst.CSTNode, cst.CSTNode] = {}
+    # a function or lambda defined after the flattening reads the flat tensor too
+    attributes = {id(a.value): a for s in after for a in nodes_of_type(s, cst.Attribute, into_scopes=True)}
+    calls = [c for s in after for c in nodes_of_type(s, cst.Call, into_scopes=True)]
+    sized = {id(c.func): c for c in calls if isinstance(c.func, cst.Attribute)}
+    for statement in after:
+        for node in nodes_of_type(statement, cst.Name, into_scopes=True):
+            if node.value != name or node is skip:
+                continue
+            attribute = attributes.get(id(node))
+            if attribute is None:
+                return None
+            if attribute.attr.value in LAYOUT_FREE:
+                continue
+            size = sized.get(id(attribute))
+            if attribute.attr.value != "size" or size is None or len(size.args) != 1:
+                return None
+            dim = size.args[0].value
+            if isinstance(dim, cst.Integer) and int(dim.value) > 0 and size.args[0].keyword is None:
+                rewritten[dim] = cst.Integer(str(int(dim.value) + 1))
+            elif not m.matches(dim, m.UnaryOperation(operator=m.Minus(), expression=m.Integer())):
+                return None
+    return rewritten
+
+
+def _undone(
+    body: Sequence[cst.BaseStatement],
+    index: int,
+    output: str,
+    batch: str,
+    heads: str,
+    length: str | None,
+    last: str,
+    stable: set[str],
+) -> set[int] | None:
+    """The statements after the SDPA call that only check the flattened output's size and view it back to
+    `(b, h, L, d)`, where the output provably has that shape; None where they are not exactly that."""
+    if length is None or not all(_steady(size, stable) for size in (batch, heads, length, last)):
+        return None
+    drop: set[int] = set()
+    at = index + 1
+    if at < len(body) and _size_check(body[at], output, [f"{batch} * {heads}", length, last]):
+        drop.add(at)
+        at += 1
+    if at >= len(body):
+        return None
+    back = body[at]
+    view = m.Call(func=m.Attribute(value=m.Name(output), attr=m.Name("view") | m.Name("reshape")))
+    if not (
+        isinstance(back, cst.SimpleStatementLine)
+        and len(back.body) == 1
+        and m.matches(back.body[0], m.Assign(targets=[m.AssignTarget(m.Name(output))], value=view))
+    ):
+        return None
+    assign = back.body[0]
+    assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+    args = assign.value.args
+    if any(a.star or a.keyword for a in args) or [code(a.value) for a in args] != [batch, heads, length, last]:
+        return None
+    drop.add(at)
+    return drop
+
+
+def _size_check(statement: cst.BaseStatement, output: str, sizes: list[str]) -> bool:
+    """`if out.size() != (sizes): raise ...` and nothing else."""
+    if not isinstance(statement, cst.If) or statement.orelse is not None:
+        return False
+    body = statement.body.body
+    if len(body) != 1 or not m.matches(body[0], m.SimpleStatementLine(body=[m.Raise()])):
+        return False
+    test = statement.test
+    size = m.Call(func=m.Attribute(value=m.Name(output), attr=m.Name("size")), args=[])
+    if not (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.NotEqual)
+        and m.matches(test.left, size)
+    ):
+        return False
+    expected = test.comparisons[0].comparator
+    return isinstance(expected, cst.Tuple) and [code(e.value) for e in expected.elements] == sizes
+
+
+def shape_of(node: cst.BaseExpression, context: _Context, methods: Methods, depth: int = 0) -> Shape | None:
+    """The sizes of `node` where its text tells them: a view or reshape with its sizes written out (`-1` unknown),
+    a transpose, `contiguous()`, `torch.cat`, a name through every statement binding it, a method of one return."""
+    if depth > 8:
+        return None
+    if isinstance(node, cst.Name):
+        return _bound_shape(node.value, context, methods, depth + 1)
+    if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+        return None
+    func = node.func
+    if code(func) == "torch.cat":
+        return _cat_shape(node, context, methods, depth)
+    if not isinstance(func, cst.Attribute):
+        return None
+    method = func.attr.value
+    if isinstance(func.value, cst.Name) and func.value.value == "self":
+        return _method_shape(node, method, context, methods, depth)
+    if method in ("view", "reshape"):
+        if any(a.keyword for a in node.args) or len(node.args) < 2:
+            return None
+        unknown = m.UnaryOperation(m.Minus(), m.Integer("1"))
+        return tuple(None if m.matches(a.value, unknown) else code(a.value) for a in node.args)
+    inner = shape_of(func.value, context, methods, depth + 1)
+    if inner is None:
+        return None
+    if method == "contiguous" and not node.args:
+        return inner
+    if method == "transpose" and len(node.args) == 2 and not any(a.keyword for a in node.args):
+        dims = [_dim(a.value, len(inner)) for a in node.args]
+        if dims[0] is None or dims[1] is None:
+            return None
+        swapped = list(inner)
+        swapped[dims[0]], swapped[dims[1]] = inner[dims[1]], inner[dims[0]]
+        return tuple(swapped)
+    return None
+
+
+def _dim(node: cst.BaseExpression, rank: int) -> int | None:
+    if isinstance(node, cst.Integer):
+        value = int(node.value)
+    elif m.matches(node, m.UnaryOperation(m.Minus(), m.Integer())):
+        assert isinstance(node, cst.UnaryOperation) and isinstance(node.expression, cst.Integer)
+        value = -int(node.expression.value)
+    else:
+        return None
+    value = value + rank if value < 0 else value
+    return value if 0 <= value < rank else None
+
+
+def _cat_shape(node: cst.Call, context: _Context, methods: Methods, depth: int) -> Shape | None:
+    """`torch.cat([a, b], dim=k)`: the sizes a known part has, but along `k`; every part has them (or cat raises)."""
+    if not node.args or not isinstance(node.args[0].value, (cst.List, cst.Tuple)) or node.args[0].keyword:
+        return None
+    dims = [a.value for a in node.args[1:] if a.keyword is None or a.keyword.value == "dim"]
+    if len(node.args) != 2 or len(dims) != 1:
+        return None
+    elements = node.args[0].value.elements
+    if any(isinstance(e, cst.StarredElement) for e in elements):
+        return None
+    for element in elements:
+        shape = shape_of(element.value, context, methods, depth + 1)
+        if shape is None:
+            continue
+        along = _dim(dims[0], len(shape))
+        if along is None:
+            return None
+        return tuple(None if i == along else size for i, size in enumerate(shape))
+    return None
+
+
+def _method_shape(
+    node: cst.Call, name: str, context: _Context, methods: Methods, depth: int
+) -> Shape | None:
+    """The shape a method of one `return` gives, its parameters read as the arguments of the call."""
+    function = methods(name)
+    if function is None or function.decorators or any(a.keyword or a.star for a in node.args):
+        return None
+    body = [s for s in block_body(function.body) if not is_docstring(s)]
+    if len(body) != 1 or not m.matches(body[0], m.SimpleStatementLine(body=[m.Return(value=m.DoNotCare())])):
+        return None
+    returned = body[0].body[0].value  # type: ignore[attr-defined]
+    params = function.params
+    if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.kwonly_params or params.posonly_params:
+        return None
+    names = [p.name.value for p in params.params]
+    if not names or names[0] != "self" or len(names) - 1 != len(node.args):
+        return None
+    if walk_names(returned) - set(names) - {"torch"}:
+        return None  # a name of the method's module, which forward may bind to something else
+    bound = dict(zip(names[1:], (a.value for a in node.args)))
+    substituted = returned.visit(_Substitute(bound))
+    assert isinstance(substituted, cst.BaseExpression)
+    return shape_of(substituted, context, methods, depth + 1)
+
+
+class _Substitute(cst.CSTTransformer):
+    """A method's parameters replaced by the arguments of a call (the method's `self` is the caller's)."""
+
+    def __init__(self, bound: dict[str, cst.BaseExpression]) -> None:
+        self.bound = bound
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        return self.bound.get(original.value, updated)
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        return updated.with_changes(attr=original.attr)  # `x.<name>`: the attribute is no parameter
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        return updated.with_changes(keyword=original.keyword)  # nor is a keyword
+
+
+def _bound_shape(name: str, context: _Context | None, methods: Methods, depth: int) -> Shape | None:
+    """The shape the name holds after `context`'s statements: the last statement binding it, through each branch of
+    an if/elif/else chain (the sizes the branches agree on)."""
+    while context is not None:
+        for position in range(len(context.statements) - 1, -1, -1):
+            statement = context.statements[position]
+            if name not in assigned_values([statement]):
+                continue
+            before = _Context(context.statements[:position], context.parent)
+            if isinstance(statement, cst.SimpleStatementLine):
+                small = _assignment(statement, name)
+                return None if small is None else shape_of(small.value, before, methods, depth)
+            if not isinstance(statement, cst.If):
+                return None
+            branches = if_branches(statement)
+            if name in assigned_values([test for test, _ in branches if test is not None]):
+                return None  # bound in a test (`:=`)
+            if branches[-1][0] is not None:
+                branches.append((None, []))  # no else: the name as it was before the `if`
+            shapes = [_bound_shape(name, _Context(body, before), methods, depth + 1) for _, body in branches]
+            return _agreed(shapes)
+        context = context.parent
+    return None
+
+
+def _agreed(shapes: list[Shape | None]) -> Shape | None:
+    first = shapes[0]
+    if first is None or any(s is None or len(s) != len(first) for s in shapes):
+        return None
+    return tuple(size if all(s[i] == size for s in shapes if s is not None) else None for i, size in enumerate(first))
