@@ -217,6 +217,9 @@ class Spec:
     # and the product with V, which views its output with them swapped back (`bsz, q_len = q_len, bsz`): the sizes the
     # view read are bound again before the SDPA call (Megatron's output_size tuples), so the port reads them at the view
     sizes_swapped: bool = False
+    # the inline family, 4.x, no request for the weights: forward returns them all the same, and the layer "unpacked"
+    # them into `_`, "indexed" the output out of the triple, or "read" them (passing them on, which refuses the port)
+    weights_discarded: str = "none"
 
     # -------------------------------------------------------------- derived facts
 
@@ -258,6 +261,7 @@ class Spec:
 
 
 SPARSE_SIBLINGS = ("none", "own", "mask")
+WEIGHTS_DISCARDED = ("none", "unpacked", "indexed", "read")
 CLOSURES = ("none", "direct", "checkpoint", "twice")
 STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
@@ -281,7 +285,12 @@ def _pick(rng: random.Random, choices: tuple[str, ...], weights: tuple[float, ..
 def draw(seed: int, family: str = "440") -> Spec:
     """A consistent random spec; most cases are portable, about one in six carries a hazard."""
     if family == "inline":  # 4.40.2 skeletons drawn from seeds of their own, ported in place
-        return replace(_draw(seed, "440", random.Random(f"inline:{seed}")), style="inline")
+        spec = replace(_draw(seed, "440", random.Random(f"inline:{seed}")), style="inline")
+        discarded = _pick(random.Random(f"discarded:{seed}"), WEIGHTS_DISCARDED, (6, 2, 2, 1))
+        if discarded != "none":  # the weights returned with no request; built by its name, as remote code does
+            wiring = "direct" if spec.wiring.startswith("dict") else spec.wiring
+            spec = normalise(replace(spec, weights_discarded=discarded, output_attentions=False, wiring=wiring))
+        return spec
     return _draw(seed, family, random.Random(seed if family == "440" else f"{family}:{seed}"))
 
 
@@ -576,6 +585,12 @@ def normalise(spec: Spec) -> Spec:
         and spec.streams == "one"
     ):
         changes["sizes_swapped"] = False  # the flat layout's one bmm with V
+    if spec.weights_discarded != "none" and (
+        spec.style != "inline" or spec.output_attentions or changes.get("scores_returned", spec.scores_returned)
+    ):
+        changes["weights_discarded"] = "none"  # forward's triple, its weights returned with no request for them
+    elif spec.weights_discarded == "indexed" and spec.cache:
+        changes["weights_discarded"] = "unpacked"  # `self.attn(...)[0]` leaves the layer no cache to return
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 
