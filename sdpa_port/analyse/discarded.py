@@ -15,7 +15,7 @@ import ast
 import libcst as cst
 
 from sdpa_port.analyse.chain import OutputStmt
-from sdpa_port.analyse.cstutil import assigned_names, walk_names
+from sdpa_port.analyse.cstutil import assigned_names, code, walk_names
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.module_sites import ModuleCall, ModuleSites, module_sites
 from sdpa_port.analyse.sdpa_path import SdpaPath
@@ -37,6 +37,10 @@ def weight_positions(path: SdpaPath) -> tuple[int, frozenset[int]] | str:
     if len(lengths) != 1:
         return "the `return`s of forward give tuples of several lengths"
     held = _holders(path)
+    stray = _StrayReads(held, path)
+    path.function.body.visit(stray)
+    if stray.found is not None:
+        return f"`{stray.found}` reads the probabilities otherwise than to return them"
     positions: set[int] = set()
     for node in returns.found:
         assert isinstance(node.value, cst.Tuple)
@@ -190,7 +194,7 @@ def _holders(path: SdpaPath) -> set[str]:
     """The names that may hold the probabilities after the product with V: those the tracer saw read, and every name
     bound from one of them (a binding of the product with V itself excepted)."""
     held = set(path.probs_after_output)
-    bindings = _Bindings()
+    bindings = _Bindings(path)
     path.function.body.visit(bindings)
     changed = True
     while changed:
@@ -229,34 +233,114 @@ class _Returns(cst.CSTVisitor):
         return False
 
 
-class _Bindings(cst.CSTVisitor):
-    """Every binding in the function: (the statement or node, the value read, the names bound)."""
+class _AfterOutput(cst.CSTVisitor):
+    """Visits the function in order, knowing whether the product with V has been passed (`after`): before it, the
+    names the probabilities end in may hold the scores, which the chain's own tracing governs."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: SdpaPath) -> None:
+        self.path = path
+        self.after = False
+
+    def passes(self, node: cst.SimpleStatementLine) -> None:
+        if any(isinstance(self.path.plans.get(small), OutputStmt) for small in node.body):
+            self.after = True
+
+
+class _StrayReads(_AfterOutput):
+    """The first statement reading the probabilities (`held`) otherwise than binding them to plain names or returning
+    them: stored on the module (`self.maps = probs`), handed to a call, tested, read by a function defined here."""
+
+    def __init__(self, held: set[str], path: SdpaPath) -> None:
+        super().__init__(path)
+        self.held = held
+        self.found: str | None = None
+
+    def _check(self, node: cst.CSTNode, reads: cst.CSTNode | None = None) -> None:
+        plan = self.path.plans.get(node)
+        skipped = plan.output.node if isinstance(plan, OutputStmt) else None
+        if self.after and self.found is None and _reads(reads if reads is not None else node, self.held, skipped):
+            self.found = code(node).strip().splitlines()[0]
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        self.passes(node)
+        for small in node.body:
+            if isinstance(small, cst.Return):
+                continue
+            targets: list[cst.BaseExpression] = []
+            if isinstance(small, cst.Assign):
+                targets = [t.target for t in small.targets]
+            elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+                targets = [small.target]
+            if targets and all(_plain_target(t) for t in targets):
+                continue  # names bound from them hold them too (`_holders`)
+            self._check(small)
+        return False
+
+    def visit_If(self, node: cst.If) -> None:
+        self._check(node, node.test)
+
+    def visit_While(self, node: cst.While) -> None:
+        self._check(node, node.test)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._check(node, node.iter)
+
+    def visit_With(self, node: cst.With) -> None:
+        for item in node.items:
+            self._check(node, item.item)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self._check(node)
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self._check(node)
+        return False
+
+
+def _plain_target(target: cst.BaseExpression) -> bool:
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return all(_plain_target(e.value) for e in target.elements)
+    return isinstance(target, cst.Name)
+
+
+class _Bindings(_AfterOutput):
+    """Every binding in the function from the product with V on: (the statement or node, the value read, the names
+    bound)."""
+
+    def __init__(self, path: SdpaPath) -> None:
+        super().__init__(path)
         self.found: list[tuple[cst.CSTNode, cst.CSTNode, list[str]]] = []
 
+    def add(self, node: cst.CSTNode, value: cst.CSTNode, names: list[str]) -> None:
+        if self.after:
+            self.found.append((node, value, names))
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self.passes(node)
+
     def visit_Assign(self, node: cst.Assign) -> None:
-        self.found.append((node, node.value, [n for t in node.targets for n in assigned_names(t.target)]))
+        self.add(node, node.value, [n for t in node.targets for n in assigned_names(t.target)])
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is not None:
-            self.found.append((node, node.value, assigned_names(node.target)))
+            self.add(node, node.value, assigned_names(node.target))
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self.found.append((node, node.value, assigned_names(node.target)))
+        self.add(node, node.value, assigned_names(node.target))
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self.found.append((node, node.value, assigned_names(node.target)))
+        self.add(node, node.value, assigned_names(node.target))
 
     def visit_For(self, node: cst.For) -> None:
-        self.found.append((node, node.iter, assigned_names(node.target)))
+        self.add(node, node.iter, assigned_names(node.target))
 
     def visit_CompFor(self, node: cst.CompFor) -> None:
-        self.found.append((node, node.iter, assigned_names(node.target)))
+        self.add(node, node.iter, assigned_names(node.target))
 
     def visit_WithItem(self, node: cst.WithItem) -> None:
         if node.asname is not None:
-            self.found.append((node, node.item, assigned_names(node.asname.name)))
+            self.add(node, node.item, assigned_names(node.asname.name))
 
 
 __all__ = ["discarded_by_every_call", "weight_positions"]

@@ -275,6 +275,23 @@ def test_weights_callers_the_file_does_not_show_refuse_s111(extra: str, why: str
     assert why in result.reasons[0], result.reasons
 
 
+STRAY = {
+    "stored on the module": "self.maps = probs",
+    "handed to a call": "self.maps.append(probs)",
+    "tested": "if probs.sum() > 0:\n            pass",
+    "read by a function defined here": "def kept():\n            return probs",
+}
+
+
+@pytest.mark.parametrize("line", STRAY.values(), ids=STRAY.keys())
+def test_weights_read_in_forward_after_the_product_refuse_s111(line: str) -> None:
+    returned = "        return out, probs\n"
+    source = discarding("return self.attn(x)[0]").replace(returned, f"        {line}\n{returned}")
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["S111"], result
+    assert "reads the probabilities otherwise than to return them" in result.reasons[0]
+
+
 def test_weights_in_places_the_returns_do_not_show_refuse_s111() -> None:
     source = discarding("return self.attn(x)[0]", returned="[out, probs]")
     result = port_source(source, filename="modeling_tiny.py", style="inline")
@@ -487,3 +504,4 @@ def test_eager_attention_left_unread_beside_a_port_is_named(style: str) -> None:
     assert len(named) == 1 and "stays eager" in named[0] and "recogniser stops" in named[0], result.warnings
     # a class the port covers is not named
     assert not any(w.startswith("TinyAttention.forward") for w in result.warnings), result.warnings
+
