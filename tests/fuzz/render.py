@@ -569,6 +569,11 @@ def one_stream(spec: Spec, n: Names, code: Code) -> None:
         code.add(f"q_len = {n.query}.size({length})")
         code.add(f"bsz = {n.query}.size({lead}) // {n.attr('num_heads')}")
     product_lines(spec, n, code)
+    if spec.mask_expanded:
+        # the mask sized from the scores right after the product, their rank known or not to the port
+        code.add("if attention_mask is not None:")
+        sizes = ", ".join(f"attn_weights.shape[{index}]" for index in range(4))
+        code.add(f"    attention_mask = attention_mask.expand({sizes})")
     hazard = spec.hazard
     if hazard == "square":
         code.add("attn_weights = attn_weights * attn_weights")

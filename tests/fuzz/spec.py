@@ -220,6 +220,10 @@ class Spec:
     # the inline family, 4.x, no request for the weights: forward returns them all the same, and the layer "unpacked"
     # them into `_`, "indexed" the output out of the triple, or "read" them (passing them on, which refuses the port)
     weights_discarded: str = "none"
+    # 4.x, heads layout: the additive padding mask expanded to the scores' shape read from them right after the
+    # product (`attention_mask.expand(attn_weights.shape[0], ..., attn_weights.shape[3])`), at a rank the port may not
+    # know (a helper's or function's parameters): their sizes come from the query and key, or from the product's shape
+    mask_expanded: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -390,6 +394,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         closure=_pick(random.Random(f"closure:{family}:{seed}"), CLOSURES, (14, 2, 2, 2)),  # likewise
         over_queries=random.Random(f"queries:{family}:{seed}").random() < 0.2,  # likewise
         sizes_swapped=random.Random(f"sizes:{family}:{seed}").random() < 0.2,  # its own generator, likewise
+        mask_expanded=random.Random(f"expanded:{family}:{seed}").random() < 0.2,  # likewise
     )
     if spec.over_queries and family == "440":
         # a non-local block's form takes the skeleton it can be written in: one plain flat product in forward
@@ -591,6 +596,16 @@ def normalise(spec: Spec) -> Spec:
         changes["weights_discarded"] = "none"  # forward's triple, its weights returned with no request for them
     elif spec.weights_discarded == "indexed" and spec.cache:
         changes["weights_discarded"] = "unpacked"  # `self.attn(...)[0]` leaves the layer no cache to return
+    if spec.mask_expanded and not (
+        spec.family == "440"
+        and changes.get("layout", spec.layout) == "heads"
+        and changes.get("product", spec.product) in ("matmul", "operator", "method", "pretransposed", "permuted")
+        and changes.get("blocks", spec.blocks) == "none"
+        and not changes.get("bool_fill", spec.bool_fill)
+        and any(kind == "mask" for kind, _ in changes.get("terms", spec.terms))
+        and changes.get("hazard", spec.hazard) == "none"
+    ):
+        changes["mask_expanded"] = False  # 4-D scores of a plain product, an additive mask among the terms
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 

@@ -505,3 +505,23 @@ def test_eager_attention_left_unread_beside_a_port_is_named(style: str) -> None:
     # a class the port covers is not named
     assert not any(w.startswith("TinyAttention.forward") for w in result.warnings), result.warnings
 
+
+# ------------------------------------------------------------------ sizes of scores of unknown rank
+
+SIZED = (FIXTURES / "inline_style" / "modeling_tiny_sized_mask.py").read_text(encoding="utf-8")
+PRODUCT_SHAPE = "(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + q.shape[-2:-1] + k.shape[-2:-1])"
+
+
+def test_sizes_of_scores_of_unknown_rank_are_read_from_the_product() -> None:
+    """A helper's scores, their rank unknown, expand a mask to their shape: the query and key give it at any rank."""
+    result = port_source(SIZED, filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.PORTED, result.reasons
+    assert ", ".join(f"{PRODUCT_SHAPE}[{index}]" for index in range(4)) in result.source
+
+
+def test_sizes_of_scores_changed_since_the_product_refuse_s104() -> None:
+    """A term added before the read may broadcast the scores to another shape than the product's."""
+    source = SIZED.replace("    if mask is not None:\n", "    scores = scores + d_k\n    if mask is not None:\n", 1)
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert [r.code.code for r in result.refusals] == ["S104"], result.reasons
+    assert "their rank unknown" in result.reasons[0]
