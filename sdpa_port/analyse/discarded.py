@@ -113,6 +113,8 @@ def _unfollowed(sites: ModuleSites, keys: set[tuple[str, str]], attributes: set[
         if site is None or site.key not in keys:
             continue  # another class's attribute of the same name
         parent = parents.get(inner)
+        if site.container and isinstance(parent, ast.Call) and parent.func is inner:
+            return f"line {inner.lineno} calls the container of the modules, which hands each one's result on"
         if isinstance(parent, ast.Attribute) and parent.attr in ("forward", "__call__"):
             grand = parents.get(parent)
             if not (isinstance(grand, ast.Call) and grand.func is parent):

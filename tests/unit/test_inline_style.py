@@ -249,12 +249,15 @@ READ = {
     "their forward taken": ("run = self.attn.forward\nreturn run(x)[0]", "without calling it"),
     "a forward hook": (HOOK.strip() + "\nreturn self.attn(x)[0]", "registers a forward hook"),
     "named by a string": ("return getattr(self, 'attn')(x)[0]", "in a string"),
+    "their container called": ("return self.attn(x)", "calls the container of the modules"),
 }
 
 
 @pytest.mark.parametrize("body,why", READ.values(), ids=READ.keys())
 def test_weights_a_caller_may_read_refuse_s111(body: str, why: str) -> None:
-    result = port_source(discarding(body), filename="modeling_tiny.py", style="inline")
+    built = "nn.ModuleList([TinyAttention(dim)])" if "container" in why else "TinyAttention(dim)"
+    build = f"self.attn = {built}"
+    result = port_source(discarding(body, build), filename="modeling_tiny.py", style="inline")
     assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["S111"], result
     assert why in result.reasons[0], result.reasons
 
