@@ -281,6 +281,9 @@ class KeepStmt:
     replacements: dict[cst.CSTNode, KeepAction]
     # `scores.size(i)` / `scores.shape[i]` -> the query's size i, or None for the key length (the scores' last dim)
     sizes: dict[cst.CSTNode, int | None] = field(default_factory=dict)
+    # `scores.shape[i]` of scores of unknown rank, the same as their query-key product -> size i of that product's
+    # shape, `broadcast_shapes(query.shape[:-2], key.shape[:-2]) + (query.shape[-2], key.shape[-2])`
+    shaped: dict[cst.CSTNode, int] = field(default_factory=dict)
 
 
 StmtPlan = Union[ChainStmt, OutputStmt, KeepStmt]

@@ -1,7 +1,8 @@
 """Keep a statement that is not part of a chain, with what it may read of the chains rewritten.
 
 Such a statement may read the scores' `.dtype` and `.device` (pointed at the query once the scores are gone), their
-sizes (the query's, or the key length), `expand_as(scores)` and `reshape_as(scores)`; after the product with V, the
+sizes (the query's, or the key length; of scores of unknown rank, the product's shape, from the query and key),
+`expand_as(scores)` and `reshape_as(scores)`; after the product with V, the
 weights. Any other read of a chain poisons it. The rewrites are the statement's `KeepStmt`.
 """
 
@@ -11,7 +12,22 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from sdpa_port.analyse.chain import OUT, PROBS, SCORES, ChainVal, KeepAction, KeepStmt, short
+from sdpa_port.analyse import patterns as p
+from sdpa_port.analyse.chain import (
+    OUT,
+    PROBS,
+    SCORES,
+    Candidate,
+    Cast,
+    ChainVal,
+    Dropout,
+    KeepAction,
+    KeepStmt,
+    Scale,
+    Softmax,
+    Start,
+    short,
+)
 from sdpa_port.analyse.chain_reads import ReadFinder
 from sdpa_port.analyse.cstutil import walk_names
 from sdpa_port.refusals import Code
@@ -57,6 +73,7 @@ def keep_expression(tracer: TracerView, node: cst.CSTNode, line: int, key: cst.C
         assert isinstance(value, ChainVal)
         tracer.chains.candidates[value.cid].poisoned(Code.SCORES_READ, f"the shape of the scores is read by `{short(node)}`", line)
     sizes: dict[cst.CSTNode, int | None] = {}
+    shaped: dict[cst.CSTNode, int] = {}
     for read, name, index in finder.sizes:
         value = tracer.env[name.value]
         assert isinstance(value, ChainVal)
@@ -70,6 +87,9 @@ def keep_expression(tracer: TracerView, node: cst.CSTNode, line: int, key: cst.C
                 continue
             index = layout.index(index % len(layout))
         last = index == -1 or (value.rank is not None and index == value.rank - 1)
+        if not last and index >= 0 and value.rank is None and product_shaped(tracer.chains.candidates[value.cid]):
+            shaped[read] = index  # read from the product's shape, which the query and key give at any rank
+            continue
         if not last and index >= 0 and value.rank is None:
             tracer.chains.candidates[value.cid].poisoned(
                 Code.SCORES_READ, f"the shape of the scores is read by `{short(node)}`, their rank unknown", line
@@ -77,5 +97,25 @@ def keep_expression(tracer: TracerView, node: cst.CSTNode, line: int, key: cst.C
             continue
         # the scores are (..., queries, keys): their leading sizes are the query's, the last the key length
         sizes[read] = None if last else index
-    if replacements or sizes:
-        tracer.plans[key] = KeepStmt(replacements, sizes)
+    if replacements or sizes or shaped:
+        tracer.plans[key] = KeepStmt(replacements, sizes, shaped)
+
+
+# products whose result is `broadcast(left[:-2], right[:-2]) + (left[-2], right[-1])` for operands of rank 2 or more
+SHAPED_PRODUCTS = (p.ProductForm.MATMUL, p.ProductForm.BMM, p.ProductForm.OPERATOR)
+
+
+def product_shaped(candidate: Candidate) -> bool:
+    """The scores have the shape of their one query-key product, whatever its rank: a matmul of the query and the
+    transposed key as SDPA takes them (no einsum, no layout of their own, no blocks joined), followed so far only by
+    operations that keep the shape (number scales, casts, the softmax, dropout)."""
+    starts = candidate.start_ops()
+    if len(starts) != 1 or candidate.start is None:
+        return False
+    start = starts[0]
+    if start.product.form not in SHAPED_PRODUCTS or start.joined or start.layout is not None:
+        return False
+    if start.orders != (None, None):
+        return False
+    kept = (Start, Cast, Softmax, Dropout)
+    return all(isinstance(op, kept) or (isinstance(op, Scale) and not op.per_query) for op, _, _ in candidate.ops)

@@ -35,6 +35,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse.cstutil import code
+from sdpa_port.analyse.discarded import discarded_by_every_call, weight_positions
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
@@ -59,6 +60,9 @@ UNSELECTED_NO_FALLBACK = (
     "no call can ask for what only eager gives, so no eager forward is kept"
 )
 
+# said of a port whose forward returned the probabilities with no parameter asking for them
+DISCARDED = "; it returns None for the probabilities: every caller in this file discards them"
+
 
 @dataclass(frozen=True)
 class InlineClassPlan:
@@ -68,6 +72,7 @@ class InlineClassPlan:
     forward: cst.FunctionDef  # the SDPA forward, without its fallback
     side: SdpaSide
     eager_name: str | None
+    discards: bool = False  # returns None for the probabilities, which every caller in this file discards
 
     @property
     def fallback_test(self) -> str:
@@ -133,20 +138,19 @@ def _plan_class(
     inert = always_asked_for_weights(facts, analysis) or unreached_side_refusal(facts, analysis)
     if inert is not None:
         return inert
-    if analysis.output_attentions is None and any(site.returns_weights for site in analysis.sites):
-        # its callers are in other files: one may read the weights, which the SDPA forward cannot give
-        return Refusal(
-            Code.VALUE_SIDE,
-            analysis.class_name,
-            analysis.sites[0].line,
-            "the probabilities are returned, and no parameter of the call asks for them (such as "
-            "`output_attentions`), so the SDPA forward could not fall back to eager where a caller reads them",
-        )
+    discards = analysis.output_attentions is None and any(site.returns_weights for site in analysis.sites)
     try:
         side = read_sdpa_side(facts, analysis)
         forward = build_sdpa_forward(facts, side, MaskContract())
     except Refuse as error:
+        if discards:
+            return _weights_returned(analysis, "")
         return error.placed(analysis.class_name, analysis.sites[0].line if analysis.sites else 0)
+    if discards:
+        # no parameter asks for the weights: SDPA may return None for them only where no caller reads them
+        why = _weights_read(facts, analysis.class_name, side)
+        if why is not None:
+            return _weights_returned(analysis, why)
     heir = _heir_refusal(facts, analysis.class_name, forward, analyses)
     if heir is not None:
         return heir
@@ -156,7 +160,27 @@ def _plan_class(
         taken = _names_of(facts, analysis.class_name)
         while eager_name in taken:
             eager_name = "_" + eager_name
-    return InlineClassPlan(analysis, forward, side, eager_name)
+    return InlineClassPlan(analysis, forward, side, eager_name, discards)
+
+
+def _weights_returned(analysis: ClassAnalysis, why: str) -> Refusal:
+    return Refusal(
+        Code.VALUE_SIDE,
+        analysis.class_name,
+        analysis.sites[0].line,
+        "the probabilities are returned, and no parameter of the call asks for them (such as `output_attentions`), "
+        "so the SDPA forward could not fall back to eager where a caller reads them" + (f": {why}" if why else ""),
+    )
+
+
+def _weights_read(facts: ModuleFacts, class_name: str, side: SdpaSide) -> str | None:
+    """Why a caller may read the probabilities the forward returns (`analyse/discarded.py`); None: none can."""
+    if side.path is None or side.calls or side.closure is not None:
+        return "a helper computes them, whose returns are not followed"
+    found = weight_positions(side.path)
+    if isinstance(found, str):
+        return found
+    return discarded_by_every_call(facts, class_name, *found)
 
 
 def _names_of(facts: ModuleFacts, class_name: str) -> set[str]:
@@ -220,10 +244,11 @@ def _sdpa_forward_code(facts: ModuleFacts, analysis: ClassAnalysis) -> str | Non
 
 def _unselected(item: InlineClassPlan, why: str) -> str:
     name = item.analysis.class_name
+    discards = DISCARDED if item.discards else ""
     if item.eager_name is None:
-        return UNSELECTED_NO_FALLBACK.format(name=name, why=why)
+        return UNSELECTED_NO_FALLBACK.format(name=name, why=why) + discards
     parts = [f"`{flag}`" for flag in item.side.falsy] + [f"`{param}`" for param in item.side.none]
-    return UNSELECTED.format(name=name, why=why, fallback=", ".join(parts), eager=item.eager_name)
+    return UNSELECTED.format(name=name, why=why, fallback=", ".join(parts), eager=item.eager_name) + discards
 
 
 __all__ = ["InlineClassPlan", "InlinePlan", "plan_inline_style", "EAGER_METHOD"]

@@ -21,6 +21,7 @@ from sdpa_port.analyse.cstutil import (
     code,
     if_chain,
     nodes_in,
+    parenthesized,
     primary,
     rebuild_if,
 )
@@ -30,7 +31,7 @@ from sdpa_port.refusals import Code, Refuse
 from sdpa_port.rewrite import sdpa_mask, sdpa_output, sdpa_state, sdpa_terms
 from sdpa_port.rewrite.edit import replace_names, replace_nodes
 from sdpa_port.rewrite.sdpa_builders import dropout_expression, not_none_names, query_root
-from sdpa_port.rewrite.sdpa_layout import Layout, decide_layout, laid_out, scores_shape
+from sdpa_port.rewrite.sdpa_layout import Layout, decide_layout, laid_out, product_shape, scores_shape
 from sdpa_port.rewrite.sdpa_state import EmitOptions, Side, SideState, merged
 from sdpa_port.rewrite.walk import StatementWalker
 
@@ -201,6 +202,9 @@ class SdpaEmitter(StatementWalker):
                 func=cst.Attribute(value=operand, attr=cst.Name("size")),
                 args=[cst.Arg(cst.Integer(str(dim)) if dim >= 0 else cst.UnaryOperation(cst.Minus(), cst.Integer(str(-dim))))],
             )
+        for found in nodes_in(node, plan.shaped):
+            size = cst.SubscriptElement(cst.Index(cst.Integer(str(plan.shaped[found]))))
+            mapping[found] = cst.Subscript(value=parenthesized(product_shape(self.query, self.key)), slice=[size])
         for found in nodes_in(node, plan.replacements):
             action = plan.replacements[found]
             if action is t.KeepAction.STRIP_EXPAND:

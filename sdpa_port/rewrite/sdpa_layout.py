@@ -123,6 +123,16 @@ def laid_out(node: cst.BaseExpression, rank: int | None, layout: Order) -> cst.B
     return permuted(node, layout)
 
 
+def product_shape(query: cst.BaseExpression | None, key: cst.BaseExpression | None) -> cst.BaseExpression:
+    """The shape of the query-key product at any rank, leading sizes broadcast:
+    `torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]) + query.shape[-2:-1] + key.shape[-2:-1]`."""
+    if query is None or key is None:
+        raise Refuse(Code.SCORES_READ, "the scores' shape is read before the query-key product")
+    broadcast = cst.Attribute(value=cst.Name("torch"), attr=cst.Name("broadcast_shapes"))
+    leading = cst.Call(func=broadcast, args=[cst.Arg(shape_slice(query, ":-2")), cst.Arg(shape_slice(key, ":-2"))])
+    return binary(binary(leading, cst.Add(), shape_slice(query, "-2:-1")), cst.Add(), shape_slice(key, "-2:-1"))
+
+
 def scores_shape(query: cst.BaseExpression | None, key: cst.BaseExpression | None) -> cst.BaseExpression:
     """The shape of the query-key product, `query.shape[:-1] + key.shape[-2:-1]`."""
     if query is None or key is None:

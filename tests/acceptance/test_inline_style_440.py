@@ -94,6 +94,18 @@ SABOTAGES = {
         ("the mask parameter ignored", "attn_mask=bias,", "attn_mask=None,"),
         ("memory calls' scale doubled", "scale=self.scale,", "scale=2 * self.scale,"),
     ],
+    # probabilities returned with no request, which every block discards: each returned as None
+    "modeling_tiny_discarded.py": [
+        ("scale dropped", "scale=1.0 / math.sqrt(self.head_dim),", "scale=1.0,"),
+        ("mask dropped", "attn_mask=mask,", "attn_mask=None,"),
+        ("temperature multiplies", "scale=1.0 / self.temperature,", "scale=self.temperature,"),
+        ("None in the output's place", "return self.proj(out), attn", "return attn, self.proj(out)"),
+    ],
+    # the mask expanded to the scores' shape, read at a rank the port does not know: the product's shape instead
+    "modeling_tiny_sized_mask.py": [
+        ("batch size read as the heads'", ")[0], (torch.broadcast_shapes", ")[1], (torch.broadcast_shapes"),
+        ("mask dropped", "attn_mask=sdpa_mask,", "attn_mask=None,"),
+    ],
     "modeling_tiny_elsewhere.py": [
         ("scale squared", "scale=1.0 / (self.attention_head_size**0.5)", "scale=1.0 / self.attention_head_size"),
         ("fallback skipped", "if output_attentions or head_mask is not None:", "if False:"),

@@ -571,6 +571,11 @@ def one_stream(spec: Spec, n: Names, code: Code) -> None:
         code.add(f"q_len = {n.query}.size({length})")
         code.add(f"bsz = {n.query}.size({lead}) // {n.attr('num_heads')}")
     product_lines(spec, n, code)
+    if spec.mask_expanded:
+        # the mask sized from the scores right after the product, their rank known or not to the port
+        code.add("if attention_mask is not None:")
+        sizes = ", ".join(f"attn_weights.shape[{index}]" for index in range(4))
+        code.add(f"    attention_mask = attention_mask.expand({sizes})")
     hazard = spec.hazard
     if hazard == "square":
         code.add("attn_weights = attn_weights * attn_weights")
@@ -937,6 +942,7 @@ def attention_class(spec: Spec, code: Code) -> None:
                 code.add("return attn_output, attn_weights")
             else:
                 weights = "attn_weights if output_attentions else None" if spec.output_attentions else "None"
+                weights = "attn_weights" if spec.weights_discarded != "none" else weights
                 weights = "returned_weights" if spec.scores_returned and spec.placement == "forward" else weights
                 weights = "attn_weights" if spec.scores_returned and spec.placement != "forward" else weights
                 code.add(f"return attn_output, present, {weights}")
@@ -1050,7 +1056,13 @@ def layer_class(spec: Spec, code: Code) -> None:
             if spec.output_attentions:
                 keywords.append("output_attentions=output_attentions")
             own = ", is_decoder=is_decoder" if spec.call_causal == "argument" else ""
-            code.add(f"attn_output, present, weights = self.attn(self.norm(hidden_states), {', '.join(keywords)}{own})")
+            call = f"self.attn(self.norm(hidden_states), {', '.join(keywords)}{own})"
+            if spec.weights_discarded == "unpacked":
+                code.add(f"attn_output, present, _ = {call}", "weights = None")
+            elif spec.weights_discarded == "indexed":
+                code.add(f"attn_output = {call}[0]", "present = weights = None")
+            else:
+                code.add(f"attn_output, present, weights = {call}")
             code.add("hidden_states = hidden_states + attn_output")
             sibling_call(spec, code)
             if spec.cross:

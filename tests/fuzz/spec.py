@@ -221,6 +221,13 @@ class Spec:
     # the batch size and length read once from the hidden states and never again, the key's length read from the
     # flat key (`key_states.size(1)`), the output's size checked after the product with V before its view back
     flat_kept: bool = False
+    # the inline family, 4.x, no request for the weights: forward returns them all the same, and the layer "unpacked"
+    # them into `_`, "indexed" the output out of the triple, or "read" them (passing them on, which refuses the port)
+    weights_discarded: str = "none"
+    # 4.x, heads layout: the additive padding mask expanded to the scores' shape read from them right after the
+    # product (`attention_mask.expand(attn_weights.shape[0], ..., attn_weights.shape[3])`), at a rank the port may not
+    # know (a helper's or function's parameters): their sizes come from the query and key, or from the product's shape
+    mask_expanded: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -262,6 +269,7 @@ class Spec:
 
 
 SPARSE_SIBLINGS = ("none", "own", "mask")
+WEIGHTS_DISCARDED = ("none", "unpacked", "indexed", "read")
 CLOSURES = ("none", "direct", "checkpoint", "twice")
 STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
@@ -285,7 +293,12 @@ def _pick(rng: random.Random, choices: tuple[str, ...], weights: tuple[float, ..
 def draw(seed: int, family: str = "440") -> Spec:
     """A consistent random spec; most cases are portable, about one in six carries a hazard."""
     if family == "inline":  # 4.40.2 skeletons drawn from seeds of their own, ported in place
-        return replace(_draw(seed, "440", random.Random(f"inline:{seed}")), style="inline")
+        spec = replace(_draw(seed, "440", random.Random(f"inline:{seed}")), style="inline")
+        discarded = _pick(random.Random(f"discarded:{seed}"), WEIGHTS_DISCARDED, (6, 2, 2, 1))
+        if discarded != "none":  # the weights returned with no request; built by its name, as remote code does
+            wiring = "direct" if spec.wiring.startswith("dict") else spec.wiring
+            spec = normalise(replace(spec, weights_discarded=discarded, output_attentions=False, wiring=wiring))
+        return spec
     return _draw(seed, family, random.Random(seed if family == "440" else f"{family}:{seed}"))
 
 
@@ -386,6 +399,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         over_queries=random.Random(f"queries:{family}:{seed}").random() < 0.2,  # likewise
         sizes_swapped=random.Random(f"sizes:{family}:{seed}").random() < 0.2,  # its own generator, likewise
         flat_kept=random.Random(f"kept:{family}:{seed}").random() < 0.3,  # likewise
+        mask_expanded=random.Random(f"expanded:{family}:{seed}").random() < 0.2,  # likewise
     )
     if spec.flat_kept and spec.layout == "flat" and family in ("440", "inline"):
         # BART's form takes the skeleton it is written in: one plain bmm of (b * h, L, d) states in forward
@@ -598,6 +612,22 @@ def normalise(spec: Spec) -> Spec:
         and spec.streams == "one"
     ):
         changes["flat_kept"] = False  # BART's sizes, in the one flat chain of forward
+    if spec.weights_discarded != "none" and (
+        spec.style != "inline" or spec.output_attentions or changes.get("scores_returned", spec.scores_returned)
+    ):
+        changes["weights_discarded"] = "none"  # forward's triple, its weights returned with no request for them
+    elif spec.weights_discarded == "indexed" and spec.cache:
+        changes["weights_discarded"] = "unpacked"  # `self.attn(...)[0]` leaves the layer no cache to return
+    if spec.mask_expanded and not (
+        spec.family == "440"
+        and changes.get("layout", spec.layout) == "heads"
+        and changes.get("product", spec.product) in ("matmul", "operator", "method", "pretransposed", "permuted")
+        and changes.get("blocks", spec.blocks) == "none"
+        and not changes.get("bool_fill", spec.bool_fill)
+        and any(kind == "mask" for kind, _ in changes.get("terms", spec.terms))
+        and changes.get("hazard", spec.hazard) == "none"
+    ):
+        changes["mask_expanded"] = False  # 4-D scores of a plain product, an additive mask among the terms
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 

@@ -173,6 +173,139 @@ def test_weights_returned_with_no_request_refuse_the_inline_port() -> None:
     source = attention().replace("        return out\n", "        return out, probs\n")
     result = port_source(source, filename="modeling_tiny.py", style="inline")
     assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["S111"], result
+    assert "so their callers are elsewhere" in result.reasons[0]
+
+
+# ------------------------------------------------------------------ weights returned that every caller discards
+
+# `TinyAttention` returns `(out, probs)` with no parameter asking for them; `TinyBlock` builds and calls it
+DISCARDING = """
+
+class TinyBlock(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        {build}
+
+    def forward(self, x, mask=None):
+        {body}
+"""
+
+
+def discarding(
+    body: str, build: str = "self.attn = TinyAttention(dim)", returned: str = "out, probs", extra: str = ""
+) -> str:
+    """`TinyAttention` returning `returned`, built by `build` in `TinyBlock`, whose forward is `body`; then `extra`."""
+    source = attention().replace("        return out\n", f"        return {returned}\n")
+    source = source[: source.index("\n\nclass TinyBlock")] + "\n"
+    indent = " " * 8
+    block = DISCARDING.format(build=build, body=textwrap.indent(textwrap.dedent(body).strip(), indent).strip())
+    return source + block + extra
+
+
+DISCARDED = {
+    "unpacked into `_`": "out, _ = self.attn(x, mask)\nreturn out",
+    "unpacked into a name never read": "out, weights = self.attn(x, mask=mask)\nreturn out",
+    "the output indexed": "return self.attn(x, mask)[0]",
+    "the output indexed from the end": "return self.attn(x)[-2]",
+    "the result dropped": "self.attn(x)\nreturn x",
+    "through checkpoint": "return checkpoint(self.attn, x, mask, use_reentrant=False)[0]",
+}
+
+
+@pytest.mark.parametrize("body", DISCARDED.values(), ids=DISCARDED.keys())
+def test_weights_every_caller_discards_are_returned_as_none(body: str) -> None:
+    source = discarding(body).replace("import torch\n", "import torch\nfrom torch.utils.checkpoint import checkpoint\n")
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.PORTED, result.reasons
+    assert "probs = None\n        return out, probs" in result.source and ".softmax(" not in result.source
+    assert "it returns None for the probabilities: every caller in this file discards them" in result.warnings[-1]
+    assert port_source(result.source, filename="modeling_tiny.py").detail == "already supports SDPA"
+
+
+def test_weights_discarded_by_each_module_of_a_list_are_returned_as_none() -> None:
+    build = "self.layers = nn.ModuleList([TinyAttention(dim) for _ in range(2)])"
+    body = "for layer in self.layers:\n    x, _ = layer(x, mask)\nreturn x"
+    result = port_source(discarding(body, build), filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.PORTED, result.reasons
+    # an alias of the weights returned is theirs too: the caller discards its place
+    result = port_source(discarding(body, build, "out, weights").replace(
+        "        return out, weights", "        weights = probs\n        return out, weights"
+    ), filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.PORTED, result.reasons
+
+
+HOOK = """
+        self.attn.register_forward_hook(lambda module, args, output: None)
+"""
+# each refused S111: a caller reads or keeps the weights, or calls the file does not show may
+READ = {
+    "a caller returns them": ("out, weights = self.attn(x)\nreturn out, weights", "which its method reads"),
+    "a caller appends them": ("out, w = self.attn(x)\nself.kept = [w]\nreturn out", "which its method reads"),
+    "a caller stores them": ("out, self.weights = self.attn(x)\nreturn out", "stores the probabilities in `self."),
+    "a caller indexes them": ("return self.attn(x)[1]", "takes an element of the result that may be the"),
+    "a caller keeps the tuple": ("outputs = self.attn(x)\nreturn outputs[0]", "keeps the result whole"),
+    "a caller unpacks a starred tuple": ("out, *rest = self.attn(x)\nreturn out", "keeps the result whole"),
+    "the modules handed on": ("return nn.Sequential(self.attn)(x)[0]", "hands the modules"),
+    "their forward taken": ("run = self.attn.forward\nreturn run(x)[0]", "without calling it"),
+    "a forward hook": (HOOK.strip() + "\nreturn self.attn(x)[0]", "registers a forward hook"),
+    "named by a string": ("return getattr(self, 'attn')(x)[0]", "in a string"),
+    "their container called": ("return self.attn(x)", "calls the container of the modules"),
+}
+
+
+@pytest.mark.parametrize("body,why", READ.values(), ids=READ.keys())
+def test_weights_a_caller_may_read_refuse_s111(body: str, why: str) -> None:
+    built = "nn.ModuleList([TinyAttention(dim)])" if "container" in why else "TinyAttention(dim)"
+    build = f"self.attn = {built}"
+    result = port_source(discarding(body, build), filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["S111"], result
+    assert why in result.reasons[0], result.reasons
+
+
+BUILT = {
+    "listed in `__all__`": ('\n__all__ = ["TinyAttention"]\n', "in a string"),
+    "named in a dict": ('\nCLASSES = {"plain": TinyAttention}\n', "names it other than to build it"),
+    "built in a function": ("\n\ndef build(dim):\n    return TinyAttention(dim)\n", "other than as a module of"),
+    "its modules called from a function": ("\n\ndef run(block, x):\n    return block.attn(x)\n", "are not followed"),
+    "a subclass": ("\n\nclass TinyOther(TinyAttention):\n    pass\n", "a subclass in the file inherits it"),
+}
+
+
+@pytest.mark.parametrize("extra,why", BUILT.values(), ids=BUILT.keys())
+def test_weights_callers_the_file_does_not_show_refuse_s111(extra: str, why: str) -> None:
+    result = port_source(discarding("return self.attn(x)[0]", extra=extra), filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["S111"], result
+    assert why in result.reasons[0], result.reasons
+
+
+STRAY = {
+    "stored on the module": "self.maps = probs",
+    "handed to a call": "self.maps.append(probs)",
+    "tested": "if probs.sum() > 0:\n            pass",
+    "read by a function defined here": "def kept():\n            return probs",
+}
+
+
+@pytest.mark.parametrize("line", STRAY.values(), ids=STRAY.keys())
+def test_weights_read_in_forward_after_the_product_refuse_s111(line: str) -> None:
+    returned = "        return out, probs\n"
+    source = discarding("return self.attn(x)[0]").replace(returned, f"        {line}\n{returned}")
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.REFUSED and [r.code.code for r in result.refusals] == ["S111"], result
+    assert "reads the probabilities otherwise than to return them" in result.reasons[0]
+
+
+def test_weights_in_places_the_returns_do_not_show_refuse_s111() -> None:
+    source = discarding("return self.attn(x)[0]", returned="[out, probs]")
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert [r.code.code for r in result.refusals] == ["S111"], result
+    assert "gives no tuple of fixed length" in result.reasons[0]
+    # the output's place reads a name bound from the weights: what the caller keeps may be them
+    source = discarding("out, _ = self.attn(x)\nreturn out", returned="pair[0], pair[1]")
+    source = source.replace("        return pair[0]", "        pair = (out, probs)\n        return pair[0]")
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert [r.code.code for r in result.refusals] == ["S111"], result
+    assert "unpacks the probabilities into `out`, which its method reads" in result.reasons[0]
 
 
 def test_torch_is_imported_where_the_file_binds_only_its_submodules() -> None:
@@ -374,3 +507,24 @@ def test_eager_attention_left_unread_beside_a_port_is_named(style: str) -> None:
     assert len(named) == 1 and "stays eager" in named[0] and "recogniser stops" in named[0], result.warnings
     # a class the port covers is not named
     assert not any(w.startswith("TinyAttention.forward") for w in result.warnings), result.warnings
+
+
+# ------------------------------------------------------------------ sizes of scores of unknown rank
+
+SIZED = (FIXTURES / "inline_style" / "modeling_tiny_sized_mask.py").read_text(encoding="utf-8")
+PRODUCT_SHAPE = "(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + q.shape[-2:-1] + k.shape[-2:-1])"
+
+
+def test_sizes_of_scores_of_unknown_rank_are_read_from_the_product() -> None:
+    """A helper's scores, their rank unknown, expand a mask to their shape: the query and key give it at any rank."""
+    result = port_source(SIZED, filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.PORTED, result.reasons
+    assert ", ".join(f"{PRODUCT_SHAPE}[{index}]" for index in range(4)) in result.source
+
+
+def test_sizes_of_scores_changed_since_the_product_refuse_s104() -> None:
+    """A term added before the read may broadcast the scores to another shape than the product's."""
+    source = SIZED.replace("    if mask is not None:\n", "    scores = scores + d_k\n    if mask is not None:\n", 1)
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert [r.code.code for r in result.refusals] == ["S104"], result.reasons
+    assert "their rank unknown" in result.reasons[0]
