@@ -1499,16 +1499,29 @@ def own_mask_function(spec: Spec, code: Code) -> None:
         )
 
 
-def helper_function(code: Code) -> None:
+def helper_function(code: Code, form: str) -> None:
     """A helper that adds a per-head, per-key bias to the scores it is given, whatever their layout (flat or per
-    head)."""
-    code.add(
-        "def add_head_bias(scores, bias):",
-        "    shape = scores.shape",
-        "    heads = bias.shape[0]",
-        "    scores = scores.view(-1, heads, scores.size(-2), shape[-1]) + bias[None, :, None, : shape[-1]]",
-        "    return scores.view(shape)",
-    )
+    head): returning the sum, or in place to the keys past the first (`spec.helper_form`)."""
+    code.add("def add_head_bias(scores, bias):", "    shape = scores.shape", "    heads = bias.shape[0]")
+    if form == "returned":
+        code.add(
+            "    scores = scores.view(-1, heads, scores.size(-2), shape[-1]) + bias[None, :, None, : shape[-1]]",
+            "    return scores.view(shape)",
+        )
+        return
+    # sizes written out, not -1: a slice of no key has no size to infer
+    code.add("    batch = shape[:-2].numel() // heads")
+    if form == "slice":
+        code.add(
+            "    scores[..., 1:] = (",
+            "        scores[..., 1:].reshape(batch, heads, shape[-2], shape[-1] - 1) + bias[None, :, None, 1 : shape[-1]]",
+            "    ).reshape(shape[:-1] + (shape[-1] - 1,))",
+        )
+    else:
+        code.add(
+            "    scores[..., 1:] += bias[:, None, 1 : shape[-1]].repeat(batch, 1, 1).view(shape[:-2] + (1, shape[-1] - 1))"
+        )
+    code.add("    return scores")
 
 
 def render(spec: Spec) -> str:
@@ -1527,7 +1540,7 @@ def render(spec: Spec) -> str:
         own_mask_function(spec, code)
         code.add("", "")
     if any(kind == "helper" for kind, _ in spec.terms):
-        helper_function(code)
+        helper_function(code, spec.helper_form)
         code.add("", "")
     if spec.placement == "function":
         attention_function(spec, code)

@@ -217,6 +217,10 @@ class Spec:
     # and the product with V, which views its output with them swapped back (`bsz, q_len = q_len, bsz`): the sizes the
     # view read are bound again before the SDPA call (Megatron's output_size tuples), so the port reads them at the view
     sizes_swapped: bool = False
+    # how the additive helper function (the "helper" term) adds its per-head bias: "returned" returns the scores plus
+    # it, viewed back; "slice" assigns the keys past the first their slice plus it, viewed and viewed back, and
+    # "augmented" adds it to that slice with `+=` (MViT's and ViTDet's in-place forms); both return the scores
+    helper_form: str = "returned"
 
     # -------------------------------------------------------------- derived facts
 
@@ -258,6 +262,7 @@ class Spec:
 
 
 SPARSE_SIBLINGS = ("none", "own", "mask")
+HELPER_FORMS = ("returned", "slice", "augmented")
 CLOSURES = ("none", "direct", "checkpoint", "twice")
 STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
@@ -381,6 +386,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         closure=_pick(random.Random(f"closure:{family}:{seed}"), CLOSURES, (14, 2, 2, 2)),  # likewise
         over_queries=random.Random(f"queries:{family}:{seed}").random() < 0.2,  # likewise
         sizes_swapped=random.Random(f"sizes:{family}:{seed}").random() < 0.2,  # its own generator, likewise
+        helper_form=_pick(random.Random(f"helper:{family}:{seed}"), HELPER_FORMS, (2, 1, 1)),  # likewise
     )
     if spec.over_queries and family == "440":
         # a non-local block's form takes the skeleton it can be written in: one plain flat product in forward
