@@ -93,6 +93,12 @@ def eager_body(path: SdpaPath, options: InterfaceOptions) -> tuple[list[cst.Base
     start = path.start
     assert start is not None
     output = fil.output.output
+    if start.heads is not None or output.shared:
+        raise Refuse(
+            Code.LAYOUT,
+            "the einsum's key or value has no heads axis (one shared by every head); the attention interface's "
+            "functions take them (batch, heads, length, dim)",
+        )
     part = EagerPart()
     # the output statement keeps only the product: `attn_output = <probs @ value>`
     part.output_name = "attn_output"

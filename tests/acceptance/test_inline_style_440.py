@@ -87,6 +87,14 @@ SABOTAGES = {
         ("slice helper on the scores", "add_positions_past_cls(k.new_zeros(scores_shape),",
          "add_positions_past_cls(q @ k.transpose(-2, -1),"),
     ],
+    # a key and value shared by every head (multi-query einsums, `forms/products.py`): each expanded to the query's
+    # heads; a port could hand over the key as the value, or lay the shared key out as the query is
+    "modeling_tiny_multi_query.py": [
+        ("key handed over as the value", "            v.unsqueeze(1).expand(-1, q.size(1), -1, -1),",
+         "            k.unsqueeze(1).expand(-1, q.size(1), -1, -1),"),
+        ("mask dropped", "attn_mask=attention_mask,", "attn_mask=None,"),
+        ("shared key's positions reversed", "sdpa_key = k.transpose(0, 1).unsqueeze(1)", "sdpa_key = k.transpose(0, 1).flip(1).unsqueeze(1)"),
+    ],
     # one form per class (`fixtures/inline_style/modeling_tiny_remote_forms.py`)
     "modeling_tiny_remote_forms.py": [
         # a key the producer laid out (b, h, d, s) handed over as it is, not transposed back
