@@ -118,12 +118,12 @@ class _Reader:
             return False
         token = _free_name(value, "slice")
         replaced = _SameSlice(target, token)
-        value = value.visit(replaced)
-        if not replaced.count:
+        read = value.visit(replaced)
+        if not replaced.count or not isinstance(read, cst.BaseExpression):
             return False
         self.tainted[token] = Additive(None, False)
         try:
-            return self.additive(value) is not None
+            return self.additive(read) is not None
         finally:
             del self.tainted[token]
 

@@ -374,6 +374,8 @@ def one_product(spec: Spec, n: Names, code: Code) -> None:
         code.add(f"attn_weights = {q} @ {k}.transpose(-2, -1)")
     elif product == "method":
         code.add(f"attn_weights = {q}.matmul({k}.transpose(2, 3))")
+    elif product == "einsum" and spec.shared_kv:  # one key for every head
+        code.add(f'attn_weights = torch.einsum("bhqd,bkd->bhqk", {q}, {k}.mean(1))')
     elif product == "einsum":
         code.add(f'attn_weights = torch.einsum("bhqd,bhkd->bhqk", {q}, {k})')
     elif product == "einsum_kt":
@@ -686,6 +688,8 @@ def one_stream(spec: Spec, n: Names, code: Code) -> None:
         code.add(f'attn_output = torch.einsum("bhqk,kbhd->qbhd", attn_weights, {v})')
     elif spec.product == "einsum_bthd":
         code.add(f'attn_output = torch.einsum("bhqk,bkhd->bqhd", attn_weights, {v})')
+    elif spec.shared_kv:  # one value for every head
+        code.add(f'attn_output = torch.einsum("bhqk,bkd->bhqd", attn_weights, {v}.mean(1))')
     elif spec.product in ("einsum", "einsum_kt"):
         code.add(f'attn_output = torch.einsum("bhqk,bhkd->bhqd", attn_weights, {v})')
     elif spec.product == "operator":

@@ -221,6 +221,9 @@ class Spec:
     # it, viewed back; "slice" assigns the keys past the first their slice plus it, viewed and viewed back, and
     # "augmented" adds it to that slice with `+=` (MViT's and ViTDet's in-place forms); both return the scores
     helper_form: str = "returned"
+    # with `einsum`: one key and one value for every head, their heads averaged away (multi-query, CoCa's form):
+    # `torch.einsum("bhqd,bkd->bhqk", q, k.mean(1))`, and the value likewise in the product with V
+    shared_kv: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -387,6 +390,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         over_queries=random.Random(f"queries:{family}:{seed}").random() < 0.2,  # likewise
         sizes_swapped=random.Random(f"sizes:{family}:{seed}").random() < 0.2,  # its own generator, likewise
         helper_form=_pick(random.Random(f"helper:{family}:{seed}"), HELPER_FORMS, (2, 1, 1)),  # likewise
+        shared_kv=random.Random(f"shared:{family}:{seed}").random() < 0.3,  # likewise; only `einsum` keeps it
     )
     if spec.over_queries and family == "440":
         # a non-local block's form takes the skeleton it can be written in: one plain flat product in forward
@@ -582,6 +586,12 @@ def normalise(spec: Spec) -> Spec:
         and spec.streams == "one"
     ):
         changes["sizes_swapped"] = False  # the flat layout's one bmm with V
+    if spec.shared_kv and not (
+        changes.get("product", spec.product) == "einsum"
+        and changes.get("value_left", spec.value_left) == "none"
+        and changes.get("hazard", spec.hazard) != "value_relative"
+    ):
+        changes["shared_kv"] = False  # the `einsum` product's two einsums, the output's the only one with V
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 
