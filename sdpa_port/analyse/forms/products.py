@@ -102,32 +102,19 @@ def query_key_product(tracer: TracerView, node: cst.BaseExpression, line: int) -
 def shared_key(
     tracer: TracerView, node: cst.BaseExpression, product: p.Product, roles: p.EinsumRoles, line: int
 ) -> Recognised | None:
-    """`einsum("bhid,bjd->bhij", q, k)`: one key for every head (multi-query, CoCa's cross-attention).
-
-    SDPA gets the key viewed with the heads axis added and expanded to the query's heads, `k.unsqueeze(1).expand(-1,
-    q.size(1), -1, -1)`, laid out as the query is: each head reads the same key, as the einsum does."""
+    """`einsum("bhid,bjd->bhij", q, k)`: one key for every head (multi-query), handed to SDPA viewed with the heads
+    axis added and expanded to the query's, `k.unsqueeze(1).expand(-1, q.size(1), -1, -1)`: each head reads it."""
     assert roles.shared is not None
-    if any(strip_casts(operand, tracer.scope)[0] is not operand for operand in (product.left, product.right)):
+    left, right = product.left, product.right
+    if any(strip_casts(operand, tracer.scope)[0] is not operand for operand in (left, right)):
         return None  # cast operands: what the einsum computes in is not read here
-    query = p.permuted(product.left, roles.left)
     axis = roles.left[roles.shared] if roles.left is not None else roles.shared  # the heads axis of the operand
-    heads = cst.Call(
-        func=cst.Attribute(value=primary(product.left), attr=cst.Name("size")), args=[cst.Arg(cst.Integer(str(axis)))]
-    )
-    key = p.expanded(p.permuted(product.right, roles.right), roles.shared, heads, 4)
-    start = Start(
-        product,
-        query,
-        key,
-        4,
-        False,
-        query_scale(tracer, product.left),
-        bound_to_float32(tracer, product.left) or bound_to_float32(tracer, product.right),
-        (roles.left, roles.right),
-        (product.left, product.right),
-        heads=heads,
-    )
-    read = p.walk_names(product.left) | p.walk_names(product.right)
+    heads = cst.Call(cst.Attribute(primary(left), cst.Name("size")), [cst.Arg(cst.Integer(str(axis)))])
+    key = p.expanded(p.permuted(right, roles.right), roles.shared, heads, 4)
+    upcast = bound_to_float32(tracer, left) or bound_to_float32(tracer, right)
+    orders, scale = (roles.left, roles.right), query_scale(tracer, left)
+    start = Start(product, p.permuted(left, roles.left), key, 4, False, scale, upcast, orders, (left, right), heads=heads)
+    read = p.walk_names(left) | p.walk_names(right)
     cid = tracer.chains.new_chain(start, node, line, tuple((name, tracer.assignments.get(name, 0)) for name in sorted(read)))
     return ChainVal(cid, SCORES, 4), [start]
 
@@ -543,12 +530,6 @@ EXAMPLES = {
             "v = value.mean(1)\nscores = torch.einsum('bhqd,bhkd->bhqk', query, key)\n"
             "probs = scores.softmax(-1)\nreturn torch.einsum('bhqk,bkd->bhqd', probs, v)",
             refused=Code.LAYOUT,
-        ),
-        # a key shared by the whole batch too: one lead is read missing, not two
-        Example(
-            "k = key.mean((0, 1))\nscores = torch.einsum('bhqd,kd->bhqk', query, k)\n"
-            "probs = scores.softmax(-1)\nreturn torch.einsum('bhqk,bhkd->bhqd', probs, value)",
-            refused=Code.UNKNOWN_PRODUCT,
         ),
         # a key divided by a number scales the product
         Example(
