@@ -240,7 +240,7 @@ def shared_value(tracer: TracerView, cid: int, value: cst.BaseExpression, axis: 
     heads = start.heads if start is not None else None
     if heads is None:
         tracer.chains.candidates[cid].poisoned(
-            Code.LAYOUT, "the value is shared by every head, and the key is not: the tool reads both shared or neither", line
+            Code.LAYOUT, "the value is shared by every head, and the key is not: both shared are read, or neither", line
         )
         return value
     return p.expanded(value, axis, heads, 4)

@@ -93,7 +93,8 @@ SABOTAGES = {
         ("key handed over as the value", "            v.unsqueeze(1).expand(-1, q.size(1), -1, -1),",
          "            k.unsqueeze(1).expand(-1, q.size(1), -1, -1),"),
         ("mask dropped", "attn_mask=attention_mask,", "attn_mask=None,"),
-        ("shared key's positions reversed", "sdpa_key = k.transpose(0, 1).unsqueeze(1)", "sdpa_key = k.transpose(0, 1).flip(1).unsqueeze(1)"),
+        ("shared key's positions reversed", "sdpa_key = k.transpose(0, 1).unsqueeze(1)",
+         "sdpa_key = k.transpose(0, 1).flip(1).unsqueeze(1)"),
     ],
     # one form per class (`fixtures/inline_style/modeling_tiny_remote_forms.py`)
     "modeling_tiny_remote_forms.py": [

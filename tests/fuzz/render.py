@@ -1518,12 +1518,15 @@ def helper_function(code: Code, form: str) -> None:
     if form == "slice":
         code.add(
             "    scores[..., 1:] = (",
-            "        scores[..., 1:].reshape(batch, heads, shape[-2], shape[-1] - 1) + bias[None, :, None, 1 : shape[-1]]",
+            "        scores[..., 1:].reshape(batch, heads, shape[-2], shape[-1] - 1)",
+            "        + bias[None, :, None, 1 : shape[-1]]",
             "    ).reshape(shape[:-1] + (shape[-1] - 1,))",
         )
     else:
         code.add(
-            "    scores[..., 1:] += bias[:, None, 1 : shape[-1]].repeat(batch, 1, 1).view(shape[:-2] + (1, shape[-1] - 1))"
+            "    scores[..., 1:] += (",
+            "        bias[:, None, 1 : shape[-1]].repeat(batch, 1, 1).view(shape[:-2] + (1, shape[-1] - 1))",
+            "    )",
         )
     code.add("    return scores")
 

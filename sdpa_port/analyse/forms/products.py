@@ -113,9 +113,10 @@ def shared_key(
     key = p.expanded(p.permuted(right, roles.right), roles.shared, heads, 4)
     upcast = bound_to_float32(tracer, left) or bound_to_float32(tracer, right)
     orders, scale = (roles.left, roles.right), query_scale(tracer, left)
-    start = Start(product, p.permuted(left, roles.left), key, 4, False, scale, upcast, orders, (left, right), heads=heads)
-    read = p.walk_names(left) | p.walk_names(right)
-    cid = tracer.chains.new_chain(start, node, line, tuple((name, tracer.assignments.get(name, 0)) for name in sorted(read)))
+    query = p.permuted(left, roles.left)
+    start = Start(product, query, key, 4, False, scale, upcast, orders, (left, right), heads=heads)
+    read = sorted(p.walk_names(left) | p.walk_names(right))
+    cid = tracer.chains.new_chain(start, node, line, tuple((name, tracer.assignments.get(name, 0)) for name in read))
     return ChainVal(cid, SCORES, 4), [start]
 
 
