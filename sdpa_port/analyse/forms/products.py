@@ -512,11 +512,8 @@ EXAMPLES = {
             "k, v = key.mean(1), value.mean(1)\nscores = torch.einsum('bhqd,bkd->bhqk', query, k)\n"
             "probs = scores.softmax(-1)\nreturn torch.einsum('bhqk,bkd->bhqd', probs, v)",
             Start,
-            becomes=sdpa(
-                "scale=1.0",
-                operands="query, k.unsqueeze(1).expand(-1, query.size(1), -1, -1), "
-                "v.unsqueeze(1).expand(-1, query.size(1), -1, -1)",
-            ),
+            becomes="sdpa_key = k.unsqueeze(1).expand(-1, query.size(1), -1, -1)\nreturn "
+            + sdpa("scale=1.0", operands="query, sdpa_key, v.unsqueeze(1).expand(-1, query.size(1), -1, -1)"),
         ),
         # a shared key laid out (length, batch, dim), the scores (heads, batch, query, key)
         Example(
