@@ -101,6 +101,9 @@ class Start:
     # scores an einsum lays out otherwise than SDPA (`ibnd,jbnd->ijbn`: query, key, batch, heads): the order taking
     # them to SDPA's (batch, heads, query, key); what the chain adds to them or fills them with is permuted the same
     layout: p.Order | None = None
+    # an einsum's key shared by every head (`bhid,bjd->bhij`, multi-query): `key` is it viewed with that axis added,
+    # expanded to the query's heads; `heads` the query's size there, which a value shared alike is expanded to
+    heads: cst.BaseExpression | None = None
 
 
 @dataclass(frozen=True)
@@ -235,6 +238,8 @@ class Output:
     # the value multiplies the transposed probabilities from the left (`torch.bmm(value, probs.permute(0, 2, 1))`):
     # `product.left` is the value and `product.right` the probabilities
     value_left: bool = False
+    # an einsum's value shared by every head (`bhij,bjd->bhid`): `value` is it expanded to the query's heads
+    shared: bool = False
 
 
 Op = Union[

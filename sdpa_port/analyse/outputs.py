@@ -110,11 +110,14 @@ def output_statement(
     layout = tracer.chains.layout_of(base.cid)
     order = value_order = value_left_order(tracer, base.cid, ops, value_left, rank, line)
     operand = p.permuted(value_node, order)
+    shared = False
     if product.form is p.ProductForm.EINSUM:
         roles = p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, layout)
         if roles:
             rank, order, value_order = roles.rank, roles.result, roles.right
             operand = p.permuted(product.right, value_order)
+            if roles.shared is not None:
+                operand, shared = shared_value(tracer, base.cid, operand, roles.shared, line), True
     elif layout is not None:
         tracer.chains.candidates[base.cid].poisoned(
             Code.LAYOUT,
@@ -122,7 +125,7 @@ def output_statement(
             "(batch, heads, query, key)",
             line,
         )
-    output = Output(product, node, operand, rank, order, value_order, value_left)
+    output = Output(product, node, operand, rank, order, value_order, value_left, shared)
     # a further product with the same probabilities records only itself: its SDPA call repeats the first's
     tracer.chains.record(base, [output] if again else [*ops, output], depth, line)
     holders = frozenset(n for n, v in tracer.env.items() if isinstance(v, ChainVal) and v.step == base.step)
@@ -228,3 +231,16 @@ def weights_passed_along(tracer: TracerView, node: cst.BaseExpression, exclude: 
 def asked_for_weights(tracer: TracerView) -> bool:
     """An enclosing `if` tests `output_attentions` itself."""
     return any(m.matches(test, m.Name("output_attentions")) for test in tracer.tests)
+
+
+def shared_value(tracer: TracerView, cid: int, value: cst.BaseExpression, axis: int, line: int) -> cst.BaseExpression:
+    """A value shared by every head (`bhij,bjd->bhid`), expanded to the heads of the query its chain's key was
+    expanded to; refused where the key has heads of its own, which the value's do not follow."""
+    start = tracer.chains.candidates[cid].start
+    heads = start.heads if start is not None else None
+    if heads is None:
+        tracer.chains.candidates[cid].poisoned(
+            Code.LAYOUT, "the value is shared by every head, and the key is not: both shared are read, or neither", line
+        )
+        return value
+    return p.expanded(value, axis, heads, 4)

@@ -83,6 +83,16 @@ def _handed_operands(path: SdpaPath) -> dict[cst.CSTNode, cst.CSTNode]:
     return mapping
 
 
+def _refuse_shared(start: t.Start, output: t.Output) -> None:
+    """A key or value shared by every head (a multi-query einsum's) has no heads axis to hand over."""
+    if start.heads is not None or output.shared:
+        raise Refuse(
+            Code.LAYOUT,
+            "the einsum's key or value has no heads axis (one shared by every head); the attention interface's "
+            "functions take them (batch, heads, length, dim)",
+        )
+
+
 def eager_body(path: SdpaPath, options: InterfaceOptions) -> tuple[list[cst.BaseStatement], EagerPart]:
     """The eager function's statements: operand adapters, the chain as written (self -> module), the return."""
     function = path.function
@@ -93,6 +103,7 @@ def eager_body(path: SdpaPath, options: InterfaceOptions) -> tuple[list[cst.Base
     start = path.start
     assert start is not None
     output = fil.output.output
+    _refuse_shared(start, output)
     part = EagerPart()
     # the output statement keeps only the product: `attn_output = <probs @ value>`
     part.output_name = "attn_output"

@@ -444,13 +444,14 @@ class SdpaEmitter(StatementWalker):
             self.query, self.key = cst.Name(self.names.query), cst.Name(self.names.key)
             return out
         rebound = self.path.names_assigned_after_start
-        # an operand laid out for SDPA (an einsum's) or built (a joined matrix's) is named once: shapes and dtypes are
-        # read from it; where branches each compute their own product, each names its operands the same
+        # an operand laid out for SDPA (an einsum's, a shared key expanded) or built (a joined matrix's) is named
+        # once: shapes and dtypes are read from it; where branches each compute their own product, each names its
+        # operands the same
         built = self.path.built
         if walk_names(op.query) & rebound or op.orders[0] is not None or built:
             out.append(assignment(self.names.query, op.query))
             self.query = cst.Name(self.names.query)
-        if walk_names(op.key) & rebound or op.orders[1] is not None or built:
+        if walk_names(op.key) & rebound or op.orders[1] is not None or op.heads is not None or built:
             out.append(assignment(self.names.key, op.key))
             self.key = cst.Name(self.names.key)
         return out

@@ -32,6 +32,8 @@ CASES = [
     ("modeling_tiny_conformer.py", "TinyConformerModel", "encoder", {"position_type": "plain"}),
     # scores laid out (query, key, batch, heads): the relative term, the per-head bias and the fill permuted
     ("modeling_tiny_laid_out.py", "TinyLaidOutModel", "encoder", {}),
+    # one key and value for every head, expanded to the query's; a bias a file function adds in place past a token
+    ("modeling_tiny_shared_key.py", "TinySharedKeyModel", "encoder", {}),
 ]
 
 
@@ -174,4 +176,25 @@ def test_the_laid_out_parity_sees_an_unpermuted_term(sabotage: tuple[str, str], 
     except RuntimeError as error:  # shapes that do not broadcast
         assert "must match the size" in str(error), error
         return
+    assert any(c.name.endswith("sdpa == eager") and not c.passed for c in checks), [str(c) for c in checks]
+
+
+@pytest.mark.parametrize(
+    "sabotage",
+    [
+        # the value handed over as the key: each head reads the shared key twice
+        ("            v.unsqueeze(1).expand(-1, q.size(1), -1, -1),\n", "            sdpa_key,\n"),
+        # the bias the file function adds past the first token left out of the mask
+        ("sdpa_mask = add_positions_past_first(", "sdpa_mask = 0 * add_positions_past_first("),
+        # the function given the scores, not zeros: they are counted twice
+        (
+            "add_positions_past_first(sdpa_key.new_zeros(scores_shape),",
+            "add_positions_past_first(q @ sdpa_key.transpose(-1, -2),",
+        ),
+    ],
+    ids=["value", "bias", "scores"],
+)
+def test_the_shared_key_parity_sees_a_wrong_port(sabotage: tuple[str, str], tmp_path: Path) -> None:
+    """A shared key's port, broken in its value or in the term a function of the file adds in place, fails parity."""
+    checks = _broken_golden_checks("shared_key", "TinySharedKey", sabotage, tmp_path)
     assert any(c.name.endswith("sdpa == eager") and not c.passed for c in checks), [str(c) for c in checks]

@@ -77,6 +77,25 @@ SABOTAGES = {
         ("window mask dropped", "sdpa_mask = sdpa_mask + (q.new_zeros", "sdpa_mask = sdpa_mask + 0 * (q.new_zeros"),
         ("packed key scale dropped", "sdpa_key = (k * scale).transpose(1, 2)", "sdpa_key = k.transpose(1, 2)"),
     ],
+    # decomposed relative positions added by a function of the file (`analyse/additive.py`): the term called on zeros,
+    # whose sign or slice a port could get wrong, and the mask added to it
+    "modeling_tiny_relpos.py": [
+        ("term negated", "sdpa_mask = add_decomposed_positions(", "sdpa_mask = -add_decomposed_positions("),
+        ("mask dropped", "sdpa_mask = sdpa_mask + attention_mask", "sdpa_mask = sdpa_mask"),
+        ("slice term negated", "attn_mask=add_positions_past_cls(", "attn_mask=-add_positions_past_cls("),
+        # the helper given the scores themselves, not zeros: the scores counted twice
+        ("slice helper on the scores", "add_positions_past_cls(k.new_zeros(scores_shape),",
+         "add_positions_past_cls(q @ k.transpose(-2, -1),"),
+    ],
+    # a key and value shared by every head (multi-query einsums, `forms/products.py`): each expanded to the query's
+    # heads; a port could hand over the key as the value, or lay the shared key out as the query is
+    "modeling_tiny_multi_query.py": [
+        ("key handed over as the value", "            v.unsqueeze(1).expand(-1, q.size(1), -1, -1),",
+         "            k.unsqueeze(1).expand(-1, q.size(1), -1, -1),"),
+        ("mask dropped", "attn_mask=attention_mask,", "attn_mask=None,"),
+        ("shared key's positions reversed", "sdpa_key = k.transpose(0, 1).unsqueeze(1)",
+         "sdpa_key = k.transpose(0, 1).flip(1).unsqueeze(1)"),
+    ],
     # one form per class (`fixtures/inline_style/modeling_tiny_remote_forms.py`)
     "modeling_tiny_remote_forms.py": [
         # a key the producer laid out (b, h, d, s) handed over as it is, not transposed back

@@ -374,6 +374,8 @@ def one_product(spec: Spec, n: Names, code: Code) -> None:
         code.add(f"attn_weights = {q} @ {k}.transpose(-2, -1)")
     elif product == "method":
         code.add(f"attn_weights = {q}.matmul({k}.transpose(2, 3))")
+    elif product == "einsum" and spec.shared_kv:  # one key for every head
+        code.add(f'attn_weights = torch.einsum("bhqd,bkd->bhqk", {q}, {k}.mean(1))')
     elif product == "einsum":
         code.add(f'attn_weights = torch.einsum("bhqd,bhkd->bhqk", {q}, {k})')
     elif product == "einsum_kt":
@@ -697,6 +699,8 @@ def one_stream(spec: Spec, n: Names, code: Code) -> None:
         code.add(f'attn_output = torch.einsum("bhqk,kbhd->qbhd", attn_weights, {v})')
     elif spec.product == "einsum_bthd":
         code.add(f'attn_output = torch.einsum("bhqk,bkhd->bqhd", attn_weights, {v})')
+    elif spec.shared_kv:  # one value for every head
+        code.add(f'attn_output = torch.einsum("bhqk,bkd->bhqd", attn_weights, {v}.mean(1))')
     elif spec.product in ("einsum", "einsum_kt"):
         code.add(f'attn_output = torch.einsum("bhqk,bhkd->bhqd", attn_weights, {v})')
     elif spec.product == "operator":
@@ -1518,16 +1522,32 @@ def own_mask_function(spec: Spec, code: Code) -> None:
         )
 
 
-def helper_function(code: Code) -> None:
+def helper_function(code: Code, form: str) -> None:
     """A helper that adds a per-head, per-key bias to the scores it is given, whatever their layout (flat or per
-    head)."""
-    code.add(
-        "def add_head_bias(scores, bias):",
-        "    shape = scores.shape",
-        "    heads = bias.shape[0]",
-        "    scores = scores.view(-1, heads, scores.size(-2), shape[-1]) + bias[None, :, None, : shape[-1]]",
-        "    return scores.view(shape)",
-    )
+    head): returning the sum, or in place to the keys past the first (`spec.helper_form`)."""
+    code.add("def add_head_bias(scores, bias):", "    shape = scores.shape", "    heads = bias.shape[0]")
+    if form == "returned":
+        code.add(
+            "    scores = scores.view(-1, heads, scores.size(-2), shape[-1]) + bias[None, :, None, : shape[-1]]",
+            "    return scores.view(shape)",
+        )
+        return
+    # sizes written out, not -1: a slice of no key has no size to infer
+    code.add("    batch = shape[:-2].numel() // heads")
+    if form == "slice":
+        code.add(
+            "    scores[..., 1:] = (",
+            "        scores[..., 1:].reshape(batch, heads, shape[-2], shape[-1] - 1)",
+            "        + bias[None, :, None, 1 : shape[-1]]",
+            "    ).reshape(shape[:-1] + (shape[-1] - 1,))",
+        )
+    else:
+        code.add(
+            "    scores[..., 1:] += (",
+            "        bias[:, None, 1 : shape[-1]].repeat(batch, 1, 1).view(shape[:-2] + (1, shape[-1] - 1))",
+            "    )",
+        )
+    code.add("    return scores")
 
 
 def render(spec: Spec) -> str:
@@ -1546,7 +1566,7 @@ def render(spec: Spec) -> str:
         own_mask_function(spec, code)
         code.add("", "")
     if any(kind == "helper" for kind, _ in spec.terms):
-        helper_function(code)
+        helper_function(code, spec.helper_form)
         code.add("", "")
     if spec.placement == "function":
         attention_function(spec, code)

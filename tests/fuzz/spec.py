@@ -228,6 +228,13 @@ class Spec:
     # product (`attention_mask.expand(attn_weights.shape[0], ..., attn_weights.shape[3])`), at a rank the port may not
     # know (a helper's or function's parameters): their sizes come from the query and key, or from the product's shape
     mask_expanded: bool = False
+    # how the additive helper function (the "helper" term) adds its per-head bias: "returned" returns the scores plus
+    # it, viewed back; "slice" assigns the keys past the first their slice plus it, viewed and viewed back, and
+    # "augmented" adds it to that slice with `+=` (MViT's and ViTDet's in-place forms); both return the scores
+    helper_form: str = "returned"
+    # with `einsum`: one key and one value for every head, their heads averaged away (multi-query, CoCa's form):
+    # `torch.einsum("bhqd,bkd->bhqk", q, k.mean(1))`, and the value likewise in the product with V
+    shared_kv: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -270,6 +277,7 @@ class Spec:
 
 SPARSE_SIBLINGS = ("none", "own", "mask")
 WEIGHTS_DISCARDED = ("none", "unpacked", "indexed", "read")
+HELPER_FORMS = ("returned", "slice", "augmented")
 CLOSURES = ("none", "direct", "checkpoint", "twice")
 STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
@@ -400,6 +408,8 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         sizes_swapped=random.Random(f"sizes:{family}:{seed}").random() < 0.2,  # its own generator, likewise
         flat_kept=random.Random(f"kept:{family}:{seed}").random() < 0.3,  # likewise
         mask_expanded=random.Random(f"expanded:{family}:{seed}").random() < 0.2,  # likewise
+        helper_form=_pick(random.Random(f"helper:{family}:{seed}"), HELPER_FORMS, (2, 1, 1)),  # likewise
+        shared_kv=random.Random(f"shared:{family}:{seed}").random() < 0.3,  # likewise; only `einsum` keeps it
     )
     if spec.flat_kept and spec.layout == "flat" and family in ("440", "inline"):
         # BART's form takes the skeleton it is written in: one plain bmm of (b * h, L, d) states in forward
@@ -628,6 +638,12 @@ def normalise(spec: Spec) -> Spec:
         and changes.get("hazard", spec.hazard) == "none"
     ):
         changes["mask_expanded"] = False  # 4-D scores of a plain product, an additive mask among the terms
+    if spec.shared_kv and not (
+        changes.get("product", spec.product) == "einsum"
+        and changes.get("value_left", spec.value_left) == "none"
+        and changes.get("hazard", spec.hazard) != "value_relative"
+    ):
+        changes["shared_kv"] = False  # the `einsum` product's two einsums, the output's the only one with V
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 

@@ -49,12 +49,48 @@ ADDITIVE = [
         """,
         Additive(None, False),
     ),
+    (  # decomposed relative positions added to a slice in place (MViT, ViTDet): past a class token
+        """
+        def add_rel(attn, q, rel_h, rel_w, q_shape, k_shape, has_cls):
+            sp = 1 if has_cls else 0
+            q_h, q_w = q_shape
+            k_h, k_w = k_shape
+            B, n_head, q_N, dim = q.shape
+            dist = torch.arange(q_h)[:, None] - torch.arange(k_h)[None, :]
+            dist += k_h - 1
+            attn[:, :, sp:, sp:] = (
+                attn[:, :, sp:, sp:].view(B, -1, q_h, q_w, k_h, k_w)
+                + rel_h[:, :, :, :, :, None] + rel_w[:, :, :, :, None, :]).view(B, -1, q_h * q_w, k_h * k_w)
+
+            return attn
+        """,
+        Additive(None, False),
+    ),
+    (  # terms added in place, to the whole and to a slice
+        """
+        def shift(s, a, b):
+            s += a
+            s[..., 1:] -= b[..., 1:]
+            return s
+        """,
+        Additive(None, False),
+    ),
 ]
 
 NOT_ADDITIVE = [
     ("def f(s, x):\n    return s * x\n", "scaled"),
     ("def f(s, x):\n    return s + s\n", "the scores twice"),
-    ("def f(s, x):\n    s += x\n    return s\n", "in place"),
+    ("def f(s, x):\n    s *= x\n    return s\n", "scaled in place"),
+    ("def f(s, x):\n    s[:, 1:] = s[:, 1:] * x\n    return s\n", "a slice scaled"),
+    ("def f(s, x):\n    s[:, 1:] = s[:, :-1] + x\n    return s\n", "another slice added"),
+    ("def f(s, x):\n    s[:, 1:] = s[:, 1:] + s[:, :1]\n    return s\n", "a slice's term reads the scores"),
+    ("def f(s, x, i):\n    s[i] = s[i] + x\n    return s\n", "an index that may be a tensor"),
+    ("def f(s, x):\n    s[: s.sum()] += x\n    return s\n", "a slice bound read from the scores"),
+    ("def f(s, x, g):\n    s[: g()] = s[: g()] + x\n    return s\n", "a slice bound that calls"),
+    ("def f(s, x):\n    t = s.contiguous()\n    t[:, 1:] += x\n    return s\n", "a view changed in place"),
+    ("def f(s, x):\n    t = s + 0\n    s += x\n    return t\n", "changed while another name holds it"),
+    ("def f(s, x):\n    s = s.view(-1)\n    s[1:] += x\n    return s\n", "rebound, then changed"),
+    ("def f(s, x):\n    s[:, 1:] = x\n    return s\n", "a slice replaced"),
     ("def f(s, x):\n    if x is not None:\n        s = s + x\n    return s\n", "under a condition"),
     ("def f(s, x):\n    y = s + x\n    return x\n", "returns something else"),
     ("def f(s, x):\n    return x - s\n", "the scores negated"),

@@ -52,6 +52,8 @@ def query_key_product(tracer: TracerView, node: cst.BaseExpression, line: int) -
         if roles is None:
             return None
         key, rank, orders, layout = product.right, roles.rank, (roles.left, roles.right), roles.scores
+        if roles.shared is not None:
+            return shared_key(tracer, node, product, roles, line)
         untransposed = p.transposed_last_two(key, 4) if roles.right == (0, 1, 3, 2) else None
         if untransposed is not None:
             # `einsum("bhqd,bhdk->bhqk", q, k.transpose(-1, -2))`: the key itself is in SDPA's layout
@@ -95,6 +97,27 @@ def query_key_product(tracer: TracerView, node: cst.BaseExpression, line: int) -
     if product.form is p.ProductForm.BADDBMM:
         ops.extend(baddbmm_terms(tracer, product, base, line))
     return base, ops
+
+
+def shared_key(
+    tracer: TracerView, node: cst.BaseExpression, product: p.Product, roles: p.EinsumRoles, line: int
+) -> Recognised | None:
+    """`einsum("bhid,bjd->bhij", q, k)`: one key for every head (multi-query), handed to SDPA viewed with the heads
+    axis added and expanded to the query's, `k.unsqueeze(1).expand(-1, q.size(1), -1, -1)`: each head reads it."""
+    assert roles.shared is not None
+    left, right = product.left, product.right
+    if any(strip_casts(operand, tracer.scope)[0] is not operand for operand in (left, right)):
+        return None  # cast operands: what the einsum computes in is not read here
+    axis = roles.left[roles.shared] if roles.left is not None else roles.shared  # the heads axis of the operand
+    heads = cst.Call(cst.Attribute(primary(left), cst.Name("size")), [cst.Arg(cst.Integer(str(axis)))])
+    key = p.expanded(p.permuted(right, roles.right), roles.shared, heads, 4)
+    upcast = bound_to_float32(tracer, left) or bound_to_float32(tracer, right)
+    orders, scale = (roles.left, roles.right), query_scale(tracer, left)
+    query = p.permuted(left, roles.left)
+    start = Start(product, query, key, 4, False, scale, upcast, orders, (left, right), heads=heads)
+    read = sorted(p.walk_names(left) | p.walk_names(right))
+    cid = tracer.chains.new_chain(start, node, line, tuple((name, tracer.assignments.get(name, 0)) for name in read))
+    return ChainVal(cid, SCORES, 4), [start]
 
 
 def product_rank(tracer: TracerView, product: p.Product) -> int | None:
@@ -483,6 +506,28 @@ EXAMPLES = {
             "scores = torch.einsum('bhqd,bhkd->bhkq', query, key)\nprobs = scores.softmax(-1)\n"
             "return torch.einsum('bhkq,bhkd->bhqd', probs, value)",
             refused=Code.SOFTMAX_DIM,
+        ),
+        # a key and a value shared by every head (multi-query): each expanded to the query's heads
+        Example(
+            "k, v = key.mean(1), value.mean(1)\nscores = torch.einsum('bhqd,bkd->bhqk', query, k)\n"
+            "probs = scores.softmax(-1)\nreturn torch.einsum('bhqk,bkd->bhqd', probs, v)",
+            Start,
+            becomes="sdpa_key = k.unsqueeze(1).expand(-1, query.size(1), -1, -1)\nreturn "
+            + sdpa("scale=1.0", operands="query, sdpa_key, v.unsqueeze(1).expand(-1, query.size(1), -1, -1)"),
+        ),
+        # a shared key laid out (length, batch, dim), the scores (heads, batch, query, key)
+        Example(
+            "k = key.mean(1).transpose(0, 1)\nscores = torch.einsum('hbqd,kbd->hbqk', query, k)\n"
+            "probs = scores.softmax(-1)\nreturn torch.einsum('hbqk,hbkd->hbqd', probs, value)",
+            Start,
+            becomes="sdpa_key = k.transpose(0, 1).unsqueeze(0).expand(query.size(0), -1, -1, -1)\nreturn "
+            + sdpa("scale=1.0", operands="query, sdpa_key, value"),
+        ),
+        # the value shared, the key not: the tool reads both shared or neither
+        Example(
+            "v = value.mean(1)\nscores = torch.einsum('bhqd,bhkd->bhqk', query, key)\n"
+            "probs = scores.softmax(-1)\nreturn torch.einsum('bhqk,bkd->bhqd', probs, v)",
+            refused=Code.LAYOUT,
         ),
         # a key divided by a number scales the product
         Example(

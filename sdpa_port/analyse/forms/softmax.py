@@ -84,7 +84,8 @@ def over_queries(
     candidate = tracer.chains.candidates[base.cid]
     start = candidate.start
     since = [op for op, _, _ in candidate.ops] + ops
-    if start is None or candidate.branched() or start.joined or start.orders != (None, None) or not all(
+    shared = start is not None and start.heads is not None  # a key shared by every head would be the query
+    if start is None or candidate.branched() or start.joined or start.orders != (None, None) or shared or not all(
         _same_transposed(op) for op in since
     ):
         raise Poison(

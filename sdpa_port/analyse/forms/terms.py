@@ -303,5 +303,28 @@ EXAMPLES = {
             refused=Code.SCORES_TRANSFORMED,
             methods="def add_bias(self, scores, bias):\n    return scores.tanh() + bias",
         ),
+        # terms added in place to a slice of the scores (past a class token), which the helper returns
+        Example(
+            scored("scores = self.add_bias(scores, attention_mask)\nprobs = scores.softmax(-1)"),
+            AddTerm,
+            methods="def add_bias(self, scores, bias):\n    scores[:, :, 1:, 1:] = scores[:, :, 1:, 1:] + bias\n"
+            + "    return scores",
+            becomes="scores_shape = query.shape[:-1] + key.shape[-2:-1]\n"
+            + "return "
+            + sdpa("attn_mask=self.add_bias(key.new_zeros(scores_shape), attention_mask)", "scale=1.0"),
+        ),
+        # the caller's name for the scores the helper changed in place, read after it: the older value is gone
+        Example(
+            scored("biased = self.add_bias(scores, attention_mask)\nprobs = scores.softmax(-1)"),
+            refused=Code.SCORES_READ,
+            methods="def add_bias(self, scores, bias):\n    scores[:, :, 1:, 1:] = scores[:, :, 1:, 1:] + bias\n"
+            + "    return scores",
+        ),
+        Example(
+            scored("scores = self.add_bias(scores, attention_mask)\nprobs = scores.softmax(-1)"),
+            refused=Code.SCORES_TRANSFORMED,
+            methods="def add_bias(self, scores, bias):\n    scores[:, :, 1:, 1:] = scores[:, :, 1:, 1:] * bias\n"
+            + "    return scores",
+        ),
     ),
 }

@@ -93,6 +93,7 @@ from sdpa_port.analyse.patterns.einsum import (
 )
 from sdpa_port.analyse.patterns.layouts import (
     Order,
+    expanded,
     permuted,
     then,
     inverse,
@@ -165,6 +166,7 @@ __all__ = [
     "method_call",
     "number",
     "optional_module_test",
+    "expanded",
     "permuted",
     "product",
     "reads_settings_only",

@@ -44,6 +44,7 @@ class EinsumRoles:
     right: Order | None = None
     result: Order | None = None
     scores: Order | None = None
+    shared: int | None = None
 
 
 def einsum_roles(spec: str, kind: EinsumRole, scores: Order | None = None) -> EinsumRoles | None:
@@ -59,7 +60,11 @@ def einsum_roles(spec: str, kind: EinsumRole, scores: Order | None = None) -> Ei
     if len(parts) != 2:
         return None
     a, b = parts
-    if not (len(a) == len(b) == len(out)) or len(a) not in (3, 4) or any(len(set(x)) != len(x) for x in (a, b, out)):
+    if any(len(set(x)) != len(x) for x in (a, b, out)):
+        return None
+    if len(a) == len(out) == 4 and len(b) == 3:
+        return _shared(a, b, out, kind, scores)
+    if not (len(a) == len(b) == len(out)) or len(a) not in (3, 4):
         return None
     if kind is EinsumRole.SCORES:
         return _einsum_scores(a, b, out)
@@ -104,6 +109,41 @@ def _einsum_output(a: str, b: str, out: str) -> EinsumRoles | None:
         return None
     (d,) = width
     return EinsumRoles(EinsumRole.OUTPUT, len(a), right=_order(b, f"{lead}{k}{d}"), result=_order(f"{lead}{q}{d}", out))
+
+
+def _shared(a: str, b: str, out: str, kind: EinsumRole, scores: Order | None) -> EinsumRoles | None:
+    """A 4-D product whose 3-D right operand lacks one lead of the left one: shared by every head.
+
+    Scores only as SDPA lays them out, `...qk` (the query the length beside the key's, the lead the operand lacks the
+    other); the product with V of scores so laid out."""
+    if scores is not None:
+        return None
+    missing = [c for c in a if c not in b]
+    if kind is EinsumRole.SCORES:
+        q, k = out[-2], out[-1]
+        lead = out[:-2]
+        contracted = set(a) - set(out)
+        if k in a or k not in b or q not in a or len(contracted) != 1 or set(a) != {*lead, q, *contracted}:
+            return None
+        (d,) = contracted
+        shared = [c for c in missing if c in lead]
+        if len(shared) != 1 or set(b) != {*lead, k, d} - set(shared):
+            return None
+        (h,) = shared
+        left = _order(a, f"{lead}{q}{d}")
+        return EinsumRoles(
+            EinsumRole.SCORES, 4, left, _order(b, f"{lead.replace(h, '')}{k}{d}"), shared=lead.index(h)
+        )
+    lead, q, k = a[:-2], a[-2], a[-1]
+    width = set(b) - set(a)
+    shared = [c for c in missing if c in lead]
+    if len(width) != 1 or len(shared) != 1 or k in out or set(out) != {*lead, q, *width}:
+        return None
+    (d,), (h,) = width, shared
+    if set(b) != {*lead, k, d} - {h}:
+        return None
+    right = _order(b, f"{lead.replace(h, '')}{k}{d}")
+    return EinsumRoles(EinsumRole.OUTPUT, 4, right=right, result=_order(f"{lead}{q}{d}", out), shared=lead.index(h))
 
 
 def _order(source: str, target: str) -> Order | None:

@@ -109,3 +109,12 @@ def features_second_last(node: cst.BaseExpression) -> bool:
     order = [int(d) % len(dims) for d in dims if d is not None]
     last = len(order) - 1
     return sorted(order) == list(range(len(order))) and order[-2] == last and order[-1] != last
+
+
+def expanded(node: cst.BaseExpression, axis: int, size: cst.BaseExpression, rank: int) -> cst.BaseExpression:
+    """The node with an axis added at `axis`, expanded to `size`: `node.unsqueeze(1).expand(-1, size, -1, -1)`."""
+    unsqueezed = cst.Call(
+        func=cst.Attribute(value=primary(node), attr=cst.Name("unsqueeze")), args=[cst.Arg(cst.Integer(str(axis)))]
+    )
+    sizes = [size if i == axis else cst.UnaryOperation(cst.Minus(), cst.Integer("1")) for i in range(rank)]
+    return cst.Call(func=cst.Attribute(value=unsqueezed, attr=cst.Name("expand")), args=[cst.Arg(s) for s in sizes])
