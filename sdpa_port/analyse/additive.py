@@ -19,7 +19,7 @@ later read of that older value (a fork of the chain).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 import libcst.matchers as m
@@ -34,10 +34,12 @@ KEEPS = frozenset({"contiguous"})
 @dataclass(frozen=True)
 class Additive:
     """`f` adds to its parameter; `rank` is the rank of what it returns when its last view writes the sizes out,
-    None when it returns the parameter's own shape (no view), `reshaped` whether a view was applied at all."""
+    None when it returns the parameter's own shape (no view), `reshaped` whether a view was applied at all,
+    `in_place` whether it adds to the parameter's own entries (every name holding that tensor changes with it)."""
 
     rank: int | None
     reshaped: bool
+    in_place: bool = False
 
 
 META = frozenset({"shape", "dtype", "device", "ndim"})
@@ -57,12 +59,14 @@ def additive_in(function: cst.FunctionDef, parameter: str) -> Additive | None:
         if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
             small = statement.body[0]
             if isinstance(small, cst.Return):
-                return reader.additive(small.value) if small.value is not None else None
+                found = reader.additive(small.value) if small.value is not None else None
+                return replace(found, in_place=True) if found is not None and reader.changed else found
             if isinstance(small, cst.Assign) and len(small.targets) == 1:
                 target = small.targets[0].target
                 if isinstance(target, cst.Subscript) and reader.holds(target.value):
                     if not reader.add_to_slice(target, small.value):
                         return None
+                    reader.changed = True
                     continue
                 if not reader.assign(target, small.value):
                     return None
@@ -72,6 +76,7 @@ def additive_in(function: cst.FunctionDef, parameter: str) -> Additive | None:
                 if reader.holds(small.target) or reader.holds(getattr(small.target, "value", None)):
                     if not reader.add_in_place(small.target, small.value):
                         return None
+                    reader.changed = True
                     continue
         if reader.reads(statement):
             return None  # read or rebound under control flow, in place, or in an expression statement
@@ -82,6 +87,7 @@ class _Reader:
     def __init__(self, parameter: str) -> None:
         self.parameter = parameter
         self.rebound = False  # the parameter's name was assigned again
+        self.changed = False  # terms were added to the parameter's own entries
         self.tainted = {parameter: Additive(None, False)}
         self.shapes: set[str] = set()  # names holding the parameter's own shape
 

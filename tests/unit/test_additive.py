@@ -64,7 +64,7 @@ ADDITIVE = [
 
             return attn
         """,
-        Additive(None, False),
+        Additive(None, False, in_place=True),
     ),
     (  # terms added in place, to the whole and to a slice
         """
@@ -73,7 +73,7 @@ ADDITIVE = [
             s[..., 1:] -= b[..., 1:]
             return s
         """,
-        Additive(None, False),
+        Additive(None, False, in_place=True),
     ),
 ]
 

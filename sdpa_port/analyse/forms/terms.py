@@ -82,6 +82,8 @@ def additive_helper(tracer: TracerView, node: cst.BaseExpression, line: int) -> 
     current = tracer.chains.advance(base, ops)
     if current.stage is not SCORES:
         return None
+    if shape.in_place:
+        _no_other_holder(tracer, node, argument.value, base)
     if shape.reshaped and (shape.rank is None or shape.rank != current.rank):
         raise Poison(Code.LAYOUT, f"`{short(node.func)}` returns the scores in another shape", {base.cid})
     args = list(node.args)
@@ -90,6 +92,29 @@ def additive_helper(tracer: TracerView, node: cst.BaseExpression, line: int) -> 
     applied = always_applied(tracer, term), always_applied(tracer, term, base.cid)
     setting = setting_applied(tracer, term, base.cid)
     return base, [*ops, AddTerm(term, current.rank, *applied, setting, scores_arg=index)]
+
+
+def _no_other_holder(tracer: TracerView, call: cst.Call, argument: cst.BaseExpression, base: ChainVal) -> None:
+    """A helper adding to the scores' own entries changes them under every name that holds that tensor: in
+
+        other = scores
+        scores = add_bias(scores, bias)   # `scores[..., 1:] += bias` inside
+        ... softmax(other) ...
+
+    `other` holds the scores with the bias added once more than the chain says. Where any name but the argument's
+    holds a value of the chain, the call is refused: which of them share the tensor the text does not tell."""
+    passed = argument.value if isinstance(argument, cst.Name) else None
+    others = sorted(
+        name
+        for name, value in tracer.env.items()
+        if name != passed and isinstance(value, ChainVal) and value.cid == base.cid
+    )
+    if others:
+        raise Poison(
+            Code.SCORES_READ,
+            f"`{short(call.func)}` adds to the scores in place, and `{others[0]}` may hold the same tensor",
+            {base.cid},
+        )
 
 
 def add_term(
