@@ -636,6 +636,7 @@ def normalise(spec: Spec) -> Spec:
         and not changes.get("bool_fill", spec.bool_fill)
         and any(kind == "mask" for kind, _ in changes.get("terms", spec.terms))
         and changes.get("hazard", spec.hazard) == "none"
+        and changes.get("closure", spec.closure) == "none"  # a closure rebinding the mask would make it its own local
     ):
         changes["mask_expanded"] = False  # 4-D scores of a plain product, an additive mask among the terms
     if spec.shared_kv and not (
