@@ -31,7 +31,8 @@ from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import mask_helpers, register
 from sdpa_port.rewrite.sdpa_state import MaskContract
 from sdpa_port.analyse.sdpa_side import SdpaSide, read_sdpa_side
-from sdpa_port.rewrite.flat_heads import Methods, keep_heads
+from sdpa_port.analyse.shapes import plain_methods
+from sdpa_port.rewrite.flat_heads import keep_heads
 from sdpa_port.rewrite.sdpa_forward import build_sdpa_forward
 
 CAUSAL_CONTRACT = "self.is_causal"
@@ -432,16 +433,6 @@ def _float32_warnings(built: list[SdpaClassPlan]) -> list[str]:
     return warnings
 
 
-def _plain_methods(facts: ModuleFacts, class_name: str) -> Methods:
-    """The methods `self.<name>` calls in the class's SDPA subclass, where no attribute of that name hides them."""
-
-    def method(name: str) -> cst.FunctionDef | None:
-        found = facts.find_method(class_name, name)
-        return found[1] if found is not None and facts.find_attribute(class_name, name) is None else None
-
-    return method
-
-
 def _build_forwards(
     facts: ModuleFacts,
     registrations: list[tuple[ClassAnalysis, str, Registration]],
@@ -452,7 +443,7 @@ def _build_forwards(
         contract = contracts.get(analysis.class_name, MaskContract())
         try:
             side = read_sdpa_side(facts, analysis)
-            forward = keep_heads(build_sdpa_forward(facts, side, contract), _plain_methods(facts, analysis.class_name))
+            forward = keep_heads(build_sdpa_forward(facts, side, contract), plain_methods(facts, analysis.class_name))
         except Refuse as error:
             line = analysis.sites[0].line if analysis.sites else 0
             return error.placed(analysis.class_name, line)

@@ -24,6 +24,7 @@ from sdpa_port.analyse.patterns import cast_operand, function_names, walk_names
 from sdpa_port.analyse.recognise import ClassAnalysis, one_side_helpers
 from sdpa_port.analyse.sdpa_path import SdpaPath, read_sdpa_path
 from sdpa_port.analyse.sdpa_side import keys_aligned_in
+from sdpa_port.analyse.shapes import Methods, plain_methods
 from sdpa_port.plan.bool_masks import Converted, converted_fill
 from sdpa_port.plan.causal_sites import CausalSites, KeptMasks, eager_form_builders
 from sdpa_port.plan.causality import (
@@ -47,6 +48,7 @@ from sdpa_port.plan.interface_checks import (
     weights_requested,
 )
 from sdpa_port.plan.interface_plan import ModulePlan
+from sdpa_port.plan.eager_values import eager_values
 from sdpa_port.plan.key_statements import key_statements
 from sdpa_port.plan.mask_readers import ported_mask_read
 from sdpa_port.refusals import Code, Refuse
@@ -125,7 +127,7 @@ def plan_module(
     if paged_updates:
         assert options.forward_kwargs is not None
         new_forward, updates = pass_kwargs_to_updates(new_forward, options.forward_kwargs)
-    eager = _with_added_fill(_eager_function(facts, eager_name, statements, part.free, analysis), mask, emitter)
+    eager = _with_added_fill(_eager_function(facts, eager_name, statements, part.free, part.from_kwargs, analysis), mask, emitter)
     store_config, add_parameter = _config_needs(facts, analysis.class_name)
     return ModulePlan(
         analysis.class_name,
@@ -341,7 +343,7 @@ def _emitted(
 ) -> tuple[list[cst.BaseStatement], EagerPart, InterfaceEmitter, list[cst.BaseStatement]]:
     """The eager function's statements and forward's new body, emitted again where folded terms need the mask by
     keyword; refused where the terms cannot be folded or nothing dispatches."""
-    statements, part, emitter, body = _emit(path, options)
+    statements, part, emitter, body = _emit(path, options, plain_methods(facts, class_name))
     if emitter.folded and claims_reaching(facts, causality, class_name):
         raise Refuse(
             Code.TERMS_IN_MASK,
@@ -351,7 +353,8 @@ def _emitted(
         )
     if emitter.folded and options.mask_param is not None:
         # the mask handed over carries the terms: the eager function takes its own (as built) by keyword
-        statements, part, emitter, body = _emit(path, replace(options, mask_by_keyword=True))
+        keyword = replace(options, mask_by_keyword=True)
+        statements, part, emitter, body = _emit(path, keyword, plain_methods(facts, class_name))
     if not emitter.dispatched:
         raise Refuse(Code.NOT_EXTRACTABLE, "the product with V was not reached on the dispatch path")
     if emitter.eager_mask_tests and emitter.eager_mask.build_always:
@@ -412,7 +415,7 @@ def _config_needs(facts: ModuleFacts, class_name: str) -> tuple[bool, bool]:
 
 
 def _emit(
-    path: SdpaPath, options: InterfaceOptions
+    path: SdpaPath, options: InterfaceOptions, methods: Methods
 ) -> tuple[list[cst.BaseStatement], EagerPart, InterfaceEmitter, list[cst.BaseStatement]]:
     """The eager function's statements and forward's new body, with the emitter that wrote it."""
     statements, part = eager_body(path, options)
@@ -424,6 +427,15 @@ def _emit(
             "the flat (batch * heads) layout is never viewed per head, so it cannot be handed to the interface as "
             "(batch, heads, length, dim)",
         )
+    body = emitter.emit(block_body(path.function.body))
+    values = eager_values(path, part.free, emitter.handed, methods, options.module_names)
+    if not values.statements:
+        return statements, part, emitter, body
+    # the eager function computes those values itself: forward hands over the others (and the flags it reads)
+    part = replace(part, free=[n for n in part.free if n not in values.derived], from_kwargs=values.from_kwargs)
+    emitter = InterfaceEmitter(path, options)
+    emitter.eager = part
+    statements = [*values.statements, *statements]
     return statements, part, emitter, emitter.emit(block_body(path.function.body))
 
 
@@ -467,7 +479,12 @@ def _converted(
 
 
 def _eager_function(
-    facts: ModuleFacts, name: str, statements: list[cst.BaseStatement], free: list[str], analysis: ClassAnalysis
+    facts: ModuleFacts,
+    name: str,
+    statements: list[cst.BaseStatement],
+    free: list[str],
+    from_kwargs: list[str],
+    analysis: ClassAnalysis,
 ) -> cst.FunctionDef:
     """The module-level eager function, from its template, holding the eager computation's statements."""
     module_type = "nn.Module" if "nn" in facts.imports.aliases else "torch.nn.Module"
@@ -476,7 +493,7 @@ def _eager_function(
         "interface_style/eager_function.py.jinja",
         name=name,
         module_type=module_type,
-        free=[parameter_name(f) for f in free],
+        free=[parameter_name(f) for f in free if f not in from_kwargs],
         source="`, `".join(sources),
     )
     function = rendered.body[0]

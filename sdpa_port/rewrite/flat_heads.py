@@ -20,35 +20,17 @@ hold one value in forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import (
-    assigned_values,
-    block_body,
-    code,
-    if_branches,
-    is_docstring,
-    nodes_of_type,
-    walk_names,
-)
+from sdpa_port.analyse.cstutil import assigned_values, block_body, code, nodes_of_type, walk_names
+from sdpa_port.analyse.shapes import Context, Methods, Shape, assignment_of, shape_of, stable_names
 from sdpa_port.rewrite.edit import replace_nodes
-
-Shape = tuple[str | None, ...]  # the code of each size, None where the text does not tell
-Methods = Callable[[str], cst.FunctionDef | None]  # a method of the class by name (None: not a plain method)
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 LAYOUT_FREE = ("dtype", "device")  # reads the flattening does not change
-
-
-@dataclass(frozen=True)
-class _Context:
-    """Statements run before a point, innermost block first (`parent`: the block around them)."""
-
-    statements: Sequence[cst.BaseStatement]
-    parent: _Context | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +54,7 @@ def keep_heads(function: cst.FunctionDef, methods: Methods) -> cst.FunctionDef:
     index, output, call, heads = found
     batch, heads_code = code(heads.elements[0].value), code(heads.elements[1].value)
     params = {p.name.value for p in function.params.params} | {p.name.value for p in function.params.kwonly_params}
-    stable = _stable(body, params)
+    stable = stable_names(body, params)
     flattenings = [_flattening(body, index, arg.value, heads, methods, stable) for arg in call.args[:3]]
     operands: dict[cst.CSTNode, cst.CSTNode] = {}
     replaced: dict[cst.CSTNode, cst.CSTNode] = {}
@@ -101,7 +83,7 @@ def keep_heads(function: cst.FunctionDef, methods: Methods) -> cst.FunctionDef:
         undone = _undone(body, index, output, batch, heads_code, query.shape[2], code(value.last), stable)
         if undone is not None:
             dropped |= undone
-            assignment = _assignment(body[index])
+            assignment = assignment_of(body[index])
             assert assignment is not None
             replaced[assignment.value] = replace_nodes(call, operands)
     replaced.update(operands)
@@ -156,7 +138,7 @@ def _sdpa_statement(
     """The statement `out = <SDPA call on (b * h, L, d) operands split by `unflatten(0, (b, h))`>.flatten(0, 1)`."""
     flatten = m.Call(func=m.Attribute(attr=m.Name("flatten")), args=[m.Arg(m.Integer("0")), m.Arg(m.Integer("1"))])
     for index, statement in enumerate(body):
-        small = _assignment(statement)
+        small = assignment_of(statement)
         if small is None:
             continue
         value = small.value
@@ -173,15 +155,6 @@ def _sdpa_statement(
             continue
         assert heads[0] is not None and isinstance(small.targets[0].target, cst.Name)
         return index, small.targets[0].target.value, call, heads[0]
-    return None
-
-
-def _assignment(statement: cst.BaseStatement, name: str | None = None) -> cst.Assign | None:
-    """The assignment of a line holding only `name = value` (any name where `name` is None)."""
-    target = m.Name() if name is None else m.Name(name)
-    if m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target)])])):
-        assert isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Assign)
-        return statement.body[0]
     return None
 
 
@@ -217,7 +190,7 @@ def _flattening(
         statement = body[index]
         if name.value not in assigned_values([statement]):
             continue
-        small = _assignment(statement, name.value)
+        small = assignment_of(statement, name.value)
         if small is None:
             return None
         view = small.value
@@ -232,7 +205,7 @@ def _flattening(
             return None
         source = view.func.value
         held = view.args[0].value.value if view.args[0].star else None  # type: ignore[attr-defined]
-        shape = shape_of(source, _Context(body[:index]), methods)
+        shape = shape_of(source, Context(body[:index]), methods)
         return _Flattening(index, name.value, source, sizes[2], held, shape)
     return None
 
@@ -259,20 +232,6 @@ def _is_product(node: cst.BaseExpression, heads: cst.Tuple) -> bool:
         and code(node.left) == code(heads.elements[0].value)
         and code(node.right) == code(heads.elements[1].value)
     )
-
-
-def _stable(body: Sequence[cst.BaseStatement], params: set[str]) -> set[str]:
-    """The names that hold one value wherever forward reads them: parameters never bound again, names bound once;
-    `self` only where forward sets none of its attributes."""
-    counts = {name: len(values) for name, values in assigned_values(body).items()}
-    stable = {name for name in params if name not in counts} | {name for name, n in counts.items() if n == 1}
-    assigns = [a for s in body for a in nodes_of_type(s, cst.Assign)]
-    targets: list[cst.BaseExpression] = [t.target for a in assigns for t in a.targets]
-    targets += [a.target for s in body for a in nodes_of_type(s, cst.AugAssign)]
-    targets += [a.target for s in body for a in nodes_of_type(s, cst.AnnAssign)]
-    if any(nodes_of_type(t, cst.Attribute) or nodes_of_type(t, cst.Subscript) for t in targets):
-        stable.discard("self")
-    return stable
 
 
 def _steady(size: str, stable: set[str]) -> bool:
@@ -379,146 +338,3 @@ def _size_check(statement: cst.BaseStatement, output: str, sizes: list[str]) -> 
         return False
     expected = test.comparisons[0].comparator
     return isinstance(expected, cst.Tuple) and [code(e.value) for e in expected.elements] == sizes
-
-
-def shape_of(node: cst.BaseExpression, context: _Context, methods: Methods, depth: int = 0) -> Shape | None:
-    """The sizes of `node` where its text tells them: a view or reshape with its sizes written out (`-1` unknown),
-    a transpose, `contiguous()`, `torch.cat`, a name through every statement binding it, a method of one return."""
-    if depth > 8:
-        return None
-    if isinstance(node, cst.Name):
-        return _bound_shape(node.value, context, methods, depth + 1)
-    if not isinstance(node, cst.Call) or any(a.star for a in node.args):
-        return None
-    func = node.func
-    if code(func) == "torch.cat":
-        return _cat_shape(node, context, methods, depth)
-    if not isinstance(func, cst.Attribute):
-        return None
-    method = func.attr.value
-    if isinstance(func.value, cst.Name) and func.value.value == "self":
-        return _method_shape(node, method, context, methods, depth)
-    if method in ("view", "reshape"):
-        if any(a.keyword for a in node.args) or len(node.args) < 2:
-            return None
-        unknown = m.UnaryOperation(m.Minus(), m.Integer("1"))
-        return tuple(None if m.matches(a.value, unknown) else code(a.value) for a in node.args)
-    inner = shape_of(func.value, context, methods, depth + 1)
-    if inner is None:
-        return None
-    if method == "contiguous" and not node.args:
-        return inner
-    if method == "transpose" and len(node.args) == 2 and not any(a.keyword for a in node.args):
-        dims = [_dim(a.value, len(inner)) for a in node.args]
-        if dims[0] is None or dims[1] is None:
-            return None
-        swapped = list(inner)
-        swapped[dims[0]], swapped[dims[1]] = inner[dims[1]], inner[dims[0]]
-        return tuple(swapped)
-    return None
-
-
-def _dim(node: cst.BaseExpression, rank: int) -> int | None:
-    if isinstance(node, cst.Integer):
-        value = int(node.value)
-    elif m.matches(node, m.UnaryOperation(m.Minus(), m.Integer())):
-        assert isinstance(node, cst.UnaryOperation) and isinstance(node.expression, cst.Integer)
-        value = -int(node.expression.value)
-    else:
-        return None
-    value = value + rank if value < 0 else value
-    return value if 0 <= value < rank else None
-
-
-def _cat_shape(node: cst.Call, context: _Context, methods: Methods, depth: int) -> Shape | None:
-    """`torch.cat([a, b], dim=k)`: the sizes a known part has, but along `k`; every part has them (or cat raises)."""
-    if not node.args or not isinstance(node.args[0].value, (cst.List, cst.Tuple)) or node.args[0].keyword:
-        return None
-    dims = [a.value for a in node.args[1:] if a.keyword is None or a.keyword.value == "dim"]
-    if len(node.args) != 2 or len(dims) != 1:
-        return None
-    elements = node.args[0].value.elements
-    if any(isinstance(e, cst.StarredElement) for e in elements):
-        return None
-    for element in elements:
-        shape = shape_of(element.value, context, methods, depth + 1)
-        if shape is None:
-            continue
-        along = _dim(dims[0], len(shape))
-        if along is None:
-            return None
-        return tuple(None if i == along else size for i, size in enumerate(shape))
-    return None
-
-
-def _method_shape(
-    node: cst.Call, name: str, context: _Context, methods: Methods, depth: int
-) -> Shape | None:
-    """The shape a method of one `return` gives, its parameters read as the arguments of the call."""
-    function = methods(name)
-    if function is None or function.decorators or any(a.keyword or a.star for a in node.args):
-        return None
-    body = [s for s in block_body(function.body) if not is_docstring(s)]
-    if len(body) != 1 or not m.matches(body[0], m.SimpleStatementLine(body=[m.Return(value=m.DoNotCare())])):
-        return None
-    returned = body[0].body[0].value  # type: ignore[attr-defined]
-    params = function.params
-    if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.kwonly_params or params.posonly_params:
-        return None
-    names = [p.name.value for p in params.params]
-    if not names or names[0] != "self" or len(names) - 1 != len(node.args):
-        return None
-    if walk_names(returned) - set(names) - {"torch"}:
-        return None  # a name of the method's module, which forward may bind to something else
-    bound = dict(zip(names[1:], (a.value for a in node.args)))
-    substituted = returned.visit(_Substitute(bound))
-    assert isinstance(substituted, cst.BaseExpression)
-    return shape_of(substituted, context, methods, depth + 1)
-
-
-class _Substitute(cst.CSTTransformer):
-    """A method's parameters replaced by the arguments of a call (the method's `self` is the caller's)."""
-
-    def __init__(self, bound: dict[str, cst.BaseExpression]) -> None:
-        self.bound = bound
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-        return self.bound.get(original.value, updated)
-
-    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
-        return updated.with_changes(attr=original.attr)  # `x.<name>`: the attribute is no parameter
-
-    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
-        return updated.with_changes(keyword=original.keyword)  # nor is a keyword
-
-
-def _bound_shape(name: str, context: _Context | None, methods: Methods, depth: int) -> Shape | None:
-    """The shape the name holds after `context`'s statements: the last statement binding it, through each branch of
-    an if/elif/else chain (the sizes the branches agree on)."""
-    while context is not None:
-        for position in range(len(context.statements) - 1, -1, -1):
-            statement = context.statements[position]
-            if name not in assigned_values([statement]):
-                continue
-            before = _Context(context.statements[:position], context.parent)
-            if isinstance(statement, cst.SimpleStatementLine):
-                small = _assignment(statement, name)
-                return None if small is None else shape_of(small.value, before, methods, depth)
-            if not isinstance(statement, cst.If):
-                return None
-            branches = if_branches(statement)
-            if name in assigned_values([test for test, _ in branches if test is not None]):
-                return None  # bound in a test (`:=`)
-            if branches[-1][0] is not None:
-                branches.append((None, []))  # no else: the name as it was before the `if`
-            shapes = [_bound_shape(name, _Context(body, before), methods, depth + 1) for _, body in branches]
-            return _agreed(shapes)
-        context = context.parent
-    return None
-
-
-def _agreed(shapes: list[Shape | None]) -> Shape | None:
-    first = shapes[0]
-    if first is None or any(s is None or len(s) != len(first) for s in shapes):
-        return None
-    return tuple(size if all(s[i] == size for s in shapes if s is not None) else None for i, size in enumerate(first))

@@ -39,6 +39,7 @@ class InterfaceEmitter(SdpaEmitter):
         self.other_streams = path.other_streams
         self.eager = EagerPart()
         self.dispatched = False
+        self.handed: tuple[cst.BaseExpression, cst.BaseExpression, cst.BaseExpression] | None = None
         self.position_bias = False  # the dispatch hands additive terms over as `position_bias`
         self.folded = False  # the dispatch folds additive terms into the mask it hands over
         self.fold_called = False  # ... through the fold function (a mask or causality joins them)
@@ -213,6 +214,7 @@ class InterfaceEmitter(SdpaEmitter):
             query, key = unflatten(query, layout.heads), unflatten(key, layout.heads)
             if layout.unflatten_value:
                 value = unflatten(value, layout.heads)
+        self.handed = None if self.dispatched else (query, key, value)  # read by `plan/eager_values.py`
         # the probabilities the dispatch must give: those read later, and those the statement itself passes along
         # (`return out @ v, weights`, or `out, weights = out @ v, weights` where a helper's return was inlined)
         weights = sorted((self.probs_after_output - self.assigned_by(small)) | self.passed_along(small, plan))

@@ -73,6 +73,8 @@ class EagerPart:
 
     output_name: str = "attn_output"
     free: list[str] = field(default_factory=list)
+    # of `free`, those the eager function reads from its `**kwargs` (a flag with a default), not its signature
+    from_kwargs: list[str] = field(default_factory=list)
 
 
 HANDED_OVER = (0, 2, 1, 3)  # the attention interface's output: SDPA's (batch, heads, query, dim) as (b, q, h, d)

@@ -26,6 +26,9 @@ CASES = {
     # four score blocks joined by torch.cat, or one product where the config builds no blocks: the operands each
     # branch builds are dispatched, the eager function computes both branches as written
     "modeling_tiny_blocks5.py": ("TinyBlocks5Model", "encoder"),
+    # batch and heads flattened for bmm, sizes checked, a scale computed in forward, weights reshaped on request: the
+    # eager function takes the standard signature and computes what it reads (`plan/eager_values.py`)
+    "modeling_tiny_flat5.py": ("TinyFlat5Model", "decoder"),
 }
 
 
@@ -54,7 +57,7 @@ def test_golden_fixture_parity(name: str, padding: str) -> None:
 
 
 # fixtures whose dispatch hands over no additive term (`position_bias`) to withhold
-NO_TERM = {"modeling_tiny_blocks5.py"}
+NO_TERM = {"modeling_tiny_blocks5.py", "modeling_tiny_flat5.py"}
 
 
 @pytest.mark.parametrize(
@@ -73,3 +76,31 @@ def test_the_blocks_fixture_without_blocks_dispatches_the_other_branch() -> None
     checks = _checks("modeling_tiny_blocks5.py", None, "padded", block_queries=False)
     failed = [str(c) for c in checks if not c.passed]
     assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_weights_asked_for_come_from_the_eager_function_reading_the_flag_from_kwargs(implementation: str) -> None:
+    """The flat fixture's eager function reads `output_attentions` from `**kwargs` (it reshapes the weights only when
+    they are asked for): asked for, every implementation setting returns the fixture's own weights."""
+    import torch
+
+    from sdpa_port.verify.loader import load_in_package
+
+    name = "modeling_tiny_flat5.py"
+    golden = (FIXTURES / "golden" / name).read_text(encoding="utf-8")
+    assert 'output_attentions = kwargs.get("output_attentions", False)' in golden
+    original = load_in_package(FIXTURES / "interface_style" / name, PACKAGE, alias="fixture5_flat5_weights")
+    ported = load_in_package(FIXTURES / "golden" / name, PACKAGE, alias="golden5_flat5_weights")
+    torch.manual_seed(0)
+    expected_model = original.TinyFlat5Model(original.TinyFlat5Config(attn_implementation="eager")).eval()
+    model = ported.TinyFlat5Model(ported.TinyFlat5Config(attn_implementation=implementation)).eval()
+    model.load_state_dict(expected_model.state_dict())
+    ids = torch.randint(1, 99, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[0, :2] = 0
+    with torch.no_grad():
+        expected = expected_model(ids, attention_mask=mask, output_attentions=True).attentions
+        got = model(ids, attention_mask=mask, output_attentions=True).attentions
+    assert len(got) == len(expected) and all(g is not None for g in got)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
