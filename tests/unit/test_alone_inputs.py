@@ -85,13 +85,13 @@ def test_heads_that_do_not_divide_the_width_split_nothing() -> None:
 
 # classes and functions written out, not made by `exec`: the rules read their source
 class Subscripted:
-    def __init__(self, dim, num_heads=8, window_size=None):  # type: ignore[no-untyped-def]
-        self.q_size = window_size[0]
+    def __init__(self, dim, window_size=None):  # type: ignore[no-untyped-def]
+        self.sizes = (dim, window_size[0])
 
 
 class Unread:
-    def __init__(self, dim, num_heads=8, window_size=None):  # type: ignore[no-untyped-def]
-        self.window_size = window_size
+    def __init__(self, dim, window_size=None):  # type: ignore[no-untyped-def]
+        self.sizes = (dim, window_size)
 
 
 def _init(self, dim, input_size, k, i):  # type: ignore[no-untyped-def]
