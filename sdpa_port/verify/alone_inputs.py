@@ -36,6 +36,7 @@ import ast
 import inspect
 import math
 import re
+import sys
 import textwrap
 from typing import Any
 
@@ -66,10 +67,21 @@ def window_parameter(klass: type) -> str | None:
 
 
 def _tree(function: Any) -> ast.AST | None:
-    """The parsed source of a function, or None where it cannot be read."""
+    """The parsed source of a function, or None where it cannot be read.
+
+    A verified module keeps the text it was loaded from (`loader.source_of`): its temporary file may be gone, or hold
+    another text, when a later verification of the same text finds the module already loaded."""
+    function = getattr(function, "__func__", function)
+    code = getattr(function, "__code__", None)
+    kept = getattr(sys.modules.get(getattr(function, "__module__", None) or ""), "__sdpa_port_source__", None)
     try:
-        return ast.parse(textwrap.dedent(inspect.getsource(function)))
-    except (OSError, TypeError, SyntaxError):
+        if isinstance(kept, str) and code is not None:
+            lines = kept.splitlines(keepends=True)[code.co_firstlineno - 1 :]
+            source = "".join(inspect.getblock(lines))
+        else:
+            source = inspect.getsource(function)
+        return ast.parse(textwrap.dedent(source))
+    except (OSError, TypeError, SyntaxError, IndexError):
         return None
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import sys
+import types
 
 from sdpa_port.verify import alone_inputs
 from sdpa_port.verify.alone_inputs import BATCH, SPATIAL, WINDOWS
@@ -142,3 +144,16 @@ def test_an_output_width_is_a_width_named_with_out() -> None:
     widths = re.compile(r"^(dim|channels|embed_dim)$")
     assert all(alone_inputs.output_width(name, widths) for name in ("dim_out", "out_dim", "out_channels"))
     assert not any(alone_inputs.output_width(name, widths) for name in ("dim", "out_proj", "dropout", "layout"))
+
+
+def test_the_text_kept_beside_a_loaded_module_is_read_where_its_file_is_gone() -> None:
+    """A verification loading a text already loaded finds the first module, whose temporary file is gone."""
+    module = types.ModuleType("kept_for_alone_inputs")
+    text = "def f(self, x, m):\n    return x.masked_fill(m, 0.0)\n"
+    exec(compile(text, "/gone/kept_for_alone_inputs.py", "exec"), module.__dict__)
+    module.__sdpa_port_source__ = text  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    try:
+        assert alone_inputs.forward_roles(module.f) == {"m": "mask"}
+    finally:
+        del sys.modules[module.__name__]
