@@ -172,10 +172,9 @@ SABOTAGES = {
     "modeling_tiny_inferred.py": [
         ("grid offsets dropped", "attn_mask=offsets.permute(2, 0, 1)", "attn_mask=0 * offsets.permute(2, 0, 1)"),
         ("grid offsets transposed", "attn_mask=offsets.permute(2, 0, 1)", "attn_mask=offsets.permute(2, 1, 0)"),
-        ("pooled scale squared", "            (q * self.scale),\n            k,\n            v,\n            scale=1.0,\n        )"
-         ".transpose(1, 2).reshape(B, -1", "            (q * self.scale),\n            k,\n            v,\n"
-         "            scale=self.scale,\n        ).transpose(1, 2).reshape(B, -1"),
-        ("pair term unscaled", "            sdpa_mask = sdpa_mask / math.sqrt(self.width)", "            sdpa_mask = sdpa_mask"),
+        ("pooled scale squared", "scale=1.0,\n        ).transpose(1, 2).reshape(B, -1",
+         "scale=self.scale,\n        ).transpose(1, 2).reshape(B, -1"),
+        ("pair term unscaled", "sdpa_mask = sdpa_mask / math.sqrt(self.width)", "sdpa_mask = sdpa_mask"),
         ("fill inverted", "attn_mask=torch.where(m,", "attn_mask=torch.where(~m,"),
     ],
 }
