@@ -221,6 +221,7 @@ def _config(original: ModuleType) -> Any | None:
 
 def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    indexed = alone_inputs.subscripted(klass.__init__)
     for parameter in list(inspect.signature(klass.__init__).parameters.values())[1:]:
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
@@ -234,11 +235,17 @@ def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
         elif _LAYERS.match(name) and parameter.default in (parameter.empty, None):
             out[name] = LAYER  # also where None is the default (QWen's `max(1, layer_number)` needs a number)
         elif name == alone_inputs.window_parameter(klass):
-            out[name] = alone_inputs.WINDOWS[0]  # the first of the windows tried (alone_inputs.window_options)
+            # the first of the windows tried (alone_inputs.window_options); a default of None stays where none runs
+            if parameter.default is parameter.empty:
+                out[name] = alone_inputs.WINDOWS[0]
         elif _RATES.search(name) and (parameter.default is parameter.empty or isinstance(parameter.default, float)):
             out[name] = 0.0
         elif _SWITCHES.match(name) and parameter.default is parameter.empty:
             out[name] = False
+        elif alone_inputs.output_width(name, _WIDTHS) and parameter.default is parameter.empty:
+            out[name] = HIDDEN  # `dim_out`, `out_channels`: the module's width kept, as `dim_out=dim` builds it
+        elif name in indexed and parameter.default is parameter.empty:
+            out[name] = alone_inputs.sides(indexed[name])  # `input_size[1]`: a size of that many sides
         elif parameter.default is parameter.empty:
             raise _CannotBuild(f"no value for its constructor's parameter `{name}`")
     return out
@@ -370,7 +377,7 @@ def _cases(module: torch.nn.Module, width: int, heads: int, window: Any = None) 
     The states take the first layout of `alone_inputs.state_shapes` that the original runs on in any case; a window's
     tokens, or the product of the spatial sizes the forward takes, are the length."""
     spatial = alone_inputs.spatial_parameters(module.forward)
-    sizes = alone_inputs.spatial_values(spatial)
+    sizes = alone_inputs.spatial_values(spatial, window)
     length = alone_inputs.tokens(window) if window is not None else math.prod(sizes.values()) if sizes else LENGTH
     first: list[tuple[str, dict[str, Any]]] = []
     for shape in alone_inputs.state_shapes(width, heads, length, window):
@@ -414,16 +421,21 @@ def _cases_at(
     masks: list[str] = []
     terms: list[str] = []
     cross: list[str] = []
+    roles = alone_inputs.forward_roles(module.forward)  # how the forward uses a parameter no name tells
     for parameter in signature.parameters.values():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or parameter.name in sizes:
             continue
         name = parameter.name
-        if _LAYERS.match(name) and parameter.default is parameter.empty:  # Megatron's forward(..., layer_id)
+        required = parameter.default is parameter.empty
+        if _LAYERS.match(name) and required:  # Megatron's forward(..., layer_id)
             base[name] = LAYER
-        elif _MASKS.match(name):
+        elif _MASKS.match(name) or (required and roles.get(name) == "mask"):  # `scores.masked_fill(m, ...)`
             masks.append(name)
-            if parameter.default is parameter.empty:  # a mask the forward requires is None where none is given
+            if required:  # a mask the forward requires is None where none is given
                 base[name] = None
+        elif required and roles.get(name) == "term":  # `if pos_k is not None`: an optional term, given or not
+            terms.append(name)
+            base[name] = None
         elif parameter.default is parameter.empty:  # states, whatever their name (`fv`, `fe`): the original decides
             base[name] = torch.randn(shape, generator=generator)
         elif parameter.default is None and _TERMS.search(name):
@@ -439,16 +451,20 @@ def _cases_at(
     mask_options: list[tuple[str, dict[str, Any]]] = [("no mask", {})]
     # or, for modules that fill where a boolean mask says (`scores.masked_fill(mask, -10000.0)`, Megatron's form) and
     # take none of those, as booleans: true where masked, then true where kept
+    # (a module scoring (batch, queries, keys) without heads takes them as (batch, 1, keys))
     padded = broadcast < 0
-    for value in (broadcast, broadcast.expand(-1, -1, length, -1), keys, padded, ~padded):
+    for value in (broadcast, broadcast.expand(-1, -1, length, -1), keys, padded, ~padded, padded[:, 0], ~padded[:, 0]):
         mask_options += [("padded keys", {masks[0]: value})] if masks else []
     if masks:  # a causal mask of ones and zeros, (1, 1, queries, keys), as decoders keep in a buffer
         mask_options.append(("causal ones", {masks[0]: torch.ones(1, 1, length, length).tril()}))
     if windowed and masks:  # an additive (windows, tokens, tokens) mask of 0 and -100, as shifted windows get
         mask_options.append(("window mask", {masks[0]: _window_mask(length)}))
-    # score terms at the shapes they take: (batch, heads, queries, keys) or (batch, length, width); all of them at
-    # one shape (a module may need several), or each alone
-    term_shapes = [(BATCH, heads, length, length), (BATCH, length, width)]
+    # score terms at the shapes they take: (batch, heads, queries, keys) or (batch, length, width), or an embedding of
+    # a head's width per pair of positions, shared by the batch or not (`q @ pos_k.transpose(-2, -1)` on the queries
+    # laid out (length, batch * heads, head width)); all of them at one shape (a module may need several), or each alone
+    term_shapes: list[tuple[int, ...]] = [(BATCH, heads, length, length), (BATCH, length, width)]
+    if heads > 0 and width % heads == 0:
+        term_shapes += [(length, length, width // heads), (BATCH, length, length, width // heads)]
     term_options: list[dict[str, Any]] = [{}]
     for term_shape in term_shapes:
         term_options.append({term: torch.randn(term_shape, generator=generator) for term in terms})
@@ -472,10 +488,16 @@ def _cases_at(
 
 
 def _runs(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Whether the module runs on `kwargs` with finite outputs no larger than its largest input: a mask of more
+    dimensions than the scores it fills (`scores.masked_fill(m, ...)` out of place) broadcasts them, and the outputs,
+    to a batch of batches no caller makes."""
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             output = first_tensor(module(**copy.deepcopy(kwargs)))
     except Exception:
         return False
-    return output is not None and bool(torch.isfinite(output).all())
+    largest = max((value.numel() for value in kwargs.values() if isinstance(value, torch.Tensor)), default=0)
+    if output is None or (largest and output.numel() > largest):
+        return False
+    return bool(torch.isfinite(output).all())

@@ -13,7 +13,17 @@ inputs. Vision and diffusion attention takes more than the `(batch, length, widt
   `(batch, length, heads, head_width)` (LoFTR), packed query, key and value channels first `(batch, 3 * width,
   length)` (guided diffusion's QKVAttention), channels first `(batch, width, length)` (a 1-D convolution), an image
   `(batch, width, height, width)` (a UNet's AttentionBlock);
-- spatial sizes a forward takes beside flattened states (`forward(x, H, W)`): integers whose product is the length.
+- spatial sizes a forward takes beside flattened states (`forward(x, H, W)`): integers whose product is the length,
+  a 2-D window's sides where the module has one.
+
+Some values are read from the code rather than the names (`reads`):
+
+- a window defaulting to None that `__init__` subscripts (`q_size = window_size[0]`) may be needed all the same: the
+  windows are tried first, the default last;
+- a required constructor parameter `__init__` subscripts with constant indices (`input_size[1]`) is a tuple of that
+  many sides (`sides`); a required width named for an output (`dim_out`, `out_channels`) is the width;
+- a required forward parameter that the forward tests against None (`if pos_k is not None`) is an optional score term,
+  and one it fills the scores where (`scores.masked_fill(m, ...)`) is a mask (`forward_roles`).
 
 The width is the first linear layer's input width, else the first convolution's or norm's channels
 (`alone._width`), so an image meets the group norm that reads it. Nothing here decides a pass: a layout is taken only where the original module runs on it, and the port
@@ -22,9 +32,12 @@ is compared with the original on exactly that input.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import math
 import re
+import sys
+import textwrap
 from typing import Any
 
 BATCH = 2
@@ -37,15 +50,83 @@ SPATIAL = (2, 4)  # height and width of flattened states where the forward takes
 
 
 def window_parameter(klass: type) -> str | None:
-    """The constructor's window or feature-map size parameter without a default, or None."""
+    """The constructor's window or feature-map size parameter without a default, or defaulting to None where
+    `__init__` subscripts it all the same; or None."""
     try:
         parameters = list(inspect.signature(klass.__init__).parameters.values())[1:]
     except (TypeError, ValueError):
         return None
     for parameter in parameters:
-        if _WINDOW_NAMES.match(parameter.name) and parameter.default is parameter.empty:
+        if not _WINDOW_NAMES.match(parameter.name):
+            continue
+        if parameter.default is parameter.empty:
+            return parameter.name
+        if parameter.default is None and parameter.name in subscripted(klass.__init__):
             return parameter.name
     return None
+
+
+def _tree(function: Any) -> ast.AST | None:
+    """The parsed source of a function, or None where it cannot be read.
+
+    A verified module keeps the text it was loaded from (`loader.source_of`): its temporary file may be gone, or hold
+    another text, when a later verification of the same text finds the module already loaded."""
+    function = getattr(function, "__func__", function)
+    code = getattr(function, "__code__", None)
+    kept = getattr(sys.modules.get(getattr(function, "__module__", None) or ""), "__sdpa_port_source__", None)
+    try:
+        if isinstance(kept, str) and code is not None:
+            lines = kept.splitlines(keepends=True)[code.co_firstlineno - 1 :]
+            source = "".join(inspect.getblock(lines))
+        else:
+            source = inspect.getsource(function)
+        return ast.parse(textwrap.dedent(source))
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+
+
+def subscripted(function: Any) -> dict[str, int]:
+    """The names a function subscripts with a constant integer (`window_size[0]`), each with the number of sides its
+    largest index needs."""
+    tree = _tree(function)
+    out: dict[str, int] = {}
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+            index = node.slice
+            if isinstance(index, ast.Constant) and type(index.value) is int and index.value >= 0:
+                out[node.value.id] = max(out.get(node.value.id, 0), index.value + 1)
+    return out
+
+
+_OUTPUT = re.compile(r"^out_|_out$")
+
+
+def output_width(name: str, widths: re.Pattern[str]) -> bool:
+    """Whether a parameter names an output width: a name of `widths` with `out` beside it (`dim_out`)."""
+    return bool(_OUTPUT.search(name)) and bool(widths.match(_OUTPUT.sub("", name)))
+
+
+def sides(count: int) -> tuple[int, ...]:
+    """A size of `count` sides for a parameter subscripted that far: the window of that many sides, else all equal."""
+    found = next((w for w in WINDOWS if isinstance(w, tuple) and len(w) == count), None)
+    return found if found is not None else (WINDOW_SIDE,) * count
+
+
+def forward_roles(forward: Any) -> dict[str, str]:
+    """What the forward's parameters are by how it uses them: `"term"` for one tested against None (`x is not None`),
+    `"mask"` for one the scores are filled where (`masked_fill(m, ...)`, the first argument)."""
+    tree = _tree(forward)
+    out: dict[str, str] = {}
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and len(node.ops) == 1:
+            right = node.comparators[0]
+            if isinstance(node.ops[0], (ast.Is, ast.IsNot)) and isinstance(right, ast.Constant) and right.value is None:
+                out.setdefault(node.left.id, "term")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            first = node.args[0]
+            if node.func.attr in ("masked_fill", "masked_fill_") and isinstance(first, ast.Name):
+                out[first.id] = "mask"
+    return out
 
 
 def window_options(klass: type) -> list[dict[str, Any]]:
@@ -53,7 +134,10 @@ def window_options(klass: type) -> list[dict[str, Any]]:
     name = window_parameter(klass)
     if name is None:
         return [{}]
-    return [{name: window} for window in WINDOWS]
+    options: list[dict[str, Any]] = [{name: window} for window in WINDOWS]
+    # a window defaulting to None, which `__init__` may subscript only where one is given (`if window_size:`): its
+    # default last, where no window runs (a table sized for a class token beside the window's)
+    return options if inspect.signature(klass.__init__).parameters[name].default is not None else [*options, {}]
 
 
 def tokens(window: Any) -> int:
@@ -72,11 +156,13 @@ def spatial_parameters(forward: Any) -> list[str]:
     return out
 
 
-def spatial_values(names: list[str]) -> dict[str, int]:
-    """The sizes given to `spatial_parameters`: height and width of SPATIAL, a single one the whole length."""
+def spatial_values(names: list[str], window: Any = None) -> dict[str, int]:
+    """The sizes given to `spatial_parameters`: height and width of SPATIAL, or of a 2-D window where the module has
+    one (its tokens are the states' length); a single one the whole length."""
+    plane = (int(window[0]), int(window[1])) if isinstance(window, tuple) and len(window) == 2 else SPATIAL
     if len(names) == 1:
-        return {names[0]: math.prod(SPATIAL)}
-    return {name: SPATIAL[min(index, 1)] for index, name in enumerate(names[:2])}
+        return {names[0]: math.prod(plane)}
+    return {name: plane[min(index, 1)] for index, name in enumerate(names[:2])}
 
 
 def state_shapes(width: int, heads: int, length: int, window: Any = None) -> list[tuple[int, ...]]:
@@ -110,4 +196,8 @@ __all__ = [
     "spatial_parameters",
     "spatial_values",
     "state_shapes",
+    "subscripted",
+    "sides",
+    "output_width",
+    "forward_roles",
 ]

@@ -326,7 +326,8 @@ def _changes(fields: dict[str, Any], level: Level, timm_available: bool) -> dict
             for name, value in shrunk.items():
                 if _HIDDEN_NAMES.match(name) or _FFN_NAMES.match(name) or name in ("d_kv", "rotary_dim"):
                     shrunk[name] = value * level.width
-        for name in ("attention_head_dim", "head_dim"):  # per-head width given apart from the hidden size (M-CTC-T)
+        # per-head width given apart from the hidden size (M-CTC-T; Megatron's `kv_channels`, QWen's projections)
+        for name in ("attention_head_dim", "head_dim", "kv_channels"):
             if _int(fields.get(name)) and fields[name] > HIDDEN * level.width // HEADS:
                 shrunk[name] = HIDDEN * level.width // HEADS
         if level.projections and _int(fields.get("projection_dim")) and fields["projection_dim"] > HIDDEN * level.width:

@@ -166,7 +166,32 @@ SABOTAGES = {
         ("triangle fill dropped", "attn_mask=torch.where(ltor_mask.bool(),", "attn_mask=0 * torch.where(ltor_mask.bool(),"),
         ("triangle fill inverted", "attn_mask=torch.where(ltor_mask.bool(),", "attn_mask=torch.where(~ltor_mask.bool(),"),
     ],
+    # modules built or run only with values read from their code (`verify/alone_inputs.py`): a window defaulting to
+    # None, an output width and a size of three sides, a required term tested against None, a required mask filled
+    # where; each class's port wrong in one way the checks must see on exactly those inputs
+    "modeling_tiny_inferred.py": [
+        ("grid offsets dropped", "attn_mask=offsets.permute(2, 0, 1)", "attn_mask=0 * offsets.permute(2, 0, 1)"),
+        ("grid offsets transposed", "attn_mask=offsets.permute(2, 0, 1)", "attn_mask=offsets.permute(2, 1, 0)"),
+        ("pooled scale squared", "scale=1.0,\n        ).transpose(1, 2).reshape(B, -1",
+         "scale=self.scale,\n        ).transpose(1, 2).reshape(B, -1"),
+        ("pair term unscaled", "sdpa_mask = sdpa_mask / math.sqrt(self.width)", "sdpa_mask = sdpa_mask"),
+        ("fill inverted", "attn_mask=torch.where(m,", "attn_mask=torch.where(~m,"),
+    ],
 }
+
+
+def test_values_read_from_the_code_build_and_run_the_modules() -> None:
+    """Each class of `modeling_tiny_inferred.py` is checked on the inputs its code asks for: the grid on a window,
+    the pair term given, the filled mask given (none of them runs, or builds, from the names alone)."""
+    path = FIXTURES / "inline_style" / "modeling_tiny_inferred.py"
+    verification = _verify(path, (FIXTURES / "golden" / path.name).read_text(encoding="utf-8"))
+    lines = "\n".join(verification.lines)
+    assert verification.passed, lines
+    checked = {line.split(" in place")[0]: line for line in verification.lines if " in place:" in line}
+    assert sorted(checked) == ["FilledAttention", "GridAttention", "PairTermAttention", "PooledAttention"], lines
+    assert "window (3, 3)" in checked["GridAttention"], lines
+    assert "no mask with rel" in checked["PairTermAttention"], lines
+    assert "padded keys" in checked["FilledAttention"], lines
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import sys
+import types
+
 from sdpa_port.verify import alone_inputs
 from sdpa_port.verify.alone_inputs import BATCH, SPATIAL, WINDOWS
 
@@ -78,3 +82,78 @@ def test_a_square_window_shapes_the_image() -> None:
 
 def test_heads_that_do_not_divide_the_width_split_nothing() -> None:
     assert all(len(shape) != 4 or shape[1] == 32 for shape in alone_inputs.state_shapes(32, 3, 7))
+
+
+
+# classes and functions written out, not made by `exec`: the rules read their source
+class Subscripted:
+    def __init__(self, dim, window_size=None):  # type: ignore[no-untyped-def]
+        self.sizes = (dim, window_size[0])
+
+
+class Unread:
+    def __init__(self, dim, window_size=None):  # type: ignore[no-untyped-def]
+        self.sizes = (dim, window_size)
+
+
+def _init(self, dim, input_size, k, i):  # type: ignore[no-untyped-def]
+    return input_size[0] + input_size[2] + k[i]
+
+
+def _forward_roles(self, x, pos_k, m, n):  # type: ignore[no-untyped-def]
+    if pos_k is not None:
+        x = x + pos_k
+    s = x.masked_fill(m, -1.0)
+    s.masked_fill_(n, 0.0)
+    return s
+
+
+def _forward_plain(self, x, y):  # type: ignore[no-untyped-def]
+    return x @ y
+
+
+def test_a_window_defaulting_to_none_that_init_subscripts_is_tried_before_its_default() -> None:
+    """`q_size = window_size[0]` in `__init__`: the windows first (None would fail there), the default last (where
+    `__init__` subscripts it only under `if window_size:`, and no window runs)."""
+    assert alone_inputs.window_parameter(Subscripted) == "window_size"
+    assert alone_inputs.window_options(Subscripted) == [*({"window_size": w} for w in WINDOWS), {}]
+    # not subscripted: the default stays, as before
+    assert alone_inputs.window_parameter(Unread) is None
+    assert alone_inputs.window_options(Unread) == [{}]
+
+
+def test_subscripted_names_need_as_many_sides_as_their_largest_constant_index() -> None:
+    assert alone_inputs.subscripted(_init) == {"input_size": 3}
+    assert alone_inputs.sides(3) == WINDOWS[2] and alone_inputs.sides(2) == WINDOWS[0]
+    assert alone_inputs.sides(4) == (alone_inputs.WINDOW_SIDE,) * 4
+    assert alone_inputs.subscripted(len) == {}  # no source to read: nothing
+
+
+def test_a_forward_parameter_tested_against_none_is_a_term_and_one_filled_where_is_a_mask() -> None:
+    assert alone_inputs.forward_roles(_forward_roles) == {"pos_k": "term", "m": "mask", "n": "mask"}
+    assert alone_inputs.forward_roles(_forward_plain) == {}
+
+
+def test_a_2d_window_gives_the_height_and_width() -> None:
+    assert alone_inputs.spatial_values(["H", "W"], (3, 3)) == {"H": 3, "W": 3}
+    assert alone_inputs.spatial_values(["H", "W"], 3) == {"H": SPATIAL[0], "W": SPATIAL[1]}
+    assert alone_inputs.spatial_values(["hw"], (3, 3)) == {"hw": 9}
+
+
+def test_an_output_width_is_a_width_named_with_out() -> None:
+    widths = re.compile(r"^(dim|channels|embed_dim)$")
+    assert all(alone_inputs.output_width(name, widths) for name in ("dim_out", "out_dim", "out_channels"))
+    assert not any(alone_inputs.output_width(name, widths) for name in ("dim", "out_proj", "dropout", "layout"))
+
+
+def test_the_text_kept_beside_a_loaded_module_is_read_where_its_file_is_gone() -> None:
+    """A verification loading a text already loaded finds the first module, whose temporary file is gone."""
+    module = types.ModuleType("kept_for_alone_inputs")
+    text = "def f(self, x, m):\n    return x.masked_fill(m, 0.0)\n"
+    exec(compile(text, "/gone/kept_for_alone_inputs.py", "exec"), module.__dict__)
+    module.__sdpa_port_source__ = text  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    try:
+        assert alone_inputs.forward_roles(module.f) == {"m": "mask"}
+    finally:
+        del sys.modules[module.__name__]

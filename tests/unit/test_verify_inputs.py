@@ -425,3 +425,12 @@ def test_a_timm_backbone_config_is_rebuilt_as_the_transformers_one_without_timm(
     assert "use_timm_backbone" not in kwargs
     resnet = {**config, "backbone_config": {"model_type": "resnet", "hidden_sizes": [256, 512, 1024, 2048]}}
     assert "use_timm_backbone" not in level_kwargs(resnet, LEVELS[0], timm_available=False)
+
+
+def test_a_per_head_width_kept_apart_shrinks_with_the_hidden_size() -> None:
+    """Megatron's `kv_channels` (QWen multiplies it by the heads for its projections) shrinks as `head_dim` does:
+    left at 128 beside a tiny hidden size, the projections would not split into query, key and value."""
+    tiny = level_kwargs({"hidden_size": 4096, "num_attention_heads": 32, "kv_channels": 128}, LEVELS[0])
+    assert tiny["kv_channels"] * tiny["num_attention_heads"] == tiny["hidden_size"]
+    narrow = {"hidden_size": 4096, "num_attention_heads": 32, "kv_channels": 2}
+    assert "kv_channels" not in level_kwargs(narrow, LEVELS[0])
