@@ -191,7 +191,7 @@ def _computed(
             # the operands read as the parameters must hold then what the chain reads
             if (set(as_parameter) - {"self"}) & set(assigned_values(body[index + 1 : at])):
                 return None
-            if not _pure(body[index], set(as_parameter) - {"self"}):
+            if not computes_only(body[index]):
                 return None
             for read in _reads(body[index]) - readable:
                 if not any(i < index for i in bindings.get(read, ())):
@@ -218,16 +218,16 @@ def _computed(
             found.derived.extend(bound)
 
 
-def _pure(statement: cst.BaseStatement, operands: set[str]) -> bool:
-    """A statement whose calls only compute: torch's functions (nothing random), methods of the operands, builtins of
-    numbers; no call of the module's methods or submodules, which may change state."""
+def computes_only(statement: cst.BaseStatement) -> bool:
+    """A statement whose calls only compute: torch's functions (nothing random), a tensor's size, dtype casts and
+    new tensors, builtins of numbers; no call of the module's methods or submodules, which may change state."""
     for call in nodes_of_type(statement, cst.Call):
         name = code(call.func)
         root = name.split(".")[0]
         private = any(part.startswith("_") for part in name.split("."))
         if root == "torch" and not private and not any(word in name for word in IMPURE):
             continue
-        if root in operands and isinstance(call.func, cst.Attribute) and call.func.attr.value in TENSOR_READS:
+        if root != "self" and isinstance(call.func, cst.Attribute) and call.func.attr.value in TENSOR_READS:
             continue
         if name in NUMBER_BUILTINS:
             continue
@@ -251,4 +251,38 @@ def _reads(statement: cst.BaseStatement) -> set[str]:
     return names
 
 
-__all__ = ["EagerValues", "eager_values"]
+def chain_values(path: SdpaPath, free: Sequence[str]) -> frozenset[cst.CSTNode]:
+    """The statements between the chain's start and its product with V that compute values the eager statements
+    read (a causal slice of a buffer, a fill value), and those computing what they read: kept in the eager function
+    too, where they stand. Only assignments whose calls only compute (`computes_only`); the caller keeps them only where they
+    leave the eager function no value it lacked before."""
+    order: list[cst.BaseSmallStatement] = []
+
+    class Smalls(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+            order.extend(node.body)
+
+    path.function.body.visit(Smalls())
+    plans = path.plans
+    starts = [i for i, small in enumerate(order) if _starts(plans.get(small))]
+    outputs = [i for i, small in enumerate(order) if isinstance(plans.get(small), t.OutputStmt)]
+    if len(starts) != 1 or not outputs:
+        return frozenset()
+    wanted = set(free)
+    kept: set[cst.CSTNode] = set()
+    for small in reversed(order[starts[0] + 1 : outputs[0]]):
+        if isinstance(plans.get(small), (t.ChainStmt, t.OutputStmt)) or not isinstance(small, cst.Assign):
+            continue
+        line = cst.SimpleStatementLine(body=[small])
+        bound = set(assigned_values([line]))
+        if bound & wanted and computes_only(line):
+            kept.add(small)
+            wanted |= _reads(line)
+    return frozenset(kept)
+
+
+def _starts(plan: t.StmtPlan | None) -> bool:
+    return isinstance(plan, t.ChainStmt) and any(isinstance(op, t.Start) for op in plan.ops)
+
+
+__all__ = ["EagerValues", "chain_values", "computes_only", "eager_values"]

@@ -48,7 +48,7 @@ from sdpa_port.plan.interface_checks import (
     weights_requested,
 )
 from sdpa_port.plan.interface_plan import ModulePlan
-from sdpa_port.plan.eager_values import eager_values
+from sdpa_port.plan.eager_values import chain_values, eager_values
 from sdpa_port.plan.key_statements import key_statements
 from sdpa_port.plan.mask_readers import ported_mask_read
 from sdpa_port.refusals import Code, Refuse
@@ -419,6 +419,12 @@ def _emit(
 ) -> tuple[list[cst.BaseStatement], EagerPart, InterfaceEmitter, list[cst.BaseStatement]]:
     """The eager function's statements and forward's new body, with the emitter that wrote it."""
     statements, part = eager_body(path, options)
+    copies = chain_values(path, part.free)
+    if copies:
+        # values computed beside the chain, kept in the eager function too where that leaves it no new value to take
+        copied = eager_body(path, replace(options, moved=options.moved | copies))
+        if set(copied[1].free) < set(part.free):
+            statements, part = copied
     emitter = InterfaceEmitter(path, options)
     emitter.eager = part
     if path.start is not None and path.start.rank == 3 and emitter.layout.heads is None:

@@ -295,7 +295,7 @@ class InterfaceEmitter(SdpaEmitter):
 
     def shape_sources(self, query: cst.BaseExpression, key: cst.BaseExpression) -> dict[str, str]:
         """What the dispatch reads sizes from: the query's and key's roots (for eager's causal mask), and the
-        operands as handed. Transformers' flex reads `position_bias[batch, head, query, key]` with no broadcasting, so
+        operands as handed (the batch size of eager's causal mask: eager code may check its mask is per example). Transformers' flex reads `position_bias[batch, head, query, key]` with no broadcasting, so
         the terms go to it expanded to the scores' shape (a view), under flex only: sdpa would copy the expansion."""
         assert self.query is not None and self.key is not None
         return {
@@ -304,6 +304,7 @@ class InterfaceEmitter(SdpaEmitter):
             "bias_variable": _fresh("dispatch_bias", self.taken()),
             "flex_query": code(query),
             "flex_key": code(key),
+            "query_batch": code(self.layout.heads[0]) if self.layout.heads else f"{code(primary(query))}.shape[0]",
         }
 
     def held_elsewhere(self, name: str) -> bool:

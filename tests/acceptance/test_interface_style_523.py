@@ -425,3 +425,41 @@ def test_the_side_kept_eager_takes_eager_s_mask(is_decoder: bool, workdir: Path,
     # left padding: every query is causal by ImageGPT's own buffer, so only padding before it changes what it sees
     broken = parity.check_forward(base, unconverted.ImageGPTModel, config, "left", kind="encoder")
     assert not next(c for c in broken if c.name.endswith("sdpa == eager")).passed, "the unconverted mask went unnoticed"
+
+
+# their eager statements read sizes, a causal slice, a fill value and `output_attentions` from forward
+STANDARD_SIGNATURE = ["bark", "imagegpt", "trocr", "led", "xglm"]
+
+
+@pytest.mark.parametrize("model", STANDARD_SIGNATURE)
+def test_the_eager_function_keeps_the_standard_signature_and_eager_s_weights(model: str, ported) -> None:  # type: ignore[no-untyped-def]
+    """The eager function computes what it reads or takes it from `**kwargs` (`plan/eager_values.py`): no
+    keyword-only parameter, and with weights asked for the port gives the original's weights and outputs."""
+    import ast
+
+    import torch
+
+    from sdpa_port.verify.checks import build, make_batch, sharpen
+
+    source, module = ported[model]
+    functions = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and "eager_attention" in n.name]
+    assert functions and not [a.arg for f in functions for a in f.args.kwonlyargs]
+    case = CASES[model]
+    config = config_for(model)
+    expected_model = build(getattr(original(model), case.base), config, "eager")
+    sharpen(expected_model)
+    kind = "decoder" if case.lm else "encoder"
+    batch = make_batch(config, kind, "left" if kind == "decoder" else "right")
+    with torch.no_grad():
+        expected = expected_model(**batch.inputs, output_attentions=True)
+    for implementation in ("eager", "sdpa"):
+        model_ = build(getattr(module, case.base), config, implementation)
+        model_.load_state_dict(expected_model.state_dict())
+        with torch.no_grad():
+            found = model_(**batch.inputs, output_attentions=True)
+        fields = [k for k in expected.keys() if k.endswith("attentions")]  # decoder_, cross_, encoder_ ones too
+        assert fields and all(a is not None for k in fields for a in expected[k])
+        for field in fields:
+            assert len(found[field]) == len(expected[field])
+            for got, want in zip(found[field], expected[field]):
+                torch.testing.assert_close(got, want)

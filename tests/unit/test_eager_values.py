@@ -11,6 +11,7 @@ import pytest
 
 from sdpa_port import Status, port_source
 from sdpa_port.analyse.shapes import Context, shape_of
+from sdpa_port.plan.eager_values import computes_only
 
 FIXTURE = (Path(__file__).resolve().parents[2] / "fixtures" / "interface_style" / "modeling_tiny_flat5.py").read_text(
     encoding="utf-8"
@@ -94,3 +95,39 @@ def test_values_the_text_does_not_give_stay_keyword_only(change: tuple[str, str]
         source = source.replace("if attn_weights.size() != (bsz * self.num_heads,", "if attn_weights.size() != (limit,")
     eager = _eager(source)
     assert [a.arg for a in eager.args.kwonlyargs] == kept
+
+
+PRODUCT = "        attn_weights = torch.bmm(query_states, key_states.transpose(1, 2)) * scale\n"
+MASKED = "            attn_weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len) + attention_mask\n"
+FLOOR = "floor = torch.full((), torch.finfo(attn_weights.dtype).min, device=attn_weights.device)"
+
+
+def test_values_computed_beside_the_chain_are_computed_in_the_eager_function_too() -> None:
+    """XGLM's floor of the masked scores, named after the product (GPT-Neo's causal slice and fill value likewise):
+    the statement stays where it stands in the eager function, which takes no `floor` by keyword."""
+    assert PRODUCT in FIXTURE and MASKED in FIXTURE
+    source = FIXTURE.replace(PRODUCT, f"{PRODUCT}        {FLOOR}\n").replace(
+        MASKED, MASKED + "            attn_weights = torch.max(attn_weights, floor)\n"
+    )
+    eager = _eager(source)
+    assert not eager.args.kwonlyargs
+    assert FLOOR in [ast.unparse(s) for s in eager.body]
+
+
+@pytest.mark.parametrize(
+    "statement,pure",
+    [
+        ("n = query.size(-2)", True),
+        ("m = torch.tensor(torch.finfo(w.dtype).min, dtype=w.dtype, device=w.device)", True),
+        ("c = self.bias[:, :, k - q : k, :k]", True),
+        ("n = int(max(q, k))", True),
+        ("m = self.mask_for(q)", False),  # a method of the module: it may keep state
+        ("m = self.rotary(q).size(1)", False),
+        ("r = torch.rand(())", False),  # a value differing between calls
+        ("r = torch.nn.functional.dropout(x, 0.1)", False),
+        ("m = torch._private(x)", False),
+        ("m = helper(x)", False),  # a function of the file: not read
+    ],
+)
+def test_only_statements_that_compute_are_copied(statement: str, pure: bool) -> None:
+    assert computes_only(cst.parse_statement(statement)) is pure
