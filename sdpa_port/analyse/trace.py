@@ -175,7 +175,7 @@ class Tracer:
         self.path: list[tuple[int, int]] = []
         self.branches: list[Branch] = []  # the same branches, by their tests (for `remakes`)
         self.chains = ChainBook(self.env, self.plans, self.path, self.tests)
-        self.reads = ChainReads(self.env, self.chains)
+        self.reads = ChainReads(self.env, self.chains, lambda: self.current_line)
         self.assignments: dict[str, int] = {}  # how often each name has been assigned so far
         self.ranks = Ranks(self.scope, function, param_ranks, self.assignments)
         self.output_seen = False

@@ -528,3 +528,34 @@ def test_sizes_of_scores_changed_since_the_product_refuse_s104() -> None:
     result = port_source(source, filename="modeling_tiny.py", style="inline")
     assert [r.code.code for r in result.refusals] == ["S104"], result.reasons
     assert "their rank unknown" in result.reasons[0]
+
+
+# ------------------------------------------------------------------ a product of masks read as a mask
+
+PAIRED = (FIXTURES / "inline_style" / "modeling_tiny_mask_product.py").read_text(encoding="utf-8")
+PAIR = "pair = torch.matmul(mask, mask.transpose(-2, -1))"
+
+
+def test_a_product_of_masks_read_by_a_fill_is_the_mask() -> None:
+    """`m @ m^T` has a query-key product's shape; read by the scores' fill, it is an operand, not other scores."""
+    result = port_source(PAIRED, filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.PORTED, result.reasons
+    assert PAIR in result.source
+    assert "torch.where(pair != 0, q.new_zeros(()), torch.finfo(q.dtype).min)" in result.source
+
+
+def test_a_fill_reading_its_own_scores_still_refuses_s104() -> None:
+    source = PAIRED.replace("masked_fill(pair == 0,", "masked_fill(scores == 0,", 1)
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert [r.code.code for r in result.refusals] == ["S104"], result.reasons
+    assert "`scores != 0` reads the scores" in result.reasons[0]
+
+
+def test_a_product_read_by_a_fill_and_then_attended_refuses_s104() -> None:
+    """Where the product read by the fill is the one softmaxed and multiplied by V, its scores were read."""
+    source = PAIRED.replace(
+        "    scores = F.softmax(scores, dim=-1)\n", "    scores = F.softmax(pair, dim=-1)\n", 1
+    )
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert [r.code.code for r in result.refusals] == ["S104"], result.reasons
+    assert "`pair != 0` reads the scores" in result.reasons[0]
