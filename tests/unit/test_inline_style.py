@@ -559,3 +559,21 @@ def test_a_product_read_by_a_fill_and_then_attended_refuses_s104() -> None:
     result = port_source(source, filename="modeling_tiny.py", style="inline")
     assert [r.code.code for r in result.refusals] == ["S104"], result.reasons
     assert "`pair != 0` reads the scores" in result.reasons[0]
+
+
+def test_probabilities_passed_to_a_callable_parameter_say_so() -> None:
+    """`dropout(scores)` of a helper handed `self.dropout`: the reason names the stage and the parameter."""
+    source = (
+        PAIRED.replace("mask=None):\n    scores", "mask=None, dropout=None):\n    scores", 1)
+        .replace(
+            "    scores = F.softmax(scores, dim=-1)\n",
+            "    scores = F.softmax(scores, dim=-1)\n    if dropout is not None:\n        scores = dropout(scores)\n",
+        )
+        .replace("attention(q, k, v, self.d_k, mask)", "attention(q, k, v, self.d_k, mask, nn.Dropout(0.1))")
+    )
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert [r.code.code for r in result.refusals] == ["S101"], result.reasons
+    assert (
+        "the probabilities are passed to `dropout`, a parameter of `attention`, whose value the tool does not follow"
+        in result.reasons[0]
+    )

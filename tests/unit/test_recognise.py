@@ -272,7 +272,7 @@ def test_refusals_name_the_problem(body: str, reason: str) -> None:
         ),
         (
             "scores = torch.einsum('bqd,bkd->bqdk', query, key)\nreturn torch.matmul(scores.softmax(-1), value)",
-            "an einsum whose subscripts are not a query-key product's",
+            "an einsum the tool does not read as a query-key product",
         ),
     ],
     ids=["module", "untransposed", "in-place", "einsum"],

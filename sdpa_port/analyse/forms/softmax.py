@@ -149,7 +149,7 @@ def _product_why(tracer: TracerView, node: cst.BaseExpression) -> str:
     if product is None:
         return ""
     if product.form is p.ProductForm.EINSUM:
-        return "an einsum whose subscripts are not a query-key product's"
+        return "an einsum the tool does not read as a query-key product"
     return "a product whose right operand is not seen as a key with its last two dims swapped"
 
 
