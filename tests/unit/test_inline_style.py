@@ -70,6 +70,14 @@ def test_a_refusal_of_the_computation_is_not_turned_into_an_inline_port() -> Non
     assert [r.code.code for r in result.refusals] == ["S107"]
 
 
+def test_what_refuses_the_inline_style_comes_before_the_wiring() -> None:
+    """Unwired for the class style and refused in place too: the inline refusal is the one that tells why."""
+    result = port_source(attention().replace("return out\n", "return out, probs\n"), filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED, result
+    assert [r.code.code for r in result.refusals] == ["S111", "W401"], result.reasons
+    assert "the probabilities are returned" in result.reasons[0]
+
+
 def test_no_eager_forward_is_kept_where_no_call_can_ask_for_weights() -> None:
     result = port_source(attention(), filename="modeling_tiny.py")
     assert "_eager_forward" not in result.source
