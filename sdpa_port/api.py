@@ -70,7 +70,14 @@ def port_source(
             if style is Style.AUTO and _unwired(result):
                 why = "class style cannot wire it: " + "; ".join(result.reasons)
                 inline = _port_inline_style(module, facts, lines, first, why)
-                result = inline if inline.status is Status.PORTED or inline.detail == SUPPORTS_SDPA else result
+                if inline.status is Status.REFUSED and inline.refusals:
+                    # the inline style needs no wiring: what refuses it comes first, then why the class style could
+                    # not wire the module
+                    inline = replace(
+                        inline, reasons=inline.reasons + result.reasons, refusals=inline.refusals + result.refusals
+                    )
+                keep = inline.status in (Status.PORTED, Status.REFUSED) or inline.detail == SUPPORTS_SDPA
+                result = inline if keep else result
         elif chosen is Style.INLINE:
             result = _port_inline_style(module, facts, lines, first, "")
         else:

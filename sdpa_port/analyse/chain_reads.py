@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import libcst as cst
 
 from sdpa_port.analyse import patterns as p
@@ -20,9 +22,10 @@ from sdpa_port.refusals import Code
 class ChainReads:
     """The chains an expression reads, as the tracer's environment holds them."""
 
-    def __init__(self, env: dict[str, Value], chains: ChainBook) -> None:
+    def __init__(self, env: dict[str, Value], chains: ChainBook, line: Callable[[], int] = lambda: 0) -> None:
         self.env = env  # the tracer's, shared
         self.chains = chains
+        self.line = line  # the line of the statement the tracer reads
 
     def stage_of(self, cid: int) -> Stage:
         stages = {v.stage for v in self.env.values() if isinstance(v, ChainVal) and v.cid == cid}
@@ -54,11 +57,20 @@ class ChainReads:
         return {self.chains.joined_into(self.env[n.value].cid) for n in finder.plain}  # type: ignore[union-attr]
 
     def detach(self, node: cst.BaseExpression, cid: int) -> cst.BaseExpression:
-        """An operand of a chain op with its `.dtype`/`.device` reads of the scores pointed at the query."""
+        """An operand of a chain op with its `.dtype`/`.device` reads of the scores pointed at the query.
+
+        An operand reading the chain's own values refuses it (S104); one reading another chain's poisons that one.
+        """
         finder = ReadFinder(self.env, None)
         node.visit(finder)
-        if finder.plain or finder.shapes:
+        names = finder.plain + finder.shapes
+        read = {self.chains.joined_into(self.env[n.value].cid) for n in names}  # type: ignore[union-attr]
+        if self.chains.joined_into(cid) in read:
             raise Poison(Code.SCORES_READ, f"`{short(node)}` reads the scores", {cid})
+        for other in read:
+            # another product read (`mask @ mask.T`, a product of masks): it is no attention, its values used
+            # outside it; this chain goes on, and its re-trace alone reads that product as a plain tensor
+            self.chains.candidates[other].poisoned(Code.SCORES_READ, f"`{short(node)}` reads the scores", self.line())
         start = self.chains.candidates[cid].start
         if start is None:
             return node

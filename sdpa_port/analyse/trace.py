@@ -175,7 +175,7 @@ class Tracer:
         self.path: list[tuple[int, int]] = []
         self.branches: list[Branch] = []  # the same branches, by their tests (for `remakes`)
         self.chains = ChainBook(self.env, self.plans, self.path, self.tests)
-        self.reads = ChainReads(self.env, self.chains)
+        self.reads = ChainReads(self.env, self.chains, lambda: self.current_line)
         self.assignments: dict[str, int] = {}  # how often each name has been assigned so far
         self.ranks = Ranks(self.scope, function, param_ranks, self.assignments)
         self.output_seen = False
@@ -329,7 +329,13 @@ class Tracer:
             raise Poison(Code.SCORES_COMBINED, f"the scores are combined with `{code(node.operator).strip()}`", refs)
         refs = self.reads.chain_value_refs(node)
         if refs and isinstance(node, cst.Call):
-            raise Poison(Code.SCORES_TRANSFORMED, f"the scores are passed to `{short(node.func)}`{self.module_of(node.func)}", refs)
+            stage = "probabilities" if any(self.reads.stage_of(cid) == PROBS for cid in refs) else "scores"
+            raise Poison(
+                Code.SCORES_TRANSFORMED,
+                f"the {stage} are passed to `{short(node.func)}`"
+                f"{self.module_of(node.func)}{self.parameter_of(node.func)}",
+                refs,
+            )
         if refs:
             raise Poison(Code.SCORES_READ, f"the scores are used in `{short(node)}`", refs)
         raise NotChain()
@@ -362,6 +368,14 @@ class Tracer:
         # `from .quant_modules import IntSoftmax` (I-BERT): a file beside this one, not another package
         elsewhere = "another file of this package" if package.startswith(".") else "another package"
         return f", a `{klass}` module of `{package}`, {elsewhere}, whose computation this file does not show"
+
+    def parameter_of(self, func: cst.BaseExpression) -> str:
+        """`, a parameter of `attention`, whose value the tool does not follow` for a callee the function is handed."""
+        if not isinstance(func, cst.Name) or func.value not in self.params:
+            return ""
+        if isinstance(self.env.get(func.value), ExprVal):
+            return ""  # rebound in the function
+        return f", a parameter of `{self.function.name.value}`, whose value the tool does not follow"
 
     def chain_or_start(self, node: cst.CSTNode) -> set[int]:
         """Chains read by an expression, or {-1} when it holds a query-key product that would start one."""

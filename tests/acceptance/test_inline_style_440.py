@@ -125,6 +125,11 @@ SABOTAGES = {
         ("batch size read as the heads'", ")[0], (torch.broadcast_shapes", ")[1], (torch.broadcast_shapes"),
         ("mask dropped", "attn_mask=sdpa_mask,", "attn_mask=None,"),
     ],
+    # a product of padding masks (`m @ m^T`) masks the scores: the port keeps it, as the mask
+    "modeling_tiny_mask_product.py": [
+        ("mask dropped", "attn_mask=sdpa_mask,", "attn_mask=None,"),
+        ("mask inverted", "torch.where(pair != 0,", "torch.where(pair == 0,"),
+    ],
     "modeling_tiny_elsewhere.py": [
         ("scale squared", "scale=1.0 / (self.attention_head_size**0.5)", "scale=1.0 / self.attention_head_size"),
         ("fallback skipped", "if output_attentions or head_mask is not None:", "if False:"),

@@ -213,6 +213,11 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
                 code.add("attn_weights = attn_weights + own_bias")
             else:
                 code.add("attn_weights = attn_weights + attention_mask")
+            if spec.mask_paired and not n.flat:
+                # the keys the last query keeps, paired with every query by a product of masks
+                code.add("kept_keys = (attention_mask[:, :, -1:, :] == 0).to(attn_weights.dtype).transpose(-1, -2)")
+                code.add("pair = torch.matmul(torch.ones_like(attention_mask[..., :1]), kept_keys.transpose(-1, -2))")
+                code.add("attn_weights = attn_weights.masked_fill(pair == 0, torch.finfo(attn_weights.dtype).min)")
             if spec.floor_with_mask and guard == "not_none":
                 in_heads(n, code, lambda: floor_line(code))
         elif kind == "bool_mask":

@@ -228,6 +228,10 @@ class Spec:
     # product (`attention_mask.expand(attn_weights.shape[0], ..., attn_weights.shape[3])`), at a rank the port may not
     # know (a helper's or function's parameters): their sizes come from the query and key, or from the product's shape
     mask_expanded: bool = False
+    # 4.x, heads layout, after the additive mask: the kept keys paired with every query by a product shaped like a
+    # query-key product (`torch.matmul(ones, kept.transpose(-1, -2))`), which masks the scores by a fill: a product of
+    # masks, read by the fill as its condition, not other scores
+    mask_paired: bool = False
     # how the additive helper function (the "helper" term) adds its per-head bias: "returned" returns the scores plus
     # it, viewed back; "slice" assigns the keys past the first their slice plus it, viewed and viewed back, and
     # "augmented" adds it to that slice with `+=` (MViT's and ViTDet's in-place forms); both return the scores
@@ -408,6 +412,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         sizes_swapped=random.Random(f"sizes:{family}:{seed}").random() < 0.2,  # its own generator, likewise
         flat_kept=random.Random(f"kept:{family}:{seed}").random() < 0.3,  # likewise
         mask_expanded=random.Random(f"expanded:{family}:{seed}").random() < 0.2,  # likewise
+        mask_paired=random.Random(f"paired:{family}:{seed}").random() < 0.2,  # likewise
         helper_form=_pick(random.Random(f"helper:{family}:{seed}"), HELPER_FORMS, (2, 1, 1)),  # likewise
         shared_kv=random.Random(f"shared:{family}:{seed}").random() < 0.3,  # likewise; only `einsum` keeps it
     )
@@ -639,6 +644,14 @@ def normalise(spec: Spec) -> Spec:
         and changes.get("closure", spec.closure) == "none"  # a closure rebinding the mask would make it its own local
     ):
         changes["mask_expanded"] = False  # 4-D scores of a plain product, an additive mask among the terms
+    if spec.mask_paired and not (
+        spec.family == "440"
+        and changes.get("layout", spec.layout) == "heads"
+        and not changes.get("bool_fill", spec.bool_fill)
+        and not changes.get("mask_read", spec.mask_read)
+        and any(kind == "mask" for kind, _ in changes.get("terms", spec.terms))
+    ):
+        changes["mask_paired"] = False  # 4-D scores, an additive 4-D mask among the terms
     if spec.shared_kv and not (
         changes.get("product", spec.product) == "einsum"
         and changes.get("value_left", spec.value_left) == "none"

@@ -180,7 +180,12 @@ class TinyAttention(nn.Module):
     ("source", "stops"),
     [
         # a softmax over an einsum the recogniser does not read as a query-key product
-        (LAYOUT_UNREAD, "the recogniser stops at line 9: the attention scores come from `scores`, not from a recognised"),
+        (
+            LAYOUT_UNREAD,
+            "the recogniser stops at line 9: the attention scores come from `scores` "
+            "(`torch.einsum(\"...qd,...kd->...qk\", query, key)`, line 8, an einsum the tool does not read as a "
+            "query-key product), not from a recognised",
+        ),
         (FUNCTION_WRAPPERS, "the recogniser stops at line 20: the scores are passed to `self._normalise` (S101)"),
         (UNTRANSPOSED, "the recogniser reads no query-key product there"),
     ],

@@ -25,6 +25,11 @@ REFUSED = {
     "modeling_tiny_value_relative.py": ("TinyRelativeAttention", 23, "the probabilities are used after the product with V"),
     "modeling_tiny_softcap.py": ("TinySoftcapAttention", 16, "the scores are passed to `torch.tanh`"),
     "modeling_tiny_kept_map.py": ("TinyKeptMapAttention", 17, "`.clone()` is applied to the probabilities"),
+    "modeling_tiny_wrapped_product.py": (
+        "TinyChannelsAttention",
+        31,
+        "come from `scores` (`self.matmul_qk(query, key)`, line 27, a product whose right operand is not seen as a key",
+    ),
 }
 UNCHANGED = {
     "modeling_tiny_router.py": "no eager attention found",

@@ -70,6 +70,14 @@ def test_a_refusal_of_the_computation_is_not_turned_into_an_inline_port() -> Non
     assert [r.code.code for r in result.refusals] == ["S107"]
 
 
+def test_what_refuses_the_inline_style_comes_before_the_wiring() -> None:
+    """Unwired for the class style and refused in place too: the inline refusal is the one that tells why."""
+    result = port_source(attention().replace("return out\n", "return out, probs\n"), filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED, result
+    assert [r.code.code for r in result.refusals] == ["S111", "W401"], result.reasons
+    assert "the probabilities are returned" in result.reasons[0]
+
+
 def test_no_eager_forward_is_kept_where_no_call_can_ask_for_weights() -> None:
     result = port_source(attention(), filename="modeling_tiny.py")
     assert "_eager_forward" not in result.source
@@ -528,3 +536,52 @@ def test_sizes_of_scores_changed_since_the_product_refuse_s104() -> None:
     result = port_source(source, filename="modeling_tiny.py", style="inline")
     assert [r.code.code for r in result.refusals] == ["S104"], result.reasons
     assert "their rank unknown" in result.reasons[0]
+
+
+# ------------------------------------------------------------------ a product of masks read as a mask
+
+PAIRED = (FIXTURES / "inline_style" / "modeling_tiny_mask_product.py").read_text(encoding="utf-8")
+PAIR = "pair = torch.matmul(mask, mask.transpose(-2, -1))"
+
+
+def test_a_product_of_masks_read_by_a_fill_is_the_mask() -> None:
+    """`m @ m^T` has a query-key product's shape; read by the scores' fill, it is an operand, not other scores."""
+    result = port_source(PAIRED, filename="modeling_tiny.py", style="inline")
+    assert result.status is Status.PORTED, result.reasons
+    assert PAIR in result.source
+    assert "torch.where(pair != 0, q.new_zeros(()), torch.finfo(q.dtype).min)" in result.source
+
+
+def test_a_fill_reading_its_own_scores_still_refuses_s104() -> None:
+    source = PAIRED.replace("masked_fill(pair == 0,", "masked_fill(scores == 0,", 1)
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert [r.code.code for r in result.refusals] == ["S104"], result.reasons
+    assert "`scores != 0` reads the scores" in result.reasons[0]
+
+
+def test_a_product_read_by_a_fill_and_then_attended_refuses_s104() -> None:
+    """Where the product read by the fill is the one softmaxed and multiplied by V, its scores were read."""
+    source = PAIRED.replace(
+        "    scores = F.softmax(scores, dim=-1)\n", "    scores = F.softmax(pair, dim=-1)\n", 1
+    )
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert [r.code.code for r in result.refusals] == ["S104"], result.reasons
+    assert "`pair != 0` reads the scores" in result.reasons[0]
+
+
+def test_probabilities_passed_to_a_callable_parameter_say_so() -> None:
+    """`dropout(scores)` of a helper handed `self.dropout`: the reason names the stage and the parameter."""
+    source = (
+        PAIRED.replace("mask=None):\n    scores", "mask=None, dropout=None):\n    scores", 1)
+        .replace(
+            "    scores = F.softmax(scores, dim=-1)\n",
+            "    scores = F.softmax(scores, dim=-1)\n    if dropout is not None:\n        scores = dropout(scores)\n",
+        )
+        .replace("attention(q, k, v, self.d_k, mask)", "attention(q, k, v, self.d_k, mask, nn.Dropout(0.1))")
+    )
+    result = port_source(source, filename="modeling_tiny.py", style="inline")
+    assert [r.code.code for r in result.refusals] == ["S101"], result.reasons
+    assert (
+        "the probabilities are passed to `dropout`, a parameter of `attention`, whose value the tool does not follow"
+        in result.reasons[0]
+    )

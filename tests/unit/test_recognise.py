@@ -253,6 +253,49 @@ def test_refusals_name_the_problem(body: str, reason: str) -> None:
     assert analysis.refusal.line > 0
 
 
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        # a product of a module the tool reads as one, its key not seen transposed: the reason names where it is
+        (
+            "scores = self.score(query, key)\nscores = scores / 8.0\nreturn torch.matmul(scores.softmax(-1), value)",
+            "come from `scores` (`self.score(query, key)`, line ",
+        ),
+        (
+            "scores = torch.matmul(query, key)\nreturn torch.matmul(scores.softmax(-1), value)",
+            "(`torch.matmul(query, key)`, line 18, a product whose right operand is not seen as a key with its last "
+            "two dims swapped)",
+        ),
+        (
+            "return torch.matmul(torch.matmul(query, key).softmax(-1), value)",
+            "come from `torch.matmul(query, key)` (a product whose right operand is not seen as a key",
+        ),
+        (
+            "scores = torch.einsum('bqd,bkd->bqdk', query, key)\nreturn torch.matmul(scores.softmax(-1), value)",
+            "an einsum the tool does not read as a query-key product",
+        ),
+    ],
+    ids=["module", "untransposed", "in-place", "einsum"],
+)
+def test_scores_of_unknown_origin_name_their_origin(body: str, reason: str) -> None:
+    analysis = analyse(attention_module(body, init=INIT))
+    assert analysis is not None and analysis.refusal is not None, "expected a refusal"
+    assert analysis.refusal.code.code == "S107"
+    assert reason in analysis.refusal.detail, analysis.refusal.detail
+
+
+def test_an_imported_modules_softmax_is_no_tensor_method() -> None:
+    """`utils.softmax(scores, dim=-1)` (fairseq's) is a function of another package, not `.softmax()` of `utils`."""
+    body = (
+        "scores = torch.matmul(query, key.transpose(-1, -2))\nprobs = utils.softmax(scores, dim=-1)\n"
+        "return torch.matmul(probs, value)"
+    )
+    source = attention_module(body, init=INIT).replace("import torch\n", "import torch\nfrom fairseq import utils\n", 1)
+    result = port_source(source, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED
+    assert "the scores are passed to `utils.softmax` (S101)" in result.reasons[0], result.reasons
+
+
 def test_router_softmax_is_not_attention() -> None:
     source = attention_module("weights = self.gate(query).softmax(-1)\nreturn query * weights", init="self.gate = nn.Linear(4, 4)")
     assert analyse(source) is None

@@ -28,7 +28,7 @@ from sdpa_port.analyse.chain import (
     describe_layout,
     short,
 )
-from sdpa_port.analyse.cstutil import code
+from sdpa_port.analyse.cstutil import code, nodes_of_type, walk_names
 from sdpa_port.analyse.forms.common import SEQUENCE_FIRST, Example, scored, sdpa
 from sdpa_port.analyse.forms.products import query_scale
 from sdpa_port.refusals import Code
@@ -113,12 +113,44 @@ def unknown_origin(
     candidate = Candidate(cid, None, line, start_node=node)
     candidate.poisoned(
         Code.UNKNOWN_PRODUCT,
-        f"the attention scores come from `{short(softmax.operand)}`, not from a recognised query-key product",
+        f"the attention scores come from `{short(softmax.operand)}`{origin(tracer, softmax.operand, line)}, not from a "
+        "recognised query-key product",
         line,
     )
     candidate.stage = PROBS
     tracer.chains.candidates.append(candidate)
     return ChainVal(cid, PROBS, None), [Softmax(softmax)]
+
+
+def origin(tracer: TracerView, operand: cst.BaseExpression, line: int) -> str:
+    """` (`value`, line n, why)`: what the softmax of scores of unknown origin reads.
+
+    A name is followed to its last assignment before `line` that does not read it (the scores' origin, before the
+    steps that rebind it); a product there, or the operand itself, is said to be one of no query and key the tool
+    can tell."""
+    if not isinstance(operand, cst.Name):
+        why = _product_why(tracer, operand)
+        return f" ({why})" if why else ""
+    found: tuple[int, cst.BaseExpression] | None = None
+    for assign in nodes_of_type(tracer.function.body, cst.Assign):
+        at = tracer.line_of(assign)
+        if not any(isinstance(t.target, cst.Name) and t.target.value == operand.value for t in assign.targets):
+            continue
+        if 0 < at < line and operand.value not in walk_names(assign.value) and (found is None or at > found[0]):
+            found = (at, assign.value)
+    if found is None:
+        return ""
+    why = _product_why(tracer, found[1])
+    return f" (`{short(found[1])}`, line {found[0]}{', ' + why if why else ''})"
+
+
+def _product_why(tracer: TracerView, node: cst.BaseExpression) -> str:
+    product = tracer.scope.product(node)
+    if product is None:
+        return ""
+    if product.form is p.ProductForm.EINSUM:
+        return "an einsum the tool does not read as a query-key product"
+    return "a product whose right operand is not seen as a key with its last two dims swapped"
 
 
 _HEADS = "b, s, _ = query.shape\nquery = query.view(b, s, 4, -1).transpose(1, 2)\n"

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from sdpa_port.analyse.patterns.calls import Scope, arg, method_call, self_attribute_name
 from sdpa_port.analyse.patterns.functions import SOFTMAX_FUNCTIONS, SOFTMAX_MODULES
@@ -45,7 +46,9 @@ def softmax_call(node: cst.BaseExpression, scope: Scope) -> SoftmaxCall | None:
             return SoftmaxCall(node.args[0].value, SoftmaxForm.MODULE_ATTRIBUTE, arg(value, 0, "dim"), False)
         return None
     receiver = method_call(node, {"softmax"})
-    if receiver is not None:
+    # `utils.softmax(x, dim=-1)` after `from fairseq import utils`: a function of an imported module, no method
+    imported = qualified is not None and qualified != get_full_name_for_node(func)
+    if receiver is not None and not imported:
         return SoftmaxCall(receiver[0], SoftmaxForm.METHOD, arg(node, 0, "dim"), arg(node, 1, "dtype") is not None)
     if isinstance(func, cst.Call) and scope.qualify(func.func) in SOFTMAX_MODULES and len(node.args) == 1:
         return SoftmaxCall(node.args[0].value, SoftmaxForm.MODULE, arg(func, 0, "dim"), False)
