@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -66,16 +68,22 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
     return module, notes
 
 
+DOCSTRING_WIDTH = 115  # Transformers' line length, 119, less the class body's indent
+
+
 def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
     forward = item.forward
     parts = [*item.side.falsy, *(f"{name} is not None" for name in item.side.none)]
     texts = [f"`{name}`" if "." in name else f"`{name}=True`" for name in item.side.falsy]
     texts += [f"`{name}`" for name in item.side.none]
+    parent = item.analysis.class_name
+    doc = f"`{parent}` on `torch.nn.functional.scaled_dot_product_attention`, ported by sdpa-port from `{_source(item.analysis)}`"
+    doc += f"; eager with {' or '.join(texts)}." if texts else "."
     rendered = render_module(
         "class_style/sdpa_class.py.jinja",
         name=item.name,
-        parent=item.analysis.class_name,
-        source=_source(item.analysis),
+        parent=parent,
+        doc_lines=textwrap.wrap(doc, DOCSTRING_WIDTH, break_long_words=False, break_on_hyphens=False),
         fallback_test=" or ".join(parts),
         fallback_text=" or ".join(texts) if texts else "",
         use_logger=use_logger,
