@@ -113,8 +113,12 @@ def _check_class(original: ModuleType, ported: ModuleType, name: str) -> Check:
     worst = worst_relative = worst_eager = 0.0
     calls = 0
     described: list[str] = []
+    # every side runs with the values that keep the SDPA class on SDPA (no weights asked for, no head mask)
+    accepted = inspect.signature(pair.sdpa_class.forward).parameters
+    sdpa_side = {k: v for k, v in alone_inputs.sdpa_side_values(pair.sdpa_class.forward).items() if k in accepted}
     with torch.no_grad():
-        for case, kwargs in cases:
+        for case, given in cases:
+            kwargs = {**given, **sdpa_side}
             expected = first_tensor(pair.original(**copy.deepcopy(kwargs)))
             try:
                 eager = first_tensor(pair.eager(**copy.deepcopy(kwargs)))

@@ -85,6 +85,51 @@ def _tree(function: Any) -> ast.AST | None:
         return None
 
 
+def sdpa_side_values(forward: Any) -> dict[str, Any]:
+    """The values of the parameters that send an SDPA class's call back to eager, on its SDPA side.
+
+    The class style's forward opens with `if output_attentions or head_mask is not None: ... return super().forward(
+    ...)`: each name tested alone is False there, each tested `is not None` is None. A check of the class on its own
+    passes them, or a forward whose default asks for weights (Graphormer's `need_weights=True`) never reaches SDPA."""
+    tree = _tree(forward)
+    function = tree.body[0] if isinstance(tree, ast.Module) and tree.body else None
+    if not isinstance(function, ast.FunctionDef):
+        return {}
+    test = next((s.test for s in function.body if isinstance(s, ast.If) and _returns_super(s)), None)
+    if test is None:
+        return {}
+    parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or) else [test]
+    out: dict[str, Any] = {}
+    for part in parts:
+        if isinstance(part, ast.Name):
+            out[part.id] = False
+        elif (
+            isinstance(part, ast.Compare)
+            and isinstance(part.left, ast.Name)
+            and len(part.ops) == 1
+            and isinstance(part.ops[0], ast.IsNot)
+            and isinstance(part.comparators[0], ast.Constant)
+            and part.comparators[0].value is None
+        ):
+            out[part.left.id] = None
+        else:
+            return {}  # a test of another form: nothing is assumed of it
+    return out
+
+
+def _returns_super(statement: ast.If) -> bool:
+    last = statement.body[-1] if statement.body else None
+    return (
+        isinstance(last, ast.Return)
+        and isinstance(last.value, ast.Call)
+        and isinstance(last.value.func, ast.Attribute)
+        and last.value.func.attr == "forward"
+        and isinstance(last.value.func.value, ast.Call)
+        and isinstance(last.value.func.value.func, ast.Name)
+        and last.value.func.value.func.id == "super"
+    )
+
+
 def subscripted(function: Any) -> dict[str, int]:
     """The names a function subscripts with a constant integer (`window_size[0]`), each with the number of sides its
     largest index needs."""

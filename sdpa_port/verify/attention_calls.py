@@ -121,7 +121,15 @@ def sdpa_call(module: Any, sdpa_class: type, args: tuple[Any, ...], kwargs: dict
     style).
     """
     if sdpa_class is not type(module):
-        return sdpa_class.forward(module, *args, **kwargs)
+        eager_class = type(module)
+        if not issubclass(sdpa_class, eager_class):
+            return sdpa_class.forward(module, *args, **kwargs)
+        # the module seen as the SDPA class for the call (it adds no state): its fallback's `super()` needs that
+        module.__class__ = sdpa_class
+        try:
+            return sdpa_class.forward(module, *args, **kwargs)
+        finally:
+            module.__class__ = eager_class
     config = getattr(module, "config", None)
     if config is None or not hasattr(config, "_attn_implementation"):
         raise ValueError("no config to set the implementation on")

@@ -255,3 +255,38 @@ def test_composite_models_built_eager_run_no_sdpa_inside(
 def test_luke_checks_see_a_misplaced_block(sabotage: tuple[str, str], workdir: Path) -> None:
     """The entity path runs in the check (entity ids are built): a port that joins the blocks wrongly fails it."""
     assert_misplaced_blocks_seen(sabotage, port_for_kind("luke", CASES["luke"]), workdir)
+
+
+@pytest.mark.parametrize("kind", ["none", "scale"])
+def test_a_class_asking_for_weights_by_default_is_checked_alone_on_its_sdpa_side(kind: str, workdir: Path) -> None:
+    """Graphormer's attention defaults to `need_weights=True`, which sends its SDPA class back to eager: checked on
+    its own (no model class whose inputs the harness builds), it is given the values its fallback test reads as the
+    SDPA side, so SDPA runs and a halved scale is seen."""
+    source = port_for_kind("graphormer", "graph inputs the harness cannot build")
+    assert "if need_weights or before_softmax or need_head_weights:" in source
+    checks = verify("graphormer", source if kind == "none" else broken("graphormer", source, kind), workdir, f"g_{kind}")
+    alone = [c for c in checks if c.name.endswith(" alone")]
+    lines = "\n".join(str(c) for c in checks)
+    if kind == "none":
+        assert alone and all(c.passed for c in alone) and "SDPA call(s) from the port" in alone[0].detail, lines
+    else:
+        assert_alone_sabotage_seen(checks)
+
+
+def test_the_sdpa_class_called_on_an_eager_module_falls_back_through_super(workdir: Path) -> None:
+    """The module checks call the SDPA class's forward on the eager module they built: where the call asks for
+    weights, its `super().forward` needs the module seen as the SDPA class (it failed with `super(type, obj)`)."""
+    import torch
+
+    from harness import load
+    from sdpa_port.verify.attention_calls import sdpa_call
+
+    ported = load("graphormer", port_for_kind("graphormer", "graph inputs the harness cannot build"), workdir, "g_super")
+    config = ported.GraphormerConfig(embedding_dim=32, num_attention_heads=4)
+    module = ported.GraphormerMultiheadAttention(config).eval()
+    states = torch.randn(5, 2, 32)
+    with torch.no_grad():
+        expected = module(states, states, states, attn_bias=None, need_weights=True)[0]
+        found = sdpa_call(module, ported.GraphormerSdpaMultiheadAttention, (states, states, states, None), {})[0]
+    assert type(module) is ported.GraphormerMultiheadAttention  # seen as the SDPA class for the call only
+    torch.testing.assert_close(found, expected)

@@ -157,3 +157,28 @@ def test_the_text_kept_beside_a_loaded_module_is_read_where_its_file_is_gone() -
         assert alone_inputs.forward_roles(module.f) == {"m": "mask"}
     finally:
         del sys.modules[module.__name__]
+
+
+def _kept_forward(body: str):  # type: ignore[no-untyped-def]
+    """A forward defined from text its module keeps (`loader.source_of`), as a loaded port's is."""
+    text = f"def forward(self, x, need_weights=True, head_mask=None, before_softmax=False):\n{body}"
+    module = types.ModuleType("kept_forward_module")
+    module.__sdpa_port_source__ = text  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    exec(compile(text, "<kept>", "exec"), module.__dict__)
+    return module.forward
+
+
+def test_the_sdpa_side_values_are_read_from_the_fallback_test() -> None:
+    """Graphormer's SDPA class asks for weights by default: checked on its own, it is given the values that keep it
+    on SDPA, read from the test that sends it back to eager."""
+    fallback = "    if need_weights or before_softmax or head_mask is not None:\n        return super().forward(x)\n    return x\n"
+    assert alone_inputs.sdpa_side_values(_kept_forward(fallback)) == {
+        "need_weights": False,
+        "before_softmax": False,
+        "head_mask": None,
+    }
+    # a test of another form, or no fallback to the parent: nothing assumed
+    other = fallback.replace("head_mask is not None", "head_mask == 3")
+    assert alone_inputs.sdpa_side_values(_kept_forward(other)) == {}
+    assert alone_inputs.sdpa_side_values(_kept_forward("    return x\n")) == {}
