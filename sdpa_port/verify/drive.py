@@ -57,7 +57,7 @@ def verify_driven(
     if claims and (drives or alone) and all(c.passed for c in checks):
         why = why_not_claimable([d.label for d in drives], alone)
         if why is not None:
-            checks += not_checked(", ".join(d.label for d in drives) or "the driven models", why, skipped=True)
+            checks += not_checked(", ".join(d.label for d in drives) or ", ".join(alone), why, skipped=True)
         else:
             checks += run_driven_isolated(original, ported, drives)
     return checks
