@@ -67,7 +67,7 @@ def verify_port(input_path: Path, original_source: str, result: PortResult, clai
     if not passed:
         claimed, reasons = (), {}
     elif claims and not reasons:
-        reasons = {"": "not checked: only models taking token ids are run compiled and under flex attention"}
+        reasons = {"": "not checked: the checks ran no model of this port under flex attention or compiled"}
     not_claimed = tuple((flag, why) for flag, why in reasons.items() if why)
     return Verification(passed, tuple(str(c) for c in checks), undriven, claimed=claimed, not_claimed=not_claimed)
 

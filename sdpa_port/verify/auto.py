@@ -18,6 +18,7 @@ import torch
 
 from sdpa_port.verify import drive, parity
 from sdpa_port.verify.candidates import candidates, model_classes
+from sdpa_port.verify.claims import ClaimCheck
 from sdpa_port.verify.configs import config_class_of, flag_fields, tiny_config
 from sdpa_port.verify.diagnose import attention_classes, why_no_sdpa
 from sdpa_port.verify.parity import Check
@@ -72,8 +73,9 @@ def verify_pair(
     """Parity checks of `ported` against `original`, on token ids or on inputs the forward signature asks for.
 
     Token models on padded ids and by greedy generation; any other model on inputs synthesised from its forward
-    signature and config (`drive.py`). `claims`: token models of an interface-style port also run under flex attention
-    and compiled (`claims.py`), once their SDPA checks passed; those checks decide the flags, not the verification.
+    signature and config (`drive.py`). `claims`: the models of an interface-style port also run under flex attention
+    and compiled (`claims.py`, `driven_claims.py`), once their SDPA checks passed; those checks decide the flags, not
+    the verification.
     """
     found, _ = candidates(original, ported, model_classes(original))
     targets = pick_targets(original)
@@ -84,13 +86,16 @@ def verify_pair(
                 checks += _claims(targets, ported, overrides)
         except Exception as error:  # e.g. a model the single tiny config does not fit: the driver tries more
             note = f"raised {type(error).__name__}: {str(error)[:160]}; driven instead"
-            return [Check(f"{targets.base.__name__} token checks", True, None, note)] + drive.verify_driven(original, ported)
+            driven = drive.verify_driven(original, ported, claims=claims)
+            return [Check(f"{targets.base.__name__} token checks", True, None, note)] + driven
         covered = _built(targets, ported, overrides)
         if set(attention_classes(original, ported)) - covered:
-            # attention classes the token models do not build (a vision tower): driven through other classes
-            checks += drive.verify_driven(original, ported, covered=frozenset(covered))
+            # attention classes the token models do not build (a vision tower): driven through other classes, whose
+            # claim checks decide the flags with the token model's
+            passed = all(c.passed for c in checks if not isinstance(c, ClaimCheck))
+            checks += drive.verify_driven(original, ported, covered=frozenset(covered), claims=claims and passed)
         return checks
-    return drive.verify_driven(original, ported)
+    return drive.verify_driven(original, ported, claims=claims)
 
 
 def _built(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | None) -> set[str]:

@@ -48,18 +48,25 @@ TIMEOUT_S = 1800  # two compiles of a tiny model; a first flex compile takes a m
 def run_isolated(
     original: ModuleType, ported: ModuleType, base: str, overrides: dict[str, Any] | None
 ) -> list[ClaimCheck]:
-    """The claim checks of `ported`'s model `base`, run by `claims_child.py` in a process of their own.
+    """The claim checks of `ported`'s token model `base`, run by `claims_child.py` in a process of their own.
 
     A compiler crash there cannot take `--verify` down: a child that died (CanineModel's compile ends in a native
     double free) gives failed checks of both flags, so the port is written without them and says why.
+    """
+    return in_child(original, ported, {"base": base, "overrides": overrides or {}}, base)
+
+
+def in_child(original: ModuleType, ported: ModuleType, request: dict[str, Any], label: str) -> list[ClaimCheck]:
+    """The checks `claims_child.py` runs on `request`, with both files' sources; both flags failed if it died.
+
+    `label` names the model(s) checked, in the failed checks.
     """
     from sdpa_port.verify.loader import source_of
 
     request = {
         "modules": [[module.__name__.rsplit(".", 1)[1], source_of(module)] for module in (original, ported)],
         "package": ported.__package__,
-        "base": base,
-        "overrides": overrides or {},
+        **request,
     }
     command = [sys.executable, "-m", "sdpa_port.verify.claims_child"]
     try:
@@ -71,7 +78,13 @@ def run_isolated(
         why = f"the checks' process died (exit {done.returncode}): {tail}"
     except subprocess.TimeoutExpired:
         why = f"the checks' process ran past {TIMEOUT_S} s"
-    return [ClaimCheck(f"{base} {flag} not checked", False, None, why, flag=flag) for flag in (FLEX_FLAG, COMPILE_FLAG)]
+    return not_checked(label, why)
+
+
+def not_checked(label: str, why: str, skipped: bool = False) -> list[ClaimCheck]:
+    """Failed checks of both flags, saying why neither could be checked; `skipped` where none was tried."""
+    flags = (FLEX_FLAG, COMPILE_FLAG)
+    return [ClaimCheck(f"{label} {flag} not checked", False, None, why, skipped, flag=flag) for flag in flags]
 
 
 def claiming_classes(ported: ModuleType, flag: str) -> tuple[str, ...]:
@@ -109,12 +122,25 @@ def claim_checks(original_class: type, ported: ModuleType, config: Any, padding:
 def check_flex(original_class: type, ported: ModuleType, config: Any, padding: str, kind: str) -> list[ClaimCheck]:
     """Flex attention's outputs of the port against the original's eager outputs, on one batch."""
     label = f"{original_class.__name__}[{padding}] flex_attention"
+    return flex_claim(
+        ported,
+        label,
+        lambda: _against_eager(original_class, ported, config, padding, kind, label, FLEX_FLAG, lambda m: m),
+    )
+
+
+def flex_claim(ported: ModuleType, label: str, run: Callable[[], list[ClaimCheck]]) -> list[ClaimCheck]:
+    """`run`'s comparison of the port's flex-built model with the original's eager one, the flex calls counted.
+
+    The port's model classes carry the flag for the time of `run` (5.23.0 builds a model with flex attention only
+    then), and a model that never called flex attention through the port's dispatch does not pass.
+    """
     classes = claiming_classes(ported, FLEX_FLAG)
     why = why_no_flex(ported) or (None if classes else "no model class of the port sets _supports_sdpa")
     if why is not None:
         return [ClaimCheck(f"{label} not checked", False, None, why, skipped=True, flag=FLEX_FLAG)]
     with _claimed(ported, classes), _counted(ported) as calls:
-        checks = _against_eager(original_class, ported, config, padding, kind, label, FLEX_FLAG, lambda m: m)
+        checks = run()
     executed = ClaimCheck(f"{label} executed", calls[0] > 0, None, f"{calls[0]} flex call(s)", flag=FLEX_FLAG)
     return checks + [executed]
 
@@ -122,14 +148,32 @@ def check_flex(original_class: type, ported: ModuleType, config: Any, padding: s
 def check_compile(original_class: type, ported: ModuleType, config: Any, padding: str, kind: str) -> list[ClaimCheck]:
     """The SDPA model compiled with `fullgraph=True` against the original's eager outputs, on one batch."""
     label = f"{original_class.__name__}[{padding}] torch.compile(fullgraph=True)"
+    return compile_claim(
+        ported,
+        lambda: _against_eager(original_class, ported, config, padding, kind, label, COMPILE_FLAG, compiled_fullgraph),
+    )
+
+
+def compile_claim(ported: ModuleType, run: Callable[[], list[ClaimCheck]]) -> list[ClaimCheck]:
+    """`run`'s comparison of the port's compiled SDPA model with the original's eager one, on a fresh dynamo cache."""
     if not claiming_classes(ported, COMPILE_FLAG):
         return []  # the file claims it already (or sets no _supports_sdpa, which the flex check reports)
     torch._dynamo.reset()  # a fresh cache: no graph compiled for another model is reused
-    compiled = _against_eager(
-        original_class, ported, config, padding, kind, label, COMPILE_FLAG, lambda m: torch.compile(m, fullgraph=True)
-    )
-    torch._dynamo.reset()
-    return compiled
+    try:
+        return run()
+    finally:
+        torch._dynamo.reset()
+
+
+def compiled_fullgraph(model: Any) -> Any:
+    """`model` compiled with `fullgraph=True`: any graph break raises."""
+    return torch.compile(model, fullgraph=True)
+
+
+def failed_run(label: str, flag: str, error: Exception) -> ClaimCheck:
+    """The check of a path that raised: the finding is that this path does not run the port."""
+    detail = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+    return ClaimCheck(f"{label} == eager", False, None, detail, flag=flag)
 
 
 def _against_eager(
@@ -153,8 +197,7 @@ def _against_eager(
             expected = original(**batch.inputs)
             found = wrap(model)(**batch.inputs)
     except Exception as error:  # the finding: this path does not run the port
-        detail = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
-        return [ClaimCheck(f"{label} == eager", False, None, detail, flag=flag)]
+        return [failed_run(label, flag, error)]
     difference = max_difference(expected, found, batch)
     passed = difference <= TOLERANCE
     detail = ""

@@ -151,6 +151,13 @@ class _SabotageDispatch(cst.CSTTransformer):
                     a = a.with_changes(value=cst.parse_expression(half))
                 args.append(a)
             return updated.with_changes(args=args)
+        if self.kind == "flex_mask":
+            # the attention mask dropped under flex attention only: eager and SDPA stay right
+            args = list(updated.args)
+            mask = cst.Module([]).code_for_node(args[4].value)
+            flex = "self.config._attn_implementation == 'flex_attention'"
+            args[4] = args[4].with_changes(value=cst.parse_expression(f"(None if {flex} else {mask})"))
+            return updated.with_changes(args=args)
         if self.kind == "flex_bypass":
             # flex attention run past the dispatch: the release's function called directly, so the dispatch that
             # the check counts is never asked for it
@@ -168,8 +175,9 @@ class _SabotageDispatch(cst.CSTTransformer):
 
 def sabotage_interface(source: str, kind: str) -> str:
     """The interface port with its dispatch broken: `mask` drops the additive terms (position_bias, or those folded
-    into the mask), `scale` halves scaling, `output` shifts; `flex_scale` halves scaling under flex attention alone and
-    `flex_bypass` calls flex attention past the dispatch; `graph_break` breaks the graph before the dispatch."""
+    into the mask), `scale` halves scaling, `output` shifts; `flex_scale` halves scaling under flex attention alone,
+    `flex_mask` drops the mask under flex attention alone and `flex_bypass` calls flex attention past the dispatch;
+    `graph_break` breaks the graph before the dispatch."""
     transformer = _SabotageDispatch(kind)
     result = cst.parse_module(source).visit(transformer)
     assert transformer.count > 0, "no dispatch to sabotage"

@@ -122,3 +122,37 @@ def test_a_claim_check_that_crashes_its_process_costs_only_the_flags() -> None:
     assert verification.claimed == ()
     reasons = dict(verification.not_claimed)
     assert "the checks' process died" in reasons[FLEX] and "the checks' process died" in reasons[COMPILE], reasons
+
+
+def test_a_driven_port_claims_flex_after_it_ran() -> None:
+    """LiLT's forward takes boxes beside the ids, so it is driven on inputs built from its signature: its port runs
+    under flex attention and compiled on the drive its SDPA check passed on, and claims both flags once each matched."""
+    from sdpa_port.edge.after_port import verify_port
+
+    path = modeling_path("lilt")
+    ported = PortResult(Status.PORTED, port_file("lilt"), Style.INTERFACE)
+    verification = verify_port(path, path.read_text(encoding="utf-8"), ported, claims=True)
+    assert verification.passed, verification.lines
+    assert dict(verification.claimed) == {FLEX: ("LiltPreTrainedModel",), COMPILE: ("LiltPreTrainedModel",)}, (
+        verification.lines
+    )
+    assert verification.not_claimed == ()
+    lines = "\n".join(verification.lines)
+    assert "LiltModel[text+boxes][right] flex_attention == eager: ok" in lines, lines
+    assert "LiltModel[text+boxes][right] flex_attention executed: ok" in lines, lines
+    assert "LiltModel[text+boxes][right] torch.compile(fullgraph=True) == eager: ok" in lines, lines
+
+
+def test_a_driven_port_whose_flex_path_is_wrong_is_not_claimed() -> None:
+    """The same port with the mask dropped under flex attention alone: verified (eager and SDPA are right), compile
+    still claimed, flex not, and why is said."""
+    from sdpa_port.edge.after_port import verify_port
+
+    path = modeling_path("lilt")
+    ported = PortResult(Status.PORTED, sabotage_interface(port_file("lilt"), "flex_mask"), Style.INTERFACE)
+    verification = verify_port(path, path.read_text(encoding="utf-8"), ported, claims=True)
+    assert verification.passed, verification.lines
+    assert dict(verification.claimed) == {COMPILE: ("LiltPreTrainedModel",)}, verification.lines
+    reasons = dict(verification.not_claimed)
+    assert set(reasons) == {FLEX}, reasons
+    assert "LiltModel[text+boxes][right] flex_attention == eager: FAILED" in reasons[FLEX], reasons
