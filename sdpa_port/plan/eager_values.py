@@ -38,7 +38,6 @@ import libcst as cst
 
 from sdpa_port.analyse import chain as t
 from sdpa_port.analyse.cstutil import (
-    assigned_names,
     assigned_values,
     block_body,
     code,
@@ -49,6 +48,7 @@ from sdpa_port.analyse.cstutil import (
 from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.analyse.shapes import Context, Methods, shape_of, stable_names
 from sdpa_port.rewrite.edit import replace_names
+from sdpa_port.rewrite.interface_eager import reads_and_writes
 from sdpa_port.rewrite.interface_options import BUILTINS, RESERVED
 
 OPERANDS = ("query", "key", "value")
@@ -218,6 +218,11 @@ def _computed(
             found.derived.extend(bound)
 
 
+def _reads(statement: cst.BaseStatement) -> set[str]:
+    """The names a statement reads (`interface_eager.reads_and_writes`: a target's subscripts and attributes read)."""
+    return {name for name, written in reads_and_writes(statement) if not written}
+
+
 def computes_only(statement: cst.BaseStatement) -> bool:
     """A statement whose calls only compute: torch's functions (nothing random), a tensor's size, dtype casts and
     new tensors, builtins of numbers; no call of the module's methods or submodules, which may change state."""
@@ -233,22 +238,6 @@ def computes_only(statement: cst.BaseStatement) -> bool:
             continue
         return False
     return True
-
-
-def _reads(statement: cst.BaseStatement) -> set[str]:
-    """The names a simple statement reads (its targets' names excluded, their subscripts and attributes read)."""
-    names: set[str] = set()
-    assert isinstance(statement, cst.SimpleStatementLine)
-    for small in statement.body:
-        if isinstance(small, cst.Assign):
-            names |= walk_names(small.value)
-            for target in small.targets:
-                names |= walk_names(target.target) - set(assigned_names(target.target))
-        elif isinstance(small, cst.AugAssign):
-            names |= walk_names(small.value) | walk_names(small.target)
-        else:
-            names |= walk_names(small)
-    return names
 
 
 def chain_values(path: SdpaPath, free: Sequence[str]) -> frozenset[cst.CSTNode]:

@@ -241,7 +241,7 @@ def free_names(
     assigned: set[str] = set()
     free: list[str] = []
     for statement in statements:
-        reads_then_writes = _reads_and_writes(statement)
+        reads_then_writes = reads_and_writes(statement)
         for name, is_write in reads_then_writes:
             if is_write:
                 assigned.add(name)
@@ -251,7 +251,7 @@ def free_names(
     return free
 
 
-def _reads_and_writes(statement: cst.CSTNode) -> list[tuple[str, bool]]:
+def reads_and_writes(statement: cst.CSTNode) -> list[tuple[str, bool]]:
     """Names in evaluation order for simple statements: the value's reads come before the targets' writes."""
     out: list[tuple[str, bool]] = []
     if isinstance(statement, cst.SimpleStatementLine):
@@ -270,21 +270,21 @@ def _reads_and_writes(statement: cst.CSTNode) -> list[tuple[str, bool]]:
     if isinstance(statement, cst.If):
         out.extend((n, False) for n in sorted(walk_names(statement.test)))
         for inner in block_body(statement.body):
-            out.extend(_reads_and_writes(inner))
+            out.extend(reads_and_writes(inner))
         orelse = statement.orelse
         if isinstance(orelse, cst.If):
-            out.extend(_reads_and_writes(orelse))
+            out.extend(reads_and_writes(orelse))
         elif isinstance(orelse, cst.Else):
             for inner in block_body(orelse.body):
-                out.extend(_reads_and_writes(inner))
+                out.extend(reads_and_writes(inner))
         return out
     if isinstance(statement, cst.With):
         for item in statement.items:
             out.extend((n, False) for n in sorted(walk_names(item.item)))
         for inner in block_body(statement.body):
-            out.extend(_reads_and_writes(inner))
+            out.extend(reads_and_writes(inner))
         return out
     return [(n, False) for n in sorted(walk_names(statement))]
 
 
-__all__ = ["eager_body", "free_names"]
+__all__ = ["eager_body", "free_names", "reads_and_writes"]

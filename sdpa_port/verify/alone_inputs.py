@@ -40,6 +40,8 @@ import sys
 import textwrap
 from typing import Any
 
+from sdpa_port.verify.terms import returns_super_forward
+
 BATCH = 2
 WINDOW_SIDE = 3
 # a square window, a 1-D window, a cube: the first the original's constructor and forward accept is taken
@@ -95,7 +97,9 @@ def sdpa_side_values(forward: Any) -> dict[str, Any]:
     function = tree.body[0] if isinstance(tree, ast.Module) and tree.body else None
     if not isinstance(function, ast.FunctionDef):
         return {}
-    test = next((s.test for s in function.body if isinstance(s, ast.If) and _returns_super(s)), None)
+    test = next(
+        (s.test for s in function.body if isinstance(s, ast.If) and any(returns_super_forward(r) for r in s.body)), None
+    )
     if test is None:
         return {}
     parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or) else [test]
@@ -115,19 +119,6 @@ def sdpa_side_values(forward: Any) -> dict[str, Any]:
         else:
             return {}  # a test of another form: nothing is assumed of it
     return out
-
-
-def _returns_super(statement: ast.If) -> bool:
-    last = statement.body[-1] if statement.body else None
-    return (
-        isinstance(last, ast.Return)
-        and isinstance(last.value, ast.Call)
-        and isinstance(last.value.func, ast.Attribute)
-        and last.value.func.attr == "forward"
-        and isinstance(last.value.func.value, ast.Call)
-        and isinstance(last.value.func.value.func, ast.Name)
-        and last.value.func.value.func.id == "super"
-    )
 
 
 def subscripted(function: Any) -> dict[str, int]:

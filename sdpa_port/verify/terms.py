@@ -133,7 +133,7 @@ def _fallback_sides(classes: list[type], changes: dict[str, Any]) -> list[str]:
     for tree in trees:
         for forward in (node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "forward"):
             for statement in forward.body:
-                if not isinstance(statement, ast.If) or not any(_returns_super_forward(s) for s in statement.body):
+                if not isinstance(statement, ast.If) or not any(returns_super_forward(s) for s in statement.body):
                     continue
                 test = statement.test
                 parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or) else [test]
@@ -141,7 +141,7 @@ def _fallback_sides(classes: list[type], changes: dict[str, Any]) -> list[str]:
     return out
 
 
-def _returns_super_forward(statement: ast.stmt) -> bool:
+def returns_super_forward(statement: ast.stmt) -> bool:
     """Whether the statement is `return super().forward(...)`."""
     if not isinstance(statement, ast.Return) or not isinstance(statement.value, ast.Call):
         return False
