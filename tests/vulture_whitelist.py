@@ -14,6 +14,7 @@ from sdpa_port.verify.stubs import StandInModule, _Finder, _StandType
 
 KeepAction.DTYPE
 KeepAction.DEVICE
+KeepAction.TYPE
 
 Clock.WALL
 Malloc.DEFAULT

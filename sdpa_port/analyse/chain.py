@@ -34,6 +34,7 @@ class KeepAction(enum.Enum):
 
     DTYPE = "dtype"  # `scores.dtype` -> `query.dtype`
     DEVICE = "device"  # `scores.device` -> `query.device`
+    TYPE = "type"  # `scores.type()` -> `query.type()` (the dtype's name)
     STRIP_EXPAND = "strip_expand"  # `x.expand_as(scores)` -> `x` (broadcasting does it)
     RESHAPE_AS = "reshape_as"  # `x.reshape_as(scores)` / `x.view_as(scores)` -> `x.reshape(<the scores' shape>)`
 

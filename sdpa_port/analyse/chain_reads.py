@@ -151,7 +151,7 @@ class ProductFinder(cst.CSTVisitor):
 class ReadFinder(cst.CSTVisitor):
     """Reads of chain names, sorted by what they read of the chain.
 
-    `.dtype`/`.device` attributes, `expand_as(chain)`, `reshape_as(chain)`, sizes, other shape reads, and plain reads
+    `.dtype`/`.device` attributes (and `.type()`, the dtype's name), `expand_as(chain)`, `reshape_as(chain)`, sizes, other shape reads, and plain reads
     of the values.
     """
 
@@ -204,6 +204,9 @@ class ReadFinder(cst.CSTVisitor):
                 self.shapes.append(node.value)  # type: ignore[arg-type]
                 return False
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            if node.func.attr.value == "type" and not node.args and self.is_chain(node.func.value):
+                self.attributes.append(node.func)  # `probs.type()` names their dtype (a string), as `.dtype` does
+                return False
             if node.func.attr.value == "expand_as" and len(node.args) == 1 and self.is_chain(node.args[0].value):
                 self.expands.append(node)
                 node.func.value.visit(self)

@@ -318,6 +318,8 @@ class Tracer:
             if found is not None:
                 return found
         method = p.method_call(node)
+        if method is not None and method[1] == "type" and isinstance(node, cst.Call) and not node.args:
+            raise NotChain()  # `probs.type()` is a string naming their dtype: read like `probs.dtype`
         if method is not None and self.chain_or_start(method[0]):
             base, ops = self.decompose(method[0], line)
             stage = self.chains.advance(base, ops).stage.value

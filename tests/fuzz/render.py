@@ -627,6 +627,8 @@ def one_stream(spec: Spec, n: Names, code: Code) -> None:
         with code.indent():
             code.add("returned_weights = None")
     softmax_lines(spec, n, code)
+    if spec.dtype_read != "none":
+        code.add("weights_type = attn_weights.type()" if spec.dtype_read == "name" else "weights_type = attn_weights.dtype")
     if spec.zero_masked:
         kept, masked = conditions(spec, "causal_mask")
         if spec.fill_form in ("masked_fill", "masked_fill_inplace"):

@@ -239,6 +239,9 @@ class Spec:
     # with `einsum`: one key and one value for every head, their heads averaged away (multi-query, CoCa's form):
     # `torch.einsum("bhqd,bkd->bhqk", q, k.mean(1))`, and the value likewise in the product with V
     shared_kv: bool = False
+    # the probabilities' dtype read beside the chain, by its name (`weights_type = attn_weights.type()`, a string, as
+    # MGLM keeps it) or its attribute (`.dtype`): the port points the read at the query it hands SDPA
+    dtype_read: str = "none"
 
     # -------------------------------------------------------------- derived facts
 
@@ -282,6 +285,7 @@ class Spec:
 SPARSE_SIBLINGS = ("none", "own", "mask")
 WEIGHTS_DISCARDED = ("none", "unpacked", "indexed", "read")
 HELPER_FORMS = ("returned", "slice", "augmented")
+DTYPE_READS = ("none", "name", "attribute")
 CLOSURES = ("none", "direct", "checkpoint", "twice")
 STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
@@ -415,6 +419,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         mask_paired=random.Random(f"paired:{family}:{seed}").random() < 0.2,  # likewise
         helper_form=_pick(random.Random(f"helper:{family}:{seed}"), HELPER_FORMS, (2, 1, 1)),  # likewise
         shared_kv=random.Random(f"shared:{family}:{seed}").random() < 0.3,  # likewise; only `einsum` keeps it
+        dtype_read=_pick(random.Random(f"dtype:{family}:{seed}"), DTYPE_READS, (6, 1, 1)),  # likewise
     )
     if spec.flat_kept and spec.layout == "flat" and family in ("440", "inline"):
         # BART's form takes the skeleton it is written in: one plain bmm of (b * h, L, d) states in forward

@@ -82,6 +82,8 @@ def cast(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised 
     if found is None:
         return None
     call, receiver, name = found
+    if name == "type" and not call.args:
+        return None  # `x.type()` names the tensor's type (a string): no cast
     base, ops = tracer.decompose(receiver, line)
     return base, [*ops, Cast(name in ("float", "double") or casts_to_float32(call, tracer.scope))]
 
