@@ -246,8 +246,8 @@ def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
             out[name] = 0.0
         elif _SWITCHES.match(name) and parameter.default is parameter.empty:
             out[name] = False
-        elif alone_inputs.output_width(name, _WIDTHS) and parameter.default is parameter.empty:
-            out[name] = HIDDEN  # `dim_out`, `out_channels`: the module's width kept, as `dim_out=dim` builds it
+        elif alone_inputs.side_width(name, _WIDTHS) and parameter.default is parameter.empty:
+            out[name] = HIDDEN  # `dim_in`, `dim_out`, `out_channels`: the module's width, as `dim_out=dim` builds it
         elif name in indexed and parameter.default is parameter.empty:
             out[name] = alone_inputs.sides(indexed[name])  # `input_size[1]`: a size of that many sides
         elif parameter.default is parameter.empty:

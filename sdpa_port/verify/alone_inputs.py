@@ -21,7 +21,8 @@ Some values are read from the code rather than the names (`reads`):
 - a window defaulting to None that `__init__` subscripts (`q_size = window_size[0]`) may be needed all the same: the
   windows are tried first, the default last;
 - a required constructor parameter `__init__` subscripts with constant indices (`input_size[1]`) is a tuple of that
-  many sides (`sides`); a required width named for an output (`dim_out`, `out_channels`) is the width;
+  many sides (`sides`); a required width named for an input or output (`dim_in`, `dim_out`, `out_channels`) is the
+  width;
 - a required forward parameter that the forward tests against None (`if pos_k is not None`) is an optional score term,
   and one it fills the scores where (`scores.masked_fill(m, ...)`) is a mask (`forward_roles`).
 
@@ -134,12 +135,13 @@ def subscripted(function: Any) -> dict[str, int]:
     return out
 
 
-_OUTPUT = re.compile(r"^out_|_out$")
+_SIDE = re.compile(r"^(in|out)_|_(in|out)$")
 
 
-def output_width(name: str, widths: re.Pattern[str]) -> bool:
-    """Whether a parameter names an output width: a name of `widths` with `out` beside it (`dim_out`)."""
-    return bool(_OUTPUT.search(name)) and bool(widths.match(_OUTPUT.sub("", name)))
+def side_width(name: str, widths: re.Pattern[str]) -> bool:
+    """Whether a parameter names an input or output width: a name of `widths` with `in` or `out` beside it (`dim_in`,
+    `dim_out`, `in_channels`)."""
+    return bool(_SIDE.search(name)) and bool(widths.match(_SIDE.sub("", name)))
 
 
 def sides(count: int) -> tuple[int, ...]:
@@ -234,6 +236,6 @@ __all__ = [
     "state_shapes",
     "subscripted",
     "sides",
-    "output_width",
+    "side_width",
     "forward_roles",
 ]

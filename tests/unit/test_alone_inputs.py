@@ -140,10 +140,11 @@ def test_a_2d_window_gives_the_height_and_width() -> None:
     assert alone_inputs.spatial_values(["hw"], (3, 3)) == {"hw": 9}
 
 
-def test_an_output_width_is_a_width_named_with_out() -> None:
+def test_an_input_or_output_width_is_a_width_named_with_in_or_out() -> None:
     widths = re.compile(r"^(dim|channels|embed_dim)$")
-    assert all(alone_inputs.output_width(name, widths) for name in ("dim_out", "out_dim", "out_channels"))
-    assert not any(alone_inputs.output_width(name, widths) for name in ("dim", "out_proj", "dropout", "layout"))
+    named = ("dim_out", "out_dim", "out_channels", "dim_in", "in_channels")
+    assert all(alone_inputs.side_width(name, widths) for name in named)
+    assert not any(alone_inputs.side_width(name, widths) for name in ("dim", "out_proj", "dropout", "layout", "in_proj", "dim_inner"))
 
 
 def test_the_text_kept_beside_a_loaded_module_is_read_where_its_file_is_gone() -> None:
