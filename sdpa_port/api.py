@@ -67,7 +67,7 @@ def port_source(
         lines = Lines(module, top_level_starts(tree))
         if chosen is Style.CLASS:
             result = _port_class_style(module, facts, lines, first)
-            if style is Style.AUTO and _unwired(result):
+            if style is Style.AUTO and _unwired(result, tree):
                 why = "class style cannot wire it: " + "; ".join(result.reasons)
                 inline = _port_inline_style(module, facts, lines, first, why)
                 if inline.status is Status.REFUSED and inline.refusals:
@@ -127,12 +127,28 @@ def _beside_sdpa_sites(live: ast.Module, first: Screen) -> tuple[list[EagerSite]
 
 def _beside_sdpa(live: ast.Module, first: Screen, result: PortResult) -> PortResult:
     """A port or refusal of a file whose other classes compute with SDPA by default names the eager code those
-    keep; a file said to support SDPA without saying what it keeps names all of it."""
+    keep; a file said to support SDPA without saying what it keeps names all of it.
+
+    A refusal that no port blocks (no class cannot stay eager beside a ported one) leaves nothing to port beside the
+    classes already on SDPA: the file supports SDPA, each refused class named as staying eager with its reason. A port
+    that left a class eager is then unchanged when ported again."""
     if result.detail == SUPPORTS_SDPA and not result.warnings:
         return replace(result, warnings=_kept_eager(undispatched_sites(live)))
+    if result.status is Status.REFUSED and first.sdpa_classes and all(_stays(r) for r in result.refusals):
+        staying = tuple(f"{r.where} stays eager: {r}" for r in result.refusals)
+        kept = _kept_eager(_beside_sdpa_sites(live, first)[0])
+        warnings = (*result.warnings, *staying, *kept)
+        return replace(result, status=Status.UNCHANGED, detail=SUPPORTS_SDPA, reasons=(), refusals=(), warnings=warnings)
     if result.status not in (Status.PORTED, Status.REFUSED) or not first.sdpa_classes:
         return result
     return replace(result, warnings=(*result.warnings, *_kept_eager(_beside_sdpa_sites(live, first)[0])))
+
+
+def _stays(refusal: Refusal) -> bool:
+    """A refusal of the class's computation alone (no exact SDPA call expresses it), which no port blocks: the class
+    stays eager as it is. A refusal of wiring, masks, the authors' own flag or a form not read (a miss) is kept."""
+    computation = refusal.code.code[0] == "S" or refusal.code in (Code.FILL_VALUE, Code.MASKED_ROWS)
+    return computation and not refusal.beside
 
 
 def _unrecognised(tree: ast.Module, live: ast.Module, first: Screen, result: PortResult) -> PortResult:
@@ -214,8 +230,21 @@ def _provenance(source: str, tree: ast.Module, result: PortResult, filename: str
 UNWIRED = frozenset({Code.NO_CONFIG, Code.BUILT_ELSEWHERE})
 
 
-def _unwired(result: PortResult) -> bool:
-    return result.status is Status.REFUSED and bool(result.refusals) and {r.code for r in result.refusals} <= UNWIRED
+def _unwired(result: PortResult, tree: ast.Module) -> bool:
+    """The class style refused on wiring alone: how the modules are built, or, outside the Transformers tree, refused
+    classes that cannot stay eager beside the ported ones (the masks the class style changes reach them), which the
+    inline style, changing no mask, leaves eager."""
+    if result.status is not Status.REFUSED or not result.refusals:
+        return False
+    beside = not _in_transformers_tree(tree)
+    return all(r.code in UNWIRED or (beside and r.beside) for r in result.refusals)
+
+
+def _in_transformers_tree(tree: ast.Module) -> bool:
+    """The file imports from two packages up (`from ...modeling_utils import PreTrainedModel`), as a model file
+    inside the Transformers tree does: its port follows `_attn_implementation` through the class style, never in
+    place whatever the setting."""
+    return any(isinstance(node, ast.ImportFrom) and node.level >= 2 for node in tree.body)
 
 
 def _port_inline_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen, why: str) -> PortResult:

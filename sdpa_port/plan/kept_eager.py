@@ -75,7 +75,9 @@ def split_refused(facts: ModuleFacts, analyses: list[ClassAnalysis]) -> Split:
         else:
             refusal = analysis.refusal
             standing.append(
-                Refusal(refusal.code, refusal.where, refusal.line, f"{refusal.detail}; it cannot stay eager: {blocker}")
+                Refusal(
+                    refusal.code, refusal.where, refusal.line, f"{refusal.detail}; it cannot stay eager: {blocker}", True
+                )
             )
     if standing:
         return Split([], [], standing)

@@ -96,6 +96,11 @@ SABOTAGES = {
         ("shared key's positions reversed", "sdpa_key = k.transpose(0, 1).unsqueeze(1)",
          "sdpa_key = k.transpose(0, 1).flip(1).unsqueeze(1)"),
     ],
+    # ported in place beside a class left eager, which the class style could not leave so
+    "modeling_tiny_beside.py": [
+        ("scale doubled", "scale=1.0 / math.sqrt(self.head_dim),", "scale=2.0 / math.sqrt(self.head_dim),"),
+        ("mask dropped", "attn_mask=attention_mask,", "attn_mask=None,"),
+    ],
     # one form per class (`fixtures/inline_style/modeling_tiny_remote_forms.py`)
     "modeling_tiny_remote_forms.py": [
         # a key the producer laid out (b, h, d, s) handed over as it is, not transposed back

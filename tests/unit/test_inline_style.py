@@ -585,3 +585,30 @@ def test_probabilities_passed_to_a_callable_parameter_say_so() -> None:
         "the probabilities are passed to `dropout`, a parameter of `attention`, whose value the tool does not follow"
         in result.reasons[0]
     )
+
+
+# ------------------------------------------------------------------ a class left eager beside the ported ones
+
+LEFT_EAGER = (FIXTURES / "inline_style" / "modeling_tiny_beside.py").read_text(encoding="utf-8")
+IN_TREE = LEFT_EAGER.replace(
+    "from transformers import PretrainedConfig, PreTrainedModel",
+    "from ...configuration_utils import PretrainedConfig\nfrom ...modeling_utils import PreTrainedModel",
+)
+
+
+def test_auto_ports_in_place_where_a_refused_class_cannot_stay_eager_beside_the_class_style() -> None:
+    """Remote code: the class style refuses the file because a refused class cannot stay eager beside the ported
+    ones (the masks it changes may reach it); the inline style changes no mask, ports the rest and leaves it eager."""
+    assert port_source(LEFT_EAGER, filename="modeling_tiny.py", style="class").status is Status.REFUSED
+    result = port_source(LEFT_EAGER, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED and result.style is Style.INLINE, result.reasons
+    assert result.attention_classes == ("TinyAttention",)
+    assert any(w.startswith("TinySquaredAttention stays eager") and w.endswith("[S103]") for w in result.warnings)
+
+
+def test_inside_the_transformers_tree_the_class_style_refusal_stands() -> None:
+    """A file importing from two packages up sits in the Transformers tree: ports there follow `_attn_implementation`
+    through the class style, so its refusal stands rather than a port in place whatever the setting."""
+    result = port_source(IN_TREE, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED, result.source
+    assert any("it cannot stay eager: its forward takes `*states`" in reason for reason in result.reasons), result.reasons
