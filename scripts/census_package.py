@@ -190,7 +190,9 @@ def _classify(record: dict, tree: Path, unverifiable: str) -> Row:
         first = f" (first: {entry.reason})" if entry.reason else ""
         return Row(path, "refused", ", ".join(codes) + first, codes)
     if entry.status == "already supports SDPA":
-        return Row(path, "already supports SDPA")
+        # the classes left eager beside those on SDPA, each with the code that refuses it
+        staying = [_STAYING.match(w) for w in record.get("warnings", [])]
+        return Row(path, "already supports SDPA", ", ".join(f"{m[1]} stays eager ({m[2]})" for m in staying if m))
     if entry.status == "nothing to port":
         detail = record.get("detail") or ""
         return Row(path, "no eager attention found", "" if detail == "no eager attention found" else detail)
@@ -205,6 +207,9 @@ def _classify(record: dict, tree: Path, unverifiable: str) -> Row:
     kind = {"verified": "ported, verified", "failed": "ported, failed", "not verifiable": "ported, not verifiable"}
     style = record.get("style") or ""
     return Row(path, kind.get(entry.verification, "ported, verification error"), entry.reason, style=style)
+
+
+_STAYING = re.compile(r"^(\w+) stays eager: .*\[(\w\d+)\]$")
 
 
 def _inside(path: str, tree: Path) -> str:

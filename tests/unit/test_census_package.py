@@ -66,6 +66,10 @@ def test_select_copies_the_screened_files_keeping_their_paths(tmp_path: Path) ->
 def test_classes_of_files_not_ported() -> None:
     classify = census_package.classify
     assert classify(record("unchanged", detail="already supports SDPA"), TREE).kind == "already supports SDPA"
+    # the classes left eager beside those on SDPA are named with their codes
+    staying = ["CrossBlock stays eager: CrossBlock (line 9): `.transpose()` is applied to the scores [S101]", "other"]
+    already = classify(record("unchanged", detail="already supports SDPA", warnings=staying), TREE)
+    assert (already.kind, already.why) == ("already supports SDPA", "CrossBlock stays eager (S101)")
     none = classify(record("unchanged", detail="no eager attention found"), TREE)
     assert (none.path, none.kind, none.why) == ("pkg/models/attention.py", "no eager attention found", "")
     refusals = [{"code": "SP104", "detail": "x"}, {"code": "SP201", "detail": "y"}, {"code": "SP104", "detail": "z"}]
