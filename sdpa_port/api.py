@@ -138,7 +138,8 @@ def _beside_sdpa(live: ast.Module, first: Screen, result: PortResult) -> PortRes
         staying = tuple(f"{r.where} stays eager: {r}" for r in result.refusals)
         kept = _kept_eager(_beside_sdpa_sites(live, first)[0])
         warnings = (*result.warnings, *staying, *kept)
-        return replace(result, status=Status.UNCHANGED, detail=SUPPORTS_SDPA, reasons=(), refusals=(), warnings=warnings)
+        unchanged = replace(result, status=Status.UNCHANGED, detail=SUPPORTS_SDPA, reasons=(), refusals=())
+        return replace(unchanged, warnings=warnings)
     if result.status not in (Status.PORTED, Status.REFUSED) or not first.sdpa_classes:
         return result
     return replace(result, warnings=(*result.warnings, *_kept_eager(_beside_sdpa_sites(live, first)[0])))

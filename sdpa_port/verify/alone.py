@@ -264,7 +264,8 @@ _CONFIG_READS = re.compile(r"\bconfig\.([A-Za-z_][A-Za-z0-9_]*)")
 def generic_config(klass: type) -> Any:
     """A config for a class whose file has no config class (remote code keeps it in another file): a
     `PretrainedConfig` holding each `config.<name>` the class reads, valued by
-    the name (widths, heads, head sizes, lengths, rates, epsilons); a name none of those fits cannot be given."""
+    the name (widths, heads, head sizes, lengths, rates, epsilons), or off where the class only tests it for truth; a
+    name none of those fits cannot be given."""
     from transformers import PretrainedConfig
 
     try:
@@ -276,6 +277,8 @@ def generic_config(klass: type) -> Any:
         if name.startswith("_") or name in ("to_dict", "get", "update"):
             continue
         value = _value_for(name)
+        if value is None and alone_inputs.tested_only(source, name):
+            value = False  # a switch the class only tests (`if config.pre_ln:`): off
         if value is None:
             raise _CannotBuild(f"its constructor reads `config.{name}`, and the file has no config class to give it")
         values[name] = value

@@ -23,6 +23,8 @@ Some values are read from the code rather than the names (`reads`):
 - a required constructor parameter `__init__` subscripts with constant indices (`input_size[1]`) is a tuple of that
   many sides (`sides`); a required width named for an input or output (`dim_in`, `dim_out`, `out_channels`) is the
   width;
+- a config attribute whose name tells no value but which the class only tests for truth (`if config.pre_ln:`) is a
+  switch, turned off (`tested_only`);
 - a required forward parameter that the forward tests against None (`if pos_k is not None`) is an optional score term,
   and one it fills the scores where (`scores.masked_fill(m, ...)`) is a mask (`forward_roles`).
 
@@ -144,6 +146,32 @@ def side_width(name: str, widths: re.Pattern[str]) -> bool:
     return bool(_SIDE.search(name)) and bool(widths.match(_SIDE.sub("", name)))
 
 
+def tested_only(source: str, name: str) -> bool:
+    """Whether every read of `config.<name>` or `self.config.<name>` in a class's source only tests it for truth
+    (`if config.pre_ln:`, `if not self.config.dim_dropout:`, `a if config.flag else b`): a switch, which the checks
+    turn off."""
+    tree = ast.parse(textwrap.dedent(source))
+    tests: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            tests.add(id(node.test))
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            tests.add(id(node.operand))
+        elif isinstance(node, ast.BoolOp):
+            tests.update(id(value) for value in node.values)
+    reads = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == name and _is_config(n.value)]
+    return bool(reads) and all(id(read) in tests for read in reads)
+
+
+def _is_config(node: ast.expr) -> bool:
+    """`config` or `self.config`."""
+    if isinstance(node, ast.Name):
+        return node.id == "config"
+    if not isinstance(node, ast.Attribute) or node.attr != "config":
+        return False
+    return isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
 def sides(count: int) -> tuple[int, ...]:
     """A size of `count` sides for a parameter subscripted that far: the window of that many sides, else all equal."""
     found = next((w for w in WINDOWS if isinstance(w, tuple) and len(w) == count), None)
@@ -237,5 +265,6 @@ __all__ = [
     "subscripted",
     "sides",
     "side_width",
+    "tested_only",
     "forward_roles",
 ]

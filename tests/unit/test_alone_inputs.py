@@ -183,3 +183,27 @@ def test_the_sdpa_side_values_are_read_from_the_fallback_test() -> None:
     other = fallback.replace("head_mask is not None", "head_mask == 3")
     assert alone_inputs.sdpa_side_values(_kept_forward(other)) == {}
     assert alone_inputs.sdpa_side_values(_kept_forward("    return x\n")) == {}
+
+
+SWITCHED = '''
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        if config.pre_ln:
+            self.norm = nn.LayerNorm(config.hidden_size)
+        self.width = config.width_mult * 2
+
+    def forward(self, x):
+        x = self.norm(x) if self.config.pre_ln else x
+        if not self.config.dim_dropout and self.training:
+            return x
+        return x
+'''
+
+
+def test_a_config_attribute_only_tested_for_truth_is_a_switch() -> None:
+    assert alone_inputs.tested_only(SWITCHED, "pre_ln") and alone_inputs.tested_only(SWITCHED, "dim_dropout")
+    # read for its value, or never read
+    assert not alone_inputs.tested_only(SWITCHED, "width_mult") and not alone_inputs.tested_only(SWITCHED, "absent")
+    # one read for its value among tests
+    assert not alone_inputs.tested_only(SWITCHED + "\n    x = config.pre_ln * 2\n", "pre_ln")
