@@ -202,6 +202,9 @@ class Ranks:
         found = p.method_call(node, p.CAST_METHODS | {"transpose", "contiguous"})
         if found is not None:
             return self.rank_in_method(found[0], method, depth + 1)
+        if isinstance(node, cst.IfExp):  # `x.permute(0, 2, 3, 1) if is_key else x.permute(0, 2, 1, 3)`: both sides'
+            ranks = {self.rank_in_method(side, method, depth + 1) for side in (node.body, node.orelse)}
+            return ranks.pop() if len(ranks) == 1 else None
         if isinstance(node, cst.Name):
             assigned = self.assigned_in(method).get(node.value, [])
             ranks = {None if value is None else self.rank_in_method(value, method, depth + 1) for value in assigned}

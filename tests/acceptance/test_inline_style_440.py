@@ -158,6 +158,16 @@ SABOTAGES = {
         ("pooled block's scale of 2", "g.transpose(1, 2),\n            scale=1.0,", "g.transpose(1, 2),\n            scale=2.0,"),
         ("pooled output not transposed back", ").transpose(1, 2).view(-1, self.channels", ").reshape(-1, self.channels"),
     ],
+    # right operands no transpose at the product says are keys (`untranspose`, `forms/products.py`): each must reach
+    # SDPA with its last two dims swapped; the output of a value on the left made contiguous for the view after it
+    "modeling_tiny_any_key.py": [
+        ("helper's key handed over as laid out", "k.transpose(-1, -2),\n            v,\n            attn_mask=mask,",
+         "k,\n            v,\n            attn_mask=mask,"),
+        ("plain operand handed over as it is", "k.transpose(-1, -2),\n            v,\n            scale=1.0 / 3.0,",
+         "k,\n            v,\n            scale=1.0 / 3.0,"),
+        ("helper's mask dropped", "attn_mask=mask,", "attn_mask=None,"),
+        ("value-left output left strided", ").transpose(2, 3).contiguous()", ").transpose(2, 3)"),
+    ],
     # Megatron's seq-first layout (`fixtures/inline_style/modeling_tiny_seq_first.py`): the batch and head sizes
     # bound where the scores were viewed, swapped or read again where the tuple and the query hold other sizes
     "modeling_tiny_seq_first.py": [

@@ -1,6 +1,7 @@
-"""The product that starts a chain: a query times a transposed key.
+"""The product that starts a chain: a query times a key with its last two dims swapped.
 
-`q @ k.transpose(-1, -2)`, `torch.matmul`, `bmm` and `baddbmm` on flattened heads (baddbmm's alpha a scale, its
+`q @ k.transpose(-1, -2)` or `q @ b` for any `b` of the product's rank, read and at least 3 (the key `b` swapped
+back: `untranspose`), `torch.matmul`, `bmm` and `baddbmm` on flattened heads (baddbmm's alpha a scale, its
 input an additive term), `einsum` (4-D operands in any dimension order, handed to SDPA permuted), a key transposed
 or permuted earlier or returned laid out (..., dim, length) by a method, casts around either operand (an upcast is
 noted), and a number multiplying or dividing the key (a scale of the product). A key scaled by anything else is
@@ -243,16 +244,24 @@ def telling_query(product: p.Product) -> cst.BaseExpression | None:
 def untranspose(
     tracer: TracerView, node: cst.BaseExpression, rank: int | None, query: cst.BaseExpression | None = None
 ) -> cst.BaseExpression | None:
-    """The key operand of `q @ k^T`, its transpose of the last two dims undone.
+    """The key of `q @ b` for SDPA: `b` with its last two dims swapped, a swap written there undone.
 
-    Seen directly or through a name, or, given the `query` of a 3-D product, told by a query transposed from
-    channels-first (`forms/channels.py`).
+    `softmax(s * (q @ b)) @ v` is `SDPA(q, b.transpose(-1, -2), v, scale=s)` whatever made `b`: `k.transpose(-1, -2)`
+    gives `k`, any other right operand `b.transpose(-1, -2)`. Where the swap is not written, the product's rank must
+    be read and at least 3, both operands of that rank (SDPA broadcasts the leading dims as matmul does, but a
+    product of unknown rank may be a vector's or a weight's). A key laid out (..., dim, length) by its producer
+    (`transposed_key`), or the key of a 3-D product told channels-first by its query (`forms/channels.py`), is
+    read so at any rank.
     """
     inner, _ = strip_casts(node, tracer.scope)
     key = p.transposed_last_two(inner, rank)
     if key is not None:
         return key
-    if transposed_key(tracer, inner) or (query is not None and transposed_query(tracer, query)):
+    if (
+        (rank is not None and rank >= 3)
+        or transposed_key(tracer, inner)
+        or (query is not None and transposed_query(tracer, query))
+    ):
         last, second = (cst.UnaryOperation(cst.Minus(), cst.Integer(str(n))) for n in (1, 2))
         return cst.Call(
             func=cst.Attribute(value=primary(inner), attr=cst.Name("transpose")),
@@ -438,22 +447,37 @@ EXAMPLES = {
             + sdpa("scale=1.0", operands="q.transpose(-1, -2), k.transpose(-1, -2), v.transpose(2, 3)")
             + ".transpose(2, 3)",
         ),
-        # chunked along the features or the positions, the chunks' layout is not the map's
+        # chunked along the features, the chunks' layout is not the map's: the key is `k` transposed all the same
         Example(
             _HEADS_MAP.replace("view(b, n * 3, d, h * w).chunk(3, dim=1)", "view(b, n, d * 3, h * w).chunk(3, dim=2)")
             + _HEADS_MAP_BODY,
-            refused=Code.UNRECOGNISED,  # no product with V of a chain the tool reads: the eager sites see one (F601)
+            Start,
+            becomes=_HEADS_MAP.replace(
+                "view(b, n * 3, d, h * w).chunk(3, dim=1)", "view(b, n, d * 3, h * w).chunk(3, dim=2)"
+            )
+            + "return "
+            + sdpa("scale=1.0", operands="q.transpose(-1, -2), k.transpose(-1, -2), v.transpose(2, 3)")
+            + ".transpose(2, 3)",
         ),
-        # sizes in another order, or of two unpackings, say nothing of where the channels are (in a matmul: in a bmm,
-        # the query transposed from channels-first says the key is, below)
+        # any right operand of a product of known rank (3 here, both operands'), laid out as it may be: SDPA gets it
+        # with its last two dims swapped
         Example(
             _MAP.replace("key.reshape(b, c, h * w)", "key.reshape(b, h * w, c)") + _MAP_MATMUL_BODY,
+            Start,
+            becomes=_MAP.replace("key.reshape(b, c, h * w)", "key.reshape(b, h * w, c)")
+            + "return "
+            + sdpa("scale=1.0", operands="q, k.transpose(-1, -2), value"),
+        ),
+        # a right operand of unknown rank (a parameter as passed), or of a rank other than the query's (a 2-D weight,
+        # which matmul broadcasts): what the product is cannot be told
+        Example(
+            _MAP.replace("k = key.reshape(b, c, h * w)\n", "") + _MAP_MATMUL_BODY.replace("(q, k)", "(q, key)"),
             refused=Code.UNKNOWN_PRODUCT,
         ),
         Example(
-            _MAP.replace("k = key.reshape(b, c, h * w)", "n, e, y, x = key.shape\nk = key.reshape(b, c, y * x)")
-            + _MAP_MATMUL_BODY,
+            _MAP + _MAP_MATMUL_BODY.replace("(q, k)", "(q, self.weight)"),
             refused=Code.UNKNOWN_PRODUCT,
+            init="self.weight = nn.Parameter(torch.zeros(8, 8))",
         ),
         # a non-local block's: the query transposed from channels-first inside the bmm, so the key, whatever made it,
         # is channels-first too (`forms/channels.py`); the value on the left of the transposed probabilities
@@ -472,9 +496,15 @@ EXAMPLES = {
             + sdpa("scale=1.0", operands="q, key.transpose(-1, -2), value.transpose(1, 2)")
             + ".transpose(1, 2)",
         ),
-        # a permute of other axes says nothing of the channels; a matmul nothing of the rank
-        # (F601: the tool reads no chain there, the eager sites see one)
-        Example(_NONLOCAL.replace("permute(0, 2, 1)", "permute(1, 0, 2)"), refused=Code.UNRECOGNISED),
+        # a permute of other axes: the key is the bmm's right operand transposed all the same
+        Example(
+            _NONLOCAL.replace("permute(0, 2, 1)", "permute(1, 0, 2)"),
+            Start,
+            becomes="return "
+            + sdpa("scale=1.0", operands="query.permute(1, 0, 2), key.transpose(-1, -2), value.transpose(1, 2)")
+            + ".transpose(1, 2)",
+        ),
+        # a matmul says nothing of the rank of a parameter (F601: the tool reads no chain, the eager sites see one)
         Example(_NONLOCAL.replace("torch.bmm(query", "torch.matmul(query"), refused=Code.UNRECOGNISED),
         Example(scored("probs = scores.softmax(-1)"), Start, becomes=sdpa("scale=1.0")),
         Example(
