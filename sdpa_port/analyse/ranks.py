@@ -194,6 +194,8 @@ class Ranks:
         reshaped = p.reshape_args(node)
         if reshaped is not None:  # sizes written out only: the names of this function are not the method's
             sizes = reshaped[1]
+            if len(sizes) == 1:  # `x.view(*shape)` of a tuple the method writes out
+                return self.tuple_in_method(sizes[0].value, method)
             return len(sizes) if len(sizes) > 1 and not any(a.star for a in sizes) else None
         found = p.method_call(node, {"permute"})
         if found is not None:
@@ -209,6 +211,17 @@ class Ranks:
             assigned = self.assigned_in(method).get(node.value, [])
             ranks = {None if value is None else self.rank_in_method(value, method, depth + 1) for value in assigned}
             return ranks.pop() if len(ranks) == 1 else None
+        return None
+
+    def tuple_in_method(self, node: cst.BaseExpression, method: cst.FunctionDef) -> int | None:
+        """The length of a tuple or list written out, or of the one a name of `method` is bound to once."""
+        if isinstance(node, cst.Name):
+            assigned = self.assigned_in(method).get(node.value, [])
+            if len(assigned) != 1 or assigned[0] is None:
+                return None
+            node = assigned[0]
+        if isinstance(node, (cst.Tuple, cst.List)) and not any(isinstance(e, cst.StarredElement) for e in node.elements):
+            return len(node.elements)
         return None
 
     def assigned_in(self, method: cst.FunctionDef) -> dict[str, list[cst.BaseExpression | None]]:

@@ -432,8 +432,47 @@ _HEADS_MAP_BODY = (
     "return torch.matmul(v, probs.transpose(-1, -2))"
 )
 
+# heads split by methods whose returns tell the rank: the sides of a conditional permute, a view of a tuple written out
+_SPLIT = """
+def split(self, x, is_key=False):
+    x = x.reshape(x.size(0), x.size(1), 4, -1)
+    x = x.permute(0, 2, 3, 1) if is_key else x.permute(0, 2, 1, 3)
+    return x
+"""
+_SPLIT_BODY = "q = self.split(query)\nk = self.split(key, is_key=True)\n"
+_VIEWED = """
+def heads(self, x):
+    shape = (x.size(0), 4, -1, x.size(-1))
+    return x.view(*shape)
+"""
+_VIEWED_BODY = "q = self.heads(query).permute(0, 1, 3, 2)\nk = self.heads(key)\n"
+_PLAIN_BODY = "scores = q @ k\nprobs = scores.softmax(-1)\nreturn probs @ value"
+
 EXAMPLES = {
     "query_key_product": (
+        Example(
+            _SPLIT_BODY + _PLAIN_BODY,
+            Start,
+            methods=_SPLIT,
+            becomes=_SPLIT_BODY + "return " + sdpa("scale=1.0", operands="q, k.transpose(-1, -2), value"),
+        ),
+        Example(
+            _VIEWED_BODY + _PLAIN_BODY,
+            Start,
+            methods=_VIEWED,
+            becomes=_VIEWED_BODY + "return " + sdpa("scale=1.0", operands="q, k.transpose(-1, -2), value"),
+        ),
+        # sides of other ranks, a shape not written out: the key's rank, so the product's, cannot be read
+        Example(
+            _SPLIT_BODY + _PLAIN_BODY,
+            refused=Code.UNKNOWN_PRODUCT,
+            methods=_SPLIT.replace("x.permute(0, 2, 1, 3)", "x.flatten(2)"),
+        ),
+        Example(
+            _VIEWED_BODY + _PLAIN_BODY,
+            refused=Code.UNKNOWN_PRODUCT,
+            methods=_VIEWED.replace("(x.size(0), 4, -1, x.size(-1))", "x.shape"),
+        ),
         Example(
             _MAP + _MAP_BODY,
             Start,
