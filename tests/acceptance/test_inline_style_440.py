@@ -138,10 +138,12 @@ SABOTAGES = {
     # probabilities the wrong way (query and key swapped), or lay the output out without transposing it back
     "modeling_tiny_vae.py": [
         ("probabilities transposed", "q,\n            k.transpose(-1, -2),", "k.transpose(-1, -2),\n            q,"),
-        ("output not transposed back", ").transpose(1, 2)  # (b, channels", ").reshape(b, c, h * w)  # (b, channels"),
+        ("output not transposed back", ").transpose(1, 2).contiguous()  # (b, channels",
+         ").reshape(b, c, h * w)  # (b, channels"),
         ("scale of the positions", "scale=(int(c) ** (-0.5))", "scale=(int(h * w) ** (-0.5))"),
         # the multi-head block: its output put back on the wrong axes, the key's factor dropped
-        ("heads output on other axes", ").transpose(2, 3)\n        x = x.reshape", ").transpose(1, 2)\n        x = x.reshape"),
+        ("heads output on other axes", ").transpose(2, 3).contiguous()\n        x = x.reshape",
+         ").transpose(1, 2).contiguous()\n        x = x.reshape"),
         ("key factor dropped", "scale=self.scale,", "scale=1.0,"),
     ],
     # non-local blocks (`forms/channels.py`, `forms/softmax.py`): each gate starts at zero, and the first block's
@@ -156,7 +158,8 @@ SABOTAGES = {
         ),
         ("gated block's scale of 2", "v.transpose(1, 2),\n            scale=1.0,", "v.transpose(1, 2),\n            scale=2.0,"),
         ("pooled block's scale of 2", "g.transpose(1, 2),\n            scale=1.0,", "g.transpose(1, 2),\n            scale=2.0,"),
-        ("pooled output not transposed back", ").transpose(1, 2).view(-1, self.channels", ").reshape(-1, self.channels"),
+        ("pooled output not transposed back", ").transpose(1, 2).contiguous().view(-1, self.channels",
+         ").reshape(-1, self.channels"),
     ],
     # right operands no transpose at the product says are keys (`untranspose`, `forms/products.py`): each must reach
     # SDPA with its last two dims swapped; the output of a value on the left made contiguous for the view after it
