@@ -238,9 +238,9 @@ class Ranks:
             if len(assigned) != 1 or assigned[0] is None:
                 return None
             node = assigned[0]
-        if isinstance(node, (cst.Tuple, cst.List)) and not any(isinstance(e, cst.StarredElement) for e in node.elements):
-            return len(node.elements)
-        return None
+        if not isinstance(node, (cst.Tuple, cst.List)):
+            return None
+        return None if any(isinstance(e, cst.StarredElement) for e in node.elements) else len(node.elements)
 
     def assigned_in(self, method: cst.FunctionDef) -> dict[str, list[cst.BaseExpression | None]]:
         """The value of each binding of each name in `method`, one walk per method.
