@@ -14,7 +14,7 @@ import libcst.matchers as m
 
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cstutil import code
-from sdpa_port.analyse.forms import products
+from sdpa_port.analyse.forms import keys
 from sdpa_port.analyse.known import Known, decide
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.optional_facts import weights_request
@@ -152,7 +152,7 @@ def key_layout_params(bound: dict[str, cst.BaseExpression] | None, caller: t.Tra
     """
     if bound is None:
         return frozenset()
-    return frozenset(name for name, value in bound.items() if products.transposed_key(caller, value))
+    return frozenset(name for name, value in bound.items() if keys.transposed_key(caller, value))
 
 
 def passed_ranks(

@@ -88,14 +88,15 @@ class Ranks:
             return None
         if isinstance(node, cst.Name):
             name = node.value
-            local = self.scope.local_value(name)
-            if name in self._ranking or local is None:
+            values = self.scope.local_values(name)  # its one value, or each its paths assign (`if`/`else`)
+            if name in self._ranking or not values:
                 return self.parameter_rank(name, self_read=name in self._ranking)
             self._ranking.add(name)
             try:
-                return self.rank_of(local, depth + 1)
+                ranks = {self.rank_of(value, depth + 1) for value in values}
             finally:
                 self._ranking.discard(name)
+            return ranks.pop() if len(ranks) == 1 else None
         reshaped = p.reshape_args(node)
         if reshaped is not None:
             return self.view_rank(reshaped[1])
@@ -124,6 +125,13 @@ class Ranks:
             return None
         if isinstance(node, cst.Call) and self.scope.qualify(node.func) == "torch.arange":
             return 1
+        if isinstance(node, cst.Call) and self.scope.qualify(node.func) in p.CAT_FUNCTIONS:
+            # `torch.cat((past, key), dim=-1)`: its parts share one rank, read from any of them
+            parts = p.arg(node, 0, "tensors")
+            if not isinstance(parts, (cst.Tuple, cst.List)):
+                return None
+            ranks = {self.rank_of(e.value, depth + 1) for e in parts.elements if isinstance(e, cst.Element)} - {None}
+            return ranks.pop() if len(ranks) == 1 else None
         if m.matches(node, m.Attribute(value=m.Name("self"))) and self.scope.class_name is not None:
             assert isinstance(node, cst.Attribute)
             values = self.scope.facts.find_attribute_values(self.scope.class_name, node.attr.value)
@@ -194,6 +202,8 @@ class Ranks:
         reshaped = p.reshape_args(node)
         if reshaped is not None:  # sizes written out only: the names of this function are not the method's
             sizes = reshaped[1]
+            if len(sizes) == 1:  # `x.view(*shape)` of a tuple the method writes out
+                return self.tuple_in_method(sizes[0].value, method)
             return len(sizes) if len(sizes) > 1 and not any(a.star for a in sizes) else None
         found = p.method_call(node, {"permute"})
         if found is not None:
@@ -202,11 +212,35 @@ class Ranks:
         found = p.method_call(node, p.CAST_METHODS | {"transpose", "contiguous"})
         if found is not None:
             return self.rank_in_method(found[0], method, depth + 1)
+        if isinstance(node, cst.IfExp):  # `x.permute(0, 2, 3, 1) if is_key else x.permute(0, 2, 1, 3)`: both sides'
+            ranks = {self.rank_in_method(side, method, depth + 1) for side in (node.body, node.orelse)}
+            return ranks.pop() if len(ranks) == 1 else None
         if isinstance(node, cst.Name):
-            assigned = self.assigned_in(method).get(node.value, [])
+            # `key = torch.cat((past, key), dim=-1)` keeps the rank of the key before it: a binding of its own
+            assigned = [v for v in self.assigned_in(method).get(node.value, []) if not self.extends(v, node.value)]
             ranks = {None if value is None else self.rank_in_method(value, method, depth + 1) for value in assigned}
             return ranks.pop() if len(ranks) == 1 else None
         return None
+
+    def extends(self, node: cst.BaseExpression | None, name: str) -> bool:
+        """`torch.cat((..., name, ...), dim)`: a concatenation with `name` among its parts, of `name`'s rank."""
+        if not isinstance(node, cst.Call) or self.scope.qualify(node.func) not in p.CAT_FUNCTIONS:
+            return False
+        parts = p.arg(node, 0, "tensors")
+        return isinstance(parts, (cst.Tuple, cst.List)) and any(
+            isinstance(e, cst.Element) and m.matches(e.value, m.Name(name)) for e in parts.elements
+        )
+
+    def tuple_in_method(self, node: cst.BaseExpression, method: cst.FunctionDef) -> int | None:
+        """The length of a tuple or list written out, or of the one a name of `method` is bound to once."""
+        if isinstance(node, cst.Name):
+            assigned = self.assigned_in(method).get(node.value, [])
+            if len(assigned) != 1 or assigned[0] is None:
+                return None
+            node = assigned[0]
+        if not isinstance(node, (cst.Tuple, cst.List)):
+            return None
+        return None if any(isinstance(e, cst.StarredElement) for e in node.elements) else len(node.elements)
 
     def assigned_in(self, method: cst.FunctionDef) -> dict[str, list[cst.BaseExpression | None]]:
         """The value of each binding of each name in `method`, one walk per method.

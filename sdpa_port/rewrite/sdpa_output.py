@@ -84,6 +84,10 @@ def sdpa_call(
         )
     # the einsum's own output order, read on the layout it was written for (flat when the operands were)
     call = permuted(call, output.order)
+    if output.value_left:
+        # eager's `value @ probs^T` is contiguous, SDPA's output transposed back is not: made so, a later `view` of
+        # it merging dimensions runs as on eager's
+        call = cst.Call(func=cst.Attribute(value=call, attr=cst.Name("contiguous")))
     if upcast:
         call = cst.Call(
             func=cst.Attribute(value=call, attr=cst.Name("to")),

@@ -143,10 +143,12 @@ SABOTAGES = {
     # probabilities the wrong way (query and key swapped), or lay the output out without transposing it back
     "modeling_tiny_vae.py": [
         ("probabilities transposed", "q,\n            k.transpose(-1, -2),", "k.transpose(-1, -2),\n            q,"),
-        ("output not transposed back", ").transpose(1, 2)  # (b, channels", ").reshape(b, c, h * w)  # (b, channels"),
+        ("output not transposed back", ").transpose(1, 2).contiguous()  # (b, channels",
+         ").reshape(b, c, h * w)  # (b, channels"),
         ("scale of the positions", "scale=(int(c) ** (-0.5))", "scale=(int(h * w) ** (-0.5))"),
         # the multi-head block: its output put back on the wrong axes, the key's factor dropped
-        ("heads output on other axes", ").transpose(2, 3)\n        x = x.reshape", ").transpose(1, 2)\n        x = x.reshape"),
+        ("heads output on other axes", ").transpose(2, 3).contiguous()\n        x = x.reshape",
+         ").transpose(1, 2).contiguous()\n        x = x.reshape"),
         ("key factor dropped", "scale=self.scale,", "scale=1.0,"),
     ],
     # non-local blocks (`forms/channels.py`, `forms/softmax.py`): each gate starts at zero, and the first block's
@@ -161,7 +163,18 @@ SABOTAGES = {
         ),
         ("gated block's scale of 2", "v.transpose(1, 2),\n            scale=1.0,", "v.transpose(1, 2),\n            scale=2.0,"),
         ("pooled block's scale of 2", "g.transpose(1, 2),\n            scale=1.0,", "g.transpose(1, 2),\n            scale=2.0,"),
-        ("pooled output not transposed back", ").transpose(1, 2).view(-1, self.channels", ").reshape(-1, self.channels"),
+        ("pooled output not transposed back", ").transpose(1, 2).contiguous().view(-1, self.channels",
+         ").reshape(-1, self.channels"),
+    ],
+    # right operands no transpose at the product says are keys (`untranspose`, `forms/products.py`): each must reach
+    # SDPA with its last two dims swapped; the output of a value on the left made contiguous for the view after it
+    "modeling_tiny_any_key.py": [
+        ("helper's key handed over as laid out", "k.transpose(-1, -2),\n            v,\n            attn_mask=mask,",
+         "k,\n            v,\n            attn_mask=mask,"),
+        ("plain operand handed over as it is", "k.transpose(-1, -2),\n            v,\n            scale=1.0 / 3.0,",
+         "k,\n            v,\n            scale=1.0 / 3.0,"),
+        ("helper's mask dropped", "attn_mask=mask,", "attn_mask=None,"),
+        ("value-left output left strided", ").transpose(2, 3).contiguous()", ").transpose(2, 3)"),
     ],
     # Megatron's seq-first layout (`fixtures/inline_style/modeling_tiny_seq_first.py`): the batch and head sizes
     # bound where the scores were viewed, swapped or read again where the tuple and the query hold other sizes

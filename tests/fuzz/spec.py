@@ -204,6 +204,9 @@ class Spec:
     # an out-of-place fill of the scores called as a statement, its result thrown away
     # (`attn_weights.masked_fill(attn_weights > 0, -10000.0)`): eager's scores stay as they were, and the port's must
     discarded_fill: bool = False
+    # with the `permuted` product, the key laid out (b, h, d, s) by a view of its projection made channels-first
+    # (no permute): a right operand no transpose says is a key, read as one by the product's rank
+    key_viewed: bool = False
     # the chain in a function forward defines and calls (`analyse/closures.py`), reading forward's mask, head mask,
     # bias and module: "direct" once, "checkpoint" through `torch.utils.checkpoint.checkpoint`, "twice" twice (the two
     # outputs averaged)
@@ -420,6 +423,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         helper_form=_pick(random.Random(f"helper:{family}:{seed}"), HELPER_FORMS, (2, 1, 1)),  # likewise
         shared_kv=random.Random(f"shared:{family}:{seed}").random() < 0.3,  # likewise; only `einsum` keeps it
         dtype_read=_pick(random.Random(f"dtype:{family}:{seed}"), DTYPE_READS, (6, 1, 1)),  # likewise
+        key_viewed=random.Random(f"viewed:{family}:{seed}").random() < 0.5,  # likewise; only `permuted` keeps it
     )
     if spec.flat_kept and spec.layout == "flat" and family in ("440", "inline"):
         # BART's form takes the skeleton it is written in: one plain bmm of (b * h, L, d) states in forward
@@ -663,6 +667,8 @@ def normalise(spec: Spec) -> Spec:
         and changes.get("hazard", spec.hazard) != "value_relative"
     ):
         changes["shared_kv"] = False  # the `einsum` product's two einsums, the output's the only one with V
+    if spec.key_viewed and changes.get("product", spec.product) != "permuted":
+        changes["key_viewed"] = False  # the key the product takes as it is
     changes.update(_wiring(spec, changes))
     return replace(spec, **changes) if changes else spec
 

@@ -264,7 +264,7 @@ def test_refusals_name_the_problem(body: str, reason: str) -> None:
         (
             "scores = torch.matmul(query, key)\nreturn torch.matmul(scores.softmax(-1), value)",
             "(`torch.matmul(query, key)`, line 18, a product whose right operand is not seen as a key with its last "
-            "two dims swapped)",
+            "two dims swapped, of operands whose one rank (at least 3) cannot be read)",
         ),
         (
             "return torch.matmul(torch.matmul(query, key).softmax(-1), value)",

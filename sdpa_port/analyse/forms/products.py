@@ -1,6 +1,7 @@
-"""The product that starts a chain: a query times a transposed key.
+"""The product that starts a chain: a query times a key with its last two dims swapped.
 
-`q @ k.transpose(-1, -2)`, `torch.matmul`, `bmm` and `baddbmm` on flattened heads (baddbmm's alpha a scale, its
+`q @ k.transpose(-1, -2)` or `q @ b` for any `b` of the product's rank, read and at least 3 (the key `b` swapped
+back: `untranspose`), `torch.matmul`, `bmm` and `baddbmm` on flattened heads (baddbmm's alpha a scale, its
 input an additive term), `einsum` (4-D operands in any dimension order, handed to SDPA permuted), a key transposed
 or permuted earlier or returned laid out (..., dim, length) by a method, casts around either operand (an upcast is
 noted), and a number multiplying or dividing the key (a scale of the product). A key scaled by anything else is
@@ -10,16 +11,15 @@ refused S102.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import libcst as cst
-import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import SCORES, AddTerm, ChainVal, Op, Poison, Scale, Start, short
-from sdpa_port.analyse.cstutil import binary, block_body, code, nodes_of_type, primary
-from sdpa_port.analyse.forms.channels import channels_flattened, transposed_query
+from sdpa_port.analyse.cstutil import binary, code, primary
 from sdpa_port.analyse.forms.common import SEQUENCE_FIRST, Example, scored, sdpa, strip_casts
+from sdpa_port.analyse.forms.keys import telling_query, untranspose
 from sdpa_port.refusals import Code
 
 if TYPE_CHECKING:
@@ -234,158 +234,6 @@ def is_zeros(tracer: TracerView, node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Call) and tracer.scope.qualify(node.func) in p.ZEROS_FUNCTIONS
 
 
-def telling_query(product: p.Product) -> cst.BaseExpression | None:
-    """The query of a `bmm`, whose rank is known: transposed from channels-first, it says the key is channels-first
-    too (`forms/channels.py`); None for other products."""
-    return product.left if product.form is p.ProductForm.BMM else None
-
-
-def untranspose(
-    tracer: TracerView, node: cst.BaseExpression, rank: int | None, query: cst.BaseExpression | None = None
-) -> cst.BaseExpression | None:
-    """The key operand of `q @ k^T`, its transpose of the last two dims undone.
-
-    Seen directly or through a name, or, given the `query` of a 3-D product, told by a query transposed from
-    channels-first (`forms/channels.py`).
-    """
-    inner, _ = strip_casts(node, tracer.scope)
-    key = p.transposed_last_two(inner, rank)
-    if key is not None:
-        return key
-    if transposed_key(tracer, inner) or (query is not None and transposed_query(tracer, query)):
-        last, second = (cst.UnaryOperation(cst.Minus(), cst.Integer(str(n))) for n in (1, 2))
-        return cst.Call(
-            func=cst.Attribute(value=primary(inner), attr=cst.Name("transpose")),
-            args=[cst.Arg(last), cst.Arg(second)],
-        )
-    return None
-
-
-def transposed_key(tracer: TracerView, node: cst.BaseExpression, depth: int = 0) -> bool:
-    """A key laid out as `(..., dim, length)`.
-
-    A transpose of the last two dims or a permute putting the features second to last, a channels-first map with its
-    positions flattened (`k.reshape(b, c, h * w)` after `b, c, h, w = x.shape`), a leading-dims flatten of one, a
-    cat along the last dim with such a part (cat forces the others into the same layout), or a name that holds one on
-    every path.
-    """
-    if depth > 6:
-        return False
-    node, _ = strip_casts(node, tracer.scope)
-    if p.transposed_last_two(node, None) is not None or p.features_second_last(node):
-        return True
-    reshaped = p.reshape_args(node)
-    if reshaped is not None:
-        if channels_flattened(tracer, reshaped[1]):
-            return True  # a channels-first map with its positions flattened (`forms/channels.py`)
-        return _flattens_leading(reshaped[1]) and transposed_key(tracer, reshaped[0], depth + 1)
-    chunked = chunk_item(node)
-    if chunked is not None:
-        # `qkv.chunk(3, dim=1)[1]`: a chunk along a leading dimension keeps the layout of the last two
-        return along_leading(tracer, chunked[1], chunked[0]) and transposed_key(tracer, chunked[0], depth + 1)
-    if isinstance(node, cst.Call) and tracer.scope.qualify(node.func) in p.CAT_FUNCTIONS:
-        parts, dim = p.arg(node, 0, "tensors"), p.arg(node, 1, "dim")
-        if not isinstance(parts, (cst.Tuple, cst.List)) or dim is None:
-            return False
-        transposed = [e.value for e in parts.elements if transposed_key(tracer, e.value, depth + 1)]
-        return bool(transposed) and along_last(tracer, dim, transposed[0])
-    if isinstance(node, cst.Name):
-        values = tracer.scope.local_values(node.value)
-        if not values:
-            return node.value in tracer.key_params
-        return all(transposed_key(tracer, v, depth + 1) for v in values)
-    returned = returned_for(tracer, node)
-    return bool(returned) and all(v is not None and p.features_second_last(v) for v in returned)
-
-
-def returned_for(tracer: TracerView, node: cst.BaseExpression) -> list[cst.BaseExpression | None]:
-    """What `tracer.method(x, k=True)` may return, on the paths its literal boolean arguments leave open.
-
-    The method's returns on those paths, its defaults counted (`split_heads(key, k=True)` returns the key permuted to
-    (b, h, d, s)).
-    """
-    if not (
-        isinstance(node, cst.Call)
-        and m.matches(node.func, m.Attribute(value=m.Name("self")))
-        and tracer.scope.class_name is not None
-        and not p.has_star_args(node)
-    ):
-        return []
-    assert isinstance(node.func, cst.Attribute)
-    found = tracer.facts.find_method(tracer.scope.class_name, node.func.attr.value)
-    if found is None:
-        return []
-    method = found[1]
-    params = [param for param in method.params.params if param.name.value != "self"]
-    flags: dict[str, bool] = {}
-    for index, param in enumerate(params):
-        given = p.arg(node, index, param.name.value)
-        value = given if given is not None else param.default
-        if isinstance(value, cst.Name) and value.value in ("True", "False"):
-            flags[param.name.value] = value.value == "True"
-    return _open_returns(block_body(method.body), flags)
-
-
-def along_last(tracer: TracerView, dim: cst.BaseExpression, part: cst.BaseExpression) -> bool:
-    """`dim` names the last dimension of `part`: -1, or its rank minus one when the rank can be read."""
-    value = p.number(dim)
-    if value is None:
-        return False
-    if value == -1:
-        return True
-    rank = tracer.ranks.rank_of(part)
-    return rank is not None and value == rank - 1
-
-
-def chunk_item(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
-    """`x.chunk(n, dim=d)[i]` (or `x.chunk(n, d)[i]`): `x` and `d`."""
-    if not isinstance(node, cst.Subscript) or len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
-        return None
-    call = node.value
-    found = p.method_call(call, {"chunk"})
-    if found is None or not isinstance(call, cst.Call) or len(call.args) != 2:
-        return None
-    dim = p.arg(call, 1, "dim")
-    return (found[0], dim) if dim is not None else None
-
-
-def along_leading(tracer: TracerView, dim: cst.BaseExpression, part: cst.BaseExpression) -> bool:
-    """`dim` names a dimension of `part` before its last two: its rank is read and `0 <= dim < rank - 2`."""
-    value = p.number(dim)
-    rank = tracer.ranks.rank_of(part)
-    return value is not None and rank is not None and value == int(value) and 0 <= value < rank - 2
-
-
-def _open_returns(body: Sequence[cst.BaseStatement], flags: dict[str, bool]) -> list[cst.BaseExpression | None]:
-    """The returned values on paths that `if name:` tests of the boolean `flags` do not close.
-
-    Every return on an undecided path counts.
-    """
-    out: list[cst.BaseExpression | None] = []
-    for statement in body:
-        if isinstance(statement, cst.SimpleStatementLine):
-            for small in statement.body:
-                if isinstance(small, cst.Return):
-                    out.append(small.value)
-                    return out
-        elif isinstance(statement, cst.If):
-            test = statement.test
-            decided = flags.get(test.value) if isinstance(test, cst.Name) else None
-            if decided is not False:
-                out += _open_returns(block_body(statement.body), flags)
-            if decided is not True and statement.orelse is not None:
-                orelse = statement.orelse
-                rest = [orelse] if isinstance(orelse, cst.If) else block_body(orelse.body)
-                out += _open_returns(rest, flags)
-        else:
-            out += [small.value for small in nodes_of_type(statement, cst.Return)]
-    return out
-
-
-def _flattens_leading(args: Sequence[cst.Arg]) -> bool:
-    return len(args) == 3 and not any(a.star for a in args)
-
-
 # the key's heads split by a permute that leaves it laid out (batch, heads, dim, length), ready for `query @ key`
 _PERMUTED_KEY = "b, h, s, d = key.shape\nkey = key.transpose(1, 2).reshape(b, s, h, d).permute(0, 2, 3, 1)\n"
 
@@ -423,8 +271,71 @@ _HEADS_MAP_BODY = (
     "return torch.matmul(v, probs.transpose(-1, -2))"
 )
 
+# heads split by methods whose returns tell the rank: the sides of a conditional permute, a view of a tuple written out
+_SPLIT = """
+def split(self, x, is_key=False):
+    x = x.reshape(x.size(0), x.size(1), 4, -1)
+    x = x.permute(0, 2, 3, 1) if is_key else x.permute(0, 2, 1, 3)
+    return x
+"""
+_SPLIT_BODY = "q = self.split(query)\nk = self.split(key, is_key=True)\n"
+_VIEWED = """
+def heads(self, x):
+    shape = (x.size(0), 4, -1, x.size(-1))
+    return x.view(*shape)
+"""
+_VIEWED_BODY = "q = self.heads(query).permute(0, 1, 3, 2)\nk = self.heads(key)\n"
+_PLAIN_BODY = "scores = q @ k\nprobs = scores.softmax(-1)\nreturn probs @ value"
+# a key's rank read through a concatenation (any part that tells it) and through the paths that bind it
+_CAT = "q = query.view(2, 4, -1, 8)\nk = torch.cat((self.cache, key.view(2, 4, 8, -1)), dim=-1)\n"
+_PATHS = (
+    "q = query.view(2, 4, -1, 8)\nif attention_mask is None:\n    k = key.view(2, 4, 8, -1)\nelse:\n"
+    "    k = key.reshape(2, 4, 8, -1)\n"
+)
+
 EXAMPLES = {
     "query_key_product": (
+        Example(
+            _SPLIT_BODY + _PLAIN_BODY,
+            Start,
+            methods=_SPLIT,
+            becomes=_SPLIT_BODY + "return " + sdpa("scale=1.0", operands="q, k.transpose(-1, -2), value"),
+        ),
+        Example(
+            _VIEWED_BODY + _PLAIN_BODY,
+            Start,
+            methods=_VIEWED,
+            becomes=_VIEWED_BODY + "return " + sdpa("scale=1.0", operands="q, k.transpose(-1, -2), value"),
+        ),
+        Example(
+            _CAT + _PLAIN_BODY,
+            Start,
+            init="self.cache = config.cache",
+            becomes=_CAT + "return " + sdpa("scale=1.0", operands="q, k.transpose(-1, -2), value"),
+        ),
+        Example(
+            _PATHS + _PLAIN_BODY,
+            Start,
+            becomes=_PATHS + "return " + sdpa("scale=1.0", operands="q, k.transpose(-1, -2), value"),
+        ),
+        # no part, or not every path, telling the rank
+        Example(
+            _CAT.replace("key.view(2, 4, 8, -1)", "key") + _PLAIN_BODY,
+            refused=Code.UNKNOWN_PRODUCT,
+            init="self.cache = config.cache",
+        ),
+        Example(_PATHS.replace("key.reshape(2, 4, 8, -1)", "key") + _PLAIN_BODY, refused=Code.UNKNOWN_PRODUCT),
+        # sides of other ranks, a shape not written out: the key's rank, so the product's, cannot be read
+        Example(
+            _SPLIT_BODY + _PLAIN_BODY,
+            refused=Code.UNKNOWN_PRODUCT,
+            methods=_SPLIT.replace("x.permute(0, 2, 1, 3)", "x.flatten(2)"),
+        ),
+        Example(
+            _VIEWED_BODY + _PLAIN_BODY,
+            refused=Code.UNKNOWN_PRODUCT,
+            methods=_VIEWED.replace("(x.size(0), 4, -1, x.size(-1))", "x.shape"),
+        ),
         Example(
             _MAP + _MAP_BODY,
             Start,
@@ -438,22 +349,37 @@ EXAMPLES = {
             + sdpa("scale=1.0", operands="q.transpose(-1, -2), k.transpose(-1, -2), v.transpose(2, 3)")
             + ".transpose(2, 3)",
         ),
-        # chunked along the features or the positions, the chunks' layout is not the map's
+        # chunked along the features, the chunks' layout is not the map's: the key is `k` transposed all the same
         Example(
             _HEADS_MAP.replace("view(b, n * 3, d, h * w).chunk(3, dim=1)", "view(b, n, d * 3, h * w).chunk(3, dim=2)")
             + _HEADS_MAP_BODY,
-            refused=Code.UNRECOGNISED,  # no product with V of a chain the tool reads: the eager sites see one (F601)
+            Start,
+            becomes=_HEADS_MAP.replace(
+                "view(b, n * 3, d, h * w).chunk(3, dim=1)", "view(b, n, d * 3, h * w).chunk(3, dim=2)"
+            )
+            + "return "
+            + sdpa("scale=1.0", operands="q.transpose(-1, -2), k.transpose(-1, -2), v.transpose(2, 3)")
+            + ".transpose(2, 3)",
         ),
-        # sizes in another order, or of two unpackings, say nothing of where the channels are (in a matmul: in a bmm,
-        # the query transposed from channels-first says the key is, below)
+        # any right operand of a product of known rank (3 here, both operands'), laid out as it may be: SDPA gets it
+        # with its last two dims swapped
         Example(
             _MAP.replace("key.reshape(b, c, h * w)", "key.reshape(b, h * w, c)") + _MAP_MATMUL_BODY,
+            Start,
+            becomes=_MAP.replace("key.reshape(b, c, h * w)", "key.reshape(b, h * w, c)")
+            + "return "
+            + sdpa("scale=1.0", operands="q, k.transpose(-1, -2), value"),
+        ),
+        # a right operand of unknown rank (a parameter as passed), or of a rank other than the query's (a 2-D weight,
+        # which matmul broadcasts): what the product is cannot be told
+        Example(
+            _MAP.replace("k = key.reshape(b, c, h * w)\n", "") + _MAP_MATMUL_BODY.replace("(q, k)", "(q, key)"),
             refused=Code.UNKNOWN_PRODUCT,
         ),
         Example(
-            _MAP.replace("k = key.reshape(b, c, h * w)", "n, e, y, x = key.shape\nk = key.reshape(b, c, y * x)")
-            + _MAP_MATMUL_BODY,
+            _MAP + _MAP_MATMUL_BODY.replace("(q, k)", "(q, self.weight)"),
             refused=Code.UNKNOWN_PRODUCT,
+            init="self.weight = nn.Parameter(torch.zeros(8, 8))",
         ),
         # a non-local block's: the query transposed from channels-first inside the bmm, so the key, whatever made it,
         # is channels-first too (`forms/channels.py`); the value on the left of the transposed probabilities
@@ -472,9 +398,15 @@ EXAMPLES = {
             + sdpa("scale=1.0", operands="q, key.transpose(-1, -2), value.transpose(1, 2)")
             + ".transpose(1, 2)",
         ),
-        # a permute of other axes says nothing of the channels; a matmul nothing of the rank
-        # (F601: the tool reads no chain there, the eager sites see one)
-        Example(_NONLOCAL.replace("permute(0, 2, 1)", "permute(1, 0, 2)"), refused=Code.UNRECOGNISED),
+        # a permute of other axes: the key is the bmm's right operand transposed all the same
+        Example(
+            _NONLOCAL.replace("permute(0, 2, 1)", "permute(1, 0, 2)"),
+            Start,
+            becomes="return "
+            + sdpa("scale=1.0", operands="query.permute(1, 0, 2), key.transpose(-1, -2), value.transpose(1, 2)")
+            + ".transpose(1, 2)",
+        ),
+        # a matmul says nothing of the rank of a parameter (F601: the tool reads no chain, the eager sites see one)
         Example(_NONLOCAL.replace("torch.bmm(query", "torch.matmul(query"), refused=Code.UNRECOGNISED),
         Example(scored("probs = scores.softmax(-1)"), Start, becomes=sdpa("scale=1.0")),
         Example(

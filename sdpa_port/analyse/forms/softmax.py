@@ -150,7 +150,11 @@ def _product_why(tracer: TracerView, node: cst.BaseExpression) -> str:
         return ""
     if product.form is p.ProductForm.EINSUM:
         return "an einsum the tool does not read as a query-key product"
-    return "a product whose right operand is not seen as a key with its last two dims swapped"
+    # any right operand is a key swapped (`forms/products.py`, `untranspose`), in a product whose rank is read
+    return (
+        "a product whose right operand is not seen as a key with its last two dims swapped, of operands whose one "
+        "rank (at least 3) cannot be read"
+    )
 
 
 _HEADS = "b, s, _ = query.shape\nquery = query.view(b, s, 4, -1).transpose(1, 2)\n"
