@@ -17,6 +17,7 @@ from sdpa_port.analyse.selection import configured_classes
 from sdpa_port.plan.class_style import ClassStylePlan, SdpaClassPlan
 from sdpa_port.render import render_module
 from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register, sub_models
+from sdpa_port.rewrite.squeeze import squeeze
 
 
 def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePlan) -> tuple[cst.Module, list[str]]:
@@ -97,7 +98,7 @@ def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
     assert isinstance(template_forward, cst.FunctionDef)
     prelude = [_with_fallback_arguments(s, forward.params) for s in block_body(template_forward.body) if not is_pass(s)]
     # the eager forward's docstring stays with the eager forward: the class docstring says what this one does
-    statements = [s for s in block_body(forward.body) if not is_docstring(s)]
+    statements = [s for s in block_body(squeeze(forward).body) if not is_docstring(s)]
     new_forward = template_forward.with_changes(
         params=forward.params,
         whitespace_before_params=forward.whitespace_before_params,
