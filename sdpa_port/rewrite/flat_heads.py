@@ -185,7 +185,7 @@ def _flattening(
 ) -> _Flattening | None:
     """The statement flattening `operand`'s name to `(b * h, -1, d)`: the last top-level one binding it before the
     call, a view of the sizes written out or held in a tuple bound once. Its shape is read taking each cache element
-    that forward stores the name in (`caches`) to be `(b, h, _, d)`, where the name is not bound again after."""
+    that forward stores the flattened tensor in (`caches`, `_stored`) to be `(b, h, _, d)`."""
     assert isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute)
     name = operand.func.value
     assert isinstance(name, cst.Name)
@@ -206,12 +206,12 @@ def _flattening(
         sizes = _sizes(view.args, body[:index], stable)
         if sizes is None or len(sizes) != 3 or not _is_product(sizes[0], heads):
             return None
-        source = view.func.value
         held = view.args[0].value.value if view.args[0].star else None  # type: ignore[attr-defined]
         prior = list(body[:index])
-        stores = [(c, at) for c, places in caches.items() for at in places if _stored(body, index, c, at, name)]
-        if stores:
-            assumed = {f"{cache}[{at}]": _assumed(cache, at, heads, sizes[2]) for cache, at in stores}
+        source = view.func.value
+        stored = [(c, at) for c, places in caches.items() for at in places if _stored(body, index, c, at, source)]
+        if stored:
+            assumed = {f"{cache}[{at}]": _assumed(cache, at, heads, sizes[2]) for cache, at in stored}
             prior = [_with_cached(s, assumed) for s in prior]
         shape = shape_of(source, Context(prior), methods)
         return _Flattening(index, name.value, source, sizes[2], held, shape)
@@ -241,9 +241,12 @@ def _caches(body: Sequence[cst.BaseStatement], params: set[str]) -> dict[str, li
     return out
 
 
-def _stored(body: Sequence[cst.BaseStatement], index: int, cache: str, at: int, name: cst.Name) -> bool:
-    """Every tuple bound to `cache` holds `name` at `at`, bound before the statement `index` in a statement that
-    binds nothing after it, and `name` is bound in no statement after that one and before `index`."""
+def _stored(body: Sequence[cst.BaseStatement], index: int, cache: str, at: int, source: cst.BaseExpression) -> bool:
+    """Every tuple bound to `cache` holds `source`, a name, at `at`, bound before the statement `index` (which
+    flattens `source`) in a statement not binding the name, and no statement between binds the name either."""
+    if not isinstance(source, cst.Name):
+        return False
+    name = source
     places = [i for i, s in enumerate(body) if cache in assigned_values([s])]
     if not places or places[-1] >= index:
         return False
