@@ -141,6 +141,8 @@ def _hoisted(body: list[cst.BaseStatement], params: set[str]) -> list[cst.BaseSt
         if assign is None or not m.matches(assign[1], m.Name("None")) or assign[0] in params:
             continue
         name = assign[0]
+        if _mentions(body, name)[1]:
+            continue  # a function of forward's could read it while the statements between run
         for at in range(index + 1, len(body)):
             moved = _moved(body, index, at, name)
             if moved is not None:
@@ -164,7 +166,7 @@ def _moved(body: list[cst.BaseStatement], index: int, at: int, name: str) -> lis
             between = [*body[index + 1 : at], *inner[:position]]
             if _mentions([*between, branch.test], name)[0] or source in assigned_values(between):
                 return None
-            if _mentions(between, source)[1] or _commented(statement) or position == len(inner) - 1 == 0:
+            if _mentions(body, source)[1] or _commented(statement) or position == len(inner) - 1 == 0:
                 return None
             first = body[index]
             assert isinstance(first, cst.SimpleStatementLine)

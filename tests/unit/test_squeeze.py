@@ -80,6 +80,9 @@ CASES = [
     (UNCLAMPED.replace("        check(attention_mask)\n", "        attention_mask = attention_mask * 2\n"), None),
     # another test than `is not None`: where the branch does not run the mask is None, the source may not be
     (UNCLAMPED.replace("if attention_mask is not None:", "if attention_mask is not None and x:"), None),
+    # a function of forward's reads the mask: called between, it would see the mask, not None
+    (UNCLAMPED.replace("    sdpa_mask = None\n", "    show = lambda: sdpa_mask\n    sdpa_mask = None\n")
+     .replace("check(attention_mask)", "check(show())"), None),
     # a comment on the line handed on stays where it was
     (UNCLAMPED.replace("sdpa_mask = attention_mask\n", "sdpa_mask = attention_mask  # as given\n"), None),
     (MERGED, MERGED_AFTER),
@@ -111,7 +114,7 @@ def _expected(before: str, after: str | None) -> str:
     CASES,
     ids=[
         "none-name", "none-rebound", "none-read-before", "none-parameter", "none-in-lambda", "hoisted",
-        "hoisted-read-between", "hoisted-source-rebound", "hoisted-other-test", "hoisted-comment", "merged",
+        "hoisted-read-between", "hoisted-source-rebound", "hoisted-other-test", "hoisted-closure", "hoisted-comment", "merged",
         "merged-read-twice", "merged-read-second", "merged-temporary-read", "merged-too-long", "merged-comment",
     ],
 )
