@@ -17,6 +17,7 @@ from sdpa_port.analyse.selection import configured_classes
 from sdpa_port.plan.class_style import ClassStylePlan, SdpaClassPlan
 from sdpa_port.render import render_module
 from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register, sub_models
+from sdpa_port.rewrite.squeeze import squeeze
 
 
 def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePlan) -> tuple[cst.Module, list[str]]:
@@ -68,7 +69,7 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
     return module, notes
 
 
-DOCSTRING_WIDTH = 115  # Transformers' line length, 119, less the class body's indent
+DOCSTRING_WIDTH = 109  # Transformers' line length, 119, less the class body's indent and two sets of quotes
 
 
 def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
@@ -77,7 +78,9 @@ def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
     texts = [f"`{name}`" if "." in name else f"`{name}=True`" for name in item.side.falsy]
     texts += [f"`{name}`" for name in item.side.none]
     parent = item.analysis.class_name
-    doc = f"`{parent}` on `torch.nn.functional.scaled_dot_product_attention`, ported by sdpa-port from `{_source(item.analysis)}`"
+    source = _source(item.analysis)
+    doc = f"`{parent}` on SDPA, ported by sdpa-port"
+    doc += f" from `{source}`" if source != f"{parent}.forward" else ""  # the parent's forward goes without saying
     doc += f"; eager with {' or '.join(texts)}." if texts else "."
     rendered = render_module(
         "class_style/sdpa_class.py.jinja",
@@ -94,16 +97,15 @@ def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
     template_forward = body[-1]
     assert isinstance(template_forward, cst.FunctionDef)
     prelude = [_with_fallback_arguments(s, forward.params) for s in block_body(template_forward.body) if not is_pass(s)]
-    statements = list(forward.body.body)
-    # the eager forward's docstring stays first, before the fallback (a string after code documents nothing)
-    docstring = statements[:1] if statements and is_docstring(statements[0]) else []
+    # the eager forward's docstring stays with the eager forward: the class docstring says what this one does
+    statements = [s for s in block_body(squeeze(forward).body) if not is_docstring(s)]
     new_forward = template_forward.with_changes(
         params=forward.params,
         whitespace_before_params=forward.whitespace_before_params,
         returns=forward.returns,
         decorators=forward.decorators,
         asynchronous=forward.asynchronous,
-        body=template_forward.body.with_changes(body=[*docstring, *prelude, *statements[len(docstring) :]]),
+        body=template_forward.body.with_changes(body=[*prelude, *statements]),
     )
     body[-1] = new_forward
     return node.with_changes(body=node.body.with_changes(body=body))

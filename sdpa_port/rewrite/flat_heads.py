@@ -55,7 +55,8 @@ def keep_heads(function: cst.FunctionDef, methods: Methods) -> cst.FunctionDef:
     batch, heads_code = code(heads.elements[0].value), code(heads.elements[1].value)
     params = {p.name.value for p in function.params.params} | {p.name.value for p in function.params.kwonly_params}
     stable = stable_names(body, params)
-    flattenings = [_flattening(body, index, arg.value, heads, methods, stable) for arg in call.args[:3]]
+    caches = _caches(body, params)
+    flattenings = [_flattening(body, index, arg.value, heads, methods, stable, caches) for arg in call.args[:3]]
     operands: dict[cst.CSTNode, cst.CSTNode] = {}
     replaced: dict[cst.CSTNode, cst.CSTNode] = {}
     dropped: set[int] = set()
@@ -180,9 +181,11 @@ def _flattening(
     heads: cst.Tuple,
     methods: Methods,
     stable: set[str],
+    caches: dict[str, list[int]],
 ) -> _Flattening | None:
     """The statement flattening `operand`'s name to `(b * h, -1, d)`: the last top-level one binding it before the
-    call, a view of the sizes written out or held in a tuple bound once."""
+    call, a view of the sizes written out or held in a tuple bound once. Its shape is read taking each cache element
+    that forward stores the flattened tensor in (`caches`, `_stored`) to be `(b, h, _, d)`."""
     assert isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute)
     name = operand.func.value
     assert isinstance(name, cst.Name)
@@ -203,11 +206,72 @@ def _flattening(
         sizes = _sizes(view.args, body[:index], stable)
         if sizes is None or len(sizes) != 3 or not _is_product(sizes[0], heads):
             return None
-        source = view.func.value
         held = view.args[0].value.value if view.args[0].star else None  # type: ignore[attr-defined]
-        shape = shape_of(source, Context(body[:index]), methods)
+        prior = list(body[:index])
+        source = view.func.value
+        stored = [(c, at) for c, places in caches.items() for at in places if _stored(body, index, c, at, source)]
+        if stored:
+            assumed = {f"{cache}[{at}]": _assumed(cache, at, heads, sizes[2]) for cache, at in stored}
+            prior = [_with_cached(s, assumed) for s in prior]
+        shape = shape_of(source, Context(prior), methods)
         return _Flattening(index, name.value, source, sizes[2], held, shape)
     return None
+
+
+def _caches(body: Sequence[cst.BaseStatement], params: set[str]) -> dict[str, list[int]]:
+    """The parameters forward returns as its cache: returned as an element of the final `return`'s tuple, and bound
+    only to tuples of names; each with the positions its tuples hold."""
+    if not body or not m.matches(body[-1], m.SimpleStatementLine(body=[m.Return(value=m.Tuple())])):
+        return {}
+    last = body[-1]
+    assert isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[0], cst.Return)
+    returned = last.body[0].value
+    assert isinstance(returned, cst.Tuple)
+    out: dict[str, list[int]] = {}
+    bound = assigned_values(body)
+    for element in returned.elements:
+        name = element.value
+        if not isinstance(name, cst.Name) or name.value not in params or name.value not in bound:
+            continue
+        values = bound[name.value]
+        if all(isinstance(v, cst.Tuple) and all(isinstance(e.value, cst.Name) for e in v.elements) for v in values):
+            lengths = {len(v.elements) for v in values if isinstance(v, cst.Tuple)}
+            if len(lengths) == 1:
+                out[name.value] = list(range(lengths.pop()))
+    return out
+
+
+def _stored(body: Sequence[cst.BaseStatement], index: int, cache: str, at: int, source: cst.BaseExpression) -> bool:
+    """Every tuple bound to `cache` holds `source`, a name, at `at`, bound before the statement `index` (which
+    flattens `source`) in a statement not binding the name, and no statement between binds the name either."""
+    if not isinstance(source, cst.Name):
+        return False
+    name = source
+    places = [i for i, s in enumerate(body) if cache in assigned_values([s])]
+    if not places or places[-1] >= index:
+        return False
+    for place in places:
+        values = assigned_values([body[place]])
+        if any(not isinstance(v, cst.Tuple) or code(v.elements[at].value) != name.value for v in values[cache]):
+            return False
+        if name.value in values or name.value in assigned_values(body[place + 1 : index]):
+            return False
+    return True
+
+
+def _assumed(cache: str, at: int, heads: cst.Tuple, last: cst.BaseExpression) -> cst.BaseExpression:
+    """`cache[at].view(b, h, -1, d)`: the element as forward stores it, read with its shape written out."""
+    sizes = f"{code(heads.elements[0].value)}, {code(heads.elements[1].value)}, -1, {code(last)}"
+    return cst.parse_expression(f"{cache}[{at}].view({sizes})")
+
+
+def _with_cached(statement: cst.BaseStatement, assumed: dict[str, cst.BaseExpression]) -> cst.BaseStatement:
+    """`statement` with each `cache[at]` read as `_assumed` gives it (for reading shapes only: never written)."""
+    found: dict[cst.CSTNode, cst.CSTNode] = {}
+    for node in nodes_of_type(statement, cst.Subscript):
+        if code(node) in assumed:
+            found[node] = assumed[code(node)]
+    return replace_nodes(statement, found)  # type: ignore[no-any-return]
 
 
 def _sizes(

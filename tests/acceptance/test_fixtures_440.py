@@ -121,7 +121,10 @@ def test_keys_taken_for_one_tensor_would_be_seen(monkeypatch: pytest.MonkeyPatch
     "sabotage",
     [
         # the helper's position term left out of the mask
-        ("            sdpa_mask = position\n", "            sdpa_mask = torch.zeros_like(position)\n"),
+        (
+            '            sdpa_mask = torch.einsum("bhqd,hqkd->bhqk", query_1, embedded)\n',
+            '            sdpa_mask = torch.zeros_like(torch.einsum("bhqd,hqkd->bhqk", query_1, embedded))\n',
+        ),
         # the relative branch's scale applied to the term only
         ("            sdpa_scale = sdpa_scale / math.sqrt(self.head_size)\n            sdpa_mask", "            sdpa_mask"),
         # the query shifted by the position bias handed over instead of the content-biased one

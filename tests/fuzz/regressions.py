@@ -679,6 +679,17 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         Spec(layout="flat", product="bmm", causal="buffer", cache=True, flat_kept=True),
         "exact", None,
     ),
+    # BART's form storing its cache in the parameter it came in, the second layer reusing it whole: what forward
+    # stores proves the cached key's shape, so SDPA takes the key and value whole (the rule out, they stay flat)
+    "37c: a cache forward stores and reads back whole passes its key whole": (
+        Spec(layout="flat", product="bmm", causal="none", cache=True, flat_kept=True, cache_stored="whole"),
+        "exact", None,
+    ),
+    # the same cache stored flat (Bloom's): the key read back is (b * h, L, d), and stays flattened for SDPA
+    "37d: a cache stored flat keeps the key read from it flat": (
+        Spec(layout="flat", product="bmm", causal="none", cache=True, flat_kept=True, cache_stored="flat"),
+        "exact", None,
+    ),
     # the query read by `.shape` beside the SDPA operand (a windowed term's shape): generated code shared the name's
     # node between the two, so the read hid behind the operand and the query went whole (a crash)
     "37b: the flat query read elsewhere stays flat": (

@@ -909,11 +909,22 @@ def attention_class(spec: Spec, code: Code) -> None:
             elif spec.cache:
                 key_dim = {"permuted": -1, "bthd": 1, "tbhd": 0}.get(einsum_layout(spec) or spec.product, -2)
                 value_dim = {"bthd": 1, "tbhd": 0}.get(einsum_layout(spec) or "", -2)
-                code.add("if layer_past is not None:")
+                if spec.cache_stored != "none":
+                    code.add("if layer_past is not None and self.layer_idx == 1:")
+                    with code.indent():
+                        code.add("key = layer_past[0]")
+                        code.add("value = layer_past[1]")
+                code.add("elif layer_past is not None:" if spec.cache_stored != "none" else "if layer_past is not None:")
                 with code.indent():
-                    code.add(f"key = torch.cat((layer_past[0], key), dim={key_dim})")
-                    code.add(f"value = torch.cat((layer_past[1], value), dim={value_dim})")
-                code.add("present = (key, value) if use_cache else None")
+                    past = [f"layer_past[{i}]" for i in (0, 1)]
+                    if spec.cache_stored == "flat":  # the flat states viewed back to (b, h, t, d)
+                        past = [f"{p}.view(bsz, self.num_heads, -1, self.head_dim)" for p in past]
+                    code.add(f"key = torch.cat(({past[0]}, key), dim={key_dim})")
+                    code.add(f"value = torch.cat(({past[1]}, value), dim={value_dim})")
+                if spec.cache_stored == "whole":
+                    code.add("layer_past = (key, value)")
+                elif spec.cache_stored == "none":
+                    code.add("present = (key, value) if use_cache else None")
             else:
                 code.add("present = None")
             if spec.layout == "flat":
@@ -922,6 +933,8 @@ def attention_class(spec: Spec, code: Code) -> None:
                 code.add(f"query_states = query.reshape(*proj_shape){first}")
                 code.add(f"key_states = key.reshape(*proj_shape){first}")
                 code.add(f"value_states = value.reshape(*proj_shape){first}")
+                if spec.cache_stored == "flat":
+                    code.add("layer_past = (key_states, value_states)")
             arguments = [n.query, n.key, n.value, "attention_mask"]
             if spec.head_mask:
                 arguments.append("head_mask")
@@ -960,7 +973,7 @@ def attention_class(spec: Spec, code: Code) -> None:
                 weights = "attn_weights" if spec.weights_discarded != "none" else weights
                 weights = "returned_weights" if spec.scores_returned and spec.placement == "forward" else weights
                 weights = "attn_weights" if spec.scores_returned and spec.placement != "forward" else weights
-                code.add(f"return attn_output, present, {weights}")
+                code.add(f"return attn_output, {'present' if spec.cache_stored == 'none' else 'layer_past'}, {weights}")
         if spec.score_helper:
             score_helper_method(spec, n, code)
         if spec.placement == "helper":

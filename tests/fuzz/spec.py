@@ -13,6 +13,7 @@ from typing import Any
 # ------------------------------------------------------------------ the axes and their choices (simplest first)
 
 LAYOUTS = ("heads", "flat")
+CACHES_STORED = ("none", "whole", "flat")
 HEAD_PRODUCTS = (
     "matmul",  # torch.matmul(q, k.transpose(-1, -2))
     "operator",  # q @ k.transpose(-2, -1)
@@ -224,6 +225,11 @@ class Spec:
     # the batch size and length read once from the hidden states and never again, the key's length read from the
     # flat key (`key_states.size(1)`), the output's size checked after the product with V before its view back
     flat_kept: bool = False
+    # BART's form, its cache stored in the parameter it came in (`layer_past = (...)`, returned as the present): the
+    # second layer reuses the cache whole (`key = layer_past[0]`, as BART's cross-attention does), so only what forward
+    # stores tells the key's shape (a buffer's causal mask follows the keys; a built mask no longer fits). "whole"
+    # stores `(key, value)`; "flat" stores the flattened states (Bloom's cache), which the key then is
+    cache_stored: str = "none"
     # the inline family, 4.x, no request for the weights: forward returns them all the same, and the layer "unpacked"
     # them into `_`, "indexed" the output out of the triple, or "read" them (passing them on, which refuses the port)
     weights_discarded: str = "none"
@@ -418,6 +424,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         over_queries=random.Random(f"queries:{family}:{seed}").random() < 0.2,  # likewise
         sizes_swapped=random.Random(f"sizes:{family}:{seed}").random() < 0.2,  # its own generator, likewise
         flat_kept=random.Random(f"kept:{family}:{seed}").random() < 0.3,  # likewise
+        cache_stored=_pick(random.Random(f"stored:{family}:{seed}"), CACHES_STORED),  # likewise; only BART's form keeps it
         mask_expanded=random.Random(f"expanded:{family}:{seed}").random() < 0.2,  # likewise
         mask_paired=random.Random(f"paired:{family}:{seed}").random() < 0.2,  # likewise
         helper_form=_pick(random.Random(f"helper:{family}:{seed}"), HELPER_FORMS, (2, 1, 1)),  # likewise
@@ -636,6 +643,10 @@ def normalise(spec: Spec) -> Spec:
         and spec.streams == "one"
     ):
         changes["flat_kept"] = False  # BART's sizes, in the one flat chain of forward
+    if spec.cache_stored != "none" and not (
+        changes.get("flat_kept", spec.flat_kept) and changes.get("cache", spec.cache) and not spec.cross
+    ):
+        changes["cache_stored"] = "none"  # BART's form with a cache of its own
     if spec.weights_discarded != "none" and (
         spec.style != "inline" or spec.output_attentions or changes.get("scores_returned", spec.scores_returned)
     ):

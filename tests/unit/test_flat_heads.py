@@ -100,6 +100,29 @@ def forward(self, x, past=None, mask=None):
     return out.to(q.dtype)
 """
 
+# BART's form where forward stores its key and value as the cache it returns: the cache holds what forward stored,
+# `(b, h, _, d)` wherever it was proven, so the key and value read from it are taken whole too
+STORED = BART.replace(
+    "    proj_shape", "    past = (k, v)\n    proj_shape"
+).replace("    return out.transpose(1, 2)", "    return out.transpose(1, 2), past")
+STORED_AFTER = f"""
+def forward(self, x, past=None, mask=None):
+    bsz, tgt_len, _ = x.size()
+    if past is not None:
+        k = past[0]
+        v = past[1]
+    else:
+        k = self._shape(self.k(x), -1, bsz)
+        v = self._shape(self.v(x), -1, bsz)
+    past = (k, v)
+    q = self._shape(self.q(x), tgt_len, bsz)
+    src_len = k.size(2)
+    out = {SDPA}(q, k, v, attn_mask=mask, scale=1.0)
+
+    # back to the heads
+    return out.transpose(1, 2), past
+"""
+
 STILL_FLAT = """    proj_shape = (bsz * self.num_heads, -1, self.head_dim)
     q = self._shape(self.q(x), tgt_len, bsz)
     k = k.reshape(*proj_shape)
@@ -108,6 +131,33 @@ STILL_FLAT = """    proj_shape = (bsz * self.num_heads, -1, self.head_dim)
 
 CASES = [
     (BART, SHAPE, BART_AFTER),
+    (STORED, SHAPE, STORED_AFTER),
+    # the cache returned is not the one stored: what forward reads from it may be laid out otherwise
+    (STORED.replace("), past\n", "), None\n"), SHAPE, BART_AFTER.replace("    proj_shape", "    past = (k, v)\n    proj_shape")
+     .replace("    return out.transpose(1, 2)", "    return out.transpose(1, 2), None")),
+    # the key bound again after it is stored: the cache holds another tensor than the one flattened
+    (STORED.replace("    past = (k, v)\n", "    past = (k, v)\n    k = k.flip(2)\n"), SHAPE,
+     BART_AFTER.replace("    proj_shape", "    past = (k, v)\n    k = k.flip(2)\n    proj_shape")
+     .replace("    return out.transpose(1, 2)", "    return out.transpose(1, 2), past")
+     .replace("k.view(*proj_shape)\n    v = v.view", "k.view(*proj_shape)\n    v = v.view")
+     .replace("(q, k{SPLIT}, v{SPLIT},".replace("{SPLIT}", SPLIT), f"(q, k{SPLIT}, v,")
+     .replace("    v = v.view(*proj_shape)\n", "")),
+    # the key laid out otherwise where it is stored than where it is flattened: the cache is not what is proven
+    (
+        STORED.replace("k = past[0]", "k = past[0].transpose(1, 2)")
+        .replace("k = self._shape(self.k(x), -1, bsz)", "k = self._shape(self.k(x), -1, bsz).transpose(1, 2)")
+        .replace("    past = (k, v)\n", "    past = (k, v)\n    k = k.transpose(1, 2)\n"),
+        SHAPE,
+        STORED_AFTER.replace("k = past[0]", "k = past[0].transpose(1, 2)")
+        .replace("k = self._shape(self.k(x), -1, bsz)", "k = self._shape(self.k(x), -1, bsz).transpose(1, 2)")
+        .replace("    past = (k, v)\n", "    past = (k, v)\n    k = k.transpose(1, 2)\n    proj_shape = (bsz * self.num_heads, -1, self.head_dim)\n")
+        .replace("    src_len = k.size(2)\n", "    k = k.view(*proj_shape)\n    src_len = k.size(1)\n")
+        .replace("(q, k, v,", f"(q, k{SPLIT}, v,"),
+    ),
+    # the cache stored in another order: its first element is the value, not the key
+    (STORED.replace("past = (k, v)", "past = (v, k)"), SHAPE,
+     BART_AFTER.replace("    proj_shape", "    past = (v, k)\n    proj_shape")
+     .replace("    return out.transpose(1, 2)", "    return out.transpose(1, 2), past")),
     (CACHED, SHAPE, CACHED_AFTER),
     # the proven last size is not the flattening's: the view regroups, nothing changes
     (CACHED.replace("-1, self.head_dim)", "-1, self.head_size)"), SHAPE, None),
@@ -153,7 +203,7 @@ def _parsed(text: str) -> cst.FunctionDef:
     "before,method,after",
     CASES,
     ids=[
-        "bart", "all-proven", "other-last-size", "batch-rebound", "module-name", "other-reads", "unknown-length",
+        "bart", "stored", "stored-not-returned", "stored-rebound", "stored-relaid", "stored-swapped", "all-proven", "other-last-size", "batch-rebound", "module-name", "other-reads", "unknown-length",
         "other-check",
     ],
 )

@@ -213,3 +213,11 @@ def test_a_mask_added_under_a_flag_of_the_settings_goes_to_the_implementations_u
     spec, _, _ = regression("12z8: the mask added under a flag of the settings, causal masks, 5.x")
     refused = port_source(render(spec), filename="modeling_fuzz.py")
     assert refused.status is Status.REFUSED and "create_causal_mask" in refused.reasons[0], refused.reasons
+
+
+@pytest.mark.parametrize("name,whole", [("37c", True), ("37d", False)])
+def test_a_key_read_from_a_stored_cache_goes_whole_only_where_stored_whole(name: str, whole: bool) -> None:
+    source = ported(next(n for n in REGRESSIONS if n.startswith(name)))
+    sdpa = source[source.index("class FuzzSdpaAttention") :]
+    assert ("key_states.unflatten(0," not in sdpa) is whole
+    assert ("key_states = key.reshape(*proj_shape)" not in sdpa) is whole

@@ -379,7 +379,7 @@ def test_a_dropout_module_that_may_be_none_and_a_fill_given_as_a_float() -> None
     assert refused.status is Status.REFUSED and "[S112]" in " ".join(refused.reasons), refused.reasons
 
 
-def test_the_eager_forward_docstring_stays_first_in_the_sdpa_forward() -> None:
+def test_the_eager_forward_docstring_stays_with_the_eager_forward() -> None:
     documented = ENCODER.replace(
         "        batch, length, _ = hidden_states.shape\n",
         '        """Self-attention with a learned distance bias."""\n        batch, length, _ = hidden_states.shape\n',
@@ -387,9 +387,11 @@ def test_the_eager_forward_docstring_stays_first_in_the_sdpa_forward() -> None:
     )
     result = port_source(documented, filename="modeling_tiny_encoder.py")
     assert result.status is Status.PORTED, result.reasons
-    forward = result.source.split("class TinyEncoderSdpaSelfAttention")[1].split("    def forward(")[1]
-    body = forward.split("):\n", 1)[1].lstrip()
-    assert body.startswith('"""Self-attention with a learned distance bias."""\n        if output_attentions:'), body[:200]
+    eager, sdpa = result.source.split("class TinyEncoderSdpaSelfAttention")
+    assert '"""Self-attention with a learned distance bias."""' in eager
+    # the class docstring says what the SDPA forward does; the eager one describes eager's
+    body = sdpa.split("    def forward(")[1].split("):\n", 1)[1].lstrip()
+    assert body.startswith("if output_attentions:"), body[:200]
 
 
 THREADED = '''

@@ -51,7 +51,9 @@ def test_the_helper_is_written_out_in_the_sdpa_forward_and_the_eager_class_is_ke
     assert "            content_query = query + self.content_bias\n" in branch
     # the content product is SDPA's; the position term joins the mask; both branches scale by 1/sqrt(d)
     assert "            sdpa_query = content_query\n            sdpa_key = key\n" in branch
-    assert "            sdpa_mask = position\n" in branch and "torch.matmul(content_query" not in branch
+    # the position term, named only to be handed on, is the mask where it is computed (`rewrite/squeeze.py`)
+    assert '            sdpa_mask = torch.einsum("bhqd,hqkd->bhqk", query_1, embedded)\n' in branch
+    assert "torch.matmul(content_query" not in branch
     assert branch.count("sdpa_scale = sdpa_scale / math.sqrt(self.head_size)") == 1
     assert "return" not in branch and "_relative_scores" not in sdpa_forward(ported.source)
     # the eager class is as written
