@@ -207,3 +207,46 @@ def test_a_config_attribute_only_tested_for_truth_is_a_switch() -> None:
     assert not alone_inputs.tested_only(SWITCHED, "width_mult") and not alone_inputs.tested_only(SWITCHED, "absent")
     # one read for its value among tests
     assert not alone_inputs.tested_only(SWITCHED + "\n    x = config.pre_ln * 2\n", "pre_ln")
+
+
+GUARDED = """
+import torch
+
+try:
+    from timm_missing_here.layers import to_2tuple, Mlp as MlpAlias
+except ImportError:
+    pass
+try:
+    from json import loads
+except ImportError:
+    pass
+"""
+
+
+def test_a_name_imported_in_a_try_block_from_a_missing_package_is_explained() -> None:
+    from sdpa_port.verify import stubs
+
+    assert stubs.guarded_import(GUARDED, "to_2tuple") == "timm_missing_here.layers"
+    assert stubs.guarded_import(GUARDED, "MlpAlias") == "timm_missing_here.layers"
+    assert stubs.guarded_import(GUARDED, "loads") is None  # installed: the NameError is another's
+    assert stubs.guarded_import(GUARDED, "other") is None
+    said = stubs.explained(NameError("name 'to_2tuple' is not defined"), GUARDED)
+    assert said.startswith("name 'to_2tuple' is not defined: the file imports it from `timm_missing_here.layers`")
+    assert said.endswith("inside a try block, and `timm_missing_here` is not installed here")
+    assert stubs.explained(ValueError("bad"), GUARDED) == "bad"
+
+
+def test_a_stand_in_used_at_run_time_names_the_missing_package() -> None:
+    """`from megatron_util import mpu`, then `mpu.get_model_parallel_world_size()` once loaded: the reason names
+    `megatron_util`; a stand-in of the file's own package (relative imports) names none."""
+    import pytest
+
+    from sdpa_port.verify import stubs
+
+    missing = stubs.StandInModule("megatron_missing_here")
+    named = r"mpu.world_size stands in .*`megatron_missing_here.mpu`: `megatron_missing_here` is not"
+    with pytest.raises(stubs.StubUsed, match=named):
+        missing.mpu.world_size()
+    own = stubs.StandInModule(stubs.PACKAGE + ".helpers")
+    with pytest.raises(stubs.StubUsed, match=r"cannot satisfy$"):
+        own.scale_of.value
