@@ -431,12 +431,7 @@ def _cases_at(
     terms: list[str] = []
     cross: list[str] = []
     roles = alone_inputs.forward_roles(module.forward)  # how the forward uses a parameter no name tells
-    # a parameter the forward embeds (`self.links(relation)`, an `nn.Embedding`): indices below its size
-    sizes_of: dict[str, int] = {}
-    for name, attribute in alone_inputs.embedded(module.forward).items():
-        found = getattr(module, attribute, None)
-        if isinstance(found, torch.nn.Embedding):
-            sizes_of[name] = found.num_embeddings
+    sizes_of = _embedded_sizes(module)
     indices: dict[str, int] = {}
     states: list[str] = []
     for parameter in signature.parameters.values():
@@ -462,6 +457,40 @@ def _cases_at(
             terms.append(name)
         elif parameter.default is None and _CROSS.match(name):
             cross.append(name)
+    mask_options = _mask_options(masks, length, windowed)
+    # score terms at the shapes they take: (batch, heads, queries, keys) or (batch, length, width), or an embedding of
+    # a head's width per pair of positions, shared by the batch or not (`q @ pos_k.transpose(-2, -1)` on the queries
+    # laid out (length, batch * heads, head width)); all of them at one shape (a module may need several), or each alone
+    term_shapes: list[tuple[int, ...]] = [(BATCH, heads, length, length), (BATCH, length, width)]
+    if heads > 0 and width % heads == 0:
+        term_shapes += [(length, length, width // heads), (BATCH, length, length, width // heads)]
+    term_options: list[dict[str, Any]] = [{}]
+    for term_shape in term_shapes:
+        term_options.append({term: torch.randn(term_shape, generator=generator) for term in terms})
+        if len(terms) > 1:
+            term_options += [{term: torch.randn(term_shape, generator=generator)} for term in terms]
+    # the other sequence's states, where the forward takes them: left out, then given (a cross-attention built to
+    # read them always runs only with them)
+    cross_options: list[dict[str, Any]] = [{}]
+    if cross:
+        cross_options.append({name: torch.randn(shape, generator=generator) for name in cross})
+    input_options = _input_options(indices, states, length, width, generator)
+    cases: dict[str, dict[str, Any]] = {}
+    for mask_case, mask_kwargs in mask_options:
+        for term_kwargs in term_options:
+            for cross_kwargs in cross_options:
+                given = [*term_kwargs, *cross_kwargs]
+                label = f"{mask_case} with {', '.join(given)}" if given else mask_case
+                for index_kwargs in input_options:
+                    kwargs = {**base, **index_kwargs, **mask_kwargs, **term_kwargs, **cross_kwargs}
+                    if label not in cases and _runs(module, kwargs):
+                        cases[label] = kwargs
+    return list(cases.items())
+
+
+def _mask_options(masks: list[str], length: int, windowed: bool) -> list[tuple[str, dict[str, Any]]]:
+    """The masks tried, labelled: none, then padded keys, a causal triangle and shifted windows' mask where the
+    forward takes one (`masks`, the first given)."""
     # padded keys in the extended form (batch, 1, 1, keys), expanded over the queries for modules that check it,
     # or as the (batch, keys) mask of ones and zeros for modules that extend it themselves
     broadcast = torch.zeros(BATCH, 1, 1, length)
@@ -479,24 +508,26 @@ def _cases_at(
         mask_options.append(("causal ones", {masks[0]: torch.ones(1, 1, length, length).tril()}))
     if windowed and masks:  # an additive (windows, tokens, tokens) mask of 0 and -100, as shifted windows get
         mask_options.append(("window mask", {masks[0]: _window_mask(length)}))
-    # score terms at the shapes they take: (batch, heads, queries, keys) or (batch, length, width), or an embedding of
-    # a head's width per pair of positions, shared by the batch or not (`q @ pos_k.transpose(-2, -1)` on the queries
-    # laid out (length, batch * heads, head width)); all of them at one shape (a module may need several), or each alone
-    term_shapes: list[tuple[int, ...]] = [(BATCH, heads, length, length), (BATCH, length, width)]
-    if heads > 0 and width % heads == 0:
-        term_shapes += [(length, length, width // heads), (BATCH, length, length, width // heads)]
-    term_options: list[dict[str, Any]] = [{}]
-    for term_shape in term_shapes:
-        term_options.append({term: torch.randn(term_shape, generator=generator) for term in terms})
-        if len(terms) > 1:
-            term_options += [{term: torch.randn(term_shape, generator=generator)} for term in terms]
-    # the other sequence's states, where the forward takes them: left out, then given (a cross-attention built to
-    # read them always runs only with them)
-    cross_options: list[dict[str, Any]] = [{}]
-    if cross:
-        cross_options.append({name: torch.randn(shape, generator=generator) for name in cross})
+    return mask_options
+
+
+def _embedded_sizes(module: torch.nn.Module) -> dict[str, int]:
+    """The forward's parameters passed alone to an `nn.Embedding` of the module (`self.links(relation)`), each with
+    the embedding's size: index tensors, below it."""
+    out: dict[str, int] = {}
+    for name, attribute in alone_inputs.embedded(module.forward).items():
+        found = getattr(module, attribute, None)
+        if isinstance(found, torch.nn.Embedding):
+            out[name] = found.num_embeddings
+    return out
+
+
+def _input_options(
+    indices: dict[str, int], states: list[str], length: int, width: int, generator: torch.Generator
+) -> list[dict[str, Any]]:
+    """The index tensors and the required tensors after the states, in the orders tried (the first that runs)."""
     # the indices the forward embeds, one per pair of positions, then one per position: the first shape that runs
-    input_options: list[dict[str, Any]] = [
+    options: list[dict[str, Any]] = [
         {name: torch.randint(0, size, index_shape, generator=generator) for name, size in indices.items()}
         for index_shape in alone_inputs.index_shapes(length)
     ] if indices else [{}]
@@ -504,18 +535,8 @@ def _cases_at(
     # (Transformer-XL's relative position embeddings `r`, which the forward projects and views per position)
     if len(states) > 1:
         table = {name: torch.randn((length, width), generator=generator) for name in states[1:]}
-        input_options += [{**option, **table} for option in input_options]
-    cases: dict[str, dict[str, Any]] = {}
-    for mask_case, mask_kwargs in mask_options:
-        for term_kwargs in term_options:
-            for cross_kwargs in cross_options:
-                given = [*term_kwargs, *cross_kwargs]
-                label = f"{mask_case} with {', '.join(given)}" if given else mask_case
-                for index_kwargs in input_options:
-                    kwargs = {**base, **index_kwargs, **mask_kwargs, **term_kwargs, **cross_kwargs}
-                    if label not in cases and _runs(module, kwargs):
-                        cases[label] = kwargs
-    return list(cases.items())
+        options += [{**option, **table} for option in options]
+    return options
 
 
 def _runs(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
