@@ -248,6 +248,8 @@ def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
             out[name] = False
         elif alone_inputs.side_width(name, _WIDTHS) and parameter.default is parameter.empty:
             out[name] = HIDDEN  # `dim_in`, `dim_out`, `out_channels`: the module's width, as `dim_out=dim` builds it
+        elif _SIZES.search(name) and parameter.default is parameter.empty:
+            out[name] = HIDDEN // HEADS  # a head's width (`d_head`), as the config's head sizes are valued
         elif name in indexed and parameter.default is parameter.empty:
             out[name] = alone_inputs.sides(indexed[name])  # `input_size[1]`: a size of that many sides
         elif parameter.default is parameter.empty:
@@ -255,7 +257,7 @@ def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
     return out
 
 
-_SIZES = re.compile(r"(^|_)(head_dim|head_size|attention_head_size|kv_channels)$")
+_SIZES = re.compile(r"(^|_)(head_dim|head_size|attention_head_size|kv_channels|d_head|dim_head)$")
 _LENGTHS = re.compile(r"(max_position_embeddings|_length|_len|window_size|n_positions|n_ctx)$")
 _EPSILONS = re.compile(r"(eps|epsilon)$")
 _CONFIG_READS = re.compile(r"\bconfig\.([A-Za-z_][A-Za-z0-9_]*)")
@@ -269,8 +271,8 @@ def generic_config(klass: type) -> Any:
     from transformers import PretrainedConfig
 
     try:
-        source = inspect.getsource(klass)
-    except (OSError, TypeError) as error:
+        source = alone_inputs.class_source(klass)
+    except OSError as error:
         raise _CannotBuild(f"its constructor takes `config`, the file has no config class, and its source is unread: {error}") from error
     values: dict[str, Any] = {}
     for name in dict.fromkeys(_CONFIG_READS.findall(source)):
@@ -429,6 +431,9 @@ def _cases_at(
     terms: list[str] = []
     cross: list[str] = []
     roles = alone_inputs.forward_roles(module.forward)  # how the forward uses a parameter no name tells
+    sizes_of = _embedded_sizes(module)
+    indices: dict[str, int] = {}
+    states: list[str] = []
     for parameter in signature.parameters.values():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) or parameter.name in sizes:
             continue
@@ -443,12 +448,49 @@ def _cases_at(
         elif required and roles.get(name) == "term":  # `if pos_k is not None`: an optional term, given or not
             terms.append(name)
             base[name] = None
+        elif required and name in sizes_of:
+            indices[name] = sizes_of[name]
         elif parameter.default is parameter.empty:  # states, whatever their name (`fv`, `fe`): the original decides
             base[name] = torch.randn(shape, generator=generator)
+            states.append(name)
         elif parameter.default is None and _TERMS.search(name):
             terms.append(name)
         elif parameter.default is None and _CROSS.match(name):
             cross.append(name)
+    mask_options = _mask_options(masks, length, windowed)
+    # score terms at the shapes they take: (batch, heads, queries, keys) or (batch, length, width), or an embedding of
+    # a head's width per pair of positions, shared by the batch or not (`q @ pos_k.transpose(-2, -1)` on the queries
+    # laid out (length, batch * heads, head width)); all of them at one shape (a module may need several), or each alone
+    term_shapes: list[tuple[int, ...]] = [(BATCH, heads, length, length), (BATCH, length, width)]
+    if heads > 0 and width % heads == 0:
+        term_shapes += [(length, length, width // heads), (BATCH, length, length, width // heads)]
+    term_options: list[dict[str, Any]] = [{}]
+    for term_shape in term_shapes:
+        term_options.append({term: torch.randn(term_shape, generator=generator) for term in terms})
+        if len(terms) > 1:
+            term_options += [{term: torch.randn(term_shape, generator=generator)} for term in terms]
+    # the other sequence's states, where the forward takes them: left out, then given (a cross-attention built to
+    # read them always runs only with them)
+    cross_options: list[dict[str, Any]] = [{}]
+    if cross:
+        cross_options.append({name: torch.randn(shape, generator=generator) for name in cross})
+    input_options = _input_options(indices, states, length, width, generator)
+    cases: dict[str, dict[str, Any]] = {}
+    for mask_case, mask_kwargs in mask_options:
+        for term_kwargs in term_options:
+            for cross_kwargs in cross_options:
+                given = [*term_kwargs, *cross_kwargs]
+                label = f"{mask_case} with {', '.join(given)}" if given else mask_case
+                for index_kwargs in input_options:
+                    kwargs = {**base, **index_kwargs, **mask_kwargs, **term_kwargs, **cross_kwargs}
+                    if label not in cases and _runs(module, kwargs):
+                        cases[label] = kwargs
+    return list(cases.items())
+
+
+def _mask_options(masks: list[str], length: int, windowed: bool) -> list[tuple[str, dict[str, Any]]]:
+    """The masks tried, labelled: none, then padded keys, a causal triangle and shifted windows' mask where the
+    forward takes one (`masks`, the first given)."""
     # padded keys in the extended form (batch, 1, 1, keys), expanded over the queries for modules that check it,
     # or as the (batch, keys) mask of ones and zeros for modules that extend it themselves
     broadcast = torch.zeros(BATCH, 1, 1, length)
@@ -466,32 +508,35 @@ def _cases_at(
         mask_options.append(("causal ones", {masks[0]: torch.ones(1, 1, length, length).tril()}))
     if windowed and masks:  # an additive (windows, tokens, tokens) mask of 0 and -100, as shifted windows get
         mask_options.append(("window mask", {masks[0]: _window_mask(length)}))
-    # score terms at the shapes they take: (batch, heads, queries, keys) or (batch, length, width), or an embedding of
-    # a head's width per pair of positions, shared by the batch or not (`q @ pos_k.transpose(-2, -1)` on the queries
-    # laid out (length, batch * heads, head width)); all of them at one shape (a module may need several), or each alone
-    term_shapes: list[tuple[int, ...]] = [(BATCH, heads, length, length), (BATCH, length, width)]
-    if heads > 0 and width % heads == 0:
-        term_shapes += [(length, length, width // heads), (BATCH, length, length, width // heads)]
-    term_options: list[dict[str, Any]] = [{}]
-    for term_shape in term_shapes:
-        term_options.append({term: torch.randn(term_shape, generator=generator) for term in terms})
-        if len(terms) > 1:
-            term_options += [{term: torch.randn(term_shape, generator=generator)} for term in terms]
-    # the other sequence's states, where the forward takes them: left out, then given (a cross-attention built to
-    # read them always runs only with them)
-    cross_options: list[dict[str, Any]] = [{}]
-    if cross:
-        cross_options.append({name: torch.randn(shape, generator=generator) for name in cross})
-    cases: dict[str, dict[str, Any]] = {}
-    for mask_case, mask_kwargs in mask_options:
-        for term_kwargs in term_options:
-            for cross_kwargs in cross_options:
-                given = [*term_kwargs, *cross_kwargs]
-                label = f"{mask_case} with {', '.join(given)}" if given else mask_case
-                kwargs = {**base, **mask_kwargs, **term_kwargs, **cross_kwargs}
-                if label not in cases and _runs(module, kwargs):
-                    cases[label] = kwargs
-    return list(cases.items())
+    return mask_options
+
+
+def _embedded_sizes(module: torch.nn.Module) -> dict[str, int]:
+    """The forward's parameters passed alone to an `nn.Embedding` of the module (`self.links(relation)`), each with
+    the embedding's size: index tensors, below it."""
+    out: dict[str, int] = {}
+    for name, attribute in alone_inputs.embedded(module.forward).items():
+        found = getattr(module, attribute, None)
+        if isinstance(found, torch.nn.Embedding):
+            out[name] = found.num_embeddings
+    return out
+
+
+def _input_options(
+    indices: dict[str, int], states: list[str], length: int, width: int, generator: torch.Generator
+) -> list[dict[str, Any]]:
+    """The index tensors and the required tensors after the states, in the orders tried (the first that runs)."""
+    # the indices the forward embeds, one per pair of positions, then one per position: the first shape that runs
+    options: list[dict[str, Any]] = [
+        {name: torch.randint(0, size, index_shape, generator=generator) for name, size in indices.items()}
+        for index_shape in alone_inputs.index_shapes(length)
+    ] if indices else [{}]
+    # the required tensors after the first: the states' shape, then a (length, width) table shared by the batch
+    # (Transformer-XL's relative position embeddings `r`, which the forward projects and views per position)
+    if len(states) > 1:
+        table = {name: torch.randn((length, width), generator=generator) for name in states[1:]}
+        options += [{**option, **table} for option in options]
+    return options
 
 
 def _runs(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:

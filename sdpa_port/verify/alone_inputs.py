@@ -12,9 +12,12 @@ inputs. Vision and diffusion attention takes more than the `(batch, length, widt
   width)` (Megatron's layout, ChatGLM and CodeGeeX; taken where the masks run on it, see `alone._cases`), heads split out
   `(batch, length, heads, head_width)` (LoFTR), packed query, key and value channels first `(batch, 3 * width,
   length)` (guided diffusion's QKVAttention), channels first `(batch, width, length)` (a 1-D convolution), an image
-  `(batch, width, height, width)` (a UNet's AttentionBlock);
+  `(batch, width, height, width)` (a UNet's AttentionBlock), last an image of one row of `ROW` tokens (a spherical
+  map, whose row a forward splits into square patches);
 - spatial sizes a forward takes beside flattened states (`forward(x, H, W)`): integers whose product is the length,
-  a 2-D window's sides where the module has one.
+  a 2-D window's sides where the module has one; not a name whose attributes the forward reads (`w.size(0)`);
+- a required tensor after the states: the states' shape, then a `(length, width)` table shared by the batch
+  (Transformer-XL's relative position embeddings `r`), in `alone._cases_at`.
 
 Some values are read from the code rather than the names (`reads`):
 
@@ -26,7 +29,10 @@ Some values are read from the code rather than the names (`reads`):
 - a config attribute whose name tells no value but which the class only tests for truth (`if config.pre_ln:`) is a
   switch, turned off (`tested_only`);
 - a required forward parameter that the forward tests against None (`if pos_k is not None`) is an optional score term,
-  and one it fills the scores where (`scores.masked_fill(m, ...)`) is a mask (`forward_roles`).
+  and one it fills the scores where (`scores.masked_fill(m, ...)`) is a mask (`forward_roles`);
+- a required forward parameter the forward passes to an `nn.Embedding` of the module (`self.links(relation)`) is an
+  index tensor: long, below the embedding's size, one per pair of positions, else one per position (`embedded`,
+  `index_shapes`).
 
 The width is the first linear layer's input width, else the first convolution's or norm's channels
 (`alone._width`), so an image meets the group norm that reads it. Nothing here decides a pass: a layout is taken only where the original module runs on it, and the port
@@ -52,6 +58,9 @@ WINDOWS: tuple[Any, ...] = ((WINDOW_SIDE, WINDOW_SIDE), WINDOW_SIDE, (2, WINDOW_
 _WINDOW_NAMES = re.compile(r"^(window_size|win_size|window|feat_size)$")
 _SPATIAL_NAMES = re.compile(r"^(H|W|h|w|height|width|Wh|Ww)$")
 SPATIAL = (2, 4)  # height and width of flattened states where the forward takes them as integers
+# a one-row image's side, tried last: a multiple of the squares (1, 4, 16) of the patch sides a forward may split a
+# row into, with several patches (`b n x (y p1 p2)`, `p1=k, p2=k`, `k=4`: four keys), which the (2, 4) image is not
+ROW = 64
 
 
 def window_parameter(klass: type) -> str | None:
@@ -88,6 +97,20 @@ def _tree(function: Any) -> ast.AST | None:
         return ast.parse(textwrap.dedent(source))
     except (OSError, TypeError, SyntaxError, IndexError):
         return None
+
+
+def class_source(klass: type) -> str:
+    """A class's source, read from the text its module keeps where its file is gone (`_tree`); OSError where none."""
+    try:
+        return inspect.getsource(klass)
+    except (OSError, TypeError) as error:
+        kept = getattr(sys.modules.get(klass.__module__), "__sdpa_port_source__", None)
+        if not isinstance(kept, str):
+            raise OSError(str(error)) from error
+        for node in ast.parse(kept).body:
+            if isinstance(node, ast.ClassDef) and node.name == klass.__name__:
+                return ast.get_source_segment(kept, node) or ""
+        raise OSError(str(error)) from error
 
 
 def sdpa_side_values(forward: Any) -> dict[str, Any]:
@@ -195,6 +218,31 @@ def forward_roles(forward: Any) -> dict[str, str]:
     return out
 
 
+def embedded(forward: Any) -> dict[str, str]:
+    """The forward's parameters it passes to a submodule of its own as the only argument (`self.links(relation)`),
+    each with that submodule's attribute name; `alone._cases` takes those that are `nn.Embedding`s as index tensors."""
+    tree = _tree(forward)
+    out: dict[str, str] = {}
+    for node in ast.walk(tree) if tree is not None else ():
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "self"
+            and len(node.args) == 1
+            and not node.keywords
+            and isinstance(node.args[0], ast.Name)
+        ):
+            out.setdefault(node.args[0].id, node.func.attr)
+    return out
+
+
+def index_shapes(length: int) -> list[tuple[int, ...]]:
+    """The shapes tried for an index tensor a forward embeds: one index per pair of positions (a relation between
+    tokens, added to the scores once embedded), then one per position."""
+    return [(BATCH, length, length), (BATCH, length)]
+
+
 def window_options(klass: type) -> list[dict[str, Any]]:
     """The constructor values to try for the window, in order; one empty option where the constructor takes none."""
     name = window_parameter(klass)
@@ -214,11 +262,19 @@ def tokens(window: Any) -> int:
 
 
 def spatial_parameters(forward: Any) -> list[str]:
-    """The forward's required integer sizes of flattened states (`H`, `W`), in order."""
+    """The forward's required integer sizes of flattened states (`H`, `W`), in order; not a name whose attributes
+    the forward reads (`w.size(0)`: Transformer-XL's states are `w`), which is a tensor."""
+    tree = _tree(forward)
+    read = {
+        node.value.id
+        for node in (ast.walk(tree) if tree is not None else ())
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+    }
     out = []
     for parameter in inspect.signature(forward).parameters.values():
-        if _SPATIAL_NAMES.match(parameter.name) and parameter.default is parameter.empty:
-            out.append(parameter.name)
+        name = parameter.name
+        if _SPATIAL_NAMES.match(name) and parameter.default is parameter.empty and name not in read:
+            out.append(name)
     return out
 
 
@@ -241,6 +297,7 @@ def state_shapes(width: int, heads: int, length: int, window: Any = None) -> lis
         shapes.append((BATCH, width, int(window[0]), int(window[1])))
     else:
         shapes.append((BATCH, width, *SPATIAL))
+    shapes.append((BATCH, width, 1, ROW))  # one row (a spherical map's layout), split into patches along it
     return list(dict.fromkeys(shapes))
 
 
@@ -267,4 +324,7 @@ __all__ = [
     "side_width",
     "tested_only",
     "forward_roles",
+    "embedded",
+    "index_shapes",
+    "class_source",
 ]

@@ -29,6 +29,8 @@ from sdpa_port.verify.checks import Check
 from sdpa_port.verify.diagnose import PortCalls
 from sdpa_port.verify.model_builds import sharpen
 from sdpa_port.verify.outputs import EAGER_TOLERANCE, RELATIVE_TOLERANCE, SDPA_TOLERANCE
+from sdpa_port.verify.loader import source_of
+from sdpa_port.verify.stubs import explained
 from sdpa_port.verify.unverified import unverified
 
 
@@ -83,6 +85,14 @@ def _model(original_class: type, ported_class: type, config: Any, padding: str, 
     return checks
 
 
+def _explained(failure: object, original: ModuleType) -> str:
+    """A constructor's failure, naming the missing package of a name the file imports inside a try block."""
+    try:
+        return explained(failure, source_of(original))
+    except (OSError, SyntaxError, ValueError):
+        return str(failure)
+
+
 def check_class(original: ModuleType, ported: ModuleType, name: str) -> Check:
     """One class of the port against the original's, under its default settings and each boolean setting flipped.
 
@@ -92,7 +102,7 @@ def check_class(original: ModuleType, ported: ModuleType, name: str) -> Check:
     try:
         variants = _variants(original, name)
     except Exception as reason:  # noqa: BLE001 - a constructor the harness cannot satisfy: not verified, said why
-        return unverified(f"{name} of the port, checked on its own: {reason}")
+        return unverified(f"{name} of the port, checked on its own: {_explained(reason, original)}")
     ran: list[str] = []
     details: list[str] = []
     worst = 0.0
@@ -101,7 +111,7 @@ def check_class(original: ModuleType, ported: ModuleType, name: str) -> Check:
         if not extra:  # the defaults: the window values in order, the first the original builds and runs with taken
             found, window, failure = _first_window(original, ported, name)
             if failure is not None:
-                return unverified(f"{name} of the port, checked on its own: {failure}")
+                return unverified(f"{name} of the port, checked on its own: {_explained(failure, original)}")
         else:
             try:
                 reference, port = _pair(original, ported, name, {**window, **extra})

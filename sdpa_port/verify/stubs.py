@@ -25,6 +25,7 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -73,8 +74,18 @@ class _StandType(type):
         if name.startswith("__") or not cls.__dict__.get("_sdpa_port_stand_in", False):
             raise AttributeError(name)
         if not _loading[0]:
-            raise StubUsed(f"{cls.__qualname__}.{name} stands in for an import this Python cannot satisfy")
+            missing = _missing(cls)
+            raise StubUsed(f"{cls.__qualname__}.{name} stands in for an import this Python cannot satisfy{missing}")
         return _StandValue(f"{cls.__qualname__}.{name}")
+
+
+def _missing(cls: type) -> str:
+    """The package a stand-in class stands in for, said where it is not the file's own (`megatron_util`, whose `mpu`
+    gives Megatron's parallel layers: a world size of 1 alone would leave them standing in)."""
+    module = getattr(cls, "__module__", "") or ""
+    if not module or module.startswith(PACKAGE):
+        return ""
+    return f" (`{module}.{cls.__qualname__}`: `{module.split('.')[0]}` is not installed here)"
 
 
 class _Stand(metaclass=_StandType):
@@ -183,6 +194,33 @@ def missing_imports(source: str) -> tuple[list[str], bool]:
     )
     tops, relative = imported_tops(tree, guarded)
     return [top for top in tops if importlib.util.find_spec(top) is None], relative
+
+
+def guarded_import(source: str, name: str) -> str | None:
+    """The module a file imports `name` from inside a `try` block, where this Python cannot import it; or None.
+
+    Such imports stay real (no stand-in takes an optional path), so a class using the name fails with a NameError
+    where its package is missing: the reason says which package."""
+    for statement in ast.walk(ast.parse(source)):
+        if not isinstance(statement, ast.Try):
+            continue
+        for node in (n for part in statement.body for n in ast.walk(part)):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                if any((alias.asname or alias.name) == name for alias in node.names):
+                    top = node.module.split(".")[0]
+                    return node.module if importlib.util.find_spec(top) is None else None
+    return None
+
+
+def explained(reason: object, source: str) -> str:
+    """A failure's text, with the missing package named where it is a name the file imports inside a `try` block."""
+    text = str(reason)
+    found = re.match(r"name '(\w+)' is not defined", text)
+    module = guarded_import(source, found.group(1)) if found else None
+    if module is None:
+        return text
+    top = module.split(".")[0]
+    return f"{text}: the file imports it from `{module}` inside a try block, and `{top}` is not installed here"
 
 
 @contextlib.contextmanager

@@ -525,3 +525,99 @@ def test_sharpened_weights_reach_a_gated_attention_under_spectral_norm() -> None
         norm = torch.linalg.matrix_norm(block.proj.weight.flatten(1), 2)
     assert float(block.gate) != 0.0
     assert abs(float(norm) - 1.0) < 1e-3, float(norm)
+
+
+# values read from the code (`verify/alone_inputs.py`): a relation the forward embeds (indices below the embedding's
+# size, one per pair of positions), a row split into square patches of a constructor's side (a one-row image of
+# several patches), and a head size named `d_head` with seq-first states `w` and a (length, width) position table `r`
+READ_OFF_THE_CODE = '''import math
+
+import torch
+from torch import nn
+
+
+class RelationAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.size = config.hidden_size // config.num_attention_heads
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.links = nn.Embedding(5, config.num_attention_heads)
+
+    def forward(self, hidden_states, attention_mask, relation):
+        b, n, _ = hidden_states.shape
+        q, k, v = self.qkv(hidden_states).view(b, n, 3, self.heads, self.size).permute(2, 0, 3, 1, 4)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.size)
+        scores = scores + self.links(relation).permute(0, 3, 1, 2) + attention_mask
+        probs = nn.functional.softmax(scores, dim=-1)
+        return torch.matmul(probs, v).transpose(1, 2).reshape(b, n, -1)
+
+
+class RowPatchAttention(nn.Module):
+    def __init__(self, dim_in, dim_out, heads=8, dim_head=64, k=4):
+        super().__init__()
+        self.heads, self.k = heads, k
+        self.scale = dim_head**-0.5
+        self.to_q = nn.Conv2d(dim_in, dim_head * heads, 1, bias=False)
+        self.to_kv = nn.Conv2d(dim_in, 2 * dim_head * heads, k, stride=k, bias=False)
+        self.to_out = nn.Conv2d(dim_head * heads, dim_out, 1)
+
+    def forward(self, fmap):
+        b, c, x, y = fmap.shape
+        k, h = self.k, self.heads
+        q = self.to_q(fmap).reshape(b * h, -1, x * y).transpose(1, 2)
+        patches = fmap.reshape(b, c, y // (k * k), k, k).permute(0, 2, 1, 3, 4).reshape(-1, c, k, k)
+        kv = self.to_kv(patches).reshape(b, y // (k * k), -1).transpose(1, 2)
+        key, value = kv.reshape(b * h, 2, -1, y // (k * k)).unbind(1)
+        dots = torch.bmm(q, key) * self.scale
+        attn = dots.softmax(dim=-1)
+        out = torch.bmm(attn, value.transpose(1, 2))
+        return self.to_out(out.transpose(1, 2).reshape(b, -1, x, y))
+
+
+class PositionTableAttention(nn.Module):
+    def __init__(self, n_head, d_model, d_head, dropout):
+        super().__init__()
+        self.n_head, self.d_head = n_head, d_head
+        self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)
+        self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)
+        self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
+        self.drop = nn.Dropout(dropout)
+        self.scale = 1 / (d_head**0.5)
+
+    def forward(self, w, r, attn_mask=None):
+        qlen, bsz, rlen = w.size(0), w.size(1), r.size(0)
+        q, k, v = torch.chunk(self.qkv_net(w), 3, dim=-1)
+        q = q.view(qlen, bsz, self.n_head, self.d_head)
+        k = k.view(qlen, bsz, self.n_head, self.d_head)
+        v = v.view(qlen, bsz, self.n_head, self.d_head)
+        r_k = self.r_net(r).view(rlen, self.n_head, self.d_head)
+        score = torch.einsum("ibnd,jbnd->ijbn", (q, k)) + torch.einsum("ibnd,jnd->ijbn", (q, r_k))
+        score = score * self.scale
+        prob = nn.functional.softmax(score, dim=1)
+        prob = self.drop(prob)
+        vec = torch.einsum("ijbn,jbnd->ibnd", (prob, v))
+        return [self.o_net(vec.reshape(qlen, bsz, self.n_head * self.d_head))]
+'''
+
+
+def test_inputs_read_off_the_code_verify_the_modules_and_a_sabotage_is_seen(tmp_path: Path) -> None:
+    """Each class runs only on inputs its code asks for; each is checked alone, and a wrong scale fails each."""
+    path = tmp_path / "read_off.py"
+    result, verification, lines = _ported_in_place(path, READ_OFF_THE_CODE)
+    assert verification.passed, lines
+    checked = {line.split(" in place")[0]: line for line in verification.lines if " in place:" in line}
+    assert sorted(checked) == ["PositionTableAttention", "RelationAttention", "RowPatchAttention"], lines
+    assert "padded keys" in checked["RelationAttention"], lines  # the mask is required: given, with the relation
+    assert "channels-first maps" in checked["RowPatchAttention"], lines
+    assert "seq-first states" in checked["PositionTableAttention"], lines
+    for name in checked:
+        start = result.source.index(f"class {name}(")
+        end = result.source.find("\nclass ", start + 1)
+        end = len(result.source) if end < 0 else end
+        body = result.source[start:end]
+        assert "scale=" in body, name
+        sabotaged = result.source[:start] + body.replace("scale=", "scale=1.1 * ", 1) + result.source[end:]
+        failed = verify_port_of(path, READ_OFF_THE_CODE, replace_result(result, sabotaged))
+        assert not failed.passed, f"{name}: " + "\n".join(failed.lines)
+        assert any(line.startswith(f"{name} in place: FAILED") for line in failed.lines), failed.lines

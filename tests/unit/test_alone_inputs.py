@@ -72,12 +72,19 @@ def test_state_layouts_start_with_the_transformers_and_end_with_an_image() -> No
         (BATCH, 96, 7),  # packed query, key and value channels first
         (BATCH, 32, 7),  # channels first
         (BATCH, 32, *SPATIAL),  # an image
+        (BATCH, 32, 1, alone_inputs.ROW),  # one row, split into square patches along it
     ]
 
 
 def test_a_square_window_shapes_the_image() -> None:
-    assert alone_inputs.state_shapes(32, 4, 9, (3, 3))[-1] == (BATCH, 32, 3, 3)
-    assert alone_inputs.state_shapes(32, 4, 3, 3)[-1] == (BATCH, 32, *SPATIAL)
+    assert alone_inputs.state_shapes(32, 4, 9, (3, 3))[-2] == (BATCH, 32, 3, 3)
+    assert alone_inputs.state_shapes(32, 4, 3, 3)[-2] == (BATCH, 32, *SPATIAL)
+
+
+def test_the_row_image_holds_several_square_patches_of_side_four() -> None:
+    """`b n x (y p1 p2)` with `p1=p2=4`: the row splits into whole 4x4 patches, more than one (one key alone makes
+    every softmax 1, which no scale changes)."""
+    assert alone_inputs.ROW % 16 == 0 and alone_inputs.ROW // 16 > 1
 
 
 def test_heads_that_do_not_divide_the_width_split_nothing() -> None:
@@ -207,3 +214,86 @@ def test_a_config_attribute_only_tested_for_truth_is_a_switch() -> None:
     assert not alone_inputs.tested_only(SWITCHED, "width_mult") and not alone_inputs.tested_only(SWITCHED, "absent")
     # one read for its value among tests
     assert not alone_inputs.tested_only(SWITCHED + "\n    x = config.pre_ln * 2\n", "pre_ln")
+
+
+def _forward_embeds(self, x, relation, mask):  # type: ignore[no-untyped-def]
+    bias = self.links(relation).permute(0, 3, 1, 2)
+    return self.proj(x, mask) + bias
+
+
+def _forward_transfo(self, w, r, H):  # type: ignore[no-untyped-def]
+    return w.size(0) + r.size(0) + H
+
+
+def test_a_parameter_passed_alone_to_a_submodule_is_read_as_embedded_there() -> None:
+    """`self.links(relation)`: `relation` goes to `links` (an `nn.Embedding` there makes it an index tensor); a call
+    with more arguments (`self.proj(x, mask)`) is no embedding's."""
+    assert alone_inputs.embedded(_forward_embeds) == {"relation": "links"}
+    assert alone_inputs.embedded(_forward_plain) == {}
+    assert alone_inputs.index_shapes(7) == [(BATCH, 7, 7), (BATCH, 7)]  # a pair of positions first, then one
+
+
+def test_a_spatial_name_whose_attributes_the_forward_reads_is_a_tensor() -> None:
+    """Transformer-XL's states are `w` (`w.size(0)`): not a width; `H`, read for no attribute, still is."""
+    assert alone_inputs.spatial_parameters(_forward_transfo) == ["H"]
+
+
+GUARDED = """
+import torch
+
+try:
+    from timm_missing_here.layers import to_2tuple, Mlp as MlpAlias
+except ImportError:
+    pass
+try:
+    from json import loads
+except ImportError:
+    pass
+"""
+
+
+def test_a_name_imported_in_a_try_block_from_a_missing_package_is_explained() -> None:
+    from sdpa_port.verify import stubs
+
+    assert stubs.guarded_import(GUARDED, "to_2tuple") == "timm_missing_here.layers"
+    assert stubs.guarded_import(GUARDED, "MlpAlias") == "timm_missing_here.layers"
+    assert stubs.guarded_import(GUARDED, "loads") is None  # installed: the NameError is another's
+    assert stubs.guarded_import(GUARDED, "other") is None
+    said = stubs.explained(NameError("name 'to_2tuple' is not defined"), GUARDED)
+    assert said.startswith("name 'to_2tuple' is not defined: the file imports it from `timm_missing_here.layers`")
+    assert said.endswith("inside a try block, and `timm_missing_here` is not installed here")
+    assert stubs.explained(ValueError("bad"), GUARDED) == "bad"
+
+
+def test_a_stand_in_used_at_run_time_names_the_missing_package() -> None:
+    """`from megatron_util import mpu`, then `mpu.get_model_parallel_world_size()` once loaded: the reason names
+    `megatron_util`; a stand-in of the file's own package (relative imports) names none."""
+    import pytest
+
+    from sdpa_port.verify import stubs
+
+    missing = stubs.StandInModule("megatron_missing_here")
+    named = r"mpu.world_size stands in .*`megatron_missing_here.mpu`: `megatron_missing_here` is not"
+    with pytest.raises(stubs.StubUsed, match=named):
+        missing.mpu.world_size()
+    own = stubs.StandInModule(stubs.PACKAGE + ".helpers")
+    with pytest.raises(stubs.StubUsed, match=r"cannot satisfy$"):
+        own.scale_of.value
+
+
+def test_a_class_source_is_read_from_the_kept_text_where_its_file_is_gone() -> None:
+    """A second verification of the same original finds its module loaded from a file since removed: the config
+    a class reads (`generic_config`) is still read from its source."""
+    import pytest
+
+    module = types.ModuleType("kept_class_for_alone_inputs")
+    text = "import os\n\n\nclass Reads:\n    def f(self, config):\n        return config.hidden_size\n"
+    exec(compile(text, "/gone/kept_class_for_alone_inputs.py", "exec"), module.__dict__)
+    sys.modules[module.__name__] = module
+    try:
+        with pytest.raises(OSError):
+            alone_inputs.class_source(module.Reads)  # nothing kept: unread, as before
+        module.__sdpa_port_source__ = text  # type: ignore[attr-defined]
+        assert alone_inputs.class_source(module.Reads).startswith("class Reads:\n    def f(self, config):")
+    finally:
+        del sys.modules[module.__name__]
