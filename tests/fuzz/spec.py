@@ -239,6 +239,11 @@ class Spec:
     # with `einsum`: one key and one value for every head, their heads averaged away (multi-query, CoCa's form):
     # `torch.einsum("bhqd,bkd->bhqk", q, k.mean(1))`, and the value likewise in the product with V
     shared_kv: bool = False
+    # with `twin_helper`, what the twin does otherwise: "upcast" its softmax in float32 first (the same SDPA call: the
+    # port keeps one), "reordered" also its product on the heads flattened for `baddbmm`, on float32 copies, split
+    # again after (GPT-2's `_upcast_and_reordered_attn`: the same call too), "rescaled" its scores halved after the
+    # product (another call: the port keeps both)
+    twin_form: str = "upcast"
 
     # -------------------------------------------------------------- derived facts
 
@@ -282,6 +287,7 @@ class Spec:
 SPARSE_SIBLINGS = ("none", "own", "mask")
 WEIGHTS_DISCARDED = ("none", "unpacked", "indexed", "read")
 HELPER_FORMS = ("returned", "slice", "augmented")
+TWIN_FORMS = ("upcast", "reordered", "rescaled")
 CLOSURES = ("none", "direct", "checkpoint", "twice")
 STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
@@ -415,6 +421,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         mask_paired=random.Random(f"paired:{family}:{seed}").random() < 0.2,  # likewise
         helper_form=_pick(random.Random(f"helper:{family}:{seed}"), HELPER_FORMS, (2, 1, 1)),  # likewise
         shared_kv=random.Random(f"shared:{family}:{seed}").random() < 0.3,  # likewise; only `einsum` keeps it
+        twin_form=_pick(random.Random(f"twin:{family}:{seed}"), TWIN_FORMS, (2, 1, 1)),  # likewise
     )
     if spec.flat_kept and spec.layout == "flat" and family in ("440", "inline"):
         # BART's form takes the skeleton it is written in: one plain bmm of (b * h, L, d) states in forward
@@ -659,6 +666,17 @@ def normalise(spec: Spec) -> Spec:
     ):
         changes["shared_kv"] = False  # the `einsum` product's two einsums, the output's the only one with V
     changes.update(_wiring(spec, changes))
+    twin = changes.get("twin_helper", spec.twin_helper)
+    if spec.twin_form != "upcast" and not (twin and spec.family == "440"):
+        changes["twin_form"] = "upcast"
+    elif spec.twin_form == "reordered" and not (
+        changes.get("layout", spec.layout) == "heads"
+        and changes.get("product", spec.product) in ("matmul", "operator", "method")
+        and changes.get("blocks", spec.blocks) == "none"
+        and not changes.get("precision_branch", spec.precision_branch)
+        and not changes.get("score_helper", spec.score_helper)
+    ):
+        changes["twin_form"] = "upcast"  # the plain product of (b, h, L, d) states, which the twin flattens
     return replace(spec, **changes) if changes else spec
 
 

@@ -213,3 +213,20 @@ def test_a_mask_added_under_a_flag_of_the_settings_goes_to_the_implementations_u
     spec, _, _ = regression("12z8: the mask added under a flag of the settings, causal masks, 5.x")
     refused = port_source(render(spec), filename="modeling_fuzz.py")
     assert refused.status is Status.REFUSED and "create_causal_mask" in refused.reasons[0], refused.reasons
+
+
+@pytest.mark.parametrize(
+    "name,calls",
+    [
+        ("37c: two helpers making the same SDPA call, one of them on flattened heads", 1),
+        ("37d: two helpers making different SDPA calls", 2),
+        ("37e: the scores' shape read after flat scores are viewed in 4-D", 2),
+    ],
+)
+def test_helpers_chosen_by_a_setting_make_one_call_where_theirs_are_the_same(name: str, calls: int) -> None:
+    """The twin flattening the heads makes `_attn`'s SDPA call: the SDPA class keeps one (`plan/one_call.py`); halved
+    scores, or a term reading the scores' shape, keep a call per branch."""
+    source = ported(name)
+    sdpa_class = source[source.index("class FuzzSdpaAttention") :].split("\nclass ", 1)[0]
+    assert sdpa_class.count("torch.nn.functional.scaled_dot_product_attention(") == calls
+    assert ("if self.reorder_and_upcast:" in sdpa_class) == (calls == 2)
