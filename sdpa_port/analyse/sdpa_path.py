@@ -27,6 +27,7 @@ import libcst as cst
 
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.known import Known
+from sdpa_port.analyse.least_fills import least_fills
 from sdpa_port.analyse.masked_rows import masked_rows_reason
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.refusals import Code, Refuse
@@ -48,6 +49,9 @@ class SdpaPath:
     built: bool  # the operands SDPA is handed are built (joined blocks, one per branch), not read
     names_assigned_after_start: frozenset[str]
     operands: tuple[cst.BaseExpression, cst.BaseExpression]  # the query and key, over every branch
+    # the statements whose fill is the least number of the scores' dtype, made into a 0-d tensor only to be the fill
+    # (`least_fills.py`): the port writes the number in its place
+    least_fills: frozenset[cst.CSTNode] = frozenset()
 
     @property
     def chain_ops(self) -> list[t.Op]:
@@ -102,10 +106,10 @@ def read_sdpa_path(
     unsafe = masked_rows_reason(chosen[0], aligned)
     if unsafe is not None:
         raise Refuse.because(unsafe[0], line=unsafe[1])
-    return _path(function, selected, chosen[0])
+    return _path(function, selected, chosen[0], facts)
 
 
-def _path(function: cst.FunctionDef, result: t.TraceResult, candidate: t.Candidate) -> SdpaPath:
+def _path(function: cst.FunctionDef, result: t.TraceResult, candidate: t.Candidate, facts: ModuleFacts) -> SdpaPath:
     return SdpaPath(
         function=function,
         plans=MappingProxyType(dict(result.plans)),
@@ -119,6 +123,7 @@ def _path(function: cst.FunctionDef, result: t.TraceResult, candidate: t.Candida
         built=candidate.built(),
         names_assigned_after_start=frozenset(candidate.names_assigned_after_start),
         operands=candidate.operands(),
+        least_fills=least_fills(function, result.plans, facts.imports),
     )
 
 

@@ -22,6 +22,7 @@ import libcst.matchers as m
 
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.cstutil import (
+    assignment,
     assigned_values,
     block_body,
     code,
@@ -77,18 +78,25 @@ def stable_names(body: Sequence[cst.BaseStatement], params: set[str]) -> set[str
     return stable
 
 
-def shape_of(node: cst.BaseExpression, context: Context, methods: Methods, depth: int = 0) -> Shape | None:
+def shape_of(
+    node: cst.BaseExpression, context: Context, methods: Methods, depth: int = 0, rank: int | None = None
+) -> Shape | None:
     """The sizes of `node` where its text tells them: a view or reshape with its sizes written out (`-1` unknown),
-    a transpose, `contiguous()`, `torch.cat`, a name through every statement binding it, a method of one return."""
+    a transpose, a permute, `contiguous()`, `torch.cat`, a name through every statement binding it, a method of
+    assignments and one return.
+
+    `rank`: the rank `node` must have where it is read (a permute of that many dimensions raises otherwise), which
+    tells how many leading sizes a view keeps where it writes only its last ones (`x.view(x.size()[:-1] + (h, d))`).
+    """
     if depth > 8:
         return None
     if isinstance(node, cst.Name):
-        return _bound_shape(node.value, context, methods, depth + 1)
+        return _bound_shape(node.value, context, methods, depth + 1, rank)
     if not isinstance(node, cst.Call):
         return None
     func = node.func
     if isinstance(func, cst.Attribute) and func.attr.value in ("view", "reshape"):
-        return _view_shape(node, func.value, context, methods, depth)
+        return _view_shape(node, func.value, context, methods, depth, rank)
     if any(a.star for a in node.args):
         return None
     if code(func) == "torch.cat":
@@ -97,7 +105,9 @@ def shape_of(node: cst.BaseExpression, context: Context, methods: Methods, depth
         return None
     method = func.attr.value
     if isinstance(func.value, cst.Name) and func.value.value == "self":
-        return _method_shape(node, method, context, methods, depth)
+        return _method_shape(node, method, context, methods, depth, rank)
+    if method == "permute":
+        return _permuted_shape(node, func.value, context, methods, depth)
     inner = shape_of(func.value, context, methods, depth + 1)
     if inner is None:
         return None
@@ -121,11 +131,40 @@ def shape_of(node: cst.BaseExpression, context: Context, methods: Methods, depth
     return None
 
 
-def _view_shape(
+def _permuted_shape(
     node: cst.Call, source: cst.BaseExpression, context: Context, methods: Methods, depth: int
 ) -> Shape | None:
+    """`x.permute(0, 2, 1, 3)`: x's sizes in that order; x has as many dimensions as the permute names (or it
+    raises)."""
+    args = node.args
+    if len(args) == 1 and isinstance(args[0].value, (cst.Tuple, cst.List)):
+        values = [e.value for e in args[0].value.elements if not isinstance(e, cst.StarredElement)]
+        if len(values) != len(args[0].value.elements):
+            return None
+    else:
+        values = [a.value for a in args]
+    if any(a.keyword for a in args):
+        return None
+    dims = [_dim(v, len(values)) for v in values]
+    if not dims or sorted(d for d in dims if d is not None) != list(range(len(dims))):
+        return None
+    inner = shape_of(source, context, methods, depth + 1, rank=len(dims))
+    if inner is None or len(inner) != len(dims):
+        return None
+    return tuple(inner[d] for d in dims if d is not None)
+
+
+def _view_shape(
+    node: cst.Call, source: cst.BaseExpression, context: Context, methods: Methods, depth: int, rank: int | None
+) -> Shape | None:
     """A view or reshape: its sizes written out, or held in a tuple (`view(*proj_shape)`) bound before; a `-1` is
-    read from the source's sizes where the others account for all but one of them."""
+    read from the source's sizes where the others account for all but one of them. Sizes written only for the
+    last dimensions, after a tensor's leading ones (`view(x.size()[:-1] + (h, d))`), are read with those leading
+    sizes (unknown where x's are), where the number of dimensions is known."""
+    if len(node.args) == 1 and node.args[0].star in ("", "*") and node.args[0].keyword is None:
+        kept = _kept_leading(node.args[0].value, context, methods, depth, rank)
+        if kept is not None or not node.args[0].star:
+            return kept
     sizes = _written_sizes(node.args, context)
     if sizes is None or len(sizes) < 2:
         return None
@@ -133,6 +172,39 @@ def _view_shape(
         return tuple(sizes)
     whole = shape_of(source, context, methods, depth + 1)
     return tuple(sizes) if whole is None else _unknown_read(sizes, whole)
+
+
+def _kept_leading(
+    node: cst.BaseExpression, context: Context, methods: Methods, depth: int, rank: int | None
+) -> Shape | None:
+    """The sizes `x.size()[:-k] + (a, b)` (or `x.shape[:-k] + ...`, or a name bound to either) gives a view, as one
+    argument or unpacked: x's leading sizes, then those written."""
+    if isinstance(node, cst.Name):
+        held = _bound_value(node.value, context)
+        if held is None:
+            return None
+        node = held
+    kept = m.Subscript(
+        value=m.Call(func=m.Attribute(attr=m.Name("size")), args=[]) | m.Attribute(attr=m.Name("shape")),
+        slice=[m.SubscriptElement(m.Slice(lower=None, upper=m.UnaryOperation(m.Minus(), m.Integer()), step=None))],
+    )
+    if not m.matches(node, m.BinaryOperation(left=kept, operator=m.Add(), right=m.Tuple())):
+        return None
+    assert isinstance(node, cst.BinaryOperation) and isinstance(node.right, cst.Tuple)
+    left = node.left
+    assert isinstance(left, cst.Subscript)
+    dropped = int(left.slice[0].slice.upper.expression.value)  # type: ignore[attr-defined]
+    if any(isinstance(e, cst.StarredElement) for e in node.right.elements):
+        return None
+    written = tuple(code(e.value) for e in node.right.elements)
+    read = left.value.func.value if isinstance(left.value, cst.Call) else left.value  # type: ignore[attr-defined]
+    whole = shape_of(read, context, methods, depth + 1)
+    if whole is not None and len(whole) >= dropped:
+        sizes = (*whole[: len(whole) - dropped], *written)
+        return sizes if rank is None or len(sizes) == rank else None
+    if rank is None or rank < len(written):
+        return None
+    return (*(None,) * (rank - len(written)), *written)
 
 
 def _written_sizes(args: Sequence[cst.Arg], context: Context) -> list[str | None] | None:
@@ -223,28 +295,56 @@ def _cat_shape(node: cst.Call, context: Context, methods: Methods, depth: int) -
 
 
 def _method_shape(
-    node: cst.Call, name: str, context: Context, methods: Methods, depth: int
+    node: cst.Call, name: str, context: Context, methods: Methods, depth: int, rank: int | None
 ) -> Shape | None:
-    """The shape a method of one `return` gives, its parameters read as the arguments of the call."""
+    """The shape a method gives whose body is assignments `name = value` and one `return`, its parameters read as
+    the arguments of the call: a parameter it never binds again stands for its argument, the others and its locals
+    are names of their own, bound in the order the method binds them."""
     function = methods(name)
     if function is None or function.decorators or any(a.keyword or a.star for a in node.args):
         return None
     body = [s for s in block_body(function.body) if not is_docstring(s)]
-    if len(body) != 1 or not m.matches(body[0], m.SimpleStatementLine(body=[m.Return(value=m.DoNotCare())])):
+    if not body or not m.matches(body[-1], m.SimpleStatementLine(body=[m.Return(value=m.DoNotCare())])):
         return None
-    returned = body[0].body[0].value  # type: ignore[attr-defined]
+    assignments = [assignment_of(s) for s in body[:-1]]
+    returned = body[-1].body[0].value  # type: ignore[attr-defined]
     params = function.params
     if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.kwonly_params or params.posonly_params:
         return None
     names = [p.name.value for p in params.params]
-    if not names or names[0] != "self" or len(names) - 1 != len(node.args):
+    if not names or names[0] != "self" or len(names) - 1 != len(node.args) or returned is None:
         return None
-    if walk_names(returned) - set(names) - {"torch"}:
-        return None  # a name of the method's module, which forward may bind to something else
-    bound = dict(zip(names[1:], (a.value for a in node.args)))
+    locals_ = {a.targets[0].target.value for a in assignments if a is not None}  # type: ignore[attr-defined]
+    read = set().union(*(walk_names(s) for s in body))
+    if None in assignments or read - set(names) - locals_ - {"torch"}:
+        return None  # other statements, or a name of the method's module, which forward may bind to something else
+    arguments = dict(zip(names[1:], (a.value for a in node.args)))
+    taken = _names_before(context)
+    own = {n: cst.Name(_own_name(name, n, taken)) for n in locals_}
+    bound: dict[str, cst.BaseExpression] = {**{n: v for n, v in arguments.items() if n not in locals_}, **own}
+    prelude = [assignment(own[n].value, v) for n, v in arguments.items() if n in locals_]
+    statements = [*prelude, *(s.visit(_Substitute(bound)) for s in body[:-1])]
     substituted = returned.visit(_Substitute(bound))
     assert isinstance(substituted, cst.BaseExpression)
-    return shape_of(substituted, context, methods, depth + 1)
+    inner = Context(statements, context) if statements else context  # type: ignore[arg-type]
+    return shape_of(substituted, inner, methods, depth + 1, rank)
+
+
+def _names_before(context: Context | None) -> set[str]:
+    names: set[str] = set()
+    while context is not None:
+        for statement in context.statements:
+            names |= walk_names(statement)
+        context = context.parent
+    return names
+
+
+def _own_name(method: str, name: str, taken: set[str]) -> str:
+    """A name for a local of `method`, read inside the caller's statements, that none of them uses."""
+    own = f"_{method.lstrip('_')}_{name}"
+    while own in taken:
+        own = "_" + own
+    return own
 
 
 class _Substitute(cst.CSTTransformer):
@@ -263,7 +363,9 @@ class _Substitute(cst.CSTTransformer):
         return updated.with_changes(keyword=original.keyword)  # nor is a keyword
 
 
-def _bound_shape(name: str, context: Context | None, methods: Methods, depth: int) -> Shape | None:
+def _bound_shape(
+    name: str, context: Context | None, methods: Methods, depth: int, rank: int | None = None
+) -> Shape | None:
     """The shape the name holds after `context`'s statements: the last statement binding it, through each branch of
     an if/elif/else chain (the sizes the branches agree on)."""
     while context is not None:
@@ -274,7 +376,7 @@ def _bound_shape(name: str, context: Context | None, methods: Methods, depth: in
             before = Context(context.statements[:position], context.parent)
             if isinstance(statement, cst.SimpleStatementLine):
                 small = assignment_of(statement, name)
-                return None if small is None else shape_of(small.value, before, methods, depth)
+                return None if small is None else shape_of(small.value, before, methods, depth, rank)
             if not isinstance(statement, cst.If):
                 return None
             branches = if_branches(statement)
@@ -282,7 +384,7 @@ def _bound_shape(name: str, context: Context | None, methods: Methods, depth: in
                 return None  # bound in a test (`:=`)
             if branches[-1][0] is not None:
                 branches.append((None, []))  # no else: the name as it was before the `if`
-            shapes = [_bound_shape(name, Context(body, before), methods, depth + 1) for _, body in branches]
+            shapes = [_bound_shape(name, Context(body, before), methods, depth + 1, rank) for _, body in branches]
             return _agreed(shapes)
         context = context.parent
     return None

@@ -26,6 +26,7 @@ from sdpa_port.analyse.selection import attention_dicts, configured_classes, sup
 from sdpa_port.plan.causal_contract import marks_follow_masks
 from sdpa_port.plan.gate import authors_refusal, override_refusals, selection_refusals, unreached_side_refusal
 from sdpa_port.plan.kept_eager import split_refused
+from sdpa_port.plan.one_call import one_call
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import NO_ATTENTION, PortResult, Status, Style
 from sdpa_port.rewrite import mask_helpers, register
@@ -442,7 +443,7 @@ def _build_forwards(
     for analysis, name, registration in registrations:
         contract = contracts.get(analysis.class_name, MaskContract())
         try:
-            side = read_sdpa_side(facts, analysis)
+            side = one_call(facts, analysis.class_name, read_sdpa_side(facts, analysis))
             forward = keep_heads(build_sdpa_forward(facts, side, contract), plain_methods(facts, analysis.class_name))
         except Refuse as error:
             line = analysis.sites[0].line if analysis.sites else 0

@@ -16,6 +16,7 @@ import libcst as cst
 from sdpa_port.analyse import chain as t
 from sdpa_port.analyse.cstutil import (
     assigned_names,
+    expr,
     assignment,
     block_body,
     code,
@@ -30,7 +31,7 @@ from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.rewrite import sdpa_mask, sdpa_output, sdpa_state, sdpa_terms
 from sdpa_port.rewrite.edit import replace_names, replace_nodes
-from sdpa_port.rewrite.sdpa_builders import dropout_expression, not_none_names, query_root
+from sdpa_port.rewrite.sdpa_builders import dropout_expression, not_none_names, query_root, unflatten
 from sdpa_port.rewrite.sdpa_layout import Layout, decide_layout, laid_out, product_shape, scores_shape
 from sdpa_port.rewrite.sdpa_state import EmitOptions, Side, SideState, merged
 from sdpa_port.rewrite.walk import StatementWalker
@@ -66,6 +67,18 @@ def recast_operands(ops: Sequence[t.Op]) -> bool:
             case _:
                 pass
     return False
+
+
+def recast_value(path: SdpaPath) -> cst.BaseExpression | None:
+    """The value whose dtype the port hands query and key over in (`recast_operands`), where it is known at the
+    product; None where they are handed over as they are."""
+    ops = path.chain_ops
+    if any(isinstance(op, t.Start) and op.operands_upcast for op in ops) or not recast_operands(ops):
+        return None
+    outputs = [op for op in ops if isinstance(op, t.Output)]
+    if len(outputs) != 1 or walk_names(outputs[0].value) & path.names_assigned_after_start:
+        return None
+    return outputs[0].value
 
 
 class SdpaEmitter(StatementWalker):
@@ -105,6 +118,9 @@ class SdpaEmitter(StatementWalker):
         # names read by the statements the rewrite removed: their definitions may now be dead
         self.removed_reads: set[str] = set()
         self.shifted = False  # the row's maximum was subtracted from the scores (`Shift`)
+        # flat scores viewed in 4-D with their batch and heads (GPT-2's reordered product): their shape is read from
+        # the operands split into their heads, as SDPA takes them; None where only some paths view them so
+        self.widened: bool | None = False
         # names the enclosing `if` tests have shown not to be None, innermost last
         self.not_none: list[set[str]] = []
         # names bound by the chain statements the rewrite removed (the scores, the probabilities), and whether the
@@ -144,7 +160,7 @@ class SdpaEmitter(StatementWalker):
                 flush()
                 self.removed_reads |= walk_names(small)
                 self.chain_bound |= self.assigned_by(small)
-                out.extend(self.chain_statement(plan))
+                out.extend(self.chain_statement(plan, least=small in self.path.least_fills))
             elif isinstance(plan, t.OutputStmt):
                 flush()
                 out.extend(self.output_statement(small, plan, statement))
@@ -197,14 +213,16 @@ class SdpaEmitter(StatementWalker):
             index = plan.sizes[found]
             if self.key is None:
                 raise Refuse(Code.SCORES_READ, "the scores' shape is read before the query-key product")
-            operand, dim = (self.query_root(), index) if index is not None else (primary(self.key), -2)
+            query, key = self.shaped_operands()
+            assert key is not None
+            operand, dim = (query_root(query), index) if index is not None else (primary(key), -2)
             mapping[found] = cst.Call(
                 func=cst.Attribute(value=operand, attr=cst.Name("size")),
                 args=[cst.Arg(cst.Integer(str(dim)) if dim >= 0 else cst.UnaryOperation(cst.Minus(), cst.Integer(str(-dim))))],
             )
         for found in nodes_in(node, plan.shaped):
             size = cst.SubscriptElement(cst.Index(cst.Integer(str(plan.shaped[found]))))
-            mapping[found] = cst.Subscript(value=parenthesized(product_shape(self.query, self.key)), slice=[size])
+            mapping[found] = cst.Subscript(value=parenthesized(product_shape(*self.shaped_operands())), slice=[size])
         for found in nodes_in(node, plan.replacements):
             action = plan.replacements[found]
             if action is t.KeepAction.STRIP_EXPAND:
@@ -242,24 +260,32 @@ class SdpaEmitter(StatementWalker):
         guarded = self.none_guarded_term(node, touched)
         if guarded is not None:
             # `if mask is not None: scores = scores + mask` on an empty mask is just `mask`, None or not
+            widened = self.widened
             body = self.block(block_body(node.body))
+            self.widened = widened if self.widened == widened else None
             self.state.mask, self.state.mask_nullable = cst.Name(guarded), True
             return [node.with_changes(body=node.body.with_changes(body=body))] if body else []
         pre = self.materialize(touched) if touched else []
         before = self.state.copy()
+        widened = self.widened
+        widths: set[bool | None] = set()
         ends: list[SideState] = []
         branches: list[tuple[cst.If | cst.Else, list[cst.BaseStatement]]] = []
         for current in if_chain(node):
             self.state = before.copy()
+            self.widened = widened
             checked = not_none_names(current.test) if isinstance(current, cst.If) else set()
             self.not_none.append(checked)
             body = self.block(block_body(current.body))
             self.not_none.pop()
             ends.append(self.state)
             branches.append((current, body))
+            widths.add(self.widened)
         if not isinstance(branches[-1][0], cst.Else):
             ends.append(before)
+            widths.add(widened)
         self.state = merged(ends, self.line_in(node))
+        self.widened = widths.pop() if len(widths) == 1 else None  # viewed in 4-D on some paths only: not known
         if all(not body for _, body in branches):
             return pre
         rebuilt = rebuild_if(branches, lambda branch: self.keep(branch.test, self.plans.get(branch.test)))
@@ -330,26 +356,33 @@ class SdpaEmitter(StatementWalker):
 
     # -------------------------------------------------------------- chain statements
 
-    def chain_statement(self, plan: t.ChainStmt) -> list[cst.BaseStatement]:
+    def chain_statement(self, plan: t.ChainStmt, least: bool = False) -> list[cst.BaseStatement]:
+        """The side-value updates of a chain statement; a fill holding the least number of the scores' dtype
+        (`least`) fills with that number of the query's dtype (`least_fills.py`)."""
         out: list[cst.BaseStatement] = []
         for op in plan.ops:
+            if least and isinstance(op, t.Fill):
+                op = replace(op, fill=expr(f"torch.finfo({code(self.query_root())}.dtype).min"))
             out.extend(self.apply(op))
         return out
 
     def apply(self, op: t.Op) -> list[cst.BaseStatement]:
         """The side-value update one chain operation stands for; every operation is decided here, none dropped."""
         state = self.state
+        if isinstance(op, t.View) and op.shape is None and {op.rank_before, op.rank_after} == {3, 4}:
+            self.widened = op.rank_after == 4
         match op:
             case t.Start():
                 return self.start_chain(op)
             case t.Scale():
                 return self.scale(op)
             case t.AddTerm():
+                query, key = self.shaped_operands() if op.rank != 3 else (self.query, self.key)
                 pre, term = sdpa_terms.added_term(
                     op,
                     self.names,
-                    query=self.query,
-                    key=self.key,
+                    query=query,
+                    key=key,
                     regrouped=self.regrouped,
                     scores_layout=self.scores_layout,
                     heads=(self.readable_layout() if op.rank == 3 else self.layout).heads,
@@ -430,7 +463,19 @@ class SdpaEmitter(StatementWalker):
 
     def scores_shape(self) -> cst.BaseExpression:
         """The shape of the query-key product, `query.shape[:-1] + key.shape[-2:-1]`."""
-        return scores_shape(self.query, self.key)
+        return scores_shape(*self.shaped_operands())
+
+    def shaped_operands(self) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:
+        """The query and key whose shapes the scores' shape is read from: split into their heads once flat scores are
+        viewed in 4-D (`widened`)."""
+        heads = self.layout.heads
+        if self.widened is None and heads is not None:
+            raise Refuse(Code.LAYOUT, "the scores' shape is read where only some paths have viewed them in 4-D")
+        if not self.widened or heads is None or self.query is None or self.key is None:
+            return self.query, self.key
+        heads = self.readable_layout().heads
+        assert heads is not None
+        return unflatten(self.query, heads), unflatten(self.key, heads)
 
     def start_chain(self, op: t.Start) -> list[cst.BaseStatement]:
         self.start = op
@@ -458,12 +503,7 @@ class SdpaEmitter(StatementWalker):
 
     def recast_value(self) -> cst.BaseExpression | None:
         """The value whose dtype query and key are handed over in (`recast`), where it is known at the product."""
-        if not self.recast:
-            return None
-        outputs = [op for op in self.path.chain_ops if isinstance(op, t.Output)]
-        if len(outputs) != 1 or walk_names(outputs[0].value) & self.path.names_assigned_after_start:
-            return None
-        return outputs[0].value
+        return recast_value(self.path) if self.recast else None
 
     def scale(self, op: t.Scale) -> list[cst.BaseStatement]:
         """The scale factor joins the side values (`sdpa_terms.scale`); a factor per query rescales the query."""

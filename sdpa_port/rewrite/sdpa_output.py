@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from sdpa_port.analyse import chain as t
 from sdpa_port.analyse.cstutil import assignment, code, expr, primary
 from sdpa_port.analyse.patterns import inverse, permuted
+from sdpa_port.analyse.patterns.numbers import FINFO_MIN
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.rewrite.sdpa_builders import COMMA, if_not_none, query_root, unflatten
@@ -164,6 +166,9 @@ def finalize_causal(
             query=code(query_root(query)),
             key=code(primary(key)) if key is not None else "",
             fill=code(state.causal_fill),
+            # zeros of the query's dtype where the fill is a number: two Python numbers make a float32 mask, which
+            # cannot hold `finfo(float64).min`; beside a 0-d tensor fill `0.0` takes the tensor's dtype
+            zero=f"{code(query_root(query))}.new_zeros(())" if m.matches(state.causal_fill, FINFO_MIN) else "0.0",
         )
     )
     state.mask_maybe_none, state.mask_none = True, False

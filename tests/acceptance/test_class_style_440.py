@@ -91,6 +91,8 @@ def test_greedy_generation(model: str, ported) -> None:  # type: ignore[no-untyp
         ("bert", {"is_decoder": True}),
         ("gpt2", {"scale_attn_by_inverse_layer_idx": True}),
         ("gpt2", {"reorder_and_upcast_attn": True}),
+        ("gpt2", {"reorder_and_upcast_attn": True, "scale_attn_by_inverse_layer_idx": True}),
+        ("gpt2", {"scale_attn_weights": False}),
         ("opt", {"do_layer_norm_before": False}),
     ],
 )
@@ -131,6 +133,38 @@ def test_parity_sees_sabotage(model: str, kind: str, workdir: Path, ported) -> N
     sdpa = next(c for c in checks if "sdpa == eager" in c.name)
     record("sabotage-440", f"{model}:{kind}", sdpa.max_diff)
     assert not sdpa.passed, f"sabotage {kind} of {model} went unnoticed: {sdpa}"
+
+
+@pytest.mark.parametrize(
+    "config_overrides",
+    [{"scale_attn_by_inverse_layer_idx": True}, {"reorder_and_upcast_attn": True, "scale_attn_by_inverse_layer_idx": True}],
+)
+def test_one_call_sees_a_dropped_layer_scale(config_overrides: dict, workdir: Path, ported) -> None:  # type: ignore[no-untyped-def]
+    """GPT-2's two helpers make one SDPA call (`plan/one_call.py`), which must keep the inverse-layer scale of both:
+    without it, parity fails under the upcast helper's setting as under the plain one's."""
+    import libcst as cst
+
+    from sdpa_port.verify import parity
+    from sdpa_port.verify.configs import tiny_config
+
+    source = ported["gpt2"][0]
+    assert source.count("scaled_dot_product_attention(") == 1, "one SDPA call for both helpers"
+
+    class DropLayerScale(cst.CSTTransformer):
+        def leave_If(self, original: cst.If, updated: cst.If) -> cst.BaseStatement | cst.RemovalSentinel:
+            test = cst.Module([]).code_for_node(original.test)
+            return cst.RemoveFromParent() if test == "self.scale_attn_by_inverse_layer_idx" else updated
+
+        def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+            return updated if "Sdpa" in original.name.value else original
+
+    broken = load("gpt2", cst.parse_module(source).visit(DropLayerScale()).code, workdir, tag="no_layer_scale")
+    base = CASES["gpt2"].base
+    config = tiny_config(getattr(original("gpt2"), base).config_class, config_overrides)
+    checks = parity.check_forward(getattr(original("gpt2"), base), getattr(broken, base), config, "left", kind="decoder")
+    sdpa = next(c for c in checks if "sdpa == eager" in c.name)
+    record("sabotage-440", f"gpt2{config_overrides}:layer_scale", sdpa.max_diff)
+    assert not sdpa.passed, f"a dropped inverse-layer scale went unnoticed: {sdpa}"
 
 
 def test_idempotent_on_real_files(ported) -> None:  # type: ignore[no-untyped-def]

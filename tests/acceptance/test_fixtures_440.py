@@ -34,6 +34,11 @@ CASES = [
     ("modeling_tiny_laid_out.py", "TinyLaidOutModel", "encoder", {}),
     # one key and value for every head, expanded to the query's; a bias a file function adds in place past a token
     ("modeling_tiny_shared_key.py", "TinySharedKeyModel", "encoder", {}),
+    # two helpers chosen by a setting, one flattening the heads for baddbmm on float32 copies: one SDPA call for both
+    ("modeling_tiny_twin.py", "TinyTwinModel", "decoder", {}),
+    ("modeling_tiny_twin.py", "TinyTwinModel", "decoder", {"reorder_and_upcast": True}),
+    ("modeling_tiny_twin.py", "TinyTwinModel", "decoder", {"reorder_and_upcast": True, "scale_by_layer": True}),
+    ("modeling_tiny_twin.py", "TinyTwinModel", "decoder", {"scale_by_layer": True}),
 ]
 
 
@@ -200,4 +205,23 @@ def test_the_laid_out_parity_sees_an_unpermuted_term(sabotage: tuple[str, str], 
 def test_the_shared_key_parity_sees_a_wrong_port(sabotage: tuple[str, str], tmp_path: Path) -> None:
     """A shared key's port, broken in its value or in the term a function of the file adds in place, fails parity."""
     checks = _broken_golden_checks("shared_key", "TinySharedKey", sabotage, tmp_path)
+    assert any(c.name.endswith("sdpa == eager") and not c.passed for c in checks), [str(c) for c in checks]
+
+
+@pytest.mark.parametrize("overrides", [{"scale_by_layer": True}, {"scale_by_layer": True, "reorder_and_upcast": True}])
+def test_the_one_call_parity_sees_a_dropped_layer_scale(overrides: dict, tmp_path: Path) -> None:
+    """The twin helpers' one SDPA call without its layer scale fails parity under either helper's setting."""
+    from sdpa_port.verify import parity
+    from sdpa_port.verify.loader import load_in_package
+
+    golden = (FIXTURES / "golden" / "modeling_tiny_twin.py").read_text(encoding="utf-8")
+    dropped = "        if self.scale_by_layer:\n            sdpa_scale = sdpa_scale / float(self.layer_idx + 1)\n"
+    assert golden.count(dropped) == 1 and golden.count("scaled_dot_product_attention(") == 1
+    written = tmp_path / "modeling_tiny_twin_broken.py"
+    written.write_text(golden.replace(dropped, ""), encoding="utf-8")
+    package = "transformers.models.gpt2"
+    original = load_in_package(FIXTURES / "class_style" / "modeling_tiny_twin.py", package, alias="fixture_twin")
+    ported = load_in_package(written, package, alias=f"broken_twin_{tmp_path.name}")
+    config = original.TinyTwinConfig(**overrides)
+    checks = parity.check_forward(original.TinyTwinModel, ported.TinyTwinModel, config, "left", kind="decoder")
     assert any(c.name.endswith("sdpa == eager") and not c.passed for c in checks), [str(c) for c in checks]

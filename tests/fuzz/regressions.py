@@ -701,6 +701,23 @@ REGRESSIONS: dict[str, tuple[Spec, str, str | None]] = {
         ),
         "exact", None,
     ),
+    # GPT-2's `_upcast_and_reordered_attn` beside `_attn`: the twin flattens the heads for `baddbmm` on float32
+    # copies and splits its scores again; both helpers make the same SDPA call, which the port makes once
+    "37f: two helpers making the same SDPA call, one of them on flattened heads": (
+        Spec(placement="helper", twin_helper=True, twin_form="reordered"),
+        "exact", None,
+    ),
+    # ... and a twin whose scores are halved makes another call: each branch keeps its own
+    "37g: two helpers making different SDPA calls": (
+        Spec(placement="helper", twin_helper=True, twin_form="rescaled"),
+        "exact", None,
+    ),
+    # the twin's windowed term reads the scores' shape after their view back to 4-D: it was read from the flattened
+    # query and key, 3-D (a crash: the term broadcast against 4-D scores)
+    "37h: the scores' shape read after flat scores are viewed in 4-D": (
+        Spec(placement="helper", twin_helper=True, twin_form="reordered", terms=(("windowed", "plain"), ("mask", "not_none"))),
+        "exact", None,
+    ),
     # a helper adding its bias to a slice of the scores in place, while a second stream still holds the same tensor
     # (`stream_weights = attn_weights`, no mask to copy it): eager adds the bias to that stream twice, and the port,
     # reading the helper as a term of one chain, gave both streams one bias (SDPA differed by 0.21)

@@ -407,6 +407,13 @@ def one_product(spec: Spec, n: Names, code: Code) -> None:
         code.add(f"attn_weights = torch.bmm({q}, {k}.transpose(1, 2))")
     elif product == "bmm_method":
         code.add(f"attn_weights = {q}.bmm({k}.transpose(1, 2))")
+    elif product == "reordered":  # GPT-2's `_upcast_and_reordered_attn`: heads flattened for baddbmm, float32 copies
+        code.add(f"bsz_, heads_, q_len_, dk_ = {q}.size()")
+        code.add(f"_, _, k_len_, _ = {k}.size()")
+        code.add(f"q_, k_ = {q}.reshape(-1, q_len_, dk_), {k}.transpose(-1, -2).reshape(-1, dk_, k_len_)")
+        code.add("attn_weights = torch.empty(bsz_ * heads_, q_len_, k_len_, dtype=torch.float32, device=q_.device)")
+        code.add("attn_weights = torch.baddbmm(attn_weights, q_.float(), k_.float(), beta=0, alpha=1.0)")
+        code.add("attn_weights = attn_weights.reshape(bsz_, heads_, q_len_, k_len_)")
     elif product in ("baddbmm_zero", "baddbmm_alpha"):
         alpha = "1.0"
         if product == "baddbmm_alpha":
@@ -983,12 +990,19 @@ def attention_class(spec: Spec, code: Code) -> None:
                 chain(spec, n, code)
                 returned(spec, code)
         if spec.placement == "helper" and spec.twin_helper:
-            # the same attention with its softmax computed another way (in float32 first)
+            # the same attention with its softmax computed another way (in float32 first); `twin_form` "reordered":
+            # its product on the heads flattened, "rescaled": its scores halved
             twin = replace(spec, softmax="float_first" if spec.softmax != "float_first" else "upcast")
+            twin = replace(twin, product="reordered") if spec.twin_form == "reordered" else twin
             code.add("")
             code.add(f"def _attn_upcast(self, {n.query}, {n.key}, {n.value}, {', '.join(chain_parameters(spec))}):")
             with code.indent():
+                start = len(code.lines)
                 chain(twin, n, code)
+                if spec.twin_form == "rescaled":
+                    product = next(i for i in range(start, len(code.lines)) if code.lines[i].lstrip().startswith("attn_weights = "))
+                    indent = code.lines[product][: len(code.lines[product]) - len(code.lines[product].lstrip())]
+                    code.lines.insert(product + 1, indent + "attn_weights = attn_weights * 0.5")
                 returned(twin, code)
 
 

@@ -251,6 +251,11 @@ class Spec:
     # the probabilities' dtype read beside the chain, by its name (`weights_type = attn_weights.type()`, a string, as
     # MGLM keeps it) or its attribute (`.dtype`): the port points the read at the query it hands SDPA
     dtype_read: str = "none"
+    # with `twin_helper`, what the twin does otherwise: "upcast" its softmax in float32 first (the same SDPA call: the
+    # port keeps one), "reordered" also its product on the heads flattened for `baddbmm`, on float32 copies, split
+    # again after (GPT-2's `_upcast_and_reordered_attn`: the same call too), "rescaled" its scores halved after the
+    # product (another call: the port keeps both)
+    twin_form: str = "upcast"
 
     # -------------------------------------------------------------- derived facts
 
@@ -295,6 +300,7 @@ SPARSE_SIBLINGS = ("none", "own", "mask")
 WEIGHTS_DISCARDED = ("none", "unpacked", "indexed", "read")
 HELPER_FORMS = ("returned", "slice", "augmented")
 DTYPE_READS = ("none", "name", "attribute")
+TWIN_FORMS = ("upcast", "reordered", "rescaled")
 CLOSURES = ("none", "direct", "checkpoint", "twice")
 STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
@@ -431,6 +437,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         shared_kv=random.Random(f"shared:{family}:{seed}").random() < 0.3,  # likewise; only `einsum` keeps it
         dtype_read=_pick(random.Random(f"dtype:{family}:{seed}"), DTYPE_READS, (6, 1, 1)),  # likewise
         key_viewed=random.Random(f"viewed:{family}:{seed}").random() < 0.5,  # likewise; only `permuted` keeps it
+        twin_form=_pick(random.Random(f"twin:{family}:{seed}"), TWIN_FORMS, (2, 1, 1)),  # likewise
     )
     if spec.flat_kept and spec.layout == "flat" and family in ("440", "inline"):
         # BART's form takes the skeleton it is written in: one plain bmm of (b * h, L, d) states in forward
@@ -681,6 +688,17 @@ def normalise(spec: Spec) -> Spec:
     if spec.key_viewed and changes.get("product", spec.product) != "permuted":
         changes["key_viewed"] = False  # the key the product takes as it is
     changes.update(_wiring(spec, changes))
+    twin = changes.get("twin_helper", spec.twin_helper)
+    if spec.twin_form != "upcast" and not (twin and spec.family == "440"):
+        changes["twin_form"] = "upcast"
+    elif spec.twin_form == "reordered" and not (
+        changes.get("layout", spec.layout) == "heads"
+        and changes.get("product", spec.product) in ("matmul", "operator", "method")
+        and changes.get("blocks", spec.blocks) == "none"
+        and not changes.get("precision_branch", spec.precision_branch)
+        and not changes.get("score_helper", spec.score_helper)
+    ):
+        changes["twin_form"] = "upcast"  # the plain product of (b, h, L, d) states, which the twin flattens
     return replace(spec, **changes) if changes else spec
 
 

@@ -221,3 +221,20 @@ def test_a_key_read_from_a_stored_cache_goes_whole_only_where_stored_whole(name:
     sdpa = source[source.index("class FuzzSdpaAttention") :]
     assert ("key_states.unflatten(0," not in sdpa) is whole
     assert ("key_states = key.reshape(*proj_shape)" not in sdpa) is whole
+
+
+@pytest.mark.parametrize(
+    "name,calls",
+    [
+        ("37f: two helpers making the same SDPA call, one of them on flattened heads", 1),
+        ("37g: two helpers making different SDPA calls", 2),
+        ("37h: the scores' shape read after flat scores are viewed in 4-D", 2),
+    ],
+)
+def test_helpers_chosen_by_a_setting_make_one_call_where_theirs_are_the_same(name: str, calls: int) -> None:
+    """The twin flattening the heads makes `_attn`'s SDPA call: the SDPA class keeps one (`plan/one_call.py`); halved
+    scores, or a term reading the scores' shape, keep a call per branch."""
+    source = ported(name)
+    sdpa_class = source[source.index("class FuzzSdpaAttention") :].split("\nclass ", 1)[0]
+    assert sdpa_class.count("torch.nn.functional.scaled_dot_product_attention(") == calls
+    assert ("if self.reorder_and_upcast:" in sdpa_class) == (calls == 2)

@@ -461,11 +461,12 @@ def _bottom_right(node: cst.Subscript) -> bool:
 _CAUSAL = "causal = self.bias[:, :, key.size(-2) - query.size(-2) : key.size(-2), : key.size(-2)]\n"
 
 
-def _causal_port(kept: str, fill: str) -> str:
-    """What a causal fill becomes: SDPA's `is_causal` for square scores, else the fill as a mask kept where `kept`."""
+def _causal_port(kept: str, fill: str, zero: str = "0.0") -> str:
+    """What a causal fill becomes: SDPA's `is_causal` for square scores, else the fill as a mask kept where `kept`
+    (`zero` where no mask is there: zeros of the query's dtype beside a `finfo` number, which float32 cannot hold)."""
     return (
         f"sdpa_is_causal = sdpa_mask is None and query.size(-2) == key.size(-2)\nif not sdpa_is_causal:\n"
-        f"    sdpa_mask = torch.where({kept}, 0.0 if sdpa_mask is None else sdpa_mask, {fill}).to(query.dtype)\n"
+        f"    sdpa_mask = torch.where({kept}, {zero} if sdpa_mask is None else sdpa_mask, {fill}).to(query.dtype)\n"
         + "return "
         + sdpa("attn_mask=sdpa_mask", "scale=1.0", "is_causal=sdpa_is_causal")
     )
@@ -548,7 +549,7 @@ EXAMPLES = {
                 _CAUSAL,
             ),
             Fill,
-            becomes=_causal_port("causal", "torch.finfo(query.dtype).min"),
+            becomes=_causal_port("causal", "torch.finfo(query.dtype).min", "query.new_zeros(())"),
         ),
         Example(
             scored("scores = torch.where(scores > 0, scores, -1e9)\nprobs = scores.softmax(-1)"),
