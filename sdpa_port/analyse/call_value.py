@@ -35,7 +35,7 @@ from sdpa_port.analyse.cstutil import assigned_names, block_body, code, if_chain
 from sdpa_port.analyse.names import ImportMap
 from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.analyse.sdpa_side import WrittenOut
-from sdpa_port.analyse.views import VIEW_METHODS, integers, reduced
+from sdpa_port.analyse.views import VIEW_METHODS, dtype_view, integers, reduced
 from sdpa_port.refusals import Refuse
 from sdpa_port.rewrite.cleanup import is_pure
 from sdpa_port.rewrite.edit import replace_nodes
@@ -507,16 +507,24 @@ class _Normal(ast.NodeTransformer):
         self.generic_visit(node)
         if node.attr in ("dtype", "device"):
             viewed = node.value
-            while (
-                isinstance(viewed, ast.Call) and isinstance(viewed.func, ast.Attribute) and viewed.func.attr in VIEW_METHODS
-            ):
-                viewed = viewed.func.value
+            while _viewed(viewed):
+                viewed = viewed.func.value  # type: ignore[attr-defined]
             return ast.Attribute(viewed, node.attr, ast.Load())
         return node
 
     def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
         self.generic_visit(node)
         return node.body if ast.dump(node.body) == ast.dump(node.orelse) else node
+
+
+def _viewed(node: ast.expr) -> bool:
+    """A view of a tensor in its own dtype (`views.dtype_view` tells the others)."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in VIEW_METHODS
+        and not dtype_view(node)
+    )
 
 
 def _scalar_tensor(node: ast.Call) -> ast.Call | None:

@@ -85,6 +85,13 @@ def _views(node: ast.expr) -> tuple[ast.expr, list[ast.Call]]:
     return node, calls[::-1]
 
 
+def dtype_view(call: ast.Call) -> bool:
+    """`x.view(torch.float16)`, `x.view(y.dtype)`: a view of the bytes as another dtype, or one not told from it
+    (`x.view(self.shape)`)."""
+    method = call.func.attr if isinstance(call.func, ast.Attribute) else None
+    return method == "view" and len(call.args) == 1 and isinstance(call.args[0], ast.Attribute)
+
+
 def _steps(calls: list[ast.Call], rank: int, size_key: SizeKey) -> list[Step] | None:
     """Each view as a step, its dimensions counted from the front; None where one is not read."""
     steps: list[Step] = []
@@ -92,6 +99,8 @@ def _steps(calls: list[ast.Call], rank: int, size_key: SizeKey) -> list[Step] | 
         method = call.func.attr  # type: ignore[attr-defined]
         args = call.args
         step: Step | None
+        if dtype_view(call):
+            return None
         if method == "contiguous" and not args:
             continue
         if method == "transpose" and len(args) == 2:

@@ -190,6 +190,8 @@ def _reduced(text: str, sizes: dict[str, str] | None = None) -> str:
         ),
         # a merge split again with the sizes in the other order
         ("q.reshape(-1, q.size(2), q.size(3)).unflatten(0, (q.size(1), q.size(0)))", None, None),
+        # the bytes viewed as another dtype first
+        ("q.view(torch.float16).reshape(-1, q.size(2), q.size(3)).unflatten(0, (q.size(0), q.size(1)))", None, None),
     ],
 )
 def test_views_that_undo_each_other_go(text: str, sizes: dict[str, str] | None, result: str | None) -> None:
