@@ -148,11 +148,21 @@ class ProductFinder(cst.CSTVisitor):
         return True
 
 
+def type_name(node: cst.BaseExpression) -> bool:
+    """`x.type()` with no argument: the name of x's type (a string), a read of its dtype, no cast."""
+    return (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value == "type"
+        and not node.args
+    )
+
+
 class ReadFinder(cst.CSTVisitor):
     """Reads of chain names, sorted by what they read of the chain.
 
-    `.dtype`/`.device` attributes (and `.type()`, the dtype's name), `expand_as(chain)`, `reshape_as(chain)`, sizes, other shape reads, and plain reads
-    of the values.
+    `.dtype`/`.device` attributes (and `.type()`, the dtype's name), `expand_as(chain)`, `reshape_as(chain)`, sizes,
+    other shape reads, and plain reads of the values.
     """
 
     def __init__(self, env: dict[str, Value], exclude: cst.CSTNode | None) -> None:
@@ -204,7 +214,7 @@ class ReadFinder(cst.CSTVisitor):
                 self.shapes.append(node.value)  # type: ignore[arg-type]
                 return False
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-            if node.func.attr.value == "type" and not node.args and self.is_chain(node.func.value):
+            if type_name(node) and self.is_chain(node.func.value):
                 self.attributes.append(node.func)  # `probs.type()` names their dtype (a string), as `.dtype` does
                 return False
             if node.func.attr.value == "expand_as" and len(node.args) == 1 and self.is_chain(node.args[0].value):

@@ -63,7 +63,7 @@ from sdpa_port.analyse.chain import (  # the chain's values and operations, used
     ZeroRows,
 )
 from sdpa_port.analyse.chain_book import ChainBook
-from sdpa_port.analyse.chain_reads import ChainReads, ProductFinder, contains_softmax
+from sdpa_port.analyse.chain_reads import ChainReads, ProductFinder, contains_softmax, type_name
 from sdpa_port.analyse.cstutil import assigned_names, block_body, code, walk_names
 from sdpa_port.analyse.forms import FORMS, keys, products
 from sdpa_port.analyse.in_place import aug_assign, changed_in_place, expression_statement
@@ -318,7 +318,7 @@ class Tracer:
             if found is not None:
                 return found
         method = p.method_call(node)
-        if method is not None and method[1] == "type" and isinstance(node, cst.Call) and not node.args:
+        if type_name(node):
             raise NotChain()  # `probs.type()` is a string naming their dtype: read like `probs.dtype`
         if method is not None and self.chain_or_start(method[0]):
             base, ops = self.decompose(method[0], line)

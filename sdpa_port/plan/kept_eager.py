@@ -76,7 +76,11 @@ def split_refused(facts: ModuleFacts, analyses: list[ClassAnalysis]) -> Split:
             refusal = analysis.refusal
             standing.append(
                 Refusal(
-                    refusal.code, refusal.where, refusal.line, f"{refusal.detail}; it cannot stay eager: {blocker}", True
+                    refusal.code,
+                    refusal.where,
+                    refusal.line,
+                    f"{refusal.detail}; it cannot stay eager: {blocker}",
+                    beside=True,
                 )
             )
     if standing:

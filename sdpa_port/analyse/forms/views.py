@@ -13,6 +13,7 @@ import libcst as cst
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import Cast, Poison, View, short
+from sdpa_port.analyse.chain_reads import type_name
 from sdpa_port.analyse.cstutil import assigned_between
 from sdpa_port.analyse.forms.common import GAP, Example, casts_to_float32, method_on_chain, scored, sdpa
 from sdpa_port.refusals import Code
@@ -82,7 +83,7 @@ def cast(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised 
     if found is None:
         return None
     call, receiver, name = found
-    if name == "type" and not call.args:
+    if type_name(call):
         return None  # `x.type()` names the tensor's type (a string): no cast
     base, ops = tracer.decompose(receiver, line)
     return base, [*ops, Cast(name in ("float", "double") or casts_to_float32(call, tracer.scope))]
