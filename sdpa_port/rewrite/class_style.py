@@ -17,6 +17,7 @@ from sdpa_port.analyse.selection import configured_classes
 from sdpa_port.plan.class_style import ClassStylePlan, SdpaClassPlan
 from sdpa_port.render import render_module
 from sdpa_port.rewrite import flags, imports, insert_classes, mask_helpers, register, sub_models
+from sdpa_port.rewrite.inherited_comments import without_inherited_comments
 from sdpa_port.rewrite.squeeze import squeeze
 
 
@@ -25,7 +26,8 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
     needed: list[tuple[str, str | None]] = []
     use_logger = facts.has_module_logger()
     for item in plan.classes:
-        module = insert_classes.insert_after(module, item.analysis.class_name, [sdpa_class(item, use_logger)])
+        eager = _eager_forward(module, item.analysis.class_name)
+        module = insert_classes.insert_after(module, item.analysis.class_name, [sdpa_class(item, use_logger, eager)])
         notes.append(f"added {item.name}({item.analysis.class_name})")
         if not use_logger and (item.side.falsy or item.side.none):
             needed.append(("warnings", None))
@@ -69,11 +71,22 @@ def apply_class_style(module: cst.Module, facts: ModuleFacts, plan: ClassStylePl
     return module, notes
 
 
+def _eager_forward(module: cst.Module, class_name: str) -> cst.FunctionDef | None:
+    """The eager class's own `forward` as the file writes it (the facts may read it with helpers written out)."""
+    for node in module.body:
+        if isinstance(node, cst.ClassDef) and node.name.value == class_name:
+            for statement in block_body(node.body):
+                if isinstance(statement, cst.FunctionDef) and statement.name.value == "forward":
+                    return statement
+    return None
+
+
 DOCSTRING_WIDTH = 109  # Transformers' line length, 119, less the class body's indent and two sets of quotes
 
 
-def sdpa_class(item: SdpaClassPlan, use_logger: bool) -> cst.ClassDef:
-    forward = item.forward
+def sdpa_class(item: SdpaClassPlan, use_logger: bool, eager: cst.FunctionDef | None = None) -> cst.ClassDef:
+    """The SDPA class of `item`; comments on statements it shares with `eager` (the parent's forward) stay there."""
+    forward = item.forward if eager is None else without_inherited_comments(item.forward, eager)
     parts = [*item.side.falsy, *(f"{name} is not None" for name in item.side.none)]
     texts = [f"`{name}`" if "." in name else f"`{name}=True`" for name in item.side.falsy]
     texts += [f"`{name}`" for name in item.side.none]
