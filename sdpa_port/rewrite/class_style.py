@@ -92,9 +92,12 @@ def sdpa_class(item: SdpaClassPlan, use_logger: bool, eager: cst.FunctionDef | N
     texts += [f"`{name}`" for name in item.side.none]
     parent = item.analysis.class_name
     source = _source(item.analysis)
-    doc = f"`{parent}` on SDPA, ported by sdpa-port"
-    doc += f" from `{source}`" if source != f"{parent}.forward" else ""  # the parent's forward goes without saying
-    doc += f"; eager with {' or '.join(texts)}." if texts else "."
+    fallback = f"; eager with {' or '.join(texts)}." if texts else "."
+    doc = f"`{parent}` on SDPA, ported by sdpa-port{fallback}"
+    # the methods ported are named where the docstring stays one line (the parent's forward goes without saying)
+    named = f"`{parent}` on SDPA, ported by sdpa-port from `{source}`{fallback}"
+    if source != f"{parent}.forward" and len(named) <= DOCSTRING_WIDTH:
+        doc = named
     rendered = render_module(
         "class_style/sdpa_class.py.jinja",
         name=item.name,

@@ -67,3 +67,8 @@ def analyse(source: str, class_name: str = "Attention") -> ClassAnalysis | None:
     lines = Lines(module, top_level_starts(tree))
     lines.prepare([info.name for info in facts.mro(class_name)])
     return analyse_class(facts, class_name, lines)
+
+
+def flat(source: str) -> str:
+    """`source` with every statement on one line (`ast.unparse`): what a test reads, whatever a long line's layout."""
+    return ast.unparse(ast.parse(source))

@@ -14,7 +14,7 @@ from render import render  # noqa: E402
 
 from sdpa_port import Status, port_source  # noqa: E402
 from sdpa_port.discover.release import Release  # noqa: E402
-from helpers import POSITION_BIAS  # noqa: E402
+from helpers import POSITION_BIAS, flat  # noqa: E402
 
 
 def ported(name: str, release: Release | None = None) -> str:
@@ -45,7 +45,7 @@ def test_causal_fill_in_an_else_branch_reaches_the_call() -> None:
 
 def test_cross_attention_is_never_causal() -> None:
     source = ported("3: cross-attention made causal")
-    line = next(line for line in source.splitlines() if "sdpa_is_causal =" in line)
+    line = next(line for line in flat(source).splitlines() if "sdpa_is_causal =" in line)
     assert "encoder_hidden_states is None" in line and "self.is_causal" in line
 
 

@@ -12,6 +12,7 @@ from sdpa_port import Status, port_source
 from sdpa_port.analyse.cstutil import code, one_per_line
 from sdpa_port.rewrite.edit import rebase_config
 from sdpa_port.analyse.mask_changes import extended_mask
+from helpers import flat
 
 
 @pytest.mark.parametrize(
@@ -180,7 +181,7 @@ def test_causal_masks_reaching_a_module_that_extends_its_mask_are_always_built()
     assert causal != PROMPT_KEYS
     result = port_source(causal, filename="modeling_tiny.py")
     assert result.status is Status.PORTED, result.reasons
-    assert "past_key_values=None, allow_is_causal_skip=False)" in result.source, result.source
+    assert "past_key_values=None, allow_is_causal_skip=False)" in flat(result.source), result.source
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from sdpa_port import Status, Style, port_source
+from helpers import flat
 
 DECODER = '''
 import torch
@@ -61,7 +62,7 @@ def test_causal_helper_switches_only_when_causal_layers_are_marked() -> None:
     marked = port_source(DECODER.replace("{causal}", ", is_causal=True"))
     assert marked.status is Status.PORTED
     assert "_prepare_4d_causal_attention_mask_for_sdpa(" in marked.source
-    assert "sdpa_is_causal = attention_mask is None and self.is_causal" in marked.source
+    assert "sdpa_is_causal = attention_mask is None and self.is_causal" in flat(marked.source)
 
 
 def test_causal_helper_kept_when_the_flag_stays_false() -> None:

@@ -14,6 +14,7 @@ from sdpa_port import Status, port_source
 from sdpa_port.analyse.chain import describe_layout
 from sdpa_port.analyse.patterns import least_rank
 from sdpa_port.refusals import Code
+from helpers import flat
 
 MODULE = """
 import torch
@@ -69,7 +70,7 @@ def test_terms_and_fills_are_permuted_as_the_scores_are() -> None:
     assert "sdpa_query = query.permute(1, 2, 0, 3)" in ported and "value.permute(1, 2, 0, 3)," in ported
     assert "sdpa_mask = position.permute(2, 3, 0, 1) * self.scale" in ported  # an einsum's rank is its spec's
     # an index showing four dimensions has four: the condition is permuted without a rank test
-    assert "torch.where(attention_mask[:, :, :, None].permute(2, 3, 0, 1), " in ported
+    assert "torch.where(attention_mask[:, :, :, None].permute(2, 3, 0, 1), " in flat(ported)
     assert "scale=self.scale," in ported and ").permute(2, 0, 1, 3)" in ported
 
 

@@ -1,0 +1,124 @@
+"""Before/after pairs for `rewrite/long_lines.py`: the lines a port wrote past the line length, laid out as ruff
+format lays them out; the original's own lines as they were."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from sdpa_port.rewrite.long_lines import lay_out_long_lines
+
+ORIGINAL = """
+class Attention:
+    def forward(self, query, key, value, mask, causal):
+        long_original_name = torch.where(causal, query.new_zeros(()) if mask is None else mask, torch.finfo(query.dtype).min)
+        return long_original_name
+"""
+
+# a call chain: the arguments of the last bracket that lets every line fit, one line below, else one per line
+CHAIN = """
+class Attention:
+    def forward(self, query, key, value, mask, causal):
+        sdpa_mask = torch.where(causal_mask_of_the_model, sdpa_query.new_zeros(()) if sdpa_mask is None else sdpa_mask, torch.finfo(sdpa_query.dtype).min).to(sdpa_query.dtype)
+        return sdpa_mask
+"""
+CHAIN_AFTER = """
+class Attention:
+    def forward(self, query, key, value, mask, causal):
+        sdpa_mask = torch.where(
+            causal_mask_of_the_model,
+            sdpa_query.new_zeros(()) if sdpa_mask is None else sdpa_mask,
+            torch.finfo(sdpa_query.dtype).min,
+        ).to(sdpa_query.dtype)
+        return sdpa_mask
+"""
+HUGGED = """
+class Attention:
+    def forward(self, query, key, value, mask, causal):
+        sdpa_mask = mask.clamp(min=torch.tensor(torch.finfo(query_states.dtype).min, device=query_states.device), max=0)
+        return sdpa_mask
+"""
+HUGGED_AFTER = """
+class Attention:
+    def forward(self, query, key, value, mask, causal):
+        sdpa_mask = mask.clamp(
+            min=torch.tensor(torch.finfo(query_states.dtype).min, device=query_states.device), max=0
+        )
+        return sdpa_mask
+"""
+
+# a value that is no call: in parentheses on a line of its own (a call inside it is not split)
+VALUE = """
+class Attention:
+    def forward(self, query, key, value, mask, causal):
+        sdpa_is_causal = sdpa_mask is None and self.is_causal and key_value_states is None and query_states.size(-2) > 1
+        return sdpa_is_causal
+"""
+VALUE_AFTER = """
+class Attention:
+    def forward(self, query, key, value, mask, causal):
+        sdpa_is_causal = (
+            sdpa_mask is None and self.is_causal and key_value_states is None and query_states.size(-2) > 1
+        )
+        return sdpa_is_causal
+"""
+
+# a condition: in parentheses, one operand of its `and` per line where one line is too long
+CONDITION = """
+class Model:
+    def forward(self, attention_mask, output_attentions, head_mask):
+        if self.config._attn_implementation == "sdpa" and not output_attentions and head_mask is None and not is_torch_fx_proxy(attention_mask):
+            return 1
+        elif attention_mask is None:
+            return 2
+"""
+CONDITION_AFTER = """
+class Model:
+    def forward(self, attention_mask, output_attentions, head_mask):
+        if (
+            self.config._attn_implementation == "sdpa"
+            and not output_attentions
+            and head_mask is None
+            and not is_torch_fx_proxy(attention_mask)
+        ):
+            return 1
+        elif attention_mask is None:
+            return 2
+"""
+
+# what no layout brings within the line length stays, and so does a statement with a comment inside
+STAYS = """
+class Model:
+    def forward(self):
+        warn("a message long enough that no layout of this statement fits within the line length of the file, as is")
+        value = f(
+            a,  # the first
+        ).g(b, cccccccccccccccccccccccccccccccccc, dddddddddddddddddddddddddddddd, eeeeeeeeeeeeeeeeeeeeeeeeeeeee, ffff)
+"""
+
+
+@pytest.mark.parametrize(
+    ("ported", "after"),
+    [(CHAIN, CHAIN_AFTER), (HUGGED, HUGGED_AFTER), (VALUE, VALUE_AFTER), (CONDITION, CONDITION_AFTER), (STAYS, STAYS)],
+    ids=["chain", "hugged", "value", "condition", "stays"],
+)
+def test_written_lines_are_laid_out_within_the_line_length(ported: str, after: str) -> None:
+    laid = lay_out_long_lines(_module("pass\n"), _module(ported))
+    assert laid.code == _dedented(after)
+    assert all(len(line) <= 119 for line in laid.code.splitlines()) or after == STAYS
+
+
+def test_the_original_files_own_lines_stay_as_written() -> None:
+    original = _module(ORIGINAL)
+    assert lay_out_long_lines(original, original).code == original.code
+    assert lay_out_long_lines(_module("pass\n"), original).code != original.code  # the same line, written by a port
+
+
+def _module(text: str) -> cst.Module:
+    return cst.parse_module(_dedented(text))
+
+
+def _dedented(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
