@@ -90,3 +90,46 @@ def test_anything_else_passed_is_refused(passed: str, built: str, more: str) -> 
     assert [r.code.code for r in result.refusals] == ["S101"], result.reasons
     assert "are passed to `dropout`" in result.reasons[0]
 
+
+SPLIT = '''
+import math
+
+import torch
+from torch import nn
+
+
+class TinyAttention(nn.Module):
+    def __init__(self, dim, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.head_dim = dim // heads
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def _split_heads(self, x, is_key=False):
+        x = x.reshape(x.size(0), x.size(1), self.heads, self.head_dim)
+        x = x.permute(0, 2, 3, 1) if is_key else x.permute(0, 2, 1, 3)
+        return x
+
+    def _attn(self, query, key, value):
+        scores = torch.matmul(query, key) / math.sqrt(query.size(-1))
+        return torch.matmul(scores.softmax(dim=-1), value)
+
+    def forward(self, x):
+        q, k, v = torch.split(self.qkv(x), x.size(-1), dim=2)
+        out = self._attn(self._split_heads(q), self._split_heads(k, is_key={flag}), self._split_heads(v))
+        return out.transpose(1, 2).flatten(2)
+'''
+
+
+def test_a_key_a_split_helper_returns_through_a_local_on_a_flag_is_transposed() -> None:
+    """`x = x.permute(0, 2, 3, 1) if is_key else ...; return x`, called with `is_key=True`: a key laid out (..., d, s),
+    so `query @ key` takes it at any rank (`forms/keys.py`, `_open_returns`)."""
+    result = port(SPLIT.format(flag="True"))
+    assert result.status is Status.PORTED, result.reasons
+    assert "key.transpose(-1, -2)" in result.source
+
+
+def test_a_split_helper_on_a_flag_the_call_does_not_pass_literally_is_refused() -> None:
+    result = port(SPLIT.format(flag="self.training"))
+    assert result.status is Status.REFUSED, result.source
+    assert [r.code.code for r in result.refusals] == ["S107"], result.reasons
