@@ -72,6 +72,46 @@ class HelperCall:
         return bind_arguments(self.helper.function, self.helper.as_method_call(self.call))
 
 
+@dataclass(frozen=True)
+class BoundFacts:
+    """What a call binds some of a helper's parameters to, which holds in the helper wherever it keeps them.
+
+    `none`: parameters bound to `None`, written or by default (`attention(q, k, v)` leaves `dropout=None`), so an `if
+    dropout is not None:` is not taken. `modules`: parameters bound to an attribute of the module that only
+    `__init__` binds (`attention(q, k, v, dropout=self.dropout)`), as (parameter, attribute): the helper's
+    `dropout(p)` is `self.dropout(p)`. The Annotated Transformer's `attention(query, key, value, mask=None,
+    dropout=None)` is read so for each call.
+    """
+
+    none: frozenset[str] = frozenset()
+    modules: tuple[tuple[str, str], ...] = ()
+
+    def known(self) -> Known:
+        return Known(none=self.none)
+
+    def enclosing(self) -> dict[str, t.Value]:
+        return {
+            name: t.ExprVal(cst.Attribute(value=cst.Name("self"), attr=cst.Name(attribute)))
+            for name, attribute in self.modules
+        }
+
+
+def bound_facts(bound: dict[str, cst.BaseExpression] | None, facts: ModuleFacts, class_name: str) -> BoundFacts:
+    """The parameters a call binds to `None` or to a module of `self` built in `__init__` alone (`BoundFacts`)."""
+    if bound is None:
+        return BoundFacts()
+    none = frozenset(name for name, value in bound.items() if m.matches(value, m.Name("None")))
+    modules = []
+    for name, value in bound.items():
+        if not m.matches(value, m.Attribute(value=m.Name("self"), attr=m.Name())):
+            continue
+        assert isinstance(value, cst.Attribute)
+        bindings = facts.find_attribute_bindings(class_name, value.attr.value)
+        if bindings and all(b.method.name.value == "__init__" and b.value is not None for b in bindings):
+            modules.append((name, value.attr.value))
+    return BoundFacts(none, tuple(sorted(modules)))
+
+
 def traced_helpers(
     facts: ModuleFacts, class_name: str, forward: cst.FunctionDef, line_of: LineOf, caller: t.Tracer
 ) -> list[tuple[Helper, cst.Call, t.TraceResult, t.Candidate]]:
@@ -79,7 +119,7 @@ def traced_helpers(
     forward.body.visit(finder)
     out = []
     cache: dict[
-        tuple[str, frozenset[str], frozenset[str], tuple[tuple[str, int], ...]],
+        tuple[str, frozenset[str], frozenset[str], tuple[tuple[str, int], ...], BoundFacts],
         tuple[Helper, t.TraceResult, list[t.Candidate]] | None,
     ] = {}
     weights = weights_request(p.name.value for p in forward.params.params)
@@ -89,9 +129,10 @@ def traced_helpers(
         keys = key_layout_params(bound, caller)
         ranks = passed_ranks(bound, caller, forward)
         asked = _bound_to(helper, call, weights) if helper is not None and weights is not None else frozenset()
-        key = (code(call.func), keys, asked, ranks)
+        passed = bound_facts(bound, facts, class_name)
+        key = (code(call.func), keys, asked, ranks, passed)
         if key not in cache:
-            cache[key] = _traced_helper(facts, class_name, call, line_of, keys, asked, ranks)
+            cache[key] = _traced_helper(facts, class_name, call, line_of, keys, asked, ranks, passed)
         found = cache[key]
         if found is None:
             continue
@@ -113,22 +154,28 @@ def _traced_helper(
     keys: frozenset[str],
     asked: frozenset[str],
     ranks: tuple[tuple[str, int], ...] = (),
+    passed: BoundFacts = BoundFacts(),
 ) -> tuple[Helper, t.TraceResult, list[t.Candidate]] | None:
     """The helper's trace, specialised to `output_attentions` false where that leaves one attention.
 
     Where the plain trace finds no one attention SDPA can take, the helper is traced with its parameters that receive
     forward's `output_attentions` false (the SDPA class returns to eager when it is true, and the inlined helper is
-    specialised so): XLNet returns its weights permuted under `if output_attentions:`.
+    specialised so): XLNet returns its weights permuted under `if output_attentions:`. The parameters the call binds
+    to None or to a module of `self` (`passed`) hold them throughout.
     """
     helper = helper_for(facts, class_name, call)
     if helper is None:
         return None
-    result = t.Tracer(facts, class_name, helper.function, line_of, key_params=keys, param_ranks=ranks).run()
+    result = t.Tracer(
+        facts, class_name, helper.function, line_of, known=passed.known(), key_params=keys, param_ranks=ranks,
+        enclosing=passed.enclosing(),
+    ).run()
     attention = result.attention()
     if asked and not (len(attention) == 1 and attention[0].poison is None):
-        known = Known(falsy=asked)
+        known = Known(falsy=asked, none=passed.none)
         retried = t.Tracer(
-            facts, class_name, helper.function, line_of, known=known, key_params=keys, param_ranks=ranks
+            facts, class_name, helper.function, line_of, known=known, key_params=keys, param_ranks=ranks,
+            enclosing=passed.enclosing(),
         ).run()
         found = retried.attention()
         if len(found) == 1 and found[0].poison is None:

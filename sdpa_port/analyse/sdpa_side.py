@@ -34,7 +34,7 @@ from sdpa_port.rewrite.edit import replace_names
 from sdpa_port.analyse.known import Known
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.patterns import function_names, walk_names
-from sdpa_port.analyse.helpers import Helper, bind_arguments, key_layout_params, passed_ranks
+from sdpa_port.analyse.helpers import Helper, bind_arguments, bound_facts, key_layout_params, passed_ranks
 from sdpa_port.analyse.recognise import ClassAnalysis, site_operands
 from sdpa_port.analyse.sdpa_path import SdpaPath, read_sdpa_path
 from sdpa_port.rewrite.specialise import specialise
@@ -213,7 +213,9 @@ class _Writer:
         falsy = frozenset(name for name, value in bound.items() if isinstance(value, cst.Name) and value.value in flags)
         # flags of the module itself (`self.scale_mask_softmax`) hold in the helper, handed the same module
         falsy |= frozenset(flag for flag in flags if flag is not None and "self" in walk_names(cst.parse_expression(flag)))
-        known = Known(none=frozenset(eager_only_params), falsy=falsy)
+        # parameters the call binds to None hold it in the helper; those bound to a module of `self`, that module
+        passed = bound_facts(bound, self.facts, self.analysis.class_name)
+        known = Known(none=frozenset(eager_only_params) | passed.none, falsy=falsy)
         certainty = certain_in(self.facts, self.analysis.class_name)
         special = specialise(target.function, known, certainty) if self.sdpa else target.function
         special, renamed = self.rename_collisions(special, bound, statement)
@@ -240,7 +242,10 @@ class _Writer:
         if self.sdpa:
             keys = key_layout_params(bound, self.caller())
             ranks = passed_ranks(bound, self.caller(), self.forward)
-            path = read_sdpa_path(self.facts, self.analysis.class_name, special, keys, self.aligned, ranks=ranks)
+            path = read_sdpa_path(
+                self.facts, self.analysis.class_name, special, keys, self.aligned, ranks=ranks,
+                enclosing=bound_facts(bound, self.facts, self.analysis.class_name).enclosing(),
+            )
         return WrittenOut(method, original, tuple(prelude), special, MappingProxyType(bound), path)
 
     def rename_collisions(

@@ -416,10 +416,17 @@ class Tracer:
     # -------------------------------------------------------------- the enclosing branches
 
     def module_guard(self, module: str | None) -> cst.BaseExpression | None:
-        """The test of the innermost branch when it is the `if` of `if self.<module> is not None`."""
+        """The test of the innermost branch when it is the `if` of `if self.<module> is not None`, or of `if x is not
+        None` where `x` holds `self.<module>` (a helper's parameter the call binds to it)."""
         if module is None or not self.tests or not self.path or self.path[-1][1] != 0:
             return None
-        return self.tests[-1] if p.optional_module_test(self.tests[-1]) == module else None
+        test = self.tests[-1]
+        tested = p.optional_module_test(test)
+        if tested is None and isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name):
+            held = self.scope.local_value(test.left.value)
+            if held is not None:
+                tested = p.optional_module_test(test.with_changes(left=held))
+        return test if tested == module else None
 
     def setting_guard(self) -> cst.BaseExpression | None:
         """The test of the innermost branch, when it is an `if` testing the module's settings alone.

@@ -6,13 +6,13 @@ which reads so at any rank (a helper's parameters passed one, `helpers.key_layou
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
-from sdpa_port.analyse.cstutil import block_body, nodes_of_type, primary
+from sdpa_port.analyse.cstutil import all_assigned_names, block_body, nodes_of_type, primary
 from sdpa_port.analyse.forms.channels import channels_flattened, transposed_query
 from sdpa_port.analyse.forms.common import strip_casts
 
@@ -117,7 +117,7 @@ def returned_for(tracer: TracerView, node: cst.BaseExpression) -> list[cst.BaseE
         value = given if given is not None else param.default
         if isinstance(value, cst.Name) and value.value in ("True", "False"):
             flags[param.name.value] = value.value == "True"
-    return _open_returns(block_body(method.body), flags)
+    return _open_returns(block_body(method.body), flags, same=lambda node: _sides_agree(tracer, node, method))
 
 
 def along_last(tracer: TracerView, dim: cst.BaseExpression, part: cst.BaseExpression) -> bool:
@@ -150,30 +150,87 @@ def along_leading(tracer: TracerView, dim: cst.BaseExpression, part: cst.BaseExp
     return value is not None and rank is not None and value == int(value) and 0 <= value < rank - 2
 
 
-def _open_returns(body: Sequence[cst.BaseStatement], flags: dict[str, bool]) -> list[cst.BaseExpression | None]:
+def _open_returns(
+    body: Sequence[cst.BaseStatement],
+    flags: dict[str, bool],
+    held: dict[str, cst.BaseExpression] | None = None,
+    same: Callable[[cst.IfExp], bool] = lambda node: False,
+) -> list[cst.BaseExpression | None]:
     """The returned values on paths that `if name:` tests of the boolean `flags` do not close.
 
-    Every return on an undecided path counts.
+    Every return on an undecided path counts. A returned name is read as the value its last plain binding before the
+    return gave it on every such path (`x = x.permute(0, 2, 3, 1) if is_key else x.permute(0, 2, 1, 3)`, then
+    `return x`), each conditional expression on a flag read as its side where its two sides are of one rank (`same`:
+    the other side gives the query, of the key's rank); a name bound in a branch or otherwise (a loop, a tuple) is
+    not read.
     """
+    held = {} if held is None else held
     out: list[cst.BaseExpression | None] = []
     for statement in body:
         if isinstance(statement, cst.SimpleStatementLine):
             for small in statement.body:
                 if isinstance(small, cst.Return):
-                    out.append(small.value)
+                    out.append(_held(small.value, held, flags, same))
                     return out
+                _hold(small, held, flags, same)
         elif isinstance(statement, cst.If):
             test = statement.test
             decided = flags.get(test.value) if isinstance(test, cst.Name) else None
             if decided is not False:
-                out += _open_returns(block_body(statement.body), flags)
+                out += _open_returns(block_body(statement.body), flags, dict(held), same)
             if decided is not True and statement.orelse is not None:
                 orelse = statement.orelse
                 rest = [orelse] if isinstance(orelse, cst.If) else block_body(orelse.body)
-                out += _open_returns(rest, flags)
+                out += _open_returns(rest, flags, dict(held), same)
+            for name in all_assigned_names([statement]):
+                held.pop(name, None)
         else:
-            out += [small.value for small in nodes_of_type(statement, cst.Return)]
+            out += [_held(small.value, held, flags, same) for small in nodes_of_type(statement, cst.Return)]
+            for name in all_assigned_names([statement]):
+                held.pop(name, None)
     return out
+
+
+def _hold(
+    small: cst.BaseSmallStatement,
+    held: dict[str, cst.BaseExpression],
+    flags: dict[str, bool],
+    same: Callable[[cst.IfExp], bool],
+) -> None:
+    """Keep what a plain `name = value` of a method binds; forget any other name a statement binds."""
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+        held[small.targets[0].target.value] = _flagged(small.value, flags, same)
+        return
+    for name in all_assigned_names([small]):
+        held.pop(name, None)
+
+
+def _held(
+    node: cst.BaseExpression | None,
+    held: dict[str, cst.BaseExpression],
+    flags: dict[str, bool],
+    same: Callable[[cst.IfExp], bool],
+) -> cst.BaseExpression | None:
+    """A returned value, a name read as what it holds, a conditional expression on a flag as its side."""
+    if isinstance(node, cst.Name) and node.value in held:
+        return held[node.value]
+    return None if node is None else _flagged(node, flags, same)
+
+
+def _flagged(
+    node: cst.BaseExpression, flags: dict[str, bool], same: Callable[[cst.IfExp], bool]
+) -> cst.BaseExpression:
+    """`a if flag else b` as `a` or `b` where the call passes `flag` literally and `same` holds of it; any other
+    expression as it is."""
+    if isinstance(node, cst.IfExp) and isinstance(node.test, cst.Name) and node.test.value in flags and same(node):
+        return _flagged(node.body if flags[node.test.value] else node.orelse, flags, same)
+    return node
+
+
+def _sides_agree(tracer: TracerView, node: cst.IfExp, method: cst.FunctionDef) -> bool:
+    """Both sides of a conditional expression of `method` have one rank, read from its text."""
+    ranks = {tracer.ranks.rank_in_method(side, method, 0) for side in (node.body, node.orelse)}
+    return len(ranks) == 1 and None not in ranks
 
 
 def _flattens_leading(args: Sequence[cst.Arg]) -> bool:

@@ -38,6 +38,10 @@ def dropout_call(node: cst.BaseExpression, scope: Scope) -> DropoutCall | None:
             training = cst.Name("True")
         return DropoutCall(operand, probability, training)
     attribute = self_attribute_name(node.func)
+    if attribute is None and isinstance(node.func, cst.Name):
+        # a name holding `self.<attr>` (a helper's parameter every call binds to it): that attribute, called
+        held = scope.local_value(node.func.value)
+        attribute = self_attribute_name(held) if held is not None else None
     if attribute is not None and len(node.args) == 1:
         values = [a for v in scope.self_attribute_values(attribute) for a in _alternatives(v)]
         modules = [v for v in values if isinstance(v, cst.Call) and scope.qualify(v.func) in DROPOUT_MODULES]
