@@ -21,6 +21,9 @@ pytestmark = pytest.mark.tf523
 
 FLEX = "_supports_flex_attn"
 COMPILE = "_can_compile_fullgraph"
+FLASH = "_supports_flash_attn"
+# a port handed to `verify_port` as text alone carries no static proof: flash attention is withheld, whatever its run
+UNPROVEN = "not a plain masked attention: the port's plan made no proof"
 
 
 def test_a_port_claims_flex_after_it_ran(tmp_path: Path) -> None:
@@ -100,12 +103,12 @@ def test_a_path_that_is_wrong_is_not_claimed(model: str, kind: str, flag: str, e
     assert verification.passed, verification.lines
     assert flag not in dict(verification.claimed), verification.claimed
     reasons = dict(verification.not_claimed)
-    assert set(reasons) == {flag}, reasons
+    assert set(reasons) == {flag, FLASH} and reasons[FLASH].startswith(UNPROVEN), reasons
     missing, why = flag, reasons[flag]
     assert missing == flag and expected in why, why
     claimed, _ = claim_flags(replace(ported, warnings=()), None, verification.claimed, verification.not_claimed)
     assert f"{flag} = True" not in claimed.source
-    assert claimed.warnings == (f"{flag} not claimed: {why}",)
+    assert set(claimed.warnings) == {f"{flag} not claimed: {why}", f"{FLASH} not claimed: {reasons[FLASH]}"}
 
 
 def test_a_claim_check_that_crashes_its_process_costs_only_the_flags() -> None:
@@ -136,7 +139,8 @@ def test_a_driven_port_claims_flex_after_it_ran() -> None:
     assert dict(verification.claimed) == {FLEX: ("LiltPreTrainedModel",), COMPILE: ("LiltPreTrainedModel",)}, (
         verification.lines
     )
-    assert verification.not_claimed == ()
+    assert set(dict(verification.not_claimed)) == {FLASH}, verification.not_claimed
+    assert dict(verification.not_claimed)[FLASH].startswith(UNPROVEN)
     lines = "\n".join(verification.lines)
     assert "LiltModel[text+boxes][right] flex_attention == eager: ok" in lines, lines
     assert "LiltModel[text+boxes][right] flex_attention executed: ok" in lines, lines
@@ -154,5 +158,5 @@ def test_a_driven_port_whose_flex_path_is_wrong_is_not_claimed() -> None:
     assert verification.passed, verification.lines
     assert dict(verification.claimed) == {COMPILE: ("LiltPreTrainedModel",)}, verification.lines
     reasons = dict(verification.not_claimed)
-    assert set(reasons) == {FLEX}, reasons
+    assert set(reasons) == {FLEX, FLASH}, reasons
     assert "LiltModel[text+boxes][right] flex_attention == eager: FAILED" in reasons[FLEX], reasons
