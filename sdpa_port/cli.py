@@ -64,9 +64,9 @@ NoClaims = Annotated[
     bool,
     typer.Option(
         "--no-claims",
-        help="When verifying an interface-style port, skip the flex attention and torch.compile(fullgraph=True) "
-        "checks (each compiles, a minute or so on a CPU); the port then sets neither `_supports_flex_attn` nor "
-        "`_can_compile_fullgraph`.",
+        help="When verifying an interface-style port, skip the flex attention, flash attention (a CPU stand-in "
+        "kernel) and torch.compile(fullgraph=True) checks (flex and compile each compile, a minute or so on a CPU); "
+        "the port then sets none of `_supports_flex_attn`, `_supports_flash_attn` and `_can_compile_fullgraph`.",
     ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="One JSON object per file on stdout instead of text lines.")]

@@ -39,6 +39,9 @@ class PortResult:
     attention_classes: tuple[str, ...] = ()
     sites: tuple[AttentionSite, ...] = field(default=(), compare=False)
     refusals: tuple[Refusal, ...] = ()  # a refused result's reasons, with their codes
+    # an interface-style port: why it may not claim flash attention, "" where the static proof holds
+    # (`plan/flash_proof.py`); None for the other styles
+    no_flash: str | None = None
 
     @property
     def changed(self) -> bool:

@@ -31,3 +31,8 @@ _.cache_config
 StandInModule.__path__  # a package to the import system: its submodules are stand-ins too
 _Finder.create_module  # importlib's Loader protocol
 _StandType.__getattr__  # Python calls it for a class attribute the stand-in class lacks
+# flash-attn's parameters that the flash stand-in takes and ignores (transformers reads the kernels' signatures), and
+# `PreTrainedModel._flash_attn_can_dispatch`'s, which the flash path replaces
+_.deterministic
+_.return_attn_probs
+_.is_init_check

@@ -20,13 +20,18 @@ INIT = "__init__.py"
 SDPA = "integrations/sdpa_attention.py"
 FLEX = "integrations/flex_attention.py"
 PAGED_CACHE = "generation/continuous_batching/cache.py"
+# `ALL_ATTENTION_FUNCTIONS`' own mapping: the implementations the release offers by name
+MODELING_UTILS = "modeling_utils.py"
 # the implementations continuous batching runs (`paged|sdpa`, `paged|eager`, `paged|flash...`) beside sdpa's
 PAGED_IMPLEMENTATIONS = ("integrations/sdpa_paged.py", "integrations/eager_paged.py", "integrations/flash_paged.py")
-SOURCES = (INIT, SDPA, FLEX, PAGED_CACHE, *PAGED_IMPLEMENTATIONS)
+SOURCES = (INIT, SDPA, FLEX, PAGED_CACHE, *PAGED_IMPLEMENTATIONS, MODELING_UTILS)
 
 PAGED_CACHE_CLASS = "PagedAttentionCache"
 # the keyword continuous batching hands a model its paged cache by (`PagedAttentionArgs.cache`, every 5.x release)
 PAGED_CACHE_KEYWORD = "cache"
+
+ATTENTION_INTERFACE = "AttentionInterface"  # the class of `ALL_ATTENTION_FUNCTIONS`, its `_global_mapping`
+FLASH_ATTENTION = "flash_attention_2"
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,8 @@ class Release:
     paged_update_parameters: tuple[str, ...]
     # the methods a paged cache has: a model reaching it through its own cache parameter may call only these
     paged_cache_methods: frozenset[str]
+    # `ALL_ATTENTION_FUNCTIONS` maps "flash_attention_2" to an implementation (every 5.x release)
+    offers_flash: bool = False
 
 
 def release_facts(sources: Mapping[str, str]) -> Release:
@@ -59,6 +66,7 @@ def release_facts(sources: Mapping[str, str]) -> Release:
         model_updates_paged_cache=bool(methods) and not any(_calls_update(tree) for tree in updating),
         paged_update_parameters=update,
         paged_cache_methods=methods,
+        offers_flash=FLASH_ATTENTION in _global_mapping(trees.get(MODELING_UTILS)),
     )
 
 
@@ -186,6 +194,21 @@ def _paged_cache(tree: ast.Module | None) -> tuple[tuple[str, ...], frozenset[st
             after = names[names.index("layer_idx") + 1 :] if "layer_idx" in names else []
             return tuple(after), frozenset(methods)
     return (), frozenset()
+
+
+def _global_mapping(tree: ast.Module | None) -> frozenset[str]:
+    """The string keys of `AttentionInterface._global_mapping`: what `ALL_ATTENTION_FUNCTIONS` offers by name."""
+    for node in tree.body if tree is not None else ():
+        if not (isinstance(node, ast.ClassDef) and node.name == ATTENTION_INTERFACE):
+            continue
+        for item in node.body:
+            target = item.targets[0] if isinstance(item, ast.Assign) and len(item.targets) == 1 else None
+            if isinstance(item, ast.AnnAssign):
+                target = item.target
+            if isinstance(target, ast.Name) and target.id == "_global_mapping" and isinstance(item.value, ast.Dict):
+                keys = item.value.keys
+                return frozenset(k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
+    return frozenset()
 
 
 def _calls_update(tree: ast.Module) -> bool:

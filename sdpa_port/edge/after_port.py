@@ -30,7 +30,8 @@ def verify_port(input_path: Path, original_source: str, result: PortResult, clai
     """Load the original and the port inside the installed transformers and run the parity checks.
 
     This imports torch and transformers and executes both modeling files. `claims`: an interface-style port also runs
-    under flex attention and compiled; those checks say which flags the port may set and never fail the verification.
+    under flex attention, through transformers' flash path with a CPU stand-in kernel, and compiled; those checks
+    (with the port's static proof, for flash) say which flags the port may set and never fail the verification.
     """
     from sdpa_port.verify.auto import verify_pair
     from sdpa_port.verify.claims import ClaimCheck, claiming_classes, verdicts
@@ -56,7 +57,7 @@ def verify_port(input_path: Path, original_source: str, result: PortResult, clai
                     checks = verify_inline(original, ported, result.attention_classes)
                 else:
                     checks = verify_pair(original, ported, claims=claims)
-            reasons = verdicts(checks) if claims else {}
+            reasons = with_flash_proof(verdicts(checks), result) if claims else {}
             claimed = tuple((flag, claiming_classes(ported, flag)) for flag, why in reasons.items() if not why)
         except Exception as error:  # an import or run failure of user code is a failed verification
             return Verification(False, (f"could not run the checks: {type(error).__name__}: {error}",))
@@ -67,9 +68,21 @@ def verify_port(input_path: Path, original_source: str, result: PortResult, clai
     if not passed:
         claimed, reasons = (), {}
     elif claims and not reasons:
-        reasons = {"": "not checked: the checks ran no model of this port under flex attention or compiled"}
+        reasons = {"": "not checked: the checks ran no model of this port under flex or flash attention, or compiled"}
     not_claimed = tuple((flag, why) for flag, why in reasons.items() if why)
     return Verification(passed, tuple(str(c) for c in checks), undriven, claimed=claimed, not_claimed=not_claimed)
+
+
+def with_flash_proof(reasons: dict[str, str], result: PortResult) -> dict[str, str]:
+    """The flags' verdicts, flash attention's withheld where the port's static proof does not hold
+    (`plan/flash_proof.py`): a run that matched is not a proof for the inputs it did not try."""
+    from sdpa_port.plan.flash_proof import FLASH_FLAG
+
+    if FLASH_FLAG not in reasons or result.no_flash == "":
+        return reasons
+    run = reasons[FLASH_FLAG] or "its run through transformers' flash path matched eager"
+    proof = result.no_flash if result.no_flash is not None else "the port's plan made no proof"
+    return {**reasons, FLASH_FLAG: f"not a plain masked attention: {proof} ({run})"}
 
 
 def _with_stand_ins(input_path: Path, original_source: str, result: PortResult, directory: Path, error: ImportError) -> list:  # type: ignore[type-arg]

@@ -76,6 +76,10 @@ def process(target: Target, options: RunOptions) -> Outcome:
 CLAIMED = {
     "_supports_flex_attn": "flex attention ran and matched eager",
     "_can_compile_fullgraph": "torch.compile(fullgraph=True) ran and matched eager",
+    "_supports_flash_attn": (
+        "a plain masked attention, and transformers' flash path ran with a CPU stand-in for the flash-attn kernel, "
+        "not flash-attn itself, and matched eager"
+    ),
 }
 
 
@@ -91,7 +95,7 @@ def claim_flags(
     """
     from sdpa_port.rewrite.flags import flag_source
 
-    warnings = [f"{flag or 'flex attention and compile'} not claimed: {why}" for flag, why in not_claimed]
+    warnings = [f"{flag or 'flex, flash and compile'} not claimed: {why}" for flag, why in not_claimed]
     notes: list[str] = []
     for flag, classes in claimed:
         source = flag_source(result.source, classes, flag)

@@ -43,7 +43,8 @@ class Verifying:
     run: bool = False  # load the original and the port and run the parity checks before writing
     by_default: bool = False  # run although --verify was not given: a port the checks cannot drive is still written
     unverified: str | None = None  # why the run's ports go unverified, when they do
-    claims: bool = True  # interface-style ports also run under flex attention and compiled, and say so where matched
+    # interface-style ports also run under flex, flash (a stand-in kernel) and compiled, and say so where matched
+    claims: bool = True
 
 
 def decide(asked: bool | None, targets: list[Target], writing: bool) -> Verifying:

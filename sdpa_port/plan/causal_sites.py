@@ -273,6 +273,7 @@ __all__ = [
     "CausalSites",
     "KeptMasks",
     "bidirectional_only",
+    "builders_only",
     "check_pinned",
     "decide_sites",
     "dispatched_mask",
@@ -305,6 +306,22 @@ def eager_form_builders(
     dtype's minimum, never None."""
     found = _built_masks(flow, class_name, mask_param, key_only, every_call=True)
     return found if isinstance(found, str) else found[0]
+
+
+def builders_only(flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str]) -> str | None:
+    """None when every mask reaching `class_name` (self- and cross-attention calls alike) comes as built from
+    `create_causal_mask` or `create_bidirectional_mask`, or one of them chosen by a condition, or is None; otherwise
+    why not. Such a mask is what transformers builds for the implementation the config names: flash attention's 2-D
+    padding mask or None, never one the file built or changed itself."""
+    sites = _followed_sites(flow, class_name)
+    if isinstance(sites, str):
+        return sites
+    for site in sites:
+        masks = flow.site_masks(site, class_name, mask_param, key_only, cross_origins=True)
+        built = (Kind.CAUSAL, Kind.BIDIRECTIONAL, Kind.CONDITIONAL, Kind.NONE)
+        if not masks.origins or any(o.kind not in built or o.to_bool for o in masks.origins):
+            return f"`{site.name}` (line {site.line}): {masks.why()}"
+    return None
 
 
 def bidirectional_only(flow: MaskFlow, class_name: str, mask_param: str, key_only: Sequence[str]) -> str | None:

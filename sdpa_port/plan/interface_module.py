@@ -146,6 +146,8 @@ def plan_module(
         inlined=tuple(h.helper.name for h in analysis.helpers if h.helper.is_method and h.helper.owner == analysis.class_name),
         eager_mask_tests=tuple(emitter.eager_mask_tests),
         reads_mask=ported_mask_read(emitter.eager_mask_tests, new_forward, forward),
+        mask_param=mask.param,
+        cross=cross,
     )
 
 

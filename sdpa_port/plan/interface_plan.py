@@ -47,6 +47,9 @@ class ModulePlan:
     # a mask parameter the code staying in forward reads itself (T5 adds it to its position bias): every mask the
     # file builds then takes eager's form (`plan/mask_readers.py`)
     reads_mask: MaskRead | None = None
+    # the forward parameter handed over as the mask, and the key-only parameters of a module serving cross-attention
+    mask_param: str | None = None
+    cross: tuple[str, ...] = ()
 
 
 @dataclass
@@ -70,6 +73,9 @@ class InterfacePlan:
     alibi: AlibiFacts | None = None  # ALiBi builders reading 2-D masks
     fold_function: str | None = None  # the module-level function folding additive terms into the mask, if any
     eager_masks: EagerMasks | None = None  # every mask the file builds takes eager's form, for modules reading it
+    # why `_supports_flash_attn` may not be claimed (`plan/flash_proof.py`): "" where the proof holds, and a run of
+    # the port through transformers' flash path is then to decide it (`verify/flash_claim.py`)
+    no_flash: str = ""
 
     @property
     def attention_backend(self) -> bool:

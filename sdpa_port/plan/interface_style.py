@@ -19,6 +19,7 @@ from sdpa_port.discover.release import Release
 from sdpa_port.discover.screen import Screen
 from sdpa_port.plan.causal_sites import KeptMasks, dispatched_mask
 from sdpa_port.plan.causality import Causality, check_own_causality, dispatching_classes
+from sdpa_port.plan.flash_proof import no_flash
 from sdpa_port.plan.interface_checks import (
     check_dispatched_function,
     check_kept_builders,
@@ -82,6 +83,7 @@ def port_interface_style(
         notes=tuple(plan.notes),
         attention_classes=ported,
         sites=tuple(site for a in analyses for site in a.sites),
+        no_flash=plan.no_flash,
     )
 
 
@@ -123,6 +125,7 @@ def plan_interface(
     for dict_name, entries in attention_dicts(facts).items():
         if entries["eager"] in eager_classes:
             plan.dicts[dict_name] = entries["eager"]
+    plan.no_flash = no_flash(plan, facts, causality, release)
     return plan
 
 

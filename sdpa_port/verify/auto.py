@@ -168,7 +168,8 @@ def verify_tokens(targets: Targets, ported: ModuleType, overrides: dict[str, Any
 
 
 def _claims(targets: Targets, ported: ModuleType, overrides: dict[str, Any] | None) -> list[Check]:
-    """The port's base model under flex attention and compiled, padded as its SDPA checks were, against eager.
+    """The port's base model under flex and flash attention and compiled, padded as its SDPA checks were, against
+    eager.
 
     They run in a child process (`claims_child.py`): each compiles, and a compiler crash must not end `--verify`.
     """

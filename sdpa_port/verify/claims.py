@@ -1,4 +1,4 @@
-"""Whether an interface-style port runs under flex attention and under `torch.compile(fullgraph=True)`, so it may say so.
+"""Whether an interface-style port runs under flex attention, flash attention and `torch.compile(fullgraph=True)`.
 
 Transformers 5 builds a model with `attn_implementation="flex_attention"` only when its class sets
 `_supports_flex_attn`, and compiles generation's forward when it sets `_can_compile_fullgraph`. A port sets either
@@ -7,6 +7,8 @@ sharpened weights:
 
 - flex: the port's model classes are given the flag for the check, the model is built with flex attention, and the
   flex calls through the port's dispatch are counted, so a model that never reached flex attention does not pass;
+- flash: likewise, on transformers' flash path run on a CPU with a stand-in for the kernel (`flash_claim.py`), the
+  stand-in's calls counted; the flag also needs the port's static proof (`plan/flash_proof.py`);
 - compile: the SDPA model compiled with `fullgraph=True` (no graph break anywhere in its forward), unless the
   file claims it already.
 
@@ -27,11 +29,15 @@ from typing import Any
 
 import torch
 
+from sdpa_port.plan.flash_proof import FLASH_FLAG
 from sdpa_port.rewrite.flags import COMPILE_FLAG, FLEX_FLAG
 from sdpa_port.verify.checks import Check, build, make_batch, max_difference, sharpen
+from sdpa_port.verify.flash_claim import FLASH, STAND_IN, flash_path, why_no_flash
 from sdpa_port.verify.outputs import RELATIVE_TOLERANCE
 
 FLEX = "flex_attention"
+# the implementation each flag's model is built with; the compile check builds sdpa's
+BUILT_WITH = {FLEX_FLAG: FLEX, FLASH_FLAG: FLASH}
 TOLERANCE = 1e-4  # as for SDPA: both compute in float32 on CPU
 
 
@@ -82,8 +88,8 @@ def in_child(original: ModuleType, ported: ModuleType, request: dict[str, Any], 
 
 
 def not_checked(label: str, why: str, skipped: bool = False) -> list[ClaimCheck]:
-    """Failed checks of both flags, saying why neither could be checked; `skipped` where none was tried."""
-    flags = (FLEX_FLAG, COMPILE_FLAG)
+    """Failed checks of every flag, saying why none could be checked; `skipped` where none was tried."""
+    flags = (FLEX_FLAG, FLASH_FLAG, COMPILE_FLAG)
     return [ClaimCheck(f"{label} {flag} not checked", False, None, why, skipped, flag=flag) for flag in flags]
 
 
@@ -113,9 +119,11 @@ def why_no_flex(ported: ModuleType) -> str | None:
 
 
 def claim_checks(original_class: type, ported: ModuleType, config: Any, padding: str, kind: str) -> list[ClaimCheck]:
-    """The flex and the compile checks of the port's model `original_class` names."""
-    return check_flex(original_class, ported, config, padding, kind) + check_compile(
-        original_class, ported, config, padding, kind
+    """The flex, flash and compile checks of the port's model `original_class` names."""
+    return (
+        check_flex(original_class, ported, config, padding, kind)
+        + check_flash(original_class, ported, config, padding, kind)
+        + check_compile(original_class, ported, config, padding, kind)
     )
 
 
@@ -139,10 +147,61 @@ def flex_claim(ported: ModuleType, label: str, run: Callable[[], list[ClaimCheck
     why = why_no_flex(ported) or (None if classes else "no model class of the port sets _supports_sdpa")
     if why is not None:
         return [ClaimCheck(f"{label} not checked", False, None, why, skipped=True, flag=FLEX_FLAG)]
-    with _claimed(ported, classes), _counted(ported) as calls:
+    with claimed_for_the_check(ported, classes, FLEX_FLAG), _counted(ported) as calls:
         checks = run()
     executed = ClaimCheck(f"{label} executed", calls[0] > 0, None, f"{calls[0]} flex call(s)", flag=FLEX_FLAG)
     return checks + [executed]
+
+
+def check_flash(original_class: type, ported: ModuleType, config: Any, padding: str, kind: str) -> list[ClaimCheck]:
+    """Transformers' flash path, its kernel a CPU stand-in, for the port against the original's eager, on one batch."""
+    label = f"{original_class.__name__}[{padding}] flash_attention_2 (CPU stand-in kernel)"
+    stepped = f"{original_class.__name__}[left, cached step] flash_attention_2 (CPU stand-in kernel)"
+
+    def run() -> list[ClaimCheck]:
+        checks = _against_eager(original_class, ported, config, padding, kind, label, FLASH_FLAG, lambda m: m)
+        if kind == "decoder":  # queries fewer than keys: where flash's causal alignment shows
+            checks += _cached_step(original_class, ported, config, stepped)
+        return checks
+
+    return flash_claim(ported, label, run)
+
+
+def flash_claim(ported: ModuleType, label: str, run: Callable[[], list[ClaimCheck]]) -> list[ClaimCheck]:
+    """`run`'s comparison of the port's flash-built model with the original's eager one, on transformers' flash path
+    with the stand-in kernel (`flash_claim.py`); the port's model classes carry the flag meanwhile (5.23.0 builds a
+    model with flash only then), and a model that never reached the stand-in does not pass."""
+    classes = claiming_classes(ported, FLASH_FLAG)
+    if not classes:
+        return []  # the file claims it already (or sets no _supports_sdpa, which the flex check reports)
+    why = why_no_flash(ported)
+    if why is not None:
+        return [ClaimCheck(f"{label} not checked", False, None, why, skipped=True, flag=FLASH_FLAG)]
+    with claimed_for_the_check(ported, classes, FLASH_FLAG), flash_path() as stand_in:
+        checks = run()
+    detail = f"{stand_in.calls} call(s) of {STAND_IN}"
+    return checks + [ClaimCheck(f"{label} executed", stand_in.calls > 0, None, detail, flag=FLASH_FLAG)]
+
+
+def _cached_step(original_class: type, ported: ModuleType, config: Any, label: str) -> list[ClaimCheck]:
+    """A left-padded prompt, then its last two tokens with the prompt's cache: the flash-built port against eager."""
+    try:
+        original = build(original_class, config, "eager")
+        sharpen(original)
+        model = build(getattr(ported, original_class.__name__), config, FLASH)
+        model.load_state_dict(original.state_dict())
+        batch = make_batch(config, "decoder", "left")
+        ids, mask = batch.inputs["input_ids"], batch.inputs["attention_mask"]
+        outputs = []
+        with torch.no_grad():
+            for run in (original, model):
+                first = run(input_ids=ids[:, :-2], attention_mask=mask[:, :-2], use_cache=True)
+                second = run(input_ids=ids[:, -2:], attention_mask=mask, past_key_values=first.past_key_values)
+                outputs.append(second[0])
+    except Exception as error:  # the finding: this path does not run the port
+        return [failed_run(label, FLASH_FLAG, error)]
+    difference = float((outputs[0] - outputs[1]).abs().max())
+    return [ClaimCheck(f"{label} == eager", difference <= TOLERANCE, difference, flag=FLASH_FLAG)]
 
 
 def check_compile(original_class: type, ported: ModuleType, config: Any, padding: str, kind: str) -> list[ClaimCheck]:
@@ -186,11 +245,11 @@ def _against_eager(
     flag: str,
     wrap: Callable[[Any], Any],
 ) -> list[ClaimCheck]:
-    """The port's model (flex-built for the flex flag, SDPA-built otherwise), wrapped, against the original's eager."""
+    """The port's model (built with its flag's implementation, else SDPA), wrapped, against the original's eager."""
     try:
         original = build(original_class, config, "eager")
         sharpen(original)
-        model = build(getattr(ported, original_class.__name__), config, FLEX if flag == FLEX_FLAG else "sdpa")
+        model = build(getattr(ported, original_class.__name__), config, BUILT_WITH.get(flag, "sdpa"))
         model.load_state_dict(original.state_dict())
         batch = make_batch(config, kind, padding)
         with torch.no_grad():
@@ -219,16 +278,16 @@ def verdicts(checks: list[Check]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _claimed(ported: ModuleType, names: tuple[str, ...]) -> Iterator[None]:
-    """The flex flag set on the port's model classes for the time of the check."""
+def claimed_for_the_check(ported: ModuleType, names: tuple[str, ...], flag: str) -> Iterator[None]:
+    """`flag` set on the port's model classes for the time of the check."""
     classes = [getattr(ported, name) for name in names]
     for cls in classes:
-        setattr(cls, FLEX_FLAG, True)
+        setattr(cls, flag, True)
     try:
         yield
     finally:
         for cls in classes:
-            delattr(cls, FLEX_FLAG)
+            delattr(cls, flag)
 
 
 @contextlib.contextmanager

@@ -49,8 +49,8 @@ def verify_driven(
     lines say what no driven model covers.
 
     `covered`: attention classes already checked (by the token path); only classes building others are driven.
-    `claims`: once every check passed, the models driven also run under flex attention and compiled, on the drive
-    their SDPA checks passed on (`driven_claims.py`); those checks decide the flags, not the verification.
+    `claims`: once every check passed, the models driven also run under flex and flash attention and compiled, on
+    the drive their SDPA checks passed on (`driven_claims.py`); those checks decide the flags, not the verification.
     """
     drives: list[DrivenModel] = []
     checks, alone = _drive(original, ported, classes, covered, drives)

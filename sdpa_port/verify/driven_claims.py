@@ -1,9 +1,10 @@
-"""The claim checks of driven models: flex attention and fullgraph compile, on the drive their SDPA check passed on.
+"""The claim checks of driven models: flex, flash (a CPU stand-in kernel) and fullgraph compile, on the drive their
+SDPA check passed on.
 
 `verify_driven` hands over each model it drove, with the config level, sharpened weights and input plan the original
 eager model ran finitely on (`drive_original.py`); the checks (`claims.flex_claim`, `claims.compile_claim`) run in the
 claims' own process (`claims_child.py`) on the batch padded as the SDPA check's was, against the original's eager
-outputs, judged as the driven SDPA check is. Imports torch.
+outputs, judged as the driven SDPA check is; flash's on transformers' flash path (`flash_claim.py`). Imports torch.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from typing import Any
 
 import torch
 
+from sdpa_port.plan.flash_proof import FLASH_FLAG
 from sdpa_port.rewrite.flags import COMPILE_FLAG, FLEX_FLAG
 from sdpa_port.verify.batches import materialise
 from sdpa_port.verify.claim_scope import claim_padding
 from sdpa_port.verify.claims import (
-    FLEX,
+    BUILT_WITH,
     ClaimCheck,
     compile_claim,
     compiled_fullgraph,
     failed_run,
+    flash_claim,
     flex_claim,
     in_child,
     not_checked,
@@ -74,12 +77,15 @@ def load_models(path: str) -> list[DrivenModel]:
 
 
 def driven_claim_checks(original: ModuleType, ported: ModuleType, model: DrivenModel) -> list[ClaimCheck]:
-    """The flex and the compile checks of one driven model of the port."""
+    """The flex, flash and compile checks of one driven model of the port."""
     original_class, ported_class = getattr(original, model.name), getattr(ported, model.name)
     name = f"{model.label}[{model.padding if model.padding != 'none' else 'unpadded'}]"
     flex, compiled = f"{name} flex_attention", f"{name} torch.compile(fullgraph=True)"
+    flash = f"{name} flash_attention_2 (CPU stand-in kernel)"
     return flex_claim(
         ported, flex, lambda: _against_eager(original_class, ported_class, model, flex, FLEX_FLAG, lambda m: m)
+    ) + flash_claim(
+        ported, flash, lambda: _against_eager(original_class, ported_class, model, flash, FLASH_FLAG, lambda m: m)
     ) + compile_claim(
         ported, lambda: _against_eager(original_class, ported_class, model, compiled, COMPILE_FLAG, compiled_fullgraph)
     )
@@ -88,12 +94,12 @@ def driven_claim_checks(original: ModuleType, ported: ModuleType, model: DrivenM
 def _against_eager(
     original_class: type, ported_class: type, model: DrivenModel, label: str, flag: str, wrap: Callable[[Any], Any]
 ) -> list[ClaimCheck]:
-    """The port's model (flex-built for the flex flag, SDPA-built otherwise), wrapped, against the original's eager."""
+    """The port's model (built with its flag's implementation, else SDPA), wrapped, against the original's eager."""
     try:
         original = build(original_class, model.config, "eager", model.propagate)
         original.load_state_dict(model.state)
-        if flag == FLEX_FLAG:
-            port = build(ported_class, model.config, FLEX, model.propagate)
+        if flag in BUILT_WITH:
+            port = build(ported_class, model.config, BUILT_WITH[flag], model.propagate)
         else:
             port, _ = build_sdpa(ported_class, model.config, model.propagate)
         port.load_state_dict(model.state)
