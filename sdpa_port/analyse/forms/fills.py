@@ -23,6 +23,7 @@ from sdpa_port.analyse.booleans import BooleanReader, zero_one_threshold
 from sdpa_port.analyse.chain import PROBS, AddTerm, Fill, Guard, Op, Poison, Softmax, ZeroRows, short
 from sdpa_port.analyse.forms.common import Example, method_on_chain, scored, sdpa
 from sdpa_port.analyse.forms.fill_helpers import helper_fill_values
+from sdpa_port.analyse.forms.guard_pairs import MASKED_GUARDS, TWO_GUARDS, guarded_alike
 from sdpa_port.analyse.forms.terms import always_applied
 from sdpa_port.refusals import Code
 
@@ -208,7 +209,9 @@ def zero_rows(
             "mask the rest of a row, whose probabilities there would not be 0",
             {cid},
         )
-    if first.bindings != bindings_of(tracer, detached) or tuple(tracer.path[: len(first.path)]) != first.path:
+    if first.bindings != bindings_of(tracer, detached) or not (
+        tuple(tracer.path[: len(first.path)]) == first.path or guarded_alike(tracer, first.path, tuple(tracer.path))
+    ):
         raise Poison(
             Code.FILL_VALUE,
             f"the probabilities are set to 0 where `{short(condition)}` holds, but that mask may differ from the "
@@ -518,6 +521,25 @@ EXAMPLES = {
         ),
         Example(
             scored("scores = scores.masked_fill(attention_mask == 0, 0.0)\nprobs = scores.softmax(-1)"),
+            refused=Code.FILL_VALUE,
+        ),
+        # zeroed under a second `if` with the fill's test: the mask its first body reassigned is the one zeroed
+        Example(
+            TWO_GUARDS.format(between=""),
+            ZeroRows,
+            becomes="if attention_mask is not None:\nattention_mask = attention_mask.bool()\nsdpa_mask = "
+            "torch.where(attention_mask, float('-inf'), query.new_zeros(())).to(query.dtype)\nsdpa_zero_rows = None\n"
+            "if attention_mask is not None:\nsdpa_zero_rows = attention_mask.all(-1, keepdim=True)\noutput = "
+            + sdpa("attn_mask=sdpa_mask", "scale=1.0")
+            + "\nif sdpa_zero_rows is not None:\noutput = output.masked_fill(sdpa_zero_rows, 0.0)",
+        ),
+        # a binding between the two tests, or an `else` to the first, and the second test may hold where it did not
+        Example(TWO_GUARDS.format(between="attention_mask = head_mask\n"), refused=Code.FILL_VALUE),
+        Example(MASKED_GUARDS.format(between="attention_mask = torch.ones_like(value)\n"), refused=Code.FILL_VALUE),
+        Example(
+            MASKED_GUARDS.format(between="").replace(
+                "probs = ", "else:\n    attention_mask = torch.ones_like(value)\nprobs = ", 1
+            ),
             refused=Code.FILL_VALUE,
         ),
         # zeroed where nothing masked the scores
