@@ -107,7 +107,7 @@ SABOTAGES = {
         ("pre-transposed key kept", "            k.transpose(-1, -2),\n", "            k,\n"),
         ("cast bias dropped", "sdpa_mask = self.relative_bias(N).type_as(q)", "sdpa_mask = 0 * self.relative_bias(N).type_as(q)"),
         ("conditional scale inverted", "scale=1.0 / self.norm_factor,", "scale=self.norm_factor,"),
-        ("helper fill ignored", "self._mask_value(q.dtype, q.device)).to(q.dtype)", "q.new_zeros(())).to(q.dtype)"),
+        ("helper fill ignored", "self._mask_value(q.dtype, q.device)).to(", "q.new_zeros(())).to("),
         ("eager branch's scale doubled", "scale=self.head_dim**-0.5,", "scale=2 * self.head_dim**-0.5,"),
     ],
     # a function forward defines computes each class's attention (`analyse/closures.py`): the SDPA call in it must
@@ -127,7 +127,7 @@ SABOTAGES = {
     ],
     # the mask expanded to the scores' shape, read at a rank the port does not know: the product's shape instead
     "modeling_tiny_sized_mask.py": [
-        ("batch size read as the heads'", ")[0], (torch.broadcast_shapes", ")[1], (torch.broadcast_shapes"),
+        ("batch size read as the heads'", "k.shape[-2:-1])[0],", "k.shape[-2:-1])[1],"),
         ("mask dropped", "attn_mask=sdpa_mask,", "attn_mask=None,"),
     ],
     # a product of padding masks (`m @ m^T`) masks the scores: the port keeps it, as the mask
