@@ -202,9 +202,9 @@ def _global_mapping(tree: ast.Module | None) -> frozenset[str]:
         if not (isinstance(node, ast.ClassDef) and node.name == ATTENTION_INTERFACE):
             continue
         for item in node.body:
-            target = item.targets[0] if isinstance(item, ast.Assign) and len(item.targets) == 1 else None
-            if isinstance(item, ast.AnnAssign):
-                target = item.target
+            if not isinstance(item, (ast.Assign, ast.AnnAssign)):
+                continue
+            target = item.target if isinstance(item, ast.AnnAssign) else item.targets[0] if len(item.targets) == 1 else None
             if isinstance(target, ast.Name) and target.id == "_global_mapping" and isinstance(item.value, ast.Dict):
                 keys = item.value.keys
                 return frozenset(k.value for k in keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
