@@ -24,7 +24,7 @@ from typing import Annotated, Optional
 import typer
 
 from sdpa_port.refusals import Code
-from sdpa_port.edge.wheels import WheelError, copy_tree, extract_tree, wheel_path
+from sdpa_port.edge.wheels import MODELS, WheelError, copy_tree, extract_tree, wheel_path
 
 app = typer.Typer(add_completion=False)
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def bench(
         with tempfile.TemporaryDirectory(prefix="sdpa-port-bench-") as scratch:
             tree = copy_tree(pristine, Path(scratch))
             # the models' folder alone: the release's own sources beside it are read, not ported
-            wall, cpu, records, code = _run(tree / "transformers" / "models", list(context.args))
+            wall, cpu, records, code = _run(tree / MODELS, list(context.args))
         walls.append(wall)
         counts = Counter(record["status"] for record in records)
         typer.echo(

@@ -87,6 +87,20 @@ def rebase_config(node: cst.BaseExpression, to_self: bool) -> cst.BaseExpression
     return result
 
 
+class IndentTracking:
+    """Mixed into a transformer: how many indented blocks enclose the node being visited (`depth`), so a line can be
+    laid out where it stands."""
+
+    depth = 0
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self.depth += 1
+
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
+        self.depth -= 1
+        return updated
+
+
 def lay_out_call(
     statement: cst.BaseStatement, call: cst.Call, indent: int, limit: int = LINE_LENGTH
 ) -> cst.BaseStatement:

@@ -68,11 +68,18 @@ class _Dropper(cst.CSTTransformer):
     def __init__(self, shared: set[str]) -> None:
         self.shared = shared
         self.heads: set[cst.CSTNode] = set()  # the first statement of each block the port changed
+        self.keys: dict[cst.CSTNode, bool] = {}  # whether each statement visited is one of eager's, by its key
+
+    def is_shared(self, statement: cst.BaseStatement) -> bool:
+        """`statement` is one of eager's, comments aside (read once per statement, on the way down)."""
+        if statement not in self.keys:
+            self.keys[statement] = _key(statement) in self.shared
+        return self.keys[statement]
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         # the forward itself is no block here: in the SDPA class its statements follow the fallback to eager
         block = isinstance(node, cst.BaseStatement) and not isinstance(node, cst.FunctionDef)
-        if block and _key(node) not in self.shared:  # type: ignore[arg-type]
+        if block and not self.is_shared(node):  # type: ignore[arg-type]
             for suite in _suites(node):
                 if isinstance(suite, cst.IndentedBlock) and suite.body:
                     self.heads.add(suite.body[0])
@@ -82,7 +89,7 @@ class _Dropper(cst.CSTTransformer):
         lines = getattr(updated, "leading_lines", None)
         if not isinstance(updated, cst.BaseStatement) or not lines or original in self.heads:
             return updated
-        if _key(original) not in self.shared:  # type: ignore[arg-type]
+        if not self.is_shared(original):  # type: ignore[arg-type]
             return updated
         kept = [line for line in lines if line.comment is None or line.comment.value.startswith(DIRECTIVES)]
         return updated.with_changes(leading_lines=kept) if len(kept) != len(lines) else updated

@@ -30,16 +30,18 @@ A statement that no layout brings within the line length (a long string) stays a
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import libcst as cst
+import libcst.matchers as m
 
 from sdpa_port.analyse.cstutil import LINE_LENGTH, code, fits
-from sdpa_port.rewrite.edit import lay_out_call
+from sdpa_port.rewrite.edit import IndentTracking, lay_out_call
 
 
 def lay_out_long_lines(original: cst.Module, ported: cst.Module) -> cst.Module:
     """`ported` with each statement it wrote or changed, past the line length, laid out to fit where one layout does."""
-    known = _Written.of(original)
-    result = ported.visit(_LayOut(known, len(ported.default_indent)))
+    result = ported.visit(_LayOut(original, len(ported.default_indent)))
     assert isinstance(result, cst.Module)
     return result
 
@@ -52,37 +54,17 @@ def _header_key(node: cst.If) -> str:
     return code(node.test)
 
 
-class _Written(cst.CSTVisitor):
-    """The simple lines and `if` conditions of a module, as written."""
-
-    def __init__(self) -> None:
-        self.found: set[str] = set()
-
-    @classmethod
-    def of(cls, module: cst.Module) -> set[str]:
-        visitor = cls()
-        module.visit(visitor)
-        return visitor.found
-
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        self.found.add(_line_key(node))
-
-    def visit_If(self, node: cst.If) -> None:
-        self.found.add(_header_key(node))
-
-
-class _LayOut(cst.CSTTransformer):
-    def __init__(self, known: set[str], unit: int) -> None:
-        self.known = known
+class _LayOut(IndentTracking, cst.CSTTransformer):
+    def __init__(self, original: cst.Module, unit: int) -> None:
+        self.original = original
         self.unit = unit or 4
-        self.depth = 0
 
-    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
-        self.depth += 1
-
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
-        self.depth -= 1
-        return updated
+    @cached_property
+    def known(self) -> set[str]:
+        """The original's simple lines and `if` conditions, as written: read once, where a line is too long."""
+        found = m.findall(self.original, m.SimpleStatementLine() | m.If())
+        lines = {_line_key(n) for n in found if isinstance(n, cst.SimpleStatementLine)}
+        return lines | {_header_key(n) for n in found if isinstance(n, cst.If)}
 
     def leave_SimpleStatementLine(
         self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
@@ -122,18 +104,7 @@ class _LayOut(cst.CSTTransformer):
 def _commented(node: cst.CSTNode) -> bool:
     """A comment stands inside `node` (beyond its leading lines), whose whitespace a layout would replace."""
     inner = node.with_changes(leading_lines=()) if isinstance(node, cst.SimpleStatementLine) else node
-    return bool(_comments(inner))
-
-
-def _comments(node: cst.CSTNode) -> list[cst.Comment]:
-    found: list[cst.Comment] = []
-
-    class Comments(cst.CSTVisitor):
-        def visit_Comment(self, comment: cst.Comment) -> None:
-            found.append(comment)
-
-    node.visit(Comments())
-    return found
+    return bool(m.findall(inner, m.Comment()))
 
 
 def _outer_calls(statement: cst.SimpleStatementLine) -> list[cst.Call]:

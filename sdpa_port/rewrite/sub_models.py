@@ -12,7 +12,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.rewrite.edit import lay_out_call
+from sdpa_port.rewrite.edit import IndentTracking, lay_out_call
 from sdpa_port.rewrite.targeted import ScopedTransformer, transform_named
 
 SELECTED = cst.Attribute(value=cst.Name("config"), attr=cst.Name("_attn_implementation"))
@@ -27,20 +27,12 @@ def pass_implementation(
     return transform_named(module, composites, transformer), transformer.notes
 
 
-class _PassImplementation(ScopedTransformer):
+class _PassImplementation(IndentTracking, ScopedTransformer):
     def __init__(self, sub_models: frozenset[str]) -> None:
         super().__init__()
         self.sub_models = sub_models
         self.notes: list[str] = []
-        self.depth = 0
         self.built: list[cst.Call] = []
-
-    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
-        self.depth += 1
-
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
-        self.depth -= 1
-        return updated
 
     def leave_SimpleStatementLine(
         self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine

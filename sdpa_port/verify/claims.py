@@ -186,10 +186,7 @@ def flash_claim(ported: ModuleType, label: str, run: Callable[[], list[ClaimChec
 def _cached_step(original_class: type, ported: ModuleType, config: Any, label: str) -> list[ClaimCheck]:
     """A left-padded prompt, then its last two tokens with the prompt's cache: the flash-built port against eager."""
     try:
-        original = build(original_class, config, "eager")
-        sharpen(original)
-        model = build(getattr(ported, original_class.__name__), config, FLASH)
-        model.load_state_dict(original.state_dict())
+        original, model = _sharpened_pair(original_class, ported, config, FLASH)
         batch = make_batch(config, "decoder", "left")
         ids, mask = batch.inputs["input_ids"], batch.inputs["attention_mask"]
         outputs = []
@@ -247,10 +244,7 @@ def _against_eager(
 ) -> list[ClaimCheck]:
     """The port's model (built with its flag's implementation, else SDPA), wrapped, against the original's eager."""
     try:
-        original = build(original_class, config, "eager")
-        sharpen(original)
-        model = build(getattr(ported, original_class.__name__), config, BUILT_WITH.get(flag, "sdpa"))
-        model.load_state_dict(original.state_dict())
+        original, model = _sharpened_pair(original_class, ported, config, BUILT_WITH.get(flag, "sdpa"))
         batch = make_batch(config, kind, padding)
         with torch.no_grad():
             expected = original(**batch.inputs)
@@ -264,6 +258,15 @@ def _against_eager(
         relative = max_difference(expected, found, batch, relative=True)
         passed, detail = relative <= RELATIVE_TOLERANCE, f"(relative {relative:.2g})"
     return [ClaimCheck(f"{label} == eager", passed, difference, detail, flag=flag)]
+
+
+def _sharpened_pair(original_class: type, ported: ModuleType, config: Any, implementation: str) -> tuple[Any, Any]:
+    """The original's eager model, sharpened, and the port's model built with `implementation`, on its weights."""
+    original = build(original_class, config, "eager")
+    sharpen(original)
+    model = build(getattr(ported, original_class.__name__), config, implementation)
+    model.load_state_dict(original.state_dict())
+    return original, model
 
 
 def verdicts(checks: list[Check]) -> dict[str, str]:

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from corpus_run import RELEASES, Corpus, sdpa_port  # noqa: E402
 
-from sdpa_port.edge.wheels import copy_tree, extract_tree, wheel_path  # noqa: E402
+from sdpa_port.edge.wheels import MODELS, copy_tree, extract_tree, wheel_path  # noqa: E402
 
 
 @pytest.fixture(scope="session", params=RELEASES)
@@ -29,7 +29,7 @@ def corpus(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     tree = copy_tree(pristine, tmp_path_factory.mktemp(f"transformers-{version}"))
     # the models' folder: the tree holds the release's own sources too (`modeling_utils.py` among them), which are
     # read for the release's facts, not ported
-    models = tree / "transformers" / "models"
+    models = tree / MODELS
     first = sdpa_port(str(models), "--json")
     second = sdpa_port(str(models), "--check", "--json")
     return Corpus(version, wheel, pristine, tree, first, second)
