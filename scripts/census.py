@@ -275,7 +275,7 @@ def markdown(release: str, entries: list[Entry], command: str, seconds: float) -
     return "\n".join(out) + "\n"
 
 
-CLAIMS = ("_supports_flex_attn", "_can_compile_fullgraph")
+CLAIMS = ("_supports_flex_attn", "_supports_flash_attn", "_can_compile_fullgraph")
 
 
 def _claim(record: dict | None, flag: str) -> str:
@@ -283,7 +283,8 @@ def _claim(record: dict | None, flag: str) -> str:
     record = record or {}
     if any(f".{flag} = True (" in note for note in record.get("notes", [])):
         return "set"
-    for prefix in (f"{flag} not claimed: ", "flex attention and compile not claimed: "):
+    # the runner's warnings (`sdpa_port/edge/runner.py`): one flag's, or all of them at once when none was run
+    for prefix in (f"{flag} not claimed: ", "flex, flash and compile not claimed: "):
         why = next((w for w in record.get("warnings", []) if w.startswith(prefix)), None)
         if why is not None:
             return "not set: " + why[len(prefix) :]

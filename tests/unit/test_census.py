@@ -87,3 +87,22 @@ def test_a_section_is_replaced_and_others_kept(tmp_path: Path) -> None:
     census.write_section(out, "1.0", "<!-- census 1.0 -->\nnew\n<!-- /census 1.0 -->\n")
     text = out.read_text()
     assert "new" in text and "old" not in text and "other" in text and text.startswith("# Census")
+
+
+def test_the_claims_table_reads_the_runners_own_words() -> None:
+    """Each claim flag is read from what `claim_flags` writes, one flag's verdict or all at once, flash included."""
+    from sdpa_port.edge.runner import claim_flags
+    from sdpa_port.result import PortResult, Status, Style
+
+    source = "class MPreTrainedModel:\n    _supports_sdpa = True\n"
+    ported = PortResult(Status.PORTED, source, style=Style.INTERFACE)
+    result, _ = claim_flags(
+        ported, None, (("_supports_flash_attn", ("MPreTrainedModel",)),), (("_supports_flex_attn", "flex failed"),)
+    )
+    one = {"notes": list(result.notes), "warnings": list(result.warnings)}
+    assert census._claim(one, "_supports_flash_attn") == "set"
+    assert census._claim(one, "_supports_flex_attn") == "not set: flex failed"
+    assert census._claim(one, "_can_compile_fullgraph") == ""
+    result, _ = claim_flags(ported, None, (), (("", "no model was driven"),))
+    everything = {"notes": list(result.notes), "warnings": list(result.warnings)}
+    assert [census._claim(everything, flag) for flag in census.CLAIMS] == ["not set: no model was driven"] * 3
