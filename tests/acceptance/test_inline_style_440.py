@@ -209,6 +209,11 @@ SABOTAGES = {
          "            scale=1.0,\n        ).transpose(1, 2)"),
         ("repeated mask dropped", "sdpa_mask = mask.repeat(", "sdpa_mask = 0 * mask.repeat("),
     ],
+    # the shifted-window mask added through temporaries of its branch (`analyse/branch_locals.py`)
+    "modeling_tiny_window_steps.py": [
+        ("window mask dropped", "sdpa_mask = sdpa_mask + (q.new_zeros", "sdpa_mask = sdpa_mask + 0 * (q.new_zeros"),
+        ("relative bias dropped", "sdpa_mask = bias.permute(2, 0, 1)", "sdpa_mask = 0 * bias.permute(2, 0, 1)"),
+    ],
 }
 
 
