@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import libcst as cst
 
+from sdpa_port.analyse.branch_locals import unread_after
 from sdpa_port.analyse.certain import fallback, reads_module
 from sdpa_port.analyse.chain import PROBS, SCORES, AnyExpr, ChainVal, ExprVal, ScalarVal, Value
 from sdpa_port.analyse.cstutil import code, if_branches, walk_names
@@ -49,7 +50,7 @@ def if_statement(tracer: TracerView, node: cst.If, depth: int) -> None:
     start_env = dict(tracer.env)
     first_new = len(tracer.chains.candidates)
     results = _traced(tracer, node, branches, start_env, depth)
-    merged = _merged(tracer, results, first_new, line)
+    merged = _merged(tracer, results, first_new, line, node)
     tracer.env.clear()
     tracer.env.update(merged)
 
@@ -99,8 +100,13 @@ def _traced(tracer: TracerView, node: cst.If, branches: Arms, start_env: dict[st
     return results
 
 
-def _merged(tracer: TracerView, results: list[dict[str, Value]], first_new: int, line: int) -> dict[str, Value]:
-    """What each name holds after the branches whose environments are `results`."""
+def _merged(
+    tracer: TracerView, results: list[dict[str, Value]], first_new: int, line: int, node: cst.If
+) -> dict[str, Value]:
+    """What each name holds after the branches whose environments are `results`.
+
+    A name nothing reads after the `if` holds nothing after it (`branch_locals.py`): a branch's temporary.
+    """
     merged: dict[str, Value] = {}
     names = set().union(*(r.keys() for r in results))
     # the names made alternatives first: a name holding, in some branches only, a step of a chain that
@@ -110,10 +116,13 @@ def _merged(tracer: TracerView, results: list[dict[str, Value]], first_new: int,
     deferred: list[str] = []
     for name in names:
         values = [r.get(name) for r in results]
+        chained = any(isinstance(v, ChainVal) for v in values)
+        if chained and not all(v == values[0] for v in values) and unread_after(tracer.function, node, name):
+            continue
         value = _merge(tracer, values, first_new, line, alternated)
         if value is not None:
             merged[name] = value
-        elif any(isinstance(v, ChainVal) for v in values):
+        elif chained:
             deferred.append(name)
     for name in deferred:
         values = [r.get(name) for r in results]

@@ -138,3 +138,6 @@ class _Imports:
 
     def class_init(self, name: str) -> cst.FunctionDef | None:
         return None
+
+    def class_methods(self) -> tuple[cst.FunctionDef, ...]:
+        return ()

@@ -56,6 +56,15 @@ class FunctionScope:
         found = None if name in self.env or name not in self.facts.classes else self.facts.find_method(name, "__init__")
         return None if found is None else found[1]
 
+    def class_methods(self) -> tuple[cst.FunctionDef, ...]:
+        if self.class_name is None:
+            return ()
+        resolved: dict[str, cst.FunctionDef] = {}
+        for info in self.facts.mro(self.class_name):
+            for name, method in info.methods.items():
+                resolved.setdefault(name, method)
+        return tuple(resolved.values())
+
     def local_values(self, name: str) -> tuple[cst.BaseExpression, ...]:
         """What a local may hold: its one expression, or each of the expressions its paths assign."""
         value = self.env.get(name)

@@ -200,6 +200,20 @@ SABOTAGES = {
         ("pair term unscaled", "sdpa_mask = sdpa_mask / math.sqrt(self.width)", "sdpa_mask = sdpa_mask"),
         ("fill inverted", "attn_mask=torch.where(m,", "attn_mask=torch.where(~m,"),
     ],
+    # scales of constructor sizes whose head count only the methods' views take (`patterns/view_sizes.py`): the head
+    # size's power and the `qk_scale` override's default, each read wrong; the repeated float mask dropped
+    "modeling_tiny_view_sizes.py": [
+        ("split heads' scale doubled", "            scale=self.scale,\n        ).permute(0, 2, 1, 3)",
+         "            scale=2 * self.scale,\n        ).permute(0, 2, 1, 3)"),
+        ("override's default scale dropped", "            scale=self.scale,\n        ).transpose(1, 2)",
+         "            scale=1.0,\n        ).transpose(1, 2)"),
+        ("repeated mask dropped", "sdpa_mask = mask.repeat(", "sdpa_mask = 0 * mask.repeat("),
+    ],
+    # the shifted-window mask added through temporaries of its branch (`analyse/branch_locals.py`)
+    "modeling_tiny_window_steps.py": [
+        ("window mask dropped", "sdpa_mask = sdpa_mask + (q.new_zeros", "sdpa_mask = sdpa_mask + 0 * (q.new_zeros"),
+        ("relative bias dropped", "sdpa_mask = bias.permute(2, 0, 1)", "sdpa_mask = 0 * bias.permute(2, 0, 1)"),
+    ],
 }
 
 

@@ -163,6 +163,9 @@ class _Scope:
     def class_init(self, name: str) -> cst.FunctionDef | None:
         return None
 
+    def class_methods(self) -> tuple[cst.FunctionDef, ...]:
+        return ()
+
 
 LOCALS = {
     "flags": (cst.parse_expression("mask > 0"),),

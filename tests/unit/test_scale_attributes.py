@@ -243,3 +243,35 @@ def test_a_size_given_to_a_module_of_the_file(init: str, expected: str) -> None:
         assert ",".join(r.code.value[0] for r in result.refusals) == expected, result.reasons
     else:
         assert result.status is Status.PORTED and expected == NUMBER and NUMBER in result.source, result.reasons
+
+
+SPACE = (
+    "self.num_heads = num_heads\nself.head_dim = hidden_dim // num_heads\nself.scale = self.head_dim ** -0.5\n"
+    "self.qkv = nn.Linear(hidden_dim, hidden_dim * 3)"
+)
+SPLIT = "def split(self, x):\n    return x.reshape(x.size(0), x.size(1), {}, -1)"
+
+
+@pytest.mark.parametrize(
+    "init,methods,expected",
+    [
+        # modelscope's SPACE: `num_heads` reaches no layer, only the views of the methods, through `self.num_heads`
+        (SPACE, SPLIT.format("self.num_heads"), NUMBER),
+        (SPACE, "def split(self, x):\n    return x.view((x.size(0), x.size(1), self.num_heads, -1))", NUMBER),
+        (SPACE, "def heads(self, mask):\n    return mask.repeat(1, self.num_heads, 1, 1)", NUMBER),
+        (SPACE, "def heads(self, mask):\n    return mask[:, None].expand(-1, self.num_heads * 2, -1, -1)", NUMBER),
+        # the head size as a view's size: both operands of `hidden_dim // num_heads` are integers
+        (SPACE.replace("hidden_dim * 3", "8"), "def split(self, x):\n    return x.view(2, 3, -1, self.head_dim)", NUMBER),
+        # nothing says `num_heads` is an integer: `hidden_dim // num_heads` of a tensor is a tensor
+        (SPACE, "", REFUSED),
+        (SPACE, SPLIT.format("self.num_heads / 1"), REFUSED),  # a true division makes no integer size
+        (SPACE, SPLIT.format("int(self.num_heads)"), REFUSED),  # `int()` makes one of anything
+        (SPACE, "def split(self, x):\n    return x.view(self.num_heads)", REFUSED),  # `view(dtype)`
+        # a function of a module, not a tensor's method: its first argument is no size
+        (SPACE, "def copies(self, n):\n    return itertools.repeat(self.num_heads, n)", REFUSED),
+        # bound again elsewhere: the view reads that value, not the argument
+        (SPACE, SPLIT.format("self.num_heads") + "\n\ndef prune(self, n):\n    self.num_heads = n", REFUSED),
+    ],
+)
+def test_a_size_given_to_a_view_in_a_method(init: str, methods: str, expected: str) -> None:
+    assert port(init, "hidden_dim, num_heads", methods) == expected

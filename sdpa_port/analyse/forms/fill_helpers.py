@@ -91,3 +91,6 @@ class _MethodScope:
 
     def class_init(self, name: str) -> cst.FunctionDef | None:
         return self.scope.class_init(name)
+
+    def class_methods(self) -> tuple[cst.FunctionDef, ...]:
+        return self.scope.class_methods()

@@ -40,6 +40,10 @@ class Scope(Protocol):
         """The `__init__` of a class of the file."""
         ...
 
+    def class_methods(self) -> tuple[cst.FunctionDef, ...]:
+        """The methods the class being read runs: its own and those of its in-file bases it does not override."""
+        ...
+
 
 def arg(call: cst.Call, index: int, keyword: str | None = None) -> cst.BaseExpression | None:
     """The positional argument `index` or the keyword argument `keyword` of a call."""

@@ -29,6 +29,7 @@ from sdpa_port.analyse.patterns.functions import (
     SCALAR_TENSOR_FUNCTIONS,
 )
 from sdpa_port.analyse.patterns.numbers import number
+from sdpa_port.analyse.patterns.view_sizes import SIZE_OPERATORS, attribute_sizes
 from sdpa_port.rewrite.edit import replace_names
 
 if TYPE_CHECKING:
@@ -218,7 +219,8 @@ class MethodScope:
 
     A local holds a number when each of the method's bindings of it gives one. Parameters hold what callers pass, so
     only `__init__`'s hold numbers, where the constructor declares them numbers: a number as the default, `int` or
-    `float` as the annotation, or used in an integer size (`nn.Linear(dim, dim * 3)`, `_layer_sizes`). A parameter
+    `float` as the annotation, or used in an integer size (`nn.Linear(dim, dim * 3)`, `_layer_sizes`, or a view's
+    size in a method through the `self.` attribute `__init__` alone binds to it, `view_sizes.py`). A parameter
     defaulting to None (or annotated `Optional[float]`) holds a number or None: a number only behind `or` or a test
     (`qk_scale or head_dim ** -0.5`). Other names (globals, builtins) are not followed.
 
@@ -249,6 +251,9 @@ class MethodScope:
 
     def class_init(self, name: str) -> cst.FunctionDef | None:
         return None if name in self.names.locals or name in self.names.params else self.scope.class_init(name)
+
+    def class_methods(self) -> tuple[cst.FunctionDef, ...]:
+        return self.scope.class_methods()
 
     def local_value(self, name: str) -> cst.BaseExpression | None:
         """The one value the method binds a local to (`scale = torch.ones(heads, 1, 1)`); None for a parameter."""
@@ -389,7 +394,8 @@ def _layer_sizes(method: cst.FunctionDef, scope: Scope, visiting: frozenset[cst.
     the shape of a new tensor, a `range`, or a size of a module of the file, given as one, or through sums, products
     and floor divisions, the locals and the `self.` attributes the method binds (`self.n = heads * dim`, then
     `Projection(self.n)`). Each operand of such a size is one integer: anything else makes the size a float, a
-    sequence or a tensor of several values, and building the layer fails."""
+    sequence or a tensor of several values, and building the layer fails. For the class's own `__init__`, the
+    `self.` attributes its methods' views take as sizes are sizes too (`view_sizes.py`)."""
     locals_ = _bound_locals(method)
     attributes: dict[str, list[cst.BaseExpression]] = {}
     for assign in nodes_of_type(method.body, cst.Assign):
@@ -398,11 +404,13 @@ def _layer_sizes(method: cst.FunctionDef, scope: Scope, visiting: frozenset[cst.
             if attribute is not None:
                 attributes.setdefault(attribute, []).append(assign.value)
     pending = [size for call in nodes_of_type(method.body, cst.Call) for size in _sizes(call, scope, visiting | {method})]
+    if not visiting:
+        pending.extend(attribute_sizes(method, scope))
     names: set[str] = set()
     seen: set[str] = set()
     while pending:
         node = pending.pop()
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, _SIZE_OPERATORS):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, SIZE_OPERATORS):
             pending.extend((node.left, node.right))
         elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
             pending.append(node.expression)
@@ -416,7 +424,6 @@ def _layer_sizes(method: cst.FunctionDef, scope: Scope, visiting: frozenset[cst.
     return frozenset(names)
 
 
-_SIZE_OPERATORS = (cst.Add, cst.Subtract, cst.Multiply, cst.FloorDivide, cst.Modulo)
 # new tensors whose positional arguments, or the one sequence given, are their shape
 _SHAPED = frozenset({"torch.zeros", "torch.ones", "torch.empty", "torch.randn", "torch.rand"})
 
