@@ -193,7 +193,7 @@ def _alone(lines: list[str]) -> str:
     why = next((line[len(ALONE) :] for line in lines if line.startswith(ALONE)), "")
     if not classes:
         return ""
-    return f"{', '.join(classes)} checked alone as module(s): {why[:200]}"
+    return f"{', '.join(classes)} checked alone as module(s)" + (f": {why[:200]}" if why else "")
 
 
 def _driven(lines: list[str]) -> str:

@@ -50,6 +50,9 @@ def test_attention_verified_module_by_module_says_so_and_why() -> None:
     driven = ["MModel[image] driven: ok config: tiny; inputs: pixel_values[2, 3, 64, 64]; gain 2", *alone]
     entry = census.classify(record(verification=driven, verified=True))
     assert entry.reason.startswith("MModel[image] on pixel_values") and "MSdpaSelfAttention checked alone" in entry.reason
+    # a file checked in place with no model to say anything of: the classes alone, no dangling colon
+    entry = census.classify(record(verification=["Attention in place: ok max|diff|=1e-06"], verified=True))
+    assert entry.reason == "Attention checked alone as module(s)"
 
 
 def test_not_verifiable_gives_the_reason_and_is_never_a_pass() -> None:
