@@ -90,6 +90,8 @@ def _traced(tracer: TracerView, node: cst.If, branches: Arms, start_env: dict[st
         tracer.path.append((id(node), index))
         tracer.branches.append(branch_of(branches, index))
         tracer.block(body, depth + 1)
+        if body and _returns(body[-1]):
+            tracer.chains.returned_arms.add((id(node), index))
         tracer.branches.pop()
         tracer.path.pop()
         if test is not None:
@@ -210,6 +212,11 @@ def _same_value(a: Value, b: Value | None) -> bool:
     if isinstance(a, ExprVal) and isinstance(b, ExprVal):
         return a.node is b.node
     return False
+
+
+def _returns(statement: cst.BaseStatement) -> bool:
+    """A statement ending in a `return`: the arm it ends leaves the function."""
+    return isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[-1], cst.Return)
 
 
 def _only_raises(body: Sequence[cst.BaseStatement]) -> bool:

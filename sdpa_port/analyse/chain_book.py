@@ -75,6 +75,9 @@ class ChainBook:
         # of a chain merged into another by `alternatives`: how many of its operations the merged chain took over
         self._taken: dict[int, int] = {}
         self.blocks: dict[int, Block] = {}  # chains whose scores are joined from blocks -> their operands
+        # the arms of `if`s (their node's id, the arm's index) whose last statement returns: code after the `if`
+        # never runs after them
+        self.returned_arms: set[tuple[int, int]] = set()
 
     def new_chain(
         self,
@@ -314,6 +317,7 @@ class Products:
     probabilities: Made
     draws: list[int | None] = field(default_factory=list)
     statements: list[tuple[cst.CSTNode, int]] = field(default_factory=list)
+    paths: list[tuple[tuple[int, int], ...]] = field(default_factory=list)  # each one's arms of enclosing `if`s
 
 
 def _reads_sdpa_layout(op: Op) -> str | None:

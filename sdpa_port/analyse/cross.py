@@ -13,8 +13,7 @@ from typing import Iterable
 import libcst as cst
 
 from sdpa_port.analyse.patterns import walk_names
-
-CACHE_WORDS = ("past", "cache", "layer_state")
+from sdpa_port.discover.values import CACHE_WORDS
 
 
 def is_cache_parameter(name: str) -> bool:

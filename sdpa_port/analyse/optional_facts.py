@@ -13,12 +13,11 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse import trace as t
-from sdpa_port.analyse.cross import is_cache_parameter, is_mask_parameter
 from sdpa_port.analyse.cstutil import code, nodes_of_type
 from sdpa_port.analyse.known import Known
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.tracing import LineOf
-from sdpa_port.discover.values import WEIGHT_REQUESTS
+from sdpa_port.discover.values import WEIGHT_REQUESTS, optional_input
 
 
 def without_optional(
@@ -60,9 +59,7 @@ def tried_facts(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -
         if param.name.value in tested
         and param.default is not None
         and m.matches(param.default, m.Name("None"))
-        and (not is_mask_parameter(param.name.value) or "head_mask" in param.name.value)  # head masks return to eager
-        and not is_cache_parameter(param.name.value)
-        and "states" not in param.name.value
+        and optional_input(param.name.value)  # head masks return to eager
     ]
     trials += [Known(falsy=frozenset({flag})) for flag in _flags_off_by_default(facts, class_name, forward)]
     # a switch of the call itself, off by default, whose branch only eager takes (fairseq's `before_softmax`, which

@@ -104,6 +104,7 @@ def output_statement(
         second_output(tracer, base.cid, taken, probabilities, draw, line)
     if taken is None:
         taken = tracer.chains.products[base.cid] = Products(probabilities)
+    taken.paths.append(tuple(tracer.path))
     if tracer.reads.chain_refs(value_node):
         tracer.chains.candidates[base.cid].poisoned(Code.VALUE_SIDE, "the value operand depends on the scores", line)
     rank = product.rank if product.rank is not None else base.rank
@@ -154,7 +155,8 @@ def value_left_order(
 
     `value @ probs^T` is `(probs @ value^T)^T`: the probabilities must have been transposed last (`Transpose`) exactly
     when the value is on their left, and their rank known."""
-    recorded = [op for op, _, _ in tracer.chains.candidates[cid].ops]
+    # an earlier product with V of the same probabilities (another arm's) changed nothing of their layout
+    recorded = [op for op, _, _ in tracer.chains.candidates[cid].ops if not isinstance(op, Output)]
     transposed = bool(ops or recorded) and isinstance([*recorded, *ops][-1], Transpose)
     if transposed != value_left:
         detail = (
@@ -182,6 +184,8 @@ def second_output(
     first product took, made the same way, and, if dropped out, by a draw of their own (each SDPA call draws its own
     dropout).
     """
+    if taken is not None and exclusive_arm(taken, probabilities, tuple(tracer.path), tracer.chains.returned_arms):
+        return  # one of the products runs, whichever arm of the `if` is taken: one SDPA call, one draw
     if taken is None or probabilities != taken.probabilities:
         tracer.chains.candidates[cid].poisoned(Code.VALUE_SIDE, "the probabilities are multiplied by a second tensor", line)
     elif draw is not None and draw in taken.draws:
@@ -190,6 +194,37 @@ def second_output(
             "one dropout draw of the probabilities reaches two products with V (SDPA calls draw their own)",
             line,
         )
+
+
+def exclusive_arm(
+    taken: Products, probabilities: Made, path: tuple[tuple[int, int], ...], returned: set[tuple[int, int]]
+) -> bool:
+    """A further product with V that never runs in a call where an earlier one ran.
+
+    `if self.use_proj: out = self.proj(probs @ v) else: out = probs @ v`, or `if self.use_proj: return self.proj(probs
+    @ v)` then `return probs @ v`: the probabilities are made the same way before the `if` (the same place on the
+    chain, the same expression and bindings), and each earlier product sits in another arm of an `if` enclosing this
+    one, or in an arm ending in a `return` of an `if` this one follows. At most one of them runs, with whatever
+    dropout draw they share. `returned`: the arms ending in a `return`, as `(id(if), index)`.
+    """
+    first, made = taken.probabilities, probabilities
+    # the same expression reads the same names: a name only one of them binds is read by its branches' tests
+    common = dict(first.bindings).keys() & dict(made.bindings).keys()
+    same = (made.cid, made.base, made.expression) == (first.cid, first.base, first.expression)
+    bound = [b for b in made.bindings if b[0] in common] == [b for b in first.bindings if b[0] in common]
+    return same and bound and all(_apart(earlier, path, returned) for earlier in taken.paths)
+
+
+def _apart(
+    first: tuple[tuple[int, int], ...], second: tuple[tuple[int, int], ...], returned: set[tuple[int, int]]
+) -> bool:
+    """Two places on the trace's path of `if` arms, the second traced later, that never run in one call: in two arms of
+    one `if`, or the first in an arm that returns of an `if` the second is outside of."""
+    arms, inside = dict(second), {node for node, _ in second}
+    return any(
+        (node in arms and arms[node] != index) or (node not in inside and (node, index) in returned)
+        for node, index in first
+    )
 
 
 def reads_only_weights(tracer: TracerView, node: cst.CSTNode) -> bool:

@@ -14,7 +14,8 @@ runs.
 **Default path.** What a module runs when built with its constructor's defaults, called without asking for the
 attention weights, under torch 2 or later: besides the certain tests, `hasattr(F, "scaled_dot_product_attention")`
 is true, a torch version check is read at torch 2.0 and 2.13 (decided where both agree), a weights request
-(`output_attentions`, `need_weights`) is false, a parameter is its literal default, and `self.<attr>` is what the
+(`output_attentions`, `need_weights`) is false, a parameter is its literal default (a default of None only for an
+optional input, not a mask, cache or key/value states, which model calls pass), and `self.<attr>` is what the
 constructor's `__init__` leaves in it with its parameters' defaults (open_clip's `self.logit_scale`, None unless
 `scaled_cosine=True`). `sdpa_use` names the classes whose forward calls torch's `scaled_dot_product_attention` on
 that path and no softmax: they already support SDPA, whatever eager code they keep for the other paths.

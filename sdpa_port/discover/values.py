@@ -31,6 +31,21 @@ WEIGHT_REQUESTS = (
     "return_attention_weights",
 )
 # the torch releases a version check is read at: the first with SDPA, and the one this project tests against
+# names of caches, which feed only the keys (`analyse/cross.py`)
+CACHE_WORDS = ("past", "cache", "layer_state")
+
+
+def optional_input(name: str) -> bool:
+    """A parameter a call passes only to ask for something extra (a head mask, a graph re-weighting the
+    probabilities), not one every call passes: masks, caches, key/value states. Left at None, it is off on the default
+    path; the SDPA class falls back to eager where it is given (`analyse/optional_facts.py`)."""
+    return (
+        ("mask" not in name or "head_mask" in name)
+        and not any(word in name for word in CACHE_WORDS)
+        and "states" not in name
+    )
+
+
 TORCH_VERSIONS = ("2.0.0", "2.13.0")
 _VERSION_PARSERS = frozenset({"parse", "Version", "LooseVersion", "StrictVersion", "parse_version"})
 # attributes the frameworks set on modules from outside, by name: torch's `train()`, Transformers'
@@ -45,6 +60,7 @@ class _Unknown:
 
 
 UNKNOWN = _Unknown()
+NOWHERE = object()  # `_local`: the function binds the name nowhere (None is a value: a parameter's default)
 Truth = bool | None
 
 
@@ -181,7 +197,7 @@ class Evaluator:
         bindings = self.bindings
         if self.default and scope.function is not None:
             local = self._local(name, scope)
-            if local is not None:
+            if local is not NOWHERE:
                 return local
         if bindings.names[name] != 1:
             return UNKNOWN
@@ -196,8 +212,8 @@ class Evaluator:
             return self.value(assigned, Scope())
         return UNKNOWN
 
-    def _local(self, name: str, scope: Scope) -> object | None:
-        """A name bound in the function being read: its value on the default path, UNKNOWN, or None where the
+    def _local(self, name: str, scope: Scope) -> object:
+        """A name bound in the function being read: its value on the default path, UNKNOWN, or NOWHERE where the
         function binds it nowhere (a module-level name)."""
         function = scope.function
         assert function is not None
@@ -213,7 +229,7 @@ class Evaluator:
                     counts[node.name] += 1
             self._local_bindings[id(function)] = counts
         if not counts[name]:
-            return None
+            return NOWHERE
         arguments = function.args
         positional = [*arguments.posonlyargs, *arguments.args]
         defaults: dict[str, ast.expr | None] = dict.fromkeys((a.arg for a in positional), None)
@@ -225,6 +241,8 @@ class Evaluator:
             if name in WEIGHT_REQUESTS:
                 return False  # the default path asks for no weights
             default = defaults[name]
+            if isinstance(default, ast.Constant) and default.value is None and not optional_input(name):
+                return UNKNOWN  # an input every call passes (a mask): None only where no caller gives one
             return default.value if isinstance(default, ast.Constant) else UNKNOWN
         if counts[name] > 1:
             return UNKNOWN

@@ -214,7 +214,70 @@ SABOTAGES = {
         ("window mask dropped", "sdpa_mask = sdpa_mask + (q.new_zeros", "sdpa_mask = sdpa_mask + 0 * (q.new_zeros"),
         ("relative bias dropped", "sdpa_mask = bias.permute(2, 0, 1)", "sdpa_mask = 0 * bias.permute(2, 0, 1)"),
     ],
+    # the product with V in each arm of a test of the settings (`analyse/outputs.py`): each arm's own SDPA call, the
+    # unprojected one run only with `use_final_linear=False`
+    "modeling_tiny_graph_arms.py": [
+        ("projected arm's scale halved", "scale=1.0,\n            ).transpose(1, 2)",
+         "scale=0.5,\n            ).transpose(1, 2)"),
+        ("unprojected arm's scale halved", "scale=1.0,\n            )\n            return context",
+         "scale=0.5,\n            )\n            return context"),
+        ("mask dropped", "attn_mask=sdpa_mask,", "attn_mask=None,"),
+    ],
 }
+
+
+def _graph_paths(source: str) -> list[str]:
+    """What differs between `GraphArmsAttention` of `source` and the fixture's, driven on both paths of its optional
+    graph, with either setting of `use_final_linear`: no graph, SDPA runs and agrees within its tolerances; a graph
+    given, the eager forward kept runs (no SDPA call) and agrees exactly."""
+    import importlib.util
+    from unittest import mock
+
+    import torch
+
+    def load(text: str, name: str):  # type: ignore[no-untyped-def]
+        spec = importlib.util.spec_from_loader(name, loader=None)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        exec(compile(text, name, "exec"), module.__dict__)
+        return module
+
+    fixture = FIXTURES / "inline_style" / "modeling_tiny_graph_arms.py"
+    original = load(fixture.read_text(encoding="utf-8"), "graph_arms_original")
+    ported = load(source, "graph_arms_port")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    problems = []
+    for use_final_linear in (True, False):
+        torch.manual_seed(0)
+        eager = original.GraphArmsAttention(4, 32, use_final_linear=use_final_linear).eval()
+        port = ported.GraphArmsAttention(4, 32, use_final_linear=use_final_linear).eval()
+        port.load_state_dict(eager.state_dict())
+        x = torch.randn(2, 5, 32) * 2
+        mask = torch.zeros(2, 5, 5, dtype=torch.bool)
+        mask[1, :, 3:] = True  # padded keys
+        graph = torch.rand(2, 5, 5) + 0.1
+        for given in (None, graph):
+            with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", wraps=sdpa) as calls:
+                got = port(x, x, x, mask=mask, graph=given)
+            want = eager(x, x, x, mask=mask, graph=given)
+            where = f"use_final_linear={use_final_linear}, graph {'given' if given is not None else 'None'}"
+            if given is None and (calls.call_count == 0 or not torch.allclose(got, want, atol=1e-5, rtol=1e-4)):
+                problems.append(f"{where}: SDPA calls {calls.call_count}, max|diff|={(got - want).abs().max():.2e}")
+            if given is not None and (calls.call_count or not torch.equal(got, want)):
+                problems.append(f"{where}: SDPA calls {calls.call_count}, max|diff|={(got - want).abs().max():.2e}")
+    return problems
+
+
+def test_an_optional_graph_runs_the_eager_forward_and_its_absence_sdpa() -> None:
+    """The golden port of `modeling_tiny_graph_arms.py` on both paths of its optional graph; and a port that does not
+    fall back for the graph (it would drop it) is seen."""
+    golden = (FIXTURES / "golden" / "modeling_tiny_graph_arms.py").read_text(encoding="utf-8")
+    assert _graph_paths(golden) == []
+    fallback = "if return_attn or graph is not None:"
+    assert fallback in golden
+    problems = _graph_paths(golden.replace(fallback, "if return_attn:", 1))
+    seen = [problem.split(":")[0] for problem in problems]
+    assert seen == ["use_final_linear=True, graph given", "use_final_linear=False, graph given"], problems
 
 
 def test_values_read_from_the_code_build_and_run_the_modules() -> None:

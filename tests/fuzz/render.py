@@ -527,6 +527,8 @@ def chain(spec: Spec, n: Names, code: Code) -> None:
 def eager_chain(spec: Spec, n: Names, code: Code) -> None:
     start = len(code.lines)
     one_stream(spec, n, code)
+    if spec.output_arms:
+        _output_arms(n, code, start)
     if spec.streams == "one":
         return
     # a second stream: its product with V reads `value.flip(-1)`, its output is added to the first's
@@ -545,6 +547,23 @@ def eager_chain(spec: Spec, n: Names, code: Code) -> None:
         copied = lines[output:]
     second = [_second_value(line.replace("attn_output", "stream_output"), n.value) for line in copied]
     code.lines[start:] = [*lines, *second, indent + "attn_output = attn_output + stream_output"]
+
+
+def _output_arms(n: Names, code: Code, start: int) -> None:
+    """The product with V and the lines after it, in each arm of `if <flag_arms>:`; the `else` arm negates the
+    output, so that a port running the wrong arm's call is seen."""
+    lines = code.lines[start:]
+    output = next(i for i, line in enumerate(lines) if line.lstrip().startswith("attn_output = "))
+    indent = lines[output][: len(lines[output]) - len(lines[output].lstrip())]
+    arm = ["    " + line if line.strip() else line for line in lines[output:]]
+    code.lines[start:] = [
+        *lines[:output],
+        f"{indent}if {n.attr('flag_arms')}:",
+        *arm,
+        f"{indent}else:",
+        *arm,
+        f"{indent}    attn_output = -attn_output",
+    ]
 
 
 def _binds_other(line: str) -> bool:
@@ -791,6 +810,8 @@ def attention_class(spec: Spec, code: Code) -> None:
                 code.add("self.flag_blocks = config.flag_blocks")
             if spec.precision_branch:
                 code.add("self.flag_precision = config.flag_precision")
+            if spec.output_arms:
+                code.add("self.flag_arms = config.flag_arms")
             if spec.settings_branch:
                 code.add("self.seq_len = 16")
                 code.add("self.landmarks = 16 + int(config.flag_landmarks)")
@@ -1449,6 +1470,7 @@ class FuzzConfig(PretrainedConfig):
         flag_twin=False,
         flag_blocks=False,
         flag_precision=False,
+        flag_arms=False,
         attn_impl="eager",
         pad_token_id=0,
         **kwargs,
@@ -1465,6 +1487,7 @@ class FuzzConfig(PretrainedConfig):
         self.flag_twin = flag_twin
         self.flag_blocks = flag_blocks
         self.flag_precision = flag_precision
+        self.flag_arms = flag_arms
         self.attn_impl = attn_impl
         super().__init__(pad_token_id=pad_token_id, **kwargs)
 '''

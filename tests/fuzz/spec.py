@@ -154,6 +154,9 @@ class Spec:
     # streams): "remade" computes the chain again from the scores for it (a draw of its own where there is dropout),
     # "shared" multiplies the same probabilities (one draw: with dropout, SDPA calls cannot reproduce it)
     streams: str = "one"
+    # the product with V and what follows it written in each arm of `if self.flag_arms:`, the `else` arm negating the
+    # output (ONMT's `use_final_linear` arms, `analyse/outputs.py`): one SDPA call per arm, one of them run per call
+    output_arms: bool = False
     # the scores joined by `torch.cat` from four blocks (the query and key each split in two along their lengths,
     # each block's query scaled its own way, a key half read through two names: LUKE's form): "joined" always,
     # "branch" only under `if self.flag_blocks:`, one plain product otherwise
@@ -285,6 +288,8 @@ class Spec:
             out.append("flag_blocks")
         if self.precision_branch:
             out.append("flag_precision")
+        if self.output_arms:
+            out.append("flag_arms")
         return out
 
     def describe(self) -> str:
@@ -438,6 +443,7 @@ def _draw(seed: int, family: str, rng: random.Random) -> Spec:
         dtype_read=_pick(random.Random(f"dtype:{family}:{seed}"), DTYPE_READS, (6, 1, 1)),  # likewise
         key_viewed=random.Random(f"viewed:{family}:{seed}").random() < 0.5,  # likewise; only `permuted` keeps it
         twin_form=_pick(random.Random(f"twin:{family}:{seed}"), TWIN_FORMS, (2, 1, 1)),  # likewise
+        output_arms=random.Random(f"arms:{family}:{seed}").random() < 0.2,  # likewise
     )
     if spec.flat_kept and spec.layout == "flat" and family in ("440", "inline"):
         # BART's form takes the skeleton it is written in: one plain bmm of (b * h, L, d) states in forward
@@ -654,6 +660,8 @@ def normalise(spec: Spec) -> Spec:
         changes.get("flat_kept", spec.flat_kept) and changes.get("cache", spec.cache) and not spec.cross
     ):
         changes["cache_stored"] = "none"  # BART's form with a cache of its own
+    if spec.output_arms and not (spec.streams == "one" and changes.get("hazard", spec.hazard) not in ("loop", "value_relative")):
+        changes["output_arms"] = False  # one product with V, written in the open, copied into the other arm
     if spec.weights_discarded != "none" and (
         spec.style != "inline" or spec.output_attentions or changes.get("scores_returned", spec.scores_returned)
     ):

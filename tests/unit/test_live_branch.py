@@ -13,6 +13,7 @@ import ast
 import textwrap
 
 from sdpa_port import Status, port_source
+from sdpa_port.api import KEPT_EAGER
 from sdpa_port.discover.bindings import Bindings
 from sdpa_port.discover.live import live_tree, sdpa_use
 from sdpa_port.discover.values import Evaluator, Scope
@@ -305,6 +306,29 @@ def test_an_eager_helper_kept_for_the_weights_is_named() -> None:
     """
     source = wired(body, params=", output_attentions=False", methods=helper)
     assert supported(source) == (kept(source, "TinyAttention._eager"),)
+
+
+def test_an_optional_argument_left_at_none_falls_back_to_eager_off_the_default_path() -> None:
+    """An inline port's own fallback for an optional input (`if graph is not None: return self._eager_forward(...)`):
+    a call leaving it None runs SDPA, so the port ported again is unchanged."""
+    helper = """
+        def _eager(self, q, k, v, graph=None):
+            attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+            if graph is not None:
+                attn = attn * graph
+            return attn @ v
+    """
+    body = "        if {test}:\n            return self._eager(q, k, v, graph)\n        " + SDPA
+    source = wired(body.format(test="graph is not None"), params=", graph=None", methods=helper)
+    line = eager_line(source, "attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)")
+    assert supported(source) == (f"{KEPT_EAGER}TinyAttention._eager (line {line})",)
+    # an input every call passes (a mask): a call may leave it None, a model does not
+    masked = wired(body.format(test="attn_mask is not None").replace("graph)", "attn_mask)"), methods=helper)
+    assert port_source(masked, filename="modeling_tiny.py").detail != SUPPORTS_SDPA
+    # the parameter bound again in forward: its default says nothing
+    again = wired("        graph = graph if self.training else None\n" + body.format(test="graph is not None"),
+                  params=", graph=None", methods=helper)
+    assert port_source(again, filename="modeling_tiny.py").detail != SUPPORTS_SDPA
 
 
 def test_a_class_computing_with_sdpa_by_default_is_left_beside_a_port() -> None:
