@@ -141,7 +141,7 @@ def _plan_class(
     discards = analysis.output_attentions is None and any(site.returns_weights for site in analysis.sites)
     try:
         side = read_sdpa_side(facts, analysis)
-        forward = build_sdpa_forward(facts, side, MaskContract())
+        forward = build_sdpa_forward(facts, side, callers_contract(side.forward))
     except Refuse as error:
         if discards:
             return _weights_returned(analysis, "")
@@ -235,9 +235,21 @@ def _heir_refusal(
     return None
 
 
+def callers_contract(forward: cst.FunctionDef) -> MaskContract:
+    """What an in-place forward may receive: its callers are not followed, so no parameter's dtype is proven, and
+    a term read from one is handed to SDPA in the query's dtype (`rewrite/term_dtype.py`)."""
+    params = forward.params
+    named = [*params.posonly_params, *params.params, *params.kwonly_params]
+    stars = [star for star in (params.star_arg, params.star_kwarg) if isinstance(star, cst.Param)]
+    # the first is the module itself, whose buffers and parameters follow the model's dtype
+    names = {param.name.value for param in [*named[1:], *stars]}
+    return MaskContract(unproven=frozenset(names))
+
+
 def _sdpa_forward_code(facts: ModuleFacts, analysis: ClassAnalysis) -> str | None:
     try:
-        return code(build_sdpa_forward(facts, read_sdpa_side(facts, analysis), MaskContract()))
+        side = read_sdpa_side(facts, analysis)
+        return code(build_sdpa_forward(facts, side, callers_contract(side.forward)))
     except Refuse:
         return None
 

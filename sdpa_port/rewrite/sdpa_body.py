@@ -29,7 +29,7 @@ from sdpa_port.analyse.cstutil import (
 from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.refusals import Code, Refuse
-from sdpa_port.rewrite import sdpa_mask, sdpa_output, sdpa_state, sdpa_terms
+from sdpa_port.rewrite import sdpa_mask, sdpa_output, sdpa_state, sdpa_terms, term_dtype
 from sdpa_port.rewrite.edit import replace_names, replace_nodes
 from sdpa_port.rewrite.sdpa_builders import dropout_expression, not_none_names, query_root, unflatten
 from sdpa_port.rewrite.sdpa_layout import Layout, decide_layout, laid_out, product_shape, scores_shape
@@ -127,6 +127,8 @@ class SdpaEmitter(StatementWalker):
         # SDPA call has been written: `del` statements must not unbind what the call reads or what no longer exists
         self.chain_bound: set[str] = set()
         self.called = False
+        # names whose dtype the plan does not prove, and those bound from them as the walk goes (`term_dtype.py`)
+        self.unproven: set[str] = set(options.contract.unproven)
 
     def emit(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """The SDPA code of a function body: the walk, with the query handed to SDPA named where an operation read
@@ -169,6 +171,7 @@ class SdpaEmitter(StatementWalker):
                 if kept_del is not None:
                     kept.append(kept_del)
             else:
+                self.unproven |= term_dtype.bound_from(small, self.unproven)
                 new_small = self.keep(small, plan)
                 pre = self.materialize_for(self.assigned_by(small))
                 if pre:
@@ -315,6 +318,8 @@ class SdpaEmitter(StatementWalker):
         terms = [op for op in ops if not isinstance(op, (t.View, t.Cast))]
         if len(terms) != 1 or not isinstance(terms[0], t.AddTerm):
             return None
+        if term_dtype.unproven(terms[0], self.unproven):
+            return None  # the term joins the mask converted (`term.to(query.dtype)`), which None does not take
         term = terms[0].term
         if self.regrouped is not None or (self.layout.heads is not None and terms[0].rank == 3):
             return None  # the term joins the mask reshaped (`rel.unflatten(0, ...)`), not as the name itself
@@ -387,6 +392,7 @@ class SdpaEmitter(StatementWalker):
                     scores_layout=self.scores_layout,
                     heads=(self.readable_layout() if op.rank == 3 else self.layout).heads,
                 )
+                term = term_dtype.in_query_dtype(op, term, self.unproven, self.query)
                 return [*pre, *self.add_to_mask(term)]
             case t.View() if op.heads is not None and self.layout.bound is not None and self.heads_bound_in is None:
                 return self.bind_heads(self.layout.bound)

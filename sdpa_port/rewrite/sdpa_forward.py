@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 import libcst as cst
 
 from sdpa_port.analyse.closures import Closure
-from sdpa_port.analyse.cstutil import block_body
+from sdpa_port.analyse.cstutil import block_body, walk_names
 from sdpa_port.analyse.helpers import bind_arguments
 from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.rewrite.edit import replace_nodes
@@ -113,12 +113,15 @@ class Inliner(StatementWalker):
 
     @staticmethod
     def with_aliases(options: EmitOptions, bound: dict[str, cst.BaseExpression]) -> EmitOptions:
-        """Helper parameters that receive a nullable mask parameter are nullable too."""
-        nullable = options.contract.nullable
+        """Helper parameters that receive a nullable mask parameter are nullable too; those receiving a value read
+        from a name whose dtype is not proven are not proven either."""
+        nullable, unproven = options.contract.nullable, options.contract.unproven
         aliases = {name for name, value in bound.items() if isinstance(value, cst.Name) and value.value in nullable}
-        if not aliases - nullable:
+        unproven_aliases = {name for name, value in bound.items() if walk_names(value) & unproven}
+        if not aliases - nullable and not unproven_aliases - unproven:
             return options
-        return replace(options, contract=replace(options.contract, nullable=nullable | aliases))
+        contract = replace(options.contract, nullable=nullable | aliases, unproven=unproven | unproven_aliases)
+        return replace(options, contract=contract)
 
 
 def _is_final_return(statement: cst.BaseStatement) -> bool:

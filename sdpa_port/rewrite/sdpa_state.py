@@ -99,6 +99,9 @@ class MaskContract:
     nullable: frozenset[str] = frozenset()  # mask parameters that may arrive as None
     # code true when a None mask means causal, e.g. "self.is_causal and encoder_hidden_states is None"
     causal_when_none: str | None = None
+    # names holding a caller's tensors whose dtype the plan does not prove (the forward's parameters, where its callers
+    # are not followed): a term read from them is handed to SDPA in the query's dtype (`term_dtype.py`)
+    unproven: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -92,14 +92,14 @@ SABOTAGES = {
     "modeling_tiny_multi_query.py": [
         ("key handed over as the value", "            v.unsqueeze(1).expand(-1, q.size(1), -1, -1),",
          "            k.unsqueeze(1).expand(-1, q.size(1), -1, -1),"),
-        ("mask dropped", "attn_mask=attention_mask,", "attn_mask=None,"),
+        ("mask dropped", "attn_mask=sdpa_mask,", "attn_mask=None,"),
         ("shared key's positions reversed", "sdpa_key = k.transpose(0, 1).unsqueeze(1)",
          "sdpa_key = k.transpose(0, 1).flip(1).unsqueeze(1)"),
     ],
     # ported in place beside a class left eager, which the class style could not leave so
     "modeling_tiny_beside.py": [
         ("scale doubled", "scale=1.0 / math.sqrt(self.head_dim),", "scale=2.0 / math.sqrt(self.head_dim),"),
-        ("mask dropped", "attn_mask=attention_mask,", "attn_mask=None,"),
+        ("mask dropped", "attn_mask=sdpa_mask,", "attn_mask=None,"),
     ],
     # one form per class (`fixtures/inline_style/modeling_tiny_remote_forms.py`)
     "modeling_tiny_remote_forms.py": [
@@ -113,15 +113,17 @@ SABOTAGES = {
     # a function forward defines computes each class's attention (`analyse/closures.py`): the SDPA call in it must
     # keep what it reads from forward and what each call passes it
     "modeling_tiny_closure.py": [
-        ("forward's mask ignored", "                attn_mask=mask,\n", "                attn_mask=None,\n"),
+        ("forward's mask ignored", "attn_mask=sdpa_mask,\n                scale=scale,",
+         "attn_mask=None,\n                scale=scale,"),
         ("forward's scale squared", "                scale=scale,\n", "                scale=scale * scale,\n"),
-        ("the mask parameter ignored", "attn_mask=bias,", "attn_mask=None,"),
+        ("the mask parameter ignored", "attn_mask=sdpa_mask,\n                dropout_p",
+         "attn_mask=None,\n                dropout_p"),
         ("memory calls' scale doubled", "scale=self.scale,", "scale=2 * self.scale,"),
     ],
     # probabilities returned with no request, which every block discards: each returned as None
     "modeling_tiny_discarded.py": [
         ("scale dropped", "scale=1.0 / math.sqrt(self.head_dim),", "scale=1.0,"),
-        ("mask dropped", "attn_mask=mask,", "attn_mask=None,"),
+        ("mask dropped", "attn_mask=sdpa_mask,", "attn_mask=None,"),
         ("temperature multiplies", "scale=1.0 / self.temperature,", "scale=self.temperature,"),
         ("None in the output's place", "return self.proj(out), attn", "return attn, self.proj(out)"),
     ],
@@ -169,11 +171,12 @@ SABOTAGES = {
     # right operands no transpose at the product says are keys (`untranspose`, `forms/products.py`): each must reach
     # SDPA with its last two dims swapped; the output of a value on the left made contiguous for the view after it
     "modeling_tiny_any_key.py": [
-        ("helper's key handed over as laid out", "k.transpose(-1, -2),\n            v,\n            attn_mask=mask,",
-         "k,\n            v,\n            attn_mask=mask,"),
+        ("helper's key handed over as laid out",
+         "k.transpose(-1, -2),\n            v,\n            attn_mask=sdpa_mask,",
+         "k,\n            v,\n            attn_mask=sdpa_mask,"),
         ("plain operand handed over as it is", "k.transpose(-1, -2),\n            v,\n            scale=1.0 / 3.0,",
          "k,\n            v,\n            scale=1.0 / 3.0,"),
-        ("helper's mask dropped", "attn_mask=mask,", "attn_mask=None,"),
+        ("helper's mask dropped", "attn_mask=sdpa_mask,", "attn_mask=None,"),
         ("value-left output left strided", ").transpose(2, 3).contiguous()", ").transpose(2, 3)"),
     ],
     # Megatron's seq-first layout (`fixtures/inline_style/modeling_tiny_seq_first.py`): the batch and head sizes
@@ -184,7 +187,8 @@ SABOTAGES = {
         ("coefficient dropped", "scale=1.0 * coeff,", "scale=1.0,"),
         ("fill dropped", "sdpa_mask = torch.where(attention_mask, -10000.0,", "sdpa_mask = 0 * torch.where(attention_mask, -10000.0,"),
         ("norm factor dropped", "scale=1.0 / self.norm_factor,", "scale=1.0,"),
-        ("subtracted mask dropped", "attn_mask=-(attention_mask * 10000.0),", "attn_mask=None,"),
+        ("subtracted mask dropped", "attn_mask=(-(attention_mask * 10000.0)).to(query.transpose(0, 1).dtype),",
+         "attn_mask=None,"),
         # the multiplicative mask of a lower triangle of ones: the fill dropped, or kept where the triangle masks
         ("triangle fill dropped", "attn_mask=torch.where(ltor_mask.bool(),", "attn_mask=0 * torch.where(ltor_mask.bool(),"),
         ("triangle fill inverted", "attn_mask=torch.where(ltor_mask.bool(),", "attn_mask=torch.where(~ltor_mask.bool(),"),

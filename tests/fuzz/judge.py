@@ -230,7 +230,47 @@ def built_models(
         sdpa.load_state_dict(reference.state_dict())
     except Exception as error:  # noqa: BLE001
         return Verdict("crash", f"the port does not build: {type(error).__name__}: {error}")
+    for model in {id(m): m for m in (reference, eager, sdpa)}.values():
+        caller_terms(spec, model)
     return reference.train(training), eager.train(training), sdpa.train(training)
+
+
+# the layer's keywords holding each additive term the attention adds to its scores
+TERM_KEYWORDS = {"mask": ("attention_mask", "encoder_attention_mask"), "bias": ("position_bias",)}
+
+
+def in_term_dtype(dtype: str, term: Any) -> Any:
+    """A float term as a caller may hand it in another dtype: a bool of its kept (non-negative) entries, integers
+    rounded (fills clamped to -1e4), or float16 (fills clamped to its range)."""
+    import torch
+
+    if dtype == "bool":
+        return term >= 0
+    if dtype == "int64":
+        return term.clamp(min=-1e4).round().long()
+    if dtype == "float16":
+        return term.clamp(min=torch.finfo(torch.float16).min, max=torch.finfo(torch.float16).max).half()
+    return term
+
+
+def caller_terms(spec: Spec, model: Any) -> None:
+    """Each layer handed its additive terms in `spec.term_dtype` (the original's and the port's alike): eager's
+    `scores + term` promotes a bool, integer or float16 term to the float32 scores, which the port must match."""
+    if spec.term_dtype == "float32":
+        return
+    names = {name for kind, _ in spec.terms for name in TERM_KEYWORDS.get(kind, ())}
+
+    def convert(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return args, {
+            key: in_term_dtype(spec.term_dtype, value)
+            if key in names and getattr(value, "is_floating_point", lambda: False)()
+            else value
+            for key, value in kwargs.items()
+        }
+
+    for module in model.modules():
+        if type(module).__name__ == "FuzzLayer":
+            module.register_forward_pre_hook(convert, with_kwargs=True)
 
 
 def reference_cases(
@@ -279,6 +319,8 @@ def compare_modules(spec: Spec, original: Any, ported: Any, tolerance: float = S
                 with spying() as spy:
                     sdpa_out = run(sdpa, case)
             except Exception as error:  # noqa: BLE001
+                if spec.term_dtype != "float32":  # an input the original takes, in a dtype its addition promotes
+                    return Verdict("wrong", f"{label}: a {spec.term_dtype} term: the port raised {type(error).__name__}: {error}")
                 return Verdict("crash", f"{label}: port, sdpa: {type(error).__name__}: {error}")
             verdict.sdpa_calls += spy.calls
             gap = difference(expected, sdpa_out, case.keep)

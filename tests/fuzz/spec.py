@@ -259,6 +259,10 @@ class Spec:
     # again after (GPT-2's `_upcast_and_reordered_attn`: the same call too), "rescaled" its scores halved after the
     # product (another call: the port keeps both)
     twin_form: str = "upcast"
+    # the inline family: the dtype the caller hands the attention its additive terms in (the padding mask, the position
+    # bias), which eager's `scores + term` promotes: "float32" as the model builds them, or converted by the judge on
+    # the way into each layer (`judge.caller_terms`) to "bool", "int64" or "float16" (the model is float32)
+    term_dtype: str = "float32"
 
     # -------------------------------------------------------------- derived facts
 
@@ -306,6 +310,7 @@ WEIGHTS_DISCARDED = ("none", "unpacked", "indexed", "read")
 HELPER_FORMS = ("returned", "slice", "augmented")
 DTYPE_READS = ("none", "name", "attribute")
 TWIN_FORMS = ("upcast", "reordered", "rescaled")
+TERM_DTYPES = ("float32", "bool", "int64", "float16")
 CLOSURES = ("none", "direct", "checkpoint", "twice")
 STREAMS = ("one", "remade", "shared")
 BLOCKS = ("none", "joined", "branch")
@@ -334,6 +339,9 @@ def draw(seed: int, family: str = "440") -> Spec:
         if discarded != "none":  # the weights returned with no request; built by its name, as remote code does
             wiring = "direct" if spec.wiring.startswith("dict") else spec.wiring
             spec = normalise(replace(spec, weights_discarded=discarded, output_attentions=False, wiring=wiring))
+        term_dtype = _pick(random.Random(f"term_dtype:{seed}"), TERM_DTYPES, (3, 1, 1, 1))
+        if term_dtype != "float32":  # a generator of its own: a float32 draw leaves the spec as it was
+            spec = normalise(replace(spec, term_dtype=term_dtype))
         return spec
     return _draw(seed, family, random.Random(seed if family == "440" else f"{family}:{seed}"))
 
@@ -707,6 +715,12 @@ def normalise(spec: Spec) -> Spec:
         and not changes.get("score_helper", spec.score_helper)
     ):
         changes["twin_form"] = "upcast"  # the plain product of (b, h, L, d) states, which the twin flattens
+    if spec.term_dtype != "float32" and not (
+        spec.style == "inline"
+        and any(kind in ("mask", "bias") for kind, _ in changes.get("terms", spec.terms))
+        and not changes.get("mask_paired", spec.mask_paired)  # a product of the mask with ones of the scores' dtype
+    ):
+        changes["term_dtype"] = "float32"  # an additive term of the caller's, added by an inline port's forward
     return replace(spec, **changes) if changes else spec
 
 

@@ -121,3 +121,40 @@ def test_judge_sees_a_broken_inline_port(kind: str) -> None:
     assert judge(spec).kind == "exact"
     verdict = judge(spec, transform=sabotaged(kind))
     assert verdict.kind == "wrong", f"{kind}: {verdict.kind} {verdict.detail}"
+
+
+class _Uncast(cst.CSTTransformer):
+    """The port's `term.to(query.dtype)` undone: the caller's term handed to SDPA in its own dtype."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        func = updated.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "to" and len(updated.args) == 1):
+            return updated
+        target = updated.args[0].value
+        if not (isinstance(target, cst.Attribute) and target.attr.value == "dtype"):
+            return updated
+        self.count += 1
+        return func.value
+
+
+def uncast(source: str) -> str:
+    transformer = _Uncast()
+    result = cst.parse_module(source).visit(transformer)
+    assert transformer.count, "no term cast to the query's dtype in the port"
+    return result.code
+
+
+@pytest.mark.tf440
+@pytest.mark.parametrize("dtype", ["bool", "int64", "float16"])
+def test_judge_sees_a_caller_term_left_in_its_dtype(dtype: str) -> None:
+    """The inline family's term dtype axis: the judge hands the layers a mask and a bias of that dtype, which eager's
+    addition promotes; a port handing them to SDPA as they are (read as keep or drop, or raising) is wrong."""
+    spec = normalise(Spec(mask_style="plain_helper", terms=(("mask", "not_none"), ("bias", "plain")), style="inline",
+                          term_dtype=dtype))
+    assert spec.term_dtype == dtype
+    assert judge(spec).kind == "exact"
+    verdict = judge(spec, transform=uncast)
+    assert verdict.kind == "wrong", f"{dtype}: {verdict.kind} {verdict.detail}"
