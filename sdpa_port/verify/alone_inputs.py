@@ -32,7 +32,13 @@ Some values are read from the code rather than the names (`reads`):
   and one it fills the scores where (`scores.masked_fill(m, ...)`) is a mask (`forward_roles`);
 - a required forward parameter the forward passes to an `nn.Embedding` of the module (`self.links(relation)`) is an
   index tensor: long, below the embedding's size, one per pair of positions, else one per position (`embedded`,
-  `index_shapes`).
+  `index_shapes`);
+- a forward unpacking an image's sides into names the module holds integers of gets images of those sides
+  (`unpacked_sides`). Before, `MHSA(n_dims, width=14, height=14)` runs on no image: its relative position parameters
+  hold 14 * 14 positions and the default image 2 * 4. After:
+
+      n_batch, C, width, height = x.size()     # unpacked_sides(forward) == ("width", "height")
+      -> states (batch, channels, module.width, module.height), tried before the default image
 
 The width is the first linear layer's input width, else the first convolution's or norm's channels
 (`alone._width`), so an image meets the group norm that reads it. Nothing here decides a pass: a layout is taken only where the original module runs on it, and the port
@@ -287,12 +293,43 @@ def spatial_values(names: list[str], window: Any = None) -> dict[str, int]:
     return {name: plane[min(index, 1)] for index, name in enumerate(names[:2])}
 
 
-def state_shapes(width: int, heads: int, length: int, window: Any = None) -> list[tuple[int, ...]]:
-    """The state layouts to try, the transformer's first (module docstring)."""
+# the most pixels an image of the module's own sides may have: the scores are (pixels, pixels) per head
+MOST_PIXELS = 1024
+
+
+def unpacked_sides(forward: Any) -> tuple[str, str] | None:
+    """The names a forward unpacks an image's height and width into from a parameter's sizes, as
+    `n_batch, C, width, height = x.size()` (or `= x.shape`) does: the last two of four names; None where it unpacks
+    none. A module holding integers of those names (`self.width`, `self.height`, which its relative position tables
+    are sized to) runs on images of those sides only."""
+    tree = _tree(forward)
+    function = tree.body[0] if isinstance(tree, ast.Module) and tree.body else None
+    if not isinstance(function, ast.FunctionDef):
+        return None
+    parameters = {a.arg for a in function.args.args[1:]}
+    for node in ast.walk(function):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple)):
+            continue
+        names = [e.id for e in node.targets[0].elts if isinstance(e, ast.Name)]
+        value = node.value.func if isinstance(node.value, ast.Call) and not node.value.args else node.value
+        sized = isinstance(value, ast.Attribute) and value.attr in ("size", "shape")
+        if len(names) == 4 == len(node.targets[0].elts) and sized and isinstance(value, ast.Attribute):
+            if isinstance(value.value, ast.Name) and value.value.id in parameters:
+                return names[2], names[3]
+    return None
+
+
+def state_shapes(
+    width: int, heads: int, length: int, window: Any = None, image: tuple[int, int] | None = None
+) -> list[tuple[int, ...]]:
+    """The state layouts to try, the transformer's first (module docstring); `image`, the sides of the module's own
+    images (`unpacked_sides`), before the default image."""
     shapes: list[tuple[int, ...]] = [(BATCH, length, width), (length, BATCH, width)]
     if heads > 0 and width % heads == 0:
         shapes.append((BATCH, length, heads, width // heads))
     shapes += [(BATCH, 3 * width, length), (BATCH, width, length)]
+    if image is not None and image[0] * image[1] <= MOST_PIXELS:
+        shapes.append((BATCH, width, *image))
     if window is not None and not isinstance(window, int) and len(window) == 2:
         shapes.append((BATCH, width, int(window[0]), int(window[1])))
     else:
@@ -304,7 +341,7 @@ def state_shapes(width: int, heads: int, length: int, window: Any = None) -> lis
 def layout_note(shape: tuple[int, ...], width: int, length: int) -> str:
     """What a case's states were, where not a transformer's (batch, length, width)."""
     if len(shape) == 4 and shape[1] == width and shape[2] != length:
-        return ", channels-first maps"
+        return f", channels-first maps of {shape[2]} x {shape[3]}"
     if shape == (length, BATCH, width):
         return ", seq-first states"
     return ""
@@ -319,6 +356,7 @@ __all__ = [
     "spatial_parameters",
     "spatial_values",
     "state_shapes",
+    "unpacked_sides",
     "subscripted",
     "sides",
     "side_width",
