@@ -490,7 +490,7 @@ def _cases_at(
     cross_options: list[dict[str, Any]] = [{}]
     if cross:
         cross_options.append({name: torch.randn(shape, generator=generator) for name in cross})
-    input_options = _input_options(indices, states, length, width, generator)
+    input_options = _input_options(indices, states, length, width, generator, shape)
     cases: dict[str, dict[str, Any]] = {}
     for mask_case, mask_kwargs in mask_options:
         for term_kwargs in term_options:
@@ -539,7 +539,12 @@ def _embedded_sizes(module: torch.nn.Module) -> dict[str, int]:
 
 
 def _input_options(
-    indices: dict[str, int], states: list[str], length: int, width: int, generator: torch.Generator
+    indices: dict[str, int],
+    states: list[str],
+    length: int,
+    width: int,
+    generator: torch.Generator,
+    shape: tuple[int, ...] = (),
 ) -> list[dict[str, Any]]:
     """The index tensors and the required tensors after the states, in the orders tried (the first that runs)."""
     # the indices the forward embeds, one per pair of positions, then one per position: the first shape that runs
@@ -551,7 +556,13 @@ def _input_options(
     # (Transformer-XL's relative position embeddings `r`, which the forward projects and views per position)
     if len(states) > 1:
         table = {name: torch.randn((length, width), generator=generator) for name in states[1:]}
-        options += [{**option, **table} for option in options]
+        tried = [{**option, **table} for option in options]
+        # where the first states are maps, the others tokens (BATCH, length, width): vidt's [DET] tokens beside its
+        # channels-last patch tokens
+        if len(shape) == 4:
+            tokens = {name: torch.randn((BATCH, length, width), generator=generator) for name in states[1:]}
+            tried += [{**option, **tokens} for option in options]
+        options += tried
     return options
 
 

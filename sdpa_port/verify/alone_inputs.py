@@ -12,8 +12,9 @@ inputs. Vision and diffusion attention takes more than the `(batch, length, widt
   width)` (Megatron's layout, ChatGLM and CodeGeeX; taken where the masks run on it, see `alone._cases`), heads split out
   `(batch, length, heads, head_width)` (LoFTR), packed query, key and value channels first `(batch, 3 * width,
   length)` (guided diffusion's QKVAttention), channels first `(batch, width, length)` (a 1-D convolution), an image
-  `(batch, width, height, width)` (a UNet's AttentionBlock), last an image of one row of `ROW` tokens (a spherical
-  map, whose row a forward splits into square patches);
+  `(batch, width, height, width)` (a UNet's AttentionBlock), an image of one row of `ROW` tokens (a spherical
+  map, whose row a forward splits into square patches), last channels-last maps `(batch, height, width, channels)`
+  of a 2-D window's sides (a windowed module's patch tokens), its other required tensors then tried as tokens too;
 - spatial sizes a forward takes beside flattened states (`forward(x, H, W)`): integers whose product is the length,
   a 2-D window's sides where the module has one; not a name whose attributes the forward reads (`w.size(0)`);
 - a required tensor after the states: the states' shape, then a `(length, width)` table shared by the batch
@@ -335,6 +336,10 @@ def state_shapes(
     else:
         shapes.append((BATCH, width, *SPATIAL))
     shapes.append((BATCH, width, 1, ROW))  # one row (a spherical map's layout), split into patches along it
+    # last, channels-last maps (batch, h, w, width) of a 2-D window's sides, else SPATIAL: a windowed module's patch
+    # tokens (vidt's `B, H, W, C = x.shape`)
+    plane = (int(window[0]), int(window[1])) if isinstance(window, tuple) and len(window) == 2 else SPATIAL
+    shapes.append((BATCH, *plane, width))
     return list(dict.fromkeys(shapes))
 
 
@@ -344,6 +349,8 @@ def layout_note(shape: tuple[int, ...], width: int, length: int) -> str:
         return f", channels-first maps of {shape[2]} x {shape[3]}"
     if shape == (length, BATCH, width):
         return ", seq-first states"
+    if len(shape) == 4 and shape[3] == width and shape[1] != width and shape[2] != 1:
+        return f", channels-last maps of {shape[1]} x {shape[2]}"
     return ""
 
 

@@ -690,16 +690,55 @@ class GridAttention(nn.Module):
 '''
 
 
-def test_widths_and_image_sides_read_off_the_code_verify_conv_modules(tmp_path: Path) -> None:
-    """`key_channels` and `n_dims` are widths (layer sizes), `GridAttention` runs on images of its own 5 x 3 sides;
-    each class is checked alone on channels-first maps, and a wrong scale fails each."""
-    path = tmp_path / "conv_sizes.py"
-    result, verification, lines = _ported_in_place(path, CONV_SIZES)
+# channels-last patch tokens `(B, H, W, C)` of a windowed module, and [DET] tokens `(B, n, C)` beside them (vidt's RAM)
+CHANNELS_LAST = '''import torch
+from torch import nn
+
+
+class PatchDetAttention(nn.Module):
+    def __init__(self, dim, window_size, num_heads):
+        super().__init__()
+        self.window_size, self.num_heads = window_size, num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x, det, mask=None):
+        B, H, W, C = x.shape
+        assert H * W == self.window_size[0] * self.window_size[1]
+        tokens = torch.cat([x.view(B, H * W, C), det], dim=1)
+        qkv = self.qkv(tokens).view(B, -1, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        attn = attn.softmax(dim=-1)
+        out = self.proj((attn @ v).transpose(1, 2).reshape(B, -1, C))
+        return out[:, : H * W].reshape(B, H, W, C), out[:, H * W :]
+'''
+
+
+@pytest.mark.parametrize(
+    "source,expected",
+    [
+        (
+            CONV_SIZES,
+            {"ObjectContext": "channels-first maps of 2 x 4", "GridAttention": "channels-first maps of 5 x 3"},
+        ),
+        (CHANNELS_LAST, {"PatchDetAttention": "channels-last maps of 3 x 3"}),
+    ],
+    ids=["conv", "channels-last"],
+)
+def test_widths_and_images_read_off_the_code_verify_the_modules(
+    tmp_path: Path, source: str, expected: dict[str, str]
+) -> None:
+    """`key_channels` and `n_dims` are widths (layer sizes), `GridAttention` runs on images of its own 5 x 3 sides
+    (the default image 2 x 4 otherwise), `PatchDetAttention` on channels-last maps of its window's sides with tokens
+    beside them; each class is checked alone on those, and a wrong scale fails each."""
+    path = tmp_path / "read_off_sizes.py"
+    result, verification, lines = _ported_in_place(path, source)
     assert verification.passed, lines
     checked = {line.split(" in place")[0]: line for line in verification.lines if " in place:" in line}
-    assert sorted(checked) == ["GridAttention", "ObjectContext"], lines
-    assert "channels-first maps of 2 x 4" in checked["ObjectContext"], lines  # the default image
-    assert "channels-first maps of 5 x 3" in checked["GridAttention"], lines  # the module's own sides
+    assert sorted(checked) == sorted(expected), lines
+    assert all(layout in checked[name] for name, layout in expected.items()), lines
     for name in checked:
         start = result.source.index(f"class {name}(")
         end = result.source.find("\nclass ", start + 1)
@@ -707,6 +746,6 @@ def test_widths_and_image_sides_read_off_the_code_verify_conv_modules(tmp_path: 
         call = result.source.index("scaled_dot_product_attention(", start)  # the call's scale, not `__init__`'s
         assert call < end and "scale=" in result.source[call:end], name
         sabotaged = result.source[:call] + result.source[call:].replace("scale=", "scale=1.1 * ", 1)
-        failed = verify_port_of(path, CONV_SIZES, replace_result(result, sabotaged))
+        failed = verify_port_of(path, source, replace_result(result, sabotaged))
         assert not failed.passed, f"{name}: " + "\n".join(failed.lines)
         assert any(line.startswith(f"{name} in place: FAILED") for line in failed.lines), failed.lines

@@ -73,12 +73,14 @@ def test_state_layouts_start_with_the_transformers_and_end_with_an_image() -> No
         (BATCH, 32, 7),  # channels first
         (BATCH, 32, *SPATIAL),  # an image
         (BATCH, 32, 1, alone_inputs.ROW),  # one row, split into square patches along it
+        (BATCH, *SPATIAL, 32),  # channels-last maps (a windowed module's patch tokens)
     ]
 
 
 def test_a_square_window_shapes_the_image() -> None:
-    assert alone_inputs.state_shapes(32, 4, 9, (3, 3))[-2] == (BATCH, 32, 3, 3)
-    assert alone_inputs.state_shapes(32, 4, 3, 3)[-2] == (BATCH, 32, *SPATIAL)
+    last = [(BATCH, 32, 3, 3), (BATCH, 32, 1, alone_inputs.ROW), (BATCH, 3, 3, 32)]  # channels-last of its sides
+    assert alone_inputs.state_shapes(32, 4, 9, (3, 3))[-3:] == last
+    assert alone_inputs.state_shapes(32, 4, 3, 3)[-3] == (BATCH, 32, *SPATIAL)
 
 
 def test_the_row_image_holds_several_square_patches_of_side_four() -> None:
@@ -88,7 +90,7 @@ def test_the_row_image_holds_several_square_patches_of_side_four() -> None:
 
 
 def test_heads_that_do_not_divide_the_width_split_nothing() -> None:
-    assert all(len(shape) != 4 or shape[1] == 32 for shape in alone_inputs.state_shapes(32, 3, 7))
+    assert all(len(shape) != 4 or 32 in (shape[1], shape[3]) for shape in alone_inputs.state_shapes(32, 3, 7))
 
 
 
