@@ -35,6 +35,7 @@ from sdpa_port.verify import alone_inputs
 from sdpa_port.verify.checks import Check
 from sdpa_port.verify.configs import HEADS, HIDDEN, LEVELS
 from sdpa_port.verify.diagnose import PortCalls
+from sdpa_port.verify.layer_widths import layer_sized
 from sdpa_port.verify.attention_calls import eager_class_of, first_tensor, sdpa_call
 from sdpa_port.verify.model_builds import sharpen
 from sdpa_port.verify.outputs import EAGER_TOLERANCE, RELATIVE_TOLERANCE, SDPA_TOLERANCE
@@ -226,6 +227,7 @@ def _config(original: ModuleType) -> Any | None:
 def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     indexed = alone_inputs.subscripted(klass.__init__)
+    sized: frozenset[str] = frozenset()  # read once, where a parameter no name values needs it
     for parameter in list(inspect.signature(klass.__init__).parameters.values())[1:]:
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
@@ -252,6 +254,8 @@ def _arguments(klass: type, config: Any | None) -> dict[str, Any]:
             out[name] = HIDDEN // HEADS  # a head's width (`d_head`), as the config's head sizes are valued
         elif name in indexed and parameter.default is parameter.empty:
             out[name] = alone_inputs.sides(indexed[name])  # `input_size[1]`: a size of that many sides
+        elif parameter.default is parameter.empty and name in (sized := sized or layer_sized(klass)):
+            out[name] = HIDDEN  # `nn.Conv2d(in_channels, key_channels, 1)`: a layer's size, the module's width
         elif parameter.default is parameter.empty:
             raise _CannotBuild(f"no value for its constructor's parameter `{name}`")
     return out
@@ -389,7 +393,7 @@ def _cases(module: torch.nn.Module, width: int, heads: int, window: Any = None) 
     sizes = alone_inputs.spatial_values(spatial, window)
     length = alone_inputs.tokens(window) if window is not None else math.prod(sizes.values()) if sizes else LENGTH
     first: list[tuple[str, dict[str, Any]]] = []
-    for shape in alone_inputs.state_shapes(width, heads, length, window):
+    for shape in alone_inputs.state_shapes(width, heads, length, window, _image_sides(module)):
         for positions in _positions(module, length):
             found = _cases_at(module, width, heads, shape, {**sizes, **positions}, length, window is not None)
             # an image or a channels-first map (a VAE's `AttnBlock`), or (length, batch, width) states (Megatron's
@@ -403,6 +407,18 @@ def _cases(module: torch.nn.Module, width: int, heads: int, window: Any = None) 
     # the states of a layout the masks run on are preferred: a seq-first module runs (b, s, w) states unmasked as s
     # sequences of b tokens, where no mask of (b, s) fits
     return first
+
+
+def _image_sides(module: torch.nn.Module) -> tuple[int, int] | None:
+    """The sides of the images the module is built for: the integers it holds under the names its forward unpacks
+    an image's height and width into (`alone_inputs.unpacked_sides`), or None."""
+    names = alone_inputs.unpacked_sides(module.forward)
+    if names is None:
+        return None
+    sides = [getattr(module, name, None) for name in names]
+    if all(type(side) is int and side > 0 for side in sides):
+        return int(sides[0]), int(sides[1])  # type: ignore[arg-type]
+    return None
 
 
 def _positions(module: torch.nn.Module, length: int) -> list[dict[str, Any]]:
@@ -474,7 +490,7 @@ def _cases_at(
     cross_options: list[dict[str, Any]] = [{}]
     if cross:
         cross_options.append({name: torch.randn(shape, generator=generator) for name in cross})
-    input_options = _input_options(indices, states, length, width, generator)
+    input_options = _input_options(indices, states, length, width, generator, shape)
     cases: dict[str, dict[str, Any]] = {}
     for mask_case, mask_kwargs in mask_options:
         for term_kwargs in term_options:
@@ -523,7 +539,12 @@ def _embedded_sizes(module: torch.nn.Module) -> dict[str, int]:
 
 
 def _input_options(
-    indices: dict[str, int], states: list[str], length: int, width: int, generator: torch.Generator
+    indices: dict[str, int],
+    states: list[str],
+    length: int,
+    width: int,
+    generator: torch.Generator,
+    shape: tuple[int, ...] = (),
 ) -> list[dict[str, Any]]:
     """The index tensors and the required tensors after the states, in the orders tried (the first that runs)."""
     # the indices the forward embeds, one per pair of positions, then one per position: the first shape that runs
@@ -535,7 +556,13 @@ def _input_options(
     # (Transformer-XL's relative position embeddings `r`, which the forward projects and views per position)
     if len(states) > 1:
         table = {name: torch.randn((length, width), generator=generator) for name in states[1:]}
-        options += [{**option, **table} for option in options]
+        tried = [{**option, **table} for option in options]
+        # where the first states are maps, the others tokens (BATCH, length, width): vidt's [DET] tokens beside its
+        # channels-last patch tokens
+        if len(shape) == 4:
+            tokens = {name: torch.randn((BATCH, length, width), generator=generator) for name in states[1:]}
+            tried += [{**option, **tokens} for option in options]
+        options += tried
     return options
 
 

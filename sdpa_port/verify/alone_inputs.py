@@ -12,8 +12,9 @@ inputs. Vision and diffusion attention takes more than the `(batch, length, widt
   width)` (Megatron's layout, ChatGLM and CodeGeeX; taken where the masks run on it, see `alone._cases`), heads split out
   `(batch, length, heads, head_width)` (LoFTR), packed query, key and value channels first `(batch, 3 * width,
   length)` (guided diffusion's QKVAttention), channels first `(batch, width, length)` (a 1-D convolution), an image
-  `(batch, width, height, width)` (a UNet's AttentionBlock), last an image of one row of `ROW` tokens (a spherical
-  map, whose row a forward splits into square patches);
+  `(batch, width, height, width)` (a UNet's AttentionBlock), an image of one row of `ROW` tokens (a spherical
+  map, whose row a forward splits into square patches), last channels-last maps `(batch, height, width, channels)`
+  of a 2-D window's sides (a windowed module's patch tokens), its other required tensors then tried as tokens too;
 - spatial sizes a forward takes beside flattened states (`forward(x, H, W)`): integers whose product is the length,
   a 2-D window's sides where the module has one; not a name whose attributes the forward reads (`w.size(0)`);
 - a required tensor after the states: the states' shape, then a `(length, width)` table shared by the batch
@@ -32,7 +33,13 @@ Some values are read from the code rather than the names (`reads`):
   and one it fills the scores where (`scores.masked_fill(m, ...)`) is a mask (`forward_roles`);
 - a required forward parameter the forward passes to an `nn.Embedding` of the module (`self.links(relation)`) is an
   index tensor: long, below the embedding's size, one per pair of positions, else one per position (`embedded`,
-  `index_shapes`).
+  `index_shapes`);
+- a forward unpacking an image's sides into names the module holds integers of gets images of those sides
+  (`unpacked_sides`). Before, `MHSA(n_dims, width=14, height=14)` runs on no image: its relative position parameters
+  hold 14 * 14 positions and the default image 2 * 4. After:
+
+      n_batch, C, width, height = x.size()     # unpacked_sides(forward) == ("width", "height")
+      -> states (batch, channels, module.width, module.height), tried before the default image
 
 The width is the first linear layer's input width, else the first convolution's or norm's channels
 (`alone._width`), so an image meets the group norm that reads it. Nothing here decides a pass: a layout is taken only where the original module runs on it, and the port
@@ -287,26 +294,63 @@ def spatial_values(names: list[str], window: Any = None) -> dict[str, int]:
     return {name: plane[min(index, 1)] for index, name in enumerate(names[:2])}
 
 
-def state_shapes(width: int, heads: int, length: int, window: Any = None) -> list[tuple[int, ...]]:
-    """The state layouts to try, the transformer's first (module docstring)."""
+# the most pixels an image of the module's own sides may have: the scores are (pixels, pixels) per head
+MOST_PIXELS = 1024
+
+
+def unpacked_sides(forward: Any) -> tuple[str, str] | None:
+    """The names a forward unpacks an image's height and width into from a parameter's sizes, as
+    `n_batch, C, width, height = x.size()` (or `= x.shape`) does: the last two of four names; None where it unpacks
+    none. A module holding integers of those names (`self.width`, `self.height`, which its relative position tables
+    are sized to) runs on images of those sides only."""
+    tree = _tree(forward)
+    function = tree.body[0] if isinstance(tree, ast.Module) and tree.body else None
+    if not isinstance(function, ast.FunctionDef):
+        return None
+    parameters = {a.arg for a in function.args.args[1:]}
+    for node in ast.walk(function):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple)):
+            continue
+        names = [e.id for e in node.targets[0].elts if isinstance(e, ast.Name)]
+        value = node.value.func if isinstance(node.value, ast.Call) and not node.value.args else node.value
+        sized = isinstance(value, ast.Attribute) and value.attr in ("size", "shape")
+        if len(names) == 4 == len(node.targets[0].elts) and sized and isinstance(value, ast.Attribute):
+            if isinstance(value.value, ast.Name) and value.value.id in parameters:
+                return names[2], names[3]
+    return None
+
+
+def state_shapes(
+    width: int, heads: int, length: int, window: Any = None, image: tuple[int, int] | None = None
+) -> list[tuple[int, ...]]:
+    """The state layouts to try, the transformer's first (module docstring); `image`, the sides of the module's own
+    images (`unpacked_sides`), before the default image."""
     shapes: list[tuple[int, ...]] = [(BATCH, length, width), (length, BATCH, width)]
     if heads > 0 and width % heads == 0:
         shapes.append((BATCH, length, heads, width // heads))
     shapes += [(BATCH, 3 * width, length), (BATCH, width, length)]
+    if image is not None and image[0] * image[1] <= MOST_PIXELS:
+        shapes.append((BATCH, width, *image))
     if window is not None and not isinstance(window, int) and len(window) == 2:
         shapes.append((BATCH, width, int(window[0]), int(window[1])))
     else:
         shapes.append((BATCH, width, *SPATIAL))
     shapes.append((BATCH, width, 1, ROW))  # one row (a spherical map's layout), split into patches along it
+    # last, channels-last maps (batch, h, w, width) of a 2-D window's sides, else SPATIAL: a windowed module's patch
+    # tokens (vidt's `B, H, W, C = x.shape`)
+    plane = (int(window[0]), int(window[1])) if isinstance(window, tuple) and len(window) == 2 else SPATIAL
+    shapes.append((BATCH, *plane, width))
     return list(dict.fromkeys(shapes))
 
 
 def layout_note(shape: tuple[int, ...], width: int, length: int) -> str:
     """What a case's states were, where not a transformer's (batch, length, width)."""
     if len(shape) == 4 and shape[1] == width and shape[2] != length:
-        return ", channels-first maps"
+        return f", channels-first maps of {shape[2]} x {shape[3]}"
     if shape == (length, BATCH, width):
         return ", seq-first states"
+    if len(shape) == 4 and shape[3] == width and shape[1] != width and shape[2] != 1:
+        return f", channels-last maps of {shape[1]} x {shape[2]}"
     return ""
 
 
@@ -319,6 +363,7 @@ __all__ = [
     "spatial_parameters",
     "spatial_values",
     "state_shapes",
+    "unpacked_sides",
     "subscripted",
     "sides",
     "side_width",

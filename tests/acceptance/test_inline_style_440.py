@@ -702,3 +702,117 @@ def test_inputs_read_off_the_code_verify_the_modules_and_a_sabotage_is_seen(tmp_
         failed = verify_port_of(path, READ_OFF_THE_CODE, replace_result(result, sabotaged))
         assert not failed.passed, f"{name}: " + "\n".join(failed.lines)
         assert any(line.startswith(f"{name} in place: FAILED") for line in failed.lines), failed.lines
+
+
+# widths and images read off the code (issue 36): a constructor parameter no name rule values but `__init__` gives a
+# convolution as its channels (`key_channels`), and a forward unpacking an image's sides into names the module holds
+# integers of (`rows`, `cols`), which its relative position parameters are sized to
+CONV_SIZES = '''import torch
+from torch import nn
+
+
+class ObjectContext(nn.Module):
+    def __init__(self, in_channels, key_channels, scale=1):
+        super().__init__()
+        self.key_channels = key_channels
+        self.f_pixel = nn.Sequential(nn.Conv2d(in_channels, key_channels, 1), nn.BatchNorm2d(key_channels), nn.ReLU())
+        self.f_object = nn.Conv2d(in_channels, key_channels, 1)
+        self.f_down = nn.Conv2d(in_channels, key_channels, 1)
+        self.f_up = nn.Conv2d(key_channels, in_channels, 1)
+
+    def forward(self, x, proxy):
+        batch_size = x.size(0)
+        query = self.f_pixel(x).view(batch_size, self.key_channels, -1).permute(0, 2, 1)
+        key = self.f_object(proxy).view(batch_size, self.key_channels, -1)
+        value = self.f_down(proxy).view(batch_size, self.key_channels, -1).permute(0, 2, 1)
+        sim_map = torch.matmul(query, key)
+        sim_map = (self.key_channels**-0.5) * sim_map
+        sim_map = nn.functional.softmax(sim_map, dim=-1)
+        context = torch.matmul(sim_map, value).permute(0, 2, 1).contiguous()
+        return self.f_up(context.view(batch_size, self.key_channels, *x.size()[2:]))
+
+
+class GridAttention(nn.Module):
+    def __init__(self, n_dims, rows=5, cols=3, heads=4):
+        super().__init__()
+        self.heads, self.rows, self.cols = heads, rows, cols
+        self.query = nn.Conv2d(n_dims, n_dims, kernel_size=1)
+        self.key = nn.Conv2d(n_dims, n_dims, kernel_size=1)
+        self.value = nn.Conv2d(n_dims, n_dims, kernel_size=1)
+        self.rel_h = nn.Parameter(torch.randn([1, heads, n_dims // heads, 1, cols]))
+        self.rel_w = nn.Parameter(torch.randn([1, heads, n_dims // heads, rows, 1]))
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, x):
+        n_batch, C, rows, cols = x.size()
+        q = self.query(x).view(n_batch, self.heads, C // self.heads, -1)
+        k = self.key(x).view(n_batch, self.heads, C // self.heads, -1)
+        v = self.value(x).view(n_batch, self.heads, C // self.heads, -1)
+        content = torch.matmul(q.permute(0, 1, 3, 2), k)
+        position = (self.rel_h + self.rel_w).view(1, self.heads, C // self.heads, -1).permute(0, 1, 3, 2)
+        energy = content + torch.matmul(position, q)
+        attention = self.softmax(energy * 0.5)
+        out = torch.matmul(v, attention.permute(0, 1, 3, 2))
+        return out.view(n_batch, C, rows, cols)
+'''
+
+
+# channels-last patch tokens `(B, H, W, C)` of a windowed module, and [DET] tokens `(B, n, C)` beside them (vidt's RAM)
+CHANNELS_LAST = '''import torch
+from torch import nn
+
+
+class PatchDetAttention(nn.Module):
+    def __init__(self, dim, window_size, num_heads):
+        super().__init__()
+        self.window_size, self.num_heads = window_size, num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x, det, mask=None):
+        B, H, W, C = x.shape
+        assert H * W == self.window_size[0] * self.window_size[1]
+        tokens = torch.cat([x.view(B, H * W, C), det], dim=1)
+        qkv = self.qkv(tokens).view(B, -1, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        attn = attn.softmax(dim=-1)
+        out = self.proj((attn @ v).transpose(1, 2).reshape(B, -1, C))
+        return out[:, : H * W].reshape(B, H, W, C), out[:, H * W :]
+'''
+
+
+@pytest.mark.parametrize(
+    "source,expected",
+    [
+        (
+            CONV_SIZES,
+            {"ObjectContext": "channels-first maps of 2 x 4", "GridAttention": "channels-first maps of 5 x 3"},
+        ),
+        (CHANNELS_LAST, {"PatchDetAttention": "channels-last maps of 3 x 3"}),
+    ],
+    ids=["conv", "channels-last"],
+)
+def test_widths_and_images_read_off_the_code_verify_the_modules(
+    tmp_path: Path, source: str, expected: dict[str, str]
+) -> None:
+    """`key_channels` and `n_dims` are widths (layer sizes), `GridAttention` runs on images of its own 5 x 3 sides
+    (the default image 2 x 4 otherwise), `PatchDetAttention` on channels-last maps of its window's sides with tokens
+    beside them; each class is checked alone on those, and a wrong scale fails each."""
+    path = tmp_path / "read_off_sizes.py"
+    result, verification, lines = _ported_in_place(path, source)
+    assert verification.passed, lines
+    checked = {line.split(" in place")[0]: line for line in verification.lines if " in place:" in line}
+    assert sorted(checked) == sorted(expected), lines
+    assert all(layout in checked[name] for name, layout in expected.items()), lines
+    for name in checked:
+        start = result.source.index(f"class {name}(")
+        end = result.source.find("\nclass ", start + 1)
+        end = len(result.source) if end < 0 else end
+        call = result.source.index("scaled_dot_product_attention(", start)  # the call's scale, not `__init__`'s
+        assert call < end and "scale=" in result.source[call:end], name
+        sabotaged = result.source[:call] + result.source[call:].replace("scale=", "scale=1.1 * ", 1)
+        failed = verify_port_of(path, source, replace_result(result, sabotaged))
+        assert not failed.passed, f"{name}: " + "\n".join(failed.lines)
+        assert any(line.startswith(f"{name} in place: FAILED") for line in failed.lines), failed.lines

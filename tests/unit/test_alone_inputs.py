@@ -73,12 +73,14 @@ def test_state_layouts_start_with_the_transformers_and_end_with_an_image() -> No
         (BATCH, 32, 7),  # channels first
         (BATCH, 32, *SPATIAL),  # an image
         (BATCH, 32, 1, alone_inputs.ROW),  # one row, split into square patches along it
+        (BATCH, *SPATIAL, 32),  # channels-last maps (a windowed module's patch tokens)
     ]
 
 
 def test_a_square_window_shapes_the_image() -> None:
-    assert alone_inputs.state_shapes(32, 4, 9, (3, 3))[-2] == (BATCH, 32, 3, 3)
-    assert alone_inputs.state_shapes(32, 4, 3, 3)[-2] == (BATCH, 32, *SPATIAL)
+    last = [(BATCH, 32, 3, 3), (BATCH, 32, 1, alone_inputs.ROW), (BATCH, 3, 3, 32)]  # channels-last of its sides
+    assert alone_inputs.state_shapes(32, 4, 9, (3, 3))[-3:] == last
+    assert alone_inputs.state_shapes(32, 4, 3, 3)[-3] == (BATCH, 32, *SPATIAL)
 
 
 def test_the_row_image_holds_several_square_patches_of_side_four() -> None:
@@ -88,7 +90,7 @@ def test_the_row_image_holds_several_square_patches_of_side_four() -> None:
 
 
 def test_heads_that_do_not_divide_the_width_split_nothing() -> None:
-    assert all(len(shape) != 4 or shape[1] == 32 for shape in alone_inputs.state_shapes(32, 3, 7))
+    assert all(len(shape) != 4 or 32 in (shape[1], shape[3]) for shape in alone_inputs.state_shapes(32, 3, 7))
 
 
 
@@ -297,3 +299,73 @@ def test_a_class_source_is_read_from_the_kept_text_where_its_file_is_gone() -> N
         assert alone_inputs.class_source(module.Reads).startswith("class Reads:\n    def f(self, config):")
     finally:
         del sys.modules[module.__name__]
+
+
+def _kept_module(name: str, text: str, run: str) -> types.ModuleType:
+    """A module keeping `text` as its source (`loader.source_of`) and running `run`, the same classes without the
+    imports this Python lacks (no torch here: the rules read the text, never the layers)."""
+    module = types.ModuleType(name)
+    module.__sdpa_port_source__ = text  # type: ignore[attr-defined]
+    sys.modules[name] = module
+    exec(compile(run, "<kept>", "exec"), module.__dict__)
+    return module
+
+
+SIZED = """class Context:
+    def __init__(self, in_channels, key_channels, scale=1, temperature=None):
+        self.key_channels = key_channels
+        self.temperature = temperature
+        self.pool = nn.MaxPool2d(kernel_size=(scale, scale))
+        self.f_key = nn.Conv2d(in_channels=in_channels, out_channels=self.key_channels, kernel_size=1)
+
+
+class Context2D(Context):
+    pass
+
+
+class Rows:
+    def __init__(self, n_dims, width=14, heads=4, table=None):
+        self.q = nn.Linear(n_dims, n_dims * 3)
+        self.rel = nn.Parameter(torch.randn([1, heads, n_dims // heads, width]))
+        self.table = table
+"""
+
+
+def test_a_constructor_parameter_given_a_layer_as_its_size_is_read_as_sized() -> None:
+    """`key_channels`, a convolution's output channels through `self.key_channels`, is a width the checks can give;
+    a pooling kernel or a value only stored is not; a subclass keeping its base's `__init__` reads the base's."""
+    from sdpa_port.verify.layer_widths import layer_sized
+
+    module = _kept_module("kept_layer_sizes", "from torch import nn\nimport torch\n\n\n" + SIZED, SIZED)
+    try:
+        assert layer_sized(module.Context) == {"in_channels", "key_channels"}
+        assert layer_sized(module.Context2D) == {"in_channels", "key_channels"}
+        assert layer_sized(module.Rows) == {"n_dims", "width", "heads"}
+    finally:
+        del sys.modules[module.__name__]
+
+
+def test_the_image_sides_are_the_names_a_forward_unpacks_from_its_states_sizes() -> None:
+    """`n, c, width, height = x.size()` names the image's sides; three names, or a local's sizes, name none."""
+    assert alone_inputs.unpacked_sides(_forward_body("self, x", "n_batch, C, width, height = x.size()")) == (
+        "width",
+        "height",
+    )
+    assert alone_inputs.unpacked_sides(_forward_body("self, x", "b, c, h, w = x.shape")) == ("h", "w")
+    assert alone_inputs.unpacked_sides(_forward_body("self, x", "b, n, c = x.shape")) is None
+    assert alone_inputs.unpacked_sides(_forward_body("self, x", "y = x\n    b, c, h, w = y.shape")) is None
+
+
+def _forward_body(parameters: str, body: str):  # type: ignore[no-untyped-def]
+    text = f"def forward({parameters}):\n    {body}\n"
+    module = types.ModuleType(f"kept_sides_{abs(hash(text))}")
+    module.__sdpa_port_source__ = text  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    exec(compile(text, "<kept>", "exec"), module.__dict__)
+    return module.forward
+
+
+def test_the_modules_own_image_comes_before_the_default_image_and_only_small() -> None:
+    shapes = alone_inputs.state_shapes(32, 4, 7, image=(5, 3))
+    assert shapes.index((BATCH, 32, 5, 3)) == shapes.index((BATCH, 32, *SPATIAL)) - 1
+    assert (BATCH, 32, 64, 64) not in alone_inputs.state_shapes(32, 4, 7, image=(64, 64))

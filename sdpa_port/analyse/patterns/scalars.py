@@ -424,6 +424,14 @@ def _layer_sizes(method: cst.FunctionDef, scope: Scope, visiting: frozenset[cst.
     return frozenset(names)
 
 
+def sized_parameters(init: cst.FunctionDef, scope: Scope) -> frozenset[str]:
+    """The parameters of a class's `__init__` it computes an integer size from (`_layer_sizes`): `key_channels` in
+    `nn.Conv2d(in_channels, key_channels, 1)`, `dim` in `nn.Linear(dim, dim * 3)`."""
+    params = init.params
+    names = {param.name.value for param in (*params.posonly_params, *params.params, *params.kwonly_params)}
+    return _layer_sizes(init, scope) & frozenset(names)
+
+
 # new tensors whose positional arguments, or the one sequence given, are their shape
 _SHAPED = frozenset({"torch.zeros", "torch.ones", "torch.empty", "torch.randn", "torch.rand"})
 
