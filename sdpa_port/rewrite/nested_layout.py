@@ -2,14 +2,17 @@
 `rewrite/long_lines.py` tries, in order, until the lines fit.
 
 A call's arguments go on one line below it, else one per line; an argument whose line is still too long is laid out
-in turn, one level deeper (its own call, a list's elements one per line with a trailing comma):
+in turn, one level deeper (its own call's arguments, a list's elements one per line with a trailing comma). In a
+method's body:
 
-    x = f(a, attn_mask=g(k.new_zeros(shape), q, self.has_cls, (H, W), (H, W), self.pos_h, self.pos_w).to(q.dtype))
+    x = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=add_positions_past_cls(...).to(q.dtype))
 
-    x = f(
-        a,
-        attn_mask=g(
-            k.new_zeros(shape), q, self.has_cls, (H, W), (H, W), self.pos_h, self.pos_w
+    x = torch.nn.functional.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=add_positions_past_cls(
+            k.new_zeros(scores_shape), q, self.has_cls, (H, W), (H, W), self.pos_h, self.pos_w
         ).to(q.dtype),
     )
 
@@ -17,18 +20,18 @@ An operation with one operator splits its operands' own brackets first; else it 
 between them, else one operand per line with the operator leading (a conditional expression: `body`, `if test`,
 `else orelse`):
 
-    sdpa_mask = sdpa_mask + (q.new_zeros(shape).view(b, n, h, s, s) + mask.unsqueeze(1)).view(shape).to(q.dtype)
+    sdpa_mask = sdpa_mask + (q.new_zeros(scores_shape).view(B_ // nW, nW, self.num_heads, N, N) + mask...).to(q.dtype)
 
     sdpa_mask = sdpa_mask + (
-        q.new_zeros(shape).view(b, n, h, s, s) + mask.unsqueeze(1)
-    ).view(shape).to(q.dtype)
+        q.new_zeros(scores_shape).view(B_ // nW, nW, self.num_heads, N, N) + mask.unsqueeze(1).unsqueeze(0)
+    ).to(q.dtype)
 
-    sdpa_mask = torch.where(mask, zeros, torch.finfo(q.dtype).min).to(q.dtype) if sdpa_mask is None else sdpa_mask
+    sdpa_mask = torch.where(mask, q.new_zeros(()), torch.finfo(q.dtype).min).to(q.dtype) if sdpa_mask is None else ...
 
     sdpa_mask = (
-        torch.where(mask, zeros, torch.finfo(q.dtype).min).to(q.dtype)
+        torch.where(mask, q.new_zeros(()), torch.finfo(q.dtype).min).to(q.dtype)
         if sdpa_mask is None
-        else sdpa_mask
+        else torch.where(attention_mask, sdpa_mask, torch.finfo(query_layer.dtype).min)
     )
 
 `at` is the indentation, relative to the statement's, of the line where an expression starts; a `Fit` says whether
