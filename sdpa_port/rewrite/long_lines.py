@@ -25,18 +25,22 @@ A condition, or a value that is no call, goes in parentheses on a line of its ow
         and head_mask is None
     ):
 
-A statement that no layout brings within the line length (a long string) stays as it is.
+An argument still too long on its line is laid out in turn, and an operation splits at its operands' own brackets
+or one operand per line: `rewrite/nested_layout.py` holds the layouts, tried in order until every line fits. A
+statement that no layout brings within the line length (a long string) stays as it is.
 """
 
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Iterator
 
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import LINE_LENGTH, code, fits
-from sdpa_port.rewrite.edit import IndentTracking, lay_out_call
+from sdpa_port.analyse.cstutil import LINE_LENGTH, code, fits, precedence
+from sdpa_port.rewrite.edit import IndentTracking
+from sdpa_port.rewrite.nested_layout import Layouts, chain
 
 
 def lay_out_long_lines(original: cst.Module, ported: cst.Module) -> cst.Module:
@@ -72,18 +76,14 @@ class _LayOut(IndentTracking, cst.CSTTransformer):
         indent = self.depth * self.unit
         if fits(updated, indent) or _line_key(original) in self.known or len(updated.body) != 1 or _commented(updated):
             return updated
-        for call in _outer_calls(updated):
-            laid = lay_out_call(updated, call, indent)
-            if fits(laid, indent):
-                assert isinstance(laid, cst.SimpleStatementLine)
-                return laid
         small = updated.body[0]
         value = getattr(small, "value", None)
-        if isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return)) and value is not None:
-            for layout in (_wrapped, _split):
-                candidate = updated.with_changes(body=[small.with_changes(value=layout(value))])
-                if fits(candidate, indent):
-                    return candidate
+        if not isinstance(value, cst.BaseExpression):
+            return updated
+        for layout in _value_layouts(value, Layouts(indent), isinstance(small, _ASSIGNING)):
+            candidate = updated.with_changes(body=[small.with_changes(value=layout)])
+            if fits(candidate, indent):
+                return candidate
         return updated
 
     def leave_If(self, original: cst.If, updated: cst.If) -> cst.If:
@@ -94,58 +94,45 @@ class _LayOut(IndentTracking, cst.CSTTransformer):
             return updated
         if _commented(updated.test):
             return updated
-        for layout in (_wrapped, _split):
-            test = layout(updated.test)
+        test = updated.test if updated.test.lpar else _parenthesized(updated.test)
+        for test in Layouts(indent).opened(test, "") if len(test.lpar) == 1 else ():
             if all(indent + len(line) <= LINE_LENGTH for line in code(test).splitlines()):
                 return updated.with_changes(test=test)
         return updated
+
+
+_ASSIGNING = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Return)
+
+
+def _value_layouts(value: cst.BaseExpression, layouts: Layouts, assigning: bool) -> Iterator[cst.BaseExpression]:
+    """A statement's value laid out: a call chain at its brackets; an operation with one operator at its operands'
+    own brackets (the last operand's, else a parenthesized first operand's); an assigned value in parentheses."""
+    calls, base = chain(value)
+    if calls:
+        yield from layouts.chain_layouts(value, calls, base, "")
+    elif isinstance(value, cst.BinaryOperation) and not value.lpar and _one_operator(value):
+        right, left = value.right, value.left
+        if chain(right)[0] or len(right.lpar) == 1:
+            yield from (value.with_changes(right=laid) for laid in layouts.layouts(right, ""))
+        if len(left.lpar) == 1:
+            yield from (value.with_changes(left=laid) for laid in layouts.opened(left, ""))
+    if assigning and not value.lpar:
+        yield from layouts.opened(_parenthesized(value), "")
+
+
+def _one_operator(operation: cst.BinaryOperation) -> bool:
+    """`a + b(c)`, not `a + b + c(d)`: with more than one operator of a kind, the parentheses read better."""
+    return not any(
+        isinstance(side, cst.BinaryOperation) and not side.lpar and precedence(side) == precedence(operation)
+        for side in (operation.left, operation.right)
+    )
+
+
+def _parenthesized(value: cst.BaseExpression) -> cst.BaseExpression:
+    return value.with_changes(lpar=[cst.LeftParen(), *value.lpar], rpar=[*value.rpar, cst.RightParen()])
 
 
 def _commented(node: cst.CSTNode) -> bool:
     """A comment stands inside `node` (beyond its leading lines), whose whitespace a layout would replace."""
     inner = node.with_changes(leading_lines=()) if isinstance(node, cst.SimpleStatementLine) else node
     return bool(m.findall(inner, m.Comment()))
-
-
-def _outer_calls(statement: cst.SimpleStatementLine) -> list[cst.Call]:
-    """The calls a statement's value is a chain of (`f(a).g(b)`, `table[k](c)`), from the last opening bracket back;
-    none where the value is no call (a call inside an operation is not split, the operation is)."""
-    value = getattr(statement.body[0], "value", None)
-    found: list[cst.Call] = []
-    while isinstance(value, (cst.Call, cst.Attribute, cst.Subscript)) and not value.lpar:
-        if isinstance(value, cst.Call):
-            found.append(value)
-            value = value.func
-        else:
-            value = value.value
-    return found
-
-
-def _line(indent: str) -> cst.ParenthesizedWhitespace:
-    return cst.ParenthesizedWhitespace(
-        first_line=cst.TrailingWhitespace(newline=cst.Newline()), indent=True, last_line=cst.SimpleWhitespace(indent)
-    )
-
-
-def _wrapped(value: cst.BaseExpression) -> cst.BaseExpression:
-    """`value` in parentheses of its own, on one line between them."""
-    return value.with_changes(
-        lpar=[cst.LeftParen(whitespace_after=_line("    ")), *value.lpar],
-        rpar=[*value.rpar, cst.RightParen(whitespace_before=_line(""))],
-    )
-
-
-def _split(value: cst.BaseExpression) -> cst.BaseExpression:
-    """`value` in parentheses of its own, one operand of its outermost `and`/`or` per line (as `_wrapped` where it
-    is no such operation)."""
-    if not isinstance(value, cst.BooleanOperation) or value.lpar:
-        return _wrapped(value)
-    return _wrapped(_operands_per_line(value, type(value.operator)))
-
-
-def _operands_per_line(node: cst.BaseExpression, kind: type[cst.BaseBooleanOp]) -> cst.BaseExpression:
-    if not isinstance(node, cst.BooleanOperation) or node.lpar or not isinstance(node.operator, kind):
-        return node
-    operator = node.operator.with_changes(whitespace_before=_line("    "))
-    return node.with_changes(left=_operands_per_line(node.left, kind), operator=operator)
-

@@ -74,7 +74,7 @@ SABOTAGES = {
     # found only on a window's tokens and a shifted-window mask, and on packed channels-first query, key and value
     "modeling_tiny_window.py": [
         ("relative bias dropped", "sdpa_mask = bias.permute(2, 0, 1)", "sdpa_mask = 0 * bias.permute(2, 0, 1)"),
-        ("window mask dropped", "sdpa_mask = sdpa_mask + (q.new_zeros", "sdpa_mask = sdpa_mask + 0 * (q.new_zeros"),
+        ("window mask dropped", "sdpa_mask = sdpa_mask + (\n", "sdpa_mask = sdpa_mask + 0 * (\n"),
         ("packed key scale dropped", "sdpa_key = (k * scale).transpose(1, 2)", "sdpa_key = k.transpose(1, 2)"),
     ],
     # decomposed relative positions added by a function of the file (`analyse/additive.py`): the term called on zeros,
@@ -84,8 +84,8 @@ SABOTAGES = {
         ("mask dropped", "sdpa_mask = sdpa_mask + attention_mask", "sdpa_mask = sdpa_mask"),
         ("slice term negated", "attn_mask=add_positions_past_cls(", "attn_mask=-add_positions_past_cls("),
         # the helper given the scores themselves, not zeros: the scores counted twice
-        ("slice helper on the scores", "add_positions_past_cls(k.new_zeros(scores_shape),",
-         "add_positions_past_cls(q @ k.transpose(-2, -1),"),
+        ("slice helper on the scores", "add_positions_past_cls(\n                k.new_zeros(scores_shape),",
+         "add_positions_past_cls(\n                q @ k.transpose(-2, -1),"),
     ],
     # a key and value shared by every head (multi-query einsums, `forms/products.py`): each expanded to the query's
     # heads; a port could hand over the key as the value, or lay the shared key out as the query is

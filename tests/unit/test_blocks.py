@@ -9,6 +9,7 @@ import pytest
 
 from sdpa_port import Status, Style, port_source
 from sdpa_port.analyse.chain_book import ChainBook
+from helpers import flat
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "class_style" / "modeling_tiny_blocks.py"
 JOINED = "            scores = torch.cat([token_rows, memory_rows], dim=2)\n"
@@ -38,12 +39,12 @@ def test_each_branch_names_the_operands_of_its_own_product() -> None:
     assert "torch.matmul(" not in forward and "token_rows" not in forward and "memory_rows" not in forward
     assert "recall_key = self.split(self.recall_key(hidden_states))" in forward
     # the token rows read one key per block, the memory rows theirs: four slices, zeros beside each operand
-    joined = forward.split("sdpa_query = ")[1].split("\n")[0]
+    joined = flat(forward).split("sdpa_query = ")[1].split("\n")[0]  # the statement, whatever its layout
     assert joined.count("new_zeros(") == 4, joined
     # the zeros take their widths from operands of their own side: the joined query reads no key, the joined key no
     # query (what the keys read decides whether they are the queries' own positions; seed 210331)
     assert "key" not in joined.replace("sdpa_key", ""), joined
-    keys = forward.split("sdpa_key = ")[1].split("\n")[0]
+    keys = flat(forward).split("sdpa_key = ")[1].split("\n")[0]
     assert "query" not in keys, keys
 
 

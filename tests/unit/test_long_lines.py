@@ -7,6 +7,7 @@ import textwrap
 
 import libcst as cst
 import pytest
+from helpers import flat
 
 from sdpa_port.rewrite.long_lines import lay_out_long_lines
 
@@ -98,15 +99,126 @@ class Model:
         ).g(b, cccccccccccccccccccccccccccccccccc, dddddddddddddddddddddddddddddd, eeeeeeeeeeeeeeeeeeeeeeeeeeeee, ffff)
 """
 
+# an argument still too long on its own line is laid out in turn, one level deeper: its call's arguments, a list's
+# elements one per line (a call already one argument per line keeps that layout)
+NESTED = """
+class Attention:
+    def forward(self, q, k, v):
+        x = torch.nn.functional.scaled_dot_product_attention(
+            q,
+            attn_mask=add_positions_past_cls(k.new_zeros(scores_shape), q, self.has_cls, (H, W), self.pos_h, self.pos_w).to(q.dtype),
+            scale=1.0,
+        ).transpose(1, 2)
+        sdpa_query = torch.cat([torch.cat([token_query, token_query.new_zeros(token_query.shape[:-1] + memory_query.shape[-1:])], dim=-1), memory_query_of_the_block], dim=-2)
+        return x
+"""
+NESTED_AFTER = """
+class Attention:
+    def forward(self, q, k, v):
+        x = torch.nn.functional.scaled_dot_product_attention(
+            q,
+            attn_mask=add_positions_past_cls(
+                k.new_zeros(scores_shape), q, self.has_cls, (H, W), self.pos_h, self.pos_w
+            ).to(q.dtype),
+            scale=1.0,
+        ).transpose(1, 2)
+        sdpa_query = torch.cat(
+            [
+                torch.cat(
+                    [token_query, token_query.new_zeros(token_query.shape[:-1] + memory_query.shape[-1:])], dim=-1
+                ),
+                memory_query_of_the_block,
+            ],
+            dim=-2,
+        )
+        return x
+"""
+
+# one operator: its operands' own brackets split (the last operand's chain, else its parenthesized base, else a
+# parenthesized first operand), an operand inside still too long one operand per line, the operator leading
+OPERAND_BRACKETS = """
+class Attention:
+    def forward(self, q, mask):
+        sdpa_mask = sdpa_mask + (q.new_zeros(scores_shape).view(B_ // nW, nW, self.num_heads, N, N) + mask.unsqueeze(1)).to(q.dtype)
+        sdpa_mask = sdpa_mask + (q.new_zeros(scores_shape).view(batch_windows // windows, windows, self.num_attention_heads, length) + mask.unsqueeze(1)).to(q.dtype)
+        sdpa_mask = (position.permute(2, 3, 0, 1) + self.head_bias[(None,) * (4 - self.head_bias.dim())].permute(2, 3, 0, 1)) * self.scale
+        return sdpa_mask
+"""
+OPERAND_BRACKETS_AFTER = """
+class Attention:
+    def forward(self, q, mask):
+        sdpa_mask = sdpa_mask + (
+            q.new_zeros(scores_shape).view(B_ // nW, nW, self.num_heads, N, N) + mask.unsqueeze(1)
+        ).to(q.dtype)
+        sdpa_mask = sdpa_mask + (
+            q.new_zeros(scores_shape).view(batch_windows // windows, windows, self.num_attention_heads, length)
+            + mask.unsqueeze(1)
+        ).to(q.dtype)
+        sdpa_mask = (
+            position.permute(2, 3, 0, 1) + self.head_bias[(None,) * (4 - self.head_bias.dim())].permute(2, 3, 0, 1)
+        ) * self.scale
+        return sdpa_mask
+"""
+
+# operators of one kind more than once: in parentheses, one operand per line, the operator leading (the last
+# operand's brackets stay whole)
+OPERANDS = """
+class Attention:
+    def forward(self, q, mask):
+        sdpa_mask = relative_position_bias_of_layer + absolute_position_bias_of_layer + attention_mask_of(batch_of_inputs_with_its_padding)
+        return sdpa_mask
+"""
+OPERANDS_AFTER = """
+class Attention:
+    def forward(self, q, mask):
+        sdpa_mask = (
+            relative_position_bias_of_layer
+            + absolute_position_bias_of_layer
+            + attention_mask_of(batch_of_inputs_with_its_padding)
+        )
+        return sdpa_mask
+"""
+
+# a conditional expression: `body` / `if test` / `else orelse` in parentheses, each part laid out in turn
+CONDITIONAL = """
+class Attention:
+    def forward(self, query_layer, attention_mask, sdpa_mask):
+        sdpa_mask = torch.where(attention_mask, query_layer.new_zeros(()), torch.finfo(query_layer.dtype).min).to(query_layer.dtype) if sdpa_mask is None else torch.where(attention_mask, sdpa_mask, torch.finfo(query_layer.dtype).min)
+        return sdpa_mask
+"""
+CONDITIONAL_AFTER = """
+class Attention:
+    def forward(self, query_layer, attention_mask, sdpa_mask):
+        sdpa_mask = (
+            torch.where(attention_mask, query_layer.new_zeros(()), torch.finfo(query_layer.dtype).min).to(
+                query_layer.dtype
+            )
+            if sdpa_mask is None
+            else torch.where(attention_mask, sdpa_mask, torch.finfo(query_layer.dtype).min)
+        )
+        return sdpa_mask
+"""
+
 
 @pytest.mark.parametrize(
     ("ported", "after"),
-    [(CHAIN, CHAIN_AFTER), (HUGGED, HUGGED_AFTER), (VALUE, VALUE_AFTER), (CONDITION, CONDITION_AFTER), (STAYS, STAYS)],
-    ids=["chain", "hugged", "value", "condition", "stays"],
+    [
+        (CHAIN, CHAIN_AFTER),
+        (HUGGED, HUGGED_AFTER),
+        (VALUE, VALUE_AFTER),
+        (CONDITION, CONDITION_AFTER),
+        (STAYS, STAYS),
+        (NESTED, NESTED_AFTER),
+        (OPERAND_BRACKETS, OPERAND_BRACKETS_AFTER),
+        (OPERANDS, OPERANDS_AFTER),
+        (CONDITIONAL, CONDITIONAL_AFTER),
+    ],
+    ids=["chain", "hugged", "value", "condition", "stays", "nested", "operand-brackets", "operands", "conditional"],
 )
 def test_written_lines_are_laid_out_within_the_line_length(ported: str, after: str) -> None:
     laid = lay_out_long_lines(_module("pass\n"), _module(ported))
     assert laid.code == _dedented(after)
+    assert flat(laid.code) == flat(_dedented(ported))
     assert all(len(line) <= 119 for line in laid.code.splitlines()) or after == STAYS
 
 
