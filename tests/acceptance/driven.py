@@ -81,7 +81,7 @@ MISPLACED_BLOCKS = [
     # the entities' rows with their two blocks' queries swapped
     ("torch.cat([e2w_query_layer, e2e_query_layer], dim=-1)", "torch.cat([e2e_query_layer, e2w_query_layer], dim=-1)"),
     # the word keys without the zeros that keep them off the entity blocks' slice
-    ("torch.cat([w2w_key_layer, w2w_key_layer.new_zeros", "torch.cat([w2w_key_layer, w2w_key_layer.new_ones"),
+    ("[w2w_key_layer, w2w_key_layer.new_zeros", "[w2w_key_layer, w2w_key_layer.new_ones"),
 ]
 
 
