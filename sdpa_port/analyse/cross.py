@@ -13,15 +13,7 @@ from typing import Iterable
 import libcst as cst
 
 from sdpa_port.analyse.patterns import walk_names
-from sdpa_port.discover.values import CACHE_WORDS
-
-
-def is_cache_parameter(name: str) -> bool:
-    return any(word in name for word in CACHE_WORDS)
-
-
-def is_mask_parameter(name: str) -> bool:
-    return "mask" in name
+from sdpa_port.discover.values import is_cache_parameter, is_mask_parameter
 
 
 def dependencies(function: cst.FunctionDef, params: set[str]) -> dict[str, set[str]]:

@@ -30,7 +30,6 @@ WEIGHT_REQUESTS = (
     "need_attn",
     "return_attention_weights",
 )
-# the torch releases a version check is read at: the first with SDPA, and the one this project tests against
 # names of caches, which feed only the keys (`analyse/cross.py`)
 CACHE_WORDS = ("past", "cache", "layer_state")
 
@@ -39,13 +38,19 @@ def optional_input(name: str) -> bool:
     """A parameter a call passes only to ask for something extra (a head mask, a graph re-weighting the
     probabilities), not one every call passes: masks, caches, key/value states. Left at None, it is off on the default
     path; the SDPA class falls back to eager where it is given (`analyse/optional_facts.py`)."""
-    return (
-        ("mask" not in name or "head_mask" in name)
-        and not any(word in name for word in CACHE_WORDS)
-        and "states" not in name
-    )
+    masks = is_mask_parameter(name) and "head_mask" not in name
+    return not masks and not is_cache_parameter(name) and "states" not in name
 
 
+def is_cache_parameter(name: str) -> bool:
+    return any(word in name for word in CACHE_WORDS)
+
+
+def is_mask_parameter(name: str) -> bool:
+    return "mask" in name
+
+
+# the torch releases a version check is read at: the first with SDPA, and the one this project tests against
 TORCH_VERSIONS = ("2.0.0", "2.13.0")
 _VERSION_PARSERS = frozenset({"parse", "Version", "LooseVersion", "StrictVersion", "parse_version"})
 # attributes the frameworks set on modules from outside, by name: torch's `train()`, Transformers'
