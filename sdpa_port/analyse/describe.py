@@ -63,8 +63,6 @@ def describe(
 
 
 @dataclass
-
-
 class _Reading:
     """What `describe` has read so far of a chain's operations, in order."""
 

@@ -24,8 +24,6 @@ from sdpa_port.rewrite.edit import replace_names
 
 
 @dataclass(frozen=True)
-
-
 class Helper:
     """A function forward calls to compute the attention.
 
@@ -54,8 +52,6 @@ class Helper:
 
 
 @dataclass(frozen=True)
-
-
 class HelperCall:
     """A call of a helper inside forward, where the helper computes the attention."""
 

@@ -30,8 +30,6 @@ from sdpa_port.refusals import Code, Refuse, Refusal
 
 
 @dataclass(frozen=True)
-
-
 class ClassAnalysis:
     class_name: str
     sites: tuple[AttentionSite, ...]
@@ -55,8 +53,6 @@ class ClassAnalysis:
 
 
 @dataclass(frozen=True)
-
-
 class Operands:
     """A site's key and query expressions, and where they are read.
 
@@ -297,8 +293,6 @@ def _closure_analysis(
 
 
 @dataclass
-
-
 class _Gathered:
     """What `analyse_class` gathers of a class, in the order it finds it."""
 

@@ -21,8 +21,6 @@ from sdpa_port.refusals import Code, Refusal
 
 
 @dataclass(frozen=True)
-
-
 class OneBranch:
     """What `one_branch` found.
 

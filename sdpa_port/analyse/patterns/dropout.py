@@ -12,8 +12,6 @@ from sdpa_port.analyse.patterns.functions import DROPOUT_FUNCTIONS, DROPOUT_MODU
 
 
 @dataclass(frozen=True)
-
-
 class DropoutCall:
     operand: cst.BaseExpression
     # expression for SDPA's dropout_p when training, and the expression that says whether it is active

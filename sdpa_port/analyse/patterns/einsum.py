@@ -26,8 +26,6 @@ class EinsumRole(enum.Enum):
 
 
 @dataclass(frozen=True)
-
-
 class EinsumRoles:
     """How an einsum spec maps to attention: as the scores or as the output.
 

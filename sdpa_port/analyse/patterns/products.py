@@ -21,8 +21,6 @@ class ProductForm(enum.Enum):
 
 
 @dataclass(frozen=True)
-
-
 class Product:
     """A batched product of two tensors: the scores, or the output.
 

@@ -20,8 +20,6 @@ class SoftmaxForm(enum.Enum):
 
 
 @dataclass(frozen=True)
-
-
 class SoftmaxCall:
     operand: cst.BaseExpression
     form: SoftmaxForm
