@@ -11,6 +11,7 @@ import libcst as cst
 from sdpa_port.analyse.diagnose import where_reading_stops
 from sdpa_port.analyse.lines import Lines, top_level_starts
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.site import AttentionSite
 from sdpa_port.analyse.score_helpers import with_score_helpers
 from sdpa_port.discover.eager_sites import EagerSite, find_eager_attention, undispatched_sites
 from sdpa_port.discover.bindings import Bindings
@@ -21,6 +22,7 @@ from sdpa_port.discover.screen import Screen, screen
 from sdpa_port.plan.class_style import ClassStylePlan, plan_class_style
 from sdpa_port.rewrite.class_style import apply_class_style
 from sdpa_port.plan.inline_style import plan_inline_style
+from sdpa_port.plan.kept_eager import SDPA_ONLY_WHERE
 from sdpa_port.rewrite.inline_style import apply_inline_style
 from sdpa_port.rewrite.long_lines import lay_out_long_lines
 from sdpa_port.refusals import Code, Refuse, Refusal
@@ -194,7 +196,8 @@ def _users(live: ast.Module, calls_only: bool) -> dict[str, set[str]]:
 def _unported(source: str, tree: ast.Module, live: ast.Module, first: Screen, result: PortResult) -> PortResult:
     """A port that leaves other eager attention of the file as it is says so: each site the form-free detector finds
     outside the classes ported (and the functions only they call), not already named in a warning, is named with
-    where the recogniser's reading of it stops. Nothing of a file is passed over in silence."""
+    where the recogniser's reading of it stops; so is each attention a function holding a ported one holds beside it.
+    Nothing of a file is passed over in silence."""
     if result.status is not Status.PORTED:
         return result
     _, sites = _beside_sdpa_sites(live, first)
@@ -202,13 +205,24 @@ def _unported(source: str, tree: ast.Module, live: ast.Module, first: Screen, re
     users = _users(live, calls_only=False)  # named counts too: `attention_interface = eager_attention_forward`
     said = " ".join(result.warnings)
     missed = []
+    holding = set()  # the functions holding the ported computations
     for site in sites:
         owner = site.where.partition(".")[0]
-        if owner in ported or users.get(owner, set()) & ported or re.search(rf"\b{owner}\b", said):
-            continue
-        missed.append(site)
+        if owner in ported or users.get(owner, set()) & ported:
+            holding.add(site.where)
+        elif not re.search(rf"\b{owner}\b", said):
+            missed.append(site)
+    beside_lines: dict[str, list[int]] = {}
+    for site in _beside_ported_sites(live, result, holding):
+        if f"{site.where.partition('.')[0]}{SDPA_ONLY_WHERE}" not in said:  # that warning names the eager side
+            beside_lines.setdefault(site.where, []).append(site.line)
+    beside = [
+        f"{where} ({'lines' if len(found) > 1 else 'line'} {', '.join(map(str, found))}) stays eager: eager attention "
+        "beside the one ported there, which the port leaves as it is"
+        for where, found in beside_lines.items()
+    ]
     if not missed:
-        return result
+        return replace(result, warnings=(*result.warnings, *beside)) if beside else result
     module = cst.parse_module(source)
     facts, lines = ModuleFacts.of(module, tree), Lines(module, top_level_starts(tree))
     warnings = []
@@ -218,7 +232,30 @@ def _unported(source: str, tree: ast.Module, live: ast.Module, first: Screen, re
             f"{site.where} (line {site.line}) stays eager: eager attention in a form the tool does not recognise"
             + (f"; {stops}" if stops else "")
         )
-    return replace(result, warnings=(*result.warnings, *warnings))
+    return replace(result, warnings=(*result.warnings, *warnings, *beside))
+
+
+def _beside_ported_sites(live: ast.Module, result: PortResult, holding: set[str]) -> list[EagerSite]:
+    """The eager attentions that the functions holding a ported computation hold beside it: each softmax whose
+    probabilities reach a product, lying outside every ported site's lines (from its product with the key to its
+    product with the value). A method computing a windowed attention and a global one, ported for the first, keeps
+    the second eager; the report names it. A ported site whose lines do not span its computation in order (its
+    scores read from a helper written out at its call, or from a function of the module) leaves its class unjudged."""
+    spans = [(site.line, site.output_line) for site in result.sites if 0 < site.line <= site.output_line]
+    unjudged = {name for site in result.sites if not 0 < site.line <= site.output_line for name in _holders(site)}
+    return [
+        site
+        for site in find_eager_attention(live, every=True)
+        if site.where in holding
+        and not {site.where, site.where.partition(".")[0]} & unjudged
+        and not any(start <= site.line <= end for start, end in spans)
+    ]
+
+
+def _holders(site: AttentionSite) -> set[str]:
+    """The names under which the detector may name the function holding a ported site: its classes, or the module
+    function it is read from."""
+    return {site.method} if site.owner == "<module>" else {site.class_name, site.owner}
 
 
 def _provenance(source: str, tree: ast.Module, result: PortResult, filename: str | None) -> PortResult:

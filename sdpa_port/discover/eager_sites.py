@@ -26,10 +26,12 @@ class EagerSite:
     line: int  # line of the softmax
 
 
-def find_eager_attention(tree: ast.Module, nested: bool = False) -> list[EagerSite]:
+def find_eager_attention(tree: ast.Module, nested: bool = False, every: bool = False) -> list[EagerSite]:
     """Every function or method holding a product -> softmax -> product chain, with the softmax's line. With
     `nested`, every function defined inside one of them instead, on its own (`Class.forward.attend`): the chain a
-    function defined in `forward` holds is also one of forward's, but only this look says where it is."""
+    function defined in `forward` holds is also one of forward's, but only this look says where it is. With `every`,
+    one site per softmax whose probabilities reach a product, so that a function holding two attentions (a windowed
+    one and a global one) gives two sites."""
     top = _functions(tree)
     functions = [_Function.of(where, function) for where, function in top]
     softmaxes = _softmax_wrappers(functions)
@@ -44,7 +46,7 @@ def find_eager_attention(tree: ast.Module, nested: bool = False) -> list[EagerSi
         ]
     if products:
         functions = [function.with_products(products) for function in functions]
-    return [site for function in functions for site in _sites(function, softmaxes, products)]
+    return [site for function in functions for site in _sites(function, softmaxes, products, every)]
 
 
 @dataclass(frozen=True)
@@ -282,8 +284,11 @@ class _Expression:
         return [s.call for s in self.softmaxes if s.product or s.names & scores]
 
 
-def _sites(function: _Function, names: frozenset[str], wrappers: frozenset[str] = frozenset()) -> list[EagerSite]:
-    """The function as a site, if it holds a product -> softmax -> product chain."""
+def _sites(
+    function: _Function, names: frozenset[str], wrappers: frozenset[str] = frozenset(), every: bool = False
+) -> list[EagerSite]:
+    """The function as a site, if it holds a product -> softmax -> product chain; with `every`, one site per softmax
+    whose probabilities reach a product."""
     if len(function.products) < 2:
         return []  # the chain takes two products: most functions are done here
     assignments: list[tuple[set[str], _Expression]] = []
@@ -293,9 +298,10 @@ def _sites(function: _Function, names: frozenset[str], wrappers: frozenset[str] 
             assignments.append((targets, _Expression.of(node.value, names, wrappers)))
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
             assignments.append((_names(node.target), _Expression.of(node.value, names, wrappers)))
-    # names holding scores (derived from a product) and probabilities (derived from a softmax of scores)
+    # names holding scores (derived from a product), and names holding probabilities (derived from a softmax of
+    # scores) with the lines of the softmaxes they may come from
     scores: set[str] = set()
-    probabilities: set[str] = set()
+    probabilities: dict[str, set[int]] = {}
     softmaxes: dict[ast.Call, int] = {}  # softmax calls over scores -> their lines
     changed = True
     while changed:
@@ -304,22 +310,32 @@ def _sites(function: _Function, names: frozenset[str], wrappers: frozenset[str] 
             calls = value.softmaxes_over(scores)
             for call in calls:
                 softmaxes.setdefault(call, call.lineno)
-            if calls or value.names & probabilities:
-                new = targets - probabilities
-                if new:
-                    probabilities |= new
-                    changed = True
+            held = value.names & probabilities.keys()
+            origins = {call.lineno for call in calls}.union(*(probabilities[name] for name in held))
+            if origins:
+                for target in targets:
+                    if not origins <= probabilities.get(target, set()):
+                        probabilities.setdefault(target, set()).update(origins)
+                        changed = True
             elif value.holds_scores(scores):
-                new = targets - scores - probabilities
+                new = targets - scores - probabilities.keys()
                 if new:
                     scores |= new
                     changed = True
-    lines: list[int] = []
+    first: list[int] = []
+    reached: set[int] = set()
     for node in function.products:
         for operand in (_Expression.of(o, names, wrappers) for o in _product_operands(node)):
             inner_softmax = operand.softmaxes_over(scores)
-            if operand.names & probabilities or inner_softmax:
+            held = operand.names & probabilities.keys()
+            if held or inner_softmax:
                 line = inner_softmax[0].lineno if inner_softmax else min(softmaxes.values(), default=_line(node))
-                lines.append(line)
+                first.append(line)
+                reached.update(call.lineno for call in inner_softmax)
+                reached.update(*(probabilities[name] for name in held))
                 break
-    return [EagerSite(function.where, min(lines))] if lines else []
+    if not first:
+        return []
+    if every:
+        return [EagerSite(function.where, line) for line in sorted(reached)]
+    return [EagerSite(function.where, min(first))]

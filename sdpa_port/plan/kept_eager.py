@@ -30,6 +30,9 @@ from sdpa_port.refusals import Refusal
 
 SAFE = frozenset({Kind.NONE, Kind.INPUT})
 
+# the warning of a class whose test of its settings keeps a side eager names that side's attention itself
+SDPA_ONLY_WHERE = " computes its attention with SDPA only where "
+
 
 @dataclass(frozen=True)
 class Split:
@@ -48,7 +51,7 @@ class Split:
         # a port whose SDPA side of a test of the module's settings is the rare one (`if self.is_cross_attention:`)
         # is exact, and does little for the other side: said, with why that side is not ported
         sides = [
-            f"{a.class_name} computes its attention with SDPA only where "
+            f"{a.class_name}{SDPA_ONLY_WHERE}"
             f"{holds_where(a.alternatives)}; otherwise it runs the eager "
             f"computation: {a.eager_side}"
             for a in self.ported

@@ -1,0 +1,83 @@
+"""A port names the eager attention a ported method keeps beside the computation it ported.
+
+Before: a method computing a windowed attention and then a global one was reported as "ported" when the recogniser
+read the first, and the second stayed eager unsaid. After: the report adds
+`Cls.forward (line N) stays eager: eager attention beside the one ported there, ...`.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from types import SimpleNamespace
+
+from sdpa_port.api import _beside_ported_sites, _unported
+from sdpa_port.discover.eager_sites import find_eager_attention
+from sdpa_port.discover.screen import screen
+from sdpa_port.result import PortResult, Status, Style
+
+TWO_ATTENTIONS = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class TwoAttention(nn.Module):
+        def forward(self, q, k, v, dq, dk, dv):
+            attn = q @ k.transpose(-2, -1)
+            attn = attn.softmax(dim=-1)
+            x = attn @ v
+            det_attn = dq @ dk.transpose(-2, -1)
+            det_attn = det_attn.softmax(dim=-1)
+            det = det_attn @ dv
+            unused = torch.softmax(attn, dim=0)
+            return x, det
+    """
+)
+FIRST = (8, 10)  # the first computation: its product with the key, its product with the value
+SECOND_SOFTMAX = 12
+
+
+def _site(line: int, output_line: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        class_name="TwoAttention", owner="TwoAttention", method="forward", line=line, output_line=output_line
+    )
+
+
+def test_every_softmax_reaching_a_product_is_a_site() -> None:
+    tree = ast.parse(TWO_ATTENTIONS)
+    assert [site.line for site in find_eager_attention(tree)] == [9]
+    # the softmax over dim 0 feeds no product: no site
+    assert [site.line for site in find_eager_attention(tree, every=True)] == [9, SECOND_SOFTMAX]
+
+
+def test_the_attention_beside_the_ported_one_is_found() -> None:
+    tree = ast.parse(TWO_ATTENTIONS)
+    result = PortResult(Status.PORTED, TWO_ATTENTIONS, Style.INLINE, sites=(_site(*FIRST),))  # type: ignore[arg-type]
+    found = _beside_ported_sites(tree, result, {"TwoAttention.forward"})
+    assert [(site.where, site.line) for site in found] == [("TwoAttention.forward", SECOND_SOFTMAX)]
+    both = PortResult(Status.PORTED, TWO_ATTENTIONS, Style.INLINE, sites=(_site(*FIRST), _site(11, 13)))  # type: ignore[arg-type]
+    assert _beside_ported_sites(tree, both, {"TwoAttention.forward"}) == []
+
+
+def test_a_site_read_from_elsewhere_leaves_its_class_unjudged() -> None:
+    """Scores read from a helper written out at its call give a product line after the output's: no span to judge."""
+    tree = ast.parse(TWO_ATTENTIONS)
+    result = PortResult(Status.PORTED, TWO_ATTENTIONS, Style.INLINE, sites=(_site(40, 10),))  # type: ignore[arg-type]
+    assert _beside_ported_sites(tree, result, {"TwoAttention.forward"}) == []
+
+
+def test_the_report_names_it() -> None:
+    tree = ast.parse(TWO_ATTENTIONS)
+    result = PortResult(
+        Status.PORTED,
+        TWO_ATTENTIONS,
+        Style.INLINE,
+        attention_classes=("TwoAttention",),
+        sites=(_site(*FIRST),),  # type: ignore[arg-type]
+    )
+    reported = _unported(TWO_ATTENTIONS, tree, tree, screen(tree), result)
+    assert reported.warnings == (
+        f"TwoAttention.forward (line {SECOND_SOFTMAX}) stays eager: eager attention beside the one ported there, "
+        "which the port leaves as it is",
+    )
