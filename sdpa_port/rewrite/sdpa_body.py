@@ -107,8 +107,7 @@ class SdpaEmitter(StatementWalker):
         # scores laid out otherwise than (batch, heads, query, key): what is added to them is permuted to SDPA's mask
         start = path.start
         self.scores_layout = start.layout if start is not None else None
-        # one query per head with no length axis (`rewrite/single_query.py`)
-        self.single = start is not None and start.single
+        self.single = start is not None and start.single  # one query per head, no length axis (`single_query.py`)
         # the 5-D shape the scores are viewed as, and their rank before
         self.regrouped: tuple[tuple[cst.BaseExpression, ...], int | None] | None = None
         # query and key are float32 copies: run SDPA in float32 and cast the result back, as eager does
@@ -326,9 +325,7 @@ class SdpaEmitter(StatementWalker):
             return None  # the term joins the mask converted (`term.to(query.dtype)`), which None does not take
         term = terms[0].term
         if self.regrouped is not None or self.single or (self.layout.heads is not None and terms[0].rank == 3):
-            # the term joins the mask reshaped (`rel.unflatten(0, ...)`, a single query's `.unsqueeze(-2)`), not as the
-            # name itself
-            return None
+            return None  # the term joins the mask reshaped (`unflatten`, a single query's `unsqueeze`), not as it is
         return name if isinstance(term, cst.Name) and term.value == name else None
 
     def plans_in(self, node: cst.CSTNode) -> list[t.StmtPlan]:
@@ -380,10 +377,7 @@ class SdpaEmitter(StatementWalker):
     def apply(self, op: t.Op) -> list[cst.BaseStatement]:
         """The side-value update one chain operation stands for; every operation is decided here, none dropped."""
         state = self.state
-        if self.single:
-            single_query.refuse_reshaping(op)
-            if isinstance(op, t.Fill):
-                op = single_query.fill(op)
+        op = single_query.checked(op) if self.single else op
         if isinstance(op, t.View) and op.shape is None and {op.rank_before, op.rank_after} == {3, 4}:
             self.widened = op.rank_after == 4
         match op:

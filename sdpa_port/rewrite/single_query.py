@@ -37,19 +37,16 @@ def term(op: t.AddTerm, joined: cst.BaseExpression) -> cst.BaseExpression:
     return tensor_only(given, joined) if op.may_be_number else given
 
 
-def fill(op: t.Fill) -> t.Fill:
-    """A fill of the single-query scores, its condition given the query axis of 1; a causal slice is refused."""
-    if op.causal or op.top_left:
-        raise Refuse(Code.LAYOUT, "a causal slice masks single-query scores, which have no query axis to slice")
-    return replace(op, condition=unsqueezed(op.condition))
-
-
-def refuse_reshaping(op: t.Op) -> None:
-    """Operations that read the scores' axes: refused on single-query scores (this module's docstring)."""
+def checked(op: t.Op) -> t.Op:
+    """An operation on single-query scores as SDPA's mask takes it: a fill's condition given the query axis of 1.
+    Operations that read the scores' axes are refused (a view, a causal slice, rows zeroed after the softmax)."""
     if isinstance(op, t.View):
         raise Refuse(Code.LAYOUT, "the single-query scores are viewed in another shape")
     if isinstance(op, t.ZeroRows):
         raise Refuse(Code.LAYOUT, "rows of single-query probabilities are zeroed after the softmax")
+    if isinstance(op, t.Fill) and (op.causal or op.top_left):
+        raise Refuse(Code.LAYOUT, "a causal slice masks single-query scores, which have no query axis to slice")
+    return replace(op, condition=unsqueezed(op.condition)) if isinstance(op, t.Fill) else op
 
 
 def refuse_sizes(plan: t.KeepStmt) -> None:

@@ -101,10 +101,10 @@ SABOTAGES = {
     # laid-out key wrong
     "modeling_tiny_single_query.py": [
         ("scale off by 1.1", "scale=1.0 / math.sqrt(layer_q.shape[-1]),", "scale=1.1 / math.sqrt(layer_q.shape[-1]),"),
-        ("mask dropped", "sdpa_mask = attention_mask.squeeze(1).unsqueeze(-2)", "sdpa_mask = 0 * attention_mask.squeeze(1).unsqueeze(-2)"),
-        ("mask's keys reversed", "attention_mask.squeeze(1).unsqueeze(-2)", "attention_mask.squeeze(1).unsqueeze(-2).flip(-1)"),
+        ("mask dropped", "sdpa_mask = attention_mask.squeeze(1)", "sdpa_mask = 0 * attention_mask.squeeze(1)"),
+        ("mask's keys reversed", "attention_mask.squeeze(1).unsqueeze(-2)", "attention_mask.flip(-1)[:, 0, None]"),
         ("fill dropped", "sdpa_mask = torch.where(", "sdpa_mask = 0 * torch.where("),
-        ("key not laid out", "sdpa_key = k.transpose(1, 2)", "sdpa_key = k.reshape(k.shape[0], k.shape[2], k.shape[1], -1)"),
+        ("key not laid out", "sdpa_key = k.transpose(1, 2)", "sdpa_key = k.reshape(b, self.heads, n, -1)"),
     ],
     # ported in place beside a class left eager, which the class style could not leave so
     "modeling_tiny_beside.py": [
