@@ -304,7 +304,7 @@ class _Reader:
         tests = self.tests_now()
         match op:
             case t.Start():
-                if self.start is not None or op.operands is not None or op.heads is not None:
+                if self.start is not None or op.operands is not None or op.heads is not None or op.single:
                     raise _Unread("start")
                 if op.layout is not None or op.joined or op.orders != (None, None):
                     raise _Unread("start laid out")
@@ -335,7 +335,7 @@ class _Reader:
             case t.Cast():
                 pass  # the port decides the operands' dtype itself
             case t.Output():
-                if op.order is not None or op.value_order is not None or op.value_left or op.shared:
+                if op.order is not None or op.value_order is not None or op.value_left or op.shared or op.single:
                     raise _Unread("output laid out")
             case t.View() | t.ZeroRows() | t.Guard() | t.Shift() | t.Transpose() | t.HeadMask():
                 raise _Unread(type(op).__name__)

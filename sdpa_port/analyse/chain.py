@@ -105,6 +105,10 @@ class Start:
     # an einsum's key shared by every head (`bhid,bjd->bhij`, multi-query): `key` is it viewed with that axis added,
     # expanded to the query's heads; `heads` the query's size there, which a value shared alike is expanded to
     heads: cst.BaseExpression | None = None
+    # one query per head with no length axis (an einsum's `bhd,bhld->bhl`, `forms/single_query.py`): `query` is it
+    # given a length axis of 1 for SDPA; the scores (`rank` theirs) have no query axis, so whatever joins SDPA's mask
+    # is given that axis of 1 too, and the output has it removed
+    single: bool = False
 
 
 @dataclass(frozen=True)
@@ -241,6 +245,9 @@ class Output:
     value_left: bool = False
     # an einsum's value shared by every head (`bhij,bjd->bhid`): `value` is it expanded to the query's heads
     shared: bool = False
+    # the product with V of single-query probabilities (`Start.single`): SDPA's output has its query axis of 1
+    # squeezed before `order` lays it out
+    single: bool = False
 
 
 Op = Union[

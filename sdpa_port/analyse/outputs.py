@@ -28,6 +28,7 @@ from sdpa_port.analyse.chain import (
 )
 from sdpa_port.analyse.chain_book import Products
 from sdpa_port.analyse.chain_reads import ProductFinder, ReadFinder, contains_softmax
+from sdpa_port.analyse.patterns.single_query import SingleQueryOutput, single_query_output
 from sdpa_port.analyse.remakes import Made
 from sdpa_port.refusals import Code
 
@@ -55,7 +56,21 @@ def find_output(tracer: TracerView, value: cst.BaseExpression) -> tuple[cst.Base
                 tracer.chains.candidates[cid].poisoned(poison.reason.code, poison.reason.detail, tracer.current_line)
                 tracer.chains.candidates[cid].stage = OUT
             continue
-        if tracer.chains.advance(base, ops).stage == PROBS:
+        advanced = tracer.chains.advance(base, ops)
+        if advanced.stage == PROBS:
+            start = tracer.chains.candidates[base.cid].start
+            if start is not None and start.single:
+                if single_output_roles(product, probabilities is product.left, advanced.rank) is None:
+                    # the probabilities of one query per head reach a product that does not sum over their keys
+                    tracer.chains.candidates[base.cid].poisoned(
+                        Code.LAYOUT,
+                        "the single-query probabilities reach a product with V that is not an einsum summing over "
+                        "their keys",
+                        tracer.current_line,
+                    )
+                    tracer.chains.candidates[base.cid].stage = OUT
+                    continue
+                return node, product
             if product.form is p.ProductForm.EINSUM:
                 if p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, tracer.chains.layout_of(base.cid)) is None:
                     continue
@@ -67,8 +82,12 @@ def probabilities_operand(tracer: TracerView, product: p.Product) -> cst.BaseExp
     """The operand of a product with V that holds the probabilities: the left one, or the right one where only it
     reads a chain, one a query-key product started (`torch.bmm(value, probs.permute(0, 2, 1))`,
     `forms/transposed.py`; a router's `outputs @ softmax(logits)` is no attention)."""
-    if product.form is p.ProductForm.EINSUM or tracer.reads.chain_refs(product.left):
+    if tracer.reads.chain_refs(product.left):
         return product.left
+    if product.form is p.ProductForm.EINSUM:
+        # an einsum's operands commute: only single-query probabilities are read on its right (`single_output_roles`)
+        single = [cid for cid in tracer.reads.chain_refs(product.right) if _single(tracer, cid)]
+        return product.right if single else product.left
     started = [cid for cid in tracer.reads.chain_refs(product.right) if tracer.chains.candidates[cid].start is not None]
     return product.right if started else product.left
 
@@ -88,13 +107,14 @@ def output_statement(
     """
     node, product = found
     probabilities_node = probabilities_operand(tracer, product)
-    value_left = probabilities_node is not product.left
-    value_node = product.left if value_left else product.right
+    value_left = probabilities_node is not product.left and product.form is not p.ProductForm.EINSUM
+    value_node = product.right if probabilities_node is product.left else product.left
     try:
         base, ops = tracer.decompose(probabilities_node, line)
     except (NotChain, Poison) as error:  # pragma: no cover - find_output checked the operand
         raise AssertionError(str(error))
-    if tracer.chains.advance(base, ops).stage != PROBS:
+    advanced = tracer.chains.advance(base, ops)
+    if advanced.stage != PROBS:
         tracer.chains.candidates[base.cid].poisoned(Code.SOFTMAX_DIM, "the scores reach the product with V without a softmax", line)
     probabilities = tracer.chains.remakes.key(base, probabilities_node, tracer.env, tracer.assignments, tracer.branches)
     draw = next(tracer.chains.steps) if any(isinstance(op, Dropout) for op in ops) else tracer.chains.remakes.draw(base.step)
@@ -111,8 +131,13 @@ def output_statement(
     layout = tracer.chains.layout_of(base.cid)
     order = value_order = value_left_order(tracer, base.cid, ops, value_left, rank, line)
     operand = p.permuted(value_node, order)
-    shared = False
-    if product.form is p.ProductForm.EINSUM:
+    shared = single = False
+    if _single(tracer, base.cid):
+        single_roles = single_output_roles(product, probabilities_node is product.left, advanced.rank)
+        assert single_roles is not None  # find_output read the product so
+        rank, order, value_order, single = single_roles.rank, single_roles.result, single_roles.value, True
+        operand = p.permuted(value_node, value_order)
+    elif product.form is p.ProductForm.EINSUM:
         roles = p.einsum_roles(product.spec or "", p.EinsumRole.OUTPUT, layout)
         if roles:
             rank, order, value_order = roles.rank, roles.result, roles.right
@@ -126,7 +151,7 @@ def output_statement(
             "(batch, heads, query, key)",
             line,
         )
-    output = Output(product, node, operand, rank, order, value_order, value_left, shared)
+    output = Output(product, node, operand, rank, order, value_order, value_left, shared, single)
     # a further product with the same probabilities records only itself: its SDPA call repeats the first's
     tracer.chains.record(base, [output] if again else [*ops, output], depth, line)
     holders = frozenset(n for n, v in tracer.env.items() if isinstance(v, ChainVal) and v.step == base.step)
@@ -279,3 +304,18 @@ def shared_value(tracer: TracerView, cid: int, value: cst.BaseExpression, axis: 
         )
         return value
     return p.expanded(value, axis, heads, 4)
+
+
+def _single(tracer: TracerView, cid: int) -> bool:
+    """The chain's product is single-query (`Start.single`)."""
+    start = tracer.chains.candidates[cid].start
+    return start is not None and start.single
+
+
+def single_output_roles(product: p.Product, probabilities_left: bool, rank: int | None) -> SingleQueryOutput | None:
+    """The product with V of single-query probabilities of that rank: an einsum read so, with the probabilities on
+    the side it reads them (`patterns/single_query.py`); None for any other product."""
+    if product.form is not p.ProductForm.EINSUM or rank is None:
+        return None
+    roles = single_query_output(product.spec or "", rank)
+    return roles if roles is not None and roles.probabilities_left == probabilities_left else None

@@ -65,7 +65,7 @@ from sdpa_port.analyse.chain import (  # the chain's values and operations, used
 from sdpa_port.analyse.chain_book import ChainBook
 from sdpa_port.analyse.chain_reads import ChainReads, ProductFinder, contains_softmax, type_name
 from sdpa_port.analyse.cstutil import assigned_names, block_body, code, walk_names
-from sdpa_port.analyse.forms import FORMS, keys, products
+from sdpa_port.analyse.forms import FORMS, keys, products, single_query
 from sdpa_port.analyse.in_place import aug_assign, changed_in_place, expression_statement
 from sdpa_port.analyse.kept import keep_expression
 from sdpa_port.analyse.known import Known, holding
@@ -393,6 +393,8 @@ class Tracer:
                 continue
             if product.form is p.ProductForm.EINSUM:
                 if p.einsum_roles(product.spec or "", p.EinsumRole.SCORES) is not None:
+                    return {-1}
+                if single_query.starts_single_query(product):
                     return {-1}
             elif keys.untranspose(
                 self, product.right, products.product_rank(self, product), keys.telling_query(product)

@@ -85,6 +85,12 @@ def _handed_operands(path: SdpaPath) -> dict[cst.CSTNode, cst.CSTNode]:
 
 def _refuse_shared(start: t.Start, output: t.Output) -> None:
     """A key or value shared by every head (a multi-query einsum's) has no heads axis to hand over."""
+    if start.single:
+        raise Refuse(
+            Code.LAYOUT,
+            "the einsum's query has no length axis (one query per head); the attention interface's functions take "
+            "(batch, heads, length, dim)",
+        )
     if start.heads is not None or output.shared:
         raise Refuse(
             Code.LAYOUT,

@@ -29,7 +29,7 @@ from sdpa_port.analyse.cstutil import (
 from sdpa_port.analyse.patterns import walk_names
 from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.refusals import Code, Refuse
-from sdpa_port.rewrite import sdpa_mask, sdpa_output, sdpa_state, sdpa_terms, term_dtype
+from sdpa_port.rewrite import sdpa_mask, sdpa_output, sdpa_state, sdpa_terms, single_query, term_dtype
 from sdpa_port.rewrite.edit import replace_names, replace_nodes
 from sdpa_port.rewrite.sdpa_builders import dropout_expression, not_none_names, query_root, unflatten
 from sdpa_port.rewrite.sdpa_layout import Layout, decide_layout, laid_out, product_shape, scores_shape
@@ -107,6 +107,7 @@ class SdpaEmitter(StatementWalker):
         # scores laid out otherwise than (batch, heads, query, key): what is added to them is permuted to SDPA's mask
         start = path.start
         self.scores_layout = start.layout if start is not None else None
+        self.single = start is not None and start.single  # one query per head, no length axis (`single_query.py`)
         # the 5-D shape the scores are viewed as, and their rank before
         self.regrouped: tuple[tuple[cst.BaseExpression, ...], int | None] | None = None
         # query and key are float32 copies: run SDPA in float32 and cast the result back, as eager does
@@ -211,6 +212,8 @@ class SdpaEmitter(StatementWalker):
     def keep(self, node: cst.CSTNode, plan: t.StmtPlan | None):  # type: ignore[no-untyped-def]
         if not isinstance(plan, t.KeepStmt):
             return node
+        if self.single:
+            single_query.refuse_sizes(plan)
         mapping: dict[cst.CSTNode, cst.CSTNode] = {}
         for found in nodes_in(node, plan.sizes):
             index = plan.sizes[found]
@@ -321,8 +324,8 @@ class SdpaEmitter(StatementWalker):
         if term_dtype.unproven(terms[0], self.unproven):
             return None  # the term joins the mask converted (`term.to(query.dtype)`), which None does not take
         term = terms[0].term
-        if self.regrouped is not None or (self.layout.heads is not None and terms[0].rank == 3):
-            return None  # the term joins the mask reshaped (`rel.unflatten(0, ...)`), not as the name itself
+        if self.regrouped is not None or self.single or (self.layout.heads is not None and terms[0].rank == 3):
+            return None  # the term joins the mask reshaped (`unflatten`, a single query's `unsqueeze`), not as it is
         return name if isinstance(term, cst.Name) and term.value == name else None
 
     def plans_in(self, node: cst.CSTNode) -> list[t.StmtPlan]:
@@ -374,6 +377,7 @@ class SdpaEmitter(StatementWalker):
     def apply(self, op: t.Op) -> list[cst.BaseStatement]:
         """The side-value update one chain operation stands for; every operation is decided here, none dropped."""
         state = self.state
+        op = single_query.checked(op) if self.single else op
         if isinstance(op, t.View) and op.shape is None and {op.rank_before, op.rank_after} == {3, 4}:
             self.widened = op.rank_after == 4
         match op:
@@ -392,6 +396,8 @@ class SdpaEmitter(StatementWalker):
                     scores_layout=self.scores_layout,
                     heads=(self.readable_layout() if op.rank == 3 else self.layout).heads,
                 )
+                if self.single:
+                    term = single_query.term(op, term)
                 term = term_dtype.in_query_dtype(op, term, self.unproven, self.query)
                 return [*pre, *self.add_to_mask(term)]
             case t.View() if op.heads is not None and self.layout.bound is not None and self.heads_bound_in is None:
@@ -499,7 +505,7 @@ class SdpaEmitter(StatementWalker):
         # once: shapes and dtypes are read from it; where branches each compute their own product, each names its
         # operands the same
         built = self.path.built
-        if walk_names(op.query) & rebound or op.orders[0] is not None or built:
+        if walk_names(op.query) & rebound or op.orders[0] is not None or op.single or built:
             out.append(assignment(self.names.query, op.query))
             self.query = cst.Name(self.names.query)
         if walk_names(op.key) & rebound or op.orders[1] is not None or op.heads is not None or built:

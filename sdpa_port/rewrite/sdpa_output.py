@@ -13,6 +13,7 @@ from sdpa_port.refusals import Code, Refuse
 from sdpa_port.render import render_module, render_statements
 from sdpa_port.rewrite.sdpa_builders import COMMA, if_not_none, query_root, unflatten
 from sdpa_port.rewrite.sdpa_layout import Layout
+from sdpa_port.rewrite.single_query import squeezed
 from sdpa_port.rewrite.sdpa_state import (
     MaskContract,
     Side,
@@ -84,6 +85,8 @@ def sdpa_call(
             func=cst.Attribute(value=call, attr=cst.Name("flatten")),
             args=[cst.Arg(cst.Integer("0")), cst.Arg(cst.Integer("1"))],
         )
+    if output.single:
+        call = squeezed(call)  # SDPA's query axis of 1, which the single-query output has not
     # the einsum's own output order, read on the layout it was written for (flat when the operands were)
     call = permuted(call, output.order)
     if output.value_left:

@@ -96,6 +96,16 @@ SABOTAGES = {
         ("shared key's positions reversed", "sdpa_key = k.transpose(0, 1).unsqueeze(1)",
          "sdpa_key = k.transpose(0, 1).flip(1).unsqueeze(1)"),
     ],
+    # one query per head with no length axis (single-query einsums, `forms/single_query.py`): the query given a
+    # length axis of 1, the terms too, the output's removed; a port could get the scale, the mask's axis or the
+    # laid-out key wrong
+    "modeling_tiny_single_query.py": [
+        ("scale off by 1.1", "scale=1.0 / math.sqrt(layer_q.shape[-1]),", "scale=1.1 / math.sqrt(layer_q.shape[-1]),"),
+        ("mask dropped", "sdpa_mask = attention_mask.squeeze(1)", "sdpa_mask = 0 * attention_mask.squeeze(1)"),
+        ("mask's keys reversed", "attention_mask.squeeze(1).unsqueeze(-2)", "attention_mask.flip(-1)[:, 0, None]"),
+        ("fill dropped", "sdpa_mask = torch.where(", "sdpa_mask = 0 * torch.where("),
+        ("key not laid out", "sdpa_key = k.transpose(1, 2)", "sdpa_key = k.reshape(b, self.heads, n, -1)"),
+    ],
     # ported in place beside a class left eager, which the class style could not leave so
     "modeling_tiny_beside.py": [
         ("scale doubled", "scale=1.0 / math.sqrt(self.head_dim),", "scale=2.0 / math.sqrt(self.head_dim),"),

@@ -37,6 +37,7 @@ from sdpa_port.analyse.forms import (
     products,
     scales,
     shift,
+    single_query,
     softmax,
     terms,
     transposed,
@@ -63,6 +64,7 @@ def _form(name: str, recognise: Callable[["TracerView", cst.BaseExpression, int]
 
 FORMS: tuple[Form, ...] = (
     _form("query-key product", products.query_key_product),
+    _form("single-query product", single_query.single_query_product),
     _form("blocks joined", blocks.joined_blocks),
     _form("softmax", softmax.softmax),
     _form("dropout", dropout.dropout),

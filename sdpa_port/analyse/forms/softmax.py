@@ -85,6 +85,12 @@ def over_queries(
     start = candidate.start
     since = [op for op, _, _ in candidate.ops] + ops
     shared = start is not None and start.heads is not None  # a key shared by every head would be the query
+    if start is not None and start.single:
+        raise Poison(
+            Code.SOFTMAX_DIM,
+            f"the softmax runs over dim={code(dim)}, not the keys, of single-query scores",
+            {base.cid},
+        )
     if start is None or candidate.branched() or start.joined or start.orders != (None, None) or shared or not all(
         _same_transposed(op) for op in since
     ):
