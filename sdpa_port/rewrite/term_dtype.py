@@ -19,6 +19,10 @@ After (the branch kept, so that a None mask stays None):
 
 A term already cast to the query (`mask.type_as(query)`, `mask.to(query.dtype)`), and a term reading no such name
 (a relative-position bias computed from the query, the module's own buffers), is handed over as it is.
+
+A term that may be a Python number on some path (`bias = 0.0 if mask is None else mask`, a helper's `score = 0`)
+is handed over as `torch.atleast_2d(torch.as_tensor(bias, dtype=q.dtype, device=q.device))`: SDPA takes neither a
+number nor a tensor of no dimensions as its mask, and a number added to every score changes no probability.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import libcst as cst
 
 from sdpa_port.analyse import chain as t
 from sdpa_port.analyse.cstutil import code, primary, walk_names
-from sdpa_port.refusals import Code, Refuse
+from sdpa_port.rewrite.layout import keyword_argument
 from sdpa_port.rewrite.sdpa_builders import query_root
 
 
@@ -41,20 +45,35 @@ def unproven(op: t.AddTerm, names: AbstractSet[str]) -> bool:
 def in_query_dtype(
     op: t.AddTerm, term: cst.BaseExpression, names: AbstractSet[str], query: cst.BaseExpression | None
 ) -> cst.BaseExpression:
-    """`term.to(query.dtype)` where the added term reads an unproven name; the term itself otherwise."""
+    """`term.to(query.dtype)` where the added term reads an unproven name; a term that may be a Python number as a
+    tensor of the query's dtype and at least two dimensions; the term itself otherwise."""
+    if op.may_be_number:
+        return number_as_tensor(term, query_root(query))
     if not unproven(op, names):
         return term
     query = query_root(query)
     if _cast_to(term, query):
         return term
-    if op.may_be_number:
-        # `.to` of a Python number fails, and a number and a caller's tensor of unknown dtype are not told apart
-        raise Refuse(
-            Code.SCORES_COMBINED,
-            f"`{code(op.term)}` may be a number or a caller's tensor whose dtype the port cannot prove",
-        )
     dtype = cst.Attribute(value=query, attr=cst.Name("dtype"))
     return cst.Call(func=cst.Attribute(value=primary(term), attr=cst.Name("to")), args=[cst.Arg(dtype)])
+
+
+def number_as_tensor(term: cst.BaseExpression, query: cst.BaseExpression) -> cst.Call:
+    """`torch.atleast_2d(torch.as_tensor(term, dtype=query.dtype, device=query.device))`.
+
+    A term that is a number on some path (`bias = 0.0 if mask is None else mask`) adds the same to every score,
+    which changes no probability, but SDPA takes no number as its mask, nor a tensor of no dimensions. As a tensor
+    of the query's dtype with at least two dimensions it broadcasts over the scores; a tensor term is converted to
+    the query's dtype as a caller's tensor is, and keeps its shape."""
+    as_tensor = cst.Call(
+        func=cst.Attribute(value=cst.Name("torch"), attr=cst.Name("as_tensor")),
+        args=[
+            cst.Arg(term),
+            keyword_argument("dtype", cst.Attribute(value=query, attr=cst.Name("dtype"))),
+            keyword_argument("device", cst.Attribute(value=query, attr=cst.Name("device"))),
+        ],
+    )
+    return cst.Call(func=cst.Attribute(value=cst.Name("torch"), attr=cst.Name("atleast_2d")), args=[cst.Arg(as_tensor)])
 
 
 def bound_from(small: cst.BaseSmallStatement, names: AbstractSet[str]) -> set[str]:

@@ -1,6 +1,7 @@
 """Terms of a caller's dtype added to float32 scores (`fixtures/inline_style/modeling_tiny_term_dtype.py`): the
 inline port agrees with eager for a bool, an int64 and a float16 term, where eager's addition promotes them and SDPA
-would read a bool mask as keep or drop and raise on the others."""
+would read a bool mask as keep or drop and raise on the others; and for a term that is a Python number where no mask
+is given, which SDPA takes as no mask at all."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def test_port_agrees_with_eager_for_a_caller_term(tmp_path: Path, dtype: str) ->
     for class_name, argument in (
         ("OptionalTermAttention", term),
         ("CastTermAttention", term),
+        ("NumberOrTermAttention", term),
     ):
         torch.manual_seed(2)
         eager = getattr(original, class_name)().eval()
@@ -61,5 +63,10 @@ def test_port_agrees_with_eager_for_a_caller_term(tmp_path: Path, dtype: str) ->
             got = sdpa(x, argument)
         assert expected.dtype == got.dtype == torch.float32
         assert torch.allclose(expected, got, atol=1e-5, rtol=1e-4), (class_name, dtype)
-    with torch.no_grad():  # an optional term left out
-        assert torch.allclose(eager(x), sdpa(x), atol=1e-5, rtol=1e-4)
+    for class_name in ("OptionalTermAttention", "NumberOrTermAttention"):  # an optional term left out
+        torch.manual_seed(2)
+        eager = getattr(original, class_name)().eval()
+        sdpa = getattr(ported, class_name)().eval()
+        sdpa.load_state_dict(eager.state_dict())
+        with torch.no_grad():
+            assert torch.allclose(eager(x), sdpa(x), atol=1e-5, rtol=1e-4), class_name

@@ -265,7 +265,11 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
             spec_in = {"bthd": "bqhd", "tbhd": "qbhd"}.get(einsum_layout(spec), "bhqd")
             code.add(f'attn_weights = attn_weights + torch.einsum("{spec_in},qkd->bhqk", {n.query}, relative)')
 
-    if guard == "not_none" and parameter is not None:
+    if guard == "not_none" and parameter is not None and spec.number_term and kind in ("mask", "bias"):
+        # a number where the term is None: added to every score alike
+        code.add(f"{parameter} = 0.0 if {parameter} is None else {parameter}")
+        body()
+    elif guard == "not_none" and parameter is not None:
         code.add(f"if {parameter} is not None:")
         with code.indent():
             body()

@@ -263,6 +263,10 @@ class Spec:
     # bias), which eager's `scores + term` promotes: "float32" as the model builds them, or converted by the judge on
     # the way into each layer (`judge.caller_terms`) to "bool", "int64" or "float16" (the model is float32)
     term_dtype: str = "float32"
+    # the inline family: a term guarded by `is not None` written instead as a number where it is None
+    # (`attention_mask = 0.0 if attention_mask is None else attention_mask`, then added unguarded), which eager adds to
+    # every score and SDPA takes as no mask of its own (`rewrite/term_dtype.number_as_tensor`)
+    number_term: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -342,6 +346,8 @@ def draw(seed: int, family: str = "440") -> Spec:
         term_dtype = _pick(random.Random(f"term_dtype:{seed}"), TERM_DTYPES, (3, 1, 1, 1))
         if term_dtype != "float32":  # a generator of its own: a float32 draw leaves the spec as it was
             spec = normalise(replace(spec, term_dtype=term_dtype))
+        if random.Random(f"number_term:{seed}").random() < 0.25:
+            spec = normalise(replace(spec, number_term=True))
         return spec
     return _draw(seed, family, random.Random(seed if family == "440" else f"{family}:{seed}"))
 
@@ -721,7 +727,23 @@ def normalise(spec: Spec) -> Spec:
         and not changes.get("mask_paired", spec.mask_paired)  # a product of the mask with ones of the scores' dtype
     ):
         changes["term_dtype"] = "float32"  # an additive term of the caller's, added by an inline port's forward
+    if spec.number_term and not number_term_drawable(spec, changes):
+        changes["number_term"] = False
     return replace(spec, **changes) if changes else spec
+
+
+def number_term_drawable(spec: Spec, changes: dict[str, Any]) -> bool:
+    """An inline skeleton with a mask or bias term guarded by `is not None`, whose other uses of that parameter take
+    a number too (no fill from the mask, no product of it, no floor under it), bound in forward itself."""
+    return (
+        spec.style == "inline"
+        and any(kind in ("mask", "bias") and guard == "not_none" for kind, guard in changes.get("terms", spec.terms))
+        and not changes.get("bool_fill", spec.bool_fill)
+        and not changes.get("mask_paired", spec.mask_paired)
+        and not changes.get("mask_expanded", spec.mask_expanded)
+        and not changes.get("floor_with_mask", spec.floor_with_mask)
+        and changes.get("closure", spec.closure) == "none"  # a closure would make the parameter its own local
+    )
 
 
 def _wiring(spec: Spec, changes: dict[str, Any]) -> dict[str, Any]:

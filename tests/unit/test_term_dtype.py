@@ -97,3 +97,25 @@ def test_names_bound_from_an_unproven_name(statement, bound):
     small = cst.parse_statement(statement)
     assert isinstance(small, cst.SimpleStatementLine)
     assert bound_from(small.body[0], {"mask"}) == bound
+
+
+NUMBER_AS_TENSOR = "torch.atleast_2d(torch.as_tensor({term}, dtype=q.dtype, device=q.device))"
+
+
+@pytest.mark.parametrize(
+    ("prelude", "added", "term"),
+    [
+        # a number on one side of a conditional: bound to a name, or added as it stands
+        ("bias = 0.0 if mask is None else mask", "attn = attn + bias", "bias"),
+        ("pass", "attn = attn + (0.0 if mask is None else mask)", "0.0 if mask is None else mask"),
+        ("bias = mask if mask is not None else 0", "attn = attn + bias", "bias"),
+        ("bias = mask or 0.0", "attn = attn + bias", "bias"),
+        # a module's own term that is a number when the module has none
+        ("bias = 0.0 if self.bias is None else self.bias", "attn = attn + bias", "bias"),
+    ],
+)
+def test_a_term_that_may_be_a_number_reaches_sdpa_as_a_tensor(prelude, added, term):
+    """SDPA takes no number as its mask (nor a tensor of no dimensions): `attn_mask=bias` raised where eager added
+    0.0 to every score."""
+    out = ported("mask=None", added, prelude=prelude)
+    assert f"attn_mask={NUMBER_AS_TENSOR.format(term=term)}" in out

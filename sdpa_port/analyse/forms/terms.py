@@ -143,15 +143,18 @@ def add_term(
 
 
 def may_be_number(tracer: TracerView, term: cst.BaseExpression) -> bool:
-    """A local that holds a number literal on some path.
+    """A local that holds a number literal on some path, or a term that is a conditional with a number arm.
 
-    Directly or as what a method of the module returns (a name the method returns that it assigns a number somewhere:
-    `score = 0`, then `score += ...` under tests).
+    Directly, as an arm of a conditional (`bias = 0.0 if mask is None else mask`), or as what a method of the module
+    returns (a name the method returns that it assigns a number somewhere: `score = 0`, then `score += ...` under
+    tests).
     """
+    if _number_arm(term):
+        return True
     if not isinstance(term, cst.Name):
         return False
     for value in tracer.scope.local_values(term.value):
-        if p.number(value) is not None:
+        if _number_arm(value):
             return True
         if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)):
             continue
@@ -160,6 +163,18 @@ def may_be_number(tracer: TracerView, term: cst.BaseExpression) -> bool:
         found = tracer.facts.find_method(tracer.class_name, value.func.attr.value) if tracer.class_name else None
         if found is not None and _returns_a_number(found[1]):
             return True
+    return False
+
+
+def _number_arm(value: cst.BaseExpression) -> bool:
+    """A number literal, or an expression that may evaluate to one of its arms that is (`0.0 if mask is None else
+    mask`, `mask or 0.0`)."""
+    if p.number(value) is not None:
+        return True
+    if isinstance(value, cst.IfExp):
+        return _number_arm(value.body) or _number_arm(value.orelse)
+    if isinstance(value, cst.BooleanOperation):
+        return _number_arm(value.left) or _number_arm(value.right)
     return False
 
 
