@@ -223,16 +223,31 @@ def _one_per_line_already(call: cst.Call) -> bool:
     )
 
 
+class _Deeper(cst.CSTTransformer):
+    """Every line break inside an expression indented one level more: the expression moved to a line below."""
+
+    def leave_ParenthesizedWhitespace(
+        self, original: cst.ParenthesizedWhitespace, updated: cst.ParenthesizedWhitespace
+    ) -> cst.ParenthesizedWhitespace:
+        return updated.with_changes(last_line=cst.SimpleWhitespace(_STEP + updated.last_line.value))
+
+
+def _moved_down(arg: cst.Arg) -> cst.Arg:
+    """An argument whose value is laid out over lines already, its lines indented one level more, as it moves from
+    its call's line to a line of its own below it."""
+    return arg.with_changes(value=arg.value.visit(_Deeper())) if "\n" in code(arg.value) else arg
+
+
 def _hugged(call: cst.Call, at: str) -> cst.Call:
     """`f(a, b)` with its arguments on one line below it and the closing parenthesis on a line of its own."""
-    flat = [arg.with_changes(whitespace_after_arg=cst.SimpleWhitespace("")) for arg in call.args]
+    flat = [_moved_down(arg).with_changes(whitespace_after_arg=cst.SimpleWhitespace("")) for arg in call.args]
     last = flat[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=_line(at))
     return call.with_changes(whitespace_before_args=_line(at + _STEP), args=[*flat[:-1], last])
 
 
 def _one_per_line(call: cst.Call, at: str) -> cst.Call:
     """`f(a, b)` with one argument per line and a trailing comma."""
-    flat = [arg.with_changes(whitespace_after_arg=cst.SimpleWhitespace("")) for arg in call.args]
+    flat = [_moved_down(arg).with_changes(whitespace_after_arg=cst.SimpleWhitespace("")) for arg in call.args]
     args = [arg.with_changes(comma=cst.Comma(whitespace_after=_line(at + _STEP))) for arg in flat[:-1]]
     args.append(flat[-1].with_changes(comma=cst.Comma(whitespace_after=_line(at))))
     return call.with_changes(whitespace_before_args=_line(at + _STEP), args=args)

@@ -199,6 +199,35 @@ class Attention:
         return sdpa_mask
 """
 
+# a call laid out one argument per line already, inside another call's brackets: moved to a line of its own, its lines
+# move one level deeper with it, and an argument still too long is laid out one level below its own call's lines
+MOVED = """
+class Attention:
+    def forward(self, x, mask=None):
+        return self.out(torch.nn.functional.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=torch.atleast_2d(torch.as_tensor((0.0 if mask is None else mask), dtype=q.dtype, device=q.device)),
+            scale=1.0 / math.sqrt(self.head_dim),
+        ).transpose(1, 2).reshape(b, n, c))
+"""
+MOVED_AFTER = """
+class Attention:
+    def forward(self, x, mask=None):
+        return self.out(
+            torch.nn.functional.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=torch.atleast_2d(
+                    torch.as_tensor((0.0 if mask is None else mask), dtype=q.dtype, device=q.device)
+                ),
+                scale=1.0 / math.sqrt(self.head_dim),
+            ).transpose(1, 2).reshape(b, n, c),
+        )
+"""
+
 
 @pytest.mark.parametrize(
     ("ported", "after"),
@@ -212,8 +241,11 @@ class Attention:
         (OPERAND_BRACKETS, OPERAND_BRACKETS_AFTER),
         (OPERANDS, OPERANDS_AFTER),
         (CONDITIONAL, CONDITIONAL_AFTER),
+        (MOVED, MOVED_AFTER),
     ],
-    ids=["chain", "hugged", "value", "condition", "stays", "nested", "operand-brackets", "operands", "conditional"],
+    ids=[
+        "chain", "hugged", "value", "condition", "stays", "nested", "operand-brackets", "operands", "conditional", "moved"
+    ],
 )
 def test_written_lines_are_laid_out_within_the_line_length(ported: str, after: str) -> None:
     laid = lay_out_long_lines(_module("pass\n"), _module(ported))
