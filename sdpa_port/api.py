@@ -236,7 +236,7 @@ def _unported(source: str, tree: ast.Module, live: ast.Module, first: Screen, re
 
 
 def _beside_ported_sites(live: ast.Module, result: PortResult, holding: set[str]) -> list[EagerSite]:
-    """The eager attentions that the functions holding a ported computation hold beside it: each softmax whose
+    """The eager attentions that the methods holding a ported computation hold beside it: each softmax whose
     probabilities reach a product, lying outside every ported site's lines (from its product with the key to its
     product with the value). A method computing a windowed attention and a global one, ported for the first, keeps
     the second eager; the report names it. A ported site whose lines do not span its computation in order (its
@@ -246,7 +246,8 @@ def _beside_ported_sites(live: ast.Module, result: PortResult, holding: set[str]
     return [
         site
         for site in find_eager_attention(live, every=True)
-        if site.where in holding
+        if "." in site.where  # a module function the ported classes call is their eager implementation, kept
+        and site.where in holding
         and not {site.where, site.where.partition(".")[0]} & unjudged
         and not any(start <= site.line <= end for start, end in spans)
     ]

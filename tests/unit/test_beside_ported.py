@@ -81,3 +81,13 @@ def test_the_report_names_it() -> None:
         f"TwoAttention.forward (line {SECOND_SOFTMAX}) stays eager: eager attention beside the one ported there, "
         "which the port leaves as it is",
     )
+
+
+def test_a_module_function_the_ported_classes_call_is_not_named() -> None:
+    """`eager_attention_forward`, which interface-style classes dispatch to, is their eager implementation: kept."""
+    source = TWO_ATTENTIONS.replace("class TwoAttention(nn.Module):\n    def forward(self,", "def forward(")
+    source = "\n".join(line[4:] if line.startswith("        ") else line for line in source.splitlines())
+    tree = ast.parse(source)
+    assert [site.where for site in find_eager_attention(tree, every=True)] == ["forward", "forward"]
+    result = PortResult(Status.PORTED, source, Style.INTERFACE, sites=(_site(*FIRST),))  # type: ignore[arg-type]
+    assert _beside_ported_sites(tree, result, {"forward"}) == []
