@@ -242,11 +242,15 @@ def _beside_ported_sites(live: ast.Module, result: PortResult, holding: set[str]
     the second eager; the report names it. A ported site whose lines do not span its computation in order (its
     scores read from a helper written out at its call, or from a function of the module) leaves its class unjudged."""
     spans = [(site.line, site.output_line) for site in result.sites if 0 < site.line <= site.output_line]
+    # a method no code of the file reads (`self._upcast_and_reordered_attn` kept from GPT-2 but never called) runs
+    # nowhere: nothing of it is left eager on any path
+    read = {node.attr for node in ast.walk(live) if isinstance(node, ast.Attribute)} | {"forward", "__call__"}
     unjudged = {name for site in result.sites if not 0 < site.line <= site.output_line for name in _holders(site)}
     return [
         site
         for site in find_eager_attention(live, every=True)
         if "." in site.where  # a module function the ported classes call is their eager implementation, kept
+        and site.where.partition(".")[2] in read
         and site.where in holding
         and not {site.where, site.where.partition(".")[0]} & unjudged
         and not any(start <= site.line <= end for start, end in spans)

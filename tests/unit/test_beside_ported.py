@@ -91,3 +91,15 @@ def test_a_module_function_the_ported_classes_call_is_not_named() -> None:
     assert [site.where for site in find_eager_attention(tree, every=True)] == ["forward", "forward"]
     result = PortResult(Status.PORTED, source, Style.INTERFACE, sites=(_site(*FIRST),))  # type: ignore[arg-type]
     assert _beside_ported_sites(tree, result, {"forward"}) == []
+
+
+def test_a_method_nothing_calls_is_not_named() -> None:
+    """A helper the file never reads (GPT-2's twin kept by a copy, never called) leaves nothing eager on any path."""
+    source = TWO_ATTENTIONS.replace("    def forward(self, q, k, v, dq, dk, dv):", "    def _unused(self, q, k, v, dq, dk, dv):")
+    tree = ast.parse(source)
+    holding = {"TwoAttention._unused"}
+    site = SimpleNamespace(class_name="TwoAttention", owner="TwoAttention", method="_unused", line=8, output_line=10)
+    result = PortResult(Status.PORTED, source, Style.CLASS, sites=(site,))  # type: ignore[arg-type]
+    assert _beside_ported_sites(tree, result, holding) == []
+    called = source + "\n\ndef run(module):\n    return module._unused(1, 2, 3, 4, 5, 6)\n"
+    assert [s.line for s in _beside_ported_sites(ast.parse(called), result, holding)] == [SECOND_SOFTMAX]
