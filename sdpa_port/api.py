@@ -240,12 +240,20 @@ def _beside_ported_sites(live: ast.Module, result: PortResult, holding: set[str]
     probabilities reach a product, lying outside every ported site's lines (from its product with the key to its
     product with the value). A method computing a windowed attention and a global one, ported for the first, keeps
     the second eager; the report names it. A ported site whose lines do not span its computation in order (its
-    scores read from a helper written out at its call, or from a function of the module) leaves its class unjudged."""
+    scores read from a helper written out at its call, or from a function of the module), or whose probabilities
+    also multiply other values, leaves its class unjudged."""
     spans = [(site.line, site.output_line) for site in result.sites if 0 < site.line <= site.output_line]
     # a method no code of the file reads (`self._upcast_and_reordered_attn` kept from GPT-2 but never called) runs
     # nowhere: nothing of it is left eager on any path
     read = {node.attr for node in ast.walk(live) if isinstance(node, ast.Attribute)} | {"forward", "__call__"}
-    unjudged = {name for site in result.sites if not 0 < site.line <= site.output_line for name in _holders(site)}
+    # a site whose lines do not span its computation in order, or whose probabilities also multiply other values
+    # (LiLT's text values beside its layout values: a second softmax of the same scores, ported as a second call)
+    unjudged = {
+        name
+        for site in result.sites
+        if not 0 < site.line <= site.output_line or site.more_values
+        for name in _holders(site)
+    }
     return [
         site
         for site in find_eager_attention(live, every=True)

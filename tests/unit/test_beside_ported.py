@@ -38,9 +38,14 @@ FIRST = (8, 10)  # the first computation: its product with the key, its product 
 SECOND_SOFTMAX = 12
 
 
-def _site(line: int, output_line: int) -> SimpleNamespace:
+def _site(line: int, output_line: int, more_values: tuple[str, ...] = ()) -> SimpleNamespace:
     return SimpleNamespace(
-        class_name="TwoAttention", owner="TwoAttention", method="forward", line=line, output_line=output_line
+        class_name="TwoAttention",
+        owner="TwoAttention",
+        method="forward",
+        line=line,
+        output_line=output_line,
+        more_values=more_values,
     )
 
 
@@ -64,6 +69,13 @@ def test_a_site_read_from_elsewhere_leaves_its_class_unjudged() -> None:
     """Scores read from a helper written out at its call give a product line after the output's: no span to judge."""
     tree = ast.parse(TWO_ATTENTIONS)
     result = PortResult(Status.PORTED, TWO_ATTENTIONS, Style.INLINE, sites=(_site(40, 10),))  # type: ignore[arg-type]
+    assert _beside_ported_sites(tree, result, {"TwoAttention.forward"}) == []
+
+
+def test_a_site_with_more_values_leaves_its_class_unjudged() -> None:
+    """LiLT's text values take a second softmax of the same scores, ported as a second SDPA call of one site."""
+    tree = ast.parse(TWO_ATTENTIONS)
+    result = PortResult(Status.PORTED, TWO_ATTENTIONS, Style.CLASS, sites=(_site(*FIRST, ("dv",)),))  # type: ignore[arg-type]
     assert _beside_ported_sites(tree, result, {"TwoAttention.forward"}) == []
 
 
@@ -98,7 +110,9 @@ def test_a_method_nothing_calls_is_not_named() -> None:
     source = TWO_ATTENTIONS.replace("    def forward(self, q, k, v, dq, dk, dv):", "    def _unused(self, q, k, v, dq, dk, dv):")
     tree = ast.parse(source)
     holding = {"TwoAttention._unused"}
-    site = SimpleNamespace(class_name="TwoAttention", owner="TwoAttention", method="_unused", line=8, output_line=10)
+    site = SimpleNamespace(
+        class_name="TwoAttention", owner="TwoAttention", method="_unused", line=8, output_line=10, more_values=()
+    )
     result = PortResult(Status.PORTED, source, Style.CLASS, sites=(site,))  # type: ignore[arg-type]
     assert _beside_ported_sites(tree, result, holding) == []
     called = source + "\n\ndef run(module):\n    return module._unused(1, 2, 3, 4, 5, 6)\n"
