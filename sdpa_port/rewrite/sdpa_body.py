@@ -398,7 +398,7 @@ class SdpaEmitter(StatementWalker):
                 )
                 if self.single:
                     term = single_query.term(op, term)
-                term = term_dtype.in_query_dtype(op, term, self.unproven, self.query)
+                term = term_dtype.in_query_dtype(op, term, self.unproven, self.query, state.mask_may_be_empty)
                 return [*pre, *self.add_to_mask(term)]
             case t.View() if op.heads is not None and self.layout.bound is not None and self.heads_bound_in is None:
                 return self.bind_heads(self.layout.bound)

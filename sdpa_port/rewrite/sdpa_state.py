@@ -74,6 +74,13 @@ class SideState:
     def copy(self) -> "SideState":
         return replace(self, scale_factors=list(self.scale_factors))
 
+    @property
+    def mask_may_be_empty(self) -> bool:
+        """On some path nothing has joined the mask yet: a term added now may be the whole mask."""
+        if self.mask_var:
+            return self.mask_none or self.mask_maybe_none
+        return self.mask is None or self.mask_nullable
+
     def same_known(self, other: "SideState") -> bool:
         """The same variables, and the same known (not yet variable) values."""
         if (self.scale_var, self.mask_var, self.causal_var) != (other.scale_var, other.mask_var, other.causal_var):

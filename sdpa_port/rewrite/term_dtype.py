@@ -21,8 +21,9 @@ A term already cast to the query (`mask.type_as(query)`, `mask.to(query.dtype)`)
 (a relative-position bias computed from the query, the module's own buffers), is handed over as it is.
 
 A term that may be a Python number on some path (`bias = 0.0 if mask is None else mask`, a helper's `score = 0`)
-is handed over as `torch.atleast_2d(torch.as_tensor(bias, dtype=q.dtype, device=q.device))`: SDPA takes neither a
-number nor a tensor of no dimensions as its mask, and a number added to every score changes no probability.
+is handed over as `torch.atleast_2d(torch.as_tensor(bias, dtype=q.dtype, device=q.device))` where it reads such a
+name or may be the whole mask: SDPA takes neither a number nor a tensor of no dimensions as its mask, and a number
+added to every score changes no probability. Added to a mask already a tensor on every path, it goes as it is.
 """
 
 from __future__ import annotations
@@ -43,13 +44,18 @@ def unproven(op: t.AddTerm, names: AbstractSet[str]) -> bool:
 
 
 def in_query_dtype(
-    op: t.AddTerm, term: cst.BaseExpression, names: AbstractSet[str], query: cst.BaseExpression | None
+    op: t.AddTerm,
+    term: cst.BaseExpression,
+    names: AbstractSet[str],
+    query: cst.BaseExpression | None,
+    alone: bool = True,
 ) -> cst.BaseExpression:
     """`term.to(query.dtype)` where the added term reads an unproven name; a term that may be a Python number as a
-    tensor of the query's dtype and at least two dimensions; the term itself otherwise."""
-    if op.may_be_number:
+    tensor of the query's dtype and at least two dimensions where it reads one, or may be the whole mask (`alone`:
+    nothing joined the mask before it on some path); the term itself otherwise (a number added to a tensor mask)."""
+    if op.may_be_number and (alone or unproven(op, names)):
         return number_as_tensor(term, query_root(query))
-    if not unproven(op, names):
+    if op.may_be_number or not unproven(op, names):
         return term
     query = query_root(query)
     if _cast_to(term, query):

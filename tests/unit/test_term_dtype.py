@@ -119,3 +119,22 @@ def test_a_term_that_may_be_a_number_reaches_sdpa_as_a_tensor(prelude, added, te
     0.0 to every score."""
     out = ported("mask=None", added, prelude=prelude)
     assert f"attn_mask={NUMBER_AS_TENSOR.format(term=term)}" in out
+
+
+def test_a_number_term_joining_a_tensor_mask_goes_as_it_is():
+    """Added after a term that is always a tensor, a number only shifts that tensor: no conversion is written (the
+    relative terms of XLNet and Funnel join their masks so)."""
+    out = ported(
+        "mask=None",
+        "attn = attn + self.bias\n        attn = attn + extra",
+        prelude="extra = 0.0 if self.bias is None else self.bias",
+    )
+    assert "attn_mask=self.bias + extra," in out
+    assert "as_tensor" not in out
+
+
+def test_a_callers_number_term_joining_a_tensor_mask_is_converted():
+    """A caller's term that may be a number is converted even beside a tensor: `.to` of it would fail, and as a
+    tensor it joins in the query's dtype as the caller's tensors do."""
+    out = ported("mask=None", "attn = attn + self.bias + bias", prelude="bias = 0.0 if mask is None else mask")
+    assert f"attn_mask=self.bias + {NUMBER_AS_TENSOR.format(term='bias')}," in out
