@@ -221,17 +221,18 @@ def _unported(source: str, tree: ast.Module, live: ast.Module, first: Screen, re
         "beside the one ported there, which the port leaves as it is"
         for where, found in beside_lines.items()
     ]
-    if not missed:
-        return replace(result, warnings=(*result.warnings, *beside)) if beside else result
-    module = cst.parse_module(source)
-    facts, lines = ModuleFacts.of(module, tree), Lines(module, top_level_starts(tree))
+    if not missed and not beside:
+        return result
     warnings = []
-    for site in missed:
-        stops = where_reading_stops(facts, lines, site.where)
-        warnings.append(
-            f"{site.where} (line {site.line}) stays eager: eager attention in a form the tool does not recognise"
-            + (f"; {stops}" if stops else "")
-        )
+    if missed:  # the recogniser is asked where its reading stops: the facts are read only then
+        module = cst.parse_module(source)
+        facts, lines = ModuleFacts.of(module, tree), Lines(module, top_level_starts(tree))
+        for site in missed:
+            stops = where_reading_stops(facts, lines, site.where)
+            warnings.append(
+                f"{site.where} (line {site.line}) stays eager: eager attention in a form the tool does not recognise"
+                + (f"; {stops}" if stops else "")
+            )
     return replace(result, warnings=(*result.warnings, *warnings, *beside))
 
 

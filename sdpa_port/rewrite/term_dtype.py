@@ -48,7 +48,7 @@ def in_query_dtype(
     term: cst.BaseExpression,
     names: AbstractSet[str],
     query: cst.BaseExpression | None,
-    alone: bool = True,
+    alone: bool,
 ) -> cst.BaseExpression:
     """`term.to(query.dtype)` where the added term reads an unproven name; a term that may be a Python number as a
     tensor of the query's dtype and at least two dimensions where it reads one, or may be the whole mask (`alone`:
