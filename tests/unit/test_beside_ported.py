@@ -49,6 +49,12 @@ def _site(line: int, output_line: int, more_values: tuple[str, ...] = ()) -> Sim
     )
 
 
+
+def _ported(source: str, *sites: SimpleNamespace, classes: tuple[str, ...] = ()) -> PortResult:
+    """A port of `source` whose sites are stand-ins with the fields the check reads."""
+    stand_ins: tuple = sites  # the check reads only the fields `_site` gives
+    return PortResult(Status.PORTED, source, Style.INLINE, attention_classes=classes, sites=stand_ins)
+
 def test_every_softmax_reaching_a_product_is_a_site() -> None:
     tree = ast.parse(TWO_ATTENTIONS)
     assert [site.line for site in find_eager_attention(tree)] == [9]
@@ -58,36 +64,30 @@ def test_every_softmax_reaching_a_product_is_a_site() -> None:
 
 def test_the_attention_beside_the_ported_one_is_found() -> None:
     tree = ast.parse(TWO_ATTENTIONS)
-    result = PortResult(Status.PORTED, TWO_ATTENTIONS, Style.INLINE, sites=(_site(*FIRST),))  # type: ignore[arg-type]
+    result = _ported(TWO_ATTENTIONS, _site(*FIRST))
     found = _beside_ported_sites(tree, result, {"TwoAttention.forward"})
     assert [(site.where, site.line) for site in found] == [("TwoAttention.forward", SECOND_SOFTMAX)]
-    both = PortResult(Status.PORTED, TWO_ATTENTIONS, Style.INLINE, sites=(_site(*FIRST), _site(11, 13)))  # type: ignore[arg-type]
+    both = _ported(TWO_ATTENTIONS, _site(*FIRST), _site(11, 13))
     assert _beside_ported_sites(tree, both, {"TwoAttention.forward"}) == []
 
 
 def test_a_site_read_from_elsewhere_leaves_its_class_unjudged() -> None:
     """Scores read from a helper written out at its call give a product line after the output's: no span to judge."""
     tree = ast.parse(TWO_ATTENTIONS)
-    result = PortResult(Status.PORTED, TWO_ATTENTIONS, Style.INLINE, sites=(_site(40, 10),))  # type: ignore[arg-type]
+    result = _ported(TWO_ATTENTIONS, _site(40, 10))
     assert _beside_ported_sites(tree, result, {"TwoAttention.forward"}) == []
 
 
 def test_a_site_with_more_values_leaves_its_class_unjudged() -> None:
     """LiLT's text values take a second softmax of the same scores, ported as a second SDPA call of one site."""
     tree = ast.parse(TWO_ATTENTIONS)
-    result = PortResult(Status.PORTED, TWO_ATTENTIONS, Style.CLASS, sites=(_site(*FIRST, ("dv",)),))  # type: ignore[arg-type]
+    result = _ported(TWO_ATTENTIONS, _site(*FIRST, ("dv",)))
     assert _beside_ported_sites(tree, result, {"TwoAttention.forward"}) == []
 
 
 def test_the_report_names_it() -> None:
     tree = ast.parse(TWO_ATTENTIONS)
-    result = PortResult(
-        Status.PORTED,
-        TWO_ATTENTIONS,
-        Style.INLINE,
-        attention_classes=("TwoAttention",),
-        sites=(_site(*FIRST),),  # type: ignore[arg-type]
-    )
+    result = _ported(TWO_ATTENTIONS, _site(*FIRST), classes=("TwoAttention",))
     reported = _unported(TWO_ATTENTIONS, tree, tree, screen(tree), result)
     assert reported.warnings == (
         f"TwoAttention.forward (line {SECOND_SOFTMAX}) stays eager: eager attention beside the one ported there, "
@@ -101,19 +101,40 @@ def test_a_module_function_the_ported_classes_call_is_not_named() -> None:
     source = "\n".join(line[4:] if line.startswith("        ") else line for line in source.splitlines())
     tree = ast.parse(source)
     assert [site.where for site in find_eager_attention(tree, every=True)] == ["forward", "forward"]
-    result = PortResult(Status.PORTED, source, Style.INTERFACE, sites=(_site(*FIRST),))  # type: ignore[arg-type]
+    result = _ported(source, _site(*FIRST))
     assert _beside_ported_sites(tree, result, {"forward"}) == []
 
 
 def test_a_method_nothing_calls_is_not_named() -> None:
     """A helper the file never reads (GPT-2's twin kept by a copy, never called) leaves nothing eager on any path."""
-    source = TWO_ATTENTIONS.replace("    def forward(self, q, k, v, dq, dk, dv):", "    def _unused(self, q, k, v, dq, dk, dv):")
+    source = TWO_ATTENTIONS.replace("def forward(self,", "def _unused(self,")
     tree = ast.parse(source)
     holding = {"TwoAttention._unused"}
     site = SimpleNamespace(
         class_name="TwoAttention", owner="TwoAttention", method="_unused", line=8, output_line=10, more_values=()
     )
-    result = PortResult(Status.PORTED, source, Style.CLASS, sites=(site,))  # type: ignore[arg-type]
+    result = _ported(source, site)
     assert _beside_ported_sites(tree, result, holding) == []
     called = source + "\n\ndef run(module):\n    return module._unused(1, 2, 3, 4, 5, 6)\n"
     assert [s.line for s in _beside_ported_sites(ast.parse(called), result, holding)] == [SECOND_SOFTMAX]
+
+
+def test_a_function_outside_the_ported_classes_is_named_with_where_reading_stops() -> None:
+    """Beside a ported class, a module function holding attention the recogniser does not read is named with where
+    its reading stops (the warning next to the one above, from the same pass)."""
+    source = TWO_ATTENTIONS + textwrap.dedent(
+        """
+
+        def odd(q, k, v):
+            s = torch.matmul(q, k.transpose(-1, -2))
+            s = s.permute(0, 1, 3, 2).softmax(-1).permute(0, 1, 3, 2)
+            return torch.matmul(s, v)
+        """
+    )
+    tree = ast.parse(source)
+    result = _ported(source, _site(*FIRST), classes=("TwoAttention",))
+    warnings = _unported(source, tree, tree, screen(tree), result).warnings
+    assert warnings[0].startswith("odd (line ")
+    assert "stays eager: eager attention in a form the tool does not recognise" in warnings[0]
+    assert "`.permute()` is applied to the scores (S101)" in warnings[0]
+    assert warnings[1].startswith(f"TwoAttention.forward (line {SECOND_SOFTMAX}) stays eager: eager attention beside")
