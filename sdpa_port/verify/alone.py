@@ -466,6 +466,10 @@ def _cases_at(
             base[name] = None
         elif required and name in sizes_of:
             indices[name] = sizes_of[name]
+        elif required and roles.get(name) == "index":  # positions `index=` takes: a segment per two tokens
+            base[name] = (torch.arange(length) // 2).repeat(BATCH, 1)
+        elif required and roles.get(name) == "flags":  # a boolean per token: the first flagged (PoNet's [CLS])
+            base[name] = torch.arange(length).repeat(BATCH, 1) == 0
         elif parameter.default is parameter.empty:  # states, whatever their name (`fv`, `fe`): the original decides
             base[name] = torch.randn(shape, generator=generator)
             states.append(name)

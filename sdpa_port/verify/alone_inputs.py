@@ -30,7 +30,10 @@ Some values are read from the code rather than the names (`reads`):
 - a config attribute whose name tells no value but which the class only tests for truth (`if config.pre_ln:`) is a
   switch, turned off (`tested_only`);
 - a required forward parameter that the forward tests against None (`if pos_k is not None`) is an optional score term,
-  and one it fills the scores where (`scores.masked_fill(m, ...)`) is a mask (`forward_roles`);
+  and one it fills the scores where (`scores.masked_fill(m, ...)`) is a mask (`forward_roles`); one it reshapes to
+  fill by (`x.masked_fill(m.unsqueeze(-1), ...)`) is a boolean per token, the first flagged, and one passed as
+  positions (`index=segment_index`, `x.gather(1, idx)`) is a segment per two tokens, long, `(batch, length)`: PoNet's
+  segment pooling;
 - a required forward parameter the forward passes to an `nn.Embedding` of the module (`self.links(relation)`) is an
   index tensor: long, below the embedding's size, one per pair of positions, else one per position (`embedded`,
   `index_shapes`);
@@ -208,9 +211,15 @@ def sides(count: int) -> tuple[int, ...]:
     return found if found is not None else (WINDOW_SIDE,) * count
 
 
+# calls whose `index` argument (by keyword, or at this position) holds positions along an axis
+_INDEXED = {"gather": 1, "scatter": 1, "scatter_add": 1, "scatter_reduce": 1, "index_select": 1}
+
+
 def forward_roles(forward: Any) -> dict[str, str]:
     """What the forward's parameters are by how it uses them: `"term"` for one tested against None (`x is not None`),
-    `"mask"` for one the scores are filled where (`masked_fill(m, ...)`, the first argument)."""
+    `"mask"` for one the scores are filled where (`masked_fill(m, ...)`, the first argument), `"flags"` for one
+    reshaped first (`x.masked_fill(m.unsqueeze(-1), ...)`: a boolean per token, PoNet's `token_type_mask`), and
+    `"index"` for one passed as positions (`index=segment_index`, `x.gather(1, idx)`)."""
     tree = _tree(forward)
     out: dict[str, str] = {}
     for node in ast.walk(tree) if tree is not None else ():
@@ -218,11 +227,46 @@ def forward_roles(forward: Any) -> dict[str, str]:
             right = node.comparators[0]
             if isinstance(node.ops[0], (ast.Is, ast.IsNot)) and isinstance(right, ast.Constant) and right.value is None:
                 out.setdefault(node.left.id, "term")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+        elif isinstance(node, ast.Call):
+            for name in _indices(node):
+                out.setdefault(name, "index")
+            if not (isinstance(node.func, ast.Attribute) and node.args):
+                continue
             first = node.args[0]
             if node.func.attr in ("masked_fill", "masked_fill_") and isinstance(first, ast.Name):
                 out[first.id] = "mask"
+            elif node.func.attr in ("masked_fill", "masked_fill_") and _reshaped_name(first) is not None:
+                out.setdefault(_reshaped_name(first), "flags")  # type: ignore[arg-type]
     return out
+
+
+def _indices(call: ast.Call) -> list[str]:
+    """The names a call takes as positions, as they are or reshaped (`idx.unsqueeze(-1)`): its `index=` keyword, or
+    the argument at the index position of a gather or scatter (`torch.gather(x, 1, idx)` one further than the
+    method)."""
+    given = [keyword.value for keyword in call.keywords if keyword.arg == "index"]
+    method = call.func.attr if isinstance(call.func, ast.Attribute) else None
+    if method in _INDEXED:
+        at = _INDEXED[method] + (isinstance(call.func.value, ast.Name) and call.func.value.id == "torch")
+        given += call.args[at : at + 1]
+    names = [node.id if isinstance(node, ast.Name) else _reshaped_name(node) for node in given]
+    return [name for name in names if name is not None]
+
+
+def _reshaped_name(node: ast.expr) -> str | None:
+    """The name under a chain of reshaping methods (`m.unsqueeze(-1)`, `m[:, None]`), or None."""
+    reshaped = False
+    while True:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _RESHAPES:
+            node, reshaped = node.func.value, True
+        elif isinstance(node, ast.Subscript):
+            node, reshaped = node.value, True
+        else:
+            break
+    return node.id if reshaped and isinstance(node, ast.Name) else None
+
+
+_RESHAPES = {"unsqueeze", "view", "reshape", "expand", "expand_as", "bool"}
 
 
 def embedded(forward: Any) -> dict[str, str]:

@@ -714,6 +714,56 @@ def test_inputs_read_off_the_code_verify_the_modules_and_a_sabotage_is_seen(tmp_
         assert any(line.startswith(f"{name} in place: FAILED") for line in failed.lines), failed.lines
 
 
+# inputs read off how the forward uses them (issue 36, PoNet's form): positions a gather or `index=` takes, a segment
+# per two tokens, and a boolean per token the forward reshapes to fill by, the first token flagged
+SEGMENT_INPUTS = '''import math
+
+import torch
+from torch import nn
+
+
+def pool_segments(states, index):
+    pooled = torch.zeros_like(states).scatter_reduce(
+        1, index.unsqueeze(-1).expand_as(states), states, reduce="amax", include_self=False
+    )
+    return torch.gather(pooled, 1, index.unsqueeze(-1).expand_as(states))
+
+
+class SegmentPoolAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.size = config.hidden_size // config.num_attention_heads
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.segment = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden_states, segment_index, token_type_mask, attention_mask=None):
+        b, n, _ = hidden_states.shape
+        q, k, v = self.qkv(hidden_states).view(b, n, 3, self.heads, self.size).permute(2, 0, 3, 1, 4)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.size)
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        probs = nn.functional.softmax(scores, dim=-1)
+        context = torch.matmul(probs, v).transpose(1, 2).reshape(b, n, -1)
+        segments = self.segment(hidden_states).masked_fill(token_type_mask.unsqueeze(-1), 0.0)
+        return context + pool_segments(segments, index=segment_index)
+'''
+
+
+def test_positions_and_token_flags_read_off_the_forward_verify_the_module(tmp_path: Path) -> None:
+    """A forward that needs segment positions and per-token flags beside its states runs on none of the plain
+    inputs; read off the code, it is checked alone with and without padded keys, and a wrong scale is seen."""
+    path = tmp_path / "segments.py"
+    result, verification, lines = _ported_in_place(path, SEGMENT_INPUTS)
+    assert verification.passed, lines
+    checked = [line for line in verification.lines if line.startswith("SegmentPoolAttention in place:")]
+    assert checked and "padded keys" in checked[0], lines
+    sabotaged = result.source.replace("scale=", "scale=1.1 * ", 1)
+    assert sabotaged != result.source
+    failed = verify_port_of(path, SEGMENT_INPUTS, replace_result(result, sabotaged))
+    assert not failed.passed and any(line.startswith("SegmentPoolAttention in place: FAILED") for line in failed.lines)
+
+
 # widths and images read off the code (issue 36): a constructor parameter no name rule values but `__init__` gives a
 # convolution as its channels (`key_channels`), and a forward unpacking an image's sides into names the module holds
 # integers of (`rows`, `cols`), which its relative position parameters are sized to

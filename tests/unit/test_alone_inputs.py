@@ -143,6 +143,27 @@ def test_a_forward_parameter_tested_against_none_is_a_term_and_one_filled_where_
     assert alone_inputs.forward_roles(_forward_plain) == {}
 
 
+POSITIONS = """def forward(self, x, seg, flags, idx, rows, mask):
+    x = x.masked_fill(flags.unsqueeze(-1), 0.0).masked_fill(mask, 0.0)
+    x = pool(x, index=seg) + torch.gather(x, 1, idx.unsqueeze(-1).expand_as(x))
+    return x.index_select(0, rows)
+"""
+
+
+def test_positions_a_gather_or_index_takes_and_flags_reshaped_to_fill_by_are_read() -> None:
+    """PoNet's segment pooling: `index=seg`, `torch.gather(x, 1, idx...)` and `x.index_select(0, rows)` take
+    positions; `flags.unsqueeze(-1)` fills by a boolean per token, where a mask given as it is stays a mask."""
+    module = types.ModuleType("positions_forward_module")
+    module.__sdpa_port_source__ = POSITIONS  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(POSITIONS, "<kept>", "exec"), module.__dict__)
+        roles = alone_inputs.forward_roles(module.forward)
+    finally:
+        del sys.modules[module.__name__]
+    assert roles == {"seg": "index", "idx": "index", "rows": "index", "flags": "flags", "mask": "mask"}, roles
+
+
 def test_a_2d_window_gives_the_height_and_width() -> None:
     assert alone_inputs.spatial_values(["H", "W"], (3, 3)) == {"H": 3, "W": 3}
     assert alone_inputs.spatial_values(["H", "W"], 3) == {"H": SPATIAL[0], "W": SPATIAL[1]}
