@@ -25,6 +25,7 @@ from sdpa_port.plan.inline_style import plan_inline_style
 from sdpa_port.plan.kept_eager import SDPA_ONLY_WHERE
 from sdpa_port.rewrite.inline_style import apply_inline_style
 from sdpa_port.rewrite.long_lines import lay_out_long_lines
+from sdpa_port.rewrite.reused_terms import laid_out_once
 from sdpa_port.refusals import Code, Refuse, Refusal
 from sdpa_port.result import NO_ATTENTION, SUPPORTS_SDPA, PortResult, Status, Style
 from sdpa_port.rewrite.copied_from import reconcile_copied_from
@@ -306,6 +307,7 @@ def _port_inline_style(module: cst.Module, facts: ModuleFacts, lines: Lines, fir
     if isinstance(planned, PortResult):
         return planned
     new_module, notes = apply_inline_style(module, planned, facts.imports)
+    new_module = laid_out_once(new_module, [site for item in planned.classes for site in item.analysis.sites])
     new_module = lay_out_long_lines(module, new_module)
     ported = {item.analysis.class_name for item in planned.classes}
     notes += [
@@ -337,6 +339,7 @@ def _port_class_style(module: cst.Module, facts: ModuleFacts, lines: Lines, firs
         return planned
     assert isinstance(planned, ClassStylePlan)
     new_module, notes = apply_class_style(module, facts, planned)
+    new_module = laid_out_once(new_module, [site for item in planned.classes for site in item.analysis.sites])
     new_module = lay_out_long_lines(module, new_module)
     notes = [*relaxed, *notes]
     new_source = new_module.code

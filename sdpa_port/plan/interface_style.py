@@ -37,6 +37,7 @@ from sdpa_port.rewrite.alibi_masks import alibi_builders
 from sdpa_port.rewrite.export_positions import shifted_ranges
 from sdpa_port.rewrite.interface_apply import apply_interface
 from sdpa_port.rewrite.long_lines import lay_out_long_lines
+from sdpa_port.rewrite.reused_terms import laid_out_once
 from sdpa_port.rewrite.layout import fresh_name
 
 FOLD_FUNCTION = "fold_additive_terms"
@@ -69,7 +70,8 @@ def port_interface_style(
             Style.INTERFACE,
             f"already dispatches through ALL_ATTENTION_FUNCTIONS (eager functions from {sources})",
         )
-    new_module = lay_out_long_lines(module, apply_interface(module, facts, plan))
+    applied = laid_out_once(apply_interface(module, facts, plan), [site for a in analyses for site in a.sites])
+    new_module = lay_out_long_lines(module, applied)
     new_source = new_module.code
     compile(new_source, "<sdpa-port>", "exec")
     ported = tuple(p.class_name for p in plan.modules) + tuple(plan.flag_only)

@@ -86,6 +86,11 @@ SABOTAGES = {
         # the helper given the scores themselves, not zeros: the scores counted twice
         ("slice helper on the scores", "add_positions_past_cls(\n                k.new_zeros(scores_shape),",
          "add_positions_past_cls(\n                q @ k.transpose(-2, -1),"),
+        # a bias built where none is given, laid out once there (`rewrite/reused_terms.py`): its keys reversed where
+        # it is laid out, or not handed over
+        ("reused bias reversed", "position_bias = position_bias.contiguous()",
+         "position_bias = position_bias.contiguous().flip(-1)"),
+        ("reused bias dropped", "attn_mask=position_bias.to(q.dtype),", "attn_mask=None,"),
     ],
     # a key and value shared by every head (multi-query einsums, `forms/products.py`): each expanded to the query's
     # heads; a port could hand over the key as the value, or lay the shared key out as the query is

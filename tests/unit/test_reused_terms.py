@@ -1,0 +1,81 @@
+"""A term built where none is given and returned for the next layer is laid out once (`rewrite/reused_terms.py`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import libcst as cst
+
+from sdpa_port import Status, port_source
+from sdpa_port.rewrite.reused_terms import COMMENT, laid_out_once
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "inline_style" / "modeling_tiny_relpos.py"
+LAID_OUT = "position_bias = position_bias.contiguous()"
+
+
+def _class(source: str, name: str) -> str:
+    start = source.index(f"class {name}(")
+    end = source.find("\nclass ", start + 1)
+    return source[start:] if end < 0 else source[start:end]
+
+
+def _ported(source: str) -> str:
+    result = port_source(source, filename="modeling_reused.py")
+    assert result.status is Status.PORTED, result.reasons
+    return _class(result.source, "ReusedBiasAttention")
+
+
+def test_a_bias_built_where_none_is_given_and_returned_is_laid_out_at_the_end_of_that_block() -> None:
+    ported = _ported(FIXTURE.read_text(encoding="utf-8"))
+    block = ported[ported.index("if position_bias is None:") : ported.index("scaled_dot_product_attention")]
+    # after the mask joined it, as the last statement of the block, with the reason beside it
+    assert block.index("position_bias + attention_mask") < block.index(LAID_OUT), block
+    assert f"{COMMENT}\n            {LAID_OUT}\n" in block, block
+    assert ported.count(LAID_OUT) == 1
+
+
+def test_a_bias_not_returned_or_built_at_every_call_is_left_as_it_is() -> None:
+    source = FIXTURE.read_text(encoding="utf-8")
+    reused = _class(source, "ReusedBiasAttention")
+    # the next layer never sees it: a copy at every call gains nothing
+    unreturned = reused.replace("return self.proj(x), position_bias", "return self.proj(x)")
+    assert LAID_OUT not in _ported(source.replace(reused, unreturned))
+    # built at every call, not only where none is given
+    always = reused.replace("if position_bias is None:", "if True:")
+    assert LAID_OUT not in _ported(source.replace(reused, always))
+
+
+SPLIT = '''
+class Attention(nn.Module):
+    def forward(self, x, position_bias=None):
+        if position_bias is None:
+            position_bias = self.bias(x)
+        return self.eager(x, position_bias), position_bias
+
+
+class SdpaAttention(Attention):
+    def forward(self, x, position_bias=None):
+        if position_bias is None:
+            position_bias = self.bias(x)
+        bias = position_bias
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=bias), position_bias
+
+
+class Other(nn.Module):
+    def forward(self, x, position_bias=None):
+        if position_bias is None:
+            position_bias = self.bias(x)
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=position_bias), position_bias
+'''
+
+
+def test_only_the_method_calling_sdpa_in_the_sites_class_or_its_subclass_is_edited() -> None:
+    """A class-style port's eager class keeps its code; a term read through a name bound from it (`bias =
+    position_bias`) is followed; a class the sites do not name is left alone."""
+    site = SimpleNamespace(owner="Attention", method="forward", terms=[SimpleNamespace(expression="bias")])
+    new = laid_out_once(cst.parse_module(SPLIT), [site]).code  # type: ignore[list-item]
+    assert LAID_OUT not in _class(new, "Attention") and LAID_OUT not in _class(new, "Other")
+    assert _class(new, "SdpaAttention").count(LAID_OUT) == 1
+    # laid out once: a second pass adds nothing
+    assert laid_out_once(cst.parse_module(new), [site]).code == new  # type: ignore[list-item]
