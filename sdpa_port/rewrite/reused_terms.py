@@ -16,14 +16,15 @@ Before:
     ...
     return attn_output, position_bias
 
-After:
+After (before the optional additions that end the block: a sum of contiguous operands is contiguous, and is
+computed faster; a slice before them, as the rows of a cached decoding step, is laid out as small as it is):
 
     if position_bias is None:
         position_bias = self.compute_bias(query_length, key_length)
-        if mask is not None:
-            position_bias = position_bias + mask
         # later layers reuse it: made contiguous once, not copied by each layer's SDPA kernel
         position_bias = position_bias.contiguous()
+        if mask is not None:
+            position_bias = position_bias + mask
 
 Only the method that calls SDPA (or the attention interface) is edited: a class-style port's eager class keeps its
 code. The rule applies to a term the port hands to SDPA (a site's term, or a name it is bound from), built under
@@ -132,7 +133,9 @@ def _handed(node: cst.BaseExpression | None) -> set[str]:
 
 
 class _AtBuild(cst.CSTTransformer):
-    """Appends `name = name.contiguous()` to each `if name is None:` body that binds `name`."""
+    """Lays out `name` in each `if name is None:` body that binds it: at the end of the body, or before the optional
+    additions that end it (`if mask is not None: name = name + mask`), whose sum of contiguous operands is
+    contiguous too and is computed from them faster."""
 
     def __init__(self, names: set[str]) -> None:
         super().__init__()
@@ -146,8 +149,13 @@ class _AtBuild(cst.CSTTransformer):
         body = updated_node.body
         if name not in self.names or not isinstance(body, cst.IndentedBlock):
             return updated_node
-        if not _binds(body, name) or _laid_out(body.body[-1], name):
+        statements = list(body.body)
+        if not _binds(body, name) or any(_laid_out(statement, name) for statement in statements):
             return updated_node
+        at = len(statements)
+        while at > 1 and _optional_addition(statements[at - 1], name):
+            at -= 1
+        after = statements[at] if at < len(statements) else None
         line = cst.SimpleStatementLine(
             body=[
                 cst.Assign(
@@ -155,9 +163,32 @@ class _AtBuild(cst.CSTTransformer):
                     value=cst.Call(func=cst.Attribute(value=cst.Name(name), attr=cst.Name("contiguous"))),
                 )
             ],
-            leading_lines=[cst.EmptyLine(comment=cst.Comment(COMMENT))],
+            # the blank lines before the statement it goes ahead of stay above it, with the reason
+            leading_lines=[*(after.leading_lines if after is not None else ()), cst.EmptyLine(comment=cst.Comment(COMMENT))],
         )
-        return updated_node.with_changes(body=body.with_changes(body=[*body.body, line]))
+        if after is not None:
+            statements[at] = after.with_changes(leading_lines=[])
+        statements.insert(at, line)
+        return updated_node.with_changes(body=body.with_changes(body=statements))
+
+
+def _optional_addition(statement: cst.BaseStatement, name: str) -> bool:
+    """`if x is not None:` (no else) whose body ends by adding to `name` (`name = name + x`, `name += x`)."""
+    if not m.matches(
+        statement,
+        m.If(test=m.Comparison(comparisons=[m.ComparisonTarget(m.IsNot(), m.Name("None"))]), orelse=None),
+    ):
+        return False
+    last = statement.body.body[-1]  # type: ignore[attr-defined]
+    return m.matches(
+        last,
+        m.SimpleStatementLine(
+            body=[
+                m.Assign(targets=[m.AssignTarget(m.Name(name))], value=m.BinaryOperation(m.Name(name), m.Add()))
+                | m.AugAssign(target=m.Name(name), operator=m.AddAssign())
+            ]
+        ),
+    )
 
 
 def _binds(block: cst.IndentedBlock, name: str) -> bool:

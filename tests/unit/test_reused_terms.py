@@ -26,12 +26,13 @@ def _ported(source: str) -> str:
     return _class(result.source, "ReusedBiasAttention")
 
 
-def test_a_bias_built_where_none_is_given_and_returned_is_laid_out_at_the_end_of_that_block() -> None:
+def test_a_bias_built_where_none_is_given_and_returned_is_laid_out_before_the_mask_joins_it() -> None:
     ported = _ported(FIXTURE.read_text(encoding="utf-8"))
     block = ported[ported.index("if position_bias is None:") : ported.index("scaled_dot_product_attention")]
-    # after the mask joined it, as the last statement of the block, with the reason beside it
-    assert block.index("position_bias + attention_mask") < block.index(LAID_OUT), block
-    assert f"{COMMENT}\n            {LAID_OUT}\n" in block, block
+    # after it is built, before the optional mask joins it (a sum of contiguous operands is contiguous), with the
+    # reason above it
+    assert block.index(".permute(2, 0, 1)") < block.index(LAID_OUT) < block.index("if attention_mask is not None"), block
+    assert f"{COMMENT}\n            {LAID_OUT}\n            if attention_mask" in block, block
     assert ported.count(LAID_OUT) == 1
 
 
@@ -79,3 +80,24 @@ def test_only_the_method_calling_sdpa_in_the_sites_class_or_its_subclass_is_edit
     assert _class(new, "SdpaAttention").count(LAID_OUT) == 1
     # laid out once: a second pass adds nothing
     assert laid_out_once(cst.parse_module(new), [site]).code == new  # type: ignore[list-item]
+
+
+CACHED = '''
+class Attention(nn.Module):
+    def forward(self, x, position_bias=None, past=None, mask=None):
+        if position_bias is None:
+            position_bias = self.bias(x)
+            if past is not None:
+                position_bias = position_bias[:, :, -x.size(1) :, :]
+            if mask is not None:
+                position_bias += mask
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=position_bias), position_bias
+'''
+
+
+def test_the_rows_of_a_cached_step_are_laid_out_after_they_are_sliced_and_before_the_additions() -> None:
+    """T5's 4.x block: the bias of every position, then the last rows where a cache is given, then the mask. Laid out
+    after the slice, a decoding step copies one row per head, not the whole square."""
+    site = SimpleNamespace(owner="Attention", method="forward", terms=[SimpleNamespace(expression="position_bias")])
+    new = laid_out_once(cst.parse_module(CACHED), [site]).code  # type: ignore[list-item]
+    assert new.index("-x.size(1) :") < new.index(LAID_OUT) < new.index("if mask is not None"), new
