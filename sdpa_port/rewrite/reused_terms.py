@@ -164,12 +164,17 @@ class _AtBuild(cst.CSTTransformer):
                 )
             ],
             # the blank lines before the statement it goes ahead of stay above it, with the reason
-            leading_lines=[*(after.leading_lines if after is not None else ()), cst.EmptyLine(comment=cst.Comment(COMMENT))],
+            leading_lines=[*_leading(after), cst.EmptyLine(comment=cst.Comment(COMMENT))],
         )
         if after is not None:
             statements[at] = after.with_changes(leading_lines=[])
         statements.insert(at, line)
         return updated_node.with_changes(body=body.with_changes(body=statements))
+
+
+def _leading(statement: cst.BaseStatement | None) -> Sequence[cst.EmptyLine]:
+    """The blank and comment lines above a statement (none above the end of a block)."""
+    return statement.leading_lines if isinstance(statement, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) else ()
 
 
 def _optional_addition(statement: cst.BaseStatement, name: str) -> bool:
