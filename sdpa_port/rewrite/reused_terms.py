@@ -174,7 +174,9 @@ class _AtBuild(cst.CSTTransformer):
 
 def _leading(statement: cst.BaseStatement | None) -> Sequence[cst.EmptyLine]:
     """The blank and comment lines above a statement (none above the end of a block)."""
-    return statement.leading_lines if isinstance(statement, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) else ()
+    if isinstance(statement, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        return statement.leading_lines
+    return ()
 
 
 def _optional_addition(statement: cst.BaseStatement, name: str) -> bool:

@@ -31,7 +31,8 @@ def test_a_bias_built_where_none_is_given_and_returned_is_laid_out_before_the_ma
     block = ported[ported.index("if position_bias is None:") : ported.index("scaled_dot_product_attention")]
     # after it is built, before the optional mask joins it (a sum of contiguous operands is contiguous), with the
     # reason above it
-    assert block.index(".permute(2, 0, 1)") < block.index(LAID_OUT) < block.index("if attention_mask is not None"), block
+    built, joined = block.index(".permute(2, 0, 1)"), block.index("if attention_mask is not None")
+    assert built < block.index(LAID_OUT) < joined, block
     assert f"{COMMENT}\n            {LAID_OUT}\n            if attention_mask" in block, block
     assert ported.count(LAID_OUT) == 1
 
