@@ -28,7 +28,9 @@ computed faster; a slice before them, as the rows of a cached decoding step, is 
 
 Only the method that calls SDPA (or the attention interface) is edited: a class-style port's eager class keeps its
 code. The rule applies to a term the port hands to SDPA (a site's term, or a name it is bound from), built under
-`if term is None:` and returned by the method; a term built at every call gains nothing from a copy.
+`if term is None:` and returned by the method; a term built at every call gains nothing from a copy. A term the
+block may bind to a number (a literal, a conditional or a name, a function or method of the file that may return
+one) is left as it is: a number has no `.contiguous()`.
 """
 
 from __future__ import annotations
@@ -53,13 +55,40 @@ def laid_out_once(module: cst.Module, sites: Sequence[AttentionSite]) -> cst.Mod
             wanted.setdefault((site.owner, site.method), set()).update(names)
     if not wanted:
         return module
-    return module.visit(_Layout(wanted))
+    return module.visit(_Layout(wanted, _numbers(module)))
+
+
+def _numbers(module: cst.Module) -> set[str]:
+    """The functions and methods of `module` that may return a number (`return 0.0`, `return 0 if x else y`): a term
+    bound from one may be no tensor, and has no `.contiguous()`."""
+    out: set[str] = set()
+    for function in m.findall(module, m.FunctionDef()):
+        assert isinstance(function, cst.FunctionDef)
+        for node in m.findall(function, m.Return()):
+            assert isinstance(node, cst.Return)
+            if node.value is not None and _number_arm(node.value):
+                out.add(function.name.value)
+    return out
+
+
+def _number_arm(node: cst.BaseExpression) -> bool:
+    """A number literal, or an expression one of whose arms is (`0.0 if mask is None else mask`, `mask or 0`)."""
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(node, cst.UnaryOperation):
+        return _number_arm(node.expression)
+    if isinstance(node, cst.IfExp):
+        return _number_arm(node.body) or _number_arm(node.orelse)
+    if isinstance(node, cst.BooleanOperation):
+        return _number_arm(node.left) or _number_arm(node.right)
+    return False
 
 
 class _Layout(cst.CSTTransformer):
-    def __init__(self, wanted: dict[tuple[str, str], set[str]]) -> None:
+    def __init__(self, wanted: dict[tuple[str, str], set[str]], numbers: set[str]) -> None:
         super().__init__()
         self.wanted = wanted
+        self.numbers = numbers
         self.classes: list[cst.ClassDef] = []
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
@@ -78,7 +107,7 @@ class _Layout(cst.CSTTransformer):
         names = _bound_from(original_node, names) & _returned(original_node)
         if not names:
             return updated_node
-        return updated_node.visit(_AtBuild(names))  # type: ignore[return-value]
+        return updated_node.visit(_AtBuild(names, self.numbers))  # type: ignore[return-value]
 
 
 def _calls_attention(function: cst.FunctionDef) -> bool:
@@ -137,9 +166,10 @@ class _AtBuild(cst.CSTTransformer):
     additions that end it (`if mask is not None: name = name + mask`), whose sum of contiguous operands is
     contiguous too and is computed from them faster."""
 
-    def __init__(self, names: set[str]) -> None:
+    def __init__(self, names: set[str], numbers: set[str]) -> None:
         super().__init__()
         self.names = names
+        self.numbers = numbers
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         test = original_node.test
@@ -152,6 +182,8 @@ class _AtBuild(cst.CSTTransformer):
         statements = list(body.body)
         if not _binds(body, name) or any(_laid_out(statement, name) for statement in statements):
             return updated_node
+        if not all(_tensor_valued(value, name, self.numbers) for value in _bound_values(body, name)):
+            return updated_node  # a number on some path (`position_bias = 0.0`) has no `.contiguous()`
         at = len(statements)
         while at > 1 and _optional_addition(statements[at - 1], name):
             at -= 1
@@ -170,6 +202,34 @@ class _AtBuild(cst.CSTTransformer):
             statements[at] = after.with_changes(leading_lines=[])
         statements.insert(at, line)
         return updated_node.with_changes(body=body.with_changes(body=statements))
+
+
+def _bound_values(block: cst.IndentedBlock, name: str) -> list[cst.BaseExpression]:
+    """The values `block` binds `name` to, at any depth (`name += x` as its `x`)."""
+    values: list[cst.BaseExpression] = []
+    for node in m.findall(block, m.Assign(targets=[m.ZeroOrMore(), m.AssignTarget(m.Name(name)), m.ZeroOrMore()])):
+        assert isinstance(node, cst.Assign)
+        values.append(node.value)
+    for node in m.findall(block, m.AugAssign(target=m.Name(name))):
+        assert isinstance(node, cst.AugAssign)
+        values.append(cst.BinaryOperation(cst.Name(name), cst.Add(), node.value))
+    return values
+
+
+def _tensor_valued(value: cst.BaseExpression, name: str, numbers: set[str]) -> bool:
+    """Whether `value` is shown a tensor: a call of a method or function that returns no number (`self.bias(n)`,
+    `torch.zeros(...)`, `x.permute(...)`), a subscript of one, or `name` plus something; no literal, conditional or
+    name, which may hold a number."""
+    if isinstance(value, cst.Call):
+        func = value.func
+        if isinstance(func, cst.Attribute):
+            return func.attr.value not in numbers
+        return isinstance(func, cst.Name) and func.value not in numbers
+    if isinstance(value, cst.Subscript):
+        return _tensor_valued(value.value, name, numbers) or m.matches(value.value, m.Name(name))
+    if isinstance(value, cst.BinaryOperation):
+        return m.matches(value.left, m.Name(name)) or m.matches(value.right, m.Name(name))
+    return False
 
 
 def _leading(statement: cst.BaseStatement | None) -> Sequence[cst.EmptyLine]:

@@ -102,3 +102,26 @@ def test_the_rows_of_a_cached_step_are_laid_out_after_they_are_sliced_and_before
     site = SimpleNamespace(owner="Attention", method="forward", terms=[SimpleNamespace(expression="position_bias")])
     new = laid_out_once(cst.parse_module(CACHED), [site]).code  # type: ignore[list-item]
     assert new.index("-x.size(1) :") < new.index(LAID_OUT) < new.index("if mask is not None"), new
+
+
+NUMBERS = '''
+class Attention(nn.Module):
+    def bias(self, x):
+        return 0.0 if self.table is None else self.table(x)
+
+    def forward(self, x, position_bias=None, mask=None):
+        if position_bias is None:
+            position_bias = BUILT
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=position_bias), position_bias
+'''
+
+
+def test_a_term_that_may_be_a_number_is_left_as_it_is() -> None:
+    """A number has no `.contiguous()`: a literal, a conditional with a number arm, a name, or a method returning a
+    number on some path leave the block as it is; a method returning only tensors does not."""
+    site = SimpleNamespace(owner="Attention", method="forward", terms=[SimpleNamespace(expression="position_bias")])
+    for built in ("0.0", "0.0 if mask is None else mask", "mask", "self.bias(x)", "self.bias(x)[:, None]"):
+        source = NUMBERS.replace("BUILT", built)
+        assert LAID_OUT not in laid_out_once(cst.parse_module(source), [site]).code, built  # type: ignore[list-item]
+    tensors = cst.parse_module(NUMBERS.replace("BUILT", "self.table(x).permute(2, 0, 1)"))
+    assert LAID_OUT in laid_out_once(tensors, [site]).code  # type: ignore[list-item]
