@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from sdpa_port.plan.flash_proof import FLASH_FLAG
+from sdpa_port.plan.mask_readers import FUNCTION as MASK_FUNCTION
 from sdpa_port.rewrite.flags import COMPILE_FLAG, FLEX_FLAG
 from sdpa_port.verify.checks import Check, build, make_batch, max_difference, sharpen
 from sdpa_port.verify.flash_claim import FLASH, STAND_IN, flash_path, why_no_flash
@@ -111,11 +112,24 @@ def why_no_flex(ported: ModuleType) -> str | None:
         return "the port does not dispatch through ALL_ATTENTION_FUNCTIONS"
     if FLEX not in ported.ALL_ATTENTION_FUNCTIONS:
         return "this transformers offers no flex_attention"
+    if _eager_form_masks(ported):
+        return (
+            "a module of the port reads the mask itself, so the model builds every mask in eager's form "
+            f"(`{MASK_FUNCTION}`), and flex attention's mask is a BlockMask, which has none"
+        )
     try:
         from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
     except ImportError:
         return "this torch has no flex attention"
     return None
+
+
+def _eager_form_masks(ported: ModuleType) -> bool:
+    """Whether the port converts the masks transformers builds to eager's form (`plan/mask_readers.py`)."""
+    return any(
+        name.startswith(MASK_FUNCTION) and callable(value) and getattr(value, "__module__", None) == ported.__name__
+        for name, value in vars(ported).items()
+    )
 
 
 def claim_checks(original_class: type, ported: ModuleType, config: Any, padding: str, kind: str) -> list[ClaimCheck]:

@@ -114,3 +114,16 @@ def test_a_wrong_eager_form_is_seen(broken: tuple[str, str], tmp_path: Path) -> 
     checks = verify("t5", result.source.replace(*broken), tmp_path, tag="broken")
     compared = [c for c in checks if c.name.endswith("sdpa == eager") or c.name.endswith("tokens == eager")]
     assert compared and not all(c.passed for c in compared), [str(c) for c in checks]
+
+
+def test_flex_is_not_tried_where_every_mask_takes_eager_s_form(tmp_path: Path) -> None:
+    """The T5 family reads its mask itself, so its masks take eager's form (`eager_attention_mask`), which flex's
+    BlockMask has none of: the flex claim is skipped with that reason, not run to an AttributeError."""
+    from sdpa_port.verify.claims import check_flex
+    from sdpa_port.verify.configs import tiny_config
+
+    _, ported = _ported("t5", tmp_path)
+    model = original("t5").T5Model
+    checks = check_flex(model, ported, tiny_config(model.config_class), "right", "encoder")
+    assert len(checks) == 1 and checks[0].skipped, [str(c) for c in checks]
+    assert "eager's form" in checks[0].detail and "BlockMask" in checks[0].detail, checks[0].detail
