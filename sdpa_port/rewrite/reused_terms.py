@@ -47,7 +47,8 @@ _CALLS = ("scaled_dot_product_attention", "attention_interface")
 
 
 def laid_out_once(module: cst.Module, sites: Sequence[AttentionSite]) -> cst.Module:
-    """`module` with each reused term of `sites` made contiguous at the end of the block that builds it."""
+    """`module` with each reused term of `sites` made contiguous in the block that builds it, before an optional
+    mask joins it."""
     wanted: dict[tuple[str, str], set[str]] = {}
     for site in sites:
         names = {term.expression for term in site.terms if term.expression.isidentifier()}
@@ -126,7 +127,7 @@ def _bound_from(function: cst.FunctionDef, names: set[str]) -> set[str]:
     out = set(names)
     for assign in m.findall(function, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.Name())):
         assert isinstance(assign, cst.Assign)
-        if assign.targets[0].target.value in names:  # type: ignore[attr-defined]
+        if assign.targets[0].target.value in names and assign.value.value != "None":  # type: ignore[attr-defined]
             out.add(assign.value.value)  # type: ignore[attr-defined]
     return out
 
