@@ -40,6 +40,7 @@ from typing import Sequence
 import libcst as cst
 import libcst.matchers as m
 
+from sdpa_port.analyse.forms.terms import number_arm
 from sdpa_port.analyse.site import AttentionSite
 
 COMMENT = "# later layers reuse it: made contiguous once, not copied by each layer's SDPA kernel"
@@ -67,22 +68,9 @@ def _numbers(module: cst.Module) -> set[str]:
         assert isinstance(function, cst.FunctionDef)
         for node in m.findall(function, m.Return()):
             assert isinstance(node, cst.Return)
-            if node.value is not None and _number_arm(node.value):
+            if node.value is not None and number_arm(node.value):
                 out.add(function.name.value)
     return out
-
-
-def _number_arm(node: cst.BaseExpression) -> bool:
-    """A number literal, or an expression one of whose arms is (`0.0 if mask is None else mask`, `mask or 0`)."""
-    if isinstance(node, (cst.Integer, cst.Float)):
-        return True
-    if isinstance(node, cst.UnaryOperation):
-        return _number_arm(node.expression)
-    if isinstance(node, cst.IfExp):
-        return _number_arm(node.body) or _number_arm(node.orelse)
-    if isinstance(node, cst.BooleanOperation):
-        return _number_arm(node.left) or _number_arm(node.right)
-    return False
 
 
 class _Layout(cst.CSTTransformer):
@@ -208,7 +196,7 @@ class _AtBuild(cst.CSTTransformer):
 def _bound_values(block: cst.IndentedBlock, name: str) -> list[cst.BaseExpression]:
     """The values `block` binds `name` to, at any depth (`name += x` as its `x`)."""
     values: list[cst.BaseExpression] = []
-    for node in m.findall(block, m.Assign(targets=[m.ZeroOrMore(), m.AssignTarget(m.Name(name)), m.ZeroOrMore()])):
+    for node in m.findall(block, _assigning(name)):
         assert isinstance(node, cst.Assign)
         values.append(node.value)
     for node in m.findall(block, m.AugAssign(target=m.Name(name))):
@@ -261,7 +249,12 @@ def _optional_addition(statement: cst.BaseStatement, name: str) -> bool:
 
 def _binds(block: cst.IndentedBlock, name: str) -> bool:
     """Whether an assignment in `block`, at any depth, binds `name`."""
-    return bool(m.findall(block, m.Assign(targets=[m.ZeroOrMore(), m.AssignTarget(m.Name(name)), m.ZeroOrMore()])))
+    return bool(m.findall(block, _assigning(name)))
+
+
+def _assigning(name: str) -> m.Assign:
+    """An assignment with `name` among its targets."""
+    return m.Assign(targets=[m.ZeroOrMore(), m.AssignTarget(m.Name(name)), m.ZeroOrMore()])
 
 
 def _laid_out(statement: cst.BaseStatement, name: str) -> bool:

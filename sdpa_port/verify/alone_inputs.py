@@ -211,8 +211,10 @@ def sides(count: int) -> tuple[int, ...]:
     return found if found is not None else (WINDOW_SIDE,) * count
 
 
-# calls whose `index` argument (by keyword, or at this position) holds positions along an axis
+# calls whose `index` argument (by keyword, or at this position) holds positions along an axis, and the methods
+# that reshape a tensor without changing what it holds
 _INDEXED = {"gather": 1, "scatter": 1, "scatter_add": 1, "scatter_reduce": 1, "index_select": 1}
+_RESHAPES = {"unsqueeze", "view", "reshape", "expand", "expand_as", "bool"}
 
 
 def forward_roles(forward: Any) -> dict[str, str]:
@@ -233,10 +235,13 @@ def forward_roles(forward: Any) -> dict[str, str]:
             if not (isinstance(node.func, ast.Attribute) and node.args):
                 continue
             first = node.args[0]
-            if node.func.attr in ("masked_fill", "masked_fill_") and isinstance(first, ast.Name):
+            if node.func.attr not in ("masked_fill", "masked_fill_"):
+                continue
+            reshaped = _reshaped_name(first)
+            if isinstance(first, ast.Name):
                 out[first.id] = "mask"
-            elif node.func.attr in ("masked_fill", "masked_fill_") and _reshaped_name(first) is not None:
-                out.setdefault(_reshaped_name(first), "flags")  # type: ignore[arg-type]
+            elif reshaped is not None:
+                out.setdefault(reshaped, "flags")
     return out
 
 
@@ -265,8 +270,6 @@ def _reshaped_name(node: ast.expr) -> str | None:
             break
     return node.id if reshaped and isinstance(node, ast.Name) else None
 
-
-_RESHAPES = {"unsqueeze", "view", "reshape", "expand", "expand_as", "bool"}
 
 
 def embedded(forward: Any) -> dict[str, str]:

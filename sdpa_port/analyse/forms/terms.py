@@ -149,12 +149,12 @@ def may_be_number(tracer: TracerView, term: cst.BaseExpression) -> bool:
     returns (a name the method returns that it assigns a number somewhere: `score = 0`, then `score += ...` under
     tests).
     """
-    if _number_arm(term):
+    if number_arm(term):
         return True
     if not isinstance(term, cst.Name):
         return False
     for value in tracer.scope.local_values(term.value):
-        if _number_arm(value):
+        if number_arm(value):
             return True
         if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)):
             continue
@@ -166,15 +166,15 @@ def may_be_number(tracer: TracerView, term: cst.BaseExpression) -> bool:
     return False
 
 
-def _number_arm(value: cst.BaseExpression) -> bool:
+def number_arm(value: cst.BaseExpression) -> bool:
     """A number literal, or an expression that may evaluate to one of its arms that is (`0.0 if mask is None else
     mask`, `mask or 0.0`)."""
     if p.number(value) is not None:
         return True
     if isinstance(value, cst.IfExp):
-        return _number_arm(value.body) or _number_arm(value.orelse)
+        return number_arm(value.body) or number_arm(value.orelse)
     if isinstance(value, cst.BooleanOperation):
-        return _number_arm(value.left) or _number_arm(value.right)
+        return number_arm(value.left) or number_arm(value.right)
     return False
 
 
