@@ -9,7 +9,7 @@ from typing import Sequence, Union
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import all_assigned_names, block_body, code
+from sdpa_port.analyse.cstutil import all_assigned_names, assigned_values, block_body, code
 
 
 @dataclass(frozen=True)
@@ -122,14 +122,37 @@ def decide(test: cst.BaseExpression, known: Known) -> Decision:
 def holding(known: Known, body: Sequence[cst.BaseStatement]) -> Known:
     """The facts that hold throughout a function body: those whose names the body assigns nowhere outside the
     branches the facts themselves remove. fairseq's `if need_head_weights: need_weights = True` leaves
-    `need_weights` known false when `need_head_weights` is too; assigned anywhere else, a name drops out."""
-    current = known
+    `need_weights` known false when `need_head_weights` is too; assigned anywhere else, a name drops out.
+
+    A name the body binds once, at its top level, to a test the facts decide false is known false too: `is_tpu =
+    query.device.type == "xla"` with that comparison known false."""
+    bound = bound_to_false(known, body)
+    current = Known(falsy=known.falsy | bound, none=known.none)
     while True:
-        assigned = _live_assignments(body, current)
+        assigned = _live_assignments(body, current) - bound
         narrowed = Known(falsy=current.falsy - assigned, none=current.none - assigned)
         if narrowed == current:
             return current
         current = narrowed
+
+
+def bound_to_false(known: Known, body: Sequence[cst.BaseStatement]) -> frozenset[str]:
+    """The names bound once in `body`, by a top-level `name = test` whose test the facts decide false."""
+    if not known.falsy:
+        return frozenset()
+    values = assigned_values(body)
+    out = set()
+    for statement in body:
+        if not isinstance(statement, cst.SimpleStatementLine) or not m.matches(
+            statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name())])])
+        ):
+            continue
+        assign = statement.body[0]
+        assert isinstance(assign, cst.Assign) and isinstance(assign.targets[0].target, cst.Name)
+        name = assign.targets[0].target.value
+        if len(values.get(name, ())) == 1 and decide(assign.value, known) is False:
+            out.add(name)
+    return frozenset(out)
 
 
 def _live_assignments(statements: Sequence[cst.BaseStatement], known: Known) -> frozenset[str]:

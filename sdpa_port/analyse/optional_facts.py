@@ -13,8 +13,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from sdpa_port.analyse import trace as t
-from sdpa_port.analyse.cstutil import code, nodes_of_type
-from sdpa_port.analyse.known import Known
+from sdpa_port.analyse.cstutil import all_assigned_names, block_body, code, nodes_of_type
+from sdpa_port.analyse.known import Known, negated_comparison
 from sdpa_port.analyse.module_facts import ModuleFacts
 from sdpa_port.analyse.tracing import LineOf
 from sdpa_port.discover.values import WEIGHT_REQUESTS, optional_input
@@ -88,7 +88,57 @@ def tried_facts(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -
         if len(switches) > 1:
             # fairseq's `need_head_weights` turns `need_weights` on: every switch off with the request
             trials.append(Known(falsy=switches | weights))
+    devices = frozenset(device_tests(forward))
+    if devices:
+        # off an XLA device, alone and with each of the others (fairseq's TPU branch beside `before_softmax`)
+        trials += [Known(falsy=devices)] + [Known(falsy=k.falsy | devices, none=k.none) for k in trials]
     return trials
+
+
+_DEVICE_TYPE = m.Attribute(value=m.Attribute(value=m.Name(), attr=m.Name("device")), attr=m.Name("type"))
+_XLA = m.SimpleString('"xla"') | m.SimpleString("'xla'")
+
+
+def device_tests(forward: cst.FunctionDef) -> list[str]:
+    """The tests of an input's device that forward makes, as written: `query.device.type == "xla"` (`!=` negated).
+
+    A branch taken only on a TPU (fairseq's transposed fill for XLA) is eager's alone: the SDPA path holds where the
+    input is on another device, and the SDPA class falls back to eager on an XLA device. The input is a parameter
+    every call gives (no default, never tested against None) and forward never rebinds, so the test reads the same
+    tensor's device wherever it is made.
+    """
+    # an input every call gives: the fallback reads its device before anything else, where eager may test an optional
+    # one only once it is given (`if mask is not None: if mask.device.type != "xla": ...`)
+    params = {
+        param.name.value for param in (*forward.params.params, *forward.params.kwonly_params) if param.default is None
+    }
+    params -= {
+        code(node.left)
+        for node in nodes_of_type(forward.body, cst.Comparison)
+        if m.matches(node.comparisons[0].comparator, m.Name("None"))
+    }
+    rebound = all_assigned_names(block_body(forward.body))
+    out: list[str] = []
+    for node in nodes_of_type(forward.body, cst.Comparison):
+        operator = m.Equal() | m.NotEqual()
+        if not m.matches(node, m.Comparison(left=_DEVICE_TYPE, comparisons=[m.ComparisonTarget(operator, _XLA)])):
+            continue
+        root = node.left.value.value  # type: ignore[attr-defined]
+        # the test as it holds on XLA: `!=` read as its negation, as `known.decide` reads it
+        on_xla = node if isinstance(node.comparisons[0].operator, cst.Equal) else negated_comparison(node)
+        assert on_xla is not None
+        test = code(on_xla)
+        if root.value in params and root.value not in rebound and test not in out:
+            out.append(test)
+    return out
+
+
+def is_device_test(test: str) -> bool:
+    """`test` (written out, as in `Known.falsy`) is one `device_tests` gives."""
+    node = cst.parse_expression(test)
+    return isinstance(node, cst.Comparison) and m.matches(node.left, _DEVICE_TYPE) and m.matches(
+        node.comparisons[0].comparator, _XLA
+    )
 
 
 def _flags_off_by_default(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[str]:

@@ -38,6 +38,7 @@ from sdpa_port.analyse.cstutil import code
 from sdpa_port.analyse.discarded import discarded_by_every_call, weight_positions
 from sdpa_port.analyse.lines import Lines
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.optional_facts import is_device_test
 from sdpa_port.analyse.recognise import ClassAnalysis, attention_classes
 from sdpa_port.analyse.sdpa_side import SdpaSide, read_sdpa_side
 from sdpa_port.analyse.selection import supports_sdpa
@@ -259,7 +260,8 @@ def _unselected(item: InlineClassPlan, why: str) -> str:
     discards = DISCARDED if item.discards else ""
     if item.eager_name is None:
         return UNSELECTED_NO_FALLBACK.format(name=name, why=why) + discards
-    parts = [f"`{flag}`" for flag in item.side.falsy] + [f"`{param}`" for param in item.side.none]
+    parts = ["inputs on an XLA device" if is_device_test(flag) else f"`{flag}`" for flag in item.side.falsy]
+    parts += [f"`{param}`" for param in item.side.none]
     return UNSELECTED.format(name=name, why=why, fallback=", ".join(parts), eager=item.eager_name) + discards
 
 

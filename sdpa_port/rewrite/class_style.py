@@ -12,6 +12,7 @@ import libcst.matchers as m
 
 from sdpa_port.analyse.cstutil import block_body, code, is_docstring, is_pass, one_per_line
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.optional_facts import is_device_test
 from sdpa_port.analyse.recognise import ClassAnalysis
 from sdpa_port.analyse.selection import configured_classes
 from sdpa_port.plan.class_style import ClassStylePlan, SdpaClassPlan
@@ -88,7 +89,10 @@ def sdpa_class(item: SdpaClassPlan, use_logger: bool, eager: cst.FunctionDef | N
     """The SDPA class of `item`; comments on statements it shares with `eager` (the parent's forward) stay there."""
     forward = item.forward if eager is None else without_inherited_comments(item.forward, eager)
     parts = [*item.side.falsy, *(f"{name} is not None" for name in item.side.none)]
-    texts = [f"`{name}`" if "." in name else f"`{name}=True`" for name in item.side.falsy]
+    texts = [
+        "inputs on an XLA device" if is_device_test(name) else f"`{name}`" if "." in name else f"`{name}=True`"
+        for name in item.side.falsy
+    ]
     texts += [f"`{name}`" for name in item.side.none]
     parent = item.analysis.class_name
     source = _source(item.analysis)

@@ -10,6 +10,7 @@ import libcst.matchers as m
 
 from sdpa_port.analyse.cstutil import block_body, is_docstring, is_pass
 from sdpa_port.analyse.names import ImportMap
+from sdpa_port.analyse.optional_facts import is_device_test
 from sdpa_port.plan.inline_style import InlineClassPlan, InlinePlan
 from sdpa_port.rewrite import imports
 from sdpa_port.render import render_module
@@ -50,7 +51,12 @@ def _in_place(node: cst.ClassDef, item: InlineClassPlan) -> cst.ClassDef:
 
 def _sdpa_forward(eager: cst.FunctionDef, item: InlineClassPlan) -> cst.FunctionDef:
     """The SDPA forward where the eager one stood: its docstring, the fallback to the kept eager forward, the rest."""
-    rendered = render_module("inline_style/forward.py.jinja", fallback_test=item.fallback_test, eager=item.eager_name)
+    rendered = render_module(
+        "inline_style/forward.py.jinja",
+        fallback_test=item.fallback_test,
+        eager=item.eager_name,
+        reason=_why_eager(item),
+    )
     template = rendered.body[0]
     assert isinstance(template, cst.FunctionDef)
     eager_method = m.Attribute(value=m.Name("self"), attr=m.Name(item.eager_name or ""))
@@ -63,6 +69,19 @@ def _sdpa_forward(eager: cst.FunctionDef, item: InlineClassPlan) -> cst.Function
         leading_lines=eager.leading_lines,
         body=item.forward.body.with_changes(body=body),
     )
+
+
+def _why_eager(item: InlineClassPlan) -> str:
+    """The comment on the fallback: what SDPA does not give, and the original's own branch for XLA devices."""
+    device = any(is_device_test(test) for test in item.side.falsy)
+    if device and len(item.side.falsy) == 1 and not item.side.none:
+        return "inputs on an XLA device take the original's own branch for them: the eager forward"
+    if device:
+        return (
+            "scaled_dot_product_attention gives the attention output alone, and inputs on an XLA device take the "
+            "original's own branch: these run the eager forward"
+        )
+    return "scaled_dot_product_attention gives the attention output alone: other requests run the eager forward"
 
 
 __all__ = ["apply_inline_style"]

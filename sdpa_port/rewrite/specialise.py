@@ -3,12 +3,15 @@ and so do the branches the file decides for certain (`analyse/certain.py`: a sid
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable, Sequence, Union
 
 import libcst as cst
 
-from sdpa_port.analyse.cstutil import nodes_of_type
-from sdpa_port.analyse.known import Decision, Known, decide, holding
+import libcst.matchers as m
+
+from sdpa_port.analyse.cstutil import block_body, nodes_of_type
+from sdpa_port.analyse.known import Decision, Known, bound_to_false, decide, holding
 
 __all__ = ["Known", "decide", "specialise"]
 
@@ -79,7 +82,29 @@ def specialise(function: cst.FunctionDef, known: Known, certain: Certainty | Non
         return function
     result = function.visit(_Specialise(usable, certain))
     assert isinstance(result, cst.FunctionDef)
-    return result
+    return _without_unread_bindings(result, bound_to_false(usable, block_body(function.body)))
+
+
+def _without_unread_bindings(function: cst.FunctionDef, names: frozenset[str]) -> cst.FunctionDef:
+    """`function` without the top-level bindings of `names` (tests the facts decide) that nothing reads any more: the
+    branches that read `is_tpu` folded away, `is_tpu = query.device.type == "xla"` goes too."""
+    if not names:
+        return function
+    uses = Counter(node.value for node in nodes_of_type(function.body, cst.Name) if node.value in names)
+    body = block_body(function.body)
+    kept = [statement for statement in body if _bound_name(statement) not in {n for n in names if uses[n] == 1}]
+    if len(kept) == len(body):
+        return function
+    return function.with_changes(body=function.body.with_changes(body=kept))
+
+
+def _bound_name(statement: cst.BaseStatement) -> str | None:
+    """The name of a plain `name = value` line."""
+    if not m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name())])])):
+        return None
+    target = statement.body[0].targets[0].target  # type: ignore[attr-defined]
+    assert isinstance(target, cst.Name)
+    return target.value
 
 
 def _decides_any(function: cst.FunctionDef, certain: Certainty | None) -> bool:

@@ -520,9 +520,11 @@ def _mask_options(masks: list[str], length: int, windowed: bool) -> list[tuple[s
     mask_options: list[tuple[str, dict[str, Any]]] = [("no mask", {})]
     # or, for modules that fill where a boolean mask says (`scores.masked_fill(mask, -10000.0)`, Megatron's form) and
     # take none of those, as booleans: true where masked, then true where kept
-    # (a module scoring (batch, queries, keys) without heads takes them as (batch, 1, keys))
+    # (a module scoring (batch, queries, keys) without heads takes them as (batch, 1, keys)), and as fairseq's key
+    # padding mask, (batch, keys), true where padded
     padded = broadcast < 0
-    for value in (broadcast, broadcast.expand(-1, -1, length, -1), keys, padded, ~padded, padded[:, 0], ~padded[:, 0]):
+    values = (broadcast, broadcast.expand(-1, -1, length, -1), keys, padded, ~padded, padded[:, 0], ~padded[:, 0])
+    for value in (*values, padded[:, 0, 0]):
         mask_options += [("padded keys", {masks[0]: value})] if masks else []
     if masks:  # a causal mask of ones and zeros, (1, 1, queries, keys), as decoders keep in a buffer
         mask_options.append(("causal ones", {masks[0]: torch.ones(1, 1, length, length).tril()}))

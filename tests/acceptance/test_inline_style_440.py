@@ -124,6 +124,9 @@ SABOTAGES = {
         ("conditional scale inverted", "scale=1.0 / self.norm_factor,", "scale=self.norm_factor,"),
         ("helper fill ignored", "self._mask_value(q.dtype, q.device)).to(", "q.new_zeros(())).to("),
         ("eager branch's scale doubled", "scale=self.head_dim**-0.5,", "scale=2 * self.head_dim**-0.5,"),
+        # the fill of the branch taken off XLA devices, its padded keys read reversed
+        ("padding of the non-XLA branch reversed", "key_padding_mask.unsqueeze(1).unsqueeze(2).to(torch.bool), float",
+         "key_padding_mask.flip(-1).unsqueeze(1).unsqueeze(2).to(torch.bool), float"),
     ],
     # a function forward defines computes each class's attention (`analyse/closures.py`): the SDPA call in it must
     # keep what it reads from forward and what each call passes it

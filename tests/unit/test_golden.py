@@ -67,12 +67,17 @@ def test_untouched_outside_edited_regions(path: Path) -> None:
     import difflib
 
     rewritten: set[int] = set()  # the lines of forwards rewritten in place with no eager forward kept
-    if "_eager_forward" not in result.source:
-        for node in ast.walk(ast.parse("\n".join(before))):
-            if isinstance(node, ast.ClassDef) and node.name in result.attention_classes:
-                for method in node.body:
-                    if isinstance(method, ast.FunctionDef) and method.name == "forward":
-                        rewritten.update(range(method.lineno, (method.end_lineno or method.lineno) + 1))
+    keeping = {  # the classes whose port keeps an eager forward
+        node.name
+        for node in ast.walk(ast.parse(result.source))
+        if isinstance(node, ast.ClassDef)
+        and any(isinstance(method, ast.FunctionDef) and method.name == "_eager_forward" for method in node.body)
+    }
+    for node in ast.walk(ast.parse("\n".join(before))):
+        if isinstance(node, ast.ClassDef) and node.name in result.attention_classes and node.name not in keeping:
+            for method in node.body:
+                if isinstance(method, ast.FunctionDef) and method.name == "forward":
+                    rewritten.update(range(method.lineno, (method.end_lineno or method.lineno) + 1))
     removed: list[str] = []
     number = 0
     for line in difflib.ndiff(before, after):
