@@ -211,6 +211,14 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
                 )
                 code.add("own_bias = own_bias + attention_mask")
                 code.add("attn_weights = attn_weights + own_bias")
+            elif spec.xla_branch:
+                code.add('if hidden_states.device.type != "xla":')
+                with code.indent():
+                    code.add("attn_weights = attn_weights + attention_mask")
+                code.add("else:")
+                with code.indent():
+                    code.add("attn_weights = attn_weights.transpose(0, 2)")
+                    code.add("attn_weights = attn_weights.transpose(0, 2)")
             else:
                 code.add("attn_weights = attn_weights + attention_mask")
             if spec.mask_paired and not n.flat:
