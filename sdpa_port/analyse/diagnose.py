@@ -8,7 +8,9 @@ import libcst as cst
 from sdpa_port.analyse import trace as t
 from sdpa_port.analyse.cstutil import code, nodes_of_type
 from sdpa_port.analyse.lines import Lines
+from sdpa_port.analyse.known import holds_where
 from sdpa_port.analyse.module_facts import ModuleFacts
+from sdpa_port.analyse.optional_facts import tried_facts
 
 
 def where_reading_stops(facts: ModuleFacts, lines: Lines, where: str) -> str:
@@ -30,14 +32,36 @@ def where_reading_stops(facts: ModuleFacts, lines: Lines, where: str) -> str:
         if any(c.start is not None for c in result.candidates):
             return ""
         return "the recogniser reads no query-key product there"
-    # the chain that got furthest (the probabilities over the scores), then the earliest
-    stage_rank = {t.Stage.SCORES: 0, t.Stage.PROBABILITIES: 1, t.Stage.OUTPUT: 2}
-    chosen = max(poisoned, key=lambda c: (stage_rank.get(c.stage, 0), -c.cid))
+    chosen = max(poisoned, key=_furthest)
+    where_known = ""
+    if owner and name == "forward":
+        # a stop on a path the port would leave to eager (a TPU branch, a switch only eager takes) is not the one
+        # that counts: the furthest reading under the facts the SDPA path may hold, where it gets further
+        for known in tried_facts(facts, owner, function):
+            traced = t.Tracer(facts, owner, function, lines, known=known)
+            further = [c for c in traced.run().candidates if c.poison is not None]
+            best = max(further, key=_furthest) if further else None
+            if best is not None and _progress(best) > _progress(chosen):
+                chosen, tracer = best, traced
+                tests = sorted(known.falsy) + [f"{none} is not None" for none in sorted(known.none)]
+                where_known = f", where {holds_where(tests)}"
     assert chosen.poison is not None
     line = f" at line {chosen.poison_line}" if chosen.poison_line else ""
-    return f"the recogniser stops{line}: {chosen.poison.detail} ({chosen.poison.code.code})" + _foreign_softmax(
-        tracer, function, chosen.poison.detail
-    )
+    said = f"the recogniser stops{line}{where_known}: {chosen.poison.detail} ({chosen.poison.code.code})"
+    return said + _foreign_softmax(tracer, function, chosen.poison.detail)
+
+
+_STAGE_RANK = {t.Stage.SCORES: 0, t.Stage.PROBABILITIES: 1, t.Stage.OUTPUT: 2}
+
+
+def _furthest(candidate: t.Candidate) -> tuple[int, int]:
+    """The chain that got furthest (the probabilities over the scores), then the earliest."""
+    return (_STAGE_RANK.get(candidate.stage, 0), -candidate.cid)
+
+
+def _progress(candidate: t.Candidate) -> tuple[int, int]:
+    """How far a chain got, to compare readings under other facts: its stage, then its stop's line."""
+    return (_STAGE_RANK.get(candidate.stage, 0), candidate.poison_line or 0)
 
 
 def _foreign_softmax(tracer: t.Tracer, function: cst.FunctionDef, said: str) -> str:

@@ -152,3 +152,16 @@ def test_the_binding_goes_only_where_nothing_reads_it_any_more() -> None:
         known,
     )
     assert 'is_tpu = x.device.type == "xla"' in cst.Module(body=[kept]).code
+
+
+def test_a_refusal_names_the_stop_on_the_path_the_port_would_take() -> None:
+    """Where the XLA branch is left to eager, the reading that stops later (a softmax of another package) is the one
+    the F601 refusal names, with the facts it holds under; not the transposes of the XLA branch."""
+    text = source().replace("probs = scores.softmax(dim=-1)", "probs = utils.softmax(scores, dim=-1)")
+    text = text.replace("from torch import nn\n", "from torch import nn\nfrom fairseq import utils\n")
+    result = port_source(text, filename="modeling_tiny.py")
+    assert result.status is Status.REFUSED
+    reason = result.reasons[0]
+    assert "[F601]" in reason
+    assert 'where `x.device.type != "xla"`: the scores are passed to `utils.softmax`' in reason
+    assert ".transpose()" not in reason
