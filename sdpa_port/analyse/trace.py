@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Mapping, Sequence
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.assignments import assign
@@ -335,7 +336,7 @@ class Tracer:
             raise Poison(
                 Code.SCORES_TRANSFORMED,
                 f"the {stage} are passed to `{short(node.func)}`"
-                f"{self.module_of(node.func)}{self.parameter_of(node.func)}",
+                f"{self.module_of(node.func)}{self.parameter_of(node.func)}{self.imported_of(node.func)}",
                 refs,
             )
         if refs:
@@ -370,6 +371,18 @@ class Tracer:
         # `from .quant_modules import IntSoftmax` (I-BERT): a file beside this one, not another package
         elsewhere = "another file of this package" if package.startswith(".") else "another package"
         return f", a `{klass}` module of `{package}`, {elsewhere}, whose computation this file does not show"
+
+    def imported_of(self, func: cst.BaseExpression) -> str:
+        """`, a function of `fairseq.utils`, another package, ...` for a callee the file imports from another package
+        (fairseq's `utils.softmax`): what it computes is not here."""
+        written = get_full_name_for_node(func)
+        if written is None or written.partition(".")[0] not in self.facts.imports.aliases:
+            return ""  # a local, an attribute of the module, a function of the file: not imported
+        package, _, _ = str(self.scope.qualify(func)).rpartition(".")
+        if not package or package.split(".")[0] in ("torch", "transformers", "math", "numpy"):
+            return ""
+        elsewhere = "another file of this package" if package.startswith(".") else "another package"
+        return f", a function of `{package}`, {elsewhere}, whose computation this file does not show"
 
     def parameter_of(self, func: cst.BaseExpression) -> str:
         """`, a parameter of `attention`, whose value the tool does not follow` for a callee the function is handed."""

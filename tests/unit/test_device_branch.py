@@ -163,5 +163,24 @@ def test_a_refusal_names_the_stop_on_the_path_the_port_would_take() -> None:
     assert result.status is Status.REFUSED
     reason = result.reasons[0]
     assert "[F601]" in reason
-    assert 'where `x.device.type != "xla"`: the scores are passed to `utils.softmax`' in reason
+    said = "the scores are passed to `utils.softmax`, a function of `fairseq.utils`, another package"
+    assert f'where `x.device.type != "xla"`: {said}, whose computation this file does not show' in reason
     assert ".transpose()" not in reason
+
+
+@pytest.mark.parametrize(
+    "callee,said",
+    [
+        ("utils.rescale", "`utils.rescale`, a function of `fairseq.utils`, another package, whose computation"),
+        ("rescale", "`rescale`, a function of `.helpers`, another file of this package, whose computation"),
+        ("norm", "`norm` [S101]"),  # bound in forward, not imported
+    ],
+)
+def test_only_an_imported_callee_is_said_to_be_another_package_s(callee: str, said: str) -> None:
+    text = source(before="        norm = self.norm\n", test="True").replace(
+        "probs = scores.softmax(dim=-1)", f"probs = {callee}(scores).softmax(dim=-1)"
+    )
+    imports = "from torch import nn\nfrom fairseq import utils\nfrom .helpers import rescale\n"
+    text = text.replace("from torch import nn\n", imports)
+    result = port_source(text, filename="modeling_tiny.py")
+    assert f"the scores are passed to {said}" in result.reasons[0], result.reasons
