@@ -56,6 +56,9 @@ class ChainVal:
     # when the value was made (`ChainBook.advance`, counting the statements that change a chain): a value made later
     # from the same chain is further along it; not part of the value's identity
     step: int = field(default=0, compare=False)
+    # regrouped scores permuted (`View.order`): the order their dimensions are in since the regrouping; None where
+    # they are in their own order
+    order: tuple[int, ...] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -116,9 +119,11 @@ class View:
     rank_before: int | None
     rank_after: int | None
     heads: tuple[cst.BaseExpression, cst.BaseExpression] | None
-    # a regrouping of 3-D or 4-D scores into 5-D (`scores.view(b // w, w, h, q, k)` to add a per-window term) and
-    # the view back: the sizes given
+    # a regrouping of 3-D or 4-D scores into 5-D or 6-D (`scores.view(b // w, w, h, q, k)` to add a per-window term)
+    # and the view back: the sizes given
     shape: tuple[cst.BaseExpression, ...] | None = None
+    # a permutation of regrouped scores (`.permute(0, 2, 1, 3, 4, 5)` to add a term laid out otherwise): the order
+    order: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

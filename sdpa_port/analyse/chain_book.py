@@ -214,6 +214,10 @@ class ChainBook:
                 value = replace(value, stage=PROBS)
             elif isinstance(op, Output):
                 value = replace(value, stage=OUT)
+            elif isinstance(op, View) and op.order is not None:
+                order = value.order or tuple(range(len(op.order)))
+                moved = tuple(order[index] for index in op.order)
+                value = replace(value, order=None if moved == tuple(range(len(moved))) else moved)
             elif isinstance(op, View):
                 value = replace(value, rank=op.rank_after)
         return value

@@ -109,7 +109,7 @@ class SdpaEmitter(StatementWalker):
         self.scores_layout = start.layout if start is not None else None
         self.single = start is not None and start.single  # one query per head, no length axis (`single_query.py`)
         # the 5-D shape the scores are viewed as, and their rank before
-        self.regrouped: tuple[tuple[cst.BaseExpression, ...], int | None] | None = None
+        self.regrouped: sdpa_terms.Regrouped | None = None
         # query and key are float32 copies: run SDPA in float32 and cast the result back, as eager does
         self.upcast = any(isinstance(op, t.Start) and op.operands_upcast for op in path.chain_ops)
         # the probabilities are cast to another dtype after the softmax, never upcast before it: query and key may come
@@ -402,9 +402,14 @@ class SdpaEmitter(StatementWalker):
                 return [*pre, *self.add_to_mask(term)]
             case t.View() if op.heads is not None and self.layout.bound is not None and self.heads_bound_in is None:
                 return self.bind_heads(self.layout.bound)
-            case t.View() if op.shape is not None and op.rank_after == 5:
-                return self.regroup(op.shape, op.rank_before)
-            case t.View() if self.regrouped is not None and op.rank_before == 5:
+            case t.View() if op.shape is not None and (op.rank_after or 0) >= 5:
+                # where the scores are regrouped: their shape, read from the query and the key
+                self.regrouped = sdpa_terms.Regrouped(op.shape, op.rank_before)
+                return [assignment(self.names.scores_shape, self.scores_shape())]
+            case t.View() if self.regrouped is not None and op.order is not None:
+                self.regrouped = self.regrouped.permuted(op.order)
+                return []
+            case t.View() if self.regrouped is not None and (op.rank_before or 0) >= 5:
                 self.regrouped = None
                 return []
             case t.Fill() | t.Guard() if self.regrouped is not None:
@@ -467,11 +472,6 @@ class SdpaEmitter(StatementWalker):
                 "view is not on every path to it, or comes after what reads them",
             )
         return self.layout
-
-    def regroup(self, shape: tuple[cst.BaseExpression, ...], rank: int | None) -> list[cst.BaseStatement]:
-        """Where the scores are regrouped: their shape, read from the query and the key."""
-        self.regrouped = (shape, rank)
-        return [assignment(self.names.scores_shape, self.scores_shape())]
 
     def scores_shape(self) -> cst.BaseExpression:
         """The shape of the query-key product, `query.shape[:-1] + key.shape[-2:-1]`."""

@@ -9,6 +9,7 @@ import libcst as cst
 
 from sdpa_port.analyse import chain as t
 from sdpa_port.analyse.cstutil import binary, code, primary
+from sdpa_port.analyse.forms.views import REGROUPED
 from sdpa_port.analyse.patterns import Order, least_rank, permuted, walk_names
 from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.refusals import Code, Refuse
@@ -66,17 +67,23 @@ def decide_layout(path: SdpaPath, batch: str, heads_name: str) -> Layout:
 
 
 def outside_regroupings(ops: Sequence[t.Op]) -> list[t.Op]:
-    """`ops` without their regroupings, checked: scores may be viewed in 5-D only to add terms (scaling and casts
-    allowed), then viewed back to their rank with the same trailing sizes."""
+    """`ops` without their regroupings, checked: scores may be viewed in 5-D or 6-D only to add terms (scaling,
+    casts and permutations allowed), then, permuted back, viewed back to their rank with the same trailing sizes."""
     out: list[t.Op] = []
     opened: t.View | None = None
+    order: tuple[int, ...] = ()
     for op in ops:
-        if isinstance(op, t.View) and op.shape is not None and op.rank_after == 5 and opened is None:
-            opened = op
+        if isinstance(op, t.View) and op.shape is not None and op.rank_after in REGROUPED and opened is None:
+            opened, order = op, tuple(range(op.rank_after or 0))
             continue
         if opened is not None:
             assert opened.shape is not None
+            if isinstance(op, t.View) and op.order is not None:
+                order = tuple(order[index] for index in op.order)
+                continue
             if isinstance(op, t.View):
+                if order != tuple(range(len(order))):
+                    raise Refuse(Code.LAYOUT, "the regrouped scores are viewed back before they are permuted back")
                 rank = opened.rank_before or 4
                 back = op.shape
                 kept = rank - 1  # the sizes after the batch

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import libcst as cst
 
 from sdpa_port.analyse import chain as t
@@ -45,13 +47,27 @@ def scale(
     return out
 
 
+@dataclass(frozen=True)
+class Regrouped:
+    """Scores regrouped to add terms (`view(b // w, w, h, q, k)`): the shape, their rank before, and the order their
+    dimensions are permuted into since (`.permute(0, 2, 1, 3, 4)`; the identity where they are not)."""
+
+    shape: tuple[cst.BaseExpression, ...]
+    rank: int | None
+    order: tuple[int, ...] = ()
+
+    def permuted(self, order: tuple[int, ...]) -> Regrouped:
+        current = self.order or tuple(range(len(order)))
+        return replace(self, order=tuple(current[index] for index in order))
+
+
 def added_term(
     op: t.AddTerm,
     names: SideNames,
     *,
     query: cst.BaseExpression | None,
     key: cst.BaseExpression | None,
-    regrouped: tuple[tuple[cst.BaseExpression, ...], int | None] | None,
+    regrouped: Regrouped | None,
     scores_layout: Order | None,
     heads: tuple[cst.BaseExpression, cst.BaseExpression] | None,
 ) -> tuple[list[cst.BaseStatement], cst.BaseExpression]:
@@ -62,7 +78,7 @@ def added_term(
         pre.append(assignment(names.scores_shape, scores_shape(query, key)))
         term = with_zero_scores(term, op.scores_arg, key, names)
     if regrouped is not None:
-        term, rank = regrouped_term(term, regrouped[0], query, names), regrouped[1]
+        term, rank = regrouped_term(term, regrouped.shape, query, names, regrouped.order), regrouped.rank
     if scores_layout is not None:
         if op.may_be_number:
             raise Refuse(Code.LAYOUT, f"`{code(term)}` may be a number or a tensor laid out as the scores are")
@@ -80,22 +96,42 @@ def added_term(
 
 
 def regrouped_term(
-    term: cst.BaseExpression, shape: tuple[cst.BaseExpression, ...], query: cst.BaseExpression | None, names: SideNames
+    term: cst.BaseExpression,
+    shape: tuple[cst.BaseExpression, ...],
+    query: cst.BaseExpression | None,
+    names: SideNames,
+    order: tuple[int, ...] = (),
 ) -> cst.BaseExpression:
     """A term added to the scores viewed as `shape` (`scores.view(shape) + term`, viewed back): the same term
     on the scores' own shape, `(zeros(scores).view(shape) + term).view(scores)`; views keep the entries' order,
-    so the sum is unchanged. `scores_shape` is assigned where the regrouping starts."""
+    so the sum is unchanged. `scores_shape` is assigned where the regrouping starts.
+
+    Where the regrouped scores are permuted when the term is added (`order`, not the identity), the zeros are
+    permuted the same way, and the sum permuted back before its view: `(zeros(scores).view(shape).permute(order) +
+    term).permute(back).reshape(scores)`."""
     if query is None:
         raise Refuse(Code.SCORES_READ, "the scores are regrouped before the query-key product")
     shape_var = cst.Name(names.scores_shape)
     zeros = cst.Call(func=cst.Attribute(value=primary(query), attr=cst.Name("new_zeros")), args=[cst.Arg(shape_var)])
-    viewed = cst.Call(
+    viewed: cst.BaseExpression = cst.Call(
         func=cst.Attribute(value=zeros, attr=cst.Name("view")),
         args=[cst.Arg(size, comma=COMMA) for size in shape[:-1]]
         + [cst.Arg(shape[-1])],
     )
+    permuted_as = order and order != tuple(range(len(order)))
+    if permuted_as:
+        viewed = _permute(viewed, order)
     summed = plus(viewed, term)
-    return cst.Call(func=cst.Attribute(value=primary(summed), attr=cst.Name("view")), args=[cst.Arg(shape_var)])
+    if not permuted_as:
+        return cst.Call(func=cst.Attribute(value=primary(summed), attr=cst.Name("view")), args=[cst.Arg(shape_var)])
+    back = tuple(order.index(dim) for dim in range(len(order)))
+    permuted_back = _permute(primary(summed), back)
+    return cst.Call(func=cst.Attribute(value=permuted_back, attr=cst.Name("reshape")), args=[cst.Arg(shape_var)])
+
+
+def _permute(node: cst.BaseExpression, order: tuple[int, ...]) -> cst.Call:
+    args = [cst.Arg(cst.Integer(str(dim)), comma=COMMA) for dim in order[:-1]] + [cst.Arg(cst.Integer(str(order[-1])))]
+    return cst.Call(func=cst.Attribute(value=node, attr=cst.Name("permute")), args=args)
 
 
 def with_zero_scores(

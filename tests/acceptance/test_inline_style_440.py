@@ -127,6 +127,10 @@ SABOTAGES = {
         # the fill of the branch taken off XLA devices, its padded keys read reversed
         ("padding of the non-XLA branch reversed", "key_padding_mask.unsqueeze(1).unsqueeze(2).to(torch.bool), float",
          "key_padding_mask.flip(-1).unsqueeze(1).unsqueeze(2).to(torch.bool), float"),
+        # the bias added to the regrouped, permuted scores: left permuted, or the frames' biases swapped
+        ("frame bias not permuted back", ").permute(0, 2, 1, 3, 5, 4).reshape(scores_shape)",
+         ").reshape(scores_shape)"),
+        ("frames' biases swapped", "+ bias[None, None]", "+ bias.flip(0)[None, None]"),
     ],
     # a function forward defines computes each class's attention (`analyse/closures.py`): the SDPA call in it must
     # keep what it reads from forward and what each call passes it

@@ -255,10 +255,18 @@ def term_lines(spec: Spec, n: Names, kind: str, guard: str, code: Code) -> None:
             heads = n.attr("num_heads")
             code.add(f"windows = {n.attr('window_bias')}.shape[0]")
             batch = "bsz" if n.flat else f"{n.query}.shape[{1 if einsum_layout(spec) == 'tbhd' else 0}]"
-            code.add(
-                f"attn_weights = attn_weights.view({batch} // windows, windows, {heads}, {n.q_len}, {n.k_len})"
-                f" + {n.attr('window_bias')}[..., : {n.k_len}].unsqueeze(0)"
-            )
+            if spec.windowed_permuted:
+                # the heads put before the windows, the term laid out so, both put back before the view back
+                code.add(
+                    f"attn_weights = attn_weights.view({batch} // windows, windows, {heads}, {n.q_len}, {n.k_len})"
+                    f".permute(0, 2, 1, 3, 4) + {n.attr('window_bias')}[..., : {n.k_len}].transpose(0, 1).unsqueeze(0)"
+                )
+                code.add("attn_weights = attn_weights.permute(0, 2, 1, 3, 4)")
+            else:
+                code.add(
+                    f"attn_weights = attn_weights.view({batch} // windows, windows, {heads}, {n.q_len}, {n.k_len})"
+                    f" + {n.attr('window_bias')}[..., : {n.k_len}].unsqueeze(0)"
+                )
             if n.flat:
                 code.add(f"attn_weights = attn_weights.view(-1, {n.q_len}, {n.k_len})")
             else:

@@ -270,6 +270,9 @@ class Spec:
     # the padding mask added only off an XLA device (`if hidden_states.device.type != "xla":`), the other arm leaving
     # it out (fairseq's TPU branch, made different): the port takes the arm this device runs, eager the other on XLA
     xla_branch: bool = False
+    # the windowed term added with the regrouped scores permuted to put the heads before the windows, then permuted
+    # back before the view back (video Swin's frames beside the heads)
+    windowed_permuted: bool = False
 
     # -------------------------------------------------------------- derived facts
 
@@ -358,7 +361,10 @@ def draw(seed: int, family: str = "440") -> Spec:
 
 def _with_xla_branch(spec: Spec, seed: int, family: str) -> Spec:
     """The spec with `xla_branch` drawn from a generator of its own (every other field keeps its draw), for the
-    families whose ports fall back to eager by a test of their own (the interface style refuses it: W403)."""
+    families whose ports fall back to eager by a test of their own (the interface style refuses it: W403); and
+    `windowed_permuted`, likewise, for every family."""
+    if random.Random(f"permuted:{family}:{seed}").random() < 0.5:
+        spec = normalise(replace(spec, windowed_permuted=True))
     if family in ("440", "inline") and random.Random(f"xla:{family}:{seed}").random() < 0.15:
         return normalise(replace(spec, xla_branch=True))
     return spec
@@ -741,6 +747,8 @@ def normalise(spec: Spec) -> Spec:
         changes["term_dtype"] = "float32"  # an additive term of the caller's, added by an inline port's forward
     if spec.number_term and not number_term_drawable(spec, changes):
         changes["number_term"] = False
+    if spec.windowed_permuted and not any(kind == "windowed" for kind, _ in changes.get("terms", spec.terms)):
+        changes["windowed_permuted"] = False
     if spec.xla_branch and not (
         ("mask", "not_none") in changes.get("terms", spec.terms)
         and changes.get("layout", spec.layout) != "flat"

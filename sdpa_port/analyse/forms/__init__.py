@@ -70,6 +70,7 @@ FORMS: tuple[Form, ...] = (
     _form("dropout", dropout.dropout),
     _form("identity module", dropout.identity_module),
     _form("reshape", views.reshape),
+    _form("regrouped permute", views.permuted),
     _form("cast", views.cast),
     _form("transposed probabilities", transposed.transposed),
     _form("masked_fill method", fills.masked_fill_method),

@@ -43,14 +43,37 @@ def reshape(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognis
             f"the scores are viewed as `{short(node)}`, a shape of the same rank that may regroup them",
             {base.cid},
         )
+    if current.order is not None:
+        raise Poison(Code.LAYOUT, "the regrouped scores are viewed back before they are permuted back", {base.cid})
     shape = None
-    if (current.rank, after) in ((3, 5), (4, 5), (5, 3), (5, 4)):
+    if (current.rank in (3, 4) and after in REGROUPED) or (current.rank in REGROUPED and after in (3, 4)):
         shape = tracer.ranks.view_shape(call.args)
         if shape is None:
             raise Poison(
                 Code.LAYOUT, f"the scores are regrouped by `{short(node)}`, a shape that cannot be read", {base.cid}
             )
     return base, [*ops, View(current.rank, after if after is not None else current.rank, heads, shape)]
+
+
+def permuted(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised | None:
+    """Regrouped scores permuted by literal dimensions (`.permute(0, 2, 1, 3, 4, 5)`), to add a term laid out
+    otherwise; the view back must find them permuted back (`rewrite/sdpa_layout.outside_regroupings`)."""
+    found = method_on_chain(tracer, node, frozenset({"permute"}))
+    if found is None:
+        return None
+    call, receiver, _ = found
+    base, ops = tracer.decompose(receiver, line)
+    current = tracer.chains.advance(base, ops)
+    if current.rank not in REGROUPED:
+        return None  # the scores' own dimensions permuted: refused as any other method (S101)
+    values = [arg.value for arg in call.args]
+    if len(values) == 1 and isinstance(values[0], (cst.Tuple, cst.List)):
+        values = [element.value for element in values[0].elements]
+    order = tuple(int(v.value) if isinstance(v, cst.Integer) else -1 for v in values)
+    if sorted(order) != list(range(current.rank)) or any(arg.keyword is not None or arg.star for arg in call.args):
+        said = f"the regrouped scores are permuted by `{short(node)}`, an order not read"
+        raise Poison(Code.LAYOUT, said, {base.cid})
+    return base, [*ops, View(current.rank, current.rank, None, None, order)]
 
 
 def _tuple_heads(
@@ -89,6 +112,9 @@ def cast(tracer: TracerView, node: cst.BaseExpression, line: int) -> Recognised 
     return base, [*ops, Cast(name in ("float", "double") or casts_to_float32(call, tracer.scope))]
 
 
+# the ranks of scores regrouped to add a term (`view(b // w, w, h, q, k)`, and 6-D with frames apart)
+REGROUPED = (5, 6)
+
 _SHAPE = "b, h, s, d = query.shape\nquery = query.view(b, h, s, d)\n"
 # BART's layout: 3-D products over `(b * h, s, d)` operands, the scores viewed 4-D to add the mask
 _FLATTENED = (
@@ -118,7 +144,39 @@ _MEGATRON = (
     "return context.view(b, h, s, d)"
 )
 
+# scores regrouped by twos of the batch, the pairs put beside the heads to add a bias laid out that way, then back
+_PAIRED = (
+    "b, h, s, d = query.shape\nquery = query.view(b, h, s, d)\nscores = torch.matmul(query, key.transpose(-1, -2))\n"
+    "scores = scores.view(b // 2, 2, h, s, s).permute(0, 2, 1, 3, 4) + self.pair_bias\n"
+    "{back}\nprobs = scores.softmax(-1)\nreturn torch.matmul(probs, value)"
+)
+_PAIR_BIAS = "self.pair_bias = nn.Parameter(torch.zeros(4, 2, 8, 8))"
+
 EXAMPLES = {
+    "permuted": (
+        Example(
+            _PAIRED.format(back="scores = scores.permute(0, 2, 1, 3, 4).view(b, h, s, s)"),
+            View,
+            init=_PAIR_BIAS,
+            # the zeros regrouped and permuted as the scores were, the sum permuted back to the scores' own order
+            becomes="scores_shape = query.shape[:-1] + key.shape[-2:-1]\nreturn "
+            + sdpa(
+                "attn_mask=(query.new_zeros(scores_shape).view(b // 2, 2, h, s, s).permute(0, 2, 1, 3, 4)"
+                " + self.pair_bias).permute(0, 2, 1, 3, 4).reshape(scores_shape)",
+                "scale=1.0",
+            ),
+        ),
+        # viewed back while still permuted: the entries would come back in another order
+        Example(_PAIRED.format(back="scores = scores.view(b, h, s, s)"), init=_PAIR_BIAS, refused=Code.LAYOUT),
+        # an order the file does not write out
+        Example(
+            _PAIRED.format(back="scores = scores.permute(*self.order).view(b, h, s, s)"),
+            init=_PAIR_BIAS + "\nself.order = (0, 2, 1, 3, 4)",
+            refused=Code.LAYOUT,
+        ),
+        # the scores' own dimensions permuted, not regrouped first: a method SDPA has no equivalent for
+        Example(scored("probs = scores.permute(0, 1, 3, 2).softmax(-1)"), refused=Code.SCORES_TRANSFORMED),
+    ),
     "reshape": (
         # SDPA gets the operands unflattened with the sizes the view names, and its output flattened back
         Example(
