@@ -61,6 +61,14 @@ class ChainVal:
     order: tuple[int, ...] | None = field(default=None, compare=False)
 
 
+def composed(order: tuple[int, ...] | None, then: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The order of dimensions after permuting by `order` (None: their own order), then by `then`; None where the
+    two undo each other."""
+    current = order or tuple(range(len(then)))
+    moved = tuple(current[index] for index in then)
+    return None if moved == tuple(range(len(moved))) else moved
+
+
 @dataclass(frozen=True)
 class ExprVal:
     node: cst.BaseExpression

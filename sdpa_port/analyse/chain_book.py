@@ -37,6 +37,7 @@ from sdpa_port.analyse.chain import (
     Transpose,
     StmtPlan,
     ChainStmt,
+    composed,
     describe_layout,
     unreachable,
     Value,
@@ -215,9 +216,7 @@ class ChainBook:
             elif isinstance(op, Output):
                 value = replace(value, stage=OUT)
             elif isinstance(op, View) and op.order is not None:
-                order = value.order or tuple(range(len(op.order)))
-                moved = tuple(order[index] for index in op.order)
-                value = replace(value, order=None if moved == tuple(range(len(moved))) else moved)
+                value = replace(value, order=composed(value.order, op.order))
             elif isinstance(op, View):
                 value = replace(value, rank=op.rank_after)
         return value

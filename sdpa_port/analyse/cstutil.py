@@ -160,6 +160,16 @@ def assigned_names(target: cst.BaseExpression) -> list[str]:
     return []
 
 
+def single_target(statement: cst.BaseStatement) -> str | None:
+    """The name a line binds where it is one plain assignment to one name (`name = value`); None for any other."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+        return small.targets[0].target.value
+    return None
+
+
 def is_pass(statement: cst.BaseStatement | cst.BaseSmallStatement) -> bool:
     """A `pass` line (what a template leaves where generated statements go)."""
     return isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in statement.body)

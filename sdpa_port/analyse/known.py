@@ -9,7 +9,7 @@ from typing import Sequence, Union
 import libcst as cst
 import libcst.matchers as m
 
-from sdpa_port.analyse.cstutil import all_assigned_names, assigned_values, block_body, code
+from sdpa_port.analyse.cstutil import all_assigned_names, assigned_values, block_body, code, single_target
 
 
 @dataclass(frozen=True)
@@ -143,14 +143,11 @@ def bound_to_false(known: Known, body: Sequence[cst.BaseStatement]) -> frozenset
     values = assigned_values(body)
     out = set()
     for statement in body:
-        if not isinstance(statement, cst.SimpleStatementLine) or not m.matches(
-            statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name())])])
-        ):
+        name = single_target(statement)
+        if name is None or len(values.get(name, ())) != 1:
             continue
-        assign = statement.body[0]
-        assert isinstance(assign, cst.Assign) and isinstance(assign.targets[0].target, cst.Name)
-        name = assign.targets[0].target.value
-        if len(values.get(name, ())) == 1 and decide(assign.value, known) is False:
+        value = values[name][0]
+        if value is not None and decide(value, known) is False:
             out.add(name)
     return frozenset(out)
 

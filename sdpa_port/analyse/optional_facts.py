@@ -97,6 +97,7 @@ def tried_facts(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -
 
 _DEVICE_TYPE = m.Attribute(value=m.Attribute(value=m.Name(), attr=m.Name("device")), attr=m.Name("type"))
 _XLA = m.SimpleString('"xla"') | m.SimpleString("'xla'")
+_DEVICE_TEST = m.Comparison(left=_DEVICE_TYPE, comparisons=[m.ComparisonTarget(m.Equal() | m.NotEqual(), _XLA)])
 
 
 def device_tests(forward: cst.FunctionDef) -> list[str]:
@@ -120,8 +121,7 @@ def device_tests(forward: cst.FunctionDef) -> list[str]:
     rebound = all_assigned_names(block_body(forward.body))
     out: list[str] = []
     for node in nodes_of_type(forward.body, cst.Comparison):
-        operator = m.Equal() | m.NotEqual()
-        if not m.matches(node, m.Comparison(left=_DEVICE_TYPE, comparisons=[m.ComparisonTarget(operator, _XLA)])):
+        if not m.matches(node, _DEVICE_TEST):
             continue
         root = node.left.value.value  # type: ignore[attr-defined]
         # the test as it holds on XLA: `!=` read as its negation, as `known.decide` reads it
@@ -135,10 +135,7 @@ def device_tests(forward: cst.FunctionDef) -> list[str]:
 
 def is_device_test(test: str) -> bool:
     """`test` (written out, as in `Known.falsy`) is one `device_tests` gives."""
-    node = cst.parse_expression(test)
-    return isinstance(node, cst.Comparison) and m.matches(node.left, _DEVICE_TYPE) and m.matches(
-        node.comparisons[0].comparator, _XLA
-    )
+    return m.matches(cst.parse_expression(test), _DEVICE_TEST)
 
 
 def _flags_off_by_default(facts: ModuleFacts, class_name: str, forward: cst.FunctionDef) -> list[str]:

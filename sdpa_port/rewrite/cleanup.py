@@ -6,7 +6,7 @@ from typing import Sequence
 
 import libcst as cst
 
-from sdpa_port.analyse.cstutil import assigned_names, block_body
+from sdpa_port.analyse.cstutil import assigned_names, block_body, single_target
 from sdpa_port.analyse.names import ImportMap
 from sdpa_port.analyse.patterns import walk_names
 
@@ -86,7 +86,7 @@ def _dead(
         if isinstance(statement, cst.SimpleStatementLine):
             if _is_noop(statement):
                 continue
-            target = _single_target(statement)
+            target = single_target(statement)
             if target is not None and target in removable and target not in live:
                 value = statement.body[0].value  # type: ignore[attr-defined]
                 if is_pure(value, imports):
@@ -137,15 +137,6 @@ def _dead_if(
     if not body:
         body = [cst.SimpleStatementLine(body=[cst.Pass()])]
     return node.with_changes(body=node.body.with_changes(body=body), orelse=orelse), live_before
-
-
-def _single_target(statement: cst.SimpleStatementLine) -> str | None:
-    if len(statement.body) != 1:
-        return None
-    small = statement.body[0]
-    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
-        return small.targets[0].target.value
-    return None
 
 
 def _is_noop(statement: cst.SimpleStatementLine) -> bool:

@@ -71,18 +71,18 @@ def outside_regroupings(ops: Sequence[t.Op]) -> list[t.Op]:
     casts and permutations allowed), then, permuted back, viewed back to their rank with the same trailing sizes."""
     out: list[t.Op] = []
     opened: t.View | None = None
-    order: tuple[int, ...] = ()
+    order: tuple[int, ...] | None = None  # the regrouped scores' permutation since they were regrouped
     for op in ops:
         if isinstance(op, t.View) and op.shape is not None and op.rank_after in REGROUPED and opened is None:
-            opened, order = op, tuple(range(op.rank_after or 0))
+            opened, order = op, None
             continue
         if opened is not None:
             assert opened.shape is not None
             if isinstance(op, t.View) and op.order is not None:
-                order = tuple(order[index] for index in op.order)
+                order = t.composed(order, op.order)
                 continue
             if isinstance(op, t.View):
-                if order != tuple(range(len(order))):
+                if order is not None:
                     raise Refuse(Code.LAYOUT, "the regrouped scores are viewed back before they are permuted back")
                 rank = opened.rank_before or 4
                 back = op.shape

@@ -50,15 +50,14 @@ def scale(
 @dataclass(frozen=True)
 class Regrouped:
     """Scores regrouped to add terms (`view(b // w, w, h, q, k)`): the shape, their rank before, and the order their
-    dimensions are permuted into since (`.permute(0, 2, 1, 3, 4)`; the identity where they are not)."""
+    dimensions are permuted into since (`.permute(0, 2, 1, 3, 4)`; None where they are in their own)."""
 
     shape: tuple[cst.BaseExpression, ...]
     rank: int | None
-    order: tuple[int, ...] = ()
+    order: tuple[int, ...] | None = None
 
     def permuted(self, order: tuple[int, ...]) -> Regrouped:
-        current = self.order or tuple(range(len(order)))
-        return replace(self, order=tuple(current[index] for index in order))
+        return replace(self, order=t.composed(self.order, order))
 
 
 def added_term(
@@ -100,13 +99,13 @@ def regrouped_term(
     shape: tuple[cst.BaseExpression, ...],
     query: cst.BaseExpression | None,
     names: SideNames,
-    order: tuple[int, ...] = (),
+    order: tuple[int, ...] | None = None,
 ) -> cst.BaseExpression:
     """A term added to the scores viewed as `shape` (`scores.view(shape) + term`, viewed back): the same term
     on the scores' own shape, `(zeros(scores).view(shape) + term).view(scores)`; views keep the entries' order,
     so the sum is unchanged. `scores_shape` is assigned where the regrouping starts.
 
-    Where the regrouped scores are permuted when the term is added (`order`, not the identity), the zeros are
+    Where the regrouped scores are permuted when the term is added (`order`, not None), the zeros are
     permuted the same way, and the sum permuted back before its view: `(zeros(scores).view(shape).permute(order) +
     term).permute(back).reshape(scores)`."""
     if query is None:
@@ -118,11 +117,10 @@ def regrouped_term(
         args=[cst.Arg(size, comma=COMMA) for size in shape[:-1]]
         + [cst.Arg(shape[-1])],
     )
-    permuted_as = order and order != tuple(range(len(order)))
-    if permuted_as:
+    if order is not None:
         viewed = _permute(viewed, order)
     summed = plus(viewed, term)
-    if not permuted_as:
+    if order is None:
         return cst.Call(func=cst.Attribute(value=primary(summed), attr=cst.Name("view")), args=[cst.Arg(shape_var)])
     back = tuple(order.index(dim) for dim in range(len(order)))
     permuted_back = _permute(primary(summed), back)

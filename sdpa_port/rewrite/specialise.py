@@ -8,9 +8,7 @@ from typing import Callable, Sequence, Union
 
 import libcst as cst
 
-import libcst.matchers as m
-
-from sdpa_port.analyse.cstutil import block_body, nodes_of_type
+from sdpa_port.analyse.cstutil import block_body, nodes_of_type, single_target
 from sdpa_port.analyse.known import Decision, Known, bound_to_false, decide, holding
 
 __all__ = ["Known", "decide", "specialise"]
@@ -91,20 +89,12 @@ def _without_unread_bindings(function: cst.FunctionDef, names: frozenset[str]) -
     if not names:
         return function
     uses = Counter(node.value for node in nodes_of_type(function.body, cst.Name) if node.value in names)
+    unread = {name for name in names if uses[name] == 1}  # the binding's own target is its one use
     body = block_body(function.body)
-    kept = [statement for statement in body if _bound_name(statement) not in {n for n in names if uses[n] == 1}]
+    kept = [statement for statement in body if single_target(statement) not in unread]
     if len(kept) == len(body):
         return function
     return function.with_changes(body=function.body.with_changes(body=kept))
-
-
-def _bound_name(statement: cst.BaseStatement) -> str | None:
-    """The name of a plain `name = value` line."""
-    if not m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name())])])):
-        return None
-    target = statement.body[0].targets[0].target  # type: ignore[attr-defined]
-    assert isinstance(target, cst.Name)
-    return target.value
 
 
 def _decides_any(function: cst.FunctionDef, certain: Certainty | None) -> bool:
