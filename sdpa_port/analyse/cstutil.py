@@ -85,8 +85,14 @@ def binary(left: cst.BaseExpression, operator: cst.BaseBinaryOp, right: cst.Base
 
 
 def assignment(name: str, value: cst.BaseExpression) -> cst.SimpleStatementLine:
-    """The statement `name = value`."""
+    """The statement `name = value`, without parentheses around an operation or a primary: `x = q * s`, never
+    `x = (q * s)`."""
+    if isinstance(value, _BARE) and value.lpar:
+        value = value.with_changes(lpar=[], rpar=[])
     return cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)])
+
+
+_BARE = (cst.BinaryOperation, cst.UnaryOperation, cst.Call, cst.Attribute, cst.Subscript, cst.Name)
 
 
 def plus(left: cst.BaseExpression, term: cst.BaseExpression) -> cst.BinaryOperation:

@@ -31,7 +31,7 @@ from sdpa_port.analyse.sdpa_path import SdpaPath
 from sdpa_port.refusals import Code, Refuse
 from sdpa_port.rewrite import sdpa_mask, sdpa_output, sdpa_state, sdpa_terms, single_query, term_dtype
 from sdpa_port.rewrite.edit import replace_names, replace_nodes
-from sdpa_port.rewrite.sdpa_builders import dropout_expression, not_none_names, query_root, unflatten
+from sdpa_port.rewrite.sdpa_builders import computed_and_reread as reread, dropout_expression, not_none_names, query_root, unflatten
 from sdpa_port.rewrite.sdpa_layout import Layout, decide_layout, laid_out, product_shape, scores_shape
 from sdpa_port.rewrite.sdpa_state import EmitOptions, Side, SideState, merged
 from sdpa_port.rewrite.walk import StatementWalker
@@ -505,7 +505,7 @@ class SdpaEmitter(StatementWalker):
         # once: shapes and dtypes are read from it; where branches each compute their own product, each names its
         # operands the same
         built = self.path.built
-        if walk_names(op.query) & rebound or op.orders[0] is not None or op.single or built:
+        if walk_names(op.query) & rebound or op.orders[0] is not None or op.single or built or reread(op.query, self.path.ops):
             out.append(assignment(self.names.query, op.query))
             self.query = cst.Name(self.names.query)
         if walk_names(op.key) & rebound or op.orders[1] is not None or op.heads is not None or built:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import libcst as cst
 
-from sdpa_port.analyse.cstutil import binary, parenthesized, primary
+from sdpa_port.analyse import chain as t
+from sdpa_port.analyse.cstutil import binary, nodes_of_type, parenthesized, primary
 from sdpa_port.analyse.patterns import DropoutCall
 from sdpa_port.refusals import Code, Refuse
 
@@ -106,3 +109,14 @@ def query_root(query: cst.BaseExpression | None) -> cst.BaseExpression:
     if query is None:
         raise Refuse(Code.SCORES_READ, "the scores' dtype is read before the query-key product")
     return primary(query)
+
+
+# operations whose SDPA side builds a mask, reading the query's shape and dtype
+_MASKING = (t.AddTerm, t.Fill, t.ZeroRows, t.Guard, t.Shift)
+
+
+def computed_and_reread(operand: cst.BaseExpression, ops: Sequence[tuple[t.Op, int, int]]) -> bool:
+    """Whether a query computed where it is multiplied (`(q * self.scale) @ k.T`) may be read again, for its shape
+    and dtype, by the mask the chain builds: such a query is named once (`sdpa_query = q * self.scale`), never
+    computed once per read."""
+    return bool(nodes_of_type(operand, cst.BinaryOperation)) and any(isinstance(op, _MASKING) for op, _, _ in ops)

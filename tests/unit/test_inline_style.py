@@ -65,6 +65,14 @@ def test_auto_ports_in_place_only_what_the_class_style_cannot_wire() -> None:
     assert port_source(wired, filename="modeling_tiny_encoder.py").style is Style.CLASS
 
 
+def test_a_query_computed_at_the_product_is_named_once_where_the_mask_reads_its_dtype() -> None:
+    """`(q * self.heads) @ k^T` with a mask: `q * self.heads` is computed once, not again for the mask's dtype."""
+    result = port_source(attention(scores="(q * self.heads) @ k.transpose(-2, -1)"), filename="modeling_tiny.py")
+    assert result.status is Status.PORTED, result.reasons
+    assert result.source.count("q * self.heads") == 1, result.source  # the one binding: computed once
+    assert "sdpa_query = q * self.heads" in result.source and "mask.to(sdpa_query.dtype)" in result.source
+
+
 def test_a_refusal_of_the_computation_is_not_turned_into_an_inline_port() -> None:
     result = port_source(attention(scores="torch.tanh(q @ k.transpose(-2, -1))"), filename="modeling_tiny.py")
     assert result.status is Status.REFUSED, result
