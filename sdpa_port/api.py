@@ -72,8 +72,7 @@ def port_source(
         if chosen is Style.CLASS:
             result = _port_class_style(module, facts, lines, first)
             if style is Style.AUTO and _unwired(result, tree):
-                why = "class style cannot wire it: " + "; ".join(result.reasons)
-                inline = _port_inline_style(module, facts, lines, first, why)
+                inline = _port_inline_style(module, facts, lines, first, result.reasons)
                 if inline.status is Status.REFUSED and inline.refusals:
                     # the inline style needs no wiring: what refuses it comes first, then why the class style could
                     # not wire the module
@@ -83,7 +82,7 @@ def port_source(
                 keep = inline.status in (Status.PORTED, Status.REFUSED) or inline.detail == SUPPORTS_SDPA
                 result = inline if keep else result
         elif chosen is Style.INLINE:
-            result = _port_inline_style(module, facts, lines, first, "")
+            result = _port_inline_style(module, facts, lines, first, ())
         else:
             from sdpa_port.plan.interface_style import port_interface_style
 
@@ -301,7 +300,9 @@ def _in_transformers_tree(tree: ast.Module) -> bool:
     return any(isinstance(node, ast.ImportFrom) and node.level >= 2 for node in tree.body)
 
 
-def _port_inline_style(module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen, why: str) -> PortResult:
+def _port_inline_style(
+    module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen, why: tuple[str, ...]
+) -> PortResult:
     facts, inlined = with_score_helpers(facts, lines)
     planned = plan_inline_style(module, facts, lines, first.softmax_classes, why, first.sdpa_callers)
     if isinstance(planned, PortResult):

@@ -91,12 +91,13 @@ def plan_inline_style(
     facts: ModuleFacts,
     lines: Lines,
     only: frozenset[str] | None = None,
-    why: str = "",
+    why: tuple[str, ...] = (),
     sdpa_callers: frozenset[str] = frozenset(),
 ) -> InlinePlan | PortResult:
     """Decide every in-place edit, or return the result that says why nothing is edited.
 
-    `why`: why the class style could not wire the file (said in the warnings), empty when inline was asked for.
+    `why`: the class style's reasons for not wiring the file (each class's warning says its own), empty when inline
+    was asked for.
     `sdpa_callers`: the classes whose forward calls SDPA where it can run (`Screen.sdpa_callers`)."""
     if supports_sdpa(facts):
         return PortResult(Status.UNCHANGED, module.code, Style.INLINE, "already supports SDPA")
@@ -129,7 +130,7 @@ def plan_inline_style(
         return PortResult.refused(module.code, Style.INLINE, reasons, names)
     kept = [r for r in refused if r.where not in {item.analysis.class_name for item in plan.classes}]
     plan.warnings.extend(f"{refusal.where} stays eager: {refusal}" for refusal in kept)
-    plan.warnings.extend(_unselected(item, why or "inline style was asked for") for item in plan.classes)
+    plan.warnings.extend(_unselected(item, _why_unwired(item.analysis.class_name, why)) for item in plan.classes)
     return plan
 
 
@@ -253,6 +254,14 @@ def _sdpa_forward_code(facts: ModuleFacts, analysis: ClassAnalysis) -> str | Non
         return code(build_sdpa_forward(facts, side, callers_contract(side.forward)))
     except Refuse:
         return None
+
+
+def _why_unwired(name: str, reasons: tuple[str, ...]) -> str:
+    """Why the class style could not wire the class `name`: the reasons it gave for that class, else for the file."""
+    if not reasons:
+        return "inline style was asked for"
+    own = [reason.removeprefix(f"{name}:").strip() for reason in reasons if reason.startswith(f"{name}:")]
+    return f"class style cannot wire it: {'; '.join(own)}" if own else f"class style cannot wire this file: {'; '.join(reasons)}"
 
 
 def _unselected(item: InlineClassPlan, why: str) -> str:

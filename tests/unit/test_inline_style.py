@@ -65,6 +65,18 @@ def test_auto_ports_in_place_only_what_the_class_style_cannot_wire() -> None:
     assert port_source(wired, filename="modeling_tiny_encoder.py").style is Style.CLASS
 
 
+def test_each_class_ported_in_place_says_why_the_class_style_could_not_wire_it() -> None:
+    """A class the class style gave a reason for gets that reason alone; one it gave none for (built nowhere here)
+    gets the file's."""
+    other = "class OtherAttention" + attention().split("class TinyAttention", 1)[1].split("class TinyBlock", 1)[0]
+    result = port_source(attention() + "\n\n" + other, filename="modeling_tiny.py")
+    assert result.status is Status.PORTED and result.style is Style.INLINE, result.reasons
+    by_class = {warning.split(" computes", 1)[0]: warning for warning in result.warnings}
+    assert "(the class style cannot wire it: built in TinyBlock" in by_class["TinyAttention"], by_class
+    assert "OtherAttention" not in by_class["TinyAttention"], by_class
+    assert "(the class style cannot wire this file: TinyAttention: built in" in by_class["OtherAttention"], by_class
+
+
 def test_a_query_computed_at_the_product_is_named_once_where_the_mask_reads_its_dtype() -> None:
     """`(q * self.heads) @ k^T` with a mask: `q * self.heads` is computed once, not again for the mask's dtype."""
     result = port_source(attention(scores="(q * self.heads) @ k.transpose(-2, -1)"), filename="modeling_tiny.py")
