@@ -274,8 +274,14 @@ def test_refusals_name_the_problem(body: str, reason: str) -> None:
             "scores = torch.einsum('bqd,bkd->bqdk', query, key)\nreturn torch.matmul(scores.softmax(-1), value)",
             "an einsum the tool does not read as a query-key product",
         ),
+        # the key's dims 1 and 0 swapped (PGL-SUM's `K.transpose(1, 0)`): the last two only of 2-D operands
+        (
+            "scores = torch.matmul(query, key.transpose(1, 0))\nreturn torch.matmul(scores.softmax(-1), value)",
+            "a product whose right operand swaps dims 1 and 0, its last two only where the operands have 2 dims, a "
+            "rank the file does not show)",
+        ),
     ],
-    ids=["module", "untransposed", "in-place", "einsum"],
+    ids=["module", "untransposed", "in-place", "einsum", "front-dims"],
 )
 def test_scores_of_unknown_origin_name_their_origin(body: str, reason: str) -> None:
     analysis = analyse(attention_module(body, init=INIT))

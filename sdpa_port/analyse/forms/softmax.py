@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import libcst as cst
+import libcst.matchers as m
 
 from sdpa_port.analyse import patterns as p
 from sdpa_port.analyse.chain import (
@@ -156,11 +157,32 @@ def _product_why(tracer: TracerView, node: cst.BaseExpression) -> str:
         return ""
     if product.form is p.ProductForm.EINSUM:
         return "an einsum the tool does not read as a query-key product"
+    swapped = _fixed_swap(product.right)
+    if swapped is not None:  # `K.transpose(1, 0)`: the last two dims only of 2-D operands
+        first, second = swapped
+        return (
+            f"a product whose right operand swaps dims {first} and {second}, its last two only where the operands "
+            f"have {max(first, second) + 1} dims, a rank the file does not show"
+        )
     # any right operand is a key swapped (`forms/products.py`, `untranspose`), in a product whose rank is read
     return (
         "a product whose right operand is not seen as a key with its last two dims swapped, of operands whose one "
         "rank (at least 3) cannot be read"
     )
+
+
+_SWAP = m.Call(
+    func=m.Attribute(attr=m.Name("transpose")), args=[m.Arg(m.Integer(), keyword=None), m.Arg(m.Integer(), keyword=None)]
+)
+
+
+def _fixed_swap(node: cst.BaseExpression) -> tuple[int, int] | None:
+    """The dims `x.transpose(1, 0)` swaps, counted from the front; None for any other operand."""
+    if not m.matches(node, _SWAP):
+        return None
+    assert isinstance(node, cst.Call)
+    dims = [int(a.value.value) for a in node.args if isinstance(a.value, cst.Integer)]
+    return dims[0], dims[1]
 
 
 _HEADS = "b, s, _ = query.shape\nquery = query.view(b, s, 4, -1).transpose(1, 2)\n"
