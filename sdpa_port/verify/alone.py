@@ -388,18 +388,36 @@ def _cases(module: torch.nn.Module, width: int, heads: int, window: Any = None) 
     """The inputs the original eager module runs on with finite outputs: no mask, padded keys, optional terms.
 
     The states take the first layout of `alone_inputs.state_shapes` that the original runs on in any case; a window's
-    tokens, or the product of the spatial sizes the forward takes, are the length."""
+    tokens, or the product of the spatial sizes the forward takes, are the length. Where none runs and the module
+    holds a window of frames, its frames are folded into the batch (`alone_inputs.folded_options`)."""
+    found = _laid_out_cases(module, width, heads, window)
+    if found:
+        return found
+    for counts, batch, plane in alone_inputs.folded_options(module):
+        found = _laid_out_cases(module, width, heads, plane, counts, batch)
+        if found:
+            # said once, on the first case: every case ran so
+            note = alone_inputs.folded_note(module, counts, batch)
+            return [(case + (note if index == 0 else ""), kwargs) for index, (case, kwargs) in enumerate(found)]
+    return []
+
+
+def _laid_out_cases(
+    module: torch.nn.Module, width: int, heads: int, window: Any = None, counts: dict[str, int] | None = None, batch: int = BATCH
+) -> list[tuple[str, dict[str, Any]]]:
+    """`_cases` for one window, the forward's `counts` given as they are and states of `batch` sequences."""
     spatial = alone_inputs.spatial_parameters(module.forward)
     sizes = alone_inputs.spatial_values(spatial, window)
     length = alone_inputs.tokens(window) if window is not None else math.prod(sizes.values()) if sizes else LENGTH
+    sizes.update(counts or {})
     first: list[tuple[str, dict[str, Any]]] = []
-    for shape in alone_inputs.state_shapes(width, heads, length, window, _image_sides(module)):
+    for shape in alone_inputs.state_shapes(width, heads, length, window, alone_inputs.image_sides(module), batch):
         for positions in _positions(module, length):
             found = _cases_at(module, width, heads, shape, {**sizes, **positions}, length, window is not None)
             # an image or a channels-first map (a VAE's `AttnBlock`), or (length, batch, width) states (Megatron's
             # seq-first layout): said in the case, the reader sees what ran
             masked = any(case != "no mask" for case, _ in found)
-            suffix = alone_inputs.layout_note(shape, width, length)
+            suffix = alone_inputs.layout_note(shape, width, length, batch)
             found = [(case + suffix, kwargs) for case, kwargs in found]
             if masked:
                 return found
@@ -407,18 +425,6 @@ def _cases(module: torch.nn.Module, width: int, heads: int, window: Any = None) 
     # the states of a layout the masks run on are preferred: a seq-first module runs (b, s, w) states unmasked as s
     # sequences of b tokens, where no mask of (b, s) fits
     return first
-
-
-def _image_sides(module: torch.nn.Module) -> tuple[int, int] | None:
-    """The sides of the images the module is built for: the integers it holds under the names its forward unpacks
-    an image's height and width into (`alone_inputs.unpacked_sides`), or None."""
-    names = alone_inputs.unpacked_sides(module.forward)
-    if names is None:
-        return None
-    sides = [getattr(module, name, None) for name in names]
-    if all(type(side) is int and side > 0 for side in sides):
-        return int(sides[0]), int(sides[1])  # type: ignore[arg-type]
-    return None
 
 
 def _positions(module: torch.nn.Module, length: int) -> list[dict[str, Any]]:

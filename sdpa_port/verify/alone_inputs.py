@@ -17,6 +17,9 @@ inputs. Vision and diffusion attention takes more than the `(batch, length, widt
   of a 2-D window's sides (a windowed module's patch tokens), its other required tensors then tried as tokens too;
 - spatial sizes a forward takes beside flattened states (`forward(x, H, W)`): integers whose product is the length,
   a 2-D window's sides where the module has one; not a name whose attributes the forward reads (`w.size(0)`);
+- a window of (frames, height, width) the module holds, whatever it was given, where no input runs and the forward
+  takes counts defaulting to integers (`batch_size=8, frame_len=8`): the frames folded into the batch, each count 1
+  or the window's frames, a frame's tokens the length (`folded_options`);
 - a required tensor after the states: the states' shape, then a `(length, width)` table shared by the batch
   (Transformer-XL's relative position embeddings `r`), in `alone._cases_at`.
 
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import itertools
 import math
 import re
 import sys
@@ -367,41 +371,113 @@ def unpacked_sides(forward: Any) -> tuple[str, str] | None:
     return None
 
 
+def image_sides(module: Any) -> tuple[int, int] | None:
+    """The sides of the images the module is built for: the integers it holds under the names its forward unpacks
+    an image's height and width into (`unpacked_sides`), or None."""
+    names = unpacked_sides(module.forward)
+    if names is None:
+        return None
+    sides = [getattr(module, name, None) for name in names]
+    if all(type(side) is int and side > 0 for side in sides):
+        return int(sides[0]), int(sides[1])  # type: ignore[arg-type]
+    return None
+
+
 def state_shapes(
-    width: int, heads: int, length: int, window: Any = None, image: tuple[int, int] | None = None
+    width: int,
+    heads: int,
+    length: int,
+    window: Any = None,
+    image: tuple[int, int] | None = None,
+    batch: int = BATCH,
 ) -> list[tuple[int, ...]]:
     """The state layouts to try, the transformer's first (module docstring); `image`, the sides of the module's own
-    images (`unpacked_sides`), before the default image."""
-    shapes: list[tuple[int, ...]] = [(BATCH, length, width), (length, BATCH, width)]
+    images (`unpacked_sides`), before the default image; `batch` sequences or maps."""
+    shapes: list[tuple[int, ...]] = [(batch, length, width), (length, batch, width)]
     if heads > 0 and width % heads == 0:
-        shapes.append((BATCH, length, heads, width // heads))
-    shapes += [(BATCH, 3 * width, length), (BATCH, width, length)]
+        shapes.append((batch, length, heads, width // heads))
+    shapes += [(batch, 3 * width, length), (batch, width, length)]
     if image is not None and image[0] * image[1] <= MOST_PIXELS:
-        shapes.append((BATCH, width, *image))
+        shapes.append((batch, width, *image))
     if window is not None and not isinstance(window, int) and len(window) == 2:
-        shapes.append((BATCH, width, int(window[0]), int(window[1])))
+        shapes.append((batch, width, int(window[0]), int(window[1])))
     else:
-        shapes.append((BATCH, width, *SPATIAL))
-    shapes.append((BATCH, width, 1, ROW))  # one row (a spherical map's layout), split into patches along it
+        shapes.append((batch, width, *SPATIAL))
+    shapes.append((batch, width, 1, ROW))  # one row (a spherical map's layout), split into patches along it
     # last, channels-last maps (batch, h, w, width) of a 2-D window's sides, else SPATIAL: a windowed module's patch
     # tokens (vidt's `B, H, W, C = x.shape`)
     plane = (int(window[0]), int(window[1])) if isinstance(window, tuple) and len(window) == 2 else SPATIAL
-    shapes.append((BATCH, *plane, width))
+    shapes.append((batch, *plane, width))
     return list(dict.fromkeys(shapes))
 
 
-def layout_note(shape: tuple[int, ...], width: int, length: int) -> str:
+def layout_note(shape: tuple[int, ...], width: int, length: int, batch: int = BATCH) -> str:
     """What a case's states were, where not a transformer's (batch, length, width)."""
     if len(shape) == 4 and shape[1] == width and shape[2] != length:
         return f", channels-first maps of {shape[2]} x {shape[3]}"
-    if shape == (length, BATCH, width):
+    if shape == (length, batch, width):
         return ", seq-first states"
     if len(shape) == 4 and shape[3] == width and shape[1] != width and shape[2] != 1:
         return f", channels-last maps of {shape[1]} x {shape[2]}"
     return ""
 
 
+# the forward's counts folded into the batch, at most this many (`batch_size`, `frame_len`): each 1 or the frames
+MOST_COUNTS = 3
+
+
+def held_frames(module: Any) -> tuple[int, int, int] | None:
+    """The window of (frames, height, width) the module holds (`self.window_size = (16, 7, 7)`), whatever its
+    constructor was given; or None."""
+    for name in ("window_size", "win_size", "window"):
+        value = getattr(module, name, None)
+        if isinstance(value, (tuple, list)) and len(value) == 3 and all(type(s) is int and s > 0 for s in value):
+            return int(value[0]), int(value[1]), int(value[2])
+    return None
+
+
+def counts(forward: Any) -> list[str]:
+    """The forward's parameters defaulting to an integer, not a boolean (`batch_size=8, frame_len=8`)."""
+    return [
+        parameter.name
+        for parameter in inspect.signature(forward).parameters.values()
+        if type(parameter.default) is int
+    ]
+
+
+def folded_options(module: Any) -> list[tuple[dict[str, int], int, tuple[int, int]]]:
+    """The frames of a held window folded into the batch, where the forward takes counts that view it: each option
+    the counts given, the states' batch and the window of one frame, smallest batch first.
+
+    Video Swin variants attend within one frame of a window and fold the frames into the batch, viewing the scores
+    back by counts the forward takes: `attn.view(batch_size, frame_len, -1, heads, N, N)` with a bias per frame of
+    the window the module holds. Before, `WindowAttention3D(dim, window_size, heads)` holding `(16, 7, 7)` runs on no
+    input: its length is a frame's 49 tokens and its batch `batch_size * frame_len` windows' frames. After:
+
+        forward(x, mask=None, batch_size=8, frame_len=8)   # counts(forward) == ["batch_size", "frame_len"]
+        -> x of (2 * batch_size * frame_len, 7 * 7, width), each count 1 or 16: two windows per frame
+    """
+    frames = held_frames(module)
+    names = counts(module.forward)
+    if frames is None or not names or len(names) > MOST_COUNTS:
+        return []
+    options = [
+        (dict(zip(names, values)), BATCH * math.prod(values), (frames[1], frames[2]))
+        for values in itertools.product((1, frames[0]), repeat=len(names))
+    ]
+    return sorted(options, key=lambda option: option[1])
+
+
+def folded_note(module: Any, given: dict[str, int], batch: int) -> str:
+    """What a case of `folded_options` ran with."""
+    shown = ", ".join(f"{name}={value}" for name, value in given.items())
+    return f" (every case: the frames of the window {held_frames(module)} folded into a batch of {batch}, {shown})"
+
+
 __all__ = [
+    "folded_note",
+    "image_sides",
+    "folded_options",
     "layout_note",
     "WINDOWS",
     "window_parameter",

@@ -225,6 +225,11 @@ SABOTAGES = {
          "scale=self.scale,\n        ).transpose(1, 2).reshape(B, -1"),
         ("pair term unscaled", "sdpa_mask = sdpa_mask / math.sqrt(self.width)", "sdpa_mask = sdpa_mask"),
         ("fill inverted", "attn_mask=torch.where(m,", "attn_mask=torch.where(~m,"),
+        # the video window attention, run only with its frames folded into the batch: each frame's bias given to
+        # another frame, or the frames and the batch swapped where the scores are regrouped
+        ("frames' biases reversed", "            + bias[None, None]\n", "            + bias.flip(0)[None, None]\n"),
+        ("frames and batch swapped", ".view(batch_size, frame_len, -1, self.num_heads, N, N)",
+         ".view(frame_len, batch_size, -1, self.num_heads, N, N)"),
     ],
     # scales of constructor sizes whose head count only the methods' views take (`patterns/view_sizes.py`): the head
     # size's power and the `qk_scale` override's default, each read wrong; the repeated float mask dropped

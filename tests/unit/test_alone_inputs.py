@@ -390,3 +390,36 @@ def test_the_modules_own_image_comes_before_the_default_image_and_only_small() -
     shapes = alone_inputs.state_shapes(32, 4, 7, image=(5, 3))
     assert shapes.index((BATCH, 32, 5, 3)) == shapes.index((BATCH, 32, *SPATIAL)) - 1
     assert (BATCH, 32, 64, 64) not in alone_inputs.state_shapes(32, 4, 7, image=(64, 64))
+
+
+class _Held:
+    """A module as the folding rules see it: the window it holds and its forward's signature."""
+
+    def __init__(self, window: object, parameters: str) -> None:
+        self.window_size = window
+        self.forward = _forward(parameters)
+
+
+def test_a_held_window_of_frames_folds_the_frames_into_the_batch_by_the_forwards_counts() -> None:
+    """Each count 1 or the window's frames, smallest batch first; a frame's tokens the length."""
+    options = alone_inputs.folded_options(_Held((16, 7, 7), "x, mask=None, batch_size=8, frame_len=8"))
+    assert options[0] == ({"batch_size": 1, "frame_len": 1}, BATCH, (7, 7))
+    assert [batch for _, batch, _ in options] == [BATCH, BATCH * 16, BATCH * 16, BATCH * 256]
+    assert ({"batch_size": 1, "frame_len": 16}, BATCH * 16, (7, 7)) in options
+    assert "frame_len=16" in alone_inputs.folded_note(_Held((16, 7, 7), "x"), {"frame_len": 16}, 32)
+
+
+def test_no_folding_without_a_held_window_of_three_sides_or_integer_counts() -> None:
+    """Look-alikes: a 2-D window, a window of a non-integer side, a boolean default, no default, too many counts."""
+    assert alone_inputs.folded_options(_Held((7, 7), "x, frame_len=8")) == []
+    assert alone_inputs.folded_options(_Held((16, 7, 7.0), "x, frame_len=8")) == []
+    assert alone_inputs.folded_options(_Held((16, 7, 7), "x, mask=None, shift=False")) == []
+    assert alone_inputs.folded_options(_Held((16, 7, 7), "x, frame_len")) == []
+    assert alone_inputs.folded_options(_Held((16, 7, 7), "x, a=1, b=2, c=3, d=4")) == []
+    assert alone_inputs.folded_options(_Held(None, "x, frame_len=8")) == []
+
+
+def test_the_states_take_the_batch_given() -> None:
+    shapes = alone_inputs.state_shapes(32, 4, 49, (7, 7), batch=48)
+    assert shapes[:2] == [(48, 49, 32), (49, 48, 32)]
+    assert all(shape[0] == 48 for shape in shapes[2:])
