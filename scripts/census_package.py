@@ -30,6 +30,7 @@ import argparse
 import ast
 import collections
 import datetime
+import importlib.metadata
 import importlib.util
 import json
 import re
@@ -232,7 +233,8 @@ def markdown(spec: str, rows: list[Row], facts: dict[str, str], seconds: float) 
         f"## package {spec}",
         "",
         f"{facts['read']} `.py` files read, {len(rows)} screened in (a softmax call and a product), "
-        f"{datetime.date.today().isoformat()}, {_duration(seconds)}, transformers {facts['transformers']}: "
+        f"{datetime.date.today().isoformat()}, {_duration(seconds)}, transformers {facts['transformers']}, "
+        f"torch {facts['torch']}: "
         f"`{facts['command']}`",
         "",
     ]
@@ -320,7 +322,8 @@ def census_package(arguments: argparse.Namespace) -> int:
     transformers = "not installed" if importlib.util.find_spec("transformers") is None else census.installed_transformers()[0]
     command = f"python scripts/census.py --package {spec} --jobs {arguments.jobs}"
     command += f" --only {arguments.only}" if arguments.only else ""
-    facts = {"read": str(read), "transformers": transformers, "command": command}
+    torch = "not installed" if importlib.util.find_spec("torch") is None else importlib.metadata.version("torch")
+    facts = {"read": str(read), "transformers": transformers, "torch": torch, "command": command}
     facts["note"] = note
     section = markdown(spec, rows, facts, time.monotonic() - started)
     if arguments.out:

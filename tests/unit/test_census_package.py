@@ -105,9 +105,10 @@ def test_the_section_counts_each_class_and_lists_every_file(tmp_path: Path) -> N
         census_package.Row("pkg/c.py", "refused", "SP104", ("SP104",)),
         census_package.Row("pkg/d.py", "ported, not verifiable", "not loadable here: a | b"),
     ]
-    facts = {"read": "12", "transformers": "4.40.2", "command": "python scripts/census.py --package pkg==1.0"}
+    facts = {"read": "12", "transformers": "4.40.2", "torch": "2.13.0+cpu", "command": "python scripts/census.py --package pkg==1.0"}
     section = census_package.markdown("pkg==1.0", rows, facts, 90.0)
     lines = section.splitlines()
+    assert "transformers 4.40.2, torch 2.13.0+cpu: `python scripts/census.py" in section  # where it ran
     assert lines[0] == "<!-- census package pkg==1.0 -->" and lines[-1] == "<!-- /census package pkg==1.0 -->"
     assert "| ported, verified | 1 |" in lines and "| refused | 2 |" in lines and "| error | 0 |" in lines
     assert lines.index("| SP104 | 2 |") < lines.index("| SP201 | 1 |")
