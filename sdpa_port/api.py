@@ -72,7 +72,7 @@ def port_source(
         if chosen is Style.CLASS:
             result = _port_class_style(module, facts, lines, first)
             if style is Style.AUTO and _unwired(result, tree):
-                inline = _port_inline_style(module, facts, lines, first, result.reasons)
+                inline = _port_inline_style(module, facts, lines, first, result.refusals)
                 if inline.status is Status.REFUSED and inline.refusals:
                     # the inline style needs no wiring: what refuses it comes first, then why the class style could
                     # not wire the module
@@ -301,7 +301,7 @@ def _in_transformers_tree(tree: ast.Module) -> bool:
 
 
 def _port_inline_style(
-    module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen, why: tuple[str, ...]
+    module: cst.Module, facts: ModuleFacts, lines: Lines, first: Screen, why: tuple[Refusal, ...]
 ) -> PortResult:
     facts, inlined = with_score_helpers(facts, lines)
     planned = plan_inline_style(module, facts, lines, first.softmax_classes, why, first.sdpa_callers)

@@ -91,13 +91,13 @@ def plan_inline_style(
     facts: ModuleFacts,
     lines: Lines,
     only: frozenset[str] | None = None,
-    why: tuple[str, ...] = (),
+    why: tuple[Refusal, ...] = (),
     sdpa_callers: frozenset[str] = frozenset(),
 ) -> InlinePlan | PortResult:
     """Decide every in-place edit, or return the result that says why nothing is edited.
 
-    `why`: the class style's reasons for not wiring the file (each class's warning says its own), empty when inline
-    was asked for.
+    `why`: the class style's refusals, on wiring alone (each class's warning says its own), empty when inline was
+    asked for.
     `sdpa_callers`: the classes whose forward calls SDPA where it can run (`Screen.sdpa_callers`)."""
     if supports_sdpa(facts):
         return PortResult(Status.UNCHANGED, module.code, Style.INLINE, "already supports SDPA")
@@ -256,12 +256,14 @@ def _sdpa_forward_code(facts: ModuleFacts, analysis: ClassAnalysis) -> str | Non
         return None
 
 
-def _why_unwired(name: str, reasons: tuple[str, ...]) -> str:
-    """Why the class style could not wire the class `name`: the reasons it gave for that class, else for the file."""
-    if not reasons:
+def _why_unwired(name: str, refusals: tuple[Refusal, ...]) -> str:
+    """Why the class style could not wire the class `name`: its refusals of that class, else of the file."""
+    if not refusals:
         return "inline style was asked for"
-    own = [reason.removeprefix(f"{name}:").strip() for reason in reasons if reason.startswith(f"{name}:")]
-    return f"class style cannot wire it: {'; '.join(own)}" if own else f"class style cannot wire this file: {'; '.join(reasons)}"
+    own = [f"{r.detail} [{r.code.code}]" for r in refusals if r.where == name]
+    if own:
+        return f"class style cannot wire it: {'; '.join(own)}"
+    return f"class style cannot wire this file: {'; '.join(str(r) for r in refusals)}"
 
 
 def _unselected(item: InlineClassPlan, why: str) -> str:
