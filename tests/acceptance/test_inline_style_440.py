@@ -313,14 +313,17 @@ def test_an_optional_graph_runs_the_eager_forward_and_its_absence_sdpa() -> None
 
 def test_values_read_from_the_code_build_and_run_the_modules() -> None:
     """Each class of `modeling_tiny_inferred.py` is checked on the inputs its code asks for: the grid on a window,
-    the pair term given, the filled mask given (none of them runs, or builds, from the names alone)."""
+    the pair term given, the filled mask given, the video window's frames folded into the batch (none of them runs,
+    or builds, from the names alone)."""
     path = FIXTURES / "inline_style" / "modeling_tiny_inferred.py"
     verification = _verify(path, (FIXTURES / "golden" / path.name).read_text(encoding="utf-8"))
     lines = "\n".join(verification.lines)
     assert verification.passed, lines
     checked = {line.split(" in place")[0]: line for line in verification.lines if " in place:" in line}
-    assert sorted(checked) == ["FilledAttention", "GridAttention", "PairTermAttention", "PooledAttention"], lines
+    expected = ["FilledAttention", "FrameWindowAttention", "GridAttention", "PairTermAttention", "PooledAttention"]
+    assert sorted(checked) == expected, lines
     assert "window (3, 3)" in checked["GridAttention"], lines
+    assert "folded into a batch of 6, batch_size=1, frame_len=3" in checked["FrameWindowAttention"], lines
     assert "no mask with rel" in checked["PairTermAttention"], lines
     assert "padded keys" in checked["FilledAttention"], lines
 
